@@ -1,0 +1,91 @@
+#ifndef ATC_CONFIG_H
+#define ATC_CONFIG_H
+
+/* The YAML configuration, parsed with libyaml into plain structs. The whole file is validated before
+ * anything is applied; every error is reported as "file:line:col: message". */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sim.h"
+
+struct atc_endpoint_config {
+    char *id;
+    char *url;        /* as written: http://host:port */
+    char *host;       /* parsed from url */
+    uint16_t port;    /* parsed from url (default 80) */
+    char *model;      /* the name of the model entry it is listed under */
+    char *version;    /* optional, NULL if absent */
+    char **tags;      /* optional */
+    size_t ntags;
+    unsigned capacity; /* max concurrent requests (default 64, must be > 0) */
+    unsigned weight;   /* default 1 */
+};
+
+struct atc_model_config {
+    char *name;
+    struct atc_endpoint_config *endpoints; /* may be empty when simulate: provides them */
+    size_t nendpoints;
+};
+
+struct atc_simulate_config {
+    struct atc_sim_params params; /* params.model is the model entry it adds endpoints to */
+    unsigned count;               /* how many simulated servers (default 1) */
+    unsigned capacity;            /* capacity of each resulting endpoint (default: params.max_seqs) */
+};
+
+struct atc_config {
+    char *path;        /* the file it was read from */
+    char *dir;         /* its directory: relative paths in the file are relative to it */
+    char *listen_host; /* listen: (default 127.0.0.1:8080) */
+    uint16_t listen_port;
+    char *admin_host;  /* admin: (default 127.0.0.1:8081); port 0 means pick a free one */
+    uint16_t admin_port;
+
+    struct {
+        char *entry;      /* policy.entry, resolved against dir (default scripts/policy.lua) */
+        char **path;      /* policy.path: extra module directories, resolved against dir */
+        size_t npath;
+        uint64_t budget_us; /* policy.budget (default 1ms) */
+        size_t memory;      /* policy.memory in bytes (default 64 MiB) */
+        bool jit;           /* policy.jit (default false) */
+    } policy;
+
+    struct {
+        uint64_t connect_timeout_ms;    /* upstream.connect_timeout (default 2s) */
+        uint64_t first_byte_timeout_ms; /* upstream.first_byte_timeout (default 60s) */
+        uint64_t idle_timeout_ms;       /* upstream.idle_timeout: max gap between bytes (default 60s) */
+        unsigned tries;                 /* upstream.tries: attempts per request incl. the first (default 2) */
+        unsigned keepalive;             /* upstream.keepalive: idle connections kept per endpoint (default 32) */
+    } upstream;
+
+    size_t max_body;           /* max_body: request body limit (default 8 MiB) */
+    uint64_t drain_timeout_ms; /* drain_timeout: on SIGTERM, how long in-flight requests may finish (default 10s) */
+    uint64_t client_timeout_ms; /* client_timeout: reading a request from a client (default 30s) */
+
+    struct atc_model_config *models;
+    size_t nmodels;
+    struct atc_simulate_config *simulate;
+    size_t nsimulate;
+};
+
+/** Reads and validates @p path. Returns 0 and an owned config in *out, or -1 and an owned,
+ * newline-separated list of every error ("file:line:col: message") in *errors. */
+int atc_config_load(const char *path, struct atc_config **out, char **errors);
+
+/** Same, from a buffer; @p name is used in error messages and @p dir to resolve relative paths. */
+int atc_config_parse(const char *text, size_t len, const char *name, const char *dir, struct atc_config **out,
+                     char **errors);
+
+/** Frees a config returned by the functions above; NULL is fine. */
+void atc_config_free(struct atc_config *cfg);
+
+/** "250ms", "2s", "1m", "1h", "1500us", plain integer = ms. Returns 0 and *ms, or -1. */
+int atc_parse_duration_ms(const char *s, uint64_t *ms);
+/** "8MiB", "512KiB", "1GiB", "64MB", plain integer = bytes. Returns 0 and *bytes, or -1. */
+int atc_parse_size(const char *s, size_t *bytes);
+/** "host:port" (host may be empty = 127.0.0.1, or [v6]). Returns 0 and an owned *host, or -1. */
+int atc_parse_hostport(const char *s, char **host, uint16_t *port);
+
+#endif
