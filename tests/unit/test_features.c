@@ -450,6 +450,11 @@ static void test_depth(void **state)
     assert_true(clock() - t0 < CLOCKS_PER_SEC / 10);
     free(s);
 
+    /* unmatched closers do not buy depth back */
+    s = nested("{\"messages\":[]}]]]]]", ATC_FEATURES_DEPTH_MAX + 3, "", false);
+    expect_error(ATC_KIND_CHAT, s, "invalid JSON body");
+    free(s);
+
     /* brackets inside strings are text, not nesting */
     s = nested("{\"messages\":[\"", 10000, "\"]}", true);
     assert_int_equal(scan(ATC_KIND_CHAT, s, &err), 0);
