@@ -1,12 +1,176 @@
+/* atc: the command line. Each command parses its own flags and returns the process's exit status. */
+
+#include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include <event2/event.h>
+
+#include "config.h"
+#include "log.h"
+#include "server.h"
+#include "sim_server.h"
+
+static const char usage_main[] =
+    "usage: atc <command> [flags]\n"
+    "\n"
+    "Routes OpenAI-style requests to a fleet of LLM inference servers.\n"
+    "\n"
+    "commands:\n"
+    "  serve -c FILE    run the router described by FILE\n"
+    "  check -c FILE    validate FILE; print every error as file:line:col: message\n"
+    "  sim [flags]      run one simulated inference server (see atc sim --help)\n"
+    "\n"
+    "  atc --version    print the version\n"
+    "  atc <command> --help\n";
+
+static const char usage_serve[] =
+    "usage: atc serve -c FILE [--ready-file PATH]\n"
+    "\n"
+    "Runs the router: the OpenAI-compatible front door on listen:, the admin API on admin:, and any\n"
+    "simulated servers under simulate:. SIGTERM or SIGINT stops accepting and lets in-flight requests\n"
+    "finish for up to drain_timeout, then exits 0.\n"
+    "\n"
+    "  -c, --config FILE     the YAML configuration (required)\n"
+    "      --ready-file PATH once listening, write {\"listen\": \"host:port\", \"admin\": ..., \"pid\": N}\n"
+    "                        to PATH (useful with port 0, which picks a free port)\n"
+    "  -h, --help            this text\n";
+
+static const char usage_check[] =
+    "usage: atc check -c FILE\n"
+    "\n"
+    "Validates the configuration and exits 0 when it is valid, 1 with every error otherwise.\n"
+    "\n"
+    "  -c, --config FILE     the YAML configuration (required)\n"
+    "  -h, --help            this text\n";
+
+struct cli_opts {
+    const char *config;
+    const char *ready_file;
+};
+
+/* Parses the flags shared by serve and check; returns -1 on error, 1 for --help, 0 to go on. */
+static int parse_opts(int argc, char **argv, const char *usage, struct cli_opts *o)
+{
+    static const struct option longopts[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"ready-file", required_argument, NULL, 'r'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "c:h", longopts, NULL)) != -1) {
+        switch (ch) {
+        case 'c':
+            o->config = optarg;
+            break;
+        case 'r':
+            o->ready_file = optarg;
+            break;
+        case 'h':
+            fputs(usage, stdout);
+            return 1;
+        default:
+            fputs(usage, stderr);
+            return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "atc %s: unexpected argument '%s'\n%s", argv[0], argv[optind], usage);
+        return -1;
+    }
+    if (o->config == NULL) {
+        fprintf(stderr, "atc %s: -c FILE is required\n%s", argv[0], usage);
+        return -1;
+    }
+    return 0;
+}
+
+static struct atc_config *load_config(const char *path)
+{
+    struct atc_config *cfg = NULL;
+    char *errors = NULL;
+    if (atc_config_load(path, &cfg, &errors) < 0) {
+        fprintf(stderr, "%s\n", errors != NULL ? errors : "cannot load config");
+        free(errors);
+        return NULL;
+    }
+    return cfg;
+}
+
+static int cmd_check(int argc, char **argv)
+{
+    struct cli_opts o = {0};
+    int rc = parse_opts(argc, argv, usage_check, &o);
+    if (rc != 0)
+        return rc > 0 ? 0 : 2;
+    struct atc_config *cfg = load_config(o.config);
+    if (cfg == NULL)
+        return 1;
+    size_t neps = 0;
+    for (size_t i = 0; i < cfg->nmodels; i++)
+        neps += cfg->models[i].nendpoints;
+    for (size_t i = 0; i < cfg->nsimulate; i++)
+        neps += cfg->simulate[i].count;
+    printf("%s: ok (%zu model(s), %zu endpoint(s))\n", o.config, cfg->nmodels, neps);
+    atc_config_free(cfg);
+    return 0;
+}
+
+static int cmd_serve(int argc, char **argv)
+{
+    struct cli_opts o = {0};
+    int rc = parse_opts(argc, argv, usage_serve, &o);
+    if (rc != 0)
+        return rc > 0 ? 0 : 2;
+    struct atc_config *cfg = load_config(o.config);
+    if (cfg == NULL)
+        return 1;
+    struct event_base *base = event_base_new();
+    if (base == NULL) {
+        atc_error("cannot create the event loop");
+        atc_config_free(cfg);
+        return 1;
+    }
+    const char *err = NULL;
+    struct atc_server *srv = atc_server_create(base, cfg, &err);
+    if (srv == NULL) {
+        atc_error("%s: %s", o.config, err);
+        event_base_free(base);
+        return 1;
+    }
+    if (o.ready_file != NULL && atc_server_write_ready_file(srv, o.ready_file) < 0) {
+        atc_error("cannot write ready file %s", o.ready_file);
+        atc_server_destroy(srv);
+        event_base_free(base);
+        return 1;
+    }
+    event_base_dispatch(base);
+    atc_info("stopped");
+    atc_server_destroy(srv);
+    event_base_free(base);
+    return 0;
+}
 
 int main(int argc, char **argv)
 {
-    if (argc > 1 && strcmp(argv[1], "--version") == 0) {
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        fputs(usage_main, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
         printf("atc %s\n", ATC_VERSION);
         return 0;
     }
-    fprintf(stderr, "usage: atc <serve|check|sim> ...\n");
+    if (strcmp(argv[1], "serve") == 0)
+        return cmd_serve(argc - 1, argv + 1);
+    if (strcmp(argv[1], "check") == 0)
+        return cmd_check(argc - 1, argv + 1);
+    if (strcmp(argv[1], "sim") == 0)
+        return atc_sim_main(argc - 1, argv + 1);
+    fprintf(stderr, "atc: unknown command '%s'\n%s", argv[1], usage_main);
     return 2;
 }

@@ -1,0 +1,81 @@
+#include "admin.h"
+
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/http.h>
+
+#include "endpoint.h"
+#include "http_util.h"
+#include "server.h"
+#include "upstream.h"
+
+static void json_str(struct evbuffer *out, const char *key, const char *value)
+{
+    evbuffer_add_printf(out, "\"%s\":", key);
+    if (value == NULL) {
+        evbuffer_add(out, "null", 4);
+        return;
+    }
+    evbuffer_add(out, "\"", 1);
+    atc_json_escape(out, value, strlen(value));
+    evbuffer_add(out, "\"", 1);
+}
+
+static void send_endpoints(struct atc_server *srv, struct evhttp_request *req)
+{
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_printf(b, "{\"endpoints\":[");
+    for (size_t i = 0; i < srv->table->nendpoints; i++) {
+        const struct atc_endpoint *ep = srv->table->endpoints[i];
+        evbuffer_add_printf(b, "%s{", i ? "," : "");
+        json_str(b, "id", ep->id);
+        evbuffer_add(b, ",", 1);
+        json_str(b, "model", ep->model);
+        evbuffer_add(b, ",", 1);
+        json_str(b, "url", ep->url);
+        evbuffer_add(b, ",", 1);
+        json_str(b, "version", ep->version);
+        evbuffer_add_printf(b, ",\"tags\":[");
+        for (size_t t = 0; t < ep->ntags; t++) {
+            evbuffer_add_printf(b, "%s\"", t ? "," : "");
+            atc_json_escape(b, ep->tags[t], strlen(ep->tags[t]));
+            evbuffer_add(b, "\"", 1);
+        }
+        evbuffer_add_printf(b,
+                            "],\"capacity\":%u,\"weight\":%u,\"routable\":%s,\"inflight\":%u,"
+                            "\"inflight_tokens\":%llu,\"ttft_ewma_ms\":%.3f,\"requests_total\":%llu,"
+                            "\"errors_total\":%llu,\"idle_connections\":%zu}",
+                            ep->capacity, ep->weight, ep->routable ? "true" : "false", ep->inflight,
+                            (unsigned long long)ep->inflight_tokens, ep->ttft_ewma_ms,
+                            (unsigned long long)ep->requests_total, (unsigned long long)ep->errors_total,
+                            ep->pool != NULL ? atc_upstream_pool_idle(ep->pool) : 0);
+    }
+    const struct atc_server_stats *s = &srv->stats;
+    evbuffer_add_printf(b,
+                        "],\"requests_total\":%llu,\"responses_total\":%llu,\"client_gone_total\":%llu,"
+                        "\"retries_total\":%llu,\"upstream_errors_total\":%llu,\"active\":%u}\n",
+                        (unsigned long long)s->requests_total, (unsigned long long)s->responses_total,
+                        (unsigned long long)s->client_gone_total, (unsigned long long)s->retries_total,
+                        (unsigned long long)s->upstream_errors_total, srv->active);
+    atc_http_send_json(req, 200, b);
+    evbuffer_free(b);
+}
+
+void atc_admin_handle(struct evhttp_request *req, void *arg)
+{
+    struct atc_server *srv = arg;
+    const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
+    if (path == NULL)
+        path = "/";
+    if (strcmp(path, "/admin/endpoints") == 0) {
+        send_endpoints(srv, req);
+    } else if (strcmp(path, "/health") == 0) {
+        struct evbuffer *b = evbuffer_new();
+        evbuffer_add_printf(b, "{\"status\":\"%s\"}\n", srv->draining ? "draining" : "ok");
+        atc_http_send_json(req, 200, b);
+        evbuffer_free(b);
+    } else {
+        atc_http_send_error(req, 404, "invalid_request_error", "not_found", "no such admin route", 0);
+    }
+}

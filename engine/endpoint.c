@@ -1,0 +1,189 @@
+#include "endpoint.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+
+/* Weight of a new TTFT sample: about the last ten requests dominate. */
+#define TTFT_EWMA_ALPHA 0.1
+
+static struct atc_endpoint *endpoint_new(const char *model, const char *id, const char *host, uint16_t port,
+                                         unsigned capacity)
+{
+    struct atc_endpoint *ep = calloc(1, sizeof(*ep));
+    if (ep == NULL)
+        return NULL;
+    ep->id = strdup(id);
+    ep->host = strdup(host);
+    ep->model = strdup(model);
+    size_t urllen = strlen(host) + 32;
+    ep->url = malloc(urllen);
+    if (ep->id == NULL || ep->host == NULL || ep->model == NULL || ep->url == NULL) {
+        free(ep->id);
+        free(ep->host);
+        free(ep->model);
+        free(ep->url);
+        free(ep);
+        return NULL;
+    }
+    snprintf(ep->url, urllen, "http://%s:%u", host, (unsigned)port);
+    ep->port = port;
+    ep->capacity = capacity;
+    ep->weight = 1;
+    ep->routable = true;
+    return ep;
+}
+
+static void endpoint_free(struct atc_endpoint *ep)
+{
+    free(ep->id);
+    free(ep->url);
+    free(ep->host);
+    free(ep->model);
+    free(ep->version);
+    for (size_t i = 0; i < ep->ntags; i++)
+        free(ep->tags[i]);
+    free(ep->tags);
+    free(ep);
+}
+
+static int model_append(struct atc_model *m, struct atc_endpoint *ep)
+{
+    struct atc_endpoint **eps = realloc(m->endpoints, (m->nendpoints + 1) * sizeof(*eps));
+    if (eps == NULL)
+        return -1;
+    eps[m->nendpoints++] = ep;
+    m->endpoints = eps;
+    return 0;
+}
+
+static int table_append(struct atc_endpoint_table *t, struct atc_model *m, struct atc_endpoint *ep)
+{
+    struct atc_endpoint **eps = realloc(t->endpoints, (t->nendpoints + 1) * sizeof(*eps));
+    if (eps == NULL)
+        return -1;
+    t->endpoints = eps;
+    if (model_append(m, ep) < 0)
+        return -1;
+    ep->index = (unsigned)t->nendpoints;
+    eps[t->nendpoints++] = ep;
+    return 0;
+}
+
+struct atc_endpoint_table *atc_endpoint_table_create(const struct atc_config *cfg)
+{
+    struct atc_endpoint_table *t = calloc(1, sizeof(*t));
+    if (t == NULL)
+        return NULL;
+    t->models = calloc(cfg->nmodels ? cfg->nmodels : 1, sizeof(*t->models));
+    if (t->models == NULL)
+        goto error;
+    for (size_t i = 0; i < cfg->nmodels; i++) {
+        const struct atc_model_config *mc = &cfg->models[i];
+        struct atc_model *m = &t->models[t->nmodels++];
+        if ((m->name = strdup(mc->name)) == NULL)
+            goto error;
+        for (size_t j = 0; j < mc->nendpoints; j++) {
+            const struct atc_endpoint_config *ec = &mc->endpoints[j];
+            struct atc_endpoint *ep = endpoint_new(mc->name, ec->id, ec->host, ec->port, ec->capacity);
+            if (ep == NULL)
+                goto error;
+            ep->weight = ec->weight;
+            if (ec->version != NULL && (ep->version = strdup(ec->version)) == NULL)
+                goto error_ep;
+            if (ec->ntags > 0) {
+                if ((ep->tags = calloc(ec->ntags, sizeof(char *))) == NULL)
+                    goto error_ep;
+                for (; ep->ntags < ec->ntags; ep->ntags++)
+                    if ((ep->tags[ep->ntags] = strdup(ec->tags[ep->ntags])) == NULL)
+                        goto error_ep;
+            }
+            if (table_append(t, m, ep) < 0)
+                goto error_ep;
+            continue;
+        error_ep:
+            endpoint_free(ep);
+            goto error;
+        }
+    }
+    return t;
+error:
+    atc_endpoint_table_destroy(t);
+    return NULL;
+}
+
+struct atc_endpoint *atc_endpoint_table_add(struct atc_endpoint_table *t, const char *model, const char *id,
+                                            const char *host, uint16_t port, unsigned capacity)
+{
+    struct atc_model *m = atc_endpoint_table_model(t, model, strlen(model));
+    if (m == NULL)
+        return NULL;
+    struct atc_endpoint *ep = endpoint_new(model, id, host, port, capacity);
+    if (ep == NULL)
+        return NULL;
+    if (table_append(t, m, ep) < 0) {
+        endpoint_free(ep);
+        return NULL;
+    }
+    return ep;
+}
+
+void atc_endpoint_table_destroy(struct atc_endpoint_table *t)
+{
+    if (t == NULL)
+        return;
+    for (size_t i = 0; i < t->nendpoints; i++)
+        endpoint_free(t->endpoints[i]);
+    for (size_t i = 0; i < t->nmodels; i++) {
+        free(t->models[i].name);
+        free(t->models[i].endpoints);
+    }
+    free(t->endpoints);
+    free(t->models);
+    free(t);
+}
+
+struct atc_model *atc_endpoint_table_model(const struct atc_endpoint_table *t, const char *name, size_t len)
+{
+    for (size_t i = 0; i < t->nmodels; i++)
+        if (strlen(t->models[i].name) == len && memcmp(t->models[i].name, name, len) == 0)
+            return &t->models[i];
+    return NULL;
+}
+
+struct atc_endpoint *atc_endpoint_table_find(const struct atc_endpoint_table *t, const char *id)
+{
+    for (size_t i = 0; i < t->nendpoints; i++)
+        if (strcmp(t->endpoints[i]->id, id) == 0)
+            return t->endpoints[i];
+    return NULL;
+}
+
+void atc_endpoint_acquire(struct atc_endpoint *ep, uint64_t tokens)
+{
+    ep->inflight++;
+    ep->inflight_tokens += tokens;
+}
+
+void atc_endpoint_release(struct atc_endpoint *ep, uint64_t tokens)
+{
+    /* Saturate rather than wrap: a bookkeeping slip must not make an endpoint look infinitely busy. */
+    ep->inflight = ep->inflight > 0 ? ep->inflight - 1 : 0;
+    ep->inflight_tokens = ep->inflight_tokens >= tokens ? ep->inflight_tokens - tokens : 0;
+}
+
+void atc_endpoint_record(struct atc_endpoint *ep, bool ok, double ttft_ms)
+{
+    ep->requests_total++;
+    if (!ok) {
+        ep->errors_total++;
+        ep->consecutive_errors++;
+        return;
+    }
+    ep->consecutive_errors = 0;
+    if (ttft_ms >= 0)
+        ep->ttft_ewma_ms =
+            ep->ttft_ewma_ms == 0 ? ttft_ms : ep->ttft_ewma_ms + TTFT_EWMA_ALPHA * (ttft_ms - ep->ttft_ewma_ms);
+}

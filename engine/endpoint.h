@@ -1,0 +1,83 @@
+#ifndef ATC_ENDPOINT_H
+#define ATC_ENDPOINT_H
+
+/* The endpoint table: every configured (or simulated) server, grouped by model, with the live counters
+ * that routing reads. Single-threaded: owned by the event loop that routes. */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct atc_config;
+struct atc_upstream_pool;
+
+struct atc_endpoint {
+    unsigned index; /* position in the table's endpoints[] */
+    char *id;
+    char *url;
+    char *host;
+    uint16_t port;
+    char *model;
+    char *version; /* NULL if none */
+    char **tags;
+    size_t ntags;
+    unsigned capacity;
+    unsigned weight;
+
+    /* live counters */
+    unsigned inflight;          /* requests routed here and not finished */
+    uint64_t inflight_tokens;   /* their prompt estimate + max_tokens */
+    double ttft_ewma_ms;        /* exponentially weighted time to first byte of the answer; 0 = no sample */
+    uint64_t requests_total;    /* attempts sent */
+    uint64_t errors_total;      /* connection failures, timeouts, 5xx */
+    uint64_t consecutive_errors;
+    bool routable;              /* false while drained or (later) unhealthy */
+
+    struct atc_upstream_pool *pool; /* keep-alive connections, owned by upstream.c */
+};
+
+struct atc_model {
+    char *name;
+    struct atc_endpoint **endpoints; /* borrowed from the table */
+    size_t nendpoints;
+};
+
+struct atc_endpoint_table {
+    struct atc_endpoint **endpoints;
+    size_t nendpoints;
+    struct atc_model *models;
+    size_t nmodels;
+};
+
+/** Builds the table from @p cfg's models (simulated endpoints are added with
+ * atc_endpoint_table_add). Returns an owned table or NULL on allocation failure. */
+struct atc_endpoint_table *atc_endpoint_table_create(const struct atc_config *cfg);
+
+/** Adds an endpoint to model @p model (which must exist). Copies every string. Returns it or NULL. */
+struct atc_endpoint *atc_endpoint_table_add(struct atc_endpoint_table *t, const char *model, const char *id,
+                                            const char *host, uint16_t port, unsigned capacity);
+
+/** Frees the table and its endpoints (not their pools: upstream.c frees those first). */
+void atc_endpoint_table_destroy(struct atc_endpoint_table *t);
+
+/** The model called @p name (length @p len), or NULL. */
+struct atc_model *atc_endpoint_table_model(const struct atc_endpoint_table *t, const char *name, size_t len);
+
+/** The endpoint with id @p id, or NULL. */
+struct atc_endpoint *atc_endpoint_table_find(const struct atc_endpoint_table *t, const char *id);
+
+/** True when @p ep may take one more request now. */
+static inline bool atc_endpoint_available(const struct atc_endpoint *ep)
+{
+    return ep->routable && ep->inflight < ep->capacity;
+}
+
+/** Counts a request of @p tokens routed to @p ep. */
+void atc_endpoint_acquire(struct atc_endpoint *ep, uint64_t tokens);
+/** Undoes atc_endpoint_acquire once the request is finished (any outcome). */
+void atc_endpoint_release(struct atc_endpoint *ep, uint64_t tokens);
+/** Records the outcome of one attempt: @p ok false for connection failures, timeouts and 5xx only;
+ * @p ttft_ms the time to the answer's first byte when ok (< 0 if unknown). */
+void atc_endpoint_record(struct atc_endpoint *ep, bool ok, double ttft_ms);
+
+#endif

@@ -1,0 +1,139 @@
+#include "http_front.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/http.h>
+
+#include "config.h"
+#include "endpoint.h"
+#include "http_util.h"
+#include "log.h"
+#include "relay.h"
+#include "request_features.h"
+#include "server.h"
+
+static void send_models(struct atc_server *srv, struct evhttp_request *req)
+{
+    struct evbuffer *body = evbuffer_new();
+    evbuffer_add_printf(body, "{\"object\":\"list\",\"data\":[");
+    for (size_t i = 0; i < srv->table->nmodels; i++) {
+        const char *name = srv->table->models[i].name;
+        evbuffer_add_printf(body, "%s{\"id\":\"", i ? "," : "");
+        atc_json_escape(body, name, strlen(name));
+        evbuffer_add_printf(body, "\",\"object\":\"model\",\"created\":0,\"owned_by\":\"atc\"}");
+    }
+    evbuffer_add_printf(body, "]}\n");
+    atc_http_send_json(req, 200, body);
+    evbuffer_free(body);
+}
+
+static int header_priority(struct evkeyvalq *h, const char **err)
+{
+    const char *v = evhttp_find_header(h, "x-atc-priority");
+    if (v == NULL)
+        return 0;
+    if (v[0] < '0' || v[0] > '9' || v[1] != '\0') {
+        *err = "x-atc-priority must be a digit from 0 to 9";
+        return -1;
+    }
+    return v[0] - '0';
+}
+
+static void handle_inference(struct atc_server *srv, struct evhttp_request *req, enum atc_request_kind kind,
+                             const char *path)
+{
+    if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
+        atc_http_send_error(req, 405, "invalid_request_error", "method_not_allowed", "use POST", 0);
+        return;
+    }
+    srv->stats.requests_total++;
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    size_t len = evbuffer_get_length(in);
+    if (len > srv->cfg->max_body) {
+        char msg[128];
+        snprintf(msg, sizeof(msg), "request body of %zu bytes is over the limit of %zu bytes", len,
+                 srv->cfg->max_body);
+        atc_http_send_error(req, 413, "invalid_request_error", "request_too_large", msg, 0);
+        return;
+    }
+    /* jsmn needs contiguous bytes; this is the only copy of the body, and only when evhttp's is chunked. */
+    const char *body = len > 0 ? (const char *)evbuffer_pullup(in, -1) : "";
+    struct atc_features *f = malloc(sizeof(*f));
+    if (f == NULL) {
+        atc_http_send_error(req, 500, "server_error", NULL, "out of memory", 0);
+        return;
+    }
+    const char *err = NULL;
+    if (atc_features_scan(kind, body, len, f, &err) < 0) {
+        free(f);
+        atc_http_send_error(req, 400, "invalid_request_error", NULL, err, 0);
+        return;
+    }
+    if (!f->has_model || f->model[0] == '\0') {
+        free(f);
+        atc_http_send_error(req, 400, "invalid_request_error", "missing_model", "'model' is required", 0);
+        return;
+    }
+    if (atc_endpoint_table_model(srv->table, f->model, strlen(f->model)) == NULL) {
+        struct evbuffer *msg = evbuffer_new();
+        evbuffer_add_printf(msg, "The model '%s' does not exist; GET /v1/models lists the models served", f->model);
+        evbuffer_add(msg, "", 1);
+        atc_http_send_error(req, 404, "invalid_request_error", "model_not_found",
+                            (const char *)evbuffer_pullup(msg, -1), 0);
+        evbuffer_free(msg);
+        free(f);
+        return;
+    }
+    struct evkeyvalq *h = evhttp_request_get_input_headers(req);
+    int priority = header_priority(h, &err);
+    if (priority < 0) {
+        free(f);
+        atc_http_send_error(req, 400, "invalid_request_error", "invalid_priority", err, 0);
+        return;
+    }
+    const char *session = evhttp_find_header(h, "x-atc-session");
+    struct atc_request_info info = {
+        .kind = kind,
+        .path = path,
+        .body = body,
+        .bodylen = len,
+        .features = f,
+        .priority = priority,
+        .tenant = evhttp_find_header(h, "x-atc-tenant"),
+        .session = session != NULL ? session : f->user,
+        .request_id = evhttp_find_header(h, "x-request-id"),
+    };
+    atc_relay_start(srv, req, &info);
+}
+
+void atc_http_front_handle(struct evhttp_request *req, void *arg)
+{
+    struct atc_server *srv = arg;
+    const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
+    if (path == NULL)
+        path = "/";
+    if (srv->draining) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+        atc_http_send_error(req, 503, "server_error", "shutting_down", "atc is shutting down; retry", 1);
+        return;
+    }
+    if (strcmp(path, "/v1/chat/completions") == 0) {
+        handle_inference(srv, req, ATC_KIND_CHAT, "/v1/chat/completions");
+    } else if (strcmp(path, "/v1/completions") == 0) {
+        handle_inference(srv, req, ATC_KIND_COMPLETION, "/v1/completions");
+    } else if (strcmp(path, "/v1/embeddings") == 0) {
+        handle_inference(srv, req, ATC_KIND_EMBEDDING, "/v1/embeddings");
+    } else if (strcmp(path, "/v1/models") == 0) {
+        send_models(srv, req);
+    } else if (strcmp(path, "/health") == 0) {
+        struct evbuffer *body = evbuffer_new();
+        evbuffer_add_printf(body, "{\"status\":\"ok\"}\n");
+        atc_http_send_json(req, 200, body);
+        evbuffer_free(body);
+    } else {
+        atc_http_send_error(req, 404, "invalid_request_error", "not_found", "no such route", 0);
+    }
+}

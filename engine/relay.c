@@ -1,0 +1,379 @@
+#include "relay.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+
+#include "balancer.h"
+#include "config.h"
+#include "endpoint.h"
+#include "http_util.h"
+#include "log.h"
+#include "server.h"
+#include "upstream.h"
+
+/* Above this many bytes waiting for a slow client, stop reading from the server until they drain. */
+#define CLIENT_HIGH_WATERMARK (256 * 1024)
+/* A non-streamed answer larger than this is a server fault, not something to hold in memory. */
+#define MAX_BUFFERED_RESPONSE (64u * 1024 * 1024)
+/* Output tokens assumed for accounting when a request sets no max_tokens. */
+#define DEFAULT_OUTPUT_TOKENS 256
+#define MAX_TRIES 8
+
+struct relay {
+    struct atc_server *srv;
+    struct evhttp_request *client;
+    struct evhttp_connection *client_conn;
+    struct event *watch; /* notices a client that hangs up while we wait for the server */
+    struct atc_features *f;
+    struct atc_model *model;
+    const char *path;
+    const char *body;
+    size_t bodylen;
+    int priority;
+    char tenant[64];
+    char session[256];
+    char id[80];
+    char extra_headers[160];
+
+    struct atc_endpoint *ep; /* holds one in-flight slot while set */
+    uint64_t tokens;
+    struct atc_endpoint *tried[MAX_TRIES];
+    unsigned ntried;
+    struct atc_upstream_req *up;
+    enum atc_upstream_error last_error;
+    bool had_error;
+
+    int status;
+    bool streaming;     /* relaying the body as it arrives */
+    bool event_stream;  /* and it is SSE */
+    bool reply_started; /* the status line went to the client: no more retries */
+    bool paused;
+    struct evbuffer *buffered;
+    uint64_t t_attempt_us;
+};
+
+static void attempt(struct relay *r, struct atc_endpoint *ep);
+static struct atc_endpoint *next_endpoint(struct relay *r);
+
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static void release_endpoint(struct relay *r)
+{
+    if (r->ep == NULL)
+        return;
+    atc_endpoint_release(r->ep, r->tokens);
+    r->ep = NULL;
+}
+
+/* The relay is over: the client has its answer (or is gone). Frees the relay, not the client request. */
+static void relay_free(struct relay *r)
+{
+    release_endpoint(r);
+    if (r->watch != NULL)
+        event_free(r->watch);
+    if (r->client_conn != NULL)
+        evhttp_connection_set_closecb(r->client_conn, NULL, NULL);
+    if (r->buffered != NULL)
+        evbuffer_free(r->buffered);
+    free(r->f);
+    atc_server_request_finished(r->srv);
+    free(r);
+}
+
+static void add_reply_headers(struct relay *r)
+{
+    struct evkeyvalq *h = evhttp_request_get_output_headers(r->client);
+    if (r->ntried > 0)
+        evhttp_add_header(h, "x-atc-endpoint", r->tried[r->ntried - 1]->id);
+    evhttp_add_header(h, "x-request-id", r->id);
+    if (r->srv->draining)
+        evhttp_add_header(h, "Connection", "close");
+}
+
+static void reply_error(struct relay *r, int status, const char *type, const char *code, const char *message,
+                        int retry_after)
+{
+    add_reply_headers(r);
+    atc_http_send_error(r->client, status, type, code, message, retry_after);
+    r->srv->stats.responses_total++;
+    relay_free(r);
+}
+
+/* The client hung up: stop the server's work at once and free its slot. */
+static void client_gone(struct relay *r)
+{
+    r->srv->stats.client_gone_total++;
+    if (r->up != NULL) {
+        atc_upstream_cancel(r->up);
+        r->up = NULL;
+    }
+    atc_debug("request %s: client disconnected", r->id);
+    relay_free(r);
+}
+
+/* evhttp noticed the hang-up while writing. The request is detached from its (dying) connection when
+ * we had not finished it, and then it is ours to free. */
+static void on_client_close(struct evhttp_connection *conn, void *arg)
+{
+    struct relay *r = arg;
+    struct evhttp_request *client = r->client;
+    r->client_conn = NULL; /* being freed by evhttp */
+    client_gone(r);
+    if (evhttp_request_get_connection(client) == NULL)
+        evhttp_request_free(client);
+}
+
+/* evhttp does not read from a client while its request is being handled, so a hang-up before we write
+ * would go unnoticed until the server answers. Peek at the socket instead. */
+static void on_client_readable(evutil_socket_t fd, short what, void *arg)
+{
+    struct relay *r = arg;
+    char byte;
+    ssize_t n = recv(fd, &byte, 1, MSG_PEEK);
+    if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR))) {
+        /* A pipelined request (or junk): evhttp reads it after this answer; stop watching. */
+        event_del(r->watch);
+        return;
+    }
+    struct evhttp_connection *conn = r->client_conn;
+    evhttp_connection_set_closecb(conn, NULL, NULL);
+    r->client_conn = NULL;
+    client_gone(r);
+    evhttp_connection_free(conn); /* frees the client request too */
+}
+
+static int error_status(enum atc_upstream_error err)
+{
+    return atc_upstream_is_timeout(err) ? 504 : 502;
+}
+
+/* No attempt can go on: answer with what the last failure was. */
+static void give_up(struct relay *r)
+{
+    char msg[256];
+    if (!r->had_error) {
+        reply_error(r, 503, "server_error", "no_endpoint_available",
+                    "no endpoint of this model can take the request now; retry later", 1);
+        return;
+    }
+    struct atc_endpoint *last = r->tried[r->ntried - 1];
+    snprintf(msg, sizeof(msg), "upstream %s: %s", last->id, atc_upstream_strerror(r->last_error));
+    int status = error_status(r->last_error);
+    reply_error(r, status, status == 504 ? "timeout" : "upstream_error", NULL, msg, 0);
+}
+
+/* Another endpoint to try, if the request may be tried again: nothing reached the client yet, and
+ * tries are left. */
+static struct atc_endpoint *next_endpoint(struct relay *r)
+{
+    if (r->reply_started || r->ntried >= r->srv->cfg->upstream.tries || r->ntried >= MAX_TRIES)
+        return NULL;
+    return atc_balancer_pick(r->model, &r->srv->rng, r->tried, r->ntried);
+}
+
+static void on_chunk_sent(struct evhttp_connection *conn, void *arg)
+{
+    struct relay *r = arg;
+    if (r->paused && r->up != NULL) {
+        r->paused = false;
+        atc_upstream_resume(r->up);
+    }
+}
+
+static size_t client_backlog(const struct relay *r)
+{
+    if (r->client_conn == NULL)
+        return 0;
+    return evbuffer_get_length(bufferevent_get_output(evhttp_connection_get_bufferevent(r->client_conn)));
+}
+
+static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
+{
+    struct relay *r = arg;
+    double ttft_ms = (double)(now_us() - r->t_attempt_us) / 1000.0;
+    struct atc_endpoint *next;
+    if (resp->status >= 500 && (next = next_endpoint(r)) != NULL) {
+        /* The server failed before anything reached the client: another endpoint may do better. */
+        atc_endpoint_record(r->ep, false, -1);
+        atc_warn("request %s: upstream %s answered %d, retrying on %s", r->id, r->ep->id, resp->status, next->id);
+        atc_upstream_cancel(r->up);
+        r->up = NULL;
+        release_endpoint(r);
+        r->srv->stats.retries_total++;
+        attempt(r, next);
+        return;
+    }
+    atc_endpoint_record(r->ep, resp->status < 500, resp->status < 500 ? ttft_ms : -1);
+    r->status = resp->status;
+    r->event_stream = resp->event_stream;
+    r->streaming = resp->event_stream || resp->content_length < 0 ||
+                   (uint64_t)resp->content_length > MAX_BUFFERED_RESPONSE;
+    struct evkeyvalq *h = evhttp_request_get_output_headers(r->client);
+    evhttp_add_header(h, "Content-Type", resp->content_type != NULL ? resp->content_type : "application/json");
+    if (r->streaming) {
+        if (r->event_stream)
+            evhttp_add_header(h, "Cache-Control", "no-cache");
+        add_reply_headers(r);
+        r->reply_started = true;
+        evhttp_send_reply_start(r->client, r->status, atc_http_reason(r->status));
+    } else if (r->buffered == NULL) {
+        r->buffered = evbuffer_new();
+    } else {
+        evbuffer_drain(r->buffered, evbuffer_get_length(r->buffered));
+    }
+}
+
+static void on_up_body(void *arg, struct evbuffer *data)
+{
+    struct relay *r = arg;
+    if (!r->streaming) {
+        evbuffer_add_buffer(r->buffered, data);
+        return;
+    }
+    evhttp_send_reply_chunk_with_cb(r->client, data, on_chunk_sent, r);
+    if (!r->paused && client_backlog(r) > CLIENT_HIGH_WATERMARK) {
+        r->paused = true;
+        atc_upstream_pause(r->up);
+    }
+}
+
+static void on_up_done(void *arg)
+{
+    struct relay *r = arg;
+    r->up = NULL;
+    r->srv->stats.responses_total++;
+    if (r->streaming) {
+        evhttp_send_reply_end(r->client);
+    } else {
+        add_reply_headers(r);
+        evhttp_send_reply(r->client, r->status, atc_http_reason(r->status), r->buffered);
+    }
+    relay_free(r);
+}
+
+/* An SSE stream that breaks after it started still ends with a well-formed event, so that a client
+ * sees an error rather than a stream that merely stops. */
+static void end_broken_stream(struct relay *r, enum atc_upstream_error err)
+{
+    if (r->event_stream) {
+        struct evbuffer *ev = evbuffer_new();
+        if (ev != NULL) {
+            evbuffer_add_printf(ev,
+                                "data: {\"error\":{\"message\":\"upstream %s: %s\",\"type\":\"%s\","
+                                "\"param\":null,\"code\":%d}}\n\n",
+                                r->tried[r->ntried - 1]->id, atc_upstream_strerror(err),
+                                atc_upstream_is_timeout(err) ? "timeout" : "upstream_error", error_status(err));
+            evhttp_send_reply_chunk(r->client, ev);
+            evbuffer_free(ev);
+        }
+    }
+    evhttp_send_reply_end(r->client);
+    r->srv->stats.responses_total++;
+    relay_free(r);
+}
+
+static void on_up_error(void *arg, enum atc_upstream_error err, bool got_response)
+{
+    struct relay *r = arg;
+    r->up = NULL;
+    r->srv->stats.upstream_errors_total++;
+    atc_endpoint_record(r->ep, false, -1);
+    atc_warn("request %s: upstream %s: %s", r->id, r->ep->id, atc_upstream_strerror(err));
+    release_endpoint(r);
+    r->last_error = err;
+    r->had_error = true;
+    if (r->reply_started) {
+        end_broken_stream(r, err);
+        return;
+    }
+    struct atc_endpoint *next = next_endpoint(r);
+    if (next == NULL) {
+        give_up(r);
+        return;
+    }
+    r->srv->stats.retries_total++;
+    attempt(r, next);
+}
+
+static const struct atc_upstream_callbacks upstream_cb = {
+    .on_headers = on_up_headers,
+    .on_body = on_up_body,
+    .on_done = on_up_done,
+    .on_error = on_up_error,
+};
+
+/* Sends the request to @p ep. */
+static void attempt(struct relay *r, struct atc_endpoint *ep)
+{
+    r->ep = ep;
+    r->tried[r->ntried++] = ep;
+    atc_endpoint_acquire(ep, r->tokens);
+    r->t_attempt_us = now_us();
+    r->up = atc_upstream_send(ep->pool, "POST", r->path, r->extra_headers, r->body, r->bodylen, &upstream_cb, r);
+    if (r->up == NULL) {
+        release_endpoint(r);
+        reply_error(r, 500, "server_error", NULL, "out of memory", 0);
+    }
+}
+
+static void copy_str(char *dst, size_t size, const char *src)
+{
+    snprintf(dst, size, "%s", src != NULL ? src : "");
+}
+
+void atc_relay_start(struct atc_server *srv, struct evhttp_request *client, const struct atc_request_info *info)
+{
+    struct relay *r = calloc(1, sizeof(*r));
+    if (r == NULL) {
+        free(info->features);
+        atc_http_send_error(client, 500, "server_error", NULL, "out of memory", 0);
+        return;
+    }
+    atc_server_request_started(srv);
+    r->srv = srv;
+    r->client = client;
+    r->client_conn = evhttp_request_get_connection(client);
+    r->f = info->features;
+    r->path = info->path;
+    r->body = info->body;
+    r->bodylen = info->bodylen;
+    r->priority = info->priority;
+    copy_str(r->tenant, sizeof(r->tenant), info->tenant);
+    copy_str(r->session, sizeof(r->session), info->session);
+    if (info->request_id != NULL && info->request_id[0] != '\0')
+        copy_str(r->id, sizeof(r->id), info->request_id);
+    else
+        snprintf(r->id, sizeof(r->id), "atc-%016llx", (unsigned long long)++srv->next_id);
+    /* The id is passed on so that server logs can be joined with ours; keep it to a safe charset. */
+    for (char *p = r->id; *p; p++)
+        if (*p < 0x21 || *p > 0x7e)
+            *p = '_';
+    snprintf(r->extra_headers, sizeof(r->extra_headers), "x-request-id: %s\r\n", r->id);
+    r->model = atc_endpoint_table_model(srv->table, r->f->model, strlen(r->f->model));
+    r->tokens = r->f->prompt_tokens + (uint64_t)(r->f->max_tokens >= 0 ? r->f->max_tokens : DEFAULT_OUTPUT_TOKENS);
+
+    evhttp_connection_set_closecb(r->client_conn, on_client_close, r);
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(r->client_conn);
+    r->watch = event_new(srv->base, bufferevent_getfd(bev), EV_READ | EV_PERSIST, on_client_readable, r);
+    if (r->watch != NULL)
+        event_add(r->watch, NULL);
+    struct atc_endpoint *ep = atc_balancer_pick(r->model, &srv->rng, NULL, 0);
+    if (ep == NULL)
+        give_up(r);
+    else
+        attempt(r, ep);
+}

@@ -1,0 +1,255 @@
+#include "server.h"
+
+#include <arpa/inet.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+
+#include "admin.h"
+#include "config.h"
+#include "endpoint.h"
+#include "http_front.h"
+#include "log.h"
+#include "sim_server.h"
+#include "upstream.h"
+
+/* Bodies between max_body and this get a proper OpenAI-style 413 from atc; beyond it evhttp stops
+ * reading at once (a bare 413 and a closed connection), so a hostile upload cannot fill memory. */
+#define HARD_BODY_FACTOR 4
+
+static void stop_sims(struct atc_server *srv)
+{
+    for (size_t i = 0; i < srv->nsims; i++)
+        atc_sim_server_stop(srv->sims[i]);
+    free(srv->sims);
+    srv->sims = NULL;
+    srv->nsims = 0;
+}
+
+/* Starts the simulated servers of simulate: on free loopback ports and adds each as an endpoint. */
+static int start_sims(struct atc_server *srv, const char **err)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < srv->cfg->nsimulate; i++)
+        total += srv->cfg->simulate[i].count;
+    if (total == 0)
+        return 0;
+    if ((srv->sims = calloc(total, sizeof(*srv->sims))) == NULL) {
+        *err = "out of memory";
+        return -1;
+    }
+    for (size_t i = 0; i < srv->cfg->nsimulate; i++) {
+        const struct atc_simulate_config *sc = &srv->cfg->simulate[i];
+        for (unsigned k = 0; k < sc->count; k++) {
+            struct atc_sim_params p = sc->params;
+            p.seed = sc->params.seed + srv->nsims; /* each server draws differently, reproducibly */
+            struct atc_sim_server *sim = atc_sim_server_start(srv->base, &p, "127.0.0.1", 0, err);
+            if (sim == NULL)
+                return -1;
+            srv->sims[srv->nsims++] = sim;
+            char id[300];
+            struct atc_model *m = atc_endpoint_table_model(srv->table, p.model, strlen(p.model));
+            snprintf(id, sizeof(id), "%s-sim-%zu", p.model, m != NULL ? m->nendpoints + 1 : 1);
+            uint16_t port = atc_sim_server_port(sim);
+            if (atc_endpoint_table_add(srv->table, p.model, id, "127.0.0.1", port,
+                                       sc->capacity ? sc->capacity : p.max_seqs) == NULL) {
+                *err = "cannot add a simulated endpoint";
+                return -1;
+            }
+            atc_info("simulated %s server %s on 127.0.0.1:%u", p.model, id, (unsigned)port);
+        }
+    }
+    return 0;
+}
+
+static uint16_t bound_port(struct evhttp_bound_socket *bound)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    if (getsockname(evhttp_bound_socket_get_fd(bound), (struct sockaddr *)&ss, &len) < 0)
+        return 0;
+    if (ss.ss_family == AF_INET6)
+        return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+}
+
+static struct evhttp *http_listen(struct atc_server *srv, const char *host, uint16_t port,
+                                  void (*handler)(struct evhttp_request *, void *), uint16_t *bound,
+                                  struct evhttp_bound_socket **listener, const char **err)
+{
+    struct evhttp *http = evhttp_new(srv->base);
+    if (http == NULL) {
+        *err = "out of memory";
+        return NULL;
+    }
+    evhttp_set_gencb(http, handler, srv);
+    evhttp_set_allowed_methods(http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD);
+    evhttp_set_max_headers_size(http, 64 * 1024);
+    uint64_t hard = (uint64_t)srv->cfg->max_body * HARD_BODY_FACTOR;
+    evhttp_set_max_body_size(http, (ev_ssize_t)(hard < (1ull << 40) ? hard : (1ull << 40)));
+    struct timeval tv = {.tv_sec = (time_t)(srv->cfg->client_timeout_ms / 1000),
+                         .tv_usec = (suseconds_t)(srv->cfg->client_timeout_ms % 1000) * 1000};
+    evhttp_set_timeout_tv(http, &tv);
+    struct evhttp_bound_socket *b = evhttp_bind_socket_with_handle(http, host, port);
+    if (b == NULL) {
+        static char msg[300];
+        snprintf(msg, sizeof(msg), "cannot listen on %s:%u: address in use or not available", host,
+                 (unsigned)port);
+        *err = msg;
+        evhttp_free(http);
+        return NULL;
+    }
+    *bound = bound_port(b);
+    if (listener != NULL)
+        *listener = b;
+    return http;
+}
+
+static void on_drain_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    struct atc_server *srv = arg;
+    atc_warn("drain timeout: exiting with %u request(s) still in flight", srv->active);
+    event_base_loopexit(srv->base, NULL);
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    struct atc_server *srv = arg;
+    if (srv->draining) {
+        atc_warn("second signal: exiting now");
+        event_base_loopexit(srv->base, NULL);
+        return;
+    }
+    atc_info("signal %d: draining", (int)sig);
+    atc_server_drain(srv);
+}
+
+void atc_server_drain(struct atc_server *srv)
+{
+    if (srv->draining)
+        return;
+    srv->draining = true;
+    /* Stop accepting; connections already open get 503 + Connection: close for new requests. */
+    if (srv->front_listener != NULL) {
+        evhttp_del_accept_socket(srv->front, srv->front_listener);
+        srv->front_listener = NULL;
+    }
+    if (srv->active == 0) {
+        event_base_loopexit(srv->base, NULL);
+        return;
+    }
+    struct timeval tv = {.tv_sec = (time_t)(srv->cfg->drain_timeout_ms / 1000),
+                         .tv_usec = (suseconds_t)(srv->cfg->drain_timeout_ms % 1000) * 1000};
+    srv->drain_timer = evtimer_new(srv->base, on_drain_timeout, srv);
+    event_add(srv->drain_timer, &tv);
+}
+
+void atc_server_request_started(struct atc_server *srv)
+{
+    srv->active++;
+}
+
+void atc_server_request_finished(struct atc_server *srv)
+{
+    srv->active--;
+    if (srv->draining && srv->active == 0)
+        event_base_loopexit(srv->base, NULL);
+}
+
+struct atc_server *atc_server_create(struct event_base *base, struct atc_config *cfg, const char **err)
+{
+    struct atc_server *srv = calloc(1, sizeof(*srv));
+    if (srv == NULL) {
+        atc_config_free(cfg);
+        *err = "out of memory";
+        return NULL;
+    }
+    srv->base = base;
+    srv->cfg = cfg;
+    srv->rng = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    if ((srv->table = atc_endpoint_table_create(cfg)) == NULL) {
+        *err = "out of memory";
+        goto error;
+    }
+    if (start_sims(srv, err) < 0)
+        goto error;
+    struct atc_upstream_settings us = {
+        .connect_timeout_ms = cfg->upstream.connect_timeout_ms,
+        .first_byte_timeout_ms = cfg->upstream.first_byte_timeout_ms,
+        .idle_timeout_ms = cfg->upstream.idle_timeout_ms,
+        .keepalive = cfg->upstream.keepalive,
+    };
+    for (size_t i = 0; i < srv->table->nendpoints; i++) {
+        struct atc_endpoint *ep = srv->table->endpoints[i];
+        if ((ep->pool = atc_upstream_pool_create(base, ep->host, ep->port, &us, err)) == NULL) {
+            static char msg[400];
+            snprintf(msg, sizeof(msg), "endpoint %s (%s): %s", ep->id, ep->url, *err);
+            *err = msg;
+            goto error;
+        }
+    }
+    if ((srv->front = http_listen(srv, cfg->listen_host, cfg->listen_port, atc_http_front_handle,
+                                  &srv->front_port, &srv->front_listener, err)) == NULL)
+        goto error;
+    if ((srv->admin = http_listen(srv, cfg->admin_host, cfg->admin_port, atc_admin_handle, &srv->admin_port,
+                                  NULL, err)) == NULL)
+        goto error;
+    signal(SIGPIPE, SIG_IGN);
+    srv->sig_term = evsignal_new(base, SIGTERM, on_signal, srv);
+    srv->sig_int = evsignal_new(base, SIGINT, on_signal, srv);
+    event_add(srv->sig_term, NULL);
+    event_add(srv->sig_int, NULL);
+    atc_info("atc %s: %zu model(s), %zu endpoint(s); listening on %s:%u, admin on %s:%u", ATC_VERSION,
+             srv->table->nmodels, srv->table->nendpoints, cfg->listen_host, (unsigned)srv->front_port,
+             cfg->admin_host, (unsigned)srv->admin_port);
+    return srv;
+error:
+    atc_server_destroy(srv);
+    return NULL;
+}
+
+int atc_server_write_ready_file(const struct atc_server *srv, const char *path)
+{
+    char tmp[4096];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (f == NULL)
+        return -1;
+    fprintf(f, "{\"listen\": \"%s:%u\", \"admin\": \"%s:%u\", \"pid\": %d}\n", srv->cfg->listen_host,
+            (unsigned)srv->front_port, srv->cfg->admin_host, (unsigned)srv->admin_port, (int)getpid());
+    if (fclose(f) != 0)
+        return -1;
+    return rename(tmp, path);
+}
+
+void atc_server_destroy(struct atc_server *srv)
+{
+    if (srv == NULL)
+        return;
+    if (srv->sig_term != NULL)
+        event_free(srv->sig_term);
+    if (srv->sig_int != NULL)
+        event_free(srv->sig_int);
+    if (srv->drain_timer != NULL)
+        event_free(srv->drain_timer);
+    if (srv->front != NULL)
+        evhttp_free(srv->front);
+    if (srv->admin != NULL)
+        evhttp_free(srv->admin);
+    if (srv->table != NULL) {
+        for (size_t i = 0; i < srv->table->nendpoints; i++)
+            atc_upstream_pool_destroy(srv->table->endpoints[i]->pool);
+        atc_endpoint_table_destroy(srv->table);
+    }
+    stop_sims(srv);
+    atc_config_free(srv->cfg);
+    free(srv);
+}

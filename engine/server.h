@@ -1,0 +1,63 @@
+#ifndef ATC_SERVER_H
+#define ATC_SERVER_H
+
+/* One running router: its event loop, config, endpoint table, front and admin HTTP servers, and the
+ * simulated servers it started. Passed explicitly to every handler: there is no global server. */
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct event_base;
+struct event;
+struct evhttp;
+struct evhttp_bound_socket;
+struct evhttp_request;
+struct atc_config;
+struct atc_endpoint_table;
+struct atc_sim_server;
+
+struct atc_server_stats {
+    uint64_t requests_total;   /* client requests accepted on the front routes */
+    uint64_t responses_total;  /* client requests answered (any status) */
+    uint64_t client_gone_total; /* clients that disconnected before their answer ended */
+    uint64_t retries_total;    /* attempts after the first */
+    uint64_t upstream_errors_total;
+};
+
+struct atc_server {
+    struct event_base *base;
+    struct atc_config *cfg; /* owned */
+    struct atc_endpoint_table *table;
+    struct evhttp *front;
+    struct evhttp_bound_socket *front_listener;
+    struct evhttp *admin;
+    uint16_t front_port; /* as bound (config port 0 picks a free one) */
+    uint16_t admin_port;
+    struct atc_sim_server **sims;
+    size_t nsims;
+    struct event *sig_term, *sig_int, *drain_timer;
+    bool draining;
+    unsigned active; /* client requests in progress */
+    uint64_t rng;
+    uint64_t next_id;
+    struct atc_server_stats stats;
+};
+
+/** Starts everything @p cfg describes on @p base (simulated servers first, so their endpoints exist).
+ * Takes ownership of @p cfg. Returns the server, or NULL with *err (static or owned by nothing). */
+struct atc_server *atc_server_create(struct event_base *base, struct atc_config *cfg, const char **err);
+
+/** Writes {"listen": "...", "admin": "...", "pid": N} to @p path (atomically, via rename). */
+int atc_server_write_ready_file(const struct atc_server *srv, const char *path);
+
+/** Stops accepting and lets in-flight requests finish for up to the drain timeout, then exits the loop. */
+void atc_server_drain(struct atc_server *srv);
+
+/** Frees the server (after its loop has stopped). */
+void atc_server_destroy(struct atc_server *srv);
+
+/* Hooks for the request path (http_front.c / relay.c). */
+void atc_server_request_started(struct atc_server *srv);
+void atc_server_request_finished(struct atc_server *srv);
+
+#endif

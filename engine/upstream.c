@@ -1,0 +1,625 @@
+#include "upstream.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/queue.h>
+#include <sys/socket.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+
+#include "log.h"
+
+/* A status line or header longer than this, or headers larger in total, is a protocol error. */
+#define MAX_HEADER_BYTES (64 * 1024)
+/* How long an idle keep-alive connection is kept (servers close theirs after 5-75 s). */
+#define IDLE_KEEP_MS 30000
+
+enum parse_state {
+    PARSE_STATUS,
+    PARSE_HEADERS,
+    PARSE_BODY_LENGTH,
+    PARSE_CHUNK_SIZE,
+    PARSE_CHUNK_DATA,
+    PARSE_CHUNK_END,
+    PARSE_TRAILERS,
+    PARSE_BODY_UNTIL_CLOSE,
+    PARSE_DONE,
+};
+
+struct upstream_conn {
+    struct atc_upstream_pool *pool;
+    struct bufferevent *bev;
+    struct event *timer;
+    struct atc_upstream_req *req; /* NULL while idle */
+    TAILQ_ENTRY(upstream_conn) idle_link;
+    bool connecting;
+    bool connect_failed; /* connect() failed at once; the timer reports it from the loop */
+    bool reused;
+};
+
+TAILQ_HEAD(conn_list, upstream_conn);
+
+struct atc_upstream_pool {
+    struct event_base *base;
+    struct sockaddr_storage addr;
+    socklen_t addrlen;
+    char hostport[300];
+    struct atc_upstream_settings settings;
+    struct conn_list idle;
+    size_t nidle;
+};
+
+struct atc_upstream_req {
+    struct atc_upstream_pool *pool;
+    struct upstream_conn *conn;
+    const struct atc_upstream_callbacks *cb;
+    void *arg;
+    char *head; /* request line and headers, kept for a transparent retry on a stale connection */
+    size_t headlen;
+    const char *body;
+    size_t bodylen;
+
+    enum parse_state state;
+    struct atc_upstream_response resp;
+    char content_type[128];
+    bool has_content_type;
+    bool keepalive;        /* the server allows reuse (HTTP/1.1 without "Connection: close") */
+    bool chunked;
+    uint64_t remaining;    /* of a content-length body or of the current chunk */
+    size_t header_bytes;
+    bool got_response;     /* any byte of the status line arrived */
+    bool stale_retried;
+    bool paused;
+    int in_callback;
+    bool cancelled;
+    struct evbuffer *body_out; /* dechunked bytes handed to on_body */
+};
+
+static void on_conn_read(struct bufferevent *bev, void *arg);
+static void on_conn_event(struct bufferevent *bev, short what, void *arg);
+static void on_conn_timer(evutil_socket_t fd, short what, void *arg);
+static void on_idle_read(struct bufferevent *bev, void *arg);
+static void on_idle_event(struct bufferevent *bev, short what, void *arg);
+
+const char *atc_upstream_strerror(enum atc_upstream_error err)
+{
+    switch (err) {
+    case ATC_UPSTREAM_ERR_CONNECT:
+        return "connect failed";
+    case ATC_UPSTREAM_ERR_CONNECT_TIMEOUT:
+        return "connect timed out";
+    case ATC_UPSTREAM_ERR_FIRST_BYTE_TIMEOUT:
+        return "timed out waiting for the response";
+    case ATC_UPSTREAM_ERR_IDLE_TIMEOUT:
+        return "timed out in the middle of the response";
+    case ATC_UPSTREAM_ERR_CLOSED:
+        return "connection closed by the server";
+    case ATC_UPSTREAM_ERR_PROTOCOL:
+        return "invalid HTTP response";
+    }
+    return "error";
+}
+
+bool atc_upstream_is_timeout(enum atc_upstream_error err)
+{
+    return err == ATC_UPSTREAM_ERR_CONNECT_TIMEOUT || err == ATC_UPSTREAM_ERR_FIRST_BYTE_TIMEOUT ||
+           err == ATC_UPSTREAM_ERR_IDLE_TIMEOUT;
+}
+
+static void arm_timer(struct upstream_conn *c, uint64_t ms)
+{
+    struct timeval tv = {.tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000};
+    event_add(c->timer, &tv);
+}
+
+/* ---- pool ---- */
+
+struct atc_upstream_pool *atc_upstream_pool_create(struct event_base *base, const char *host, uint16_t port,
+                                                   const struct atc_upstream_settings *settings,
+                                                   const char **err)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    char service[8];
+    snprintf(service, sizeof(service), "%u", (unsigned)port);
+    int rc = getaddrinfo(host, service, &hints, &res);
+    if (rc != 0 || res == NULL) {
+        *err = "cannot resolve host";
+        return NULL;
+    }
+    struct atc_upstream_pool *pool = calloc(1, sizeof(*pool));
+    if (pool == NULL) {
+        freeaddrinfo(res);
+        *err = "out of memory";
+        return NULL;
+    }
+    memcpy(&pool->addr, res->ai_addr, res->ai_addrlen);
+    pool->addrlen = res->ai_addrlen;
+    freeaddrinfo(res);
+    pool->base = base;
+    pool->settings = *settings;
+    snprintf(pool->hostport, sizeof(pool->hostport), "%s:%u", host, (unsigned)port);
+    TAILQ_INIT(&pool->idle);
+    return pool;
+}
+
+static void conn_free(struct upstream_conn *c)
+{
+    if (c->req == NULL) {
+        TAILQ_REMOVE(&c->pool->idle, c, idle_link);
+        c->pool->nidle--;
+    }
+    bufferevent_free(c->bev);
+    event_free(c->timer);
+    free(c);
+}
+
+void atc_upstream_pool_destroy(struct atc_upstream_pool *pool)
+{
+    if (pool == NULL)
+        return;
+    while (!TAILQ_EMPTY(&pool->idle))
+        conn_free(TAILQ_FIRST(&pool->idle));
+    free(pool);
+}
+
+size_t atc_upstream_pool_idle(const struct atc_upstream_pool *pool)
+{
+    return pool->nidle;
+}
+
+static struct upstream_conn *conn_new(struct atc_upstream_pool *pool)
+{
+    struct upstream_conn *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return NULL;
+    c->pool = pool;
+    c->bev = bufferevent_socket_new(pool->base, -1, BEV_OPT_CLOSE_ON_FREE);
+    c->timer = evtimer_new(pool->base, on_conn_timer, c);
+    if (c->bev == NULL || c->timer == NULL) {
+        if (c->bev != NULL)
+            bufferevent_free(c->bev);
+        if (c->timer != NULL)
+            event_free(c->timer);
+        free(c);
+        return NULL;
+    }
+    c->connecting = true;
+    return c;
+}
+
+/* Puts a connection whose response was read completely back into the pool, or closes it. */
+static void conn_release(struct upstream_conn *c, bool reusable)
+{
+    struct atc_upstream_pool *pool = c->pool;
+    if (!reusable || pool->nidle >= pool->settings.keepalive) {
+        bufferevent_free(c->bev);
+        event_free(c->timer);
+        free(c);
+        return;
+    }
+    c->req = NULL;
+    c->reused = true;
+    TAILQ_INSERT_HEAD(&pool->idle, c, idle_link); /* LIFO: the warmest connection is reused first */
+    pool->nidle++;
+    bufferevent_setcb(c->bev, on_idle_read, NULL, on_idle_event, c);
+    bufferevent_enable(c->bev, EV_READ);
+    arm_timer(c, IDLE_KEEP_MS);
+}
+
+/* An idle connection that becomes readable was closed by the server (or sent garbage): drop it. */
+static void on_idle_read(struct bufferevent *bev, void *arg)
+{
+    conn_free(arg);
+}
+
+static void on_idle_event(struct bufferevent *bev, short what, void *arg)
+{
+    conn_free(arg);
+}
+
+/* ---- request ---- */
+
+static void req_free(struct atc_upstream_req *req)
+{
+    evbuffer_free(req->body_out);
+    free(req->head);
+    free(req);
+}
+
+/* Ends the request with an error: closes its connection, then calls back. */
+static void req_fail(struct atc_upstream_req *req, enum atc_upstream_error err)
+{
+    struct upstream_conn *c = req->conn;
+    if (c != NULL) {
+        c->req = NULL;
+        req->conn = NULL;
+        bufferevent_free(c->bev);
+        event_free(c->timer);
+        free(c);
+    }
+    if (!req->cancelled)
+        req->cb->on_error(req->arg, err, req->got_response);
+    req_free(req);
+}
+
+static int conn_start(struct atc_upstream_req *req)
+{
+    struct atc_upstream_pool *pool = req->pool;
+    struct upstream_conn *c = TAILQ_FIRST(&pool->idle);
+    if (c != NULL) {
+        TAILQ_REMOVE(&pool->idle, c, idle_link);
+        pool->nidle--;
+    } else {
+        if ((c = conn_new(pool)) == NULL)
+            return -1;
+    }
+    c->req = req;
+    req->conn = c;
+    bufferevent_setcb(c->bev, on_conn_read, NULL, on_conn_event, c);
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    evbuffer_add(out, req->head, req->headlen);
+    if (req->bodylen > 0)
+        evbuffer_add_reference(out, req->body, req->bodylen, NULL, NULL);
+    if (c->connecting) {
+        arm_timer(c, pool->settings.connect_timeout_ms);
+        /* An immediate failure (refused on loopback) is reported from the loop, never from inside send. */
+        if (bufferevent_socket_connect(c->bev, (struct sockaddr *)&pool->addr, (int)pool->addrlen) < 0) {
+            struct timeval now = {0, 0};
+            c->connect_failed = true;
+            event_add(c->timer, &now);
+            return 0;
+        }
+    } else {
+        arm_timer(c, pool->settings.first_byte_timeout_ms);
+    }
+    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    return 0;
+}
+
+struct atc_upstream_req *atc_upstream_send(struct atc_upstream_pool *pool, const char *method, const char *path,
+                                           const char *extra_headers, const char *body, size_t len,
+                                           const struct atc_upstream_callbacks *cb, void *arg)
+{
+    struct atc_upstream_req *req = calloc(1, sizeof(*req));
+    if (req == NULL)
+        return NULL;
+    req->pool = pool;
+    req->cb = cb;
+    req->arg = arg;
+    req->body = body;
+    req->bodylen = len;
+    req->body_out = evbuffer_new();
+    int n = asprintf(&req->head,
+                     "%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n%s\r\n",
+                     method, path, pool->hostport, len, extra_headers ? extra_headers : "");
+    if (n < 0 || req->body_out == NULL) {
+        req->head = NULL;
+        req_free(req);
+        return NULL;
+    }
+    req->headlen = (size_t)n;
+    if (conn_start(req) < 0) {
+        req_free(req);
+        return NULL;
+    }
+    return req;
+}
+
+void atc_upstream_pause(struct atc_upstream_req *req)
+{
+    if (req->paused || req->conn == NULL)
+        return;
+    req->paused = true;
+    bufferevent_disable(req->conn->bev, EV_READ);
+    event_del(req->conn->timer);
+}
+
+void atc_upstream_resume(struct atc_upstream_req *req)
+{
+    if (!req->paused || req->conn == NULL)
+        return;
+    req->paused = false;
+    bufferevent_enable(req->conn->bev, EV_READ);
+    arm_timer(req->conn, req->pool->settings.idle_timeout_ms);
+    /* Bytes may already wait in the input buffer: parse them from the loop, not from this caller. */
+    if (evbuffer_get_length(bufferevent_get_input(req->conn->bev)) > 0)
+        bufferevent_trigger(req->conn->bev, EV_READ, BEV_TRIG_DEFER_CALLBACKS | BEV_TRIG_IGNORE_WATERMARKS);
+}
+
+void atc_upstream_cancel(struct atc_upstream_req *req)
+{
+    req->cancelled = true;
+    if (req->in_callback > 0)
+        return; /* the parser finishes the job once the callback returns */
+    req_fail(req, ATC_UPSTREAM_ERR_CLOSED);
+}
+
+/* ---- response parsing ---- */
+
+static bool header_is(const char *line, size_t namelen, const char *name)
+{
+    return strlen(name) == namelen && strncasecmp(line, name, namelen) == 0;
+}
+
+static bool value_has_token(const char *value, const char *token)
+{
+    /* "Connection: keep-alive, close" style lists: a case-insensitive substring is enough here. */
+    return strcasestr(value, token) != NULL;
+}
+
+/* Parses one header line; returns -1 on a malformed line. */
+static int parse_header(struct atc_upstream_req *req, char *line)
+{
+    char *colon = strchr(line, ':');
+    if (colon == NULL || colon == line)
+        return -1;
+    size_t namelen = (size_t)(colon - line);
+    char *value = colon + 1;
+    while (*value == ' ' || *value == '\t')
+        value++;
+    if (header_is(line, namelen, "content-length")) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(value, &end, 10);
+        if (errno != 0 || end == value || *value == '-')
+            return -1;
+        req->resp.content_length = (int64_t)v;
+    } else if (header_is(line, namelen, "transfer-encoding")) {
+        req->chunked = value_has_token(value, "chunked");
+    } else if (header_is(line, namelen, "connection")) {
+        if (value_has_token(value, "close"))
+            req->keepalive = false;
+    } else if (header_is(line, namelen, "content-type")) {
+        snprintf(req->content_type, sizeof(req->content_type), "%s", value);
+        req->has_content_type = true;
+        req->resp.event_stream = strncasecmp(value, "text/event-stream", 17) == 0;
+    }
+    return 0;
+}
+
+static int parse_status(struct atc_upstream_req *req, const char *line)
+{
+    int major, minor, status;
+    if (sscanf(line, "HTTP/%d.%d %3d", &major, &minor, &status) != 3 || major != 1 || status < 100 ||
+        status > 599)
+        return -1;
+    req->resp.status = status;
+    req->resp.content_length = -1;
+    req->resp.event_stream = false;
+    req->has_content_type = false;
+    req->chunked = false;
+    req->keepalive = minor >= 1;
+    return 0;
+}
+
+/* Calls a user callback with the request marked busy, so that a cancel from inside it is deferred. */
+#define CALL_USER(req, call)                                                                                  \
+    do {                                                                                                     \
+        (req)->in_callback++;                                                                                \
+        call;                                                                                                \
+        (req)->in_callback--;                                                                                \
+    } while (0)
+
+static void finish(struct atc_upstream_req *req)
+{
+    struct upstream_conn *c = req->conn;
+    bool reusable = req->keepalive && req->state == PARSE_DONE &&
+                    evbuffer_get_length(bufferevent_get_input(c->bev)) == 0;
+    event_del(c->timer);
+    c->req = NULL;
+    req->conn = NULL;
+    conn_release(c, reusable);
+    CALL_USER(req, req->cb->on_done(req->arg));
+    req_free(req);
+}
+
+/* Moves up to @p max body bytes from the connection into body_out. */
+static size_t take_body(struct atc_upstream_req *req, struct evbuffer *in, uint64_t max)
+{
+    size_t avail = evbuffer_get_length(in);
+    size_t n = max < avail ? (size_t)max : avail;
+    evbuffer_remove_buffer(in, req->body_out, n);
+    return n;
+}
+
+/* Runs the parser over what has arrived. Returns 1 when the response is complete, 0 when more is
+ * needed, -1 on a protocol error, -2 when the user cancelled from a callback. */
+static int parse(struct atc_upstream_req *req, struct evbuffer *in)
+{
+    char *line = NULL;
+    for (;;) {
+        if (req->paused)
+            return 0;
+        size_t n = 0;
+        switch (req->state) {
+        case PARSE_STATUS:
+        case PARSE_HEADERS:
+        case PARSE_CHUNK_SIZE:
+        case PARSE_CHUNK_END:
+        case PARSE_TRAILERS:
+            line = evbuffer_readln(in, &n, EVBUFFER_EOL_CRLF);
+            if (line == NULL)
+                return evbuffer_get_length(in) > MAX_HEADER_BYTES ? -1 : 0;
+            req->header_bytes += n;
+            break;
+        default:
+            line = NULL;
+            break;
+        }
+
+        switch (req->state) {
+        case PARSE_STATUS:
+            req->got_response = true;
+            if (parse_status(req, line) < 0)
+                goto malformed;
+            req->state = PARSE_HEADERS;
+            break;
+        case PARSE_HEADERS:
+            if (req->header_bytes > MAX_HEADER_BYTES)
+                goto malformed;
+            if (n > 0) {
+                if (parse_header(req, line) < 0)
+                    goto malformed;
+                break;
+            }
+            if (req->resp.status < 200) { /* 100 Continue and friends: the real answer follows */
+                req->state = PARSE_STATUS;
+                break;
+            }
+            req->resp.content_type = req->has_content_type ? req->content_type : NULL;
+            arm_timer(req->conn, req->pool->settings.idle_timeout_ms);
+            CALL_USER(req, req->cb->on_headers(req->arg, &req->resp));
+            if (req->cancelled) {
+                free(line);
+                return -2;
+            }
+            if (req->resp.status == 204 || req->resp.status == 304)
+                req->state = PARSE_DONE;
+            else if (req->chunked)
+                req->state = PARSE_CHUNK_SIZE;
+            else if (req->resp.content_length >= 0) {
+                req->remaining = (uint64_t)req->resp.content_length;
+                req->state = req->remaining > 0 ? PARSE_BODY_LENGTH : PARSE_DONE;
+            } else {
+                req->keepalive = false;
+                req->state = PARSE_BODY_UNTIL_CLOSE;
+            }
+            break;
+        case PARSE_BODY_LENGTH:
+            req->remaining -= take_body(req, in, req->remaining);
+            if (req->remaining > 0)
+                return 0;
+            req->state = PARSE_DONE;
+            break;
+        case PARSE_CHUNK_SIZE: {
+            char *end;
+            errno = 0;
+            unsigned long long size = strtoull(line, &end, 16);
+            if (end == line || errno != 0 || (*end != '\0' && *end != ';' && *end != ' '))
+                goto malformed;
+            req->remaining = size;
+            req->state = size == 0 ? PARSE_TRAILERS : PARSE_CHUNK_DATA;
+            req->header_bytes = 0;
+            break;
+        }
+        case PARSE_CHUNK_DATA:
+            req->remaining -= take_body(req, in, req->remaining);
+            if (req->remaining > 0)
+                return 0;
+            req->state = PARSE_CHUNK_END;
+            break;
+        case PARSE_CHUNK_END:
+            if (n != 0)
+                goto malformed;
+            req->state = PARSE_CHUNK_SIZE;
+            break;
+        case PARSE_TRAILERS:
+            if (n == 0)
+                req->state = PARSE_DONE;
+            break;
+        case PARSE_BODY_UNTIL_CLOSE:
+            take_body(req, in, UINT64_MAX);
+            return 0;
+        case PARSE_DONE:
+            return 1;
+        }
+        free(line);
+    }
+malformed:
+    free(line);
+    return -1;
+}
+
+static void deliver_body(struct atc_upstream_req *req)
+{
+    if (evbuffer_get_length(req->body_out) > 0)
+        CALL_USER(req, req->cb->on_body(req->arg, req->body_out));
+}
+
+static void on_conn_read(struct bufferevent *bev, void *arg)
+{
+    struct upstream_conn *c = arg;
+    struct atc_upstream_req *req = c->req;
+    if (req->state >= PARSE_BODY_LENGTH && !req->paused)
+        arm_timer(c, req->pool->settings.idle_timeout_ms);
+    int rc = parse(req, bufferevent_get_input(bev));
+    if (rc == -2)
+        goto cancelled;
+    deliver_body(req);
+    if (req->cancelled)
+        goto cancelled;
+    if (rc == -1) {
+        atc_warn("upstream %s: invalid HTTP response", req->pool->hostport);
+        req_fail(req, ATC_UPSTREAM_ERR_PROTOCOL);
+    } else if (rc == 1) {
+        finish(req);
+    }
+    return;
+cancelled:
+    req_fail(req, ATC_UPSTREAM_ERR_CLOSED);
+}
+
+/* A keep-alive connection the server closed while idle fails before any byte of the answer: send the
+ * request again on a fresh connection, once, without counting it against the server. */
+static bool retry_stale(struct atc_upstream_req *req)
+{
+    struct upstream_conn *c = req->conn;
+    if (!c->reused || req->got_response || req->stale_retried)
+        return false;
+    req->stale_retried = true;
+    c->req = NULL;
+    req->conn = NULL;
+    bufferevent_free(c->bev);
+    event_free(c->timer);
+    free(c);
+    return conn_start(req) == 0;
+}
+
+static void on_conn_event(struct bufferevent *bev, short what, void *arg)
+{
+    struct upstream_conn *c = arg;
+    struct atc_upstream_req *req = c->req;
+    if (what & BEV_EVENT_CONNECTED) {
+        c->connecting = false;
+        arm_timer(c, req->pool->settings.first_byte_timeout_ms);
+        return;
+    }
+    if (c->connecting) {
+        req_fail(req, ATC_UPSTREAM_ERR_CONNECT);
+        return;
+    }
+    if ((what & BEV_EVENT_EOF) && req->state == PARSE_BODY_UNTIL_CLOSE) {
+        take_body(req, bufferevent_get_input(bev), UINT64_MAX);
+        req->state = PARSE_DONE;
+        deliver_body(req);
+        if (req->cancelled)
+            req_fail(req, ATC_UPSTREAM_ERR_CLOSED);
+        else
+            finish(req);
+        return;
+    }
+    if (retry_stale(req))
+        return;
+    req_fail(req, ATC_UPSTREAM_ERR_CLOSED);
+}
+
+static void on_conn_timer(evutil_socket_t fd, short what, void *arg)
+{
+    struct upstream_conn *c = arg;
+    struct atc_upstream_req *req = c->req;
+    if (req == NULL) { /* idle too long */
+        conn_free(c);
+        return;
+    }
+    if (c->connecting) {
+        req_fail(req, c->connect_failed ? ATC_UPSTREAM_ERR_CONNECT : ATC_UPSTREAM_ERR_CONNECT_TIMEOUT);
+        return;
+    }
+    req_fail(req, req->got_response ? ATC_UPSTREAM_ERR_IDLE_TIMEOUT : ATC_UPSTREAM_ERR_FIRST_BYTE_TIMEOUT);
+}

@@ -1,0 +1,81 @@
+#ifndef ATC_UPSTREAM_H
+#define ATC_UPSTREAM_H
+
+/* HTTP/1.1 client to inference servers: a pool of keep-alive connections per endpoint, connect /
+ * first-byte / idle timeouts, chunked and content-length bodies delivered as they arrive, pause and
+ * resume for backpressure, and cancel. Written on bufferevents rather than evhttp's client so that each
+ * timeout is its own, reads can be paused per stream, and a stale keep-alive connection is retried
+ * transparently. */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct event_base;
+struct evbuffer;
+struct atc_upstream_pool;
+struct atc_upstream_req;
+
+struct atc_upstream_settings {
+    uint64_t connect_timeout_ms;
+    uint64_t first_byte_timeout_ms; /* from the request written to the status line */
+    uint64_t idle_timeout_ms;       /* longest gap between two reads of the body */
+    unsigned keepalive;             /* idle connections kept per endpoint */
+};
+
+enum atc_upstream_error {
+    ATC_UPSTREAM_ERR_CONNECT,            /* refused, unreachable, reset while connecting */
+    ATC_UPSTREAM_ERR_CONNECT_TIMEOUT,
+    ATC_UPSTREAM_ERR_FIRST_BYTE_TIMEOUT,
+    ATC_UPSTREAM_ERR_IDLE_TIMEOUT,
+    ATC_UPSTREAM_ERR_CLOSED,             /* the server closed or reset the connection early */
+    ATC_UPSTREAM_ERR_PROTOCOL,           /* not HTTP, or a malformed response */
+};
+
+/** A short, stable name of @p err for logs and error messages ("connect failed", ...). */
+const char *atc_upstream_strerror(enum atc_upstream_error err);
+/** True for the timeouts (the client gets 504 rather than 502). */
+bool atc_upstream_is_timeout(enum atc_upstream_error err);
+
+struct atc_upstream_response {
+    int status;
+    const char *content_type; /* NULL if absent; valid during on_headers only */
+    bool event_stream;        /* content-type text/event-stream */
+    int64_t content_length;   /* -1 if absent (chunked or until close) */
+};
+
+/* Callbacks of one request. Each may call atc_upstream_cancel() on the request. After on_done or
+ * on_error the request is gone: the caller must forget its handle. */
+struct atc_upstream_callbacks {
+    void (*on_headers)(void *arg, const struct atc_upstream_response *resp);
+    /* Some body bytes (dechunked) are in @p data; take them with evbuffer_remove_buffer or drain. */
+    void (*on_body)(void *arg, struct evbuffer *data);
+    void (*on_done)(void *arg);
+    /* @p got_response: whether any byte of the response had arrived. */
+    void (*on_error)(void *arg, enum atc_upstream_error err, bool got_response);
+};
+
+/** A pool for the server at @p host:@p port (resolved now). Returns NULL and *err on failure. */
+struct atc_upstream_pool *atc_upstream_pool_create(struct event_base *base, const char *host, uint16_t port,
+                                                   const struct atc_upstream_settings *settings,
+                                                   const char **err);
+/** Closes idle connections and frees the pool. No request may be outstanding. */
+void atc_upstream_pool_destroy(struct atc_upstream_pool *pool);
+/** Idle connections currently kept. */
+size_t atc_upstream_pool_idle(const struct atc_upstream_pool *pool);
+
+/** Sends "@p method @p path" with @p extra_headers (complete "Name: value\r\n" lines, or NULL) and the
+ * @p len bytes of @p body (borrowed until the request ends: not copied). Never calls back before it
+ * returns. Returns the request, or NULL on allocation failure. */
+struct atc_upstream_req *atc_upstream_send(struct atc_upstream_pool *pool, const char *method, const char *path,
+                                           const char *extra_headers, const char *body, size_t len,
+                                           const struct atc_upstream_callbacks *cb, void *arg);
+
+/** Stops reading the response (the client is slow); the idle timeout is suspended meanwhile. */
+void atc_upstream_pause(struct atc_upstream_req *req);
+/** Resumes reading after atc_upstream_pause. */
+void atc_upstream_resume(struct atc_upstream_req *req);
+/** Abandons the request: no more callbacks; its connection is closed (which tells the server to stop). */
+void atc_upstream_cancel(struct atc_upstream_req *req);
+
+#endif
