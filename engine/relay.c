@@ -57,6 +57,7 @@ struct relay {
     bool event_stream;  /* and it is SSE */
     bool reply_started; /* the status line went to the client: no more retries */
     bool paused;
+    bool flushing; /* answered; held until the client has the last byte (only while draining) */
     struct evbuffer *buffered;
     uint64_t t_attempt_us;
 };
@@ -94,6 +95,37 @@ static void relay_free(struct relay *r)
     free(r);
 }
 
+static struct evbuffer *client_output(const struct relay *r)
+{
+    return bufferevent_get_output(evhttp_connection_get_bufferevent(r->client_conn));
+}
+
+static void on_client_flushed(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
+{
+    struct relay *r = arg;
+    if (evbuffer_get_length(buf) > 0)
+        return;
+    evbuffer_remove_cb(buf, on_client_flushed, r);
+    relay_free(r);
+}
+
+/* The answer is handed to evhttp. While draining, the process must not exit before the client has it,
+ * so the relay (and the server's count of active requests) lives until the bytes are written. */
+static void relay_done(struct relay *r)
+{
+    release_endpoint(r);
+    if (r->watch != NULL) {
+        event_free(r->watch);
+        r->watch = NULL;
+    }
+    if (r->srv->draining && r->client_conn != NULL && evbuffer_get_length(client_output(r)) > 0) {
+        r->flushing = true;
+        evbuffer_add_cb(client_output(r), on_client_flushed, r);
+        return;
+    }
+    relay_free(r);
+}
+
 static void add_reply_headers(struct relay *r)
 {
     struct evkeyvalq *h = evhttp_request_get_output_headers(r->client);
@@ -110,7 +142,7 @@ static void reply_error(struct relay *r, int status, const char *type, const cha
     add_reply_headers(r);
     atc_http_send_error(r->client, status, type, code, message, retry_after);
     r->srv->stats.responses_total++;
-    relay_free(r);
+    relay_done(r);
 }
 
 /* The client hung up: stop the server's work at once and free its slot. */
@@ -131,6 +163,12 @@ static void on_client_close(struct evhttp_connection *conn, void *arg)
 {
     struct relay *r = arg;
     struct evhttp_request *client = r->client;
+    if (r->flushing) { /* answered already: the request is evhttp's, only the relay is left */
+        evbuffer_remove_cb(client_output(r), on_client_flushed, r);
+        r->client_conn = NULL;
+        relay_free(r);
+        return;
+    }
     r->client_conn = NULL; /* being freed by evhttp */
     client_gone(r);
     if (evhttp_request_get_connection(client) == NULL)
@@ -196,9 +234,7 @@ static void on_chunk_sent(struct evhttp_connection *conn, void *arg)
 
 static size_t client_backlog(const struct relay *r)
 {
-    if (r->client_conn == NULL)
-        return 0;
-    return evbuffer_get_length(bufferevent_get_output(evhttp_connection_get_bufferevent(r->client_conn)));
+    return r->client_conn != NULL ? evbuffer_get_length(client_output(r)) : 0;
 }
 
 static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
@@ -262,7 +298,7 @@ static void on_up_done(void *arg)
         add_reply_headers(r);
         evhttp_send_reply(r->client, r->status, atc_http_reason(r->status), r->buffered);
     }
-    relay_free(r);
+    relay_done(r);
 }
 
 /* An SSE stream that breaks after it started still ends with a well-formed event, so that a client
@@ -283,7 +319,7 @@ static void end_broken_stream(struct relay *r, enum atc_upstream_error err)
     }
     evhttp_send_reply_end(r->client);
     r->srv->stats.responses_total++;
-    relay_free(r);
+    relay_done(r);
 }
 
 static void on_up_error(void *arg, enum atc_upstream_error err, bool got_response)

@@ -5,6 +5,7 @@
  * simulated servers it started. Passed explicitly to every handler: there is no global server. */
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 struct event_base;

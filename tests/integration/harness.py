@@ -1,0 +1,180 @@
+"""Integration test harness: real atc processes on loopback, Python standard library only.
+
+Every server is started on port 0 and found through its --ready-file, waited for with a deadline (never a
+sleep), and stopped with SIGTERM then SIGKILL. Logs go to a temporary directory printed on failure.
+"""
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import textwrap
+import time
+import unittest
+
+ATC_BIN = os.environ.get("ATC_BIN", os.path.join(os.path.dirname(__file__), "..", "..", "build", "atc"))
+SOURCE_DIR = os.environ.get("ATC_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def wait_for(predicate, timeout=10.0, interval=0.01, what="condition"):
+    """Polls predicate until it returns a truthy value, or fails after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def dead_port():
+    """A loopback port with nothing listening (bound, then closed)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Process:
+    """A child process that writes a ready file once it listens."""
+
+    def __init__(self, args, workdir, name):
+        self.workdir = workdir
+        self.ready_path = os.path.join(workdir, f"{name}.ready")
+        self.log_path = os.path.join(workdir, f"{name}.log")
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(args + ["--ready-file", self.ready_path], stdout=self.log,
+                                     stderr=subprocess.STDOUT, cwd=SOURCE_DIR)
+        self.info = self._wait_ready()
+
+    def _wait_ready(self):
+        def ready():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"process exited with {self.proc.returncode}: {self.read_log()}")
+            try:
+                with open(self.ready_path) as f:
+                    return json.load(f)
+            except (FileNotFoundError, json.JSONDecodeError):
+                return None
+        return wait_for(ready, timeout=15, what=f"ready file {self.ready_path}")
+
+    def read_log(self):
+        if not self.log.closed:
+            self.log.flush()
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def stop(self, timeout=10.0):
+        """SIGTERM, then SIGKILL after timeout; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+
+class Atc(Process):
+    def __init__(self, config_yaml, workdir, name="atc"):
+        self.config_path = os.path.join(workdir, f"{name}.yaml")
+        with open(self.config_path, "w") as f:
+            f.write(textwrap.dedent(config_yaml))
+        super().__init__([ATC_BIN, "serve", "-c", self.config_path], workdir, name)
+        self.host, port = self.info["listen"].rsplit(":", 1)
+        self.port = int(port)
+        self.admin_port = int(self.info["admin"].rsplit(":", 1)[1])
+
+    def endpoints(self):
+        status, _, body = request("127.0.0.1", self.admin_port, "GET", "/admin/endpoints")
+        assert status == 200, body
+        return {ep["id"]: ep for ep in json.loads(body)["endpoints"]}
+
+
+class Sim(Process):
+    def __init__(self, workdir, name="sim", model="llama-3-8b", extra=()):
+        super().__init__([ATC_BIN, "sim", "--listen", "127.0.0.1:0", "--model", model, *extra], workdir, name)
+        self.port = int(self.info["listen"].rsplit(":", 1)[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+
+
+def request(host, port, method, path, body=None, headers=None, timeout=30):
+    """One HTTP request on a fresh connection; returns (status, headers as a lower-cased dict, body bytes)."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    hdrs = {"content-type": "application/json"}
+    hdrs.update(headers or {})
+    if isinstance(body, (dict, list)):
+        body = json.dumps(body)
+    conn.request(method, path, body=body, headers=hdrs)
+    resp = conn.getresponse()
+    data = resp.read()
+    result = (resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)
+    conn.close()
+    return result
+
+
+def chat(port, model="llama-3-8b", content="hello", stream=False, max_tokens=8, headers=None, **extra):
+    body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+            "stream": stream}
+    body.update(extra)
+    return request("127.0.0.1", port, "POST", "/v1/chat/completions", body, headers)
+
+
+def stream_events(port, body, headers=None, timeout=30):
+    """POSTs a streaming chat request; returns (status, headers, [(arrival_seconds, event_data)])."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    hdrs = {"content-type": "application/json"}
+    hdrs.update(headers or {})
+    start = time.monotonic()
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers=hdrs)
+    resp = conn.getresponse()
+    events = []
+    buf = b""
+    while True:
+        chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(1)
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n\n" in buf:
+            event, buf = buf.split(b"\n\n", 1)
+            for line in event.split(b"\n"):
+                if line.startswith(b"data: "):
+                    events.append((time.monotonic() - start, line[6:].decode()))
+    headers_out = {k.lower(): v for k, v in resp.getheaders()}
+    conn.close()
+    return resp.status, headers_out, events
+
+
+class AtcTestCase(unittest.TestCase):
+    """Gives each test a temporary directory and stops what it started, printing logs on failure."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="atc-test-")
+        self.processes = []
+
+    def tearDown(self):
+        result = getattr(self._outcome, "result", None)
+        failed = result is not None and any(t is self for t, _ in result.failures + result.errors)
+        for p in reversed(self.processes):
+            p.stop()
+        if failed or os.environ.get("ATC_TEST_LOGS"):
+            for p in self.processes:
+                print(f"--- {p.log_path}\n{p.read_log()[-4000:]}")
+        self.tmp.cleanup()
+
+    def start_atc(self, config_yaml, name="atc"):
+        atc = Atc(config_yaml, self.tmp.name, name)
+        self.processes.append(atc)
+        return atc
+
+    def start_sim(self, name="sim", model="llama-3-8b", extra=()):
+        sim = Sim(self.tmp.name, name, model, extra)
+        self.processes.append(sim)
+        return sim
