@@ -1,0 +1,98 @@
+"""The command line: help, version, check, and the shipped example configs."""
+
+import json
+import os
+import re
+import subprocess
+import unittest
+
+from harness import ATC_BIN, SOURCE_DIR, AtcTestCase, stream_events
+
+
+def run(*args, timeout=10):
+    return subprocess.run([ATC_BIN, *args], capture_output=True, text=True, timeout=timeout, cwd=SOURCE_DIR)
+
+
+class CliTest(AtcTestCase):
+    def test_version_and_help(self):
+        out = run("--version")
+        self.assertEqual(out.returncode, 0)
+        self.assertRegex(out.stdout, r"^atc \d+\.\d+\.\d+")
+        out = run("--help")
+        self.assertEqual(out.returncode, 0)
+        for cmd in ("serve", "check", "sim"):
+            self.assertIn(cmd, out.stdout)
+        for cmd, flags in (("serve", ["--config", "--ready-file"]), ("check", ["--config"]),
+                           ("sim", ["--listen", "--model", "--max-seqs", "--prefill-tps", "--decode-ms",
+                                    "--kv-blocks", "--error-rate", "--hang-rate", "--not-ready-for",
+                                    "--die-after", "--seed"])):
+            with self.subTest(cmd):
+                out = run(cmd, "--help")
+                self.assertEqual(out.returncode, 0, out.stderr)
+                for flag in flags:
+                    self.assertIn(flag, out.stdout)
+        out = run("frobnicate")
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("unknown command", out.stderr)
+
+    def test_check_accepts_the_examples(self):
+        for name in ("quickstart.yaml", "fleet.yaml"):
+            with self.subTest(name):
+                out = run("check", "-c", os.path.join("examples", name))
+                self.assertEqual(out.returncode, 0, out.stderr)
+                self.assertIn("ok", out.stdout)
+
+    def test_check_reports_every_error_with_line_and_column(self):
+        path = os.path.join(self.tmp.name, "bad.yaml")
+        with open(path, "w") as f:
+            f.write("listen: 127.0.0.1:99999\n"
+                    "models:\n"
+                    "  - name: m\n"
+                    "    endpoints:\n"
+                    "      - id: a\n"
+                    "        url: ftp://x\n"
+                    "        capacity: 0\n"
+                    "      - id: a\n"
+                    "        url: http://127.0.0.1:9001\n"
+                    "bogus: 1\n")
+        out = run("check", "-c", path)
+        self.assertEqual(out.returncode, 1)
+        lines = out.stderr.strip().splitlines()
+        self.assertGreaterEqual(len(lines), 5, out.stderr)
+        for line in lines:
+            self.assertRegex(line, re.escape(path) + r":\d+:\d+: ")
+        text = out.stderr
+        self.assertRegex(text, r":1:\d+: .*listen")      # port out of range
+        self.assertRegex(text, r":6:\d+: .*url")         # not http://
+        self.assertRegex(text, r":7:\d+: .*capacity")    # zero
+        self.assertRegex(text, r":8:\d+: .*duplicate")   # id 'a' again
+        self.assertRegex(text, r":10:\d+: .*bogus")      # unknown key
+
+    def test_serve_with_a_bad_config_exits_1_without_listening(self):
+        path = os.path.join(self.tmp.name, "bad.yaml")
+        with open(path, "w") as f:
+            f.write("models: 3\n")
+        out = run("serve", "-c", path)
+        self.assertEqual(out.returncode, 1)
+        self.assertIn(f"{path}:1:", out.stderr)
+
+    def test_quickstart_streams_with_an_endpoint_header(self):
+        with open(os.path.join(SOURCE_DIR, "examples", "quickstart.yaml")) as f:
+            text = f.read()
+        # The same file, on free ports; policy paths resolve against the original directory.
+        text = re.sub(r"(?m)^listen: \S+", "listen: 127.0.0.1:0", text)
+        text = re.sub(r"(?m)^admin: \S+", "admin: 127.0.0.1:0", text)
+        text = text.replace("../scripts/policy.lua", os.path.join(SOURCE_DIR, "scripts", "policy.lua"))
+        atc = self.start_atc(text)
+        body = {"model": "llama-3-8b", "stream": True, "max_tokens": 16,
+                "messages": [{"role": "user", "content": "Hello!"}]}
+        status, headers, events = stream_events(atc.port, body)
+        self.assertEqual(status, 200)
+        self.assertRegex(headers["x-atc-endpoint"], r"^llama-3-8b-sim-[123]$")
+        self.assertEqual(events[-1][1], "[DONE]")
+        self.assertGreater(len(events), 10)
+        json.loads(events[0][1])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
