@@ -2,38 +2,48 @@
 #define ATC_REQUEST_FEATURES_H
 
 /* Request features: a zero-copy JSON scan (jsmn) of an OpenAI request body into what routing needs.
- * Nothing here allocates per request beyond the caller's struct; spans point into the body. */
+ * Spans point into the body. The only allocation is a per-thread token array, reused across requests
+ * and grown when a body needs more tokens (see atc_features_release). */
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#define ATC_FEATURES_NAME_MAX 256       /* model / user are copied (unescaped) up to this length */
-#define ATC_PREFIX_BLOCK_BYTES 256      /* bytes of prompt per prefix block (about 64 tokens) */
-#define ATC_PREFIX_BLOCKS_MAX 512       /* blocks hashed per request: the first 128 KiB of prompt */
+#define ATC_FEATURES_NAME_MAX 256  /* model / user are copied (unescaped) up to this length */
+#define ATC_PREFIX_BLOCK_BYTES 256 /* bytes of prompt per prefix block (about 64 tokens) */
+#define ATC_PREFIX_BLOCKS_MAX 512  /* blocks hashed per request: the first 128 KiB of prompt */
+#define ATC_FEATURES_DEPTH_MAX 64  /* deeper JSON nesting is refused (a hostile-input guard) */
 
 enum atc_request_kind { ATC_KIND_CHAT, ATC_KIND_COMPLETION, ATC_KIND_EMBEDDING };
 
 struct atc_features {
     char model[ATC_FEATURES_NAME_MAX]; /* unescaped; "" if absent */
     bool has_model;
-    bool stream;                       /* "stream": true */
-    int64_t max_tokens;                /* max_tokens or max_completion_tokens; -1 if absent */
-    char user[ATC_FEATURES_NAME_MAX];  /* the body's "user", unescaped; "" if absent */
-    const char *prompt;                /* raw JSON bytes of "messages" (chat) / "prompt" / "input" */
+    bool stream;                      /* "stream": true */
+    int64_t max_tokens;               /* max_tokens or max_completion_tokens; -1 if absent */
+    char user[ATC_FEATURES_NAME_MAX]; /* the body's "user", unescaped; "" if absent */
+    const char *prompt;               /* raw JSON bytes of "messages" (chat) / "prompt" / "input" */
     size_t prompt_len;
-    uint32_t prompt_tokens;            /* estimate: about 4 bytes of text per token */
+    uint32_t prompt_tokens;                 /* estimate: about 4 bytes of text per token */
     uint64_t blocks[ATC_PREFIX_BLOCKS_MAX]; /* chained XXH3: blocks[k] covers prompt bytes 0..(k+1)*BLOCK */
-    size_t nblocks;                    /* full blocks only */
+    size_t nblocks;                         /* full blocks only */
 };
 
-/** Scans @p body (@p len bytes, not NUL-terminated) of a request of @p kind.
- * Returns 0, or -1 with *err a static message fit for a 400 answer ("invalid JSON", "'messages' must be
- * an array", ...). A missing model is not an error here (has_model = false): the caller decides. */
+/** Scans @p body (@p len bytes, not NUL-terminated) of a request of @p kind. The body must be exactly
+ * one JSON object (strict RFC 8259 syntax, at most ATC_FEATURES_DEPTH_MAX deep); only its top-level
+ * keys are read; a repeated key counts by its last value; a null value counts as absent.
+ * Returns 0, or -1 with *err a static message fit for a 400 answer ("invalid JSON body", "'messages'
+ * must be an array", ...); on error the contents of @p f are unspecified. A missing model is not an
+ * error here (has_model = false): the caller decides. An over-long "user" is cut at a character
+ * boundary; an over-long "model" is an error. @p f->prompt borrows from @p body. */
 int atc_features_scan(enum atc_request_kind kind, const char *body, size_t len, struct atc_features *f,
                       const char **err);
 
 /** Chained prefix hashes of @p len bytes: fills up to @p max hashes, returns how many (full blocks). */
 size_t atc_prefix_hash(const char *data, size_t len, uint64_t *out, size_t max);
+
+/** Frees the calling thread's token array (a worker calls it as it exits); the next scan on this
+ * thread allocates a new one. */
+void atc_features_release(void);
 
 #endif
