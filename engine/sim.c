@@ -48,7 +48,7 @@ struct seq {
     uint32_t tail_tokens;  /* prompt tokens past the last full hash block */
     uint32_t prefill_left; /* uncached prompt tokens still to compute */
     uint32_t emitted;
-    uint32_t reserved; /* KV blocks reserved for tail + output while running */
+    uint32_t held; /* KV blocks held for the tail and the output while running */
     bool running;
     bool emits; /* emits a token at the end of the current iteration */
     bool dead;  /* finished or cancelled during callbacks; freed after them */
@@ -76,14 +76,14 @@ struct atc_sim {
 
     struct seq_list waiting, running;
     struct kv_cache kv;
-    uint64_t reserved; /* KV blocks reserved by running sequences */
+    uint64_t held; /* KV blocks held by running sequences outside the prefix cache */
 
     bool busy; /* an iteration is in progress, ending at iter_end */
     bool in_callbacks;
     uint64_t iter_end;
     uint64_t clock; /* start of the last iteration: nothing is scheduled before it */
 
-    uint64_t prefix_queries, prefix_hits, iterations, tokens;
+    uint64_t prefix_queries, prefix_hits, iterations, tokens, preemptions;
 };
 
 uint64_t atc_sim_rand(uint64_t *state)
@@ -111,6 +111,18 @@ static void list_push(struct seq_list *l, struct seq *s)
     else
         l->head = s;
     l->tail = s;
+    l->n++;
+}
+
+static void list_push_front(struct seq_list *l, struct seq *s)
+{
+    s->prev = NULL;
+    s->next = l->head;
+    if (l->head)
+        l->head->prev = s;
+    else
+        l->tail = s;
+    l->head = s;
     l->n++;
 }
 
@@ -292,15 +304,22 @@ static struct seq *seq_lookup(const struct atc_sim *sim, uint64_t id)
     return sim->slots[slot];
 }
 
+/* Gives back what a running @p s holds in the KV cache; its prefix stays cached, unpinned. */
+static void seq_release_kv(struct atc_sim *sim, struct seq *s)
+{
+    /* Deepest block first onto the LRU tail, so a shared head outlives its private tails. */
+    for (size_t i = s->nblocks; i-- > 0;)
+        kv_unpin(&sim->kv, s->pins[i]);
+    sim->held -= s->held;
+    s->held = 0;
+    s->running = false;
+}
+
 /* Unpins and frees @p s, which must be on neither list. */
 static void seq_free(struct atc_sim *sim, struct seq *s)
 {
-    if (s->running) {
-        /* Deepest block first onto the LRU tail, so a shared head outlives its private tails. */
-        for (size_t i = s->nblocks; i-- > 0;)
-            kv_unpin(&sim->kv, s->pins[i]);
-        sim->reserved -= s->reserved;
-    }
+    if (s->running)
+        seq_release_kv(sim, s);
     uint32_t slot = (uint32_t)s->id;
     sim->slots[slot] = NULL;
     sim->gens[slot]++;
@@ -341,11 +360,17 @@ static int slot_alloc(struct atc_sim *sim, uint32_t *slot)
 
 static uint64_t kv_free_units(const struct atc_sim *sim)
 {
-    uint64_t used = sim->kv.units + sim->reserved;
+    uint64_t used = sim->kv.units + sim->held;
     return used >= sim->p.kv_blocks ? 0 : sim->p.kv_blocks - used;
 }
 
-/* Looks up and pins @p s's prefix, reserves its KV room and moves it to the running list.
+/* KV blocks @p s needs outside its prefix to compute its next token: its tail and its output so far. */
+static uint32_t kv_need(const struct seq *s)
+{
+    return div_up((uint64_t)s->tail_tokens + s->emitted + 1, ATC_SIM_KV_BLOCK_TOKENS);
+}
+
+/* Looks up and pins @p s's prefix, takes its KV room and moves it to the running list.
  * Returns -1 (and changes nothing) when the cache has no room for it yet, or on allocation failure. */
 static int admit(struct atc_sim *sim, struct seq *s)
 {
@@ -354,7 +379,7 @@ static int admit(struct atc_sim *sim, struct seq *s)
     size_t hits = 0;
     while (hits < s->nblocks && kv_find(kv, s->hashes[hits]) != NONE)
         hits++;
-    uint32_t reserve = div_up((uint64_t)s->tail_tokens + s->output_tokens, ATC_SIM_KV_BLOCK_TOKENS);
+    uint32_t reserve = kv_need(s);
     uint64_t need = (uint64_t)(s->nblocks - hits) * units + reserve;
     size_t done = 0;
 
@@ -379,13 +404,17 @@ static int admit(struct atc_sim *sim, struct seq *s)
     }
 
     uint64_t hit_tokens = (uint64_t)hits * s->block_tokens;
-    if (hit_tokens >= s->prompt_tokens)
+    if (hit_tokens >= s->prompt_tokens && s->emitted == 0)
         hit_tokens = s->prompt_tokens > 0 ? s->prompt_tokens - 1 : 0; /* the last token is recomputed */
+    if (hit_tokens > s->prompt_tokens)
+        hit_tokens = s->prompt_tokens;
     sim->prefix_queries += s->prompt_tokens;
     sim->prefix_hits += hit_tokens;
-    s->prefill_left = s->prompt_tokens > hit_tokens ? (uint32_t)(s->prompt_tokens - hit_tokens) : 1;
-    s->reserved = reserve;
-    sim->reserved += reserve;
+    /* A preempted sequence recomputes the tokens it had produced, as vLLM's recompute preemption. */
+    uint64_t left = s->prompt_tokens - hit_tokens + s->emitted;
+    s->prefill_left = left == 0 ? 1 : left > UINT32_MAX ? UINT32_MAX : (uint32_t)left;
+    s->held = reserve;
+    sim->held += reserve;
     s->running = true;
     list_unlink(&sim->waiting, s);
     list_push(&sim->running, s);
@@ -422,6 +451,42 @@ static void schedule_prefill(struct seq *s, uint64_t *budget, uint64_t *prefill,
     }
 }
 
+/* Sends the newest running sequence back to the head of the queue, freeing its KV blocks. */
+static void preempt(struct atc_sim *sim, struct seq *s)
+{
+    seq_release_kv(sim, s);
+    list_unlink(&sim->running, s);
+    list_push_front(&sim->waiting, s);
+    sim->preemptions++;
+}
+
+/* Every decoding sequence writes one more token's KV in this iteration. When the cache cannot hold
+ * that even after evicting unpinned prefixes, the newest sequences are preempted, as vLLM does; the
+ * last one left runs even if it overflows (it is then bigger than the whole cache). */
+static void grow_kv(struct atc_sim *sim)
+{
+    for (;;) {
+        uint64_t grow = 0;
+        for (struct seq *s = sim->running.head; s; s = s->next)
+            if (s->prefill_left == 0 && kv_need(s) > s->held)
+                grow += kv_need(s) - s->held;
+        if (grow == 0)
+            return;
+        while (kv_free_units(sim) < grow && kv_evict_one(&sim->kv) == 0)
+            ;
+        if (kv_free_units(sim) >= grow || sim->running.n <= 1)
+            break;
+        preempt(sim, sim->running.tail);
+    }
+    for (struct seq *s = sim->running.head; s; s = s->next) {
+        uint32_t need = kv_need(s);
+        if (s->prefill_left == 0 && need > s->held) {
+            sim->held += need - s->held;
+            s->held = need;
+        }
+    }
+}
+
 /* Plans the iteration starting at @p t; leaves the engine idle when there is nothing to run. */
 static void iteration_start(struct atc_sim *sim, uint64_t t)
 {
@@ -430,6 +495,7 @@ static void iteration_start(struct atc_sim *sim, uint64_t t)
 
     sim->clock = t;
     sim->busy = false;
+    grow_kv(sim);
     for (struct seq *s = sim->running.head; s; s = s->next) {
         s->emits = s->prefill_left == 0;
         if (s->emits) {
@@ -624,11 +690,8 @@ void atc_sim_destroy(struct atc_sim *sim)
 
 void atc_sim_stats(const struct atc_sim *sim, struct atc_sim_stats *st)
 {
-    /* vLLM's usage counts blocks held by running requests: their pinned prefix blocks, plus the tail
-     * and output tokens produced so far (the reservation is ours, not a real allocation). */
-    uint64_t used = sim->kv.pinned;
-    for (const struct seq *s = sim->running.head; s; s = s->next)
-        used += div_up((uint64_t)s->tail_tokens + s->emitted, ATC_SIM_KV_BLOCK_TOKENS);
+    /* As vLLM's: the blocks held by running requests (cached blocks nobody uses count as free). */
+    uint64_t used = sim->kv.pinned + sim->held;
     double usage = (double)used / (double)sim->p.kv_blocks;
     *st = (struct atc_sim_stats){
         .running = sim->running.n,
@@ -639,6 +702,7 @@ void atc_sim_stats(const struct atc_sim *sim, struct atc_sim_stats *st)
         .prefix_hits = sim->prefix_hits,
         .iterations = sim->iterations,
         .tokens = sim->tokens,
+        .preemptions = sim->preemptions,
     };
 }
 

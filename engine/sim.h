@@ -23,10 +23,13 @@
  *   scan, 512 for Mooncake traces); a cached hash costs ceil(block_tokens / 16) blocks. On admission
  *   the request's leading hashes found in the cache are hits (their prefill is skipped; the last prompt
  *   token is always computed, as in vLLM), the rest are inserted. A running sequence pins its hashes
- *   and reserves blocks for its tail (prompt tokens past the last full hash block) plus its whole
- *   output, so no preemption is needed. Finished sequences unpin their hashes, which stay cached and
- *   are evicted least recently used first (deepest block of a prompt first) when room is needed.
- *   A sequence too large for the whole cache is admitted only when nothing else runs.
+ *   and holds blocks for its tail (prompt tokens past the last full hash block) and for the tokens it
+ *   has produced, one more block every 16 tokens. Admission needs room for the uncached blocks and the
+ *   tail; when decoding runs out of room, the newest running sequences are preempted, as in vLLM: back
+ *   to the head of the queue, their blocks freed, to be prefilled again (prompt and tokens produced so
+ *   far) when readmitted. Finished sequences unpin their hashes, which stay cached and are evicted
+ *   least recently used first (deepest block of a prompt first) when room is needed. A sequence too
+ *   large for the whole cache runs only when nothing else does.
  * - Prefix cache queries and hits are counted in prompt tokens, like vllm:prefix_cache_queries/hits.
  * - Output length is the request's own (max_tokens) or a draw, uniform in [output_min, output_max],
  *   from the model's seeded PRNG: the same seed and the same submissions give the same timings. */
@@ -98,6 +101,7 @@ struct atc_sim_stats {
     uint64_t prefix_hits;    /* of which were found, total */
     uint64_t iterations;     /* engine iterations run, total */
     uint64_t tokens;         /* output tokens produced, total */
+    uint64_t preemptions;    /* sequences sent back to the queue for lack of KV room, total */
 };
 
 /** Creates a model; @p p is copied (the model name is not used here, so it is not kept). Zero or

@@ -271,8 +271,9 @@ static void test_kv_full_makes_requests_wait(void **state)
 {
     struct atc_sim_params p;
     params(&p);
-    p.kv_blocks = 10; /* 160 tokens: one 100 + 50 request at a time */
+    p.kv_blocks = 10; /* 160 tokens */
     struct run *r = run_new(&p);
+    /* A 100-token prompt needs 7 blocks to start: the second cannot start beside the first. */
     submit(r, 0, 0, 100, 50, NULL, 0, 0);
     submit(r, 0, 1, 100, 50, NULL, 0, 0);
     atc_sim_advance(r->sim, 0);
@@ -280,12 +281,38 @@ static void test_kv_full_makes_requests_wait(void **state)
     atc_sim_stats(r->sim, &st);
     assert_int_equal(st.running, 1);
     assert_int_equal(st.waiting, 1);
+    assert_true(st.kv_usage == 0.7);
     drain(r);
     assert_true(r->first_us[1] > r->last_us[0]);
     /* A request larger than the whole cache still runs when alone. */
     submit(r, 10000000, 2, 1000, 2, NULL, 0, 0);
     drain(r);
     assert_true(r->done[2]);
+    atc_sim_stats(r->sim, &st);
+    assert_int_equal(st.preemptions, 0);
+    run_free(r);
+}
+
+static void test_kv_growth_preempts_newest(void **state)
+{
+    struct atc_sim_params p;
+    params(&p);
+    p.kv_blocks = 20; /* 320 tokens: room for both prompts, not for both outputs */
+    struct run *r = run_new(&p);
+    submit(r, 0, 0, 16, 200, NULL, 0, 0);
+    submit(r, 0, 1, 16, 200, NULL, 0, 0);
+    run_until(r, 100000);
+    struct atc_sim_stats st;
+    atc_sim_stats(r->sim, &st);
+    assert_int_equal(st.running, 2);
+    drain(r);
+    atc_sim_stats(r->sim, &st);
+    assert_true(st.preemptions >= 1);
+    /* Both finish with every token once (on_token checks the order); the newer one was stalled. */
+    assert_true(r->done[0] && r->done[1]);
+    assert_int_equal(r->ntok[0], 200);
+    assert_int_equal(r->ntok[1], 200);
+    assert_true(r->last_us[1] > r->last_us[0] + 500000); /* its last 56 tokens came after 0 finished */
     run_free(r);
 }
 
@@ -368,6 +395,7 @@ int main(void)
         cmocka_unit_test(test_cancel_frees_slot),
         cmocka_unit_test(test_lru_eviction_at_capacity),
         cmocka_unit_test(test_kv_full_makes_requests_wait),
+        cmocka_unit_test(test_kv_growth_preempts_newest),
         cmocka_unit_test(test_chunked_prefill_keeps_decoding),
         cmocka_unit_test(test_deterministic_under_seed),
     };
