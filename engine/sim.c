@@ -655,8 +655,8 @@ struct atc_sim *atc_sim_create(const struct atc_sim_params *p, atc_sim_on_token 
         q->max_seqs = DEFAULT_MAX_SEQS;
     if (!(q->prefill_tps > 0))
         q->prefill_tps = DEFAULT_PREFILL_TPS;
-    if (!(q->decode_ms > 0))
-        q->decode_ms = DEFAULT_DECODE_MS;
+    if (!(q->decode_ms >= 0))
+        q->decode_ms = DEFAULT_DECODE_MS; /* 0 is allowed: tokens as fast as the loop turns */
     if (q->kv_blocks == 0)
         q->kv_blocks = DEFAULT_KV_BLOCKS;
     if (!(q->decode_batch_factor > 0))

@@ -32,7 +32,17 @@
  *   large for the whole cache runs only when nothing else does.
  * - Prefix cache queries and hits are counted in prompt tokens, like vllm:prefix_cache_queries/hits.
  * - Output length is the request's own (max_tokens) or a draw, uniform in [output_min, output_max],
- *   from the model's seeded PRNG: the same seed and the same submissions give the same timings. */
+ *   from the model's seeded PRNG: the same seed and the same submissions give the same timings.
+ *
+ * Defaults, and why (DESIGN.md's calibration for an 8B model on one H100):
+ *   prefill_tps 15000      the middle of the 10-20k prompt tokens/s measured for such a setup
+ *   decode_ms 12, x2.2     12 ms per token alone, 26.4 ms at a batch of 64 or more (measured 25-30)
+ *   decode_batch_sat 64    where the decode step stops growing; also max_seqs, so a full batch is the
+ *                          calibrated one rather than an extrapolation
+ *   kv_blocks 25000        x 16 tokens = 400k tokens: about 60 GiB left after the weights, at 128 KiB
+ *                          of KV per token for Llama-3-8B
+ *   max_batched_tokens 8192  vLLM V1's default for its OpenAI server on large GPUs
+ *   output 16..512         when a request gives no max_tokens: a short-to-medium chat answer */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -41,7 +51,7 @@
 #define ATC_SIM_KV_BLOCK_TOKENS 16 /* tokens per KV block, as vLLM's default block size */
 
 /* Knobs, the same names on the command line (--max-seqs) and in YAML under simulate: (max_seqs).
- * For the fields after `seed`, 0 means "the default", so a zeroed struct is a valid starting point. */
+ * For the fields after `seed`, 0 means "the default", so atc_sim_params_init need not know them. */
 struct atc_sim_params {
     char *model;               /* model name served; owned (strdup'd), freed by atc_sim_params_dispose */
     unsigned max_seqs;         /* sequences decoded at once; more wait in the queue (default 64) */
@@ -104,8 +114,9 @@ struct atc_sim_stats {
     uint64_t preemptions;    /* sequences sent back to the queue for lack of KV room, total */
 };
 
-/** Creates a model; @p p is copied (the model name is not used here, so it is not kept). Zero or
- * negative knobs are replaced by their defaults. @p on_token with @p ctx receives every token.
+/** Creates a model; @p p is copied (the model name is not used here, so it is not kept). Knobs out of
+ * range (0 for max_seqs, kv_blocks, prefill_tps and the fields after seed; negative decode_ms) are
+ * replaced by their defaults. @p on_token with @p ctx receives every token.
  * Returns NULL on allocation failure. */
 struct atc_sim *atc_sim_create(const struct atc_sim_params *p, atc_sim_on_token on_token, void *ctx);
 /** Frees the model and forgets every sequence without calling back. NULL is fine. */
