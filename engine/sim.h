@@ -3,29 +3,148 @@
 
 /* The simulated inference server's model: continuous batching, prefill/decode timing and a prefix KV
  * cache, with no I/O. Time is passed in by the caller (microseconds), so the same model runs behind
- * real sockets (sim_server.c, wall-clock timers) and in virtual-time replay. */
+ * real sockets (sim_server.c, wall-clock timers) and in virtual-time replay.
+ *
+ * The model, aimed at one Llama-3-8B-class model on one H100 under vLLM (see DESIGN.md):
+ *
+ * - The engine runs in iterations, like vLLM's scheduler steps. An iteration starts when the previous
+ *   one ends (or when a request arrives at an idle engine). It first schedules one decode token for
+ *   every running sequence whose prompt is done, then continues prompts being prefilled, then admits
+ *   waiting sequences (FIFO) while fewer than max_seqs run, the iteration's token budget
+ *   (max_batched_tokens, chunked prefill) is not spent and the KV cache has room.
+ * - An iteration lasts prefill_tokens / prefill_tps + decode_step(B), where B is the number of sequences
+ *   that emit a token at its end (decoders plus those whose prefill completes in it) and
+ *   decode_step(B) = decode_ms * (1 + (decode_batch_factor - 1) * (min(B, decode_batch_sat) - 1) /
+ *   (decode_batch_sat - 1)): decode_ms at batch 1, decode_batch_factor x decode_ms at batch >= sat.
+ *   So a sequence's first token comes at the end of the iteration that finishes its prefill, and each
+ *   later token one iteration later.
+ * - KV cache: kv_blocks blocks of ATC_SIM_KV_BLOCK_TOKENS (16) tokens, vLLM's block size. A request
+ *   brings chained prefix block hashes, each covering block_tokens tokens (64 for atc's own feature
+ *   scan, 512 for Mooncake traces); a cached hash costs ceil(block_tokens / 16) blocks. On admission
+ *   the request's leading hashes found in the cache are hits (their prefill is skipped; the last prompt
+ *   token is always computed, as in vLLM), the rest are inserted. A running sequence pins its hashes
+ *   and holds blocks for its tail (prompt tokens past the last full hash block) and for the tokens it
+ *   has produced, one more block every 16 tokens. Admission needs room for the uncached blocks and the
+ *   tail; when decoding runs out of room, the newest running sequences are preempted, as in vLLM: back
+ *   to the head of the queue, their blocks freed, to be prefilled again (prompt and tokens produced so
+ *   far) when readmitted. Finished sequences unpin their hashes, which stay cached and are evicted
+ *   least recently used first (deepest block of a prompt first) when room is needed. A sequence too
+ *   large for the whole cache runs only when nothing else does.
+ * - Prefix cache queries and hits are counted in prompt tokens, like vllm:prefix_cache_queries/hits.
+ * - Output length is the request's own (max_tokens) or a draw, uniform in [output_min, output_max],
+ *   from the model's seeded PRNG: the same seed and the same submissions give the same timings.
+ *
+ * Defaults, and why (DESIGN.md's calibration for an 8B model on one H100):
+ *   prefill_tps 15000      the middle of the 10-20k prompt tokens/s measured for such a setup
+ *   decode_ms 12, x2.2     12 ms per token alone, 26.4 ms at a batch of 64 or more (measured 25-30)
+ *   decode_batch_sat 64    where the decode step stops growing; also max_seqs, so a full batch is the
+ *                          calibrated one rather than an extrapolation
+ *   kv_blocks 25000        x 16 tokens = 400k tokens: about 60 GiB left after the weights, at 128 KiB
+ *                          of KV per token for Llama-3-8B
+ *   max_batched_tokens 8192  vLLM V1's default for its OpenAI server on large GPUs
+ *   output 16..512         when a request gives no max_tokens: a short-to-medium chat answer */
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-/* Knobs, the same names on the command line (--max-seqs) and in YAML under simulate: (max_seqs). */
+#define ATC_SIM_KV_BLOCK_TOKENS 16 /* tokens per KV block, as vLLM's default block size */
+
+/* Knobs, the same names on the command line (--max-seqs) and in YAML under simulate: (max_seqs).
+ * For the fields after `seed`, 0 means "the default", so atc_sim_params_init need not know them. */
 struct atc_sim_params {
-    char *model;           /* model name served; owned (strdup'd), freed by atc_sim_params_dispose */
-    unsigned max_seqs;     /* sequences decoded at once; more wait in the queue (default 64) */
-    double prefill_tps;    /* prompt tokens per second of prefill (default 15000) */
-    double decode_ms;      /* ms per output token at batch size 1 (default 12) */
-    unsigned kv_blocks;    /* KV cache room in prefix blocks (default 25000 blocks of 16 tokens = 400k tokens) */
-    double error_rate;     /* share of requests answered 500 (default 0) */
-    double hang_rate;      /* share of requests accepted and never answered (default 0) */
+    char *model;               /* model name served; owned (strdup'd), freed by atc_sim_params_dispose */
+    unsigned max_seqs;         /* sequences decoded at once; more wait in the queue (default 64) */
+    double prefill_tps;        /* prompt tokens per second of prefill (default 15000) */
+    double decode_ms;          /* ms per output token at batch size 1 (default 12) */
+    unsigned kv_blocks;        /* KV cache room in 16-token blocks (default 25000 = 400k tokens) */
+    double error_rate;         /* share of requests answered 500 (default 0) */
+    double hang_rate;          /* share of requests accepted and never answered (default 0) */
     uint64_t not_ready_for_ms; /* not ready for the first N ms: /health 503, /v1/models empty (default 0) */
-    unsigned die_after;    /* die after this many requests, 0 = never; see sim_server.c */
-    uint64_t seed;         /* deterministic draws (default 1) */
+    unsigned die_after;        /* die after this many requests, 0 = never; see sim_server.c */
+    uint64_t seed;             /* deterministic draws (default 1) */
+
+    /* Finer model knobs; 0 = default. */
+    double decode_batch_factor;  /* decode step at batch >= decode_batch_sat, in decode_ms (2.2) */
+    unsigned decode_batch_sat;   /* batch size where the decode step stops growing (64) */
+    unsigned max_batched_tokens; /* tokens per iteration, prefill is chunked to fit (8192, as vLLM) */
+    unsigned output_min;         /* output length drawn when a request has no max_tokens ... (16) */
+    unsigned output_max;         /* ... up to this many tokens (512) */
 };
 
 /** Fills @p p with the defaults above; p->model = strdup("llama-3-8b"). */
 void atc_sim_params_init(struct atc_sim_params *p);
 /** Frees what @p p owns. */
 void atc_sim_params_dispose(struct atc_sim_params *p);
+
+struct atc_sim;
+
+/* One request handed to the model. Everything is borrowed for the duration of atc_sim_submit. */
+struct atc_sim_request {
+    uint32_t prompt_tokens; /* prompt length (an estimate is fine) */
+    int64_t max_tokens;     /* output length; < 0 = draw one (output_min..output_max) */
+    const uint64_t *blocks; /* chained prefix block hashes (may be NULL when nblocks == 0) */
+    size_t nblocks;         /* full blocks only */
+    uint32_t block_tokens;  /* tokens covered by one hash (0 = ATC_SIM_KV_BLOCK_TOKENS) */
+};
+
+/* One output token, as reported to the on_token callback. */
+struct atc_sim_token {
+    uint64_t id;    /* the sequence, as returned by atc_sim_submit */
+    void *user;     /* as given to atc_sim_submit */
+    uint64_t at_us; /* end of the iteration that produced it */
+    uint32_t index; /* 0 = first token */
+    bool last;      /* the sequence is finished and forgotten after this call */
+};
+
+/** Called by atc_sim_advance for every token produced. It may call atc_sim_submit and atc_sim_cancel
+ * (also on the sequence being reported), never atc_sim_advance or atc_sim_destroy. */
+typedef void (*atc_sim_on_token)(void *ctx, const struct atc_sim_token *tok);
+
+/* Model state, for /metrics and the replay's reports. */
+struct atc_sim_stats {
+    unsigned running;        /* sequences admitted (prefilling or decoding) */
+    unsigned waiting;        /* sequences queued */
+    double kv_usage;         /* share of KV blocks held by running sequences, 0..1 */
+    uint64_t kv_cached;      /* KV blocks holding cached prefixes (pinned or not) */
+    uint64_t prefix_queries; /* prompt tokens looked up in the prefix cache, total */
+    uint64_t prefix_hits;    /* of which were found, total */
+    uint64_t iterations;     /* engine iterations run, total */
+    uint64_t tokens;         /* output tokens produced, total */
+    uint64_t preemptions;    /* sequences sent back to the queue for lack of KV room, total */
+};
+
+/** Creates a model; @p p is copied (the model name is not used here, so it is not kept). Knobs out of
+ * range (0 for max_seqs, kv_blocks, prefill_tps and the fields after seed; negative decode_ms) are
+ * replaced by their defaults. @p on_token with @p ctx receives every token.
+ * Returns NULL on allocation failure. */
+struct atc_sim *atc_sim_create(const struct atc_sim_params *p, atc_sim_on_token on_token, void *ctx);
+/** Frees the model and forgets every sequence without calling back. NULL is fine. */
+void atc_sim_destroy(struct atc_sim *sim);
+
+/** Queues a request arriving at @p now_us (not earlier than the previous submission's). It is admitted
+ * by the first iteration that starts at or after its arrival, so requests submitted at the same time
+ * before the next atc_sim_advance are batched together. Returns its sequence id (never 0), and in
+ * *output_tokens (may be NULL) the number of tokens it will produce; 0 on allocation failure.
+ * Never calls back. */
+uint64_t atc_sim_submit(struct atc_sim *sim, uint64_t now_us, const struct atc_sim_request *req, void *user,
+                        uint32_t *output_tokens);
+/** Forgets sequence @p id, waiting or running, and frees its slot and its KV reservation. The iteration
+ * in progress keeps its planned end. Unknown or finished ids are ignored. Never calls back. */
+void atc_sim_cancel(struct atc_sim *sim, uint64_t id);
+
+/** When the next iteration ends or starts, in microseconds; UINT64_MAX when there is nothing to do. */
+uint64_t atc_sim_next_event_us(const struct atc_sim *sim);
+/** Runs every iteration that ends at or before @p now_us, calling on_token for its tokens, and starts
+ * the next one. */
+void atc_sim_advance(struct atc_sim *sim, uint64_t now_us);
+
+/** Fills @p st with the current state. */
+void atc_sim_stats(const struct atc_sim *sim, struct atc_sim_stats *st);
+/** How many of the leading @p nblocks hashes are cached now (no side effect). */
+size_t atc_sim_prefix_cached(const struct atc_sim *sim, const uint64_t *blocks, size_t nblocks);
+
+/** splitmix64: advances *state and returns the next value; the model's and the server's PRNG. */
+uint64_t atc_sim_rand(uint64_t *state);
 
 #endif
