@@ -81,6 +81,14 @@ class Process:
         self.log.close()
         return self.proc.returncode
 
+    def sanitizer_report(self):
+        """The sanitizer's report in the log (an ASan/UBSan build writes one on error or leak), or None."""
+        log = self.read_log()
+        for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
+            if marker in log:
+                return log[log.index(marker) - 200 if log.index(marker) > 200 else 0:][:4000]
+        return None
+
 
 class Atc(Process):
     def __init__(self, config_yaml, workdir, name="atc"):
@@ -164,10 +172,13 @@ class AtcTestCase(unittest.TestCase):
         failed = result is not None and any(t is self for t, _ in result.failures + result.errors)
         for p in reversed(self.processes):
             p.stop()
+        reports = [r for r in (p.sanitizer_report() for p in self.processes) if r]
         if failed or os.environ.get("ATC_TEST_LOGS"):
             for p in self.processes:
                 print(f"--- {p.log_path}\n{p.read_log()[-4000:]}")
         self.tmp.cleanup()
+        if reports:
+            self.fail("sanitizer report:\n" + reports[0])
 
     def start_atc(self, config_yaml, name="atc"):
         atc = Atc(config_yaml, self.tmp.name, name)
