@@ -1,0 +1,112 @@
+-- Affinity: send a request where its KV cache already is, unless that would overload the endpoint.
+--   session: a known session (x-atc-session, else the body's `user`) goes back to its endpoint while
+--            that endpoint is available and at most SESSION_MAX_LOAD full; otherwise, or the first
+--            time, it is pinned anew: by prefix affinity, else by consistent hashing with bounded
+--            load (so replicas of atc agree). Pins live in the engine (atc.affinity) across reloads.
+--   prefix:  the endpoint that recently got the most of this prompt's leading blocks, unless the pool
+--            is imbalanced; then balancing matters more than the cache (as in SGLang's cache-aware
+--            router: imbalanced when max - min > BALANCE_ABS and max > BALANCE_REL * min, counting
+--            requests in flight on the available endpoints).
+-- Returns an endpoint, or nil for "no opinion": priority.pick decides.
+
+local balance = require "atc.balance"
+local hash = require "atc.hash"
+
+-- Knobs ------------------------------------------------------------------------------------------------
+local SESSION_TTL_MS = 30 * 60 * 1000 -- a session idle this long is forgotten
+local SESSION_MAX_LOAD = 0.9          -- a session leaves its endpoint above this inflight / capacity
+local SESSION_SPREAD = 1.25           -- placing a session: no endpoint above 1.25x its share of the load
+local PREFIX_MIN_BLOCKS = 2           -- fewer shared blocks (256 bytes, ~64 tokens each) decide nothing
+local BALANCE_ABS = 16                -- imbalanced: the busiest endpoint has more than 16 requests more
+local BALANCE_REL = 1.5               --   than the idlest, and more than 1.5 times as many
+----------------------------------------------------------------------------------------------------------
+
+local M = {}
+M.SESSION_MAX_LOAD, M.PREFIX_MIN_BLOCKS, M.BALANCE_ABS, M.BALANCE_REL =
+  SESSION_MAX_LOAD, PREFIX_MIN_BLOCKS, BALANCE_ABS, BALANCE_REL
+
+-- The available endpoint with the longest prefix overlap (ties: the lighter), or nil when no overlap
+-- reaches PREFIX_MIN_BLOCKS or the pool is imbalanced. `skip`: an endpoint not to choose.
+local function by_prefix(req, pool, skip)
+  if req.blocks < PREFIX_MIN_BLOCKS then
+    return nil
+  end
+  local best, best_overlap = nil, PREFIX_MIN_BLOCKS - 1
+  local lo, hi = math.huge, 0
+  for i = 1, #pool do
+    local ep = pool[i]
+    if ep.available then
+      local n = ep.inflight
+      if n < lo then
+        lo = n
+      end
+      if n > hi then
+        hi = n
+      end
+      if ep ~= skip then
+        local o = ep:prefix_overlap(req)
+        if o > best_overlap or (o == best_overlap and best ~= nil and balance.lighter(ep, best)) then
+          best, best_overlap = ep, o
+        end
+      end
+    end
+  end
+  if best == nil or (hi - lo > BALANCE_ABS and hi > BALANCE_REL * lo) then
+    return nil
+  end
+  return best
+end
+M.by_prefix = by_prefix
+
+local function find(pool, id)
+  for i = 1, #pool do
+    if pool[i].id == id then
+      return pool[i]
+    end
+  end
+  return nil
+end
+
+-- pool without ep (a new table; only on the rare path where a session leaves a busy endpoint)
+local function without(pool, ep)
+  local out = {}
+  for i = 1, #pool do
+    if pool[i] ~= ep then
+      out[#out + 1] = pool[i]
+    end
+  end
+  return out
+end
+
+local function by_session(req, pool)
+  local tenant = req.tenant
+  local key = (tenant ~= nil and tenant ~= "") and ("s:" .. tenant .. ":" .. req.session) or ("s::" .. req.session)
+  local id = atc.affinity.get(key)
+  local old = id ~= nil and find(pool, id) or nil
+  if old ~= nil and old.available then
+    if balance.load(old) <= SESSION_MAX_LOAD then
+      atc.affinity.set(key, old.id, SESSION_TTL_MS) -- keeps it from expiring while in use
+      return old
+    end
+  else
+    old = nil -- gone from the pool (model, version or tags changed), unhealthy, or full
+  end
+  local ep = by_prefix(req, pool, old)
+  if ep == nil then
+    ep = hash.bounded(key, old and without(pool, old) or pool, SESSION_SPREAD) or old
+  end
+  if ep ~= nil then
+    atc.affinity.set(key, ep.id, SESSION_TTL_MS)
+  end
+  return ep
+end
+
+function M.pick(req, pool)
+  local session = req.session
+  if session ~= nil and session ~= "" then
+    return by_session(req, pool)
+  end
+  return by_prefix(req, pool)
+end
+
+return M

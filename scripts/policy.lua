@@ -1,0 +1,29 @@
+-- The shipped policy: three layers, each a file beside this one (see README.md here).
+--   capability: which endpoints may serve the request (model, alias, tags, version split)
+--   affinity:   where its cache is (session, prefix), unless that would overload the endpoint
+--   priority:   otherwise least loaded for urgent requests, power of two choices for the rest
+-- route returns an endpoint or a verdict (queue / reject).
+
+local capability = require "capability"
+local affinity = require "affinity"
+local priority = require "priority"
+
+local M = {}
+
+function M.route(req, fleet)
+  local pool, verdict = capability.candidates(req, fleet)
+  if pool == nil then
+    return verdict
+  end
+  return affinity.pick(req, pool) or priority.pick(req, pool)
+end
+
+-- Runs once per load, before any request: says in the log what in this file does not match the fleet.
+function M.init(fleet)
+  local problems = capability.check(fleet)
+  for i = 1, #problems do
+    atc.log(problems[i])
+  end
+end
+
+return M

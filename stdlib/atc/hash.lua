@@ -1,0 +1,108 @@
+-- Consistent hashing over the endpoints that are available now.
+--
+--   rendezvous(key, eps)     highest random weight (weighted by ep.weight): a key keeps its endpoint
+--                            while that endpoint stays available; when it goes, only its keys move.
+--   bounded(key, eps[, c])   the same, but skipping endpoints above c times their fair share of the
+--                            load, as in "consistent hashing with bounded loads" (Mirrokni, Thorup,
+--                            Zadimoghaddam): nothing gets more than c x average, and a key moves only
+--                            while its own endpoint is over the bound.
+--
+-- Several atc replicas that see the same endpoints pick the same one for a key without talking.
+-- Both return nil when no endpoint is available.
+
+local balance = require "atc.balance"
+
+local M = {}
+
+M.DEFAULT_C = 1.25 -- bounded(): an endpoint may carry up to 25% more than its share
+
+local TWO52 = 4503599627370496 -- atc.hash returns 52 bits
+
+-- Weighted rendezvous score: -w / ln(u), u uniform in (0, 1) from hash(key, id). The largest wins.
+local function score(key, ep)
+  local u = (atc.hash(key .. "\0" .. ep.id) + 0.5) / TWO52
+  return -(ep.weight or 1) / math.log(u)
+end
+
+function M.rendezvous(key, eps)
+  if balance.native(eps) then
+    return atc.rendezvous(eps, key)
+  end
+  local best, best_score
+  for i = 1, #eps do
+    local ep = eps[i]
+    if ep.available then
+      local s = score(key, ep)
+      if best == nil or s > best_score then
+        best, best_score = ep, s
+      end
+    end
+  end
+  return best
+end
+
+local scratch = {} -- reused between calls so the host path builds no table per decision
+
+function M.bounded(key, eps, c)
+  c = c or M.DEFAULT_C
+  if c < 1 then
+    error("hash.bounded: c must be >= 1", 2)
+  end
+  -- The bound: with this request counted, an endpoint may hold c x its capacity's share of the
+  -- requests in flight on the available endpoints. Some endpoint is always at or under its share, so
+  -- the bound never excludes everything.
+  local inflight, capacity = 0, 0
+  for i = 1, #eps do
+    local ep = eps[i]
+    if ep.available then
+      inflight = inflight + ep.inflight
+      capacity = capacity + ep.capacity
+    end
+  end
+  if capacity <= 0 then
+    return nil
+  end
+  local per_slot = c * (inflight + 1) / capacity
+
+  if balance.native(eps) then
+    for i = #scratch, 1, -1 do -- left over if a previous call was cut short
+      scratch[i] = nil
+    end
+    local n, over = 0, false
+    for i = 1, #eps do
+      local ep = eps[i]
+      if ep.available then
+        if ep.inflight + 1 <= math.ceil(per_slot * ep.capacity) then
+          n = n + 1
+          scratch[n] = ep
+        else
+          over = true
+        end
+      end
+    end
+    local ep
+    if over then
+      ep = atc.rendezvous(scratch, key)
+    else
+      ep = atc.rendezvous(eps, key) -- the usual case: nobody over the bound, no copy needed
+    end
+    for i = n, 1, -1 do
+      scratch[i] = nil
+    end
+    return ep
+  end
+
+  local best, best_score
+  for i = 1, #eps do
+    local ep = eps[i]
+    if ep.available and ep.inflight + 1 <= math.ceil(per_slot * ep.capacity) then
+      local s = score(key, ep)
+      if best == nil or s > best_score then
+        best, best_score = ep, s
+      end
+    end
+  end
+  return best
+end
+
+return M
