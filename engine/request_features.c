@@ -103,7 +103,7 @@ static int prescan(const char *js, size_t len, unsigned *ntok, const char **err)
             n++;
             i++;
         } else if (c == '}' || c == ']') {
-            if (--depth < 0) {
+            if (--depth < 0) { /* else "}]]][[[[" would pass with depth to spare */
                 *err = ERR_JSON;
                 return -1;
             }
@@ -266,7 +266,9 @@ static int *field_slot(struct fields *top, const char *js, const jsmntok_t *k)
 static bool check_value(struct walk *w);
 
 /* Checks object or array @p c, whose children start at token w->i: every byte between '{' and '}' must
- * be a child token or the separators JSON requires there. Fills w->top for the outermost object. */
+ * be a child token or the separators JSON requires there. That also catches jsmn's miscounted sizes
+ * ("a":"b":"c", a key without a value), as a miscount leaves bytes no gap accepts. Fills w->top for
+ * the outermost object. */
 static bool check_container(struct walk *w, const jsmntok_t *c)
 {
     bool is_object = c->type == JSMN_OBJECT;
@@ -278,8 +280,7 @@ static bool check_container(struct walk *w, const jsmntok_t *c)
             return false;
         if (is_object) {
             const jsmntok_t *key = &w->t[w->i++];
-            /* size 1: jsmn saw exactly one value after this key's ':' */
-            if (key->type != JSMN_STRING || key->size != 1 || !string_ok(w->js, key))
+            if (key->type != JSMN_STRING || !string_ok(w->js, key))
                 return false;
             if (w->i >= w->n || !gap_ok(w->js, key->end + 1, raw_start(&w->t[w->i]), ':'))
                 return false;
@@ -304,9 +305,9 @@ static bool check_value(struct walk *w)
     const jsmntok_t *v = &w->t[w->i++];
     switch (v->type) {
     case JSMN_STRING:
-        return v->size == 0 && string_ok(w->js, v); /* size 1 would be "a":"b":"c" */
+        return string_ok(w->js, v);
     case JSMN_PRIMITIVE:
-        return v->size == 0 && primitive_ok(w->js + v->start, (size_t)(v->end - v->start));
+        return primitive_ok(w->js + v->start, (size_t)(v->end - v->start));
     case JSMN_OBJECT:
     case JSMN_ARRAY:
         return check_container(w, v);
