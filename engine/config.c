@@ -134,8 +134,8 @@ static bool is_null(const yaml_node_t *n)
 /* How a node reads in a message: a scalar quoted (shortened, control characters hidden), else its kind. */
 static const char *describe(const yaml_node_t *n, char *buf, size_t size)
 {
-    const unsigned char *v = n->data.scalar.value;
-    size_t i, o = 0, len = n->data.scalar.length;
+    const unsigned char *v;
+    size_t i, o = 0, len;
 
     if (n->type == YAML_MAPPING_NODE)
         return "a mapping";
@@ -143,6 +143,8 @@ static const char *describe(const yaml_node_t *n, char *buf, size_t size)
         return "a list";
     if (is_null(n))
         return "nothing";
+    v = n->data.scalar.value;
+    len = n->data.scalar.length;
     buf[o++] = '\'';
     for (i = 0; i < len && o < size - 6; i++)
         buf[o++] = v[i] < 0x20 || v[i] == 0x7f ? '?' : (char)v[i];
@@ -502,35 +504,20 @@ static const char *scalar(struct parse *p, const yaml_node_t *n, const char *key
     return (const char *)n->data.scalar.value;
 }
 
-static bool map_open(struct parse *p, yaml_node_t *n, const char *key, bool null_ok, struct map_iter *it)
-{
-    char d[64];
-
-    memset(it, 0, sizeof *it);
-    it->prefix = key;
-    if (n->type == YAML_MAPPING_NODE) {
-        it->map = n;
-        it->pair = n->data.mapping.pairs.start;
-        return true;
-    }
-    if (!null_ok || !is_null(n))
-        report(p, n->start_mark, key, "expected a mapping, got %s", describe(n, d, sizeof d));
-    return false;
-}
-
 static bool map_next(struct parse *p, struct map_iter *it)
 {
     char d[64];
 
     for (; it->map && it->pair < it->map->data.mapping.pairs.top; it->pair++) {
         yaml_node_t *k = node(p, it->pair->key);
-        const char *key = (const char *)k->data.scalar.value;
+        const char *key;
         yaml_node_pair_t *q;
 
         if (k->type != YAML_SCALAR_NODE) {
             report(p, k->start_mark, it->prefix, "expected a plain key, got %s", describe(k, d, sizeof d));
             continue;
         }
+        key = (const char *)k->data.scalar.value;
         snprintf(it->path, sizeof it->path, "%s%s%s", it->prefix, *it->prefix ? "." : "", key);
         for (q = it->map->data.mapping.pairs.start; q < it->pair; q++) {
             yaml_node_t *first = node(p, q->key);
@@ -551,35 +538,26 @@ static bool map_next(struct parse *p, struct map_iter *it)
     return false;
 }
 
-/* A list value: true with its items, false (after reporting unless it was empty) otherwise. */
-static bool seq_open(struct parse *p, const yaml_node_t *n, const char *key, yaml_node_item_t **items,
-                     size_t *count)
-{
-    char d[64];
-
-    *items = NULL;
-    *count = 0;
-    if (n->type == YAML_SEQUENCE_NODE) {
-        *items = n->data.sequence.items.start;
-        *count = (size_t)(n->data.sequence.items.top - n->data.sequence.items.start);
-        return true;
-    }
-    if (!is_null(n))
-        report(p, n->start_mark, key, "expected a list, got %s", describe(n, d, sizeof d));
-    return false;
-}
-
-/* One zeroed element per list item. Elements keep their YAML index, so models[i] in a message is
- * cfg->models[i]; an item that is not a mapping stays zeroed, and the parse fails anyway. */
+/* One zeroed element per item of list @p n (nothing is an empty list). Elements keep their YAML index, so
+ * models[i] in a message is cfg->models[i]; an item that is not a mapping stays zeroed, and the parse fails
+ * anyway. */
 static void *alloc_items(struct parse *p, const yaml_node_t *n, const char *key, size_t size, size_t *count,
                          yaml_node_item_t **items)
 {
     void *v = NULL;
+    char d[64];
 
-    if (seq_open(p, n, key, items, count) && *count > 0 && !(v = calloc(*count, size)))
+    *count = 0;
+    if (n->type != YAML_SEQUENCE_NODE) {
+        if (!is_null(n))
+            report(p, n->start_mark, key, "expected a list, got %s", describe(n, d, sizeof d));
+        return NULL;
+    }
+    *items = n->data.sequence.items.start;
+    if ((*count = (size_t)(n->data.sequence.items.top - *items)) > 0 && !(v = calloc(*count, size))) {
         p->oom = true;
-    if (!v)
         *count = 0;
+    }
     return v;
 }
 
@@ -764,17 +742,25 @@ static void unknown_key(struct parse *p, const struct map_iter *it, const struct
     report(p, it->keynode->start_mark, it->prefix, "unknown key '%s' (expected one of: %s)", it->key, list);
 }
 
-/* Fills @p base from mapping @p n as @p fields describe. found[i] (if given, MAX_FIELDS long) receives
- * the value node of fields[i] when the key is present. Returns -1 when @p n is not a mapping. */
+/* Fills @p base from mapping @p n as @p fields describe; nothing (null) is an empty mapping when @p null_ok.
+ * found[i] (if given, MAX_FIELDS long) receives the value node of fields[i] when the key is present.
+ * Returns -1 when @p n is not a mapping. */
 static int parse_section(struct parse *p, yaml_node_t *n, const char *key, bool null_ok,
                          const struct field *fields, void *base, yaml_node_t **found)
 {
     yaml_node_t *seen[MAX_FIELDS] = {0};
+    struct map_iter it = {.prefix = key};
     const struct field *f;
-    struct map_iter it;
+    char d[64];
 
-    if (!map_open(p, n, key, null_ok, &it))
-        return is_null(n) && null_ok ? 0 : -1;
+    if (n->type != YAML_MAPPING_NODE) {
+        if (null_ok && is_null(n))
+            return 0;
+        report(p, n->start_mark, key, "expected a mapping, got %s", describe(n, d, sizeof d));
+        return -1;
+    }
+    it.map = n;
+    it.pair = n->data.mapping.pairs.start;
     while (map_next(p, &it)) {
         for (f = fields; f->key && strcmp(f->key, it.key); f++)
             ;

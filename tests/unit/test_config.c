@@ -237,6 +237,7 @@ static void test_issue_example(void **state)
 static void test_defaults(void **state)
 {
     struct atc_config *cfg = parse_ok(MODELS);
+    char *errors = NULL;
 
     assert_string_equal(cfg->listen_host, "127.0.0.1");
     assert_int_equal(cfg->listen_port, 8080);
@@ -258,6 +259,13 @@ static void test_defaults(void **state)
     assert_int_equal(cfg->models[0].endpoints[0].capacity, 64);
     assert_int_equal(cfg->models[0].endpoints[0].weight, 1);
     assert_int_equal(cfg->nsimulate, 0);
+    atc_config_free(cfg);
+
+    /* Without a directory, relative paths stay relative to the working directory. */
+    assert_int_equal(atc_config_parse(MODELS, strlen(MODELS), NULL, NULL, &cfg, &errors), 0);
+    assert_string_equal(cfg->path, "<config>");
+    assert_string_equal(cfg->dir, ".");
+    assert_string_equal(cfg->policy.entry, "./scripts/policy.lua");
     atc_config_free(cfg);
 
     /* Empty sections mean "all defaults", not an error. */
