@@ -1,5 +1,6 @@
 #include "admin.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include <event2/buffer.h>
@@ -7,6 +8,7 @@
 
 #include "endpoint.h"
 #include "http_util.h"
+#include "policy.h"
 #include "server.h"
 #include "upstream.h"
 
@@ -62,6 +64,44 @@ static void send_endpoints(struct atc_server *srv, struct evhttp_request *req)
     evbuffer_free(b);
 }
 
+static void send_policy(struct atc_server *srv, struct evhttp_request *req)
+{
+    struct evbuffer *b = evbuffer_new();
+    if (srv->policy != NULL)
+        atc_policy_status_json(srv->policy, b);
+    else
+        evbuffer_add_printf(b, "{\"version\":0,\"enabled\":false}\n");
+    atc_http_send_json(req, 200, b);
+    evbuffer_free(b);
+}
+
+/* 200 with the new version when the reload took; 422 with the error (file:line) when it did not, and
+ * the old version keeps routing. */
+static void reload_policy(struct atc_server *srv, struct evhttp_request *req)
+{
+    if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
+        atc_http_send_error(req, 405, "invalid_request_error", "method_not_allowed", "use POST", 0);
+        return;
+    }
+    if (srv->policy == NULL) {
+        atc_http_send_error(req, 422, "invalid_request_error", "no_policy",
+                            "the config has no policy: section", 0);
+        return;
+    }
+    char *err = NULL;
+    uint64_t version = atc_policy_reload(srv->policy, &err);
+    if (version == 0) {
+        atc_http_send_error(req, 422, "invalid_request_error", "policy_reload_failed", err ? err : "failed",
+                            0);
+        free(err);
+        return;
+    }
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_printf(b, "{\"version\":%llu}\n", (unsigned long long)version);
+    atc_http_send_json(req, 200, b);
+    evbuffer_free(b);
+}
+
 void atc_admin_handle(struct evhttp_request *req, void *arg)
 {
     struct atc_server *srv = arg;
@@ -70,6 +110,10 @@ void atc_admin_handle(struct evhttp_request *req, void *arg)
         path = "/";
     if (strcmp(path, "/admin/endpoints") == 0) {
         send_endpoints(srv, req);
+    } else if (strcmp(path, "/admin/policy") == 0) {
+        send_policy(srv, req);
+    } else if (strcmp(path, "/admin/policy/reload") == 0) {
+        reload_policy(srv, req);
     } else if (strcmp(path, "/health") == 0) {
         struct evbuffer *b = evbuffer_new();
         evbuffer_add_printf(b, "{\"status\":\"%s\"}\n", srv->draining ? "draining" : "ok");

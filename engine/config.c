@@ -404,7 +404,7 @@ struct field {
     const struct field *sub; /* F_SECTION */
 };
 
-#define MAX_FIELDS 16 /* the longest table below, for parse_section's found[] */
+#define MAX_FIELDS 24 /* the longest table below, for parse_section's found[] */
 #define CFG(m) offsetof(struct atc_config, m)
 #define MODEL(m) offsetof(struct atc_model_config, m)
 #define EP(m) offsetof(struct atc_endpoint_config, m)
@@ -416,6 +416,7 @@ static const struct field policy_fields[] = {
     {.key = "budget", .kind = F_US, .off = CFG(policy.budget_us), .min = 1},
     {.key = "memory", .kind = F_SIZE, .off = CFG(policy.memory)},
     {.key = "jit", .kind = F_BOOL, .off = CFG(policy.jit)},
+    {.key = "rollback_after", .kind = F_UINT, .off = CFG(policy.rollback_after), .max = 1000000},
     {.key = NULL},
 };
 
@@ -470,6 +471,19 @@ static const struct field simulate_fields[] = {
     {.key = "not_ready_for", .kind = F_MS, .off = SIM(params.not_ready_for_ms)},
     {.key = "die_after", .kind = F_UINT, .off = SIM(params.die_after), .max = UINT_MAX},
     {.key = "seed", .kind = F_U64, .off = SIM(params.seed), .max = UINT64_MAX},
+    {.key = "decode_batch_factor", .kind = F_POSITIVE, .off = SIM(params.decode_batch_factor)},
+    {.key = "decode_batch_sat",
+     .kind = F_UINT,
+     .off = SIM(params.decode_batch_sat),
+     .min = 1,
+     .max = CAPACITY_MAX},
+    {.key = "max_batched_tokens",
+     .kind = F_UINT,
+     .off = SIM(params.max_batched_tokens),
+     .min = 1,
+     .max = UINT_MAX},
+    {.key = "output_min", .kind = F_UINT, .off = SIM(params.output_min), .min = 1, .max = UINT_MAX},
+    {.key = "output_max", .kind = F_UINT, .off = SIM(params.output_max), .min = 1, .max = UINT_MAX},
     {.key = NULL},
 };
 
@@ -900,6 +914,7 @@ static void parse_root(struct parse *p, yaml_node_t *root)
 
     if (parse_section(p, root, "", false, root_fields, cfg, found) < 0)
         return;
+    cfg->policy.enabled = lookup(root_fields, found, "policy") != NULL;
     /* One address for both would only fail at bind time; say so now, at whichever of them the file sets. */
     admin = lookup(root_fields, found, "admin");
     if (cfg->admin_port != 0 && cfg->admin_port == cfg->listen_port &&
@@ -946,6 +961,7 @@ static struct atc_config *config_new(const char *name, const char *dir)
     cfg->policy.entry = cfg->dir ? resolve(cfg->dir, "scripts/policy.lua") : NULL;
     cfg->policy.budget_us = 1000;
     cfg->policy.memory = (size_t)64 << 20;
+    cfg->policy.rollback_after = 20;
     cfg->upstream.connect_timeout_ms = 2000;
     cfg->upstream.first_byte_timeout_ms = 60000;
     cfg->upstream.idle_timeout_ms = 60000;

@@ -77,7 +77,8 @@ static void handle_inference(struct atc_server *srv, struct evhttp_request *req,
         atc_http_send_error(req, 400, "invalid_request_error", "missing_model", "'model' is required", 0);
         return;
     }
-    if (atc_endpoint_table_model(srv->table, f->model, strlen(f->model)) == NULL) {
+    /* Without a policy an unknown model is answered here; a policy may map it (an alias like "auto"). */
+    if (srv->policy == NULL && atc_endpoint_table_model(srv->table, f->model, strlen(f->model)) == NULL) {
         struct evbuffer *msg = evbuffer_new();
         evbuffer_add_printf(msg, "The model '%s' does not exist; GET /v1/models lists the models served", f->model);
         evbuffer_add(msg, "", 1);

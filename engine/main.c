@@ -8,7 +8,9 @@
 #include <event2/event.h>
 
 #include "config.h"
+#include "endpoint.h"
 #include "log.h"
+#include "policy.h"
 #include "server.h"
 #include "sim_server.h"
 
@@ -21,6 +23,7 @@ static const char usage_main[] =
     "  serve -c FILE    run the router described by FILE\n"
     "  check -c FILE    validate FILE; print every error as file:line:col: message\n"
     "  sim [flags]      run one simulated inference server (see atc sim --help)\n"
+    "  test FILE...     run policy unit tests in the sandbox (see atc test --help)\n"
     "\n"
     "  atc --version    print the version\n"
     "  atc <command> --help\n";
@@ -40,7 +43,8 @@ static const char usage_serve[] =
 static const char usage_check[] =
     "usage: atc check -c FILE\n"
     "\n"
-    "Validates the configuration and exits 0 when it is valid, 1 with every error otherwise.\n"
+    "Validates the configuration, and compiles and smoke-tests its policy; exits 0 when both are valid,\n"
+    "1 with every error otherwise.\n"
     "\n"
     "  -c, --config FILE     the YAML configuration (required)\n"
     "  -h, --help            this text\n";
@@ -114,9 +118,34 @@ static int cmd_check(int argc, char **argv)
         neps += cfg->models[i].nendpoints;
     for (size_t i = 0; i < cfg->nsimulate; i++)
         neps += cfg->simulate[i].count;
-    printf("%s: ok (%zu model(s), %zu endpoint(s))\n", o.config, cfg->nmodels, neps);
+    int rc_policy = 0;
+    if (cfg->policy.enabled) {
+        struct atc_endpoint_table *table = atc_endpoint_table_create(cfg);
+        struct atc_policy_settings ps = {
+            .entry = cfg->policy.entry,
+            .path = (const char *const *)cfg->policy.path,
+            .npath = cfg->policy.npath,
+            .stdlib_dir = atc_policy_stdlib_dir(),
+            .budget_us = cfg->policy.budget_us,
+            .memory = cfg->policy.memory,
+            .jit = cfg->policy.jit,
+        };
+        char *err = NULL;
+        struct atc_policy_runtime *rt =
+            table != NULL ? atc_policy_runtime_create(&ps, table, NULL, NULL, &err) : NULL;
+        if (rt == NULL) {
+            fprintf(stderr, "%s\n", err != NULL ? err : "cannot load the policy");
+            rc_policy = 1;
+        }
+        free(err);
+        atc_policy_runtime_destroy(rt);
+        atc_endpoint_table_destroy(table);
+    }
+    if (rc_policy == 0)
+        printf("%s: ok (%zu model(s), %zu endpoint(s)%s)\n", o.config, cfg->nmodels, neps,
+               cfg->policy.enabled ? ", policy compiled" : "");
     atc_config_free(cfg);
-    return 0;
+    return rc_policy;
 }
 
 static int cmd_serve(int argc, char **argv)
@@ -171,6 +200,8 @@ int main(int argc, char **argv)
         return cmd_check(argc - 1, argv + 1);
     if (strcmp(argv[1], "sim") == 0)
         return atc_sim_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "test") == 0)
+        return atc_policy_test_main(argc - 1, argv + 1);
     fprintf(stderr, "atc: unknown command '%s'\n%s", argv[1], usage_main);
     return 2;
 }

@@ -50,14 +50,14 @@ struct atc_affinity;
 struct atc_prefix_index;
 
 struct atc_policy_settings {
-    const char *entry;        /* the entry file */
-    const char *const *path;  /* extra module directories */
+    const char *entry;       /* the entry file */
+    const char *const *path; /* extra module directories */
     size_t npath;
-    const char *stdlib_dir;   /* stdlib/ */
-    uint64_t budget_us;       /* CPU time per decision */
-    size_t memory;            /* bytes per Lua state */
-    bool jit;                 /* trusted: JIT on, budget checked only after the call */
-    unsigned rollback_after;  /* consecutive failures of a new version before rolling back (0 = never) */
+    const char *stdlib_dir;  /* stdlib/ */
+    uint64_t budget_us;      /* CPU time per decision */
+    size_t memory;           /* bytes per Lua state */
+    bool jit;                /* trusted: JIT on, budget checked only after the call */
+    unsigned rollback_after; /* consecutive failures of a new version before rolling back (0 = never) */
 };
 
 /* What a decision asks for. */
@@ -93,5 +93,51 @@ struct atc_route_request {
     const char *(*header)(void *ctx, const char *name);
     void *header_ctx;
 };
+
+struct event_base;
+struct evbuffer;
+struct atc_policy_runtime;
+
+/** Loads the first version of the policy described by @p s (strings are copied). @p table, @p affinity
+ * and @p prefix are borrowed and must outlive the runtime (affinity and prefix may be NULL). Starts the
+ * budget watchdog thread. Returns the runtime, or NULL with an owned message in *err (file:line). */
+struct atc_policy_runtime *atc_policy_runtime_create(const struct atc_policy_settings *s,
+                                                     struct atc_endpoint_table *table,
+                                                     struct atc_affinity *affinity,
+                                                     struct atc_prefix_index *prefix, char **err);
+void atc_policy_runtime_destroy(struct atc_policy_runtime *rt);
+
+/** Decides where @p req goes. Always fills @p out (ATC_DECISION_FALLBACK when the policy failed; the
+ * failure is counted and logged). Never calls back into the engine. */
+void atc_policy_route(struct atc_policy_runtime *rt, const struct atc_route_request *req,
+                      struct atc_decision *out);
+
+/** Tells the runtime which endpoint a request finally went to (feeds the prefix index). */
+void atc_policy_routed(struct atc_policy_runtime *rt, const struct atc_route_request *req,
+                       const struct atc_endpoint *ep);
+
+/** Compiles a new version in a fresh state, checks the contract, runs it on synthetic requests within
+ * budget, and swaps it in. Returns the new version number, or 0 with an owned message in *err (the
+ * version serving traffic is unchanged). */
+uint64_t atc_policy_reload(struct atc_policy_runtime *rt, char **err);
+
+/** The version currently deciding. */
+uint64_t atc_policy_version(const struct atc_policy_runtime *rt);
+
+/** Appends the runtime's state as a JSON object: version, loaded_at, last_error, per-version counters. */
+void atc_policy_status_json(const struct atc_policy_runtime *rt, struct evbuffer *out);
+
+/** Reloads when a .lua file in the policy's directories changes (inotify, debounced). 0 or -1. */
+int atc_policy_watch(struct atc_policy_runtime *rt, struct event_base *base);
+
+/** Sets the clock atc.now() reads (milliseconds) and the seed of atc.random(); for replay and tests. */
+void atc_policy_set_clock(struct atc_policy_runtime *rt, double (*now_ms)(void *ctx), void *ctx);
+void atc_policy_seed(struct atc_policy_runtime *rt, uint64_t seed);
+
+/** Where stdlib/ is: $ATC_STDLIB, else the source tree atc was built from, else the install prefix. */
+const char *atc_policy_stdlib_dir(void);
+
+/** `atc test [-c FILE] [--budget DURATION] TEST.lua...`: runs policy unit tests in the sandbox. */
+int atc_policy_test_main(int argc, char **argv);
 
 #endif

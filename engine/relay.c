@@ -17,6 +17,7 @@
 #include "endpoint.h"
 #include "http_util.h"
 #include "log.h"
+#include "policy.h"
 #include "server.h"
 #include "upstream.h"
 
@@ -43,6 +44,11 @@ struct relay {
     char session[256];
     char id[80];
     char extra_headers[160];
+
+    struct atc_route_request rreq; /* what the policy sees */
+    uint64_t policy_version;
+    char *rewritten; /* the body with "model" set to the endpoint's, when a policy mapped an alias */
+    size_t rewritten_len;
 
     struct atc_endpoint *ep; /* holds one in-flight slot while set */
     uint64_t tokens;
@@ -91,6 +97,7 @@ static void relay_free(struct relay *r)
     if (r->buffered != NULL)
         evbuffer_free(r->buffered);
     free(r->f);
+    free(r->rewritten);
     atc_server_request_finished(r->srv);
     free(r);
 }
@@ -132,6 +139,11 @@ static void add_reply_headers(struct relay *r)
     if (r->ntried > 0)
         evhttp_add_header(h, "x-atc-endpoint", r->tried[r->ntried - 1]->id);
     evhttp_add_header(h, "x-request-id", r->id);
+    if (r->srv->policy != NULL) {
+        char v[24];
+        snprintf(v, sizeof(v), "%llu", (unsigned long long)r->policy_version);
+        evhttp_add_header(h, "x-atc-policy-version", v);
+    }
     if (r->srv->draining)
         evhttp_add_header(h, "Connection", "close");
 }
@@ -214,13 +226,90 @@ static void give_up(struct relay *r)
     reply_error(r, status, status == 504 ? "timeout" : "upstream_error", NULL, msg, 0);
 }
 
+/* The endpoint for the next attempt: the policy's choice, else the C balancer's. NULL when there is
+ * none; *answered when the policy's verdict (queue, reject) or an unknown model was answered. Endpoints
+ * already tried are never chosen again; a verdict on a retry means the last failure stands. */
+static struct atc_endpoint *choose(struct relay *r, bool *answered)
+{
+    struct atc_server *srv = r->srv;
+    *answered = false;
+    r->rreq.attempt = r->ntried + 1;
+    r->rreq.tried = r->tried;
+    r->rreq.ntried = r->ntried;
+    if (srv->policy != NULL) {
+        struct atc_decision d;
+        atc_policy_route(srv->policy, &r->rreq, &d);
+        r->policy_version = d.version;
+        switch (d.kind) {
+        case ATC_DECISION_ENDPOINT:
+            return d.endpoint;
+        case ATC_DECISION_QUEUE:
+            if (r->ntried == 0) {
+                char msg[320];
+                snprintf(msg, sizeof(msg), "no capacity for this request now (%s); retry later", d.message);
+                reply_error(r, 503, "server_error", "no_capacity", msg, 1);
+                *answered = true;
+            }
+            return NULL;
+        case ATC_DECISION_REJECT:
+            if (r->ntried == 0) {
+                reply_error(r, d.status, d.status < 500 ? "invalid_request_error" : "server_error",
+                            "rejected_by_policy", d.message, d.status == 429 || d.status == 503 ? 1 : 0);
+                *answered = true;
+            }
+            return NULL;
+        case ATC_DECISION_FALLBACK:
+            break;
+        }
+    }
+    if (r->model == NULL) {
+        if (r->ntried == 0) {
+            char msg[400];
+            snprintf(msg, sizeof(msg),
+                     "The model '%s' does not exist; GET /v1/models lists the models served", r->f->model);
+            reply_error(r, 404, "invalid_request_error", "model_not_found", msg, 0);
+            *answered = true;
+        }
+        return NULL;
+    }
+    return atc_balancer_pick(r->model, &srv->rng, r->tried, r->ntried);
+}
+
 /* Another endpoint to try, if the request may be tried again: nothing reached the client yet, and
  * tries are left. */
 static struct atc_endpoint *next_endpoint(struct relay *r)
 {
+    bool answered;
     if (r->reply_started || r->ntried >= r->srv->cfg->upstream.tries || r->ntried >= MAX_TRIES)
         return NULL;
-    return atc_balancer_pick(r->model, &r->srv->rng, r->tried, r->ntried);
+    return choose(r, &answered);
+}
+
+/* The body to send to @p ep: the client's, or a copy with "model" replaced when the policy routed an
+ * alias (say "auto") to an endpoint of another model. */
+static int body_for(struct relay *r, const struct atc_endpoint *ep, const char **body, size_t *len)
+{
+    const struct atc_features *f = r->f;
+    if (!f->has_model || strcmp(ep->model, f->model) == 0) {
+        *body = r->body;
+        *len = r->bodylen;
+        return 0;
+    }
+    struct evbuffer *b = evbuffer_new();
+    if (b == NULL)
+        return -1;
+    evbuffer_add(b, r->body, f->model_start);
+    atc_json_escape(b, ep->model, strlen(ep->model));
+    evbuffer_add(b, r->body + f->model_end, r->bodylen - f->model_end);
+    free(r->rewritten);
+    r->rewritten_len = evbuffer_get_length(b);
+    r->rewritten = malloc(r->rewritten_len ? r->rewritten_len : 1);
+    if (r->rewritten != NULL)
+        evbuffer_remove(b, r->rewritten, r->rewritten_len);
+    evbuffer_free(b);
+    *body = r->rewritten;
+    *len = r->rewritten_len;
+    return r->rewritten != NULL ? 0 : -1;
 }
 
 static void on_chunk_sent(struct evhttp_connection *conn, void *arg)
@@ -245,7 +334,8 @@ static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
     if (resp->status >= 500 && (next = next_endpoint(r)) != NULL) {
         /* The server failed before anything reached the client: another endpoint may do better. */
         atc_endpoint_record(r->ep, false, -1);
-        atc_warn("request %s: upstream %s answered %d, retrying on %s", r->id, r->ep->id, resp->status, next->id);
+        atc_warn("request %s: upstream %s answered %d, retrying on %s", r->id, r->ep->id, resp->status,
+                 next->id);
         atc_upstream_cancel(r->up);
         r->up = NULL;
         release_endpoint(r);
@@ -259,7 +349,8 @@ static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
     r->streaming = resp->event_stream || resp->content_length < 0 ||
                    (uint64_t)resp->content_length > MAX_BUFFERED_RESPONSE;
     struct evkeyvalq *h = evhttp_request_get_output_headers(r->client);
-    evhttp_add_header(h, "Content-Type", resp->content_type != NULL ? resp->content_type : "application/json");
+    evhttp_add_header(h, "Content-Type",
+                      resp->content_type != NULL ? resp->content_type : "application/json");
     if (r->streaming) {
         if (r->event_stream)
             evhttp_add_header(h, "Cache-Control", "no-cache");
@@ -312,7 +403,8 @@ static void end_broken_stream(struct relay *r, enum atc_upstream_error err)
                                 "data: {\"error\":{\"message\":\"upstream %s: %s\",\"type\":\"%s\","
                                 "\"param\":null,\"code\":%d}}\n\n",
                                 r->tried[r->ntried - 1]->id, atc_upstream_strerror(err),
-                                atc_upstream_is_timeout(err) ? "timeout" : "upstream_error", error_status(err));
+                                atc_upstream_is_timeout(err) ? "timeout" : "upstream_error",
+                                error_status(err));
             evhttp_send_reply_chunk(r->client, ev);
             evbuffer_free(ev);
         }
@@ -355,15 +447,27 @@ static const struct atc_upstream_callbacks upstream_cb = {
 /* Sends the request to @p ep. */
 static void attempt(struct relay *r, struct atc_endpoint *ep)
 {
+    const char *body;
+    size_t len;
     r->ep = ep;
     r->tried[r->ntried++] = ep;
     atc_endpoint_acquire(ep, r->tokens);
+    if (r->srv->policy != NULL)
+        atc_policy_routed(r->srv->policy, &r->rreq, ep);
     r->t_attempt_us = now_us();
-    r->up = atc_upstream_send(ep->pool, "POST", r->path, r->extra_headers, r->body, r->bodylen, &upstream_cb, r);
+    r->up = body_for(r, ep, &body, &len) == 0
+                ? atc_upstream_send(ep->pool, "POST", r->path, r->extra_headers, body, len, &upstream_cb, r)
+                : NULL;
     if (r->up == NULL) {
         release_endpoint(r);
         reply_error(r, 500, "server_error", NULL, "out of memory", 0);
     }
+}
+
+static const char *client_header(void *ctx, const char *name)
+{
+    struct relay *r = ctx;
+    return evhttp_find_header(evhttp_request_get_input_headers(r->client), name);
 }
 
 static void copy_str(char *dst, size_t size, const char *src)
@@ -371,7 +475,8 @@ static void copy_str(char *dst, size_t size, const char *src)
     snprintf(dst, size, "%s", src != NULL ? src : "");
 }
 
-void atc_relay_start(struct atc_server *srv, struct evhttp_request *client, const struct atc_request_info *info)
+void atc_relay_start(struct atc_server *srv, struct evhttp_request *client,
+                     const struct atc_request_info *info)
 {
     struct relay *r = calloc(1, sizeof(*r));
     if (r == NULL) {
@@ -400,14 +505,29 @@ void atc_relay_start(struct atc_server *srv, struct evhttp_request *client, cons
             *p = '_';
     snprintf(r->extra_headers, sizeof(r->extra_headers), "x-request-id: %s\r\n", r->id);
     r->model = atc_endpoint_table_model(srv->table, r->f->model, strlen(r->f->model));
-    r->tokens = r->f->prompt_tokens + (uint64_t)(r->f->max_tokens >= 0 ? r->f->max_tokens : DEFAULT_OUTPUT_TOKENS);
+    r->tokens =
+        r->f->prompt_tokens + (uint64_t)(r->f->max_tokens >= 0 ? r->f->max_tokens : DEFAULT_OUTPUT_TOKENS);
 
     evhttp_connection_set_closecb(r->client_conn, on_client_close, r);
     struct bufferevent *bev = evhttp_connection_get_bufferevent(r->client_conn);
     r->watch = event_new(srv->base, bufferevent_getfd(bev), EV_READ | EV_PERSIST, on_client_readable, r);
     if (r->watch != NULL)
         event_add(r->watch, NULL);
-    struct atc_endpoint *ep = atc_balancer_pick(r->model, &srv->rng, NULL, 0);
+    r->rreq = (struct atc_route_request){
+        .id = r->id,
+        .path = r->path,
+        .kind = info->kind,
+        .features = r->f,
+        .priority = r->priority,
+        .tenant = r->tenant,
+        .session = r->session,
+        .header = client_header,
+        .header_ctx = r,
+    };
+    bool answered;
+    struct atc_endpoint *ep = choose(r, &answered);
+    if (answered)
+        return;
     if (ep == NULL)
         give_up(r);
     else

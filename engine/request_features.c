@@ -459,6 +459,10 @@ static int get_fields(enum atc_request_kind kind, const char *js, const jsmntok_
         return -1;
     }
     f->has_model = r > 0;
+    if (f->has_model) { /* where the value's characters are, to rewrite it when a policy maps an alias */
+        f->model_start = (size_t)toks[top->model].start;
+        f->model_end = (size_t)toks[top->model].end;
+    }
 
     /* Unlike model, user is only a hint (affinity, tenant): keep a long one's prefix and serve it. */
     if (get_string(js, toks, top->user, f->user, &truncated, &len) < 0) {

@@ -19,6 +19,7 @@ enum atc_request_kind { ATC_KIND_CHAT, ATC_KIND_COMPLETION, ATC_KIND_EMBEDDING }
 struct atc_features {
     char model[ATC_FEATURES_NAME_MAX]; /* unescaped; "" if absent */
     bool has_model;
+    size_t model_start, model_end;    /* the model string's characters in the body (between the quotes) */
     bool stream;                      /* "stream": true */
     int64_t max_tokens;               /* max_tokens or max_completion_tokens; -1 if absent */
     char user[ATC_FEATURES_NAME_MAX]; /* the body's "user", unescaped; "" if absent */

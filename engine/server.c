@@ -14,10 +14,12 @@
 #include <event2/http.h>
 
 #include "admin.h"
+#include "affinity.h"
 #include "config.h"
 #include "endpoint.h"
 #include "http_front.h"
 #include "log.h"
+#include "policy.h"
 #include "sim_server.h"
 #include "upstream.h"
 
@@ -120,6 +122,55 @@ static void on_drain_timeout(evutil_socket_t fd, short what, void *arg)
     event_base_loopexit(srv->base, NULL);
 }
 
+static void on_sighup(evutil_socket_t sig, short what, void *arg)
+{
+    struct atc_server *srv = arg;
+    if (srv->policy == NULL) {
+        atc_info("SIGHUP: no policy to reload");
+        return;
+    }
+    char *err = NULL;
+    atc_info("SIGHUP: reloading the policy");
+    atc_policy_reload(srv->policy, &err);
+    free(err);
+}
+
+/* The engine-owned tables and the policy runtime, when the config has a policy: section. */
+static int start_policy(struct atc_server *srv, const char **err)
+{
+    const struct atc_config *cfg = srv->cfg;
+    if (!cfg->policy.enabled)
+        return 0;
+    srv->affinity = atc_affinity_create(0);
+    srv->prefix = atc_prefix_index_create(0);
+    if (srv->affinity == NULL || srv->prefix == NULL) {
+        *err = "out of memory";
+        return -1;
+    }
+    struct atc_policy_settings ps = {
+        .entry = cfg->policy.entry,
+        .path = (const char *const *)cfg->policy.path,
+        .npath = cfg->policy.npath,
+        .stdlib_dir = atc_policy_stdlib_dir(),
+        .budget_us = cfg->policy.budget_us,
+        .memory = cfg->policy.memory,
+        .jit = cfg->policy.jit,
+        .rollback_after = cfg->policy.rollback_after,
+    };
+    char *msg = NULL;
+    srv->policy = atc_policy_runtime_create(&ps, srv->table, srv->affinity, srv->prefix, &msg);
+    if (srv->policy == NULL) {
+        static char buf[1024];
+        snprintf(buf, sizeof(buf), "policy: %s", msg != NULL ? msg : "cannot load");
+        free(msg);
+        *err = buf;
+        return -1;
+    }
+    if (atc_policy_watch(srv->policy, srv->base) < 0)
+        atc_warn("cannot watch the policy's files; reload with SIGHUP or POST /admin/policy/reload");
+    return 0;
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
     struct atc_server *srv = arg;
@@ -196,6 +247,8 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
             goto error;
         }
     }
+    if (start_policy(srv, err) < 0)
+        goto error;
     if ((srv->front = http_listen(srv, cfg->listen_host, cfg->listen_port, atc_http_front_handle,
                                   &srv->front_port, &srv->front_listener, err)) == NULL)
         goto error;
@@ -205,8 +258,10 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
     signal(SIGPIPE, SIG_IGN);
     srv->sig_term = evsignal_new(base, SIGTERM, on_signal, srv);
     srv->sig_int = evsignal_new(base, SIGINT, on_signal, srv);
+    srv->sig_hup = evsignal_new(base, SIGHUP, on_sighup, srv);
     event_add(srv->sig_term, NULL);
     event_add(srv->sig_int, NULL);
+    event_add(srv->sig_hup, NULL);
     atc_info("atc %s: %zu model(s), %zu endpoint(s); listening on %s:%u, admin on %s:%u", ATC_VERSION,
              srv->table->nmodels, srv->table->nendpoints, cfg->listen_host, (unsigned)srv->front_port,
              cfg->admin_host, (unsigned)srv->admin_port);
@@ -238,12 +293,17 @@ void atc_server_destroy(struct atc_server *srv)
         event_free(srv->sig_term);
     if (srv->sig_int != NULL)
         event_free(srv->sig_int);
+    if (srv->sig_hup != NULL)
+        event_free(srv->sig_hup);
     if (srv->drain_timer != NULL)
         event_free(srv->drain_timer);
     if (srv->front != NULL)
         evhttp_free(srv->front);
     if (srv->admin != NULL)
         evhttp_free(srv->admin);
+    atc_policy_runtime_destroy(srv->policy);
+    atc_affinity_destroy(srv->affinity);
+    atc_prefix_index_destroy(srv->prefix);
     if (srv->table != NULL) {
         for (size_t i = 0; i < srv->table->nendpoints; i++)
             atc_upstream_pool_destroy(srv->table->endpoints[i]->pool);

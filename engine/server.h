@@ -16,6 +16,9 @@ struct evhttp_request;
 struct atc_config;
 struct atc_endpoint_table;
 struct atc_sim_server;
+struct atc_policy_runtime;
+struct atc_affinity;
+struct atc_prefix_index;
 
 struct atc_server_stats {
     uint64_t requests_total;   /* client requests accepted on the front routes */
@@ -29,6 +32,9 @@ struct atc_server {
     struct event_base *base;
     struct atc_config *cfg; /* owned */
     struct atc_endpoint_table *table;
+    struct atc_policy_runtime *policy; /* NULL without a policy: section (the C balancer routes) */
+    struct atc_affinity *affinity;     /* engine-owned tables policies use; they survive reloads */
+    struct atc_prefix_index *prefix;
     struct evhttp *front;
     struct evhttp_bound_socket *front_listener;
     struct evhttp *admin;
@@ -36,7 +42,7 @@ struct atc_server {
     uint16_t admin_port;
     struct atc_sim_server **sims;
     size_t nsims;
-    struct event *sig_term, *sig_int, *drain_timer;
+    struct event *sig_term, *sig_int, *sig_hup, *drain_timer;
     bool draining;
     unsigned active; /* client requests in progress */
     uint64_t rng;

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <stddef.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,7 +66,7 @@ struct atc_sim_server {
     uint64_t rng;         /* fault draws */
     uint64_t accepted;    /* inference requests accepted, for die_after */
     uint16_t port;
-    bool dying, dead;
+    bool dying;
     struct sim_req *reqs;
     void (*on_death)(void *arg);
     void *on_death_arg;
@@ -96,10 +97,10 @@ static bool is_ready(const struct atc_sim_server *srv)
     return now_us(srv) >= srv->p.not_ready_for_ms * 1000u;
 }
 
-/* A uniform draw in [0, 1) from the server's fault stream. */
-static double draw(struct atc_sim_server *srv)
+/* A uniform draw in [0, 1). */
+static double draw_from(uint64_t *state)
 {
-    return (double)(atc_sim_rand(&srv->rng) >> 11) / 9007199254740992.0;
+    return (double)(atc_sim_rand(state) >> 11) / 9007199254740992.0;
 }
 
 static const char *word(const struct atc_sim_server *srv, uint64_t num, uint32_t index)
@@ -285,7 +286,6 @@ static void on_die(evutil_socket_t fd, short what, void *arg)
     drop_all(srv);
     evhttp_free(srv->http); /* the listener and every connection, idle ones too */
     srv->http = NULL;
-    srv->dead = true;
     schedule(srv);
     if (srv->on_death)
         srv->on_death(srv->on_death_arg); /* last: it may stop the server */
@@ -427,6 +427,29 @@ static void on_token(void *ctx, const struct atc_sim_token *tok)
 
 /* ---- routes ---- */
 
+/* A small vector drawn from the prompt's first block: equal prompts get equal vectors. */
+static void send_embedding(struct atc_sim_server *srv, struct evhttp_request *req,
+                           const struct atc_features *f)
+{
+    struct evbuffer *b = evbuffer_new();
+    if (!b) {
+        send_error(req, 500, "InternalServerError", "out of memory");
+        return;
+    }
+    evbuffer_add_printf(
+        b, "{\"object\":\"list\",\"data\":[{\"object\":\"embedding\",\"index\":0,\"embedding\":[");
+    uint64_t st = srv->p.seed ^ (f->nblocks ? f->blocks[0] : f->prompt_len);
+    for (int i = 0; i < EMBEDDING_DIM; i++)
+        evbuffer_add_printf(b, "%s%.6f", i ? "," : "", 2 * draw_from(&st) - 1);
+    evbuffer_add_printf(b, "]}],\"model\":");
+    add_json_string(b, srv->p.model);
+    evbuffer_add_printf(b, ",\"usage\":{\"prompt_tokens\":%u,\"total_tokens\":%u}}", f->prompt_tokens,
+                        f->prompt_tokens);
+    set_content_type(req, "application/json");
+    evhttp_send_reply(req, HTTP_OK, "OK", b);
+    evbuffer_free(b);
+}
+
 static void handle_inference(struct atc_sim_server *srv, struct evhttp_request *req,
                              enum atc_request_kind kind)
 {
@@ -457,7 +480,7 @@ static void handle_inference(struct atc_sim_server *srv, struct evhttp_request *
     /* Accepted. Both fault draws are made for every request so that one outcome does not shift the
      * next request's draws. */
     uint64_t num = ++srv->accepted;
-    bool fail = draw(srv) < srv->p.error_rate, hang = draw(srv) < srv->p.hang_rate;
+    bool fail = draw_from(&srv->rng) < srv->p.error_rate, hang = draw_from(&srv->rng) < srv->p.hang_rate;
     bool cut = srv->p.die_after && num == (uint64_t)srv->p.die_after + 1;
     if (srv->dying || (cut && !(f.stream && kind != ATC_KIND_EMBEDDING)))
         hang = true; /* the last request of a dying server, or one arriving while it dies */
@@ -465,6 +488,10 @@ static void handle_inference(struct atc_sim_server *srv, struct evhttp_request *
         die_soon(srv);
     if (fail && !hang && !cut) {
         send_error(req, 500, "InternalServerError", "Simulated failure (error_rate).");
+        return;
+    }
+    if (kind == ATC_KIND_EMBEDDING && !hang) {
+        send_embedding(srv, req, &f);
         return;
     }
     struct sim_req *r = req_track(srv, req);
@@ -479,30 +506,6 @@ static void handle_inference(struct atc_sim_server *srv, struct evhttp_request *
     r->length = f.max_tokens > 0;
     if (hang)
         return; /* kept until the client or the server goes away */
-
-    if (kind == ATC_KIND_EMBEDDING) {
-        struct evbuffer *b = evbuffer_new();
-        req_release(r);
-        req_unlink(r);
-        if (!b) {
-            send_error(req, 500, "InternalServerError", "out of memory");
-            return;
-        }
-        evbuffer_add_printf(
-            b, "{\"object\":\"list\",\"data\":[{\"object\":\"embedding\",\"index\":0,\"embedding\":[");
-        uint64_t st = srv->p.seed ^ (f.nblocks ? f.blocks[0] : f.prompt_len);
-        for (int i = 0; i < EMBEDDING_DIM; i++)
-            evbuffer_add_printf(b, "%s%.6f", i ? "," : "",
-                                (double)(atc_sim_rand(&st) >> 11) / 4503599627370496.0 - 1.0);
-        evbuffer_add_printf(b, "]}],\"model\":");
-        add_json_string(b, srv->p.model);
-        evbuffer_add_printf(b, ",\"usage\":{\"prompt_tokens\":%u,\"total_tokens\":%u}}", f.prompt_tokens,
-                            f.prompt_tokens);
-        set_content_type(req, "application/json");
-        evhttp_send_reply(req, HTTP_OK, "OK", b);
-        evbuffer_free(b);
-        return;
-    }
 
     if (!r->stream && !(r->text = evbuffer_new()))
         goto oom;
@@ -716,47 +719,43 @@ static const char usage[] =
     "\n"
     "SIGTERM or SIGINT stops it with status 0.\n";
 
-enum {
-    OPT_LISTEN = 256,
-    OPT_MODEL,
-    OPT_MAX_SEQS,
-    OPT_PREFILL_TPS,
-    OPT_DECODE_MS,
-    OPT_BATCH_FACTOR,
-    OPT_BATCH_SAT,
-    OPT_MAX_BATCHED,
-    OPT_KV_BLOCKS,
-    OPT_OUTPUT_MIN,
-    OPT_OUTPUT_MAX,
-    OPT_ERROR_RATE,
-    OPT_HANG_RATE,
-    OPT_NOT_READY,
-    OPT_DIE_AFTER,
-    OPT_SEED,
-    OPT_READY_FILE,
-    OPT_HELP,
-};
+/* Flags that set a field of struct atc_sim_params, parsed by kind. */
+enum flag_kind { FLAG_NAME, FLAG_COUNT, FLAG_NUMBER, FLAG_SHARE, FLAG_DURATION, FLAG_U64 };
 
-static const struct option options[] = {
-    {"listen", required_argument, NULL, OPT_LISTEN},
-    {"model", required_argument, NULL, OPT_MODEL},
-    {"max-seqs", required_argument, NULL, OPT_MAX_SEQS},
-    {"prefill-tps", required_argument, NULL, OPT_PREFILL_TPS},
-    {"decode-ms", required_argument, NULL, OPT_DECODE_MS},
-    {"decode-batch-factor", required_argument, NULL, OPT_BATCH_FACTOR},
-    {"decode-batch-sat", required_argument, NULL, OPT_BATCH_SAT},
-    {"max-batched-tokens", required_argument, NULL, OPT_MAX_BATCHED},
-    {"kv-blocks", required_argument, NULL, OPT_KV_BLOCKS},
-    {"output-min", required_argument, NULL, OPT_OUTPUT_MIN},
-    {"output-max", required_argument, NULL, OPT_OUTPUT_MAX},
-    {"error-rate", required_argument, NULL, OPT_ERROR_RATE},
-    {"hang-rate", required_argument, NULL, OPT_HANG_RATE},
-    {"not-ready-for", required_argument, NULL, OPT_NOT_READY},
-    {"die-after", required_argument, NULL, OPT_DIE_AFTER},
-    {"seed", required_argument, NULL, OPT_SEED},
-    {"ready-file", required_argument, NULL, OPT_READY_FILE},
-    {"help", no_argument, NULL, OPT_HELP},
-    {NULL, 0, NULL, 0},
+static const struct sim_flag {
+    const char *name;
+    enum flag_kind kind;
+    size_t off; /* in struct atc_sim_params */
+    double min; /* FLAG_COUNT, FLAG_NUMBER */
+} flags[] = {
+#define P(f) offsetof(struct atc_sim_params, f)
+    {"model", FLAG_NAME, P(model), 0},
+    {"max-seqs", FLAG_COUNT, P(max_seqs), 1},
+    {"prefill-tps", FLAG_NUMBER, P(prefill_tps), 1e-9},
+    {"decode-ms", FLAG_NUMBER, P(decode_ms), 0},
+    {"decode-batch-factor", FLAG_NUMBER, P(decode_batch_factor), 1},
+    {"decode-batch-sat", FLAG_COUNT, P(decode_batch_sat), 1},
+    {"max-batched-tokens", FLAG_COUNT, P(max_batched_tokens), 1},
+    {"kv-blocks", FLAG_COUNT, P(kv_blocks), 1},
+    {"output-min", FLAG_COUNT, P(output_min), 1},
+    {"output-max", FLAG_COUNT, P(output_max), 1},
+    {"error-rate", FLAG_SHARE, P(error_rate), 0},
+    {"hang-rate", FLAG_SHARE, P(hang_rate), 0},
+    {"not-ready-for", FLAG_DURATION, P(not_ready_for_ms), 0},
+    {"die-after", FLAG_COUNT, P(die_after), 0},
+    {"seed", FLAG_U64, P(seed), 0},
+#undef P
+};
+#define NFLAGS (sizeof(flags) / sizeof(flags[0]))
+enum { OPT_LISTEN = NFLAGS, OPT_READY_FILE, OPT_HELP };
+
+static const char *const expected[] = {
+    [FLAG_NAME] = "a non-empty name",
+    [FLAG_COUNT] = "an integer",
+    [FLAG_NUMBER] = "a number",
+    [FLAG_SHARE] = "a share between 0 and 1",
+    [FLAG_DURATION] = "a duration (250ms, 2s)",
+    [FLAG_U64] = "an integer",
 };
 
 static int parse_u64(const char *s, uint64_t max, uint64_t *out)
@@ -772,15 +771,6 @@ static int parse_u64(const char *s, uint64_t max, uint64_t *out)
     return 0;
 }
 
-static int parse_unsigned(const char *s, unsigned *out)
-{
-    uint64_t v;
-    if (parse_u64(s, UINT32_MAX, &v) < 0)
-        return -1;
-    *out = (unsigned)v;
-    return 0;
-}
-
 /* A finite number in [lo, hi]. */
 static int parse_double(const char *s, double lo, double hi, double *out)
 {
@@ -793,70 +783,33 @@ static int parse_double(const char *s, double lo, double hi, double *out)
     return 0;
 }
 
-/* Sets one flag; returns -1 with *what naming the expected form when the value does not parse. */
-static int set_option(int opt, const char *arg, struct atc_sim_params *p, char **listen,
-                      const char **ready_file, const char **what)
+static int set_flag(const struct sim_flag *f, const char *arg, struct atc_sim_params *p)
 {
-    switch (opt) {
-    case OPT_LISTEN:
-        *what = "HOST:PORT";
-        free(*listen);
-        *listen = strdup(arg);
-        return *listen ? 0 : -1;
-    case OPT_MODEL:
-        *what = "a non-empty name";
-        if (!*arg)
+    char *field = (char *)p + f->off;
+    uint64_t v;
+    switch (f->kind) {
+    case FLAG_NAME: {
+        char *name = *arg ? strdup(arg) : NULL;
+        if (!name)
             return -1;
-        free(p->model);
-        p->model = strdup(arg);
-        return p->model ? 0 : -1;
-    case OPT_MAX_SEQS:
-        *what = "a positive integer";
-        return parse_unsigned(arg, &p->max_seqs) < 0 || p->max_seqs == 0 ? -1 : 0;
-    case OPT_PREFILL_TPS:
-        *what = "a positive number";
-        return parse_double(arg, 1e-9, 1e12, &p->prefill_tps);
-    case OPT_DECODE_MS:
-        *what = "a positive number of ms";
-        return parse_double(arg, 1e-6, 1e7, &p->decode_ms);
-    case OPT_BATCH_FACTOR:
-        *what = "a number >= 1";
-        return parse_double(arg, 1, 1e6, &p->decode_batch_factor);
-    case OPT_BATCH_SAT:
-        *what = "a positive integer";
-        return parse_unsigned(arg, &p->decode_batch_sat) < 0 || p->decode_batch_sat == 0 ? -1 : 0;
-    case OPT_MAX_BATCHED:
-        *what = "a positive integer";
-        return parse_unsigned(arg, &p->max_batched_tokens) < 0 || p->max_batched_tokens == 0 ? -1 : 0;
-    case OPT_KV_BLOCKS:
-        *what = "a positive integer";
-        return parse_unsigned(arg, &p->kv_blocks) < 0 || p->kv_blocks == 0 ? -1 : 0;
-    case OPT_OUTPUT_MIN:
-        *what = "a positive integer";
-        return parse_unsigned(arg, &p->output_min) < 0 || p->output_min == 0 ? -1 : 0;
-    case OPT_OUTPUT_MAX:
-        *what = "a positive integer";
-        return parse_unsigned(arg, &p->output_max) < 0 || p->output_max == 0 ? -1 : 0;
-    case OPT_ERROR_RATE:
-        *what = "a share between 0 and 1";
-        return parse_double(arg, 0, 1, &p->error_rate);
-    case OPT_HANG_RATE:
-        *what = "a share between 0 and 1";
-        return parse_double(arg, 0, 1, &p->hang_rate);
-    case OPT_NOT_READY:
-        *what = "a duration (250ms, 2s)";
-        return atc_parse_duration_ms(arg, &p->not_ready_for_ms);
-    case OPT_DIE_AFTER:
-        *what = "an integer";
-        return parse_unsigned(arg, &p->die_after);
-    case OPT_SEED:
-        *what = "an integer";
-        return parse_u64(arg, UINT64_MAX, &p->seed);
-    case OPT_READY_FILE:
-        *ready_file = arg;
+        free(*(char **)field);
+        *(char **)field = name;
         return 0;
     }
-    *what = "?";
+    case FLAG_COUNT:
+        if (parse_u64(arg, UINT32_MAX, &v) < 0 || (double)v < f->min)
+            return -1;
+        *(unsigned *)field = (unsigned)v;
+        return 0;
+    case FLAG_NUMBER:
+        return parse_double(arg, f->min, 1e12, (double *)field);
+    case FLAG_SHARE:
+        return parse_double(arg, 0, 1, (double *)field);
+    case FLAG_DURATION:
+        return atc_parse_duration_ms(arg, (uint64_t *)field);
+    case FLAG_U64:
+        return parse_u64(arg, UINT64_MAX, (uint64_t *)field);
+    }
     return -1;
 }
 
@@ -907,13 +860,19 @@ int atc_sim_main(int argc, char **argv)
     char *listen = NULL, *host = NULL;
     const char *ready_file = NULL, *err = NULL;
     uint16_t port = 0;
+    struct option options[NFLAGS + 4] = {
+        [OPT_LISTEN] = {"listen", required_argument, NULL, OPT_LISTEN},
+        [OPT_READY_FILE] = {"ready-file", required_argument, NULL, OPT_READY_FILE},
+        [OPT_HELP] = {"help", no_argument, NULL, OPT_HELP},
+    };
     int opt;
 
+    for (size_t i = 0; i < NFLAGS; i++)
+        options[i] = (struct option){flags[i].name, required_argument, NULL, (int)i};
     atc_sim_params_init(&p);
     opterr = 0;
     optind = 1;
     while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
-        const char *what = NULL;
         if (opt == OPT_HELP) {
             fputs(usage, stdout);
             m.status = 0;
@@ -924,8 +883,15 @@ int atc_sim_main(int argc, char **argv)
             m.status = 2;
             goto out;
         }
-        if (set_option(opt, optarg, &p, &listen, &ready_file, &what) < 0) {
-            fprintf(stderr, "atc sim: --%s %s: expected %s\n", options[opt - OPT_LISTEN].name, optarg, what);
+        if (opt == OPT_LISTEN) {
+            free(listen);
+            if (!(listen = strdup(optarg)))
+                goto out;
+        } else if (opt == OPT_READY_FILE) {
+            ready_file = optarg;
+        } else if (set_flag(&flags[opt], optarg, &p) < 0) {
+            fprintf(stderr, "atc sim: --%s %s: expected %s\n", flags[opt].name, optarg,
+                    expected[flags[opt].kind]);
             m.status = 2;
             goto out;
         }
