@@ -45,7 +45,7 @@ local function by_prefix(req, pool, skip)
       end
       if ep ~= skip then
         local o = ep:prefix_overlap(req)
-        if o > best_overlap or (o == best_overlap and best ~= nil and balance.lighter(ep, best)) then
+        if o > best_overlap or (o == best_overlap and best ~= nil and balance.load(ep) < balance.load(best)) then
           best, best_overlap = ep, o
         end
       end

@@ -10,35 +10,15 @@
 -- Several atc replicas that see the same endpoints pick the same one for a key without talking.
 -- Both return nil when no endpoint is available.
 
-local balance = require "atc.balance"
-
 local M = {}
 
 M.DEFAULT_C = 1.25 -- bounded(): an endpoint may carry up to 25% more than its share
 
-local TWO52 = 4503599627370496 -- atc.hash returns 52 bits
-
--- Weighted rendezvous score: -w / ln(u), u uniform in (0, 1) from hash(key, id). The largest wins.
-local function score(key, ep)
-  local u = (atc.hash(key .. "\0" .. ep.id) + 0.5) / TWO52
-  return -(ep.weight or 1) / math.log(u)
-end
-
+-- Weighted highest random weight: each available endpoint scores -weight / ln(u), u uniform in (0, 1)
+-- from hash(key, ep.id); the highest wins. The host computes it in C, for engine endpoints and
+-- endpoint-like tables alike.
 function M.rendezvous(key, eps)
-  if balance.native(eps) then
-    return atc.rendezvous(eps, key)
-  end
-  local best, best_score
-  for i = 1, #eps do
-    local ep = eps[i]
-    if ep.available then
-      local s = score(key, ep)
-      if best == nil or s > best_score then
-        best, best_score = ep, s
-      end
-    end
-  end
-  return best
+  return atc.rendezvous(eps, key)
 end
 
 local scratch = {} -- reused between calls so the host path builds no table per decision
@@ -64,45 +44,31 @@ function M.bounded(key, eps, c)
   end
   local per_slot = c * (inflight + 1) / capacity
 
-  if balance.native(eps) then
-    for i = #scratch, 1, -1 do -- left over if a previous call was cut short
-      scratch[i] = nil
-    end
-    local n, over = 0, false
-    for i = 1, #eps do
-      local ep = eps[i]
-      if ep.available then
-        if ep.inflight + 1 <= math.ceil(per_slot * ep.capacity) then
-          n = n + 1
-          scratch[n] = ep
-        else
-          over = true
-        end
-      end
-    end
-    local ep
-    if over then
-      ep = atc.rendezvous(scratch, key)
-    else
-      ep = atc.rendezvous(eps, key) -- the usual case: nobody over the bound, no copy needed
-    end
-    for i = n, 1, -1 do
-      scratch[i] = nil
-    end
-    return ep
+  for i = #scratch, 1, -1 do -- left over if a previous call was cut short
+    scratch[i] = nil
   end
-
-  local best, best_score
+  local n, over = 0, false
   for i = 1, #eps do
     local ep = eps[i]
-    if ep.available and ep.inflight + 1 <= math.ceil(per_slot * ep.capacity) then
-      local s = score(key, ep)
-      if best == nil or s > best_score then
-        best, best_score = ep, s
+    if ep.available then
+      if ep.inflight + 1 <= math.ceil(per_slot * ep.capacity) then
+        n = n + 1
+        scratch[n] = ep
+      else
+        over = true
       end
     end
   end
-  return best
+  local ep
+  if over then
+    ep = atc.rendezvous(scratch, key)
+  else
+    ep = atc.rendezvous(eps, key) -- the usual case: nobody over the bound, no copy needed
+  end
+  for i = n, 1, -1 do
+    scratch[i] = nil
+  end
+  return ep
 end
 
 return M

@@ -210,7 +210,7 @@ end
 -- mock endpoints and fleets -------------------------------------------------------------------------
 
 local function refresh(ep, spec)
-  ep.load = ep.capacity > 0 and ep.inflight / ep.capacity or math.huge
+  ep.load = ep.capacity > 0 and ep.inflight / ep.capacity or 1 -- as the engine reports it
   ep.available = spec.available ~= false and ep.health == "healthy" and ep.inflight < ep.capacity
 end
 

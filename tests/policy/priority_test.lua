@@ -30,14 +30,6 @@ return {
     t.is_endpoint(priority.pick(t.request { priority = 9 }, f:endpoints("m")), "big")
   end,
 
-  least_loaded_ties_go_to_fewer_tokens = function()
-    local f = t.fleet {
-      { id = "a", capacity = 8, inflight = 2, inflight_tokens = 9000 },
-      { id = "b", capacity = 8, inflight = 2, inflight_tokens = 300 },
-    }
-    t.is_endpoint(priority.pick(t.request { priority = 9 }, f:endpoints("m")), "b")
-  end,
-
   high_priority_follows_load_as_it_changes = function()
     local f = t.fleet { { id = "a", capacity = 4 }, { id = "b", capacity = 4 } }
     local counts = t.tally(8, function()
