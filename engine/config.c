@@ -417,6 +417,7 @@ static const struct field policy_fields[] = {
     {.key = "memory", .kind = F_SIZE, .off = CFG(policy.memory)},
     {.key = "jit", .kind = F_BOOL, .off = CFG(policy.jit)},
     {.key = "rollback_after", .kind = F_UINT, .off = CFG(policy.rollback_after), .max = 1000000},
+    {.key = "watch", .kind = F_BOOL, .off = CFG(policy.watch)},
     {.key = NULL},
 };
 
@@ -962,6 +963,7 @@ static struct atc_config *config_new(const char *name, const char *dir)
     cfg->policy.budget_us = 1000;
     cfg->policy.memory = (size_t)64 << 20;
     cfg->policy.rollback_after = 20;
+    cfg->policy.watch = true;
     cfg->upstream.connect_timeout_ms = 2000;
     cfg->upstream.first_byte_timeout_ms = 60000;
     cfg->upstream.idle_timeout_ms = 60000;

@@ -50,6 +50,7 @@ struct atc_config {
         uint64_t budget_us; /* policy.budget (default 1ms) */
         size_t memory;      /* policy.memory in bytes (default 64 MiB) */
         bool jit;           /* policy.jit (default false) */
+        bool watch;         /* policy.watch: reload when a .lua file changes (default true) */
         bool enabled;       /* the file has a policy: section; without one the C balancer routes */
         unsigned rollback_after; /* policy.rollback_after: consecutive failures of a new version (default 20) */
     } policy;

@@ -222,11 +222,12 @@ static struct policy_version *version_of(lua_State *L)
 /* pcall and xpcall that cannot swallow a budget stop or an out-of-memory error. */
 static int rethrow_if_fatal(lua_State *L, struct policy_version *v, int status)
 {
-    if ((v->rt->watchdog != NULL && budget_killed(v->rt->watchdog)) || status == LUA_ERRMEM) {
-        if (status == 0)
-            lua_pushliteral(L, BUDGET_ERROR);
+    if (v->rt->watchdog != NULL && budget_killed(v->rt->watchdog)) {
+        lua_pushliteral(L, BUDGET_ERROR); /* whatever a handler made of it */
         return lua_error(L);
     }
+    if (status == LUA_ERRMEM)
+        return lua_error(L);
     return 0;
 }
 

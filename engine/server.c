@@ -166,7 +166,7 @@ static int start_policy(struct atc_server *srv, const char **err)
         *err = buf;
         return -1;
     }
-    if (atc_policy_watch(srv->policy, srv->base) < 0)
+    if (cfg->policy.watch && atc_policy_watch(srv->policy, srv->base) < 0)
         atc_warn("cannot watch the policy's files; reload with SIGHUP or POST /admin/policy/reload");
     return 0;
 }

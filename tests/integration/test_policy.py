@@ -1,0 +1,331 @@
+"""The policy runtime end to end: sandbox escapes, budget and memory limits, verdicts, hot reload under
+load, rollback. Each test runs atc serve with a policy written to a temporary directory."""
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import unittest
+
+from harness import ATC_BIN, AtcTestCase, chat, request, wait_for
+
+# Two models: requests name "m"; the policy under test answers "escaped" (the endpoint of model canary)
+# only when the code it was given ran without error. A blocked attempt raises, and the engine falls
+# back to the C balancer, which can only pick "m"'s endpoint: "m-sim-1".
+CONFIG = """
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+policy:
+  entry: policy.lua
+  memory: 16MiB
+  rollback_after: {rollback_after}
+  watch: {watch}
+models:
+  - name: m
+  - name: canary
+simulate:
+  - model: m
+    decode_ms: 1
+  - model: canary
+    decode_ms: 1
+"""
+
+SAFE, ESCAPED = "m-sim-1", "canary-sim-1"
+
+ESCAPES = {
+    "io": "return io.open('/etc/passwd')",
+    "os": "return os.execute('true')",
+    "debug": "return debug.getinfo(1)",
+    "ffi": "return require('ffi')",
+    "jit": "return jit.off()",
+    "load": "return load('return 1')",
+    "loadstring": "return loadstring('return 1')()",
+    "dofile": "return dofile('/etc/passwd')",
+    "loadfile": "return loadfile('/etc/passwd')",
+    "setfenv": "return setfenv(1, {})",
+    "getfenv": "return getfenv(1)",
+    "setmetatable": "return setmetatable({}, {})",
+    "getmetatable": "return getmetatable('').__index",
+    "rawset": "return rawset({}, 'x', 1)",
+    "string.dump": "return string.dump(function() end)",
+    "dump via string metatable": "return ('x').dump(function() end)",
+    "newproxy": "return newproxy(true)",
+    "collectgarbage": "return collectgarbage('count')",
+    "package": "return package.loaded",
+    "require outside the path": "return require('../../../etc/passwd')",
+    "require a C module": "return require('os')",
+    "poison string.upper": "string.upper = function() return 'pwned' end",
+    "poison through the metatable": "local mt = ('').upper; ('').upper = nil",
+    "new global": "leaked = true",
+    "_G": "return _G.io.open",
+    "coroutine": "return coroutine.create(function() end)",
+    "module": "return module('x')",
+    "math.randomseed": "return math.randomseed(1)",
+    "replace atc.affinity": "atc.affinity = nil",
+    "bytecode via string.char": "return load(string.char(27, 76, 74, 2))",
+}
+
+ESCAPE_POLICY = """
+local attempts = {
+%s
+}
+return function(req, fleet)
+  local name = req:header("x-attempt")
+  if name == "check-upper" then
+    if ("a"):upper() ~= "A" then return "%s" end
+    return fleet:endpoints("m")[1]
+  end
+  if name then attempts[name]() end
+  return "%s"
+end
+"""
+
+BUDGET_POLICY = """
+local function deep(n) return deep(n + 1) + 1 end
+local behaviours = {
+  ["loop"] = function() while true do end end,
+  ["swallowing pcall"] = function()
+    while true do pcall(function() while true do end end) end
+  end,
+  ["nested pcall"] = function()
+    pcall(function() while true do pcall(function() while true do end end) end end)
+    while true do end
+  end,
+  ["xpcall"] = function() xpcall(function() while true do end end, function() return "caught" end) end,
+  ["pattern bomb"] = function() string.find(string.rep("a", 60000), ".-.-.-.-b") end,
+  ["gsub bomb"] = function() string.gsub(string.rep("a", 20000), "(.-)(.-)b", "%%1") end,
+  ["memory bomb"] = function() return string.rep("x", 32 * 1024 * 1024) end,
+  ["memory bomb in pcall"] = function()
+    local ok = pcall(string.rep, "y", 32 * 1024 * 1024)
+    return ok
+  end,
+  ["table bomb"] = function()
+    local t = {}
+    for i = 1, 1e9 do t[i] = i end
+  end,
+  ["deep recursion"] = function() return deep(1) end,
+}
+return function(req, fleet)
+  local name = req:header("x-behaviour")
+  if name then behaviours[name]() end
+  return "%s"
+end
+""" % ESCAPED
+
+
+class PolicyTestCase(AtcTestCase):
+    def start_policy(self, source, rollback_after=20, watch=True):
+        self.policy_path = os.path.join(self.tmp.name, "policy.lua")
+        self.write_policy(source)
+        return self.start_atc(CONFIG.format(rollback_after=rollback_after, watch=str(watch).lower()))
+
+    def write_policy(self, source):
+        tmp = self.policy_path + ".new"
+        with open(tmp, "w") as f:
+            f.write(source)
+        os.replace(tmp, self.policy_path)
+
+    def policy_status(self, atc):
+        status, _, body = request("127.0.0.1", atc.admin_port, "GET", "/admin/policy")
+        self.assertEqual(status, 200)
+        return json.loads(body)
+
+    def reload(self, atc):
+        status, _, body = request("127.0.0.1", atc.admin_port, "POST", "/admin/policy/reload")
+        return status, json.loads(body)
+
+
+class SandboxTest(PolicyTestCase):
+    def test_escape_attempts_fail_and_routing_goes_on(self):
+        attempts = ",\n".join(f"  [{json.dumps(k)}] = function() {v} end" for k, v in ESCAPES.items())
+        atc = self.start_policy(ESCAPE_POLICY % (attempts, ESCAPED, ESCAPED))
+        # Without an attempt the policy routes to "escaped": the harness itself works.
+        status, headers, _ = chat(atc.port, model="m", max_tokens=1)
+        self.assertEqual((status, headers["x-atc-endpoint"]), (200, ESCAPED))
+        self.assertGreaterEqual(len(ESCAPES), 15)
+        for name in ESCAPES:
+            with self.subTest(name):
+                status, headers, body = chat(atc.port, model="m", max_tokens=1, headers={"x-attempt": name})
+                self.assertEqual(status, 200, body)
+                self.assertEqual(headers["x-atc-endpoint"], SAFE, f"attempt '{name}' was not blocked")
+        # A poisoned shared library would show in the next decision.
+        status, headers, _ = chat(atc.port, model="m", max_tokens=1, headers={"x-attempt": "check-upper"})
+        self.assertEqual(headers["x-atc-endpoint"], SAFE)
+        current = self.policy_status(atc)["current"]
+        self.assertEqual(current["errors"], len(ESCAPES))
+        self.assertIn("policy.lua:", self.policy_status(atc)["last_error"])
+        self.assertIn("policy.lua:", atc.read_log())  # logged with file:line
+
+
+class BudgetTest(PolicyTestCase):
+    def test_runaway_policies_are_stopped_and_the_request_still_succeeds(self):
+        atc = self.start_policy(BUDGET_POLICY)
+        expected = {
+            "loop": "budget_overruns", "swallowing pcall": "budget_overruns", "nested pcall": "budget_overruns",
+            "xpcall": "budget_overruns", "pattern bomb": "errors", "gsub bomb": "errors",
+            "memory bomb": "memory_errors", "memory bomb in pcall": "memory_errors", "deep recursion": "errors",
+            "table bomb": None,
+        }
+        for name, counter in expected.items():
+            with self.subTest(name):
+                before = self.policy_status(atc)["current"]
+                start = time.monotonic()
+                status, headers, body = chat(atc.port, model="m", max_tokens=1, headers={"x-behaviour": name})
+                elapsed = time.monotonic() - start
+                self.assertEqual(status, 200, body)
+                self.assertEqual(headers["x-atc-endpoint"], SAFE)  # routed by the C balancer
+                self.assertLess(elapsed, 5.0)  # stopped, not hung
+                after = self.policy_status(atc)["current"]
+                if counter is None:  # out of memory or out of time, whichever comes first
+                    self.assertEqual(after["memory_errors"] + after["budget_overruns"],
+                                     before["memory_errors"] + before["budget_overruns"] + 1)
+                else:
+                    self.assertEqual(after[counter], before[counter] + 1)
+        status, headers, _ = chat(atc.port, model="m", max_tokens=1)
+        self.assertEqual((status, headers["x-atc-endpoint"]), (200, ESCAPED))  # the policy still decides
+        log = atc.read_log()
+        self.assertIn("budget exceeded", log)
+
+
+class VerdictTest(PolicyTestCase):
+    def test_reject_queue_nonsense_and_alias(self):
+        atc = self.start_policy("""
+            return function(req, fleet)
+              local what = req:header("x-what")
+              if what == "reject" then return atc.reject(429, "tenant over quota") end
+              if what == "queue" then return atc.queue("busy") end
+              if what == "nonsense" then return 42 end
+              if req.model == "auto" then return atc.least_loaded(fleet:endpoints("canary")) end
+              return fleet:endpoints(req.model)[1]
+            end
+        """)
+        status, headers, body = chat(atc.port, model="m", headers={"x-what": "reject"})
+        self.assertEqual(status, 429)
+        self.assertEqual(json.loads(body)["error"]["message"], "tenant over quota")
+        self.assertEqual(headers["x-atc-policy-version"], "1")
+        status, headers, body = chat(atc.port, model="m", headers={"x-what": "queue"})
+        self.assertEqual(status, 503)
+        self.assertEqual(headers["retry-after"], "1")
+        status, headers, _ = chat(atc.port, model="m", max_tokens=1, headers={"x-what": "nonsense"})
+        self.assertEqual((status, headers["x-atc-endpoint"]), (200, SAFE))
+        self.assertEqual(self.policy_status(atc)["current"]["invalid_returns"], 1)
+        # An alias: the server gets the endpoint's model name, not "auto".
+        status, headers, body = chat(atc.port, model="auto", max_tokens=2)
+        self.assertEqual(status, 200, body)
+        self.assertEqual(headers["x-atc-endpoint"], ESCAPED)
+        self.assertEqual(json.loads(body)["model"], "canary")
+        # An unknown model the policy has no answer for is still a 404.
+        status, _, body = chat(atc.port, model="nope")
+        self.assertEqual(status, 404)
+
+
+class ReloadTest(PolicyTestCase):
+    GOOD = "return function(req, fleet) return fleet:endpoints(req.model)[1] end -- v%d\n"
+    BROKEN = [
+        "return function(req, fleet) return fleet:endpoints(req.model)[1] -- syntax error, no end\n",
+        "return function(req, fleet) return req.model.nothing.here end\n",
+        "return function(req, fleet) while true do end end\n",
+        "error('fails at load')\n",
+        "return 42\n",
+    ]
+
+    def test_reload_under_load_fails_no_request(self):
+        atc = self.start_policy(self.GOOD % 0, watch=False)  # only the reloads this test asks for
+        results, stop = [], threading.Event()
+
+        def client():
+            import http.client
+            conn = http.client.HTTPConnection("127.0.0.1", atc.port, timeout=10)
+            body = json.dumps({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]})
+            while not stop.is_set():
+                try:
+                    conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+                    resp = conn.getresponse()
+                    resp.read()
+                    results.append((resp.status, resp.getheader("x-atc-policy-version")))
+                except Exception as e:  # a failed request is what this test exists to catch
+                    results.append((0, repr(e)))
+                    conn = http.client.HTTPConnection("127.0.0.1", atc.port, timeout=10)
+
+        threads = [threading.Thread(target=client) for _ in range(3)]
+        for t in threads:
+            t.start()
+        good_versions, version = {1}, 1
+        for i in range(50):
+            if i % 2 == 0:
+                self.write_policy(self.GOOD % i)
+                status, doc = self.reload(atc)
+                self.assertEqual(status, 200, doc)
+                version += 1
+                self.assertEqual(doc["version"], version)
+                good_versions.add(version)
+            else:
+                self.write_policy(self.BROKEN[(i // 2) % len(self.BROKEN)])
+                status, doc = self.reload(atc)
+                self.assertEqual(status, 422, doc)
+                self.assertIn("policy.lua", doc["error"]["message"])
+            time.sleep(0.02)  # let traffic flow between reloads
+        stop.set()
+        for t in threads:
+            t.join()
+        self.assertGreater(len(results), 100)
+        failed = [r for r in results if r[0] != 200]
+        self.assertEqual(failed, [])
+        seen = {int(v) for _, v in results}
+        self.assertTrue(seen <= good_versions, f"versions {seen - good_versions} were never good")
+        self.assertGreater(len(seen), 5)
+        status = self.policy_status(atc)
+        self.assertEqual((status["reloads_ok"], status["reloads_failed"]), (25, 25))
+
+    def test_file_change_and_sighup_reload(self):
+        atc = self.start_policy(self.GOOD % 0)
+        self.write_policy(self.GOOD % 1)  # inotify sees the rename
+        wait_for(lambda: self.policy_status(atc)["version"] == 2, timeout=5, what="reload on file change")
+        self.write_policy(self.BROKEN[0])
+        wait_for(lambda: self.policy_status(atc)["reloads_failed"] == 1, timeout=5, what="failed reload")
+        self.assertEqual(self.policy_status(atc)["version"], 2)
+        self.assertIn("policy.lua:", self.policy_status(atc)["last_error"])
+        self.write_policy(self.GOOD % 2)
+        wait_for(lambda: self.policy_status(atc)["version"] == 3, timeout=5, what="reload after a fix")
+        atc.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: self.policy_status(atc)["version"] == 4, timeout=5, what="reload on SIGHUP")
+        status, headers, _ = chat(atc.port, model="m", max_tokens=1)
+        self.assertEqual((status, headers["x-atc-policy-version"]), (200, "4"))
+
+    def test_a_failing_new_version_is_rolled_back(self):
+        atc = self.start_policy(self.GOOD % 0, rollback_after=5)
+        # Passes the reload's checks (they send no headers), then fails every real request.
+        self.write_policy("return function(req, fleet)\n"
+                          "  if req:header('x-real') then error('broken on real traffic') end\n"
+                          "  return fleet:endpoints(req.model)[1]\nend\n")
+        status, doc = self.reload(atc)
+        self.assertEqual((status, doc["version"]), (200, 2))
+        versions = []
+        for _ in range(8):
+            status, headers, _ = chat(atc.port, model="m", max_tokens=1, headers={"x-real": "1"})
+            self.assertEqual(status, 200)
+            versions.append(headers["x-atc-policy-version"])
+        self.assertEqual(versions[:5], ["2"] * 5)
+        self.assertEqual(versions[5:], ["1"] * 3)
+        status = self.policy_status(atc)
+        self.assertEqual((status["version"], status["rollbacks"]), (1, 1))
+        self.assertIn("rolling back", atc.read_log())
+
+
+class StartupTest(PolicyTestCase):
+    def test_a_broken_policy_stops_startup_and_check_with_file_line(self):
+        self.policy_path = os.path.join(self.tmp.name, "policy.lua")
+        self.write_policy("return function(req, fleet)\n  return = 1\nend\n")
+        cfg = os.path.join(self.tmp.name, "atc.yaml")
+        with open(cfg, "w") as f:
+            f.write(CONFIG.format(rollback_after=20, watch='true'))
+        for cmd in ("serve", "check"):
+            out = subprocess.run([ATC_BIN, cmd, "-c", cfg], capture_output=True, text=True, timeout=10)
+            self.assertEqual(out.returncode, 1, out.stderr)
+            self.assertIn("policy.lua:2:", out.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
