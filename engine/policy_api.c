@@ -123,52 +123,125 @@ static void push_opt_string(lua_State *L, const char *s)
         lua_pushnil(L);
 }
 
+/* Endpoint fields, looked up by length first: this runs for every field a policy reads. */
+enum ep_field {
+    EPF_NONE,
+    EPF_ID,
+    EPF_MODEL,
+    EPF_INFLIGHT,
+    EPF_CAPACITY,
+    EPF_AVAILABLE,
+    EPF_LOAD,
+    EPF_TOKENS,
+    EPF_WEIGHT,
+    EPF_VERSION,
+    EPF_TTFT,
+    EPF_HEALTH,
+    EPF_QUEUE,
+    EPF_KV,
+    EPF_ERRORS,
+    EPF_TAGS,
+    EPF_HAS_TAG,
+    EPF_OVERLAP,
+};
+
+static enum ep_field ep_field_of(const char *k, size_t len)
+{
+    static const struct {
+        const char *name;
+        enum ep_field field;
+    } fields[] = {
+        {"id", EPF_ID},
+        {"model", EPF_MODEL},
+        {"inflight", EPF_INFLIGHT},
+        {"capacity", EPF_CAPACITY},
+        {"available", EPF_AVAILABLE},
+        {"load", EPF_LOAD},
+        {"inflight_tokens", EPF_TOKENS},
+        {"weight", EPF_WEIGHT},
+        {"version", EPF_VERSION},
+        {"ttft_ewma", EPF_TTFT},
+        {"health", EPF_HEALTH},
+        {"queue", EPF_QUEUE},
+        {"kv_usage", EPF_KV},
+        {"errors", EPF_ERRORS},
+        {"tags", EPF_TAGS},
+        {"has_tag", EPF_HAS_TAG},
+        {"prefix_overlap", EPF_OVERLAP},
+    };
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
+        if (fields[i].name[0] == k[0] && strlen(fields[i].name) == len && memcmp(fields[i].name, k, len) == 0)
+            return fields[i].field;
+    return EPF_NONE;
+}
+
 static int ep_index(lua_State *L)
 {
     struct policy_version *v = version_of(L);
     struct policy_endpoint_ud *u = lua_touserdata(L, 1);
-    const char *k = luaL_checkstring(L, 2);
+    size_t len;
+    const char *k = luaL_checklstring(L, 2, &len);
     const struct atc_endpoint *ep = endpoint_at(v, u->index);
     if (ep == NULL)
         return luaL_error(L, "endpoint no longer exists");
-    if (strcmp(k, "id") == 0)
+    switch (ep_field_of(k, len)) {
+    case EPF_ID:
         lua_pushstring(L, ep->id);
-    else if (strcmp(k, "model") == 0)
+        break;
+    case EPF_MODEL:
         lua_pushstring(L, ep->model);
-    else if (strcmp(k, "inflight") == 0)
+        break;
+    case EPF_INFLIGHT:
         lua_pushinteger(L, (lua_Integer)ep->inflight);
-    else if (strcmp(k, "capacity") == 0)
+        break;
+    case EPF_CAPACITY:
         lua_pushinteger(L, (lua_Integer)ep->capacity);
-    else if (strcmp(k, "available") == 0)
+        break;
+    case EPF_AVAILABLE:
         lua_pushboolean(L, policy_api_available(v, ep));
-    else if (strcmp(k, "load") == 0)
+        break;
+    case EPF_LOAD:
         lua_pushnumber(L, ep->capacity ? (double)ep->inflight / ep->capacity : 1.0);
-    else if (strcmp(k, "inflight_tokens") == 0)
+        break;
+    case EPF_TOKENS:
         lua_pushnumber(L, (double)ep->inflight_tokens);
-    else if (strcmp(k, "weight") == 0)
+        break;
+    case EPF_WEIGHT:
         lua_pushinteger(L, (lua_Integer)ep->weight);
-    else if (strcmp(k, "version") == 0)
+        break;
+    case EPF_VERSION:
         push_opt_string(L, ep->version);
-    else if (strcmp(k, "ttft_ewma") == 0)
+        break;
+    case EPF_TTFT:
         lua_pushnumber(L, ep->ttft_ewma_ms);
-    else if (strcmp(k, "health") == 0)
+        break;
+    case EPF_HEALTH:
         lua_pushstring(L, ep->routable ? "healthy" : "draining");
-    else if (strcmp(k, "queue") == 0 || strcmp(k, "kv_usage") == 0)
+        break;
+    case EPF_QUEUE:
+    case EPF_KV:
         lua_pushnumber(L, 0); /* server-reported load: filled once health scraping lands */
-    else if (strcmp(k, "errors") == 0)
+        break;
+    case EPF_ERRORS:
         lua_pushnumber(L, (double)ep->errors_total);
-    else if (strcmp(k, "tags") == 0) {
+        break;
+    case EPF_TAGS:
         lua_createtable(L, (int)ep->ntags, 0);
         for (size_t i = 0; i < ep->ntags; i++) {
             lua_pushstring(L, ep->tags[i]);
             lua_rawseti(L, -2, (int)i + 1);
         }
-    } else if (strcmp(k, "has_tag") == 0)
+        break;
+    case EPF_HAS_TAG:
         lua_pushvalue(L, lua_upvalueindex(2));
-    else if (strcmp(k, "prefix_overlap") == 0)
+        break;
+    case EPF_OVERLAP:
         lua_pushvalue(L, lua_upvalueindex(3));
-    else
+        break;
+    case EPF_NONE:
         lua_pushnil(L);
+        break;
+    }
     return 1;
 }
 
@@ -226,6 +299,8 @@ static int req_index(lua_State *L)
         lua_pushinteger(L, (lua_Integer)req->attempt);
     else if (strcmp(k, "blocks") == 0)
         lua_pushinteger(L, (lua_Integer)f->nblocks);
+    else if (strcmp(k, "tools") == 0)
+        lua_pushboolean(L, f->has_tools);
     else if (strcmp(k, "header") == 0)
         lua_pushvalue(L, lua_upvalueindex(2));
     else
@@ -417,6 +492,7 @@ static int atc_log(lua_State *L)
 struct candidate {
     bool available;
     double load;
+    double tokens; /* in flight: breaks ties of load */
     double weight;
     const char *id;
     size_t idlen;
@@ -440,6 +516,7 @@ static void read_candidate(lua_State *L, struct policy_version *v, int arr, int 
     if (ep != NULL) {
         c->available = policy_api_available(v, ep);
         c->load = ep->capacity ? (double)ep->inflight / ep->capacity : 1.0;
+        c->tokens = (double)ep->inflight_tokens;
         c->weight = ep->weight;
         c->id = ep->id;
         c->idlen = strlen(ep->id);
@@ -450,6 +527,7 @@ static void read_candidate(lua_State *L, struct policy_version *v, int arr, int 
         c->available = lua_isnil(L, -1) ? inflight < capacity : lua_toboolean(L, -1);
         lua_pop(L, 1);
         c->load = capacity > 0 ? inflight / capacity : 1.0;
+        c->tokens = field_number(L, t, "inflight_tokens", 0);
         c->weight = field_number(L, t, "weight", 1);
         lua_getfield(L, t, "id");
         c->id = lua_tolstring(L, -1, &c->idlen);
@@ -464,18 +542,22 @@ static void read_candidate(lua_State *L, struct policy_version *v, int arr, int 
     lua_pop(L, 1);
 }
 
+static bool lighter(const struct candidate *a, const struct candidate *b)
+{
+    return a->load < b->load || (a->load == b->load && a->tokens < b->tokens);
+}
+
 static int atc_least_loaded(lua_State *L)
 {
     struct policy_version *v = version_of(L);
     luaL_checktype(L, 1, LUA_TTABLE);
     int n = (int)lua_objlen(L, 1), best = 0;
-    double best_load = 0;
+    struct candidate c, best_c = {0};
     for (int i = 1; i <= n; i++) {
-        struct candidate c;
         read_candidate(L, v, 1, i, &c);
-        if (c.available && (best == 0 || c.load < best_load)) {
+        if (c.available && (best == 0 || lighter(&c, &best_c))) {
             best = i;
-            best_load = c.load;
+            best_c = c;
         }
     }
     if (best == 0)
@@ -503,22 +585,22 @@ static int atc_p2c(lua_State *L)
     int k = (int)(atc_random_next(&v->rt->rng) % (uint64_t)navail);
     int l = navail > 1 ? (k + 1 + (int)(atc_random_next(&v->rt->rng) % (uint64_t)(navail - 1))) % navail : k;
     int pick_k = 0, pick_l = 0;
-    double load_k = 0, load_l = 0;
+    struct candidate ck = {0}, cl = {0};
     for (int i = 1, seen = 0; i <= n; i++) {
         read_candidate(L, v, 1, i, &c);
         if (!c.available)
             continue;
         if (seen == k) {
             pick_k = i;
-            load_k = c.load;
+            ck = c;
         }
         if (seen == l) {
             pick_l = i;
-            load_l = c.load;
+            cl = c;
         }
         seen++;
     }
-    lua_rawgeti(L, 1, load_l < load_k ? pick_l : pick_k);
+    lua_rawgeti(L, 1, lighter(&cl, &ck) ? pick_l : pick_k);
     return 1;
 }
 

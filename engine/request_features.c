@@ -216,7 +216,7 @@ static bool string_ok(const char *js, const jsmntok_t *t)
 /* Top-level fields: the index of the value token of the last occurrence of each key, or -1. */
 struct fields {
     const char *prompt_key;
-    int model, stream, max_tokens, max_completion_tokens, user, prompt;
+    int model, stream, max_tokens, max_completion_tokens, user, prompt, tools;
 };
 
 struct walk {
@@ -258,6 +258,8 @@ static int *field_slot(struct fields *top, const char *js, const jsmntok_t *k)
         return &top->max_completion_tokens;
     if (key_is(s, n, "user"))
         return &top->user;
+    if (key_is(s, n, "tools"))
+        return &top->tools;
     if (key_is(s, n, top->prompt_key))
         return &top->prompt;
     return NULL;
@@ -459,6 +461,7 @@ static int get_fields(enum atc_request_kind kind, const char *js, const jsmntok_
         return -1;
     }
     f->has_model = r > 0;
+    f->has_tools = top->tools >= 0 && toks[top->tools].type == JSMN_ARRAY && toks[top->tools].size > 0;
     if (f->has_model) { /* where the value's characters are, to rewrite it when a policy maps an alias */
         f->model_start = (size_t)toks[top->model].start;
         f->model_end = (size_t)toks[top->model].end;
@@ -526,6 +529,7 @@ int atc_features_scan(enum atc_request_kind kind, const char *body, size_t len, 
     };
     f->model[0] = '\0';
     f->has_model = false;
+    f->has_tools = false;
     f->stream = false;
     f->max_tokens = -1;
     f->user[0] = '\0';
@@ -572,7 +576,7 @@ int atc_features_scan(enum atc_request_kind kind, const char *body, size_t len, 
         goto out;
     }
 
-    struct fields top = {.prompt_key = prompt_keys[kind], -1, -1, -1, -1, -1, -1};
+    struct fields top = {.prompt_key = prompt_keys[kind], -1, -1, -1, -1, -1, -1, -1};
     struct walk w = {.js = body, .t = scratch, .n = n, .i = 1, .top = &top};
     /* the object must be the whole body: jsmn happily tokenizes "{} {}" */
     if (!check_container(&w, &scratch[0]) || w.i != n || !gap_ok(body, scratch[0].end, (int)len, 0)) {

@@ -21,6 +21,7 @@ struct atc_features {
     bool has_model;
     size_t model_start, model_end;    /* the model string's characters in the body (between the quotes) */
     bool stream;                      /* "stream": true */
+    bool has_tools;                   /* a non-empty "tools" array: the request may call functions */
     int64_t max_tokens;               /* max_tokens or max_completion_tokens; -1 if absent */
     char user[ATC_FEATURES_NAME_MAX]; /* the body's "user", unescaped; "" if absent */
     const char *prompt;               /* raw JSON bytes of "messages" (chat) / "prompt" / "input" */

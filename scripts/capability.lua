@@ -20,10 +20,9 @@ local ALIASES = {
   fast = { "qwen-2.5-1.5b", "llama-3-8b" },
 }
 
--- When `auto` means the large model. The engine gives a policy the request's fields and headers, not
--- its body: req.prompt_tokens estimates the prompt (messages or prompt, about 4 bytes a token; tool
--- definitions are not counted), so tool use and reasoning are declared by the client or a gateway
--- with headers. A header counts as set unless it is empty, "0", "false" or "no".
+-- When `auto` means the large model: a long prompt (req.prompt_tokens estimates messages or prompt at
+-- about 4 bytes a token), a long answer, tool use (req.tools: the body has a "tools" array), or a
+-- header a client or gateway sets. A header counts as set unless it is empty, "0", "false" or "no".
 local LARGE_PROMPT_TOKENS = 2000 -- a longer prompt goes to the large model
 local LARGE_MAX_TOKENS = 4096    -- so does asking for a longer answer than this
 local LARGE_HEADERS = { "x-atc-reasoning", "x-atc-tools" }
@@ -51,6 +50,9 @@ function M.needs_large(req)
     return true
   end
   if req.max_tokens ~= nil and req.max_tokens > LARGE_MAX_TOKENS then
+    return true
+  end
+  if req.tools then
     return true
   end
   for i = 1, #LARGE_HEADERS do

@@ -368,7 +368,7 @@ local PATHS = { chat = "/v1/chat/completions", completion = "/v1/completions", e
 local serial = 0
 
 -- spec: id (generated), model ("m"), kind ("chat"), path, priority (0), tenant (""), session (""),
--- stream (false), prompt_tokens (100), max_tokens (nil), attempt (1), blocks (prompt_tokens / 64),
+-- stream (false), prompt_tokens (100), max_tokens (nil), tools (false), attempt (1), blocks (prompt_tokens / 64),
 -- headers (name -> value; names are case-insensitive, as in HTTP).
 function M.request(spec)
   spec = spec or {}
@@ -390,6 +390,7 @@ function M.request(spec)
     stream = spec.stream or false,
     prompt_tokens = prompt_tokens,
     max_tokens = spec.max_tokens,
+    tools = spec.tools or false,
     attempt = spec.attempt or 1,
     blocks = spec.blocks or math.floor(prompt_tokens / 64),
   }

@@ -61,6 +61,11 @@ return {
     t.eq(model_of(capability.candidates(r, f)), "qwen-2.5-1.5b", "a header set to 0 is off")
   end,
 
+  auto_tool_use_is_large = function()
+    local r = t.request { model = "auto", prompt_tokens = 50, tools = true }
+    t.eq(model_of(capability.candidates(r, fleet())), "llama-3-70b")
+  end,
+
   auto_long_answer_is_large = function()
     local pool = capability.candidates(t.request { model = "auto", prompt_tokens = 50, max_tokens = 8000 }, fleet())
     t.eq(model_of(pool), "llama-3-70b")

@@ -86,6 +86,21 @@ static void test_chat_defaults(void **state)
     assert_int_equal(f.prompt_tokens, 1);
 }
 
+static void test_tools_and_model_span(void **state)
+{
+    const char *err;
+    const char *body = "{\"model\":\"auto\",\"messages\":[],\"tools\":[{\"type\":\"function\"}]}";
+    assert_int_equal(scan(ATC_KIND_CHAT, body, &err), 0);
+    assert_true(f.has_tools);
+    /* the span of the model's characters, used to rewrite an alias */
+    assert_int_equal(f.model_end - f.model_start, 4);
+    assert_memory_equal(body + f.model_start, "auto", 4);
+    assert_int_equal(scan(ATC_KIND_CHAT, "{\"model\":\"m\",\"messages\":[],\"tools\":[]}", &err), 0);
+    assert_false(f.has_tools); /* an empty list offers no tool */
+    assert_int_equal(scan(ATC_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"tools\":[1]}]}", &err), 0);
+    assert_false(f.has_tools); /* nested keys do not count */
+}
+
 static void test_completion(void **state)
 {
     const char *err;
@@ -622,6 +637,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chat_basic),
         cmocka_unit_test(test_chat_defaults),
+        cmocka_unit_test(test_tools_and_model_span),
         cmocka_unit_test(test_completion),
         cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_nested_keys_ignored),
