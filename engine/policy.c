@@ -555,7 +555,7 @@ static int sb_require(lua_State *L)
         lua_setfield(L, -3, name);
         return 1;
     }
-    return luaL_error(L, "module '%s' not found in the policy's module path (%s.lua)", name, rel);
+    return luaL_error(L, "module '%s' not found in the policy's module path (as %s)", name, rel);
 }
 
 /* ---- versions ---- */
@@ -567,6 +567,7 @@ static void version_free(struct policy_version *v)
     if (v->L != NULL)
         lua_close(v->L);
     free(v->overlaps);
+    free(v->view_slots);
     free(v);
 }
 
@@ -617,7 +618,7 @@ static struct policy_version *version_create(struct atc_policy_runtime *rt, char
     lua_State *L = v->L;
     /* Interpreted by default: count hooks do not fire in compiled traces. */
     luaJIT_setmode(L, 0, LUAJIT_MODE_ENGINE | (rt->s.jit ? LUAJIT_MODE_ON : LUAJIT_MODE_OFF));
-    lua_gc(L, LUA_GCSETPAUSE, 120);
+    lua_gc(L, LUA_GCSETPAUSE, 200);
     size_t nendpoints = rt->table != NULL ? rt->table->nendpoints : 0;
     if ((v->overlaps = calloc(nendpoints ? nendpoints : 1, sizeof(uint16_t))) == NULL)
         goto oom;
@@ -728,7 +729,7 @@ static void describe_invalid(lua_State *L, char *buf, size_t size, const char *e
     if (lua_isnil(L, -1))
         snprintf(buf, size, "%s: route returned nil (return an endpoint, atc.queue() or atc.reject())",
                  entry);
-    else if (lua_type(L, -1) == LUA_TSTRING || luaL_testudata(L, -1, POLICY_MT_ENDPOINT) != NULL)
+    else if (lua_type(L, -1) == LUA_TSTRING || lua_istable(L, -1))
         snprintf(buf, size, "%s: route returned an endpoint that is unknown, full or unavailable", entry);
     else
         snprintf(buf, size, "%s: route returned a %s", entry, luaL_typename(L, -1));

@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <lauxlib.h>
@@ -53,23 +54,62 @@ bool policy_api_available(const struct policy_version *v, const struct atc_endpo
     return true;
 }
 
+/* Views are found by address (LuaJIT never moves a table, and the registry keeps views alive) in a
+ * small open-addressing table: no Lua call on the hot path of the C balancers. */
+static size_t view_slot(const void *p, size_t mask)
+{
+    return (size_t)(((uintptr_t)p >> 4) * 0x9E3779B97F4A7C15ull >> 32) & mask;
+}
+
+int policy_api_view_index(struct policy_version *v, int idx)
+{
+    if (v->view_slots == NULL || lua_type(v->L, idx) != LUA_TTABLE)
+        return -1;
+    const void *p = lua_topointer(v->L, idx);
+    for (size_t i = view_slot(p, v->view_mask);; i = (i + 1) & v->view_mask) {
+        if (v->view_slots[i].view == p)
+            return (int)v->view_slots[i].index;
+        if (v->view_slots[i].view == NULL)
+            return -1;
+    }
+}
+
+static void view_remember(struct policy_version *v, const void *p, unsigned index)
+{
+    size_t i = view_slot(p, v->view_mask);
+    while (v->view_slots[i].view != NULL)
+        i = (i + 1) & v->view_mask;
+    v->view_slots[i].view = p;
+    v->view_slots[i].index = index;
+}
+
 struct atc_endpoint *policy_api_to_endpoint(struct policy_version *v, int idx)
 {
     lua_State *L = v->L;
-    struct policy_endpoint_ud *u = luaL_testudata(L, idx, POLICY_MT_ENDPOINT);
-    if (u != NULL)
-        return endpoint_at(v, u->index);
+    int index = policy_api_view_index(v, idx);
+    if (index >= 0)
+        return endpoint_at(v, (unsigned)index);
     if (lua_type(L, idx) == LUA_TSTRING && v->rt->table != NULL)
         return atc_endpoint_table_find(v->rt->table, lua_tostring(L, idx));
     return NULL;
 }
 
-/* Pushes the view of endpoint @p index (one userdata per endpoint, so views compare equal). */
+/* Pushes the view of endpoint @p index (one table per endpoint, so views compare equal). */
 static void push_endpoint(lua_State *L, const struct policy_version *v, unsigned index)
 {
     lua_rawgeti(L, LUA_REGISTRYINDEX, v->endpoints_ref);
     lua_rawgeti(L, -1, (int)index + 1);
     lua_remove(L, -2);
+}
+
+/* The endpoint behind the view passed as self, or a Lua error. */
+static const struct atc_endpoint *check_view(lua_State *L, struct policy_version *v, int idx)
+{
+    int index = policy_api_view_index(v, idx);
+    const struct atc_endpoint *ep = index >= 0 ? endpoint_at(v, (unsigned)index) : NULL;
+    if (ep == NULL)
+        luaL_argerror(L, idx, "expected an endpoint");
+    return ep;
 }
 
 static const struct atc_route_request *current_req(lua_State *L, struct policy_version *v)
@@ -79,39 +119,47 @@ static const struct atc_route_request *current_req(lua_State *L, struct policy_v
     return v->req;
 }
 
+static int readonly_newindex(lua_State *L)
+{
+    return luaL_error(L, "attempt to modify a read-only table");
+}
+
 /* ---- endpoints ---- */
 
 static int ep_has_tag(lua_State *L)
 {
     struct policy_version *v = version_of(L);
-    struct policy_endpoint_ud *u = luaL_checkudata(L, 1, POLICY_MT_ENDPOINT);
+    const struct atc_endpoint *ep = check_view(L, v, 1);
     const char *tag = luaL_checkstring(L, 2);
-    const struct atc_endpoint *ep = endpoint_at(v, u->index);
     bool found = false;
-    for (size_t i = 0; ep != NULL && i < ep->ntags && !found; i++)
+    for (size_t i = 0; i < ep->ntags && !found; i++)
         found = strcmp(ep->tags[i], tag) == 0;
     lua_pushboolean(L, found);
     return 1;
 }
 
-static int ep_prefix_overlap(lua_State *L)
+/* Leading prefix blocks of the current request recently routed to @p ep. One pass over the blocks
+ * answers for every endpoint; later calls in the decision reuse it. */
+static unsigned endpoint_overlap(lua_State *L, struct policy_version *v, const struct atc_endpoint *ep)
 {
-    struct policy_version *v = version_of(L);
-    struct policy_endpoint_ud *u = luaL_checkudata(L, 1, POLICY_MT_ENDPOINT);
-    luaL_checkudata(L, 2, POLICY_MT_REQ);
     const struct atc_route_request *req = current_req(L, v);
     const struct atc_features *f = req->features;
-    if (v->rt->prefix == NULL || f == NULL || f->nblocks == 0) {
-        lua_pushinteger(L, 0);
-        return 1;
-    }
-    /* One pass over the blocks answers for every endpoint; later calls in the decision reuse it. */
+    if (v->rt->prefix == NULL || f == NULL || f->nblocks == 0)
+        return 0;
     if (!v->overlaps_ready) {
         atc_prefix_index_overlaps(v->rt->prefix, f->blocks, f->nblocks, v->overlaps,
                                   v->rt->table->nendpoints);
         v->overlaps_ready = true;
     }
-    lua_pushinteger(L, u->index < v->rt->table->nendpoints ? v->overlaps[u->index] : 0);
+    return v->overlaps[ep->index];
+}
+
+static int ep_prefix_overlap(lua_State *L)
+{
+    struct policy_version *v = version_of(L);
+    const struct atc_endpoint *ep = check_view(L, v, 1);
+    luaL_checkudata(L, 2, POLICY_MT_REQ);
+    lua_pushinteger(L, (lua_Integer)endpoint_overlap(L, v, ep));
     return 1;
 }
 
@@ -123,133 +171,91 @@ static void push_opt_string(lua_State *L, const char *s)
         lua_pushnil(L);
 }
 
-/* Endpoint fields, looked up by length first: this runs for every field a policy reads. */
-enum ep_field {
-    EPF_NONE,
-    EPF_ID,
-    EPF_MODEL,
-    EPF_INFLIGHT,
-    EPF_CAPACITY,
-    EPF_AVAILABLE,
-    EPF_LOAD,
-    EPF_TOKENS,
-    EPF_WEIGHT,
-    EPF_VERSION,
-    EPF_TTFT,
-    EPF_HEALTH,
-    EPF_QUEUE,
-    EPF_KV,
-    EPF_ERRORS,
-    EPF_TAGS,
-    EPF_HAS_TAG,
-    EPF_OVERLAP,
-};
+/* An endpoint view is a table (static fields: id, model, version, capacity, weight, and the methods,
+ * read at table speed) whose static part falls back to this function for the live fields. The view's
+ * index is kept in the static table under a key no script can name. */
+static const char view_index_key;
 
-static enum ep_field ep_field_of(const char *k, size_t len)
-{
-    static const struct {
-        const char *name;
-        enum ep_field field;
-    } fields[] = {
-        {"id", EPF_ID},
-        {"model", EPF_MODEL},
-        {"inflight", EPF_INFLIGHT},
-        {"capacity", EPF_CAPACITY},
-        {"available", EPF_AVAILABLE},
-        {"load", EPF_LOAD},
-        {"inflight_tokens", EPF_TOKENS},
-        {"weight", EPF_WEIGHT},
-        {"version", EPF_VERSION},
-        {"ttft_ewma", EPF_TTFT},
-        {"health", EPF_HEALTH},
-        {"queue", EPF_QUEUE},
-        {"kv_usage", EPF_KV},
-        {"errors", EPF_ERRORS},
-        {"tags", EPF_TAGS},
-        {"has_tag", EPF_HAS_TAG},
-        {"prefix_overlap", EPF_OVERLAP},
-    };
-    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
-        if (fields[i].name[0] == k[0] && strlen(fields[i].name) == len && memcmp(fields[i].name, k, len) == 0)
-            return fields[i].field;
-    return EPF_NONE;
-}
-
-static int ep_index(lua_State *L)
+static int ep_live(lua_State *L)
 {
     struct policy_version *v = version_of(L);
-    struct policy_endpoint_ud *u = lua_touserdata(L, 1);
+    lua_pushlightuserdata(L, (void *)&view_index_key);
+    lua_rawget(L, 1);
+    const struct atc_endpoint *ep =
+        lua_isnumber(L, -1) ? endpoint_at(v, (unsigned)lua_tointeger(L, -1)) : NULL;
     size_t len;
-    const char *k = luaL_checklstring(L, 2, &len);
-    const struct atc_endpoint *ep = endpoint_at(v, u->index);
-    if (ep == NULL)
-        return luaL_error(L, "endpoint no longer exists");
-    switch (ep_field_of(k, len)) {
-    case EPF_ID:
-        lua_pushstring(L, ep->id);
-        break;
-    case EPF_MODEL:
-        lua_pushstring(L, ep->model);
-        break;
-    case EPF_INFLIGHT:
-        lua_pushinteger(L, (lua_Integer)ep->inflight);
-        break;
-    case EPF_CAPACITY:
-        lua_pushinteger(L, (lua_Integer)ep->capacity);
-        break;
-    case EPF_AVAILABLE:
-        lua_pushboolean(L, policy_api_available(v, ep));
-        break;
-    case EPF_LOAD:
-        lua_pushnumber(L, ep->capacity ? (double)ep->inflight / ep->capacity : 1.0);
-        break;
-    case EPF_TOKENS:
-        lua_pushnumber(L, (double)ep->inflight_tokens);
-        break;
-    case EPF_WEIGHT:
-        lua_pushinteger(L, (lua_Integer)ep->weight);
-        break;
-    case EPF_VERSION:
-        push_opt_string(L, ep->version);
-        break;
-    case EPF_TTFT:
-        lua_pushnumber(L, ep->ttft_ewma_ms);
-        break;
-    case EPF_HEALTH:
-        lua_pushstring(L, ep->routable ? "healthy" : "draining");
-        break;
-    case EPF_QUEUE:
-    case EPF_KV:
-        lua_pushnumber(L, 0); /* server-reported load: filled once health scraping lands */
-        break;
-    case EPF_ERRORS:
-        lua_pushnumber(L, (double)ep->errors_total);
-        break;
-    case EPF_TAGS:
-        lua_createtable(L, (int)ep->ntags, 0);
-        for (size_t i = 0; i < ep->ntags; i++) {
-            lua_pushstring(L, ep->tags[i]);
-            lua_rawseti(L, -2, (int)i + 1);
+    const char *k = lua_tolstring(L, 2, &len);
+    if (ep == NULL || k == NULL) {
+        lua_pushnil(L);
+        return 1;
+    }
+    /* The common reads first; first letter and length tell them apart. */
+    switch (k[0]) {
+    case 'a':
+        if (len == 9 && memcmp(k, "available", 9) == 0) {
+            lua_pushboolean(L, policy_api_available(v, ep));
+            return 1;
         }
         break;
-    case EPF_HAS_TAG:
-        lua_pushvalue(L, lua_upvalueindex(2));
+    case 'i':
+        if (len == 8 && memcmp(k, "inflight", 8) == 0) {
+            lua_pushinteger(L, (lua_Integer)ep->inflight);
+            return 1;
+        }
+        if (len == 15 && memcmp(k, "inflight_tokens", 15) == 0) {
+            lua_pushnumber(L, (double)ep->inflight_tokens);
+            return 1;
+        }
         break;
-    case EPF_OVERLAP:
-        lua_pushvalue(L, lua_upvalueindex(3));
+    case 'l':
+        if (len == 4 && memcmp(k, "load", 4) == 0) {
+            lua_pushnumber(L, ep->capacity ? (double)ep->inflight / ep->capacity : 1.0);
+            return 1;
+        }
         break;
-    case EPF_NONE:
-        lua_pushnil(L);
+    case 't':
+        if (len == 9 && memcmp(k, "ttft_ewma", 9) == 0) {
+            lua_pushnumber(L, ep->ttft_ewma_ms);
+            return 1;
+        }
+        if (len == 4 && memcmp(k, "tags", 4) == 0) {
+            lua_createtable(L, (int)ep->ntags, 0);
+            for (size_t i = 0; i < ep->ntags; i++) {
+                lua_pushstring(L, ep->tags[i]);
+                lua_rawseti(L, -2, (int)i + 1);
+            }
+            return 1;
+        }
+        break;
+    case 'h':
+        if (len == 6 && memcmp(k, "health", 6) == 0) {
+            lua_pushstring(L, ep->routable ? "healthy" : "draining");
+            return 1;
+        }
+        break;
+    case 'q':
+    case 'k':
+        if ((len == 5 && memcmp(k, "queue", 5) == 0) || (len == 8 && memcmp(k, "kv_usage", 8) == 0)) {
+            lua_pushnumber(L, 0); /* server-reported load: filled once health scraping lands */
+            return 1;
+        }
+        break;
+    case 'e':
+        if (len == 6 && memcmp(k, "errors", 6) == 0) {
+            lua_pushnumber(L, (double)ep->errors_total);
+            return 1;
+        }
         break;
     }
+    lua_pushnil(L);
     return 1;
 }
 
 static int ep_tostring(lua_State *L)
 {
     struct policy_version *v = version_of(L);
-    struct policy_endpoint_ud *u = lua_touserdata(L, 1);
-    const struct atc_endpoint *ep = endpoint_at(v, u->index);
+    int index = policy_api_view_index(v, 1);
+    const struct atc_endpoint *ep = index >= 0 ? endpoint_at(v, (unsigned)index) : NULL;
     lua_pushfstring(L, "endpoint %s", ep != NULL ? ep->id : "?");
     return 1;
 }
@@ -491,6 +497,7 @@ static int atc_log(lua_State *L)
 /* A candidate for the C balancers: an endpoint view, or any table with the same fields (tests). */
 struct candidate {
     bool available;
+    double inflight, capacity;
     double load;
     double tokens; /* in flight: breaks ties of load */
     double weight;
@@ -511,10 +518,12 @@ static double field_number(lua_State *L, int idx, const char *name, double dflt)
 static void read_candidate(lua_State *L, struct policy_version *v, int arr, int i, struct candidate *c)
 {
     lua_rawgeti(L, arr, i);
-    struct policy_endpoint_ud *u = luaL_testudata(L, -1, POLICY_MT_ENDPOINT);
-    const struct atc_endpoint *ep = u != NULL ? endpoint_at(v, u->index) : NULL;
+    int index = policy_api_view_index(v, -1);
+    const struct atc_endpoint *ep = index >= 0 ? endpoint_at(v, (unsigned)index) : NULL;
     if (ep != NULL) {
         c->available = policy_api_available(v, ep);
+        c->inflight = ep->inflight;
+        c->capacity = ep->capacity;
         c->load = ep->capacity ? (double)ep->inflight / ep->capacity : 1.0;
         c->tokens = (double)ep->inflight_tokens;
         c->weight = ep->weight;
@@ -526,6 +535,8 @@ static void read_candidate(lua_State *L, struct policy_version *v, int arr, int 
         lua_getfield(L, t, "available");
         c->available = lua_isnil(L, -1) ? inflight < capacity : lua_toboolean(L, -1);
         lua_pop(L, 1);
+        c->inflight = inflight;
+        c->capacity = capacity;
         c->load = capacity > 0 ? inflight / capacity : 1.0;
         c->tokens = field_number(L, t, "inflight_tokens", 0);
         c->weight = field_number(L, t, "weight", 1);
@@ -604,21 +615,43 @@ static int atc_p2c(lua_State *L)
     return 1;
 }
 
+/* atc.rendezvous(eps, key [, c]): weighted highest random weight hashing over the available
+ * endpoints. With c (>= 1), consistent hashing with bounded loads: an endpoint is skipped when, with
+ * this request counted, it would hold more than c times its capacity's share of the requests in flight
+ * on the available endpoints (some endpoint is always under that bound). */
 static int atc_rendezvous(lua_State *L)
 {
     struct policy_version *v = version_of(L);
     luaL_checktype(L, 1, LUA_TTABLE);
     size_t keylen;
     const char *key = luaL_checklstring(L, 2, &keylen);
+    double c_bound = luaL_optnumber(L, 3, 0);
+    if (lua_gettop(L) >= 3 && !lua_isnil(L, 3) && c_bound < 1)
+        return luaL_argerror(L, 3, "c must be >= 1");
     uint64_t seed = XXH3_64bits(key, keylen);
     int n = (int)lua_objlen(L, 1), best = 0;
-    double best_score = 0;
+    double best_score = 0, per_slot = HUGE_VAL;
+    struct candidate c;
+    if (c_bound >= 1) {
+        double inflight = 0, capacity = 0;
+        for (int i = 1; i <= n; i++) {
+            read_candidate(L, v, 1, i, &c);
+            if (c.available) {
+                inflight += c.inflight;
+                capacity += c.capacity;
+            }
+        }
+        if (capacity <= 0) {
+            lua_pushnil(L);
+            return 1;
+        }
+        per_slot = c_bound * (inflight + 1) / capacity;
+    }
     for (int i = 1; i <= n; i++) {
-        struct candidate c;
         read_candidate(L, v, 1, i, &c);
-        if (!c.available || c.weight <= 0)
+        if (!c.available || c.weight <= 0 || c.inflight + 1 > ceil(per_slot * c.capacity))
             continue;
-        /* Weighted highest random weight: score = -w / ln(u), u uniform in (0,1) from hash(key, id). */
+        /* score = -w / ln(u), u uniform in (0,1) from hash(key, id) */
         uint64_t h = XXH3_64bits_withSeed(c.id, c.idlen, seed);
         double u = ((double)(h >> 11) + 0.5) * 0x1.0p-53;
         double score = -c.weight / log(u);
@@ -628,6 +661,58 @@ static int atc_rendezvous(lua_State *L)
         }
     }
     if (best == 0)
+        lua_pushnil(L);
+    else
+        lua_rawgeti(L, 1, best);
+    return 1;
+}
+
+/* atc.prefix_pick(pool, req, min_blocks, balance_abs, balance_rel [, skip]): the available endpoint
+ * with the longest prefix overlap (at least min_blocks; ties: the lighter), or nil when there is none
+ * or the pool is imbalanced (max - min in-flight > balance_abs and max > balance_rel * min, as
+ * SGLang's cache-aware router). The hot loop of prefix affinity, in C. */
+static int atc_prefix_pick(lua_State *L)
+{
+    struct policy_version *v = version_of(L);
+    luaL_checktype(L, 1, LUA_TTABLE);
+    double min_blocks = luaL_checknumber(L, 3), abs_gap = luaL_checknumber(L, 4),
+           rel = luaL_checknumber(L, 5);
+    int n = (int)lua_objlen(L, 1), best = 0;
+    double best_overlap = min_blocks - 1, best_load = 0, lo = HUGE_VAL, hi = 0;
+    for (int i = 1; i <= n; i++) {
+        struct candidate c;
+        read_candidate(L, v, 1, i, &c);
+        if (!c.available)
+            continue;
+        lua_rawgeti(L, 1, i);
+        int index = policy_api_view_index(v, -1);
+        const struct atc_endpoint *ep = index >= 0 ? endpoint_at(v, (unsigned)index) : NULL;
+        double inflight = ep != NULL ? ep->inflight : field_number(L, lua_gettop(L), "inflight", 0);
+        lo = inflight < lo ? inflight : lo;
+        hi = inflight > hi ? inflight : hi;
+        if (lua_rawequal(L, -1, 6)) {
+            lua_pop(L, 1);
+            continue;
+        }
+        double overlap;
+        if (ep != NULL) {
+            lua_pop(L, 1);
+            overlap = endpoint_overlap(L, v, ep);
+        } else { /* a test fleet's element: ask its method */
+            lua_getfield(L, -1, "prefix_overlap");
+            lua_insert(L, -2);
+            lua_pushvalue(L, 2);
+            lua_call(L, 2, 1);
+            overlap = lua_tonumber(L, -1);
+            lua_pop(L, 1);
+        }
+        if (overlap > best_overlap || (overlap == best_overlap && best != 0 && c.load < best_load)) {
+            best = i;
+            best_overlap = overlap;
+            best_load = c.load;
+        }
+    }
+    if (best == 0 || (hi - lo > abs_gap && hi > rel * lo))
         lua_pushnil(L);
     else
         lua_rawgeti(L, 1, best);
@@ -714,11 +799,6 @@ static void set_closure(lua_State *L, struct policy_version *v, const char *name
     lua_setfield(L, -2, name);
 }
 
-static int readonly_newindex(lua_State *L)
-{
-    return luaL_error(L, "attempt to modify a read-only table");
-}
-
 /* A read-only view of the table at -1, replacing it. */
 static void make_readonly(lua_State *L)
 {
@@ -738,23 +818,64 @@ void policy_api_open(struct policy_version *v)
 {
     lua_State *L = v->L; /* the sandbox globals table is at -1 */
 
-    /* endpoints */
+    /* endpoints: one view table each, see ep_live */
+    size_t n = v->rt->table != NULL ? v->rt->table->nendpoints : 0;
+    lua_createtable(L, (int)n, 0); /* index + 1 -> view */
+    int views = lua_gettop(L);
+    for (v->view_mask = 15; v->view_mask < 2 * n; v->view_mask = v->view_mask * 2 + 1)
+        ;
+    v->view_slots = calloc(v->view_mask + 1, sizeof(*v->view_slots));
+    if (v->view_slots == NULL)
+        luaL_error(L, "out of memory");
+    lua_createtable(L, 0, 1); /* the static parts' metatable */
+    lua_pushlightuserdata(L, v);
+    lua_pushcclosure(L, ep_live, 1);
+    lua_setfield(L, -2, "__index");
+    int live_mt = lua_gettop(L);
     lua_pushlightuserdata(L, v);
     lua_pushcclosure(L, ep_has_tag, 1);
+    int has_tag = lua_gettop(L);
     lua_pushlightuserdata(L, v);
     lua_pushcclosure(L, ep_prefix_overlap, 1);
-    new_metatable(L, v, POLICY_MT_ENDPOINT, ep_index, 2);
-    set_closure(L, v, "__tostring", ep_tostring);
-    lua_pop(L, 1);
-    size_t n = v->rt->table != NULL ? v->rt->table->nendpoints : 0;
-    lua_createtable(L, (int)n, 0);
+    int prefix_overlap = lua_gettop(L);
     for (size_t i = 0; i < n; i++) {
-        struct policy_endpoint_ud *u = lua_newuserdata(L, sizeof(*u));
-        u->index = (unsigned)i;
-        luaL_getmetatable(L, POLICY_MT_ENDPOINT);
+        const struct atc_endpoint *ep = v->rt->table->endpoints[i];
+        lua_newtable(L);          /* the view */
+        lua_createtable(L, 0, 8); /* its static part */
+        lua_pushstring(L, ep->id);
+        lua_setfield(L, -2, "id");
+        lua_pushstring(L, ep->model);
+        lua_setfield(L, -2, "model");
+        if (ep->version != NULL) {
+            lua_pushstring(L, ep->version);
+            lua_setfield(L, -2, "version");
+        }
+        lua_pushinteger(L, (lua_Integer)ep->capacity);
+        lua_setfield(L, -2, "capacity");
+        lua_pushinteger(L, (lua_Integer)ep->weight);
+        lua_setfield(L, -2, "weight");
+        lua_pushvalue(L, has_tag);
+        lua_setfield(L, -2, "has_tag");
+        lua_pushvalue(L, prefix_overlap);
+        lua_setfield(L, -2, "prefix_overlap");
+        lua_pushlightuserdata(L, (void *)&view_index_key);
+        lua_pushinteger(L, (lua_Integer)i);
+        lua_rawset(L, -3);
+        lua_pushvalue(L, live_mt);
         lua_setmetatable(L, -2);
-        lua_rawseti(L, -2, (int)i + 1);
+        lua_createtable(L, 0, 4); /* the view's metatable */
+        lua_insert(L, -2);
+        lua_setfield(L, -2, "__index");
+        lua_pushcfunction(L, readonly_newindex);
+        lua_setfield(L, -2, "__newindex");
+        lua_pushboolean(L, 0);
+        lua_setfield(L, -2, "__metatable");
+        set_closure(L, v, "__tostring", ep_tostring);
+        lua_setmetatable(L, -2);
+        view_remember(v, lua_topointer(L, -1), (unsigned)i);
+        lua_rawseti(L, views, (int)i + 1);
     }
+    lua_settop(L, views);
     v->endpoints_ref = luaL_ref(L, LUA_REGISTRYINDEX);
 
     /* req: one userdata, pointed at the request of the decision in progress */
@@ -802,6 +923,7 @@ void policy_api_open(struct policy_version *v)
     set_closure(L, v, "least_loaded", atc_least_loaded);
     set_closure(L, v, "p2c", atc_p2c);
     set_closure(L, v, "rendezvous", atc_rendezvous);
+    set_closure(L, v, "prefix_pick", atc_prefix_pick);
     lua_newtable(L);
     set_closure(L, v, "get", affinity_get);
     set_closure(L, v, "set", affinity_set);

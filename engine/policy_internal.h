@@ -30,7 +30,12 @@ struct policy_version {
     int route_ref;    /* registry ref of route(req, fleet) */
     int req_ref;      /* the one req userdata, pointed at the current request during a decision */
     int fleet_ref;
-    int endpoints_ref; /* registry table: endpoint index -> its userdata (stable identity) */
+    int endpoints_ref; /* registry table: endpoint index + 1 -> its view (stable identity) */
+    struct {
+        const void *view; /* a view table's address */
+        unsigned index;
+    } * view_slots; /* view -> endpoint index, open addressing */
+    size_t view_mask;
     struct policy_counters c;
     unsigned consecutive_failures;
     uint64_t successes;
@@ -64,11 +69,6 @@ struct atc_policy_runtime {
     bool test_mode; /* atc test: no endpoint table */
 };
 
-/* Endpoint view userdata: the endpoint's index in the table. */
-struct policy_endpoint_ud {
-    unsigned index;
-};
-
 /* A verdict returned by atc.queue() / atc.reject(). */
 struct policy_verdict {
     enum atc_decision_kind kind;
@@ -76,7 +76,6 @@ struct policy_verdict {
     char message[256];
 };
 
-#define POLICY_MT_ENDPOINT "atc.endpoint"
 #define POLICY_MT_VERDICT "atc.verdict"
 #define POLICY_MT_REQ "atc.req"
 #define POLICY_MT_FLEET "atc.fleet"
@@ -87,6 +86,9 @@ void policy_api_open(struct policy_version *v);
 
 /** policy_api.c: the endpoint behind the value at @p idx (an endpoint userdata or an id string), or NULL. */
 struct atc_endpoint *policy_api_to_endpoint(struct policy_version *v, int idx);
+
+/** policy_api.c: the endpoint index of the view at @p idx, or -1 when it is not an endpoint view. */
+int policy_api_view_index(struct policy_version *v, int idx);
 
 /** policy_api.c: true when @p ep may take this request (routable, room, not tried). */
 bool policy_api_available(const struct policy_version *v, const struct atc_endpoint *ep);

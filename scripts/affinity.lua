@@ -31,30 +31,8 @@ local function by_prefix(req, pool, skip)
   if req.blocks < PREFIX_MIN_BLOCKS then
     return nil
   end
-  local best, best_overlap = nil, PREFIX_MIN_BLOCKS - 1
-  local lo, hi = math.huge, 0
-  for i = 1, #pool do
-    local ep = pool[i]
-    if ep.available then
-      local n = ep.inflight
-      if n < lo then
-        lo = n
-      end
-      if n > hi then
-        hi = n
-      end
-      if ep ~= skip then
-        local o = ep:prefix_overlap(req)
-        if o > best_overlap or (o == best_overlap and best ~= nil and balance.load(ep) < balance.load(best)) then
-          best, best_overlap = ep, o
-        end
-      end
-    end
-  end
-  if best == nil or (hi - lo > BALANCE_ABS and hi > BALANCE_REL * lo) then
-    return nil
-  end
-  return best
+  -- The loop over the pool runs in C: it is the hot part of a decision.
+  return atc.prefix_pick(pool, req, PREFIX_MIN_BLOCKS, BALANCE_ABS, BALANCE_REL, skip)
 end
 M.by_prefix = by_prefix
 

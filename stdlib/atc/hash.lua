@@ -21,54 +21,15 @@ function M.rendezvous(key, eps)
   return atc.rendezvous(eps, key)
 end
 
-local scratch = {} -- reused between calls so the host path builds no table per decision
-
+-- The bound: with this request counted, an endpoint may hold c x its capacity's share of the requests
+-- in flight on the available endpoints; some endpoint is always at or under its share, so the bound
+-- never excludes everything. The host computes it in C, in the same pass as rendezvous.
 function M.bounded(key, eps, c)
   c = c or M.DEFAULT_C
   if c < 1 then
     error("hash.bounded: c must be >= 1", 2)
   end
-  -- The bound: with this request counted, an endpoint may hold c x its capacity's share of the
-  -- requests in flight on the available endpoints. Some endpoint is always at or under its share, so
-  -- the bound never excludes everything.
-  local inflight, capacity = 0, 0
-  for i = 1, #eps do
-    local ep = eps[i]
-    if ep.available then
-      inflight = inflight + ep.inflight
-      capacity = capacity + ep.capacity
-    end
-  end
-  if capacity <= 0 then
-    return nil
-  end
-  local per_slot = c * (inflight + 1) / capacity
-
-  for i = #scratch, 1, -1 do -- left over if a previous call was cut short
-    scratch[i] = nil
-  end
-  local n, over = 0, false
-  for i = 1, #eps do
-    local ep = eps[i]
-    if ep.available then
-      if ep.inflight + 1 <= math.ceil(per_slot * ep.capacity) then
-        n = n + 1
-        scratch[n] = ep
-      else
-        over = true
-      end
-    end
-  end
-  local ep
-  if over then
-    ep = atc.rendezvous(scratch, key)
-  else
-    ep = atc.rendezvous(eps, key) -- the usual case: nobody over the bound, no copy needed
-  end
-  for i = n, 1, -1 do
-    scratch[i] = nil
-  end
-  return ep
+  return atc.rendezvous(eps, key, c)
 end
 
 return M
