@@ -1,0 +1,94 @@
+#ifndef ATC_AFFINITY_H
+#define ATC_AFFINITY_H
+
+/* Two engine-owned tables that policies read and write and that survive policy reloads:
+ *
+ *  - the session affinity table (atc.affinity.get/set/del): key -> endpoint id with an expiry, bounded,
+ *    least recently used entries evicted when full;
+ *  - the prefix index (ep:prefix_overlap(req)): which endpoints recently got requests starting with a
+ *    given chain of prefix blocks (see request_features.h), approximate and bounded.
+ *
+ * Neither is thread-safe: each is owned by one event loop, like the endpoint table. Both hash with a
+ * random seed chosen at create, so clients cannot aim keys or prompts at one bucket. */
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ATC_AFFINITY_KEY_MAX 256            /* longer keys are rejected, never truncated */
+#define ATC_AFFINITY_ID_MAX 128             /* longer endpoint ids are rejected */
+#define ATC_AFFINITY_DEFAULT_ENTRIES 100000 /* max_entries when 0 is passed to create */
+
+struct atc_affinity;
+
+/** Creates an empty table holding at most @p max_entries entries (0: ATC_AFFINITY_DEFAULT_ENTRIES).
+ * Memory: a bucket array of 8 bytes x the next power of two >= max_entries (1 MiB at the default),
+ * plus one allocation per entry of 48 bytes + key + id + 1 (and malloc's overhead): about 14 MB for
+ * 100,000 entries with 40-byte keys and 20-byte ids, at most about 46 MB when every key and id is at
+ * its maximum length. Returns an owned table, or NULL on allocation failure. */
+struct atc_affinity *atc_affinity_create(size_t max_entries);
+
+/** Frees @p t and every entry. NULL is a no-op. */
+void atc_affinity_destroy(struct atc_affinity *t);
+
+/** The endpoint id stored under @p key (@p keylen bytes, any bytes), or NULL when absent, expired
+ * (expires_at_ms <= @p now_ms: the entry is then dropped) or @p keylen > ATC_AFFINITY_KEY_MAX.
+ * A hit makes the entry the most recently used. The returned string is borrowed: it stays valid until
+ * the next call on @p t other than atc_affinity_count. */
+const char *atc_affinity_get(struct atc_affinity *t, const char *key, size_t keylen, uint64_t now_ms);
+
+/** Maps @p key (@p keylen bytes) to @p endpoint_id (NUL-terminated, copied) until @p expires_at_ms,
+ * replacing any previous value and making it the most recently used. When the table is full, one entry
+ * is evicted first: an expired one if one of the 8 least recently used has expired (by the latest
+ * now_ms seen by atc_affinity_get), otherwise the least recently used. Returns 0, or -1 with the table
+ * unchanged when @p keylen > ATC_AFFINITY_KEY_MAX, @p endpoint_id is NULL, empty or longer than
+ * ATC_AFFINITY_ID_MAX, or on allocation failure. */
+int atc_affinity_set(struct atc_affinity *t, const char *key, size_t keylen, const char *endpoint_id,
+                     uint64_t expires_at_ms);
+
+/** Removes @p key if present. */
+void atc_affinity_del(struct atc_affinity *t, const char *key, size_t keylen);
+
+/** Entries held, including expired ones not yet dropped (they go when looked up or evicted). */
+size_t atc_affinity_count(const struct atc_affinity *t);
+
+#define ATC_PREFIX_INDEX_DEFAULT_BLOCKS 1000000 /* max_blocks when 0 is passed to create */
+#define ATC_PREFIX_INDEX_ENDPOINTS 64           /* endpoint indices are exact below this, folded above */
+
+struct atc_prefix_index;
+
+/** Creates an empty index holding at most @p max_blocks (block hash -> endpoints) entries
+ * (0: ATC_PREFIX_INDEX_DEFAULT_BLOCKS). All its memory is allocated here and never grows:
+ * 2 x ceil(max_blocks / 2 / 0.7) x 16 bytes, about 23 bytes per block; 22.9 MB (21.8 MiB) at the
+ * default, which covers about 250 MB of distinct prompt text in 256-byte blocks. Returns an owned
+ * index, or NULL on allocation failure. */
+struct atc_prefix_index *atc_prefix_index_create(size_t max_blocks);
+
+/** Frees @p idx. NULL is a no-op. */
+void atc_prefix_index_destroy(struct atc_prefix_index *idx);
+
+/** Records that the request whose chained prefix blocks are @p blocks[0..n) went to the endpoint of
+ * index @p endpoint_index. Indices >= 64 share the bit of (index % 64) with another endpoint, so their
+ * overlaps are over-estimated (the index is approximate anyway). Never allocates. Each time
+ * max_blocks / 2 new blocks have come in, the older half of the index is dropped: that call also clears
+ * 11.4 MB at the default size (0.3-0.4 ms measured here). A block inserted again at least that often is
+ * never dropped, so a hot prefix stays. */
+void atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *blocks, size_t n,
+                             unsigned endpoint_index);
+
+/** Fills @p out[i], for each endpoint index i < @p nendpoints, with the number of leading blocks of
+ * @p blocks[0..n) recorded for endpoint i (counting stops at its first missing block; capped at
+ * UINT16_MAX). One pass over the blocks, stopping as soon as no endpoint matches. Never allocates. */
+void atc_prefix_index_overlaps(const struct atc_prefix_index *idx, const uint64_t *blocks, size_t n,
+                               uint16_t *out, size_t nendpoints);
+
+/** Forgets everything, e.g. on a config reload that renumbers endpoints. O(size of the index). */
+void atc_prefix_index_clear(struct atc_prefix_index *idx);
+
+/** Entries held, at most max_blocks (a block re-inserted since the last rotation counts twice until
+ * its older copy is dropped). */
+size_t atc_prefix_index_count(const struct atc_prefix_index *idx);
+
+/** Bytes allocated by @p idx (fixed at create). */
+size_t atc_prefix_index_bytes(const struct atc_prefix_index *idx);
+
+#endif
