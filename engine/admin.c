@@ -1,5 +1,6 @@
 #include "admin.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -7,6 +8,7 @@
 #include <event2/http.h>
 
 #include "endpoint.h"
+#include "health.h"
 #include "http_util.h"
 #include "policy.h"
 #include "server.h"
@@ -47,19 +49,23 @@ static void send_endpoints(struct atc_server *srv, struct evhttp_request *req)
         evbuffer_add_printf(b,
                             "],\"capacity\":%u,\"weight\":%u,\"routable\":%s,\"inflight\":%u,"
                             "\"inflight_tokens\":%llu,\"ttft_ewma_ms\":%.3f,\"requests_total\":%llu,"
-                            "\"errors_total\":%llu,\"idle_connections\":%zu}",
+                            "\"errors_total\":%llu,\"idle_connections\":%zu",
                             ep->capacity, ep->weight, ep->routable ? "true" : "false", ep->inflight,
                             (unsigned long long)ep->inflight_tokens, ep->ttft_ewma_ms,
                             (unsigned long long)ep->requests_total, (unsigned long long)ep->errors_total,
                             ep->pool != NULL ? atc_upstream_pool_idle(ep->pool) : 0);
+        atc_health_endpoint_json(ep, b); /* state, checks, last error, scraped load */
+        evbuffer_add(b, "}", 1);
     }
     const struct atc_server_stats *s = &srv->stats;
     evbuffer_add_printf(b,
                         "],\"requests_total\":%llu,\"responses_total\":%llu,\"client_gone_total\":%llu,"
-                        "\"retries_total\":%llu,\"upstream_errors_total\":%llu,\"active\":%u}\n",
+                        "\"retries_total\":%llu,\"upstream_errors_total\":%llu,\"active\":%u,\"health\":",
                         (unsigned long long)s->requests_total, (unsigned long long)s->responses_total,
                         (unsigned long long)s->client_gone_total, (unsigned long long)s->retries_total,
                         (unsigned long long)s->upstream_errors_total, srv->active);
+    atc_health_status_json(srv->health, b);
+    evbuffer_add(b, "}\n", 2);
     atc_http_send_json(req, 200, b);
     evbuffer_free(b);
 }
@@ -102,6 +108,39 @@ static void reload_policy(struct atc_server *srv, struct evhttp_request *req)
     evbuffer_free(b);
 }
 
+/* POST /admin/endpoints/<id>/drain or /enable: drain stops new traffic to the endpoint and lets its
+ * in-flight requests finish; enable undoes it. Answers the endpoint's id, state and in-flight count. */
+static void drain_endpoint(struct atc_server *srv, struct evhttp_request *req, const char *rest)
+{
+    const char *slash = strrchr(rest, '/');
+    bool drain = slash != NULL && strcmp(slash, "/drain") == 0;
+    if (slash == NULL || slash == rest || (!drain && strcmp(slash, "/enable") != 0)) {
+        atc_http_send_error(req, 404, "invalid_request_error", "not_found", "no such admin route", 0);
+        return;
+    }
+    char raw[256];
+    snprintf(raw, sizeof(raw), "%.*s", (int)(slash - rest), rest);
+    char *id = evhttp_uridecode(raw, 0, NULL); /* ids are percent-encoded in paths */
+    struct atc_endpoint *ep = id != NULL ? atc_endpoint_table_find(srv->table, id) : NULL;
+    free(id);
+    if (ep == NULL) {
+        atc_http_send_error(req, 404, "invalid_request_error", "endpoint_not_found", "no endpoint with this id", 0);
+        return;
+    }
+    if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
+        atc_http_send_error(req, 405, "invalid_request_error", "method_not_allowed", "use POST", 0);
+        return;
+    }
+    atc_health_set_drained(srv->health, ep, drain);
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_printf(b, "{\"id\":\"");
+    atc_json_escape(b, ep->id, strlen(ep->id));
+    evbuffer_add_printf(b, "\",\"state\":\"%s\",\"inflight\":%u}\n",
+                        ep->health != NULL ? atc_health_state_name(ep->health->state) : "unknown", ep->inflight);
+    atc_http_send_json(req, 200, b);
+    evbuffer_free(b);
+}
+
 void atc_admin_handle(struct evhttp_request *req, void *arg)
 {
     struct atc_server *srv = arg;
@@ -110,6 +149,8 @@ void atc_admin_handle(struct evhttp_request *req, void *arg)
         path = "/";
     if (strcmp(path, "/admin/endpoints") == 0) {
         send_endpoints(srv, req);
+    } else if (strncmp(path, "/admin/endpoints/", 17) == 0) {
+        drain_endpoint(srv, req, path + 17);
     } else if (strcmp(path, "/admin/policy") == 0) {
         send_policy(srv, req);
     } else if (strcmp(path, "/admin/policy/reload") == 0) {

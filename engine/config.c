@@ -46,6 +46,7 @@ struct parse {
     size_t nerrors, cap_errors;
     bool oom;
     struct seen_list models, ids;
+    bool endpoint_level; /* parsing an endpoint's health: (model-wide settings are refused) */
 };
 
 /* Walks the pairs of a mapping, skipping (after reporting) keys that are not strings or are repeated. */
@@ -374,6 +375,8 @@ enum kind {
     F_SHARE,    /* double in [0, 1] */
     F_HOSTPORT, /* char * host at off, uint16_t port at aux */
     F_URL,      /* the url, host and port of an endpoint */
+    F_URLPATH,  /* char *: a request path, "/" followed by printable ASCII without spaces */
+    F_CHOICE,   /* unsigned: the index of the value in choices */
     F_SECTION,  /* a nested mapping described by sub, filling the same struct */
     F_NODE,     /* handled by the caller, which finds the node in parse_section's found[] */
 };
@@ -393,6 +396,8 @@ static const char *const expected[] = {
     [F_SHARE] = "a number",
     [F_HOSTPORT] = "host:port",
     [F_URL] = "a URL",
+    [F_URLPATH] = "a path such as /health",
+    [F_CHOICE] = "a string",
 };
 
 struct field {
@@ -401,7 +406,9 @@ struct field {
     size_t off, aux;   /* where the value goes in the struct being filled; aux: see enum kind */
     uint64_t min, max; /* F_UINT, F_U64; F_MS and F_US use min only */
     bool required;
-    const struct field *sub; /* F_SECTION */
+    bool model_wide;              /* refused in an endpoint's health: (it applies to a whole model) */
+    const struct field *sub;      /* F_SECTION */
+    const char *const *choices;   /* F_CHOICE, NULL-terminated */
 };
 
 #define MAX_FIELDS 24 /* the longest table below, for parse_section's found[] */
@@ -409,6 +416,7 @@ struct field {
 #define MODEL(m) offsetof(struct atc_model_config, m)
 #define EP(m) offsetof(struct atc_endpoint_config, m)
 #define SIM(m) offsetof(struct atc_simulate_config, m)
+#define HC(m) offsetof(struct atc_health_config, m)
 
 static const struct field policy_fields[] = {
     {.key = "entry", .kind = F_PATH, .off = CFG(policy.entry)},
@@ -430,6 +438,45 @@ static const struct field upstream_fields[] = {
     {.key = NULL},
 };
 
+/* health: the same table at the top level, under a model and under an endpoint (parse_health). */
+#define CHECK_FIELDS(c)                                                                                       \
+    {.key = "enabled", .kind = F_BOOL, .off = HC(c.enabled)},                                                \
+        {.key = "path", .kind = F_URLPATH, .off = HC(c.path)},                                               \
+        {.key = "interval", .kind = F_MS, .off = HC(c.interval_ms), .min = 1},                               \
+        {.key = "timeout", .kind = F_MS, .off = HC(c.timeout_ms), .min = 1}, {.key = NULL }
+
+static const struct field live_fields[] = {CHECK_FIELDS(live)};
+static const struct field ready_fields[] = {CHECK_FIELDS(ready)};
+static const struct field deep_fields[] = {CHECK_FIELDS(deep)};
+static const struct field scrape_fields[] = {CHECK_FIELDS(scrape)};
+
+static const struct field eject_fields[] = {
+    {.key = "consecutive_errors", .kind = F_UINT, .off = HC(eject.consecutive_errors), .max = 1000},
+    {.key = "base_time", .kind = F_MS, .off = HC(eject.base_time_ms), .min = 1},
+    {.key = "max_time", .kind = F_MS, .off = HC(eject.max_time_ms), .min = 1},
+    {.key = "max_share", .kind = F_SHARE, .off = HC(eject.max_share), .model_wide = true},
+    {.key = NULL},
+};
+
+static const char *const panic_modes[] = {"route_all", "fail", NULL};
+
+static const struct field health_fields[] = {
+    {.key = "enabled", .kind = F_BOOL, .off = HC(enabled)},
+    {.key = "live", .kind = F_SECTION, .sub = live_fields},
+    {.key = "ready", .kind = F_SECTION, .sub = ready_fields},
+    {.key = "deep", .kind = F_SECTION, .sub = deep_fields},
+    {.key = "scrape", .kind = F_SECTION, .sub = scrape_fields},
+    {.key = "failure_threshold", .kind = F_UINT, .off = HC(failure_threshold), .min = 1, .max = 100},
+    {.key = "recovery_threshold", .kind = F_UINT, .off = HC(recovery_threshold), .min = 1, .max = 100},
+    {.key = "fast_interval", .kind = F_MS, .off = HC(fast_interval_ms), .min = 1},
+    {.key = "down_interval", .kind = F_MS, .off = HC(down_interval_ms), .min = 1},
+    {.key = "jitter", .kind = F_SHARE, .off = HC(jitter)},
+    {.key = "eject", .kind = F_SECTION, .sub = eject_fields},
+    {.key = "panic", .kind = F_CHOICE, .off = HC(panic), .choices = panic_modes, .model_wide = true},
+    {.key = "slow_start", .kind = F_MS, .off = HC(slow_start_ms)},
+    {.key = NULL},
+};
+
 static const struct field root_fields[] = {
     {.key = "listen", .kind = F_HOSTPORT, .off = CFG(listen_host), .aux = CFG(listen_port)},
     {.key = "admin", .kind = F_HOSTPORT, .off = CFG(admin_host), .aux = CFG(admin_port)},
@@ -438,6 +485,7 @@ static const struct field root_fields[] = {
     {.key = "max_body", .kind = F_SIZE, .off = CFG(max_body)},
     {.key = "drain_timeout", .kind = F_MS, .off = CFG(drain_timeout_ms)},
     {.key = "client_timeout", .kind = F_MS, .off = CFG(client_timeout_ms), .min = 1},
+    {.key = "health", .kind = F_NODE},
     {.key = "models", .kind = F_NODE},
     {.key = "simulate", .kind = F_NODE},
     {.key = NULL},
@@ -446,6 +494,7 @@ static const struct field root_fields[] = {
 static const struct field model_fields[] = {
     {.key = "name", .kind = F_STR, .off = MODEL(name), .required = true},
     {.key = "endpoints", .kind = F_NODE},
+    {.key = "health", .kind = F_NODE},
     {.key = NULL},
 };
 
@@ -456,6 +505,7 @@ static const struct field endpoint_fields[] = {
     {.key = "weight", .kind = F_UINT, .off = EP(weight), .min = 1, .max = WEIGHT_MAX},
     {.key = "version", .kind = F_OPTSTR, .off = EP(version)},
     {.key = "tags", .kind = F_STRS, .off = EP(tags), .aux = EP(ntags)},
+    {.key = "health", .kind = F_NODE},
     {.key = NULL},
 };
 
@@ -689,6 +739,26 @@ static const char *set_value(struct parse *p, const struct field *f, const char 
             return why;
         set_str(p, (char **)at, host);
         return NULL;
+    case F_URLPATH:
+        if (s[0] != '/')
+            return "must start with '/'";
+        for (const char *c = s; *c; c++)
+            if (*c <= ' ' || *c == 0x7f)
+                return "must not contain spaces or control characters";
+        set_str(p, (char **)at, strdup(s));
+        return NULL;
+    case F_CHOICE: {
+        size_t o = 0;
+        for (u = 0; f->choices[u]; u++) {
+            if (!strcmp(s, f->choices[u])) {
+                *(unsigned *)at = (unsigned)u;
+                return NULL;
+            }
+            o += (size_t)snprintf(buf + o, size > o ? size - o : 0, "%s%s", u ? ", " : "must be one of: ",
+                                  f->choices[u]);
+        }
+        return buf;
+    }
     case F_URL:
         if ((why = parse_url(s, &host, &ep->port)))
             return why;
@@ -783,6 +853,11 @@ static int parse_section(struct parse *p, yaml_node_t *n, const char *key, bool 
             unknown_key(p, &it, fields);
             continue;
         }
+        if (f->model_wide && p->endpoint_level) {
+            report(p, it.keynode->start_mark, it.path,
+                   "applies to a whole model: set it in the model's or the top-level health section");
+            continue;
+        }
         seen[f - fields] = it.value;
         if (f->kind == F_SECTION)
             parse_section(p, it.value, it.path, true, f->sub, base, NULL);
@@ -833,16 +908,50 @@ static void check_unique(struct parse *p, struct seen_list *l, const char *name,
     l->n++;
 }
 
+static void health_dispose(struct atc_health_config *h)
+{
+    free(h->live.path);
+    free(h->ready.path);
+    free(h->deep.path);
+    free(h->scrape.path);
+}
+
+/* *dst = *src with its own copies of the strings. */
+static void health_copy(struct parse *p, struct atc_health_config *dst, const struct atc_health_config *src)
+{
+    *dst = *src;
+    dst->live.path = dst->ready.path = dst->deep.path = dst->scrape.path = NULL;
+    if ((src->live.path && !(dst->live.path = strdup(src->live.path))) ||
+        (src->ready.path && !(dst->ready.path = strdup(src->ready.path))) ||
+        (src->deep.path && !(dst->deep.path = strdup(src->deep.path))) ||
+        (src->scrape.path && !(dst->scrape.path = strdup(src->scrape.path))))
+        p->oom = true;
+}
+
+/* A health: mapping @p n over @p h, which already holds the level above's settings. */
+static void parse_health(struct parse *p, yaml_node_t *n, const char *key, struct atc_health_config *h,
+                         bool endpoint_level)
+{
+    p->endpoint_level = endpoint_level;
+    if (parse_section(p, n, key, true, health_fields, h, NULL) == 0 && h->eject.base_time_ms > h->eject.max_time_ms)
+        report(p, n->start_mark, key, "eject.base_time (%" PRIu64 "ms) must not exceed eject.max_time (%" PRIu64 "ms)",
+               h->eject.base_time_ms, h->eject.max_time_ms);
+    p->endpoint_level = false;
+}
+
 static void parse_endpoint(struct parse *p, yaml_node_t *n, const char *key, struct atc_endpoint_config *ep,
-                           const char *model)
+                           const char *model, const struct atc_health_config *model_health)
 {
     yaml_node_t *found[MAX_FIELDS];
     char k[KEY_MAX];
 
     ep->capacity = 64;
     ep->weight = 1;
+    health_copy(p, &ep->health, model_health);
     if (parse_section(p, n, key, false, endpoint_fields, ep, found) < 0)
         return;
+    if (lookup(endpoint_fields, found, "health"))
+        parse_health(p, lookup(endpoint_fields, found, "health"), keyf(k, "%s.health", key), &ep->health, true);
     if (ep->id)
         check_unique(p, &p->ids, ep->id, lookup(endpoint_fields, found, "id"), keyf(k, "%s.id", key),
                      "endpoint id");
@@ -852,12 +961,15 @@ static void parse_endpoint(struct parse *p, yaml_node_t *n, const char *key, str
 
 static void parse_model(struct parse *p, yaml_node_t *n, const char *key, struct atc_model_config *m)
 {
-    yaml_node_t *found[MAX_FIELDS], *eps;
+    yaml_node_t *found[MAX_FIELDS], *eps, *health;
     yaml_node_item_t *items;
     char k[KEY_MAX];
 
+    health_copy(p, &m->health, &p->cfg->health);
     if (parse_section(p, n, key, false, model_fields, m, found) < 0)
         return;
+    if ((health = lookup(model_fields, found, "health")))
+        parse_health(p, health, keyf(k, "%s.health", key), &m->health, false);
     if (m->name)
         check_unique(p, &p->models, m->name, lookup(model_fields, found, "name"), keyf(k, "%s.name", key),
                      "model");
@@ -866,7 +978,8 @@ static void parse_model(struct parse *p, yaml_node_t *n, const char *key, struct
     m->endpoints =
         alloc_items(p, eps, keyf(k, "%s.endpoints", key), sizeof *m->endpoints, &m->nendpoints, &items);
     for (size_t i = 0; i < m->nendpoints; i++)
-        parse_endpoint(p, node(p, items[i]), keyf(k, "%s.endpoints[%zu]", key, i), &m->endpoints[i], m->name);
+        parse_endpoint(p, node(p, items[i]), keyf(k, "%s.endpoints[%zu]", key, i), &m->endpoints[i], m->name,
+                       &m->health);
 }
 
 static bool is_declared(const struct atc_config *cfg, const char *model)
@@ -909,7 +1022,7 @@ static void parse_simulate(struct parse *p, yaml_node_t *n, const char *key, str
 static void parse_root(struct parse *p, yaml_node_t *root)
 {
     struct atc_config *cfg = p->cfg;
-    yaml_node_t *found[MAX_FIELDS], *models, *simulate, *admin;
+    yaml_node_t *found[MAX_FIELDS], *models, *simulate, *admin, *health;
     yaml_node_item_t *items;
     char k[KEY_MAX];
 
@@ -922,6 +1035,10 @@ static void parse_root(struct parse *p, yaml_node_t *root)
         !strcmp(cfg->admin_host, cfg->listen_host))
         report(p, (admin ? admin : lookup(root_fields, found, "listen"))->start_mark,
                admin ? "admin" : "listen", "must differ from '%s'", admin ? "listen" : "admin");
+
+    /* Models start from the top-level health settings, so those are read first. */
+    if ((health = lookup(root_fields, found, "health")))
+        parse_health(p, health, "health", &cfg->health, false);
 
     /* simulate: names models, so it is read after them whatever their order in the file. */
     models = lookup(root_fields, found, "models");
@@ -972,7 +1089,23 @@ static struct atc_config *config_new(const char *name, const char *dir)
     cfg->max_body = (size_t)8 << 20;
     cfg->drain_timeout_ms = 10000;
     cfg->client_timeout_ms = 30000;
-    if (!cfg->path || !cfg->dir || !cfg->listen_host || !cfg->admin_host || !cfg->policy.entry) {
+    cfg->health = (struct atc_health_config){
+        .enabled = true,
+        .live = {.enabled = true, .path = strdup("/health"), .interval_ms = 2000, .timeout_ms = 1000},
+        .ready = {.enabled = true, .path = strdup("/v1/models"), .interval_ms = 2000, .timeout_ms = 1000},
+        .deep = {.enabled = true, .path = strdup("/v1/chat/completions"), .interval_ms = 60000, .timeout_ms = 30000},
+        .scrape = {.enabled = true, .path = strdup("/metrics"), .interval_ms = 1000, .timeout_ms = 1000},
+        .failure_threshold = 3,
+        .recovery_threshold = 2,
+        .fast_interval_ms = 500,
+        .down_interval_ms = 2000,
+        .jitter = 0.1,
+        .eject = {.consecutive_errors = 5, .base_time_ms = 30000, .max_time_ms = 300000, .max_share = 0.5},
+        .panic = ATC_PANIC_ROUTE_ALL,
+        .slow_start_ms = 10000,
+    };
+    if (!cfg->health.live.path || !cfg->health.ready.path || !cfg->health.deep.path || !cfg->health.scrape.path ||
+        !cfg->path || !cfg->dir || !cfg->listen_host || !cfg->admin_host || !cfg->policy.entry) {
         atc_config_free(cfg);
         return NULL;
     }
@@ -1149,10 +1282,13 @@ void atc_config_free(struct atc_config *cfg)
             free(ep->model);
             free(ep->version);
             free_strv(ep->tags, ep->ntags);
+            health_dispose(&ep->health);
         }
         free(m->endpoints);
         free(m->name);
+        health_dispose(&m->health);
     }
+    health_dispose(&cfg->health);
     free(cfg->models);
     for (size_t i = 0; i < cfg->nsimulate; i++)
         atc_sim_params_dispose(&cfg->simulate[i].params);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "health.h"
 
 /* Weight of a new TTFT sample: about the last ten requests dominate. */
 #define TTFT_EWMA_ALPHA 0.1
@@ -177,6 +178,8 @@ void atc_endpoint_release(struct atc_endpoint *ep, uint64_t tokens)
 void atc_endpoint_record(struct atc_endpoint *ep, bool ok, double ttft_ms)
 {
     ep->requests_total++;
+    if (ep->health != NULL)
+        atc_health_observe(ep, ok); /* passive outlier ejection */
     if (!ok) {
         ep->errors_total++;
         ep->consecutive_errors++;

@@ -10,6 +10,7 @@
 
 struct atc_config;
 struct atc_upstream_pool;
+struct atc_endpoint_health;
 
 struct atc_endpoint {
     unsigned index; /* position in the table's endpoints[] */
@@ -32,6 +33,10 @@ struct atc_endpoint {
     uint64_t errors_total;      /* connection failures, timeouts, 5xx */
     uint64_t consecutive_errors;
     bool routable;              /* false while drained or (later) unhealthy */
+
+    /* health.c owns these */
+    unsigned slow_start_limit;          /* while > 0 (ramping up after a return): at most this many in flight */
+    struct atc_endpoint_health *health; /* state, last error, scraped load (health.h); NULL without checks */
 
     struct atc_upstream_pool *pool; /* keep-alive connections, owned by upstream.c */
 };
@@ -66,10 +71,16 @@ struct atc_model *atc_endpoint_table_model(const struct atc_endpoint_table *t, c
 /** The endpoint with id @p id, or NULL. */
 struct atc_endpoint *atc_endpoint_table_find(const struct atc_endpoint_table *t, const char *id);
 
+/** The capacity offered now: the configured one, or less while slow-starting. Loads compare against it. */
+static inline unsigned atc_endpoint_capacity_now(const struct atc_endpoint *ep)
+{
+    return ep->slow_start_limit > 0 && ep->slow_start_limit < ep->capacity ? ep->slow_start_limit : ep->capacity;
+}
+
 /** True when @p ep may take one more request now. */
 static inline bool atc_endpoint_available(const struct atc_endpoint *ep)
 {
-    return ep->routable && ep->inflight < ep->capacity;
+    return ep->routable && ep->inflight < atc_endpoint_capacity_now(ep);
 }
 
 /** Counts a request of @p tokens routed to @p ep. */

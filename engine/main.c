@@ -36,8 +36,9 @@ static const char usage_serve[] =
     "finish for up to drain_timeout, then exits 0.\n"
     "\n"
     "  -c, --config FILE     the YAML configuration (required)\n"
-    "      --ready-file PATH once listening, write {\"listen\": \"host:port\", \"admin\": ..., \"pid\": N}\n"
-    "                        to PATH (useful with port 0, which picks a free port)\n"
+    "      --ready-file PATH once listening and the first health checks are in (at most one check\n"
+    "                        timeout), write {\"listen\": \"host:port\", \"admin\": ..., \"pid\": N} to\n"
+    "                        PATH (useful with port 0, which picks a free port)\n"
     "  -h, --help            this text\n";
 
 static const char usage_check[] =
@@ -148,6 +149,23 @@ static int cmd_check(int argc, char **argv)
     return rc_policy;
 }
 
+struct ready_file {
+    struct atc_server *srv;
+    const char *path;
+    bool failed;
+};
+
+/* Once the first health checks are in, the endpoints that are up take traffic: say "ready" then. */
+static void on_ready(void *arg)
+{
+    struct ready_file *rf = arg;
+    if (atc_server_write_ready_file(rf->srv, rf->path) < 0) {
+        atc_error("cannot write ready file %s", rf->path);
+        rf->failed = true;
+        event_base_loopexit(rf->srv->base, NULL);
+    }
+}
+
 static int cmd_serve(int argc, char **argv)
 {
     struct cli_opts o = {0};
@@ -177,17 +195,14 @@ static int cmd_serve(int argc, char **argv)
         event_base_free(base);
         return 1;
     }
-    if (o.ready_file != NULL && atc_server_write_ready_file(srv, o.ready_file) < 0) {
-        atc_error("cannot write ready file %s", o.ready_file);
-        atc_server_destroy(srv);
-        event_base_free(base);
-        return 1;
-    }
+    struct ready_file rf = {.srv = srv, .path = o.ready_file};
+    if (o.ready_file != NULL)
+        atc_server_when_ready(srv, on_ready, &rf);
     event_base_dispatch(base);
     atc_info("stopped");
     atc_server_destroy(srv);
     event_base_free(base);
-    return 0;
+    return rf.failed ? 1 : 0;
 }
 
 int main(int argc, char **argv)

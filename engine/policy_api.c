@@ -13,6 +13,7 @@
 #include "affinity.h"
 #include "balancer.h"
 #include "endpoint.h"
+#include "health.h"
 #include "log.h"
 #include "policy_internal.h"
 
@@ -209,7 +210,22 @@ static int ep_live(lua_State *L)
         break;
     case 'l':
         if (len == 4 && memcmp(k, "load", 4) == 0) {
-            lua_pushnumber(L, ep->capacity ? (double)ep->inflight / ep->capacity : 1.0);
+            unsigned cap = atc_endpoint_capacity_now(ep); /* less while slow-starting */
+            lua_pushnumber(L, cap ? (double)ep->inflight / cap : 1.0);
+            return 1;
+        }
+        if (len == 10 && memcmp(k, "last_error", 10) == 0) {
+            if (ep->health != NULL && ep->health->last_error[0] != '\0')
+                lua_pushstring(L, ep->health->last_error);
+            else
+                lua_pushnil(L);
+            return 1;
+        }
+        if (len == 10 && memcmp(k, "last_check", 10) == 0) {
+            if (ep->health != NULL && ep->health->last_check_ms > 0)
+                lua_pushnumber(L, ep->health->last_check_ms); /* atc.now()'s clock */
+            else
+                lua_pushnil(L);
             return 1;
         }
         break;
@@ -229,14 +245,35 @@ static int ep_live(lua_State *L)
         break;
     case 'h':
         if (len == 6 && memcmp(k, "health", 6) == 0) {
-            lua_pushstring(L, ep->routable ? "healthy" : "draining");
+            lua_pushstring(L, ep->health != NULL ? atc_health_state_name(ep->health->state)
+                              : ep->routable         ? "healthy"
+                                                     : "draining");
             return 1;
         }
         break;
     case 'q':
     case 'k':
-        if ((len == 5 && memcmp(k, "queue", 5) == 0) || (len == 8 && memcmp(k, "kv_usage", 8) == 0)) {
-            lua_pushnumber(L, 0); /* server-reported load: filled once health scraping lands */
+    case 'r':
+    case 'p': {
+        /* Server-reported load from the last scrape of its /metrics; 0 until (or unless) reported. */
+        const struct atc_server_load *ld = ep->health != NULL ? &ep->health->load : NULL;
+        double x = NAN;
+        if (len == 5 && memcmp(k, "queue", 5) == 0)
+            x = ld != NULL ? ld->waiting : NAN;
+        else if (len == 8 && memcmp(k, "kv_usage", 8) == 0)
+            x = ld != NULL ? ld->kv_usage : NAN;
+        else if (len == 7 && memcmp(k, "running", 7) == 0)
+            x = ld != NULL ? ld->running : NAN;
+        else if (len == 15 && memcmp(k, "prefix_hit_rate", 15) == 0)
+            x = ld != NULL ? ld->prefix_hit_rate : NAN;
+        else
+            break;
+        lua_pushnumber(L, isfinite(x) ? x : 0);
+        return 1;
+    }
+    case 'c':
+        if (len == 20 && memcmp(k, "consecutive_failures", 20) == 0) {
+            lua_pushinteger(L, ep->health != NULL ? (lua_Integer)ep->health->consecutive_failures : 0);
             return 1;
         }
         break;
@@ -523,8 +560,8 @@ static void read_candidate(lua_State *L, struct policy_version *v, int arr, int 
     if (ep != NULL) {
         c->available = policy_api_available(v, ep);
         c->inflight = ep->inflight;
-        c->capacity = ep->capacity;
-        c->load = ep->capacity ? (double)ep->inflight / ep->capacity : 1.0;
+        c->capacity = atc_endpoint_capacity_now(ep); /* less while slow-starting */
+        c->load = c->capacity > 0 ? (double)ep->inflight / c->capacity : 1.0;
         c->tokens = (double)ep->inflight_tokens;
         c->weight = ep->weight;
         c->id = ep->id;

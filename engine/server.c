@@ -17,6 +17,7 @@
 #include "affinity.h"
 #include "config.h"
 #include "endpoint.h"
+#include "health.h"
 #include "http_front.h"
 #include "log.h"
 #include "policy.h"
@@ -247,6 +248,8 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
             goto error;
         }
     }
+    if ((srv->health = atc_health_create(base, srv->table, cfg, err)) == NULL)
+        goto error;
     if (start_policy(srv, err) < 0)
         goto error;
     if ((srv->front = http_listen(srv, cfg->listen_host, cfg->listen_port, atc_http_front_handle,
@@ -269,6 +272,11 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
 error:
     atc_server_destroy(srv);
     return NULL;
+}
+
+void atc_server_when_ready(struct atc_server *srv, void (*cb)(void *arg), void *arg)
+{
+    atc_health_on_first_round(srv->health, cb, arg);
 }
 
 int atc_server_write_ready_file(const struct atc_server *srv, const char *path)
@@ -304,6 +312,7 @@ void atc_server_destroy(struct atc_server *srv)
     atc_policy_runtime_destroy(srv->policy);
     atc_affinity_destroy(srv->affinity);
     atc_prefix_index_destroy(srv->prefix);
+    atc_health_destroy(srv->health); /* its probes use the table's endpoints */
     if (srv->table != NULL) {
         for (size_t i = 0; i < srv->table->nendpoints; i++)
             atc_upstream_pool_destroy(srv->table->endpoints[i]->pool);

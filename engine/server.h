@@ -19,6 +19,7 @@ struct atc_sim_server;
 struct atc_policy_runtime;
 struct atc_affinity;
 struct atc_prefix_index;
+struct atc_health;
 
 struct atc_server_stats {
     uint64_t requests_total;   /* client requests accepted on the front routes */
@@ -35,6 +36,7 @@ struct atc_server {
     struct atc_policy_runtime *policy; /* NULL without a policy: section (the C balancer routes) */
     struct atc_affinity *affinity;     /* engine-owned tables policies use; they survive reloads */
     struct atc_prefix_index *prefix;
+    struct atc_health *health; /* checks, ejection, drain, load scrape (health.c) */
     struct evhttp *front;
     struct evhttp_bound_socket *front_listener;
     struct evhttp *admin;
@@ -53,6 +55,10 @@ struct atc_server {
 /** Starts everything @p cfg describes on @p base (simulated servers first, so their endpoints exist).
  * Takes ownership of @p cfg. Returns the server, or NULL with *err (static or owned by nothing). */
 struct atc_server *atc_server_create(struct event_base *base, struct atc_config *cfg, const char **err);
+
+/** Calls @p cb(@p arg) once from the loop when the first round of health checks has ended, so that
+ * endpoints that are up take traffic (at most one check timeout after start). */
+void atc_server_when_ready(struct atc_server *srv, void (*cb)(void *arg), void *arg);
 
 /** Writes {"listen": "...", "admin": "...", "pid": N} to @p path (atomically, via rename). */
 int atc_server_write_ready_file(const struct atc_server *srv, const char *path);
