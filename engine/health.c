@@ -107,6 +107,7 @@ struct hep {
     double prev_queries, prev_hits;
     bool have_prev;
     bool scrape_failing;
+    bool ready_unanswered; /* the last ready probe got no HTTP answer at all (refused, timed out) */
 };
 
 struct atc_health {
@@ -189,6 +190,10 @@ static enum atc_health_state derive_state(const struct hep *e)
         return ATC_HEALTH_EJECTED;
     if (e->pub.live == ATC_CHECK_FAILED || e->pub.deep == ATC_CHECK_FAILED)
         return ATC_HEALTH_UNHEALTHY;
+    /* Not ready: "starting" while the server answers (it is loading), "unhealthy" when it does not,
+     * whichever of the live and ready checks notices first. */
+    if (e->pub.ready == ATC_CHECK_FAILED && e->ready_unanswered)
+        return ATC_HEALTH_UNHEALTHY;
     if (e->pub.ready != ATC_CHECK_OK)
         return ATC_HEALTH_STARTING;
     return ATC_HEALTH_HEALTHY;
@@ -242,12 +247,14 @@ static void on_ramp_tick(evutil_socket_t fd, short what, void *arg)
 static void update_model(struct hmodel *m)
 {
     struct atc_health *h = m->eps[0]->h;
-    size_t healthy = 0, out = 0;
+    size_t healthy = 0, out = 0, drained = 0;
     for (size_t i = 0; i < m->neps; i++) {
         healthy += m->eps[i]->pub.state == ATC_HEALTH_HEALTHY;
         out += is_out(m->eps[i]->pub.state);
+        drained += m->eps[i]->pub.state == ATC_HEALTH_DRAINING;
     }
-    bool panic = healthy == 0 && out > 0;
+    /* Panic when every endpoint the operator has not drained is out: none healthy, none starting. */
+    bool panic = out > 0 && out + drained == m->neps;
     if (panic != m->panic) {
         m->panic = panic;
         if (panic) {
@@ -373,8 +380,9 @@ static void start_deep_now(struct hep *e)
 {
     struct probe *pr = &e->probes[PROBE_DEEP];
     uint64_t now = now_ms();
-    /* At most once per down interval when triggered: a flapping server is not flooded with inference. */
-    if (!pr->enabled || pr->req != NULL || (e->deep_started_ms != 0 && now - e->deep_started_ms < e->cfg->down_interval_ms))
+    /* At most once per fast interval when triggered: a flapping server is not flooded with inference. */
+    if (!pr->enabled || pr->req != NULL ||
+        (e->deep_started_ms != 0 && now - e->deep_started_ms < e->cfg->fast_interval_ms))
         return;
     kick(pr);
 }
@@ -435,11 +443,12 @@ static void check_result(struct probe *pr, bool ok, const char *why)
     else
         e->pub.deep = pr->verdict;
 
-    if (pr->verdict != old) {
+    if (pr->kind == PROBE_READY)
+        e->ready_unanswered = !ok && pr->status == 0;
+    if (pr->verdict != old)
         atc_debug("endpoint %s: %s check %s -> %s", e->ep->id, probe_names[pr->kind], verdict_name(old),
                   verdict_name(pr->verdict));
-        set_state(e, reason);
-    }
+    set_state(e, reason[0] != '\0' ? reason : e->pub.last_error);
     /* A shallow check that starts failing (or flaps) while the endpoint is up: ask for a real answer. */
     if (!ok && pr->kind != PROBE_DEEP && pr->fails == 1 && e->pub.state == ATC_HEALTH_HEALTHY)
         start_deep_now(e);
