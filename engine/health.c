@@ -108,6 +108,7 @@ struct hep {
     bool have_prev;
     bool scrape_failing;
     bool ready_unanswered; /* the last ready probe got no HTTP answer at all (refused, timed out) */
+    bool down_seen;        /* since (or just before) its ejection, the probes found it unreachable */
 };
 
 struct atc_health {
@@ -354,7 +355,8 @@ static uint64_t next_interval(const struct probe *pr)
     if (pr->kind == PROBE_SCRAPE)
         return every;
     if (pr->verdict == ATC_CHECK_UNKNOWN || (pr->verdict == ATC_CHECK_OK && pr->fails > 0) ||
-        (pr->verdict == ATC_CHECK_FAILED && pr->oks > 0))
+        (pr->verdict == ATC_CHECK_FAILED && pr->oks > 0) ||
+        (pr->kind == PROBE_LIVE && pr->e->ejected && pr->e->down_seen)) /* may lift the ejection */
         return min_u64(c->fast_interval_ms, every);
     if (pr->verdict == ATC_CHECK_FAILED)
         return min_u64(c->down_interval_ms, every);
@@ -385,6 +387,17 @@ static void start_deep_now(struct hep *e)
         (e->deep_started_ms != 0 && now - e->deep_started_ms < e->cfg->fast_interval_ms))
         return;
     kick(pr);
+}
+
+/* Some sign that the server is gone (a failed request, a refused scrape or ready probe): probe its
+ * liveness now rather than at its next tick, at most once per fast interval. */
+static void suspect(struct hep *e)
+{
+    uint64_t now = now_ms();
+    if (e->pub.live != ATC_CHECK_OK || now - e->last_kick_ms < e->cfg->fast_interval_ms)
+        return;
+    e->last_kick_ms = now;
+    kick(&e->probes[PROBE_LIVE]);
 }
 
 static void first_round_step(struct atc_health *h)
@@ -426,6 +439,20 @@ static void check_result(struct probe *pr, bool ok, const char *why)
         snprintf(reason, sizeof(reason), "%s check passed %u time%s in a row", probe_names[pr->kind], pr->oks,
                  pr->oks == 1 ? "" : "s");
     }
+    /* An ejected server that the probes saw unreachable and then answering again (recovery_threshold
+     * times in a row) has restarted: its ejection is lifted. One that failed requests while it kept
+     * answering its probes (5xx, hangs) serves its time. */
+    if (e->ejected && (pr->kind == PROBE_LIVE || pr->kind == PROBE_READY)) {
+        if (!ok && (pr->kind == PROBE_LIVE || pr->status == 0))
+            e->down_seen = true;
+        else if (ok && pr->kind == PROBE_LIVE && e->down_seen && pr->oks >= c->recovery_threshold) {
+            event_del(e->eject_timer);
+            e->ejected = false;
+            e->ejections = 0;
+            snprintf(reason, sizeof(reason), "unreachable, then live check passed %u times in a row: ejection lifted",
+                     pr->oks);
+        }
+    }
     if (!ok && reason[0] != '\0') {
         size_t n = strlen(reason);
         snprintf(reason + n, sizeof(reason) - n, " (%s)", e->pub.last_error);
@@ -449,6 +476,13 @@ static void check_result(struct probe *pr, bool ok, const char *why)
         atc_debug("endpoint %s: %s check %s -> %s", e->ep->id, probe_names[pr->kind], verdict_name(old),
                   verdict_name(pr->verdict));
     set_state(e, reason[0] != '\0' ? reason : e->pub.last_error);
+    /* A sign of life from a server that is out: check the other shallow probe now too, so that it
+     * comes back at the pace of the faster one. */
+    if (ok && pr->verdict == ATC_CHECK_FAILED && (pr->kind == PROBE_LIVE || pr->kind == PROBE_READY)) {
+        struct probe *other = &e->probes[pr->kind == PROBE_LIVE ? PROBE_READY : PROBE_LIVE];
+        if (other->verdict == ATC_CHECK_FAILED && other->oks == 0)
+            kick(other);
+    }
     /* A shallow check that starts failing (or flaps) while the endpoint is up: ask for a real answer. */
     if (!ok && pr->kind != PROBE_DEEP && pr->fails == 1 && e->pub.state == ATC_HEALTH_HEALTHY)
         start_deep_now(e);
@@ -728,14 +762,18 @@ static void scrape_page(struct hep *e, const char *page, size_t len)
 
 /* ---- running a probe ---- */
 
-static void probe_end(struct probe *pr, bool ok, const char *why)
+/* Ends the running probe. @p unreachable: it never reached a server (refused, reset, closed before an
+ * answer), which is the live check's business: a deep probe then counts neither way. */
+static void probe_end(struct probe *pr, bool ok, const char *why, bool unreachable)
 {
     struct hep *e = pr->e;
     struct atc_health *h = e->h;
     event_del(pr->deadline);
     pr->req = NULL;
     e->pub.last_check_ms = (double)mono_us() / 1000.0;
-    if (pr->kind == PROBE_SCRAPE) {
+    if (pr->kind == PROBE_DEEP && unreachable) {
+        atc_debug("endpoint %s: deep probe did not reach the server: %s", e->ep->id, why);
+    } else if (pr->kind == PROBE_SCRAPE) {
         e->pub.load.scrapes_total++;
         h->stats.scrapes_total++;
         if (ok)
@@ -747,6 +785,8 @@ static void probe_end(struct probe *pr, bool ok, const char *why)
         h->stats.probe_failures_total += !ok;
         check_result(pr, ok, why);
     }
+    if (!ok && pr->status == 0 && pr->kind != PROBE_LIVE)
+        suspect(e); /* no HTTP answer at all */
     evbuffer_drain(pr->body, evbuffer_get_length(pr->body));
     schedule(pr, next_interval(pr));
 }
@@ -763,7 +803,7 @@ static void on_probe_body(void *arg, struct evbuffer *data)
     if (evbuffer_get_length(pr->body) + evbuffer_get_length(data) > pr->body_max) {
         evbuffer_drain(data, evbuffer_get_length(data));
         atc_upstream_cancel(pr->req); /* no more callbacks: end the probe here */
-        probe_end(pr, false, "the answer is too large");
+        probe_end(pr, false, "the answer is too large", false);
         return;
     }
     evbuffer_add_buffer(pr->body, data);
@@ -813,13 +853,16 @@ static void on_probe_done(void *arg)
         snprintf(why, sizeof(why), "%s ('%s'): not ready", bad, e->ep->model);
         bad = why;
     }
-    probe_end(pr, bad == NULL, bad);
+    probe_end(pr, bad == NULL, bad, false);
 }
 
 static void on_probe_error(void *arg, enum atc_upstream_error err, bool got_response)
 {
     struct probe *pr = arg;
-    probe_end(pr, false, atc_upstream_strerror(err));
+    /* A timeout means the server took the request and did not answer: a real failure of any check. */
+    probe_end(pr, false, atc_upstream_strerror(err),
+              !got_response && (err == ATC_UPSTREAM_ERR_CONNECT || err == ATC_UPSTREAM_ERR_CONNECT_TIMEOUT ||
+                                err == ATC_UPSTREAM_ERR_CLOSED));
 }
 
 static const struct atc_upstream_callbacks probe_cb = {
@@ -837,7 +880,7 @@ static void on_probe_deadline(evutil_socket_t fd, short what, void *arg)
         return;
     atc_upstream_cancel(pr->req);
     snprintf(why, sizeof(why), "no answer within %llums", (unsigned long long)pr->cfg->timeout_ms);
-    probe_end(pr, false, why);
+    probe_end(pr, false, why, false);
 }
 
 static void on_probe_timer(evutil_socket_t fd, short what, void *arg)
@@ -863,7 +906,7 @@ static void on_probe_timer(evutil_socket_t fd, short what, void *arg)
     pr->started_ms = now_ms();
     pr->req = atc_upstream_send(e->pool, method, pr->cfg->path, CHECK_HEADERS, body, len, &probe_cb, pr);
     if (pr->req == NULL) {
-        probe_end(pr, false, "out of memory");
+        probe_end(pr, false, "out of memory", false);
         return;
     }
     struct timeval tv = tv_ms(pr->cfg->timeout_ms);
@@ -894,11 +937,7 @@ void atc_health_observe(struct atc_endpoint *ep, bool ok)
     e->passive_fails++;
     const struct atc_health_config *c = e->cfg;
     uint64_t now = now_ms();
-    /* Real traffic failing: check liveness now rather than at the next tick. */
-    if (e->pub.live == ATC_CHECK_OK && now - e->last_kick_ms >= c->fast_interval_ms) {
-        e->last_kick_ms = now;
-        kick(&e->probes[PROBE_LIVE]);
-    }
+    suspect(e); /* real traffic failing */
     if (c->eject.consecutive_errors == 0 || e->passive_fails < c->eject.consecutive_errors ||
         e->pub.state != ATC_HEALTH_HEALTHY)
         return;
@@ -921,6 +960,7 @@ void atc_health_observe(struct atc_endpoint *ep, bool ok)
     uint64_t t = c->eject.base_time_ms * e->ejections;
     e->eject_ms = t < c->eject.max_time_ms && t / e->ejections == c->eject.base_time_ms ? t : c->eject.max_time_ms;
     e->ejected = true;
+    e->down_seen = e->probes[PROBE_LIVE].fails > 0 || (e->probes[PROBE_READY].fails > 0 && e->ready_unanswered);
     e->pub.ejections_total++;
     e->h->stats.ejections_total++;
     snprintf(e->pub.last_error, sizeof(e->pub.last_error),

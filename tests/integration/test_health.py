@@ -476,6 +476,12 @@ end
         print(f"\n{total} requests in {elapsed:.1f}s, s1 killed at #{total // 2}: 0 failed; "
               f"s1 {ep['state']} after {ep['requests_total']} attempts, {atc.endpoints()['s0']['requests_total']} + "
               f"{atc.endpoints()['s2']['requests_total']} on the others")
+        # Restarted, it comes back long before its ejection (5 s) would have ended: the probes saw it
+        # unreachable, then answering.
+        self.start_sim("s1-again", extra=["--decode-ms", "0.1", "--listen", f"127.0.0.1:{sims[1].port}"])
+        self.wait_state(atc, "s1", "healthy", timeout=3)
+        if ep["state"] == "ejected":
+            self.assertIn("ejection lifted", "\n".join(self.log_lines(atc, "s1")))
 
     def test_a_stream_cut_by_a_dying_server_ends_with_an_error_event(self):
         dying = self.start_sim("dying", extra=["--die-after", "1", "--decode-ms", "10"])
