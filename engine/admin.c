@@ -124,7 +124,8 @@ static void drain_endpoint(struct atc_server *srv, struct evhttp_request *req, c
     struct atc_endpoint *ep = id != NULL ? atc_endpoint_table_find(srv->table, id) : NULL;
     free(id);
     if (ep == NULL) {
-        atc_http_send_error(req, 404, "invalid_request_error", "endpoint_not_found", "no endpoint with this id", 0);
+        atc_http_send_error(req, 404, "invalid_request_error", "endpoint_not_found",
+                            "no endpoint with this id", 0);
         return;
     }
     if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
@@ -136,7 +137,8 @@ static void drain_endpoint(struct atc_server *srv, struct evhttp_request *req, c
     evbuffer_add_printf(b, "{\"id\":\"");
     atc_json_escape(b, ep->id, strlen(ep->id));
     evbuffer_add_printf(b, "\",\"state\":\"%s\",\"inflight\":%u}\n",
-                        ep->health != NULL ? atc_health_state_name(ep->health->state) : "unknown", ep->inflight);
+                        ep->health != NULL ? atc_health_state_name(ep->health->state) : "unknown",
+                        ep->inflight);
     atc_http_send_json(req, 200, b);
     evbuffer_free(b);
 }

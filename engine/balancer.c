@@ -28,7 +28,8 @@ static bool is_candidate(const struct atc_endpoint *ep, struct atc_endpoint *con
  * cross-multiplication to stay in integers. */
 static bool less_loaded(const struct atc_endpoint *a, const struct atc_endpoint *b)
 {
-    return (uint64_t)a->inflight * atc_endpoint_capacity_now(b) < (uint64_t)b->inflight * atc_endpoint_capacity_now(a);
+    return (uint64_t)a->inflight * atc_endpoint_capacity_now(b) <
+           (uint64_t)b->inflight * atc_endpoint_capacity_now(a);
 }
 
 struct atc_endpoint *atc_balancer_pick(const struct atc_model *m, uint64_t *rng,

@@ -406,9 +406,9 @@ struct field {
     size_t off, aux;   /* where the value goes in the struct being filled; aux: see enum kind */
     uint64_t min, max; /* F_UINT, F_U64; F_MS and F_US use min only */
     bool required;
-    bool model_wide;              /* refused in an endpoint's health: (it applies to a whole model) */
-    const struct field *sub;      /* F_SECTION */
-    const char *const *choices;   /* F_CHOICE, NULL-terminated */
+    bool model_wide;            /* refused in an endpoint's health: (it applies to a whole model) */
+    const struct field *sub;    /* F_SECTION */
+    const char *const *choices; /* F_CHOICE, NULL-terminated */
 };
 
 #define MAX_FIELDS 24 /* the longest table below, for parse_section's found[] */
@@ -439,16 +439,16 @@ static const struct field upstream_fields[] = {
 };
 
 /* health: the same table at the top level, under a model and under an endpoint (parse_health). */
-#define CHECK_FIELDS(c)                                                                                       \
+#define CHECK_FIELDS(c)                                                                                      \
     {.key = "enabled", .kind = F_BOOL, .off = HC(c.enabled)},                                                \
         {.key = "path", .kind = F_URLPATH, .off = HC(c.path)},                                               \
         {.key = "interval", .kind = F_MS, .off = HC(c.interval_ms), .min = 1},                               \
-        {.key = "timeout", .kind = F_MS, .off = HC(c.timeout_ms), .min = 1}, {.key = NULL }
+        {.key = "timeout", .kind = F_MS, .off = HC(c.timeout_ms), .min = 1},
 
-static const struct field live_fields[] = {CHECK_FIELDS(live)};
-static const struct field ready_fields[] = {CHECK_FIELDS(ready)};
-static const struct field deep_fields[] = {CHECK_FIELDS(deep)};
-static const struct field scrape_fields[] = {CHECK_FIELDS(scrape)};
+static const struct field live_fields[] = {CHECK_FIELDS(live){.key = NULL}};
+static const struct field ready_fields[] = {CHECK_FIELDS(ready){.key = NULL}};
+static const struct field deep_fields[] = {CHECK_FIELDS(deep){.key = NULL}};
+static const struct field scrape_fields[] = {CHECK_FIELDS(scrape){.key = NULL}};
 
 static const struct field eject_fields[] = {
     {.key = "consecutive_errors", .kind = F_UINT, .off = HC(eject.consecutive_errors), .max = 1000},
@@ -754,8 +754,8 @@ static const char *set_value(struct parse *p, const struct field *f, const char 
                 *(unsigned *)at = (unsigned)u;
                 return NULL;
             }
-            o += (size_t)snprintf(buf + o, size > o ? size - o : 0, "%s%s", u ? ", " : "must be one of: ",
-                                  f->choices[u]);
+            o += (size_t)snprintf(buf + o, size > o ? size - o : 0, "%s%s",
+                                  u ? ", " : "must be one of: ", f->choices[u]);
         }
         return buf;
     }
@@ -933,8 +933,10 @@ static void parse_health(struct parse *p, yaml_node_t *n, const char *key, struc
                          bool endpoint_level)
 {
     p->endpoint_level = endpoint_level;
-    if (parse_section(p, n, key, true, health_fields, h, NULL) == 0 && h->eject.base_time_ms > h->eject.max_time_ms)
-        report(p, n->start_mark, key, "eject.base_time (%" PRIu64 "ms) must not exceed eject.max_time (%" PRIu64 "ms)",
+    if (parse_section(p, n, key, true, health_fields, h, NULL) == 0 &&
+        h->eject.base_time_ms > h->eject.max_time_ms)
+        report(p, n->start_mark, key,
+               "eject.base_time (%" PRIu64 "ms) must not exceed eject.max_time (%" PRIu64 "ms)",
                h->eject.base_time_ms, h->eject.max_time_ms);
     p->endpoint_level = false;
 }
@@ -951,7 +953,8 @@ static void parse_endpoint(struct parse *p, yaml_node_t *n, const char *key, str
     if (parse_section(p, n, key, false, endpoint_fields, ep, found) < 0)
         return;
     if (lookup(endpoint_fields, found, "health"))
-        parse_health(p, lookup(endpoint_fields, found, "health"), keyf(k, "%s.health", key), &ep->health, true);
+        parse_health(p, lookup(endpoint_fields, found, "health"), keyf(k, "%s.health", key), &ep->health,
+                     true);
     if (ep->id)
         check_unique(p, &p->ids, ep->id, lookup(endpoint_fields, found, "id"), keyf(k, "%s.id", key),
                      "endpoint id");
@@ -1093,7 +1096,10 @@ static struct atc_config *config_new(const char *name, const char *dir)
         .enabled = true,
         .live = {.enabled = true, .path = strdup("/health"), .interval_ms = 2000, .timeout_ms = 1000},
         .ready = {.enabled = true, .path = strdup("/v1/models"), .interval_ms = 2000, .timeout_ms = 1000},
-        .deep = {.enabled = true, .path = strdup("/v1/chat/completions"), .interval_ms = 60000, .timeout_ms = 30000},
+        .deep = {.enabled = true,
+                 .path = strdup("/v1/chat/completions"),
+                 .interval_ms = 60000,
+                 .timeout_ms = 30000},
         .scrape = {.enabled = true, .path = strdup("/metrics"), .interval_ms = 1000, .timeout_ms = 1000},
         .failure_threshold = 3,
         .recovery_threshold = 2,
@@ -1104,8 +1110,9 @@ static struct atc_config *config_new(const char *name, const char *dir)
         .panic = ATC_PANIC_ROUTE_ALL,
         .slow_start_ms = 10000,
     };
-    if (!cfg->health.live.path || !cfg->health.ready.path || !cfg->health.deep.path || !cfg->health.scrape.path ||
-        !cfg->path || !cfg->dir || !cfg->listen_host || !cfg->admin_host || !cfg->policy.entry) {
+    if (!cfg->health.live.path || !cfg->health.ready.path || !cfg->health.deep.path ||
+        !cfg->health.scrape.path || !cfg->path || !cfg->dir || !cfg->listen_host || !cfg->admin_host ||
+        !cfg->policy.entry) {
         atc_config_free(cfg);
         return NULL;
     }

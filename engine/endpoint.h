@@ -35,7 +35,7 @@ struct atc_endpoint {
     bool routable;              /* false while drained or (later) unhealthy */
 
     /* health.c owns these */
-    unsigned slow_start_limit;          /* while > 0 (ramping up after a return): at most this many in flight */
+    unsigned slow_start_limit;          /* while > 0 (ramping up after a return): at most this many */
     struct atc_endpoint_health *health; /* state, last error, scraped load (health.h); NULL without checks */
 
     struct atc_upstream_pool *pool; /* keep-alive connections, owned by upstream.c */
@@ -74,7 +74,8 @@ struct atc_endpoint *atc_endpoint_table_find(const struct atc_endpoint_table *t,
 /** The capacity offered now: the configured one, or less while slow-starting. Loads compare against it. */
 static inline unsigned atc_endpoint_capacity_now(const struct atc_endpoint *ep)
 {
-    return ep->slow_start_limit > 0 && ep->slow_start_limit < ep->capacity ? ep->slow_start_limit : ep->capacity;
+    return ep->slow_start_limit > 0 && ep->slow_start_limit < ep->capacity ? ep->slow_start_limit
+                                                                           : ep->capacity;
 }
 
 /** True when @p ep may take one more request now. */

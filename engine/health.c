@@ -59,8 +59,8 @@ struct probe {
     enum probe_kind kind;
     const struct atc_check_config *cfg;
     bool enabled;
-    struct event *timer;    /* starts the next probe */
-    struct event *deadline; /* ends the running probe */
+    struct event *timer;          /* starts the next probe */
+    struct event *deadline;       /* ends the running probe */
     struct atc_upstream_req *req; /* the running probe, NULL between probes */
     struct evbuffer *body;
     size_t body_max;
@@ -267,8 +267,9 @@ static void update_model(struct hmodel *m)
                          "(health.panic: route_all)",
                          m->name, out);
             else
-                atc_warn("model %s: no endpoint is healthy: panic mode, failing its requests (health.panic: fail)",
-                         m->name);
+                atc_warn(
+                    "model %s: no endpoint is healthy: panic mode, failing its requests (health.panic: fail)",
+                    m->name);
         } else {
             h->stats.models_in_panic--;
             atc_info("model %s: panic mode over: %zu endpoint(s) healthy", m->name, healthy);
@@ -432,8 +433,8 @@ static void check_result(struct probe *pr, bool ok, const char *why)
                  ok ? "passed" : "failed");
     } else if (old == ATC_CHECK_OK && pr->fails >= c->failure_threshold) {
         pr->verdict = ATC_CHECK_FAILED;
-        snprintf(reason, sizeof(reason), "%s check failed %u time%s in a row", probe_names[pr->kind], pr->fails,
-                 pr->fails == 1 ? "" : "s");
+        snprintf(reason, sizeof(reason), "%s check failed %u time%s in a row", probe_names[pr->kind],
+                 pr->fails, pr->fails == 1 ? "" : "s");
     } else if (old == ATC_CHECK_FAILED && pr->oks >= c->recovery_threshold) {
         pr->verdict = ATC_CHECK_OK;
         snprintf(reason, sizeof(reason), "%s check passed %u time%s in a row", probe_names[pr->kind], pr->oks,
@@ -449,8 +450,8 @@ static void check_result(struct probe *pr, bool ok, const char *why)
             event_del(e->eject_timer);
             e->ejected = false;
             e->ejections = 0;
-            snprintf(reason, sizeof(reason), "unreachable, then live check passed %u times in a row: ejection lifted",
-                     pr->oks);
+            snprintf(reason, sizeof(reason),
+                     "unreachable, then live check passed %u times in a row: ejection lifted", pr->oks);
         }
     }
     if (!ok && reason[0] != '\0') {
@@ -626,9 +627,9 @@ static const char *models_list_has(const char *js, size_t len, const char *model
         if (t[i].type == JSMN_OBJECT) {
             for (int j = i + 1, m = 0; j + 1 < n && m < t[i].size; m++) {
                 char id[512];
-                if (t[j].type == JSMN_STRING && t[j].end - t[j].start == 2 && memcmp(js + t[j].start, "id", 2) == 0 &&
-                    t[j + 1].type == JSMN_STRING && json_string(js, &t[j + 1], id, sizeof(id)) == 0 &&
-                    strcmp(id, model) == 0) {
+                if (t[j].type == JSMN_STRING && t[j].end - t[j].start == 2 &&
+                    memcmp(js + t[j].start, "id", 2) == 0 && t[j + 1].type == JSMN_STRING &&
+                    json_string(js, &t[j + 1], id, sizeof(id)) == 0 && strcmp(id, model) == 0) {
                     why = NULL;
                     goto done;
                 }
@@ -958,9 +959,11 @@ void atc_health_observe(struct atc_endpoint *ep, bool ok)
         e->ejections = 0; /* well behaved for a long while: start the growth again */
     e->ejections++;
     uint64_t t = c->eject.base_time_ms * e->ejections;
-    e->eject_ms = t < c->eject.max_time_ms && t / e->ejections == c->eject.base_time_ms ? t : c->eject.max_time_ms;
+    e->eject_ms =
+        t < c->eject.max_time_ms && t / e->ejections == c->eject.base_time_ms ? t : c->eject.max_time_ms;
     e->ejected = true;
-    e->down_seen = e->probes[PROBE_LIVE].fails > 0 || (e->probes[PROBE_READY].fails > 0 && e->ready_unanswered);
+    e->down_seen =
+        e->probes[PROBE_LIVE].fails > 0 || (e->probes[PROBE_READY].fails > 0 && e->ready_unanswered);
     e->pub.ejections_total++;
     e->h->stats.ejections_total++;
     snprintf(e->pub.last_error, sizeof(e->pub.last_error),
@@ -1053,8 +1056,8 @@ static int make_deep_body(struct hep *e)
     return e->deep_body != NULL ? 0 : -1;
 }
 
-static int hep_init(struct atc_health *h, struct hep *e, struct atc_endpoint *ep, const struct atc_config *cfg,
-                    const char **err)
+static int hep_init(struct atc_health *h, struct hep *e, struct atc_endpoint *ep,
+                    const struct atc_config *cfg, const char **err)
 {
     const struct atc_health_config *mc;
     e->h = h;
@@ -1067,7 +1070,8 @@ static int hep_init(struct atc_health *h, struct hep *e, struct atc_endpoint *ep
     e->pub.load.running = e->pub.load.waiting = e->pub.load.kv_usage = e->pub.load.prefix_hit_rate = NAN;
     if ((e->eject_timer = evtimer_new(h->base, on_eject_over, e)) == NULL || make_deep_body(e) < 0)
         goto oom;
-    const struct atc_check_config *checks[NPROBES] = {&e->cfg->live, &e->cfg->ready, &e->cfg->deep, &e->cfg->scrape};
+    const struct atc_check_config *checks[NPROBES] = {&e->cfg->live, &e->cfg->ready, &e->cfg->deep,
+                                                      &e->cfg->scrape};
     static const size_t body_max[NPROBES] = {OTHER_BODY_MAX, READY_BODY_MAX, OTHER_BODY_MAX, SCRAPE_BODY_MAX};
     uint64_t longest = 1;
     for (int k = 0; k < NPROBES; k++) {
@@ -1256,7 +1260,10 @@ static void json_text(struct evbuffer *out, const char *key, const char *s)
 
 static void json_verdict(struct evbuffer *out, const char *key, enum atc_check_verdict v)
 {
-    evbuffer_add_printf(out, ",\"%s\":%s", key, v == ATC_CHECK_OK ? "true" : v == ATC_CHECK_FAILED ? "false" : "null");
+    evbuffer_add_printf(out, ",\"%s\":%s", key,
+                        v == ATC_CHECK_OK       ? "true"
+                        : v == ATC_CHECK_FAILED ? "false"
+                                                : "null");
 }
 
 void atc_health_endpoint_json(const struct atc_endpoint *ep, struct evbuffer *out)
@@ -1278,7 +1285,8 @@ void atc_health_endpoint_json(const struct atc_endpoint *ep, struct evbuffer *ou
     json_number(out, "slow_start", p->slow_start);
     evbuffer_add_printf(out, ",\"load\":{");
     evbuffer_add_printf(out, "\"scrapes_total\":%llu,\"scrape_errors_total\":%llu",
-                        (unsigned long long)p->load.scrapes_total, (unsigned long long)p->load.scrape_errors_total);
+                        (unsigned long long)p->load.scrapes_total,
+                        (unsigned long long)p->load.scrape_errors_total);
     json_number(out, "running", p->load.running);
     json_number(out, "waiting", p->load.waiting);
     json_number(out, "kv_usage", p->load.kv_usage);
@@ -1295,9 +1303,9 @@ void atc_health_status_json(const struct atc_health *h, struct evbuffer *out)
         const struct hmodel *m = &h->models[i];
         evbuffer_add_printf(out, "%s{\"name\":\"", i ? "," : "");
         atc_json_escape(out, m->name, strlen(m->name));
-        evbuffer_add_printf(out, "\",\"panic\":%s,\"panic_mode\":\"%s\",\"panics_total\":%llu}",
-                            m->panic ? "true" : "false", m->cfg->panic == ATC_PANIC_FAIL ? "fail" : "route_all",
-                            (unsigned long long)m->panics_total);
+        evbuffer_add_printf(
+            out, "\",\"panic\":%s,\"panic_mode\":\"%s\",\"panics_total\":%llu}", m->panic ? "true" : "false",
+            m->cfg->panic == ATC_PANIC_FAIL ? "fail" : "route_all", (unsigned long long)m->panics_total);
     }
     const struct atc_health_stats *s = &h->stats;
     evbuffer_add_printf(out,

@@ -44,11 +44,12 @@ enum atc_check_verdict { ATC_CHECK_UNKNOWN = -1, ATC_CHECK_FAILED = 0, ATC_CHECK
 
 /* The load a server reports on its /metrics page. Unknown values are NaN. */
 struct atc_server_load {
-    double running;         /* requests being generated */
-    double waiting;         /* requests queued in the server */
-    double kv_usage;        /* share of the KV cache in use, 0..1 */
-    double prefix_hit_rate; /* share of prompt tokens found in the prefix cache, between the last two scrapes */
-    double scraped_ms;      /* monotonic ms of the last good scrape; 0 = none yet */
+    double running;  /* requests being generated */
+    double waiting;  /* requests queued in the server */
+    double kv_usage; /* share of the KV cache in use, 0..1 */
+    double
+        prefix_hit_rate; /* share of prompt tokens found in the prefix cache, between the last two scrapes */
+    double scraped_ms;   /* monotonic ms of the last good scrape; 0 = none yet */
     uint64_t scrapes_total;
     uint64_t scrape_errors_total; /* failed requests and malformed pages */
     char last_error[160];         /* "" if none */
@@ -60,7 +61,7 @@ struct atc_endpoint_health {
     enum atc_check_verdict live, ready, deep; /* deep starts OK: it can only take an endpoint out */
     unsigned consecutive_failures;            /* the longest current run of failed probes of one check */
     char last_error[192];                     /* the last failed probe or ejection, with why; "" if none */
-    double last_check_ms;                     /* monotonic ms (atc.now()'s clock) of the last probe; 0 = none */
+    double last_check_ms; /* monotonic ms (atc.now()'s clock) of the last probe; 0 = none */
     uint64_t state_changes;
     uint64_t ejections_total;
     double slow_start; /* share of its capacity offered now: 1 unless ramping up */

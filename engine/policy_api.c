@@ -246,8 +246,8 @@ static int ep_live(lua_State *L)
     case 'h':
         if (len == 6 && memcmp(k, "health", 6) == 0) {
             lua_pushstring(L, ep->health != NULL ? atc_health_state_name(ep->health->state)
-                              : ep->routable         ? "healthy"
-                                                     : "draining");
+                              : ep->routable     ? "healthy"
+                                                 : "draining");
             return 1;
         }
         break;

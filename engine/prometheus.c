@@ -97,7 +97,8 @@ static int quoted(struct parser *ps, const char **out, size_t *len)
     return 0;
 }
 
-static int add_label(struct parser *ps, const char *name, size_t name_len, const char *value, size_t value_len)
+static int add_label(struct parser *ps, const char *name, size_t name_len, const char *value,
+                     size_t value_len)
 {
     for (size_t i = 0; i < ps->nlabels; i++)
         if (ps->labels[i].name_len == name_len && memcmp(ps->labels[i].name, name, name_len) == 0)
@@ -217,8 +218,8 @@ static int parse_timestamp(const char *s, int64_t *ts)
     return 0;
 }
 
-static const char *const types[] = {"counter", "gauge",   "histogram",      "summary", "untyped",
-                                    "unknown", "info",    "gaugehistogram", "stateset", NULL};
+static const char *const types[] = {"counter", "gauge", "histogram",      "summary",  "untyped",
+                                    "unknown", "info",  "gaugehistogram", "stateset", NULL};
 
 /* A line starting with '#'. Returns 1 at "# EOF", 0 otherwise, -1 when a HELP or TYPE line is bad. */
 static int comment(struct parser *ps)

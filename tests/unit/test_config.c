@@ -311,27 +311,28 @@ static void test_health_defaults(void **state)
 /* Top level, then the model, then the endpoint: each starts from the level above. */
 static void test_health_overrides(void **state)
 {
-    struct atc_config *cfg = parse_ok("health:\n"
-                                      "  failure_threshold: 5\n"
-                                      "  live: {path: /ping, interval: 500ms}\n"
-                                      "  eject: {consecutive_errors: 0}\n"
-                                      "  panic: fail\n"
-                                      "models:\n"
-                                      "  - name: m\n"
-                                      "    health:\n"
-                                      "      live: {timeout: 250ms}\n"
-                                      "      deep: {enabled: false, path: /v1/completions}\n"
-                                      "      eject: {max_share: 0.25}\n"
-                                      "    endpoints:\n"
-                                      "      - id: a\n"
-                                      "        url: http://127.0.0.1:9001\n"
-                                      "        health: {recovery_threshold: 4, live: {interval: 1s}, slow_start: 0}\n"
-                                      "      - id: b\n"
-                                      "        url: http://127.0.0.1:9002\n"
-                                      "  - name: n\n"
-                                      "    endpoints:\n"
-                                      "      - id: c\n"
-                                      "        url: http://127.0.0.1:9003\n");
+    struct atc_config *cfg =
+        parse_ok("health:\n"
+                 "  failure_threshold: 5\n"
+                 "  live: {path: /ping, interval: 500ms}\n"
+                 "  eject: {consecutive_errors: 0}\n"
+                 "  panic: fail\n"
+                 "models:\n"
+                 "  - name: m\n"
+                 "    health:\n"
+                 "      live: {timeout: 250ms}\n"
+                 "      deep: {enabled: false, path: /v1/completions}\n"
+                 "      eject: {max_share: 0.25}\n"
+                 "    endpoints:\n"
+                 "      - id: a\n"
+                 "        url: http://127.0.0.1:9001\n"
+                 "        health: {recovery_threshold: 4, live: {interval: 1s}, slow_start: 0}\n"
+                 "      - id: b\n"
+                 "        url: http://127.0.0.1:9002\n"
+                 "  - name: n\n"
+                 "    endpoints:\n"
+                 "      - id: c\n"
+                 "        url: http://127.0.0.1:9003\n");
     const struct atc_health_config *top = &cfg->health, *m = &cfg->models[0].health;
     const struct atc_health_config *a = &cfg->models[0].endpoints[0].health;
     const struct atc_health_config *b = &cfg->models[0].endpoints[1].health;
@@ -375,34 +376,41 @@ static void test_health_errors(void **state)
 {
     expect_one_error("health:\n  panic: sometimes\n" MODELS, "t.yaml:2:10: key 'health.panic': ",
                      "must be one of: route_all, fail (got 'sometimes')");
-    expect_one_error("health:\n  live: {path: health}\n" MODELS, "t.yaml:2:16: key 'health.live.path': ",
-                     "must start with '/'");
-    expect_one_error("health:\n  ready: {path: \"/v1/models x\"}\n" MODELS,
-                     "t.yaml:2:17: key 'health.ready.path': ", "must not contain spaces or control characters");
-    expect_one_error("health:\n  failure_threshold: 0\n" MODELS, "t.yaml:2:22: key 'health.failure_threshold': ",
-                     "must be greater than 0");
+    expect_one_error("health:\n  live: {path: health}\n" MODELS,
+                     "t.yaml:2:16: key 'health.live.path': ", "must start with '/'");
+    expect_one_error(
+        "health:\n  ready: {path: \"/v1/models x\"}\n" MODELS,
+        "t.yaml:2:17: key 'health.ready.path': ", "must not contain spaces or control characters");
+    expect_one_error("health:\n  failure_threshold: 0\n" MODELS,
+                     "t.yaml:2:22: key 'health.failure_threshold': ", "must be greater than 0");
     expect_one_error("health:\n  recovery_threshold: 101\n" MODELS,
                      "t.yaml:2:23: key 'health.recovery_threshold': ", "must be from 1 to 100");
-    expect_one_error("health:\n  jitter: 2\n" MODELS, "t.yaml:2:11: key 'health.jitter': ", "must be between 0 and 1");
-    expect_one_error("health:\n  live: {interval: 0s}\n" MODELS, "t.yaml:2:20: key 'health.live.interval': ",
-                     "must be greater than 0");
-    expect_one_error("health:\n  scrape: {timeout: soon}\n" MODELS, "t.yaml:2:21: key 'health.scrape.timeout': ",
-                     "expected a duration");
+    expect_one_error("health:\n  jitter: 2\n" MODELS,
+                     "t.yaml:2:11: key 'health.jitter': ", "must be between 0 and 1");
+    expect_one_error("health:\n  live: {interval: 0s}\n" MODELS,
+                     "t.yaml:2:20: key 'health.live.interval': ", "must be greater than 0");
+    expect_one_error("health:\n  scrape: {timeout: soon}\n" MODELS,
+                     "t.yaml:2:21: key 'health.scrape.timeout': ", "expected a duration");
     expect_one_error("health:\n  deep: {enable: false}\n" MODELS, "t.yaml:2:10: key 'health.deep': ",
                      "unknown key 'enable' (expected one of: enabled, path, interval, timeout)");
-    expect_one_error("health:\n  eject: {base_time: 1m, max_time: 30s}\n" MODELS, "t.yaml:2:3: key 'health': ",
-                     "eject.base_time (60000ms) must not exceed eject.max_time (30000ms)");
+    expect_one_error(
+        "health:\n  eject: {base_time: 1m, max_time: 30s}\n" MODELS,
+        "t.yaml:2:3: key 'health': ", "eject.base_time (60000ms) must not exceed eject.max_time (30000ms)");
     expect_one_error("health: [1]\n" MODELS, "t.yaml:1:9: key 'health': ", "expected a mapping, got a list");
-    expect_one_error("models:\n  - name: m\n    health: {live: {timeout: -1s}}\n    endpoints:\n      - id: a\n"
-                     "        url: http://127.0.0.1:9001\n",
-                     "t.yaml:3:30: key 'models[0].health.live.timeout': ", "must not be negative");
+    expect_one_error(
+        "models:\n  - name: m\n    health: {live: {timeout: -1s}}\n    endpoints:\n      - id: a\n"
+        "        url: http://127.0.0.1:9001\n",
+        "t.yaml:3:30: key 'models[0].health.live.timeout': ", "must not be negative");
     /* Model-wide settings are refused where they cannot apply. */
-    expect_one_error(MODELS "        health: {panic: fail}\n", "t.yaml:6:18: key 'models[0].endpoints[0].health.panic': ",
+    expect_one_error(MODELS "        health: {panic: fail}\n",
+                     "t.yaml:6:18: key 'models[0].endpoints[0].health.panic': ",
                      "applies to a whole model: set it in the model's or the top-level health section");
-    expect_one_error(MODELS "        health:\n          eject: {max_share: 0.1}\n",
-                     "t.yaml:7:19: key 'models[0].endpoints[0].health.eject.max_share': ", "applies to a whole model");
+    expect_one_error(
+        MODELS "        health:\n          eject: {max_share: 0.1}\n",
+        "t.yaml:7:19: key 'models[0].endpoints[0].health.eject.max_share': ", "applies to a whole model");
     /* ... and the file is still checked to its end. */
-    char *errors = parse_bad("health: {jitter: -1}\n" MODELS "        health: {panic: fail, fast_interval: x}\n");
+    char *errors =
+        parse_bad("health: {jitter: -1}\n" MODELS "        health: {panic: fail, fast_interval: x}\n");
     assert_int_equal(count_lines(errors), 3);
     free(errors);
 }

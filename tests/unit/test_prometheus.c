@@ -72,17 +72,18 @@ static void expect_bad(const char *text, size_t line, const char *msg)
 /* What vLLM serves (abridged), with HELP, TYPE, labels and a histogram. */
 static void test_vllm_page(void **state)
 {
-    struct got *g = parse_ok("# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
-                             "# TYPE vllm:num_requests_running gauge\n"
-                             "vllm:num_requests_running{engine=\"0\",model_name=\"llama-3-8b\"} 3.0\n"
-                             "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
-                             "# TYPE vllm:kv_cache_usage_perc gauge\n"
-                             "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"llama-3-8b\"} 0.4375\n"
-                             "# TYPE vllm:e2e_request_latency_seconds histogram\n"
-                             "vllm:e2e_request_latency_seconds_bucket{le=\"0.3\",model_name=\"m\"} 1.0\n"
-                             "vllm:e2e_request_latency_seconds_bucket{le=\"+Inf\",model_name=\"m\"} 4.0\n"
-                             "vllm:e2e_request_latency_seconds_count{model_name=\"m\"} 4.0\n"
-                             "vllm:e2e_request_latency_seconds_sum{model_name=\"m\"} 2.5\n");
+    struct got *g =
+        parse_ok("# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+                 "# TYPE vllm:num_requests_running gauge\n"
+                 "vllm:num_requests_running{engine=\"0\",model_name=\"llama-3-8b\"} 3.0\n"
+                 "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+                 "# TYPE vllm:kv_cache_usage_perc gauge\n"
+                 "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"llama-3-8b\"} 0.4375\n"
+                 "# TYPE vllm:e2e_request_latency_seconds histogram\n"
+                 "vllm:e2e_request_latency_seconds_bucket{le=\"0.3\",model_name=\"m\"} 1.0\n"
+                 "vllm:e2e_request_latency_seconds_bucket{le=\"+Inf\",model_name=\"m\"} 4.0\n"
+                 "vllm:e2e_request_latency_seconds_count{model_name=\"m\"} 4.0\n"
+                 "vllm:e2e_request_latency_seconds_sum{model_name=\"m\"} 2.5\n");
     assert_int_equal(g->n, 6);
     assert_string_equal(g->name[0], "vllm:num_requests_running");
     assert_string_equal(g->labels[0], "engine=0|model_name=llama-3-8b");
