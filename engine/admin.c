@@ -6,6 +6,7 @@
 #include <event2/buffer.h>
 #include <event2/http.h>
 
+#include "admission.h"
 #include "endpoint.h"
 #include "http_util.h"
 #include "policy.h"
@@ -54,8 +55,13 @@ static void send_endpoints(struct atc_server *srv, struct evhttp_request *req)
                             ep->pool != NULL ? atc_upstream_pool_idle(ep->pool) : 0);
     }
     const struct atc_server_stats *s = &srv->stats;
+    evbuffer_add_printf(b, "],\"queues\":");
+    if (srv->admission != NULL)
+        atc_admission_status_json(srv->admission, b);
+    else
+        evbuffer_add(b, "null", 4);
     evbuffer_add_printf(b,
-                        "],\"requests_total\":%llu,\"responses_total\":%llu,\"client_gone_total\":%llu,"
+                        ",\"requests_total\":%llu,\"responses_total\":%llu,\"client_gone_total\":%llu,"
                         "\"retries_total\":%llu,\"upstream_errors_total\":%llu,\"active\":%u}\n",
                         (unsigned long long)s->requests_total, (unsigned long long)s->responses_total,
                         (unsigned long long)s->client_gone_total, (unsigned long long)s->retries_total,

@@ -80,7 +80,8 @@ static void handle_inference(struct atc_server *srv, struct evhttp_request *req,
     /* Without a policy an unknown model is answered here; a policy may map it (an alias like "auto"). */
     if (srv->policy == NULL && atc_endpoint_table_model(srv->table, f->model, strlen(f->model)) == NULL) {
         struct evbuffer *msg = evbuffer_new();
-        evbuffer_add_printf(msg, "The model '%s' does not exist; GET /v1/models lists the models served", f->model);
+        evbuffer_add_printf(msg, "The model '%s' does not exist; GET /v1/models lists the models served",
+                            f->model);
         evbuffer_add(msg, "", 1);
         atc_http_send_error(req, 404, "invalid_request_error", "model_not_found",
                             (const char *)evbuffer_pullup(msg, -1), 0);
@@ -95,6 +96,14 @@ static void handle_inference(struct atc_server *srv, struct evhttp_request *req,
         atc_http_send_error(req, 400, "invalid_request_error", "invalid_priority", err, 0);
         return;
     }
+    uint64_t deadline_ms = 0;
+    const char *deadline = evhttp_find_header(h, "x-atc-deadline");
+    if (deadline != NULL && (atc_parse_duration_ms(deadline, &deadline_ms) < 0 || deadline_ms == 0)) {
+        free(f);
+        atc_http_send_error(req, 400, "invalid_request_error", "invalid_deadline",
+                            "x-atc-deadline must be a duration such as 500ms or 5s", 0);
+        return;
+    }
     const char *session = evhttp_find_header(h, "x-atc-session");
     struct atc_request_info info = {
         .kind = kind,
@@ -106,6 +115,7 @@ static void handle_inference(struct atc_server *srv, struct evhttp_request *req,
         .tenant = evhttp_find_header(h, "x-atc-tenant"),
         .session = session != NULL ? session : f->user,
         .request_id = evhttp_find_header(h, "x-request-id"),
+        .deadline_ms = deadline_ms,
     };
     atc_relay_start(srv, req, &info);
 }

@@ -88,6 +88,7 @@ struct atc_route_request {
     const char *tenant;
     const char *session;
     unsigned attempt;
+    uint64_t tokens;                   /* prompt estimate + max_tokens (or a default): for token budgets */
     struct atc_endpoint *const *tried; /* endpoints already tried (not available) */
     size_t ntried;
     /* For req:header(name): returns the header's value or NULL. */

@@ -12,6 +12,7 @@
 #include <event2/event.h>
 #include <event2/http.h>
 
+#include "admission.h"
 #include "balancer.h"
 #include "config.h"
 #include "endpoint.h"
@@ -46,6 +47,7 @@ struct relay {
     char extra_headers[160];
 
     struct atc_route_request rreq; /* what the policy sees */
+    struct atc_queue_item qi;      /* while waiting for capacity */
     uint64_t policy_version;
     char *rewritten; /* the body with "model" set to the endpoint's, when a policy mapped an alias */
     size_t rewritten_len;
@@ -84,11 +86,14 @@ static void release_endpoint(struct relay *r)
         return;
     atc_endpoint_release(r->ep, r->tokens);
     r->ep = NULL;
+    atc_admission_kick(r->srv->admission); /* a slot freed: the best waiting request may take it */
 }
 
 /* The relay is over: the client has its answer (or is gone). Frees the relay, not the client request. */
 static void relay_free(struct relay *r)
 {
+    if (r->qi.queued)
+        atc_admission_remove(r->srv->admission, &r->qi);
     release_endpoint(r);
     if (r->watch != NULL)
         event_free(r->watch);
@@ -226,13 +231,19 @@ static void give_up(struct relay *r)
     reply_error(r, status, status == 504 ? "timeout" : "upstream_error", NULL, msg, 0);
 }
 
-/* The endpoint for the next attempt: the policy's choice, else the C balancer's. NULL when there is
- * none; *answered when the policy's verdict (queue, reject) or an unknown model was answered. Endpoints
- * already tried are never chosen again; a verdict on a retry means the last failure stands. */
-static struct atc_endpoint *choose(struct relay *r, bool *answered)
+enum choice {
+    CHOSEN,   /* an endpoint */
+    ANSWERED, /* the client got its answer (a policy's reject, an unknown model) */
+    WAIT,     /* no room now: the first attempt waits in the admission queue */
+    NONE,     /* no endpoint for a retry */
+};
+
+/* The endpoint for the next attempt: the policy's choice, else the C balancer's. Endpoints already
+ * tried are never chosen again; on a retry, a verdict or a full fleet means the last failure stands. */
+static enum choice choose(struct relay *r, struct atc_endpoint **ep)
 {
     struct atc_server *srv = r->srv;
-    *answered = false;
+    bool first = r->ntried == 0;
     r->rreq.attempt = r->ntried + 1;
     r->rreq.tried = r->tried;
     r->rreq.ntried = r->ntried;
@@ -242,47 +253,43 @@ static struct atc_endpoint *choose(struct relay *r, bool *answered)
         r->policy_version = d.version;
         switch (d.kind) {
         case ATC_DECISION_ENDPOINT:
-            return d.endpoint;
+            *ep = d.endpoint;
+            return CHOSEN;
         case ATC_DECISION_QUEUE:
-            if (r->ntried == 0) {
-                char msg[320];
-                snprintf(msg, sizeof(msg), "no capacity for this request now (%s); retry later", d.message);
-                reply_error(r, 503, "server_error", "no_capacity", msg, 1);
-                *answered = true;
-            }
-            return NULL;
+            return first ? WAIT : NONE;
         case ATC_DECISION_REJECT:
-            if (r->ntried == 0) {
-                reply_error(r, d.status, d.status < 500 ? "invalid_request_error" : "server_error",
-                            "rejected_by_policy", d.message, d.status == 429 || d.status == 503 ? 1 : 0);
-                *answered = true;
-            }
-            return NULL;
+            if (!first)
+                return NONE;
+            reply_error(r, d.status, d.status < 500 ? "invalid_request_error" : "server_error",
+                        "rejected_by_policy", d.message, d.status == 429 || d.status == 503 ? 1 : 0);
+            return ANSWERED;
         case ATC_DECISION_FALLBACK:
             break;
         }
     }
     if (r->model == NULL) {
-        if (r->ntried == 0) {
-            char msg[400];
-            snprintf(msg, sizeof(msg),
-                     "The model '%s' does not exist; GET /v1/models lists the models served", r->f->model);
-            reply_error(r, 404, "invalid_request_error", "model_not_found", msg, 0);
-            *answered = true;
-        }
-        return NULL;
+        if (!first)
+            return NONE;
+        char msg[400];
+        snprintf(msg, sizeof(msg), "The model '%s' does not exist; GET /v1/models lists the models served",
+                 r->f->model);
+        reply_error(r, 404, "invalid_request_error", "model_not_found", msg, 0);
+        return ANSWERED;
     }
-    return atc_balancer_pick(r->model, &srv->rng, r->tried, r->ntried);
+    *ep = atc_balancer_pick(r->model, &srv->rng, r->tried, r->ntried, r->tokens);
+    if (*ep != NULL)
+        return CHOSEN;
+    return first ? WAIT : NONE;
 }
 
 /* Another endpoint to try, if the request may be tried again: nothing reached the client yet, and
  * tries are left. */
 static struct atc_endpoint *next_endpoint(struct relay *r)
 {
-    bool answered;
+    struct atc_endpoint *ep = NULL;
     if (r->reply_started || r->ntried >= r->srv->cfg->upstream.tries || r->ntried >= MAX_TRIES)
         return NULL;
-    return choose(r, &answered);
+    return choose(r, &ep) == CHOSEN ? ep : NULL;
 }
 
 /* The body to send to @p ep: the client's, or a copy with "model" replaced when the policy routed an
@@ -464,6 +471,58 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
     }
 }
 
+/* ---- waiting for capacity (admission.c calls these) ---- */
+
+/* The fleet has no room for the first attempt: wait in the admission queue, or be told at once. */
+static void wait_for_capacity(struct relay *r, uint64_t deadline_ms)
+{
+    struct atc_admission *adm = r->srv->admission;
+    if (adm == NULL) {
+        give_up(r); /* 503 + Retry-After */
+        return;
+    }
+    snprintf(r->qi.model, sizeof(r->qi.model), "%s", r->f->model);
+    snprintf(r->qi.tenant, sizeof(r->qi.tenant), "%s", r->tenant);
+    r->qi.priority = r->priority;
+    r->qi.owner = r;
+    if (atc_admission_enqueue(adm, &r->qi, deadline_ms) < 0)
+        reply_error(r, 429, "rate_limit_error", "queue_full",
+                    "too many requests are waiting for this model; retry later",
+                    atc_admission_retry_after(adm));
+}
+
+static bool on_queue_try_place(void *owner)
+{
+    struct relay *r = owner;
+    struct atc_endpoint *ep = NULL;
+    switch (choose(r, &ep)) {
+    case CHOSEN:
+        attempt(r, ep);
+        return true;
+    case ANSWERED:
+        return true;
+    case WAIT:
+    case NONE:
+        break;
+    }
+    return false;
+}
+
+static void on_queue_expired(void *owner, uint64_t waited_ms)
+{
+    struct relay *r = owner;
+    char msg[160];
+    snprintf(msg, sizeof(msg),
+             "no capacity for this request within its deadline (waited %llu ms); retry later",
+             (unsigned long long)waited_ms);
+    reply_error(r, 503, "server_error", "queue_timeout", msg, atc_admission_retry_after(r->srv->admission));
+}
+
+const struct atc_admission_callbacks atc_relay_admission = {
+    .try_place = on_queue_try_place,
+    .expired = on_queue_expired,
+};
+
 static const char *client_header(void *ctx, const char *name)
 {
     struct relay *r = ctx;
@@ -522,14 +581,23 @@ void atc_relay_start(struct atc_server *srv, struct evhttp_request *client,
         .tenant = r->tenant,
         .session = r->session,
         .header = client_header,
+        .tokens = r->tokens,
         .header_ctx = r,
     };
-    bool answered;
-    struct atc_endpoint *ep = choose(r, &answered);
-    if (answered)
-        return;
-    if (ep == NULL)
-        give_up(r);
-    else
+    struct atc_endpoint *ep = NULL;
+    switch (choose(r, &ep)) {
+    case CHOSEN:
+        if (srv->admission != NULL)
+            atc_admission_count_direct(srv->admission);
         attempt(r, ep);
+        break;
+    case WAIT:
+        wait_for_capacity(r, info->deadline_ms);
+        break;
+    case ANSWERED:
+        break;
+    case NONE:
+        give_up(r);
+        break;
+    }
 }

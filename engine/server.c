@@ -14,12 +14,14 @@
 #include <event2/http.h>
 
 #include "admin.h"
+#include "admission.h"
 #include "affinity.h"
 #include "config.h"
 #include "endpoint.h"
 #include "http_front.h"
 #include "log.h"
 #include "policy.h"
+#include "relay.h"
 #include "sim_server.h"
 #include "upstream.h"
 
@@ -249,6 +251,21 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
     }
     if (start_policy(srv, err) < 0)
         goto error;
+    if (cfg->admission.queue > 0) {
+        struct atc_admission_settings as = {
+            .max_queue = cfg->admission.queue,
+            .deadline_ms = cfg->admission.deadline_ms,
+            .max_deadline_ms = cfg->admission.max_deadline_ms,
+            .aging_ms = cfg->admission.aging_ms,
+            .tenants = (const char *const *)cfg->admission.tenant_weights.names,
+            .weights = cfg->admission.tenant_weights.weights,
+            .ntenants = cfg->admission.tenant_weights.n,
+        };
+        if ((srv->admission = atc_admission_create(base, &as, &atc_relay_admission)) == NULL) {
+            *err = "out of memory";
+            goto error;
+        }
+    }
     if ((srv->front = http_listen(srv, cfg->listen_host, cfg->listen_port, atc_http_front_handle,
                                   &srv->front_port, &srv->front_listener, err)) == NULL)
         goto error;
@@ -301,6 +318,7 @@ void atc_server_destroy(struct atc_server *srv)
         evhttp_free(srv->front);
     if (srv->admin != NULL)
         evhttp_free(srv->admin);
+    atc_admission_destroy(srv->admission);
     atc_policy_runtime_destroy(srv->policy);
     atc_affinity_destroy(srv->affinity);
     atc_prefix_index_destroy(srv->prefix);

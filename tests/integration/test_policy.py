@@ -205,9 +205,10 @@ class VerdictTest(PolicyTestCase):
         self.assertEqual(status, 429)
         self.assertEqual(json.loads(body)["error"]["message"], "tenant over quota")
         self.assertEqual(headers["x-atc-policy-version"], "1")
-        status, headers, body = chat(atc.port, model="m", headers={"x-what": "queue"})
-        self.assertEqual(status, 503)
-        self.assertEqual(headers["retry-after"], "1")
+        status, headers, body = chat(atc.port, model="m", headers={"x-what": "queue", "x-atc-deadline": "200ms"})
+        self.assertEqual(status, 503)  # it waited for capacity the policy never granted, up to its deadline
+        self.assertEqual(json.loads(body)["error"]["code"], "queue_timeout")
+        self.assertTrue(headers["retry-after"].isdigit())
         status, headers, _ = chat(atc.port, model="m", max_tokens=1, headers={"x-what": "nonsense"})
         self.assertEqual((status, headers["x-atc-endpoint"]), (200, SAFE))
         self.assertEqual(self.policy_status(atc)["current"]["invalid_returns"], 1)
