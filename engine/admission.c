@@ -83,9 +83,6 @@ static struct tenant *tenant_of(struct atc_admission *adm, const char *name)
         return NULL;
     snprintf(t->name, sizeof(t->name), "%s", name);
     t->weight = 1;
-    for (size_t i = 0; i < adm->s.ntenants; i++)
-        if (strcmp(adm->s.tenants[i], name) == 0)
-            t->weight = adm->s.weights[i];
     t->next = adm->tenants;
     adm->tenants = t;
     return t;
@@ -175,6 +172,7 @@ struct atc_admission *atc_admission_create(struct event_base *base, const struct
     adm->s = *s;
     adm->s.tenants = NULL;
     adm->s.weights = NULL;
+    adm->s.ntenants = 0;
     adm->cb = *cb;
     /* Weights are copied into the tenant list now: the settings' arrays need not outlive us. */
     for (size_t i = 0; i < s->ntenants; i++) {
@@ -182,7 +180,6 @@ struct atc_admission *atc_admission_create(struct event_base *base, const struct
         if (t != NULL)
             t->weight = s->weights[i];
     }
-    adm->s.ntenants = 0;
     adm->tick = event_new(base, -1, EV_PERSIST, on_tick, adm);
     if (adm->tick == NULL) {
         free(adm);
