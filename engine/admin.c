@@ -9,6 +9,7 @@
 #include "admission.h"
 #include "endpoint.h"
 #include "http_util.h"
+#include "metrics.h"
 #include "policy.h"
 #include "server.h"
 #include "upstream.h"
@@ -116,6 +117,13 @@ void atc_admin_handle(struct evhttp_request *req, void *arg)
         path = "/";
     if (strcmp(path, "/admin/endpoints") == 0) {
         send_endpoints(srv, req);
+    } else if (strcmp(path, "/metrics") == 0) {
+        struct evbuffer *b = evbuffer_new();
+        atc_metrics_render(srv->metrics, srv, b);
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
+                          "text/plain; version=0.0.4");
+        evhttp_send_reply(req, 200, "OK", b);
+        evbuffer_free(b);
     } else if (strcmp(path, "/admin/policy") == 0) {
         send_policy(srv, req);
     } else if (strcmp(path, "/admin/policy/reload") == 0) {

@@ -10,6 +10,7 @@
 
 #include "http_util.h"
 #include "log.h"
+#include "metrics.h"
 
 /* Deadlines are checked, and capacity retried, this often even when nothing is released. */
 #define TICK_MS 50
@@ -301,6 +302,49 @@ int atc_admission_retry_after(const struct atc_admission *adm)
 void atc_admission_count_direct(struct atc_admission *adm)
 {
     adm->admitted_direct++;
+}
+
+void atc_admission_metrics(const struct atc_admission *adm, struct evbuffer *out)
+{
+    evbuffer_add_printf(
+        out, "# HELP atc_queue_waiting_requests Requests waiting for capacity, by model and priority.\n"
+             "# TYPE atc_queue_waiting_requests gauge\n");
+    for (const struct model_queue *q = adm->queues; q != NULL; q = q->next) {
+        unsigned by_prio[MAX_PRIORITY + 1] = {0};
+        const struct atc_queue_item *it;
+        TAILQ_FOREACH(it, &q->items, link)
+        by_prio[it->priority < 0 ? 0 : it->priority > MAX_PRIORITY ? MAX_PRIORITY : it->priority]++;
+        for (int p = 0; p <= MAX_PRIORITY; p++) {
+            evbuffer_add_printf(out, "atc_queue_waiting_requests{model=\"");
+            atc_metrics_label(out, q->model);
+            evbuffer_add_printf(out, "\",priority=\"%d\"} %u\n", p, by_prio[p]);
+        }
+    }
+    evbuffer_add_printf(out,
+                        "# HELP atc_queue_wait_seconds Time requests waited in the queue (placed or shed).\n"
+                        "# TYPE atc_queue_wait_seconds histogram\n");
+    uint64_t cumulative = 0;
+    for (size_t b = 0; b < NBUCKETS; b++) {
+        cumulative += adm->wait_counts[b];
+        evbuffer_add_printf(out, "atc_queue_wait_seconds_bucket{le=\"%g\"} %llu\n",
+                            wait_buckets_ms[b] / 1000.0, (unsigned long long)cumulative);
+    }
+    cumulative += adm->wait_counts[NBUCKETS];
+    evbuffer_add_printf(
+        out,
+        "atc_queue_wait_seconds_bucket{le=\"+Inf\"} %llu\natc_queue_wait_seconds_sum %.3f\n"
+        "atc_queue_wait_seconds_count %llu\n"
+        "# HELP atc_admitted_total Requests routed, directly or after waiting.\n"
+        "# TYPE atc_admitted_total counter\n"
+        "atc_admitted_total{how=\"direct\"} %llu\natc_admitted_total{how=\"queued\"} %llu\n"
+        "# HELP atc_shed_total Requests answered without being routed, by reason.\n"
+        "# TYPE atc_shed_total counter\n"
+        "atc_shed_total{reason=\"queue_full\"} %llu\natc_shed_total{reason=\"deadline\"} %llu\n"
+        "atc_shed_total{reason=\"client_left\"} %llu\n",
+        (unsigned long long)cumulative, adm->wait_sum_ms / 1000.0, (unsigned long long)cumulative,
+        (unsigned long long)adm->admitted_direct, (unsigned long long)adm->admitted_queued,
+        (unsigned long long)adm->shed_full, (unsigned long long)adm->shed_deadline,
+        (unsigned long long)adm->left_queue);
 }
 
 void atc_admission_status_json(const struct atc_admission *adm, struct evbuffer *out)

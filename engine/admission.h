@@ -72,6 +72,9 @@ int atc_admission_retry_after(const struct atc_admission *adm);
  * "shed_queue_full","shed_deadline","left_queue","wait_ms_buckets":{...}} to @p out. */
 void atc_admission_status_json(const struct atc_admission *adm, struct evbuffer *out);
 
+/** Appends the queues' Prometheus metrics: depth by model and priority, waits, admitted and shed. */
+void atc_admission_metrics(const struct atc_admission *adm, struct evbuffer *out);
+
 /** Counts a request routed without waiting. */
 void atc_admission_count_direct(struct atc_admission *adm);
 

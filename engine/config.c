@@ -448,6 +448,7 @@ static const struct field root_fields[] = {
     {.key = "admission", .kind = F_SECTION, .sub = admission_fields},
     {.key = "max_body", .kind = F_SIZE, .off = CFG(max_body)},
     {.key = "drain_timeout", .kind = F_MS, .off = CFG(drain_timeout_ms)},
+    {.key = "access_log", .kind = F_PATH, .off = CFG(access_log)},
     {.key = "client_timeout", .kind = F_MS, .off = CFG(client_timeout_ms), .min = 1},
     {.key = "models", .kind = F_NODE},
     {.key = "simulate", .kind = F_NODE},
@@ -1216,6 +1217,7 @@ void atc_config_free(struct atc_config *cfg)
     free(cfg->simulate);
     free_strv(cfg->policy.path, cfg->policy.npath);
     free(cfg->policy.entry);
+    free(cfg->access_log);
     for (size_t i = 0; i < cfg->admission.tenant_weights.n; i++)
         free(cfg->admission.tenant_weights.names[i]);
     free(cfg->admission.tenant_weights.names);

@@ -17,7 +17,9 @@
 #include "config.h"
 #include "endpoint.h"
 #include "http_util.h"
+#include "access_log.h"
 #include "log.h"
+#include "metrics.h"
 #include "policy.h"
 #include "server.h"
 #include "upstream.h"
@@ -68,6 +70,13 @@ struct relay {
     bool flushing; /* answered; held until the client has the last byte (only while draining) */
     struct evbuffer *buffered;
     uint64_t t_attempt_us;
+
+    /* what the access log and the metrics say about it */
+    uint64_t t_start_us, t_first_us; /* arrival; the answer's first byte from the server (0: none) */
+    uint64_t bytes, sse_events;
+    bool after_newline; /* the last byte relayed was '\n': an SSE event may end with the next one */
+    int client_status;  /* as the client saw it; 499 when it left first */
+    char error[512];
 };
 
 static void attempt(struct relay *r, struct atc_endpoint *ep);
@@ -89,9 +98,82 @@ static void release_endpoint(struct relay *r)
     atc_admission_kick(r->srv->admission); /* a slot freed: the best waiting request may take it */
 }
 
+static void json_field(struct evbuffer *b, const char *key, const char *value)
+{
+    evbuffer_add_printf(b, ",\"%s\":", key);
+    if (value == NULL || value[0] == '\0') {
+        evbuffer_add(b, "null", 4);
+        return;
+    }
+    evbuffer_add(b, "\"", 1);
+    atc_json_escape(b, value, strlen(value));
+    evbuffer_add(b, "\"", 1);
+}
+
+/* One request's line in the access log and its share of the metrics. */
+static void account(struct relay *r)
+{
+    struct atc_server *srv = r->srv;
+    uint64_t now = now_us();
+    const char *endpoint = r->ntried > 0 ? r->tried[r->ntried - 1]->id : NULL;
+    double ttft_ms = r->t_first_us ? (double)(r->t_first_us - r->t_start_us) / 1000.0 : -1;
+    double total_ms = (double)(now - r->t_start_us) / 1000.0;
+    unsigned retries = r->ntried > 1 ? r->ntried - 1 : 0;
+    struct atc_request_metrics m = {
+        .model = r->f->model,
+        .endpoint = endpoint,
+        .status = r->client_status,
+        .priority = r->priority,
+        .ttft_s = ttft_ms >= 0 ? ttft_ms / 1000.0 : -1,
+        .total_s = total_ms / 1000.0,
+        .retries = retries,
+        .bytes = r->bytes,
+        .sse_events = r->sse_events,
+    };
+    atc_metrics_request(srv->metrics, &m);
+    if (srv->access_log == NULL)
+        return;
+    struct evbuffer *b = evbuffer_new();
+    if (b == NULL)
+        return;
+    char when[40];
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+    evbuffer_add_printf(b, "{\"time\":\"%s.%03ldZ\"", when, ts.tv_nsec / 1000000);
+    json_field(b, "id", r->id);
+    json_field(b, "model", r->f->model);
+    evbuffer_add_printf(b, ",\"priority\":%d", r->priority);
+    json_field(b, "tenant", r->tenant);
+    json_field(b, "session", r->session);
+    json_field(b, "endpoint", endpoint);
+    evbuffer_add_printf(b, ",\"policy_version\":%llu,\"status\":%d,\"stream\":%s",
+                        (unsigned long long)r->policy_version, r->client_status,
+                        r->f->stream ? "true" : "false");
+    if (ttft_ms >= 0)
+        evbuffer_add_printf(b, ",\"ttft_ms\":%.3f", ttft_ms);
+    else
+        evbuffer_add_printf(b, ",\"ttft_ms\":null");
+    evbuffer_add_printf(b, ",\"total_ms\":%.3f,\"prompt_tokens\":%u,\"max_tokens\":", total_ms,
+                        r->f->prompt_tokens);
+    if (r->f->max_tokens >= 0)
+        evbuffer_add_printf(b, "%lld", (long long)r->f->max_tokens);
+    else
+        evbuffer_add(b, "null", 4);
+    evbuffer_add_printf(b, ",\"retries\":%u,\"bytes\":%llu,\"sse_events\":%llu", retries,
+                        (unsigned long long)r->bytes, (unsigned long long)r->sse_events);
+    json_field(b, "error", r->error);
+    evbuffer_add(b, "}", 1);
+    atc_access_log_write(srv->access_log, b);
+    evbuffer_free(b);
+}
+
 /* The relay is over: the client has its answer (or is gone). Frees the relay, not the client request. */
 static void relay_free(struct relay *r)
 {
+    account(r);
     if (r->qi.queued)
         atc_admission_remove(r->srv->admission, &r->qi);
     release_endpoint(r);
@@ -159,6 +241,8 @@ static void reply_error(struct relay *r, int status, const char *type, const cha
     add_reply_headers(r);
     atc_http_send_error(r->client, status, type, code, message, retry_after);
     r->srv->stats.responses_total++;
+    r->client_status = status;
+    snprintf(r->error, sizeof(r->error), "%s", message);
     relay_done(r);
 }
 
@@ -166,6 +250,8 @@ static void reply_error(struct relay *r, int status, const char *type, const cha
 static void client_gone(struct relay *r)
 {
     r->srv->stats.client_gone_total++;
+    r->client_status = 499;
+    snprintf(r->error, sizeof(r->error), "client disconnected");
     if (r->up != NULL) {
         atc_upstream_cancel(r->up);
         r->up = NULL;
@@ -249,7 +335,10 @@ static enum choice choose(struct relay *r, struct atc_endpoint **ep)
     r->rreq.ntried = r->ntried;
     if (srv->policy != NULL) {
         struct atc_decision d;
+        uint64_t t0 = now_us();
         atc_policy_route(srv->policy, &r->rreq, &d);
+        atc_metrics_decision(srv->metrics, (double)(now_us() - t0) / 1e6,
+                             d.kind == ATC_DECISION_FALLBACK ? d.reason : NULL);
         r->policy_version = d.version;
         switch (d.kind) {
         case ATC_DECISION_ENDPOINT:
@@ -352,6 +441,7 @@ static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
     }
     atc_endpoint_record(r->ep, resp->status < 500, resp->status < 500 ? ttft_ms : -1);
     r->status = resp->status;
+    r->t_first_us = now_us();
     r->event_stream = resp->event_stream;
     r->streaming = resp->event_stream || resp->content_length < 0 ||
                    (uint64_t)resp->content_length > MAX_BUFFERED_RESPONSE;
@@ -371,13 +461,40 @@ static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
     }
 }
 
+/* SSE events end with an empty line: count the "\n\n"s, also when a chunk boundary splits one. */
+static void count_events(struct relay *r, struct evbuffer *data, size_t len)
+{
+    struct evbuffer_ptr p;
+    if (r->after_newline && len > 0) {
+        char first;
+        evbuffer_copyout(data, &first, 1);
+        r->sse_events += first == '\n';
+    }
+    evbuffer_ptr_set(data, &p, 0, EVBUFFER_PTR_SET);
+    while ((p = evbuffer_search(data, "\n\n", 2, &p)).pos >= 0) {
+        r->sse_events++;
+        evbuffer_ptr_set(data, &p, 2, EVBUFFER_PTR_ADD);
+    }
+    if (len > 0) {
+        struct evbuffer_ptr last;
+        char c;
+        evbuffer_ptr_set(data, &last, len - 1, EVBUFFER_PTR_SET);
+        evbuffer_copyout_from(data, &last, &c, 1);
+        r->after_newline = c == '\n';
+    }
+}
+
 static void on_up_body(void *arg, struct evbuffer *data)
 {
     struct relay *r = arg;
+    size_t len = evbuffer_get_length(data);
+    r->bytes += len;
     if (!r->streaming) {
         evbuffer_add_buffer(r->buffered, data);
         return;
     }
+    if (r->event_stream)
+        count_events(r, data, len);
     evhttp_send_reply_chunk_with_cb(r->client, data, on_chunk_sent, r);
     if (!r->paused && client_backlog(r) > CLIENT_HIGH_WATERMARK) {
         r->paused = true;
@@ -390,6 +507,7 @@ static void on_up_done(void *arg)
     struct relay *r = arg;
     r->up = NULL;
     r->srv->stats.responses_total++;
+    r->client_status = r->status;
     if (r->streaming) {
         evhttp_send_reply_end(r->client);
     } else {
@@ -418,6 +536,9 @@ static void end_broken_stream(struct relay *r, enum atc_upstream_error err)
     }
     evhttp_send_reply_end(r->client);
     r->srv->stats.responses_total++;
+    r->client_status = r->status;
+    snprintf(r->error, sizeof(r->error), "upstream %s: %s after the answer started",
+             r->tried[r->ntried - 1]->id, atc_upstream_strerror(err));
     relay_done(r);
 }
 
@@ -545,6 +666,7 @@ void atc_relay_start(struct atc_server *srv, struct evhttp_request *client,
     }
     atc_server_request_started(srv);
     r->srv = srv;
+    r->t_start_us = now_us();
     r->client = client;
     r->client_conn = evhttp_request_get_connection(client);
     r->f = info->features;

@@ -13,6 +13,7 @@
 #include <event2/event.h>
 #include <event2/http.h>
 
+#include "access_log.h"
 #include "admin.h"
 #include "admission.h"
 #include "affinity.h"
@@ -20,6 +21,7 @@
 #include "endpoint.h"
 #include "http_front.h"
 #include "log.h"
+#include "metrics.h"
 #include "policy.h"
 #include "relay.h"
 #include "sim_server.h"
@@ -115,6 +117,13 @@ static struct evhttp *http_listen(struct atc_server *srv, const char *host, uint
     if (listener != NULL)
         *listener = b;
     return http;
+}
+
+static void on_sigusr1(evutil_socket_t sig, short what, void *arg)
+{
+    struct atc_server *srv = arg;
+    if (srv->access_log != NULL)
+        atc_access_log_reopen(srv->access_log);
 }
 
 static void on_drain_timeout(evutil_socket_t fd, short what, void *arg)
@@ -249,6 +258,16 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
             goto error;
         }
     }
+    if ((srv->metrics = atc_metrics_create()) == NULL) {
+        *err = "out of memory";
+        goto error;
+    }
+    if (cfg->access_log != NULL && (srv->access_log = atc_access_log_open(base, cfg->access_log)) == NULL) {
+        static char msg[600];
+        snprintf(msg, sizeof(msg), "access_log %s: %s", cfg->access_log, strerror(errno));
+        *err = msg;
+        goto error;
+    }
     if (start_policy(srv, err) < 0)
         goto error;
     if (cfg->admission.queue > 0) {
@@ -276,6 +295,8 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
     srv->sig_term = evsignal_new(base, SIGTERM, on_signal, srv);
     srv->sig_int = evsignal_new(base, SIGINT, on_signal, srv);
     srv->sig_hup = evsignal_new(base, SIGHUP, on_sighup, srv);
+    srv->sig_usr1 = evsignal_new(base, SIGUSR1, on_sigusr1, srv);
+    event_add(srv->sig_usr1, NULL);
     event_add(srv->sig_term, NULL);
     event_add(srv->sig_int, NULL);
     event_add(srv->sig_hup, NULL);
@@ -312,6 +333,8 @@ void atc_server_destroy(struct atc_server *srv)
         event_free(srv->sig_int);
     if (srv->sig_hup != NULL)
         event_free(srv->sig_hup);
+    if (srv->sig_usr1 != NULL)
+        event_free(srv->sig_usr1);
     if (srv->drain_timer != NULL)
         event_free(srv->drain_timer);
     if (srv->front != NULL)
@@ -319,6 +342,8 @@ void atc_server_destroy(struct atc_server *srv)
     if (srv->admin != NULL)
         evhttp_free(srv->admin);
     atc_admission_destroy(srv->admission);
+    atc_access_log_close(srv->access_log);
+    atc_metrics_destroy(srv->metrics);
     atc_policy_runtime_destroy(srv->policy);
     atc_affinity_destroy(srv->affinity);
     atc_prefix_index_destroy(srv->prefix);
