@@ -448,7 +448,8 @@ static const struct field root_fields[] = {
     {.key = "admission", .kind = F_SECTION, .sub = admission_fields},
     {.key = "max_body", .kind = F_SIZE, .off = CFG(max_body)},
     {.key = "drain_timeout", .kind = F_MS, .off = CFG(drain_timeout_ms)},
-    {.key = "access_log", .kind = F_PATH, .off = CFG(access_log)},
+    {.key = "access_log", .kind = F_STR, .off = CFG(access_log)},
+    {.key = "admin_token", .kind = F_STR, .off = CFG(admin_token)},
     {.key = "client_timeout", .kind = F_MS, .off = CFG(client_timeout_ms), .min = 1},
     {.key = "models", .kind = F_NODE},
     {.key = "simulate", .kind = F_NODE},
@@ -1218,6 +1219,7 @@ void atc_config_free(struct atc_config *cfg)
     free_strv(cfg->policy.path, cfg->policy.npath);
     free(cfg->policy.entry);
     free(cfg->access_log);
+    free(cfg->admin_token);
     for (size_t i = 0; i < cfg->admission.tenant_weights.n; i++)
         free(cfg->admission.tenant_weights.names[i]);
     free(cfg->admission.tenant_weights.names);

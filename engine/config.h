@@ -78,6 +78,7 @@ struct atc_config {
         struct atc_weights tenant_weights; /* admission.tenant_weights: {tenant: weight}, others 1 */
     } admission;
 
+    char *admin_token;         /* admin_token: when set, the admin API needs "Authorization: Bearer <it>" */
     char *access_log;          /* access_log: a file (relative to dir) or "stderr"; NULL = off */
     size_t max_body;           /* max_body: request body limit (default 8 MiB) */
     uint64_t drain_timeout_ms; /* drain_timeout: on SIGTERM, how long in-flight requests may finish (default 10s) */

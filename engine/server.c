@@ -1,6 +1,7 @@
 #include "server.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -262,7 +263,12 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
         *err = "out of memory";
         goto error;
     }
-    if (cfg->access_log != NULL && (srv->access_log = atc_access_log_open(base, cfg->access_log)) == NULL) {
+    char log_path[4096];
+    if (cfg->access_log != NULL) /* "stderr", or a file relative to the config's directory */
+        snprintf(log_path, sizeof(log_path), "%s%s%s",
+                 cfg->access_log[0] == '/' || strcmp(cfg->access_log, "stderr") == 0 ? "" : cfg->dir,
+                 cfg->access_log[0] == '/' || strcmp(cfg->access_log, "stderr") == 0 ? "" : "/", cfg->access_log);
+    if (cfg->access_log != NULL && (srv->access_log = atc_access_log_open(base, log_path)) == NULL) {
         static char msg[600];
         snprintf(msg, sizeof(msg), "access_log %s: %s", cfg->access_log, strerror(errno));
         *err = msg;
