@@ -5,11 +5,13 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <event2/buffer.h>
 #include <event2/event.h>
 
+#include "http_util.h"
 #include "log.h"
 
 #define FLUSH_MS 200
@@ -101,6 +103,55 @@ void atc_access_log_write(struct atc_access_log *log, struct evbuffer *line)
     evbuffer_add(log->pending, "\n", 1);
     if (evbuffer_get_length(log->pending) > FLUSH_AT)
         flush(log);
+}
+
+static void json_field(struct evbuffer *b, const char *key, const char *value)
+{
+    evbuffer_add_printf(b, ",\"%s\":", key);
+    if (value == NULL || value[0] == '\0') {
+        evbuffer_add(b, "null", 4);
+        return;
+    }
+    evbuffer_add(b, "\"", 1);
+    atc_json_escape(b, value, strlen(value));
+    evbuffer_add(b, "\"", 1);
+}
+
+void atc_access_log_request(struct atc_access_log *log, const struct atc_access_record *r)
+{
+    struct evbuffer *b = evbuffer_new();
+    if (b == NULL)
+        return;
+    char when[40];
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+    evbuffer_add_printf(b, "{\"time\":\"%s.%03ldZ\"", when, ts.tv_nsec / 1000000);
+    json_field(b, "id", r->id);
+    json_field(b, "model", r->model);
+    evbuffer_add_printf(b, ",\"priority\":%d", r->priority);
+    json_field(b, "tenant", r->tenant);
+    json_field(b, "session", r->session);
+    json_field(b, "endpoint", r->endpoint);
+    evbuffer_add_printf(b, ",\"policy_version\":%llu,\"status\":%d,\"stream\":%s",
+                        (unsigned long long)r->policy_version, r->status, r->stream ? "true" : "false");
+    if (r->ttft_ms >= 0)
+        evbuffer_add_printf(b, ",\"ttft_ms\":%.3f", r->ttft_ms);
+    else
+        evbuffer_add_printf(b, ",\"ttft_ms\":null");
+    evbuffer_add_printf(b, ",\"total_ms\":%.3f,\"prompt_tokens\":%u,\"max_tokens\":", r->total_ms, r->prompt_tokens);
+    if (r->max_tokens >= 0)
+        evbuffer_add_printf(b, "%lld", (long long)r->max_tokens);
+    else
+        evbuffer_add(b, "null", 4);
+    evbuffer_add_printf(b, ",\"retries\":%u,\"bytes\":%llu,\"sse_events\":%llu", r->retries,
+                        (unsigned long long)r->bytes, (unsigned long long)r->sse_events);
+    json_field(b, "error", r->error);
+    evbuffer_add(b, "}", 1);
+    atc_access_log_write(log, b);
+    evbuffer_free(b);
 }
 
 int atc_access_log_reopen(struct atc_access_log *log)

@@ -5,6 +5,7 @@
  * loop never waits on the disk; reopened on SIGUSR1 (for logrotate). A write that fails is counted and
  * logged, never fatal. */
 
+#include <stdbool.h>
 #include <stdint.h>
 
 struct event_base;
@@ -17,6 +18,23 @@ struct atc_access_log *atc_access_log_open(struct event_base *base, const char *
 void atc_access_log_close(struct atc_access_log *log);
 /** Appends one line (the caller writes a JSON object without the newline into @p line, which is drained). */
 void atc_access_log_write(struct atc_access_log *log, struct evbuffer *line);
+/* What one request's line says. Strings may be NULL or "" (written as null). */
+struct atc_access_record {
+    const char *id, *model, *tenant, *session, *endpoint, *error;
+    int priority, status; /* status as the client saw it; 499 when it left first */
+    uint64_t policy_version;
+    bool stream;
+    double ttft_ms; /* < 0: none */
+    double total_ms;
+    uint32_t prompt_tokens;
+    int64_t max_tokens; /* < 0: not set */
+    unsigned retries;
+    uint64_t bytes, sse_events;
+};
+
+/** Appends @p r as one JSON line. */
+void atc_access_log_request(struct atc_access_log *log, const struct atc_access_record *r);
+
 /** Reopens the file (after logrotate moved it). 0 or -1. */
 int atc_access_log_reopen(struct atc_access_log *log);
 /** Lines dropped because the disk would not take them. */

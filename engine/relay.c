@@ -98,76 +98,29 @@ static void release_endpoint(struct relay *r)
     atc_admission_kick(r->srv->admission); /* a slot freed: the best waiting request may take it */
 }
 
-static void json_field(struct evbuffer *b, const char *key, const char *value)
-{
-    evbuffer_add_printf(b, ",\"%s\":", key);
-    if (value == NULL || value[0] == '\0') {
-        evbuffer_add(b, "null", 4);
-        return;
-    }
-    evbuffer_add(b, "\"", 1);
-    atc_json_escape(b, value, strlen(value));
-    evbuffer_add(b, "\"", 1);
-}
-
 /* One request's line in the access log and its share of the metrics. */
 static void account(struct relay *r)
 {
     struct atc_server *srv = r->srv;
-    uint64_t now = now_us();
     const char *endpoint = r->ntried > 0 ? r->tried[r->ntried - 1]->id : NULL;
     double ttft_ms = r->t_first_us ? (double)(r->t_first_us - r->t_start_us) / 1000.0 : -1;
-    double total_ms = (double)(now - r->t_start_us) / 1000.0;
+    double total_ms = (double)(now_us() - r->t_start_us) / 1000.0;
     unsigned retries = r->ntried > 1 ? r->ntried - 1 : 0;
     struct atc_request_metrics m = {
-        .model = r->f->model,
-        .endpoint = endpoint,
-        .status = r->client_status,
-        .priority = r->priority,
-        .ttft_s = ttft_ms >= 0 ? ttft_ms / 1000.0 : -1,
-        .total_s = total_ms / 1000.0,
-        .retries = retries,
-        .bytes = r->bytes,
-        .sse_events = r->sse_events,
+        .model = r->f->model, .endpoint = endpoint, .status = r->client_status, .priority = r->priority,
+        .ttft_s = ttft_ms >= 0 ? ttft_ms / 1000.0 : -1, .total_s = total_ms / 1000.0, .retries = retries,
+        .bytes = r->bytes, .sse_events = r->sse_events,
     };
     atc_metrics_request(srv->metrics, &m);
     if (srv->access_log == NULL)
         return;
-    struct evbuffer *b = evbuffer_new();
-    if (b == NULL)
-        return;
-    char when[40];
-    struct timespec ts;
-    struct tm tm;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    gmtime_r(&ts.tv_sec, &tm);
-    strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
-    evbuffer_add_printf(b, "{\"time\":\"%s.%03ldZ\"", when, ts.tv_nsec / 1000000);
-    json_field(b, "id", r->id);
-    json_field(b, "model", r->f->model);
-    evbuffer_add_printf(b, ",\"priority\":%d", r->priority);
-    json_field(b, "tenant", r->tenant);
-    json_field(b, "session", r->session);
-    json_field(b, "endpoint", endpoint);
-    evbuffer_add_printf(b, ",\"policy_version\":%llu,\"status\":%d,\"stream\":%s",
-                        (unsigned long long)r->policy_version, r->client_status,
-                        r->f->stream ? "true" : "false");
-    if (ttft_ms >= 0)
-        evbuffer_add_printf(b, ",\"ttft_ms\":%.3f", ttft_ms);
-    else
-        evbuffer_add_printf(b, ",\"ttft_ms\":null");
-    evbuffer_add_printf(b, ",\"total_ms\":%.3f,\"prompt_tokens\":%u,\"max_tokens\":", total_ms,
-                        r->f->prompt_tokens);
-    if (r->f->max_tokens >= 0)
-        evbuffer_add_printf(b, "%lld", (long long)r->f->max_tokens);
-    else
-        evbuffer_add(b, "null", 4);
-    evbuffer_add_printf(b, ",\"retries\":%u,\"bytes\":%llu,\"sse_events\":%llu", retries,
-                        (unsigned long long)r->bytes, (unsigned long long)r->sse_events);
-    json_field(b, "error", r->error);
-    evbuffer_add(b, "}", 1);
-    atc_access_log_write(srv->access_log, b);
-    evbuffer_free(b);
+    struct atc_access_record rec = {
+        .id = r->id, .model = r->f->model, .tenant = r->tenant, .session = r->session, .endpoint = endpoint,
+        .error = r->error, .priority = r->priority, .status = r->client_status, .policy_version = r->policy_version,
+        .stream = r->f->stream, .ttft_ms = ttft_ms, .total_ms = total_ms, .prompt_tokens = r->f->prompt_tokens,
+        .max_tokens = r->f->max_tokens, .retries = retries, .bytes = r->bytes, .sse_events = r->sse_events,
+    };
+    atc_access_log_request(srv->access_log, &rec);
 }
 
 /* The relay is over: the client has its answer (or is gone). Frees the relay, not the client request. */
@@ -676,14 +629,7 @@ void atc_relay_start(struct atc_server *srv, struct evhttp_request *client,
     r->priority = info->priority;
     copy_str(r->tenant, sizeof(r->tenant), info->tenant);
     copy_str(r->session, sizeof(r->session), info->session);
-    if (info->request_id != NULL && info->request_id[0] != '\0')
-        copy_str(r->id, sizeof(r->id), info->request_id);
-    else
-        snprintf(r->id, sizeof(r->id), "atc-%016llx", (unsigned long long)++srv->next_id);
-    /* The id is passed on so that server logs can be joined with ours; keep it to a safe charset. */
-    for (char *p = r->id; *p; p++)
-        if (*p < 0x21 || *p > 0x7e)
-            *p = '_';
+    copy_str(r->id, sizeof(r->id), info->request_id);
     snprintf(r->extra_headers, sizeof(r->extra_headers), "x-request-id: %s\r\n", r->id);
     r->model = atc_endpoint_table_model(srv->table, r->f->model, strlen(r->f->model));
     r->tokens =

@@ -22,7 +22,7 @@ struct atc_request_info {
     int priority;                  /* x-atc-priority, 0-9 */
     const char *tenant;            /* x-atc-tenant or "" (copied) */
     const char *session;           /* x-atc-session, else the body's user, or "" (copied) */
-    const char *request_id;        /* x-request-id or NULL to generate one */
+    const char *request_id;        /* x-request-id (sanitized) or one atc made */
     uint64_t deadline_ms;          /* x-atc-deadline: how long it may wait for capacity (0: the default) */
 };
 
