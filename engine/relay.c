@@ -38,7 +38,6 @@ struct relay {
     struct evhttp_connection *client_conn;
     struct event *watch; /* notices a client that hangs up while we wait for the server */
     struct atc_features *f;
-    struct atc_model *model;
     const char *path;
     const char *body;
     size_t bodylen;
@@ -309,7 +308,9 @@ static enum choice choose(struct relay *r, struct atc_endpoint **ep)
             break;
         }
     }
-    if (r->model == NULL) {
+    /* Looked up now rather than kept: a config reload may change the table while a request waits. */
+    const struct atc_model *model = atc_endpoint_table_model(srv->table, r->f->model, strlen(r->f->model));
+    if (model == NULL) {
         if (!first)
             return NONE;
         char msg[400];
@@ -318,7 +319,7 @@ static enum choice choose(struct relay *r, struct atc_endpoint **ep)
         reply_error(r, 404, "invalid_request_error", "model_not_found", msg, 0);
         return ANSWERED;
     }
-    *ep = atc_balancer_pick(r->model, &srv->rng, r->tried, r->ntried, r->tokens);
+    *ep = atc_balancer_pick(model, &srv->rng, r->tried, r->ntried, r->tokens);
     if (*ep != NULL)
         return CHOSEN;
     return first ? WAIT : NONE;
@@ -631,7 +632,6 @@ void atc_relay_start(struct atc_server *srv, struct evhttp_request *client,
     copy_str(r->session, sizeof(r->session), info->session);
     copy_str(r->id, sizeof(r->id), info->request_id);
     snprintf(r->extra_headers, sizeof(r->extra_headers), "x-request-id: %s\r\n", r->id);
-    r->model = atc_endpoint_table_model(srv->table, r->f->model, strlen(r->f->model));
     r->tokens =
         r->f->prompt_tokens + (uint64_t)(r->f->max_tokens >= 0 ? r->f->max_tokens : DEFAULT_OUTPUT_TOKENS);
 
