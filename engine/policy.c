@@ -610,6 +610,7 @@ static struct policy_version *version_create(struct atc_policy_runtime *rt, char
     if (v == NULL)
         goto oom;
     v->rt = rt;
+    v->version = rt->next_version + 1; /* what it will be if it loads: init() logs show it */
     v->mem_limit = rt->s.memory;
     v->loaded_at = wall_now();
     v->L = lua_newstate(policy_alloc, v);
