@@ -24,15 +24,16 @@ struct atc_endpoint {
     size_t ntags;
     unsigned capacity;
     unsigned weight;
+    uint64_t token_budget; /* 0 = none */
 
     /* live counters */
-    unsigned inflight;          /* requests routed here and not finished */
-    uint64_t inflight_tokens;   /* their prompt estimate + max_tokens */
-    double ttft_ewma_ms;        /* exponentially weighted time to first byte of the answer; 0 = no sample */
-    uint64_t requests_total;    /* attempts sent */
-    uint64_t errors_total;      /* connection failures, timeouts, 5xx */
+    unsigned inflight;        /* requests routed here and not finished */
+    uint64_t inflight_tokens; /* their prompt estimate + max_tokens */
+    double ttft_ewma_ms;      /* exponentially weighted time to first byte of the answer; 0 = no sample */
+    uint64_t requests_total;  /* attempts sent */
+    uint64_t errors_total;    /* connection failures, timeouts, 5xx */
     uint64_t consecutive_errors;
-    bool routable;              /* false while drained or (later) unhealthy */
+    bool routable; /* false while drained or (later) unhealthy */
 
     /* health.c owns these */
     unsigned slow_start_limit;          /* while > 0 (ramping up after a return): at most this many */
@@ -78,10 +79,13 @@ static inline unsigned atc_endpoint_capacity_now(const struct atc_endpoint *ep)
                                                                            : ep->capacity;
 }
 
-/** True when @p ep may take one more request now. */
-static inline bool atc_endpoint_available(const struct atc_endpoint *ep)
+/** True when @p ep may take one more request of @p tokens (prompt estimate + max_tokens) now: it is
+ * routable, under the capacity it offers now, and under its token budget (an idle endpoint takes any
+ * request). */
+static inline bool atc_endpoint_available(const struct atc_endpoint *ep, uint64_t tokens)
 {
-    return ep->routable && ep->inflight < atc_endpoint_capacity_now(ep);
+    return ep->routable && ep->inflight < atc_endpoint_capacity_now(ep) &&
+           (ep->token_budget == 0 || ep->inflight == 0 || ep->inflight_tokens + tokens <= ep->token_budget);
 }
 
 /** Counts a request of @p tokens routed to @p ep. */

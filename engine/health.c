@@ -124,6 +124,9 @@ struct atc_health {
     void *first_arg;
     size_t first_pending;
     bool first_done;
+    struct event *capacity_ev; /* tells on_capacity, from the loop, that there is more room */
+    void (*on_capacity)(void *arg);
+    void *on_capacity_arg;
     uint64_t rng;
     struct atc_health_stats stats;
 };
@@ -209,6 +212,27 @@ static double ramp_share(const struct hep *e, uint64_t now)
     return x >= 1.0 ? 1.0 : SLOW_START_FLOOR + (1.0 - SLOW_START_FLOOR) * x;
 }
 
+static void more_capacity(struct atc_health *h)
+{
+    if (h->on_capacity != NULL && !evtimer_pending(h->capacity_ev, NULL)) {
+        struct timeval zero = {0, 0};
+        evtimer_add(h->capacity_ev, &zero);
+    }
+}
+
+static void on_capacity_ev(evutil_socket_t fd, short what, void *arg)
+{
+    struct atc_health *h = arg;
+    if (h->on_capacity != NULL)
+        h->on_capacity(h->on_capacity_arg);
+}
+
+void atc_health_on_capacity(struct atc_health *h, void (*cb)(void *arg), void *arg)
+{
+    h->on_capacity = cb;
+    h->on_capacity_arg = arg;
+}
+
 /* Recomputes the slow-start limits; returns whether some endpoint still ramps. */
 static bool apply_ramps(struct atc_health *h)
 {
@@ -220,15 +244,21 @@ static bool apply_ramps(struct atc_health *h)
             continue;
         double share = e->pub.state == ATC_HEALTH_HEALTHY ? ramp_share(e, now) : 1.0;
         if (share >= 1.0) {
-            if (e->pub.state == ATC_HEALTH_HEALTHY)
+            if (e->pub.state == ATC_HEALTH_HEALTHY) {
                 atc_info("endpoint %s: slow start over: full capacity (%u)", e->ep->id, e->ep->capacity);
+                more_capacity(h);
+            }
             e->ramp_start_ms = 0;
             e->ep->slow_start_limit = 0;
             e->pub.slow_start = 1.0;
             continue;
         }
         unsigned limit = (unsigned)(share * e->ep->capacity);
-        e->ep->slow_start_limit = limit > 0 ? limit : 1;
+        if (limit < 1)
+            limit = 1;
+        if (limit > e->ep->slow_start_limit && e->ep->slow_start_limit != 0)
+            more_capacity(h);
+        e->ep->slow_start_limit = limit;
         e->pub.slow_start = share;
         more = true;
     }
@@ -277,8 +307,11 @@ static void update_model(struct hmodel *m)
     }
     for (size_t i = 0; i < m->neps; i++) {
         struct hep *e = m->eps[i];
+        bool was = e->ep->routable;
         e->ep->routable = e->pub.state == ATC_HEALTH_HEALTHY ||
                           (panic && m->cfg->panic == ATC_PANIC_ROUTE_ALL && is_out(e->pub.state));
+        if (e->ep->routable && !was)
+            more_capacity(h);
     }
 }
 
@@ -1128,7 +1161,9 @@ struct atc_health *atc_health_create(struct event_base *base, struct atc_endpoin
     h->models = calloc(h->nmodels ? h->nmodels : 1, sizeof(*h->models));
     h->ramp_timer = evtimer_new(base, on_ramp_tick, h);
     h->first_ev = evtimer_new(base, on_first_round, h);
-    if (h->eps == NULL || h->models == NULL || h->ramp_timer == NULL || h->first_ev == NULL) {
+    h->capacity_ev = evtimer_new(base, on_capacity_ev, h);
+    if (h->eps == NULL || h->models == NULL || h->ramp_timer == NULL || h->first_ev == NULL ||
+        h->capacity_ev == NULL) {
         *err = "out of memory";
         goto error;
     }
@@ -1232,6 +1267,8 @@ void atc_health_destroy(struct atc_health *h)
         event_free(h->ramp_timer);
     if (h->first_ev != NULL)
         event_free(h->first_ev);
+    if (h->capacity_ev != NULL)
+        event_free(h->capacity_ev);
     free(h->eps);
     free(h->models);
     free(h);

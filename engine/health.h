@@ -94,6 +94,10 @@ void atc_health_destroy(struct atc_health *h);
  * endpoints that are up take traffic. Called at once (from the loop) without active checks. */
 void atc_health_on_first_round(struct atc_health *h, void (*cb)(void *arg), void *arg);
 
+/** Calls @p cb(@p arg) from the loop soon after an endpoint became routable or offers more capacity
+ * (back in rotation, enabled, slow start ramping up), so that requests waiting for room can be placed. */
+void atc_health_on_capacity(struct atc_health *h, void (*cb)(void *arg), void *arg);
+
 /** Drains (@p drain true) or re-enables @p ep: a drained endpoint gets no new requests; those in flight
  * finish. Logs the change. */
 void atc_health_set_drained(struct atc_health *h, struct atc_endpoint *ep, bool drain);

@@ -325,11 +325,28 @@ class HealthTest(AtcTestCase):
         self.assertEqual(health["models_in_panic"], 1)
         self.assertIn("model llama-3-8b: no endpoint is healthy: panic mode, routing to all 2", atc.read_log())
 
+        # panic: fail routes to none of them: a request waits in the admission queue for one to come
+        # back, and is answered 503 when none does by its deadline.
         failing = self.start_atc(config(eps, panic="fail"), name="atc-fail")
-        status, headers, body = chat(failing.port, max_tokens=1)
-        self.assertEqual(status, 503)
-        self.assertEqual(headers["retry-after"], "1")
         self.assertIn("panic mode, failing its requests", failing.read_log())
+        start = time.monotonic()
+        status, headers, body = chat(failing.port, max_tokens=1, headers={"x-atc-deadline": "300ms"})
+        self.assertEqual(status, 503)
+        self.assertEqual(json.loads(body)["error"]["code"], "queue_timeout")
+        self.assertGreaterEqual(time.monotonic() - start, 0.3)
+        self.assertEqual(s1.count("/v1/chat/completions") + s2.count("/v1/chat/completions"), 1)  # atc's only
+        result = []
+        waiting = threading.Thread(target=lambda: result.append(
+            chat(failing.port, max_tokens=1, headers={"x-atc-deadline": "5s"})))
+        waiting.start()
+        wait_for(lambda: json.loads(request("127.0.0.1", failing.admin_port, "GET", "/admin/endpoints")[2])
+                 ["queues"]["models"][0]["waiting"] == 1, what="the request queued")
+        s2.routes["/health"] = lambda n: (200, "")  # s2 recovers: the waiting request goes there at once
+        came_back = time.monotonic()
+        waiting.join()
+        status, headers, _ = result[0]
+        self.assertEqual((status, headers["x-atc-endpoint"]), (200, "s2"))
+        self.assertLess(time.monotonic() - came_back, 1.0)  # a down interval and a fast one, not the deadline
 
     # ---- admin ----
 
