@@ -34,6 +34,7 @@
 #include "endpoint.h"
 #include "http_util.h"
 #include "log.h"
+#include "metrics.h"
 #include "prometheus.h"
 #include "upstream.h"
 
@@ -1353,6 +1354,96 @@ void atc_health_status_json(const struct atc_health *h, struct evbuffer *out)
                         (unsigned long long)s->state_changes_total, (unsigned long long)s->ejections_total,
                         (unsigned long long)s->panics_total, s->models_in_panic,
                         (unsigned long long)s->scrapes_total, (unsigned long long)s->scrape_errors_total);
+}
+
+static void metric_help(struct evbuffer *out, const char *name, const char *type, const char *text)
+{
+    evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, type);
+}
+
+static void metric_endpoint(struct evbuffer *out, const char *name, const struct hep *e, const char *extra,
+                            double v)
+{
+    evbuffer_add_printf(out, "%s{model=\"", name);
+    atc_metrics_label(out, e->ep->model);
+    evbuffer_add(out, "\",endpoint=\"", 12);
+    atc_metrics_label(out, e->ep->id);
+    evbuffer_add_printf(out, "\"%s} ", extra);
+    if (isnan(v))
+        evbuffer_add(out, "NaN\n", 4);
+    else
+        evbuffer_add_printf(out, "%.9g\n", v);
+}
+
+void atc_health_metrics(const struct atc_health *h, struct evbuffer *out)
+{
+    static const enum atc_health_state states[] = {ATC_HEALTH_STARTING, ATC_HEALTH_HEALTHY,
+                                                   ATC_HEALTH_UNHEALTHY, ATC_HEALTH_EJECTED,
+                                                   ATC_HEALTH_DRAINING};
+    metric_help(
+        out, "atc_endpoint_health_state", "gauge",
+        "1 for the endpoint's health state (starting, healthy, unhealthy, ejected, draining), else 0.");
+    for (size_t i = 0; i < h->neps; i++)
+        for (size_t k = 0; k < sizeof(states) / sizeof(states[0]); k++) {
+            char extra[40];
+            snprintf(extra, sizeof(extra), ",state=\"%s\"", atc_health_state_name(states[k]));
+            metric_endpoint(out, "atc_endpoint_health_state", &h->eps[i], extra,
+                            h->eps[i].pub.state == states[k]);
+        }
+    static const struct {
+        const char *name, *type, *help;
+    } m[] = {
+        {"atc_endpoint_check_consecutive_failures", "gauge",
+         "The longest current run of failed probes of one check."},
+        {"atc_endpoint_state_changes_total", "counter", "Health state changes of the endpoint."},
+        {"atc_endpoint_ejections_total", "counter", "Ejections of the endpoint by failures of real traffic."},
+        {"atc_endpoint_slow_start_ratio", "gauge",
+         "Share of its capacity the endpoint is offered (1 unless ramping up)."},
+        {"atc_endpoint_server_running_requests", "gauge",
+         "Requests the server reports running (its /metrics)."},
+        {"atc_endpoint_server_waiting_requests", "gauge",
+         "Requests the server reports queued (its /metrics)."},
+        {"atc_endpoint_server_kv_cache_usage_ratio", "gauge",
+         "KV cache share in use, as the server reports it."},
+        {"atc_endpoint_server_prefix_cache_hit_ratio", "gauge",
+         "Prefix cache hits per prompt token queried, between two scrapes."},
+        {"atc_endpoint_scrapes_total", "counter", "Scrapes of the server's /metrics."},
+        {"atc_endpoint_scrape_errors_total", "counter", "Failed scrapes and malformed metrics pages."},
+    };
+    for (size_t k = 0; k < sizeof(m) / sizeof(m[0]); k++) {
+        metric_help(out, m[k].name, m[k].type, m[k].help);
+        for (size_t i = 0; i < h->neps; i++) {
+            const struct atc_endpoint_health *p = &h->eps[i].pub;
+            double v[] = {p->consecutive_failures,
+                          (double)p->state_changes,
+                          (double)p->ejections_total,
+                          p->slow_start,
+                          p->load.running,
+                          p->load.waiting,
+                          p->load.kv_usage,
+                          p->load.prefix_hit_rate,
+                          (double)p->load.scrapes_total,
+                          (double)p->load.scrape_errors_total};
+            metric_endpoint(out, m[k].name, &h->eps[i], "", v[k]);
+        }
+    }
+    metric_help(out, "atc_model_panic", "gauge", "1 while no endpoint of the model is healthy (panic mode).");
+    for (size_t i = 0; i < h->nmodels; i++) {
+        evbuffer_add(out, "atc_model_panic{model=\"", 23);
+        atc_metrics_label(out, h->models[i].name);
+        evbuffer_add_printf(out, "\"} %d\n", h->models[i].panic ? 1 : 0);
+    }
+    metric_help(out, "atc_model_panics_total", "counter", "Times the model entered panic mode.");
+    for (size_t i = 0; i < h->nmodels; i++) {
+        evbuffer_add(out, "atc_model_panics_total{model=\"", 30);
+        atc_metrics_label(out, h->models[i].name);
+        evbuffer_add_printf(out, "\"} %llu\n", (unsigned long long)h->models[i].panics_total);
+    }
+    metric_help(out, "atc_health_probes_total", "counter", "Active health probes (live, ready, deep) run.");
+    evbuffer_add_printf(out, "atc_health_probes_total %llu\n", (unsigned long long)h->stats.probes_total);
+    metric_help(out, "atc_health_probe_failures_total", "counter", "Active health probes that failed.");
+    evbuffer_add_printf(out, "atc_health_probe_failures_total %llu\n",
+                        (unsigned long long)h->stats.probe_failures_total);
 }
 
 void atc_health_stats(const struct atc_health *h, struct atc_health_stats *out)

@@ -116,6 +116,10 @@ void atc_health_endpoint_json(const struct atc_endpoint *ep, struct evbuffer *ou
 /** Appends {"models":[{"name","panic","panics_total"}...],"state_changes_total",...} for @p h. */
 void atc_health_status_json(const struct atc_health *h, struct evbuffer *out);
 
+/** Appends the Prometheus metrics of health: each endpoint's state, check failures, ejections and
+ * scraped load, each model's panic mode, and the probe and scrape counters. */
+void atc_health_metrics(const struct atc_health *h, struct evbuffer *out);
+
 /** Counters for a metrics page. */
 void atc_health_stats(const struct atc_health *h, struct atc_health_stats *out);
 

@@ -324,6 +324,11 @@ class HealthTest(AtcTestCase):
         self.assertEqual(health["models"][0]["panic"], True)
         self.assertEqual(health["models_in_panic"], 1)
         self.assertIn("model llama-3-8b: no endpoint is healthy: panic mode, routing to all 2", atc.read_log())
+        metrics = request("127.0.0.1", atc.admin_port, "GET", "/metrics")[2].decode()
+        self.assertIn('atc_model_panic{model="llama-3-8b"} 1\n', metrics)
+        self.assertIn('atc_model_panics_total{model="llama-3-8b"} 1\n', metrics)
+        self.assertIn('atc_endpoint_health_state{model="llama-3-8b",endpoint="s1",state="unhealthy"} 1\n', metrics)
+        self.assertIn('atc_endpoint_health_state{model="llama-3-8b",endpoint="s1",state="healthy"} 0\n', metrics)
 
         # panic: fail routes to none of them: a request waits in the admission queue for one to come
         # back, and is answered 503 when none does by its deadline.
