@@ -226,7 +226,8 @@ end
 
 -- One mock endpoint. spec: id (required), model ("m"), version (nil), tags ({}), weight (1),
 -- capacity (8), inflight (0), inflight_tokens (0), health ("healthy"), available (false forces it
--- unavailable, as when drained or already tried), queue (0), kv_usage (0), ttft_ewma (0), and overlap:
+-- unavailable, as when drained or already tried), consecutive_failures (0), last_error (nil),
+-- last_check (nil), running (0), queue (0), kv_usage (0), prefix_hit_rate (0), ttft_ewma (0), and overlap:
 -- the blocks prefix_overlap(req) reports, a number or function(req) -> number (default 0).
 function M.endpoint(spec)
   if type(spec) ~= "table" or type(spec.id) ~= "string" then
@@ -242,8 +243,13 @@ function M.endpoint(spec)
     inflight = spec.inflight or 0,
     inflight_tokens = spec.inflight_tokens or 0,
     health = spec.health or "healthy",
+    consecutive_failures = spec.consecutive_failures or 0,
+    last_error = spec.last_error,
+    last_check = spec.last_check,
+    running = spec.running or 0,
     queue = spec.queue or 0,
     kv_usage = spec.kv_usage or 0,
+    prefix_hit_rate = spec.prefix_hit_rate or 0,
     ttft_ewma = spec.ttft_ewma or 0,
     has_tag = has_tag,
   }
