@@ -7,14 +7,12 @@ import http.client
 import http.server
 import json
 import os
-import re
-import signal
-import socket
+import subprocess
 import threading
 import time
 import unittest
 
-from harness import AtcTestCase, chat, request, stream_events, wait_for
+from harness import ATC_BIN, AtcTestCase, chat, request, stream_events, wait_for
 
 # Short intervals: a probe every 200 ms, 50 ms while a verdict is changing.
 HEALTH = """
@@ -381,8 +379,11 @@ class HealthTest(AtcTestCase):
         self.assertIn('"finish_reason":"length"', stream)  # all 40 tokens
         self.assertEqual(atc.endpoints()["a"]["state"], "draining")
         self.assertEqual(atc.endpoints()["a"]["inflight"], 0)
-        status, _, body = request("127.0.0.1", atc.admin_port, "POST", "/admin/endpoints/a/enable")
-        self.assertEqual(json.loads(body)["state"], "healthy")
+        # The CLI does the same (atc enable ID).
+        out = subprocess.run([ATC_BIN, "enable", "a", "--admin", f"127.0.0.1:{atc.admin_port}"], capture_output=True,
+                             text=True, timeout=10)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(json.loads(out.stdout.split(": ", 1)[1])["state"], "healthy")
         served = {chat(atc.port, max_tokens=1)[1]["x-atc-endpoint"] for _ in range(30)}
         self.assertEqual(served, {"a", "b"})
         lines = self.log_lines(atc, "a")
