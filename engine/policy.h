@@ -12,8 +12,9 @@
  *     req.id, req.model, req.kind ("chat" | "completion" | "embedding"), req.path, req.priority (0-9),
  *     req.tenant, req.session ("" when absent), req.stream (bool), req.prompt_tokens (estimate),
  *     req.max_tokens (nil when absent), req.attempt (1 for the first try; >1 when retrying: endpoints
- *     already tried are then not available), req.blocks (number of prefix blocks), req.tools (the body
- *     has a non-empty "tools" array), req:header(name)
+ *     already tried are then not available), req.blocks (number of prefix blocks), req.block_tokens
+ *     (tokens one block covers: 64 live, the trace's under replay), req.tools (the body has a non-empty
+ *     "tools" array), req:header(name)
  *   fleet:
  *     fleet:endpoints(model) -> array of endpoints of that model (a new table each call; {} if none)
  *     fleet:all() -> every endpoint;  fleet:models() -> model names;  fleet:endpoint(id) -> ep | nil
@@ -93,6 +94,7 @@ struct atc_route_request {
     /* For req:header(name): returns the header's value or NULL. */
     const char *(*header)(void *ctx, const char *name);
     void *header_ctx;
+    uint32_t block_tokens; /* tokens per prefix block; 0: ATC_PREFIX_BLOCK_BYTES / 4 (live requests) */
 };
 
 struct event_base;

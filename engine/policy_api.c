@@ -234,9 +234,14 @@ static int ep_live(lua_State *L)
         }
         break;
     case 'q':
+        if (len == 5 && memcmp(k, "queue", 5) == 0) {
+            lua_pushinteger(L, (lua_Integer)ep->server_queue); /* server-reported (replay: simulated) */
+            return 1;
+        }
+        break;
     case 'k':
-        if ((len == 5 && memcmp(k, "queue", 5) == 0) || (len == 8 && memcmp(k, "kv_usage", 8) == 0)) {
-            lua_pushnumber(L, 0); /* server-reported load: filled once health scraping lands */
+        if (len == 8 && memcmp(k, "kv_usage", 8) == 0) {
+            lua_pushnumber(L, ep->server_kv_usage);
             return 1;
         }
         break;
@@ -305,6 +310,8 @@ static int req_index(lua_State *L)
         lua_pushinteger(L, (lua_Integer)req->attempt);
     else if (strcmp(k, "blocks") == 0)
         lua_pushinteger(L, (lua_Integer)f->nblocks);
+    else if (strcmp(k, "block_tokens") == 0)
+        lua_pushinteger(L, req->block_tokens ? (lua_Integer)req->block_tokens : ATC_PREFIX_BLOCK_BYTES / 4);
     else if (strcmp(k, "tools") == 0)
         lua_pushboolean(L, f->has_tools);
     else if (strcmp(k, "header") == 0)
