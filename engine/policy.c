@@ -918,8 +918,9 @@ static struct atc_policy_runtime *runtime_new(const struct atc_policy_settings *
             paths[i] = strdup(s->path[i]);
         rt->s.path = (const char *const *)paths;
     }
-    rt->rng = 0x2545F4914F6CDD1Dull ^ (uint64_t)mono_ns();
-    rt->now_ms = default_now_ms;
+    rt->rng = s->seed != 0 ? s->seed : 0x2545F4914F6CDD1Dull ^ (uint64_t)mono_ns();
+    rt->now_ms = s->now_ms != NULL ? s->now_ms : default_now_ms;
+    rt->now_ctx = s->now_ctx;
     rt->inotify_fd = -1;
     rt->watchdog = watchdog_start(s->budget_us);
     if (rt->watchdog == NULL) {

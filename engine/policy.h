@@ -60,6 +60,11 @@ struct atc_policy_settings {
     size_t memory;           /* bytes per Lua state */
     bool jit;                /* trusted: JIT on, budget checked only after the call */
     unsigned rollback_after; /* consecutive failures of a new version before rolling back (0 = never) */
+    /* Replay: the clock atc.now() reads (milliseconds; NULL: the monotonic clock) and the seed of
+     * atc.random() (0: random), in force from the first load on, its smoke test included. */
+    double (*now_ms)(void *ctx);
+    void *now_ctx;
+    uint64_t seed;
 };
 
 /* What a decision asks for. */

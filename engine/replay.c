@@ -646,6 +646,9 @@ int atc_replay_run(const struct atc_config *cfg, const struct atc_trace *trace, 
         .npath = o->nmodule_path ? o->nmodule_path : cfg->policy.npath,
         .stdlib_dir = atc_policy_stdlib_dir(),
         .budget_us = budget_us * KILL_FACTOR > KILL_MIN_US ? budget_us * KILL_FACTOR : KILL_MIN_US,
+        .now_ms = virtual_now_ms,
+        .now_ctx = &rp,
+        .seed = o->seed ? o->seed : 1,
         .memory = cfg->policy.memory,
         .jit = cfg->policy.jit,
     };
@@ -657,8 +660,6 @@ int atc_replay_run(const struct atc_config *cfg, const struct atc_trace *trace, 
         free(perr);
         goto error;
     }
-    atc_policy_set_clock(rp.rt, virtual_now_ms, &rp);
-    atc_policy_seed(rp.rt, o->seed ? o->seed : 1);
 
     loop(&rp, name);
 
