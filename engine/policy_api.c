@@ -1014,6 +1014,8 @@ void policy_api_open(struct policy_version *v)
     set_closure(L, v, "rendezvous", atc_rendezvous);
     set_closure(L, v, "prefix_pick", atc_prefix_pick);
     set_closure(L, v, "cheapest", atc_cheapest);
+    if (v->rt->test_replay != NULL) /* atc test only: t.replay(...) runs a trace through a policy */
+        set_closure(L, v, "replay", v->rt->test_replay);
     lua_newtable(L);
     set_closure(L, v, "get", affinity_get);
     set_closure(L, v, "set", affinity_set);

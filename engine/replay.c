@@ -340,6 +340,7 @@ static enum outcome decide(struct replay *rp, size_t i)
             .inflight = ep != NULL ? ep->inflight : 0,
             .capacity = ep != NULL ? ep->capacity : 0,
             .status = d.status,
+            .table = rp->table,
         };
         rp->o->on_decision(rp->o->ctx, &rd);
     }

@@ -28,6 +28,7 @@
 struct atc_config;
 struct atc_trace;
 struct atc_endpoint;
+struct atc_endpoint_table;
 struct lua_State;
 
 /* An endpoint out of routing (as when drained or unhealthy) from from_us to to_us of virtual time;
@@ -48,6 +49,7 @@ struct atc_replay_decision {
     unsigned inflight;  /* that endpoint's requests in flight before this one */
     unsigned capacity;
     int status;         /* rejections */
+    const struct atc_endpoint_table *table; /* the fleet as it is at this moment */
 };
 
 struct atc_replay_options {

@@ -30,6 +30,7 @@
 #define DEFAULT_MODEL "llama-3-8b"
 #define DEFAULT_MOONCAKE_BLOCK_TOKENS 512
 #define DEFAULT_MAX_ERRORS 100
+#define SHOWN_ERRORS 20 /* malformed lines reported one by one; the rest are counted */
 
 struct importer {
     const char *path;
@@ -498,8 +499,8 @@ int atc_trace_import_text(const char *path, const struct atc_trace_import_option
         size_t lead = strspn(line, " \t");
         if ((size_t)len == lead)
             continue; /* blank lines are not records */
-        if (format == ATC_TRACE_AUTO) /* decided by the first line */
-            format = strstr(line, "\"hash_ids\"") != NULL ? ATC_TRACE_MOONCAKE : ATC_TRACE_JSONL;
+        if (format == ATC_TRACE_AUTO) /* decided by the first line: Mooncake's has input_length */
+            format = strstr(line, "\"input_length\"") != NULL ? ATC_TRACE_MOONCAKE : ATC_TRACE_JSONL;
         int ok;
         if (format == ATC_TRACE_AZURE) {
             if (!have_header) {
@@ -521,7 +522,7 @@ int atc_trace_import_text(const char *path, const struct atc_trace_import_option
         }
         if (ok < 0) {
             im.bad++;
-            if (o->errors != NULL)
+            if (o->errors != NULL && im.bad <= SHOWN_ERRORS)
                 fprintf(o->errors, "%s:%zu: %s\n", path, im.line, im.why);
             if (im.bad > max_errors) {
                 if (asprintf(err, "%s: more than %zu malformed lines, giving up at line %zu", path,
@@ -532,6 +533,8 @@ int atc_trace_import_text(const char *path, const struct atc_trace_import_option
             }
         }
     }
+    if (o->errors != NULL && im.bad > SHOWN_ERRORS)
+        fprintf(o->errors, "%s: %zu more malformed lines not shown\n", path, im.bad - SHOWN_ERRORS);
     if (rc == 0 && ferror(f)) {
         if (asprintf(err, "%s: read error: %s", path, strerror(errno)) < 0)
             *err = NULL;
