@@ -18,7 +18,9 @@
 #include "http_util.h"
 #include "log.h"
 #include "policy.h"
+#include "recorder.h"
 #include "server.h"
+#include "trace.h"
 #include "upstream.h"
 
 /* Above this many bytes waiting for a slow client, stop reading from the server until they drain. */
@@ -66,10 +68,13 @@ struct relay {
     bool flushing; /* answered; held until the client has the last byte (only while draining) */
     struct evbuffer *buffered;
     uint64_t t_attempt_us;
+    uint64_t t_start_us;           /* when the request arrived (trace recording) */
+    struct atc_record_marks marks; /* what recording notes about the answer (record:) */
 };
 
 static void attempt(struct relay *r, struct atc_endpoint *ep);
 static struct atc_endpoint *next_endpoint(struct relay *r);
+static void record_finished(struct relay *r, int client_status);
 
 static uint64_t now_us(void)
 {
@@ -120,6 +125,7 @@ static void on_client_flushed(struct evbuffer *buf, const struct evbuffer_cb_inf
  * so the relay (and the server's count of active requests) lives until the bytes are written. */
 static void relay_done(struct relay *r)
 {
+    record_finished(r, 0);
     release_endpoint(r);
     if (r->watch != NULL) {
         event_free(r->watch);
@@ -152,6 +158,7 @@ static void reply_error(struct relay *r, int status, const char *type, const cha
                         int retry_after)
 {
     add_reply_headers(r);
+    r->marks.status = status;
     atc_http_send_error(r->client, status, type, code, message, retry_after);
     r->srv->stats.responses_total++;
     relay_done(r);
@@ -160,6 +167,7 @@ static void reply_error(struct relay *r, int status, const char *type, const cha
 /* The client hung up: stop the server's work at once and free its slot. */
 static void client_gone(struct relay *r)
 {
+    record_finished(r, 499); /* nginx's "client closed request" */
     r->srv->stats.client_gone_total++;
     if (r->up != NULL) {
         atc_upstream_cancel(r->up);
@@ -240,6 +248,8 @@ static struct atc_endpoint *choose(struct relay *r, bool *answered)
         struct atc_decision d;
         atc_policy_route(srv->policy, &r->rreq, &d);
         r->policy_version = d.version;
+        if (r->marks.decision < 0)
+            r->marks.decision = (int)d.kind;
         switch (d.kind) {
         case ATC_DECISION_ENDPOINT:
             return d.endpoint;
@@ -367,6 +377,8 @@ static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
 static void on_up_body(void *arg, struct evbuffer *data)
 {
     struct relay *r = arg;
+    if (r->srv->recorder != NULL)
+        atc_record_marks_observe(&r->marks, data, r->streaming, now_us());
     if (!r->streaming) {
         evbuffer_add_buffer(r->buffered, data);
         return;
@@ -486,6 +498,8 @@ void atc_relay_start(struct atc_server *srv, struct evhttp_request *client,
     }
     atc_server_request_started(srv);
     r->srv = srv;
+    r->t_start_us = now_us();
+    atc_record_marks_init(&r->marks);
     r->client = client;
     r->client_conn = evhttp_request_get_connection(client);
     r->f = info->features;
@@ -532,4 +546,49 @@ void atc_relay_start(struct atc_server *srv, struct evhttp_request *client,
         give_up(r);
     else
         attempt(r, ep);
+}
+
+/* ---- trace recording (record:) ----
+ * Called once per request, at its end (answered: relay_done; abandoned by the client: client_gone),
+ * while the client's request and its body are still alive. Hands a small record to the recorder,
+ * which never blocks the loop. */
+static void record_finished(struct relay *r, int client_status)
+{
+    struct atc_recorder *rec = r->srv->recorder;
+    if (rec == NULL)
+        return;
+    static const char *const decisions[] = {"endpoint", "queue", "reject", "fallback"};
+    const struct atc_features *f = r->f;
+    uint64_t now = now_us();
+    struct atc_trace_record t;
+    atc_trace_record_init(&t);
+    t.id = r->id;
+    t.model = f->model;
+    t.kind = r->rreq.kind;
+    t.prompt_tokens = f->prompt_tokens;
+    t.max_tokens = f->max_tokens;
+    t.output_tokens = atc_record_marks_output_tokens(&r->marks, r->rreq.kind == ATC_KIND_CHAT);
+    t.priority = r->priority;
+    t.tenant = r->tenant;
+    t.session = r->session;
+    t.stream = f->stream;
+    t.blocks = f->blocks;
+    t.nblocks = f->nblocks;
+    t.block_tokens = f->nblocks > 0 ? ATC_PREFIX_BLOCK_BYTES / 4 : 0;
+    if (atc_recorder_text(rec) && f->prompt != NULL) {
+        t.prompt = f->prompt;
+        t.prompt_len = f->prompt_len;
+    }
+    t.endpoint = r->ntried > 0 ? r->tried[r->ntried - 1]->id : NULL;
+    t.policy_version = r->policy_version;
+    t.decision = r->marks.decision >= 0 && r->marks.decision <= 3 ? decisions[r->marks.decision] : "balancer";
+    t.attempts = r->ntried;
+    t.status = client_status != 0 ? client_status : r->marks.status != 0 ? r->marks.status : r->status;
+    if (r->marks.first_byte_us != 0)
+        t.ttft_ms = (double)(r->marks.first_byte_us - r->t_start_us) / 1000.0;
+    t.total_ms = (double)(now - r->t_start_us) / 1000.0;
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    uint64_t wall_us = (uint64_t)wall.tv_sec * 1000000u + (uint64_t)wall.tv_nsec / 1000u;
+    atc_recorder_add(rec, &t, wall_us - (now - r->t_start_us));
 }

@@ -20,6 +20,7 @@
 #include "http_front.h"
 #include "log.h"
 #include "policy.h"
+#include "recorder.h"
 #include "sim_server.h"
 #include "upstream.h"
 
@@ -249,6 +250,21 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
     }
     if (start_policy(srv, err) < 0)
         goto error;
+    if (cfg->record.enabled) { /* trace recording: see recorder.h */
+        struct atc_recorder_settings rs = {
+            .dir = cfg->record.dir,
+            .prefix = cfg->record.prefix,
+            .rotate_size = cfg->record.rotate_size,
+            .rotate_interval_ms = cfg->record.rotate_interval_ms,
+            .text = cfg->record.text,
+            .buffer = cfg->record.buffer,
+            .sample = cfg->record.sample,
+        };
+        if ((srv->recorder = atc_recorder_create(&rs)) == NULL) {
+            *err = "cannot start the trace recorder";
+            goto error;
+        }
+    }
     if ((srv->front = http_listen(srv, cfg->listen_host, cfg->listen_port, atc_http_front_handle,
                                   &srv->front_port, &srv->front_listener, err)) == NULL)
         goto error;
@@ -301,6 +317,7 @@ void atc_server_destroy(struct atc_server *srv)
         evhttp_free(srv->front);
     if (srv->admin != NULL)
         evhttp_free(srv->admin);
+    atc_recorder_destroy(srv->recorder); /* writes what is still buffered */
     atc_policy_runtime_destroy(srv->policy);
     atc_affinity_destroy(srv->affinity);
     atc_prefix_index_destroy(srv->prefix);

@@ -19,6 +19,7 @@ struct atc_sim_server;
 struct atc_policy_runtime;
 struct atc_affinity;
 struct atc_prefix_index;
+struct atc_recorder;
 
 struct atc_server_stats {
     uint64_t requests_total;   /* client requests accepted on the front routes */
@@ -35,6 +36,7 @@ struct atc_server {
     struct atc_policy_runtime *policy; /* NULL without a policy: section (the C balancer routes) */
     struct atc_affinity *affinity;     /* engine-owned tables policies use; they survive reloads */
     struct atc_prefix_index *prefix;
+    struct atc_recorder *recorder;     /* record: traffic to trace files; NULL without the section */
     struct evhttp *front;
     struct evhttp_bound_socket *front_listener;
     struct evhttp *admin;

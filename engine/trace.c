@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <dirent.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 
 #include <msgpack.h>
@@ -753,6 +755,63 @@ static int load_native(const char *path, struct atc_trace *t, char **err)
     return rc;
 }
 
+static int by_string(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Every *.atct file of directory @p dir, one after another (a recording's rotated files share one
+ * time base, and atc_trace_normalize orders the records). */
+static int load_dir(const char *dir, struct atc_trace *t, char **err)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL) {
+        if (asprintf(err, "%s: %s", dir, strerror(errno)) < 0)
+            *err = NULL;
+        return -1;
+    }
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    int rc = 0;
+    while ((e = readdir(d)) != NULL) {
+        size_t len = strlen(e->d_name);
+        if (len < 6 || strcmp(e->d_name + len - 5, ".atct") != 0 || e->d_name[0] == '.')
+            continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            char **v = realloc(names, cap * sizeof(*v));
+            if (v == NULL) {
+                rc = -1;
+                break;
+            }
+            names = v;
+        }
+        if (asprintf(&names[n], "%s/%s", dir, e->d_name) < 0) {
+            rc = -1;
+            break;
+        }
+        n++;
+    }
+    closedir(d);
+    if (rc < 0)
+        *err = strdup("out of memory");
+    else if (n == 0 && asprintf(err, "%s: no .atct files in this directory", dir) >= 0)
+        rc = -1;
+    qsort(names, n, sizeof(*names), by_string);
+    struct atc_trace_header first = t->header;
+    for (size_t i = 0; i < n; i++) {
+        if (rc == 0 && load_native(names[i], t, err) < 0)
+            rc = -1;
+        if (i == 0)
+            first = t->header;
+        free(names[i]);
+    }
+    t->header = first;
+    free(names);
+    return rc;
+}
+
 int atc_trace_load(const char *path, const struct atc_trace_import_options *o, struct atc_trace **out,
                    size_t *bad_lines, char **err)
 {
@@ -773,8 +832,14 @@ int atc_trace_load(const char *path, const struct atc_trace_import_options *o, s
         *err = strdup("out of memory");
         return -1;
     }
-    int rc = opts.format == ATC_TRACE_NATIVE ? load_native(path, t, err)
-                                             : atc_trace_import_text(path, &opts, t, &bad, err);
+    struct stat st;
+    int rc;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        rc = load_dir(path, t, err);
+    else if (opts.format == ATC_TRACE_NATIVE)
+        rc = load_native(path, t, err);
+    else
+        rc = atc_trace_import_text(path, &opts, t, &bad, err);
     if (bad_lines != NULL)
         *bad_lines = bad;
     if (rc < 0) {

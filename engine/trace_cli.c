@@ -309,11 +309,12 @@ static void print_text(FILE *out, const char *path, const struct atc_trace *t, c
     fprintf(out, "%-15s %zu distinct sessions (%zu requests with one), %zu distinct tenants\n", "sessions",
             s->sessions.n, s->with_session, s->tenants.n);
     if (s->with_blocks > 0) {
-        fprintf(out, "%-15s %llu blocks of %s%llu tokens in %zu requests, %zu distinct (%.1fM tokens of KV to "
+        double kv = (double)s->distinct.n * (double)s->block_tokens;
+        fprintf(out, "%-15s %llu blocks of %s%llu tokens in %zu requests, %zu distinct (%.*f%s tokens of KV to "
                      "hold them all)\n",
                 "prefix", (unsigned long long)s->blocks, s->mixed_block_tokens ? "mostly " : "",
-                (unsigned long long)s->block_tokens, s->with_blocks, s->distinct.n,
-                (double)s->distinct.n * (double)s->block_tokens / 1e6);
+                (unsigned long long)s->block_tokens, s->with_blocks, s->distinct.n, kv >= 1e6 ? 1 : 0,
+                kv >= 1e6 ? kv / 1e6 : kv >= 1e3 ? kv / 1e3 : kv, kv >= 1e6 ? "M" : kv >= 1e3 ? "k" : "");
         fprintf(out, "%-15s %.1f%% of blocks repeat a prefix seen earlier (an unbounded shared cache's hit "
                      "rate); %.1f%% of requests reuse at least one block\n",
                 "prefix sharing", s->blocks ? 100.0 * (double)s->reused_blocks / (double)s->blocks : 0.0,
