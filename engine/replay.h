@@ -92,6 +92,7 @@ struct atc_replay_result {
     double imbalance;      /* mean over time of max / mean in-flight across endpoints (1 = even) */
     double imbalance_max;
     double wall_s;         /* real time the replay took (not deterministic: kept out of --json) */
+    bool live;             /* --speed: measured at the client; the fleet's cache and load are unknown */
 
     /* per request (index = trace record); NaN when the request did not complete */
     double *ttft_ms, *e2e_ms;

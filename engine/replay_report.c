@@ -36,8 +36,11 @@ void atc_replay_report_table(FILE *out, const char *title, const struct atc_repl
             snprintf(q, sizeof(q), "%zu (%s)", x->queued, w);
         else
             snprintf(q, sizeof(q), "0");
-        fprintf(out, "%-22.22s %8s %8s %8s %8s %8s %7.2f %9.0f %5.1f%% %6.2f %14s %7llu\n", x->name, a, b, c, d,
-                e, x->throughput_rps, x->output_tps, 100 * x->cache_hit_rate, x->imbalance, q,
+        char cache[16], imbal[16];
+        snprintf(cache, sizeof(cache), x->live ? "-" : "%.1f%%", 100 * x->cache_hit_rate);
+        snprintf(imbal, sizeof(imbal), x->live ? "-" : "%.2f", x->imbalance);
+        fprintf(out, "%-22.22s %8s %8s %8s %8s %8s %7.2f %9.0f %6s %6s %14s %7llu\n", x->name, a, b, c, d, e,
+                x->throughput_rps, x->output_tps, cache, imbal, q,
                 (unsigned long long)(x->policy_errors + x->budget_overruns));
     }
     fputs("\nlatencies in ms (s where marked); cache: prefix blocks found in the server's KV cache / blocks "
@@ -87,6 +90,11 @@ void atc_replay_report_json(FILE *out, const char *trace, const char *fleet, uin
     fprintf(out, ",\"seed\":%llu,\"policies\":[", (unsigned long long)seed);
     for (size_t i = 0; i < n; i++) {
         const struct atc_replay_result *x = &r[i];
+        /* A live replay measures at the client: the fleet's cache and load are not known there. */
+        char cache[32], imbal[32], imbal_max[32];
+        snprintf(cache, sizeof(cache), x->live ? "null" : "%.4f", x->cache_hit_rate);
+        snprintf(imbal, sizeof(imbal), x->live ? "null" : "%.4f", x->imbalance);
+        snprintf(imbal_max, sizeof(imbal_max), x->live ? "null" : "%.4f", x->imbalance_max);
         fputs(i ? ",\n{\"name\":" : "\n{\"name\":", out);
         json_str(out, x->name);
         fputs(",\"entry\":", out);
@@ -95,16 +103,15 @@ void atc_replay_report_json(FILE *out, const char *trace, const char *fleet, uin
                 ",\"requests\":%zu,\"completed\":%zu,\"rejected\":%zu,\"unserved\":%zu,"
                 "\"ttft_p50_ms\":%.3f,\"ttft_p90_ms\":%.3f,\"ttft_p99_ms\":%.3f,\"ttft_mean_ms\":%.3f,"
                 "\"e2e_p50_ms\":%.3f,\"e2e_p99_ms\":%.3f,\"throughput_rps\":%.4f,\"output_tps\":%.4f,"
-                "\"output_tokens\":%llu,\"duration_s\":%.6f,\"cache_hit_rate\":%.4f,\"prefix_blocks\":%llu,"
-                "\"prefix_block_hits\":%llu,\"imbalance\":%.4f,\"imbalance_max\":%.4f,\"queued\":%zu,"
+                "\"output_tokens\":%llu,\"duration_s\":%.6f,\"cache_hit_rate\":%s,\"prefix_blocks\":%llu,"
+                "\"prefix_block_hits\":%llu,\"imbalance\":%s,\"imbalance_max\":%s,\"queued\":%zu,"
                 "\"queue_wait_p50_ms\":%.3f,\"queue_wait_p99_ms\":%.3f,\"queue_wait_max_ms\":%.3f,"
                 "\"decisions\":%llu,\"fallbacks\":%llu,\"policy_errors\":%llu,\"budget_overruns\":%llu,"
                 "\"preemptions\":%llu,\"endpoints\":[",
                 x->requests, x->completed, x->rejected, x->unserved, x->ttft_p50_ms, x->ttft_p90_ms,
                 x->ttft_p99_ms, x->ttft_mean_ms, x->e2e_p50_ms, x->e2e_p99_ms, x->throughput_rps, x->output_tps,
-                (unsigned long long)x->output_tokens, x->duration_s, x->cache_hit_rate,
-                (unsigned long long)x->prefix_blocks, (unsigned long long)x->prefix_block_hits, x->imbalance,
-                x->imbalance_max, x->queued, x->queue_wait_p50_ms, x->queue_wait_p99_ms, x->queue_wait_max_ms,
+                (unsigned long long)x->output_tokens, x->duration_s, cache, (unsigned long long)x->prefix_blocks,
+                (unsigned long long)x->prefix_block_hits, imbal, imbal_max, x->queued, x->queue_wait_p50_ms, x->queue_wait_p99_ms, x->queue_wait_max_ms,
                 (unsigned long long)x->decisions, (unsigned long long)x->fallbacks,
                 (unsigned long long)x->policy_errors, (unsigned long long)x->budget_overruns,
                 (unsigned long long)x->preemptions);
