@@ -551,7 +551,8 @@ static int cmd_dump(int argc, char **argv)
         int rc = load(argv[optind], NULL, &t);
         if (rc < 0)
             return 1;
-        printf("# atc trace v%u, source %s, %zu records\n", t->header.version, t->header.source, t->n);
+        printf("# atc trace v%u, source %s, %zu records%s\n", t->header.version, t->header.source, t->n,
+               t->header.text ? ", with prompt text" : "");
         for (size_t i = 0; i < t->n && i < limit; i++)
             atc_trace_record_json(stdout, &t->records[i]);
         atc_trace_free(t);

@@ -464,9 +464,7 @@ static int import_csv_line(struct importer *im, char *line, const struct csv_col
     if (!isdigit((unsigned char)*gen) || *end != '\0' || errno != 0 || u > INT64_MAX)
         return fail_line(im, "GeneratedTokens: expected a whole number, got '%.40s'", gen);
     r.output_tokens = r.max_tokens = (int64_t)u;
-    if (im->t->header.start_unix_us == 0 || us < im->t->header.start_unix_us)
-        im->t->header.start_unix_us = us;
-    r.at_us = us; /* made relative to the first request by atc_trace_normalize */
+    r.at_us = us; /* wall clock for now: made relative once every line is read */
     if (atc_trace_append(im->t, &r) < 0)
         return fail_line(im, "out of memory");
     return 0;
@@ -532,6 +530,14 @@ int atc_trace_import_text(const char *path, const struct atc_trace_import_option
                 break;
             }
         }
+    }
+    if (format == ATC_TRACE_AZURE && t->n > 0) { /* times relative to the first request, kept in the header */
+        uint64_t first = UINT64_MAX;
+        for (size_t i = 0; i < t->n; i++)
+            first = t->records[i].at_us < first ? t->records[i].at_us : first;
+        for (size_t i = 0; i < t->n; i++)
+            t->records[i].at_us -= first;
+        t->header.start_unix_us = first;
     }
     if (o->errors != NULL && im.bad > SHOWN_ERRORS)
         fprintf(o->errors, "%s: %zu more malformed lines not shown\n", path, im.bad - SHOWN_ERRORS);
