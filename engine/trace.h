@@ -28,7 +28,8 @@
  *      and for recorded live traffic, the decision and its outcome:
  *        endpoint       id of the endpoint that answered (the last one tried)
  *        policy_version policy version that decided (0: no policy, the C balancer)
- *        decision       "endpoint" | "queue" | "reject" | "fallback"
+ *        decision       "endpoint" | "queue" | "reject" | "fallback" (the policy failed: the built-in
+ *                       balancer routed it) | "balancer" (no policy configured)
  *        attempts       upstream attempts made
  *        status         HTTP status the client got (499: the client went away first)
  *        ttft_ms        time to the first byte of the answer's body, from the request's arrival
