@@ -348,7 +348,7 @@ void atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *block
             s->endpoints |= bit;
             continue;
         }
-        if (0) {
+        if (idx->cur.count >= idx->cap) {
             rotate(idx);
             s = &idx->cur.slots[home]; /* the new current generation is empty */
         }

@@ -66,7 +66,6 @@ struct atc_record_marks {
     uint32_t events;        /* SSE "data:" events relayed */
     bool done_event;        /* the stream ended with data: [DONE] */
     int64_t completion_tokens; /* from a usage object in the answer, -1 if none seen */
-    int status;             /* status the client got when atc answered itself (0: the server's) */
     int decision;           /* enum atc_decision_kind of the first decision; -1: no policy */
 };
 

@@ -286,6 +286,7 @@ static void prepare(struct replay *rp, size_t i)
         .attempt = 1,
         .header = no_header,
         .block_tokens = r->block_tokens,
+        .tokens = r->prompt_tokens + (uint64_t)(r->max_tokens >= 0 ? r->max_tokens : DEFAULT_OUTPUT_TOKENS),
     };
     /* What a server would report now (health scraping reads the same from real servers). */
     for (size_t k = 0; k < rp->neps; k++) {
@@ -324,7 +325,7 @@ static enum outcome decide(struct replay *rp, size_t i)
             d.kind = ATC_DECISION_REJECT;
             d.status = 404;
         } else {
-            ep = atc_balancer_pick(m, &rp->rng, NULL, 0);
+            ep = atc_balancer_pick(m, &rp->rng, NULL, 0, rp->rreq.tokens);
         }
     } else if (d.kind == ATC_DECISION_ENDPOINT) {
         ep = d.endpoint;

@@ -1,6 +1,7 @@
 #include "server.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,14 +14,18 @@
 #include <event2/event.h>
 #include <event2/http.h>
 
+#include "access_log.h"
 #include "admin.h"
+#include "admission.h"
 #include "affinity.h"
 #include "config.h"
 #include "endpoint.h"
 #include "http_front.h"
 #include "log.h"
+#include "metrics.h"
 #include "policy.h"
 #include "recorder.h"
+#include "relay.h"
 #include "sim_server.h"
 #include "upstream.h"
 
@@ -114,6 +119,13 @@ static struct evhttp *http_listen(struct atc_server *srv, const char *host, uint
     if (listener != NULL)
         *listener = b;
     return http;
+}
+
+static void on_sigusr1(evutil_socket_t sig, short what, void *arg)
+{
+    struct atc_server *srv = arg;
+    if (srv->access_log != NULL)
+        atc_access_log_reopen(srv->access_log);
 }
 
 static void on_drain_timeout(evutil_socket_t fd, short what, void *arg)
@@ -248,6 +260,21 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
             goto error;
         }
     }
+    if ((srv->metrics = atc_metrics_create()) == NULL) {
+        *err = "out of memory";
+        goto error;
+    }
+    char log_path[4096];
+    if (cfg->access_log != NULL) /* "stderr", or a file relative to the config's directory */
+        snprintf(log_path, sizeof(log_path), "%s%s%s",
+                 cfg->access_log[0] == '/' || strcmp(cfg->access_log, "stderr") == 0 ? "" : cfg->dir,
+                 cfg->access_log[0] == '/' || strcmp(cfg->access_log, "stderr") == 0 ? "" : "/", cfg->access_log);
+    if (cfg->access_log != NULL && (srv->access_log = atc_access_log_open(base, log_path)) == NULL) {
+        static char msg[600];
+        snprintf(msg, sizeof(msg), "access_log %s: %s", cfg->access_log, strerror(errno));
+        *err = msg;
+        goto error;
+    }
     if (start_policy(srv, err) < 0)
         goto error;
     if (cfg->record.enabled) { /* trace recording: see recorder.h */
@@ -265,6 +292,21 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
             goto error;
         }
     }
+    if (cfg->admission.queue > 0) {
+        struct atc_admission_settings as = {
+            .max_queue = cfg->admission.queue,
+            .deadline_ms = cfg->admission.deadline_ms,
+            .max_deadline_ms = cfg->admission.max_deadline_ms,
+            .aging_ms = cfg->admission.aging_ms,
+            .tenants = (const char *const *)cfg->admission.tenant_weights.names,
+            .weights = cfg->admission.tenant_weights.weights,
+            .ntenants = cfg->admission.tenant_weights.n,
+        };
+        if ((srv->admission = atc_admission_create(base, &as, &atc_relay_admission)) == NULL) {
+            *err = "out of memory";
+            goto error;
+        }
+    }
     if ((srv->front = http_listen(srv, cfg->listen_host, cfg->listen_port, atc_http_front_handle,
                                   &srv->front_port, &srv->front_listener, err)) == NULL)
         goto error;
@@ -275,6 +317,8 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
     srv->sig_term = evsignal_new(base, SIGTERM, on_signal, srv);
     srv->sig_int = evsignal_new(base, SIGINT, on_signal, srv);
     srv->sig_hup = evsignal_new(base, SIGHUP, on_sighup, srv);
+    srv->sig_usr1 = evsignal_new(base, SIGUSR1, on_sigusr1, srv);
+    event_add(srv->sig_usr1, NULL);
     event_add(srv->sig_term, NULL);
     event_add(srv->sig_int, NULL);
     event_add(srv->sig_hup, NULL);
@@ -311,6 +355,8 @@ void atc_server_destroy(struct atc_server *srv)
         event_free(srv->sig_int);
     if (srv->sig_hup != NULL)
         event_free(srv->sig_hup);
+    if (srv->sig_usr1 != NULL)
+        event_free(srv->sig_usr1);
     if (srv->drain_timer != NULL)
         event_free(srv->drain_timer);
     if (srv->front != NULL)
@@ -318,6 +364,9 @@ void atc_server_destroy(struct atc_server *srv)
     if (srv->admin != NULL)
         evhttp_free(srv->admin);
     atc_recorder_destroy(srv->recorder); /* writes what is still buffered */
+    atc_admission_destroy(srv->admission);
+    atc_access_log_close(srv->access_log);
+    atc_metrics_destroy(srv->metrics);
     atc_policy_runtime_destroy(srv->policy);
     atc_affinity_destroy(srv->affinity);
     atc_prefix_index_destroy(srv->prefix);
