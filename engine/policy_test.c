@@ -239,8 +239,10 @@ static void run_file(struct runner *r, const char *file)
         free(sorted);
     }
     if (found == 0) {
-        printf("FAIL %s: no tests (register them with t.test(name, fn) from require \"atc.test\", or return a "
-               "table of name -> function)\n", file);
+        printf(
+            "FAIL %s: no tests (register them with t.test(name, fn) from require \"atc.test\", or return a "
+            "table of name -> function)\n",
+            file);
         r->failed++;
     }
     policy_version_free(v);
@@ -249,9 +251,12 @@ static void run_file(struct runner *r, const char *file)
 int atc_policy_test_main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        {"config", required_argument, NULL, 'c'}, {"scripts", required_argument, NULL, 's'},
-        {"budget", required_argument, NULL, 'b'}, {"filter", required_argument, NULL, 'f'},
-        {"verbose", no_argument, NULL, 'v'},      {"help", no_argument, NULL, 'h'},
+        {"config", required_argument, NULL, 'c'},
+        {"scripts", required_argument, NULL, 's'},
+        {"budget", required_argument, NULL, 'b'},
+        {"filter", required_argument, NULL, 'f'},
+        {"verbose", no_argument, NULL, 'v'},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *config = NULL, *scripts = "scripts";

@@ -19,10 +19,10 @@
 #include "log.h"
 #include "trace.h"
 
-#define WRITE_INTERVAL_MS 200       /* the writer takes the buffer at least this often */
-#define WAKE_BYTES (256 * 1024)     /* ... and as soon as this much is waiting */
-#define ERROR_LOG_INTERVAL_S 60     /* write errors are logged at most this often (all are counted) */
-#define RETRY_OPEN_INTERVAL_S 1     /* after a failed open, batches are dropped for this long */
+#define WRITE_INTERVAL_MS 200   /* the writer takes the buffer at least this often */
+#define WAKE_BYTES (256 * 1024) /* ... and as soon as this much is waiting */
+#define ERROR_LOG_INTERVAL_S 60 /* write errors are logged at most this often (all are counted) */
+#define RETRY_OPEN_INTERVAL_S 1 /* after a failed open, batches are dropped for this long */
 
 struct atc_recorder {
     struct atc_recorder_settings s; /* strings owned */
@@ -120,8 +120,9 @@ static int open_file(struct atc_recorder *rec, uint64_t lost_if_failed)
     }
     struct tm tm;
     gmtime_r(&now, &tm);
-    snprintf(rec->path, sizeof(rec->path), "%s/%s-%04d%02d%02dT%02d%02d%02dZ-%u.atct", rec->s.dir, rec->s.prefix,
-             tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ++rec->file_seq);
+    snprintf(rec->path, sizeof(rec->path), "%s/%s-%04d%02d%02dT%02d%02d%02dZ-%u.atct", rec->s.dir,
+             rec->s.prefix, tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+             ++rec->file_seq);
     make_dirs(rec->s.dir); /* its failure shows as the open's */
     rec->fd = open(rec->path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
     if (rec->fd < 0) {
@@ -129,8 +130,8 @@ static int open_file(struct atc_recorder *rec, uint64_t lost_if_failed)
         write_error(rec, "cannot create", errno, lost_if_failed);
         return -1;
     }
-    struct atc_trace_header h = {.version = ATC_TRACE_VERSION, .text = rec->s.text,
-                                 .start_unix_us = rec->start_unix_us};
+    struct atc_trace_header h = {
+        .version = ATC_TRACE_VERSION, .text = rec->s.text, .start_unix_us = rec->start_unix_us};
     snprintf(h.source, sizeof(h.source), "record");
     snprintf(h.atc_version, sizeof(h.atc_version), "%s", ATC_VERSION);
     h.created = (double)realtime_us() / 1e6;

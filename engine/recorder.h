@@ -62,11 +62,11 @@ void atc_recorder_stats(struct atc_recorder *rec, struct atc_recorder_stats *st)
 
 /* What the relay notes about an answer as it passes, for its record. */
 struct atc_record_marks {
-    uint64_t first_byte_us; /* monotonic; 0 until the answer's body starts */
-    uint32_t events;        /* SSE "data:" events relayed */
-    bool done_event;        /* the stream ended with data: [DONE] */
+    uint64_t first_byte_us;    /* monotonic; 0 until the answer's body starts */
+    uint32_t events;           /* SSE "data:" events relayed */
+    bool done_event;           /* the stream ended with data: [DONE] */
     int64_t completion_tokens; /* from a usage object in the answer, -1 if none seen */
-    int decision;           /* enum atc_decision_kind of the first decision; -1: no policy */
+    int decision;              /* enum atc_decision_kind of the first decision; -1: no policy */
 };
 
 /** Resets @p m (before the first attempt). */

@@ -141,11 +141,14 @@ static int build_fleet(struct replay *rp, const struct atc_config *cfg, char **e
         const struct atc_simulate_config *sc = &cfg->simulate[i];
         for (unsigned k = 0; k < sc->count; k++) {
             char id[300];
-            struct atc_model *m = atc_endpoint_table_model(rp->table, sc->params.model, strlen(sc->params.model));
+            struct atc_model *m =
+                atc_endpoint_table_model(rp->table, sc->params.model, strlen(sc->params.model));
             snprintf(id, sizeof(id), "%s-sim-%zu", sc->params.model, m != NULL ? m->nendpoints + 1 : 1);
-            struct atc_endpoint *ep = atc_endpoint_table_add(rp->table, sc->params.model, id, "127.0.0.1", 0,
-                                                             sc->capacity ? sc->capacity : sc->params.max_seqs);
-            if (ep == NULL || add_server(rp, ep, &sc->params, (sc->params.seed + rp->neps) ^ (seed * 0x9E3779B97F4A7C15ull)) < 0)
+            struct atc_endpoint *ep =
+                atc_endpoint_table_add(rp->table, sc->params.model, id, "127.0.0.1", 0,
+                                       sc->capacity ? sc->capacity : sc->params.max_seqs);
+            if (ep == NULL || add_server(rp, ep, &sc->params,
+                                         (sc->params.seed + rp->neps) ^ (seed * 0x9E3779B97F4A7C15ull)) < 0)
                 goto oom;
         }
     }
@@ -579,7 +582,8 @@ static void summarize(struct replay *rp)
         res->prefix_block_hits += st.prefix_block_hits;
         res->preemptions += st.preemptions;
     }
-    res->cache_hit_rate = res->prefix_blocks ? (double)res->prefix_block_hits / (double)res->prefix_blocks : 0;
+    res->cache_hit_rate =
+        res->prefix_blocks ? (double)res->prefix_block_hits / (double)res->prefix_blocks : 0;
     res->imbalance = rp->imbalance_n ? rp->imbalance_sum / (double)rp->imbalance_n : 1.0;
     if (res->imbalance_max < 1.0)
         res->imbalance_max = 1.0;
@@ -622,7 +626,8 @@ int atc_replay_run(const struct atc_config *cfg, const struct atc_trace *trace, 
     rp.affinity = atc_affinity_create(0);
     rp.prefix = atc_prefix_index_create(0);
     if (out->name == NULL || out->entry == NULL || out->ttft_ms == NULL || out->e2e_ms == NULL ||
-        out->endpoint == NULL || rp.reqs == NULL || rp.queue == NULL || rp.waits == NULL || rp.affinity == NULL || rp.prefix == NULL) {
+        out->endpoint == NULL || rp.reqs == NULL || rp.queue == NULL || rp.waits == NULL ||
+        rp.affinity == NULL || rp.prefix == NULL) {
         *err = strdup("out of memory");
         goto error;
     }
@@ -790,15 +795,24 @@ static int resolve_policy(const char *arg, struct policy_arg *p)
 int atc_replay_main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        {"config", required_argument, NULL, 'c'},  {"trace", required_argument, NULL, 't'},
-        {"policy", required_argument, NULL, 'p'},  {"vs", required_argument, NULL, 'v'},
-        {"seed", required_argument, NULL, 's'},    {"model", required_argument, NULL, 'm'},
-        {"limit", required_argument, NULL, 'l'},   {"budget", required_argument, NULL, 'b'},
-        {"format", required_argument, NULL, 'f'},  {"json", no_argument, NULL, 'j'},
-        {"html", required_argument, NULL, 'H'},    {"no-progress", no_argument, NULL, 'n'},
-        {"speed", required_argument, NULL, 'S'},   {"target", required_argument, NULL, 'T'},
-        {"max-inflight", required_argument, NULL, 'M'}, {"timeout", required_argument, NULL, 'o'},
-        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0},
+        {"config", required_argument, NULL, 'c'},
+        {"trace", required_argument, NULL, 't'},
+        {"policy", required_argument, NULL, 'p'},
+        {"vs", required_argument, NULL, 'v'},
+        {"seed", required_argument, NULL, 's'},
+        {"model", required_argument, NULL, 'm'},
+        {"limit", required_argument, NULL, 'l'},
+        {"budget", required_argument, NULL, 'b'},
+        {"format", required_argument, NULL, 'f'},
+        {"json", no_argument, NULL, 'j'},
+        {"html", required_argument, NULL, 'H'},
+        {"no-progress", no_argument, NULL, 'n'},
+        {"speed", required_argument, NULL, 'S'},
+        {"target", required_argument, NULL, 'T'},
+        {"max-inflight", required_argument, NULL, 'M'},
+        {"timeout", required_argument, NULL, 'o'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     const char *config = NULL, *trace_path = NULL, *html = NULL, *target = NULL;
     const char *policy_args[MAX_POLICIES];
@@ -998,8 +1012,8 @@ int atc_replay_main(int argc, char **argv)
         size_t neps = results[0].nendpoints;
         snprintf(title, sizeof(title), "%s: %zu requests over %.1f s; fleet %s: %zu endpoints; seed %llu",
                  trace_path, results[0].requests,
-                 results[0].requests ? (double)trace->records[results[0].requests - 1].at_us / 1e6 : 0.0, config,
-                 neps, (unsigned long long)o.seed);
+                 results[0].requests ? (double)trace->records[results[0].requests - 1].at_us / 1e6 : 0.0,
+                 config, neps, (unsigned long long)o.seed);
     }
     if (json)
         atc_replay_report_json(stdout, trace_path, config, o.seed, results, nresults);
@@ -1012,8 +1026,10 @@ int atc_replay_main(int argc, char **argv)
     }
     for (size_t i = 0; i < nresults; i++)
         if (results[i].rejected == results[i].requests && results[i].requests > 0)
-            fprintf(stderr, "atc replay: %s rejected every request: does the fleet serve the trace's model? "
-                            "(--model NAME sends them all to one)\n", results[i].name);
+            fprintf(stderr,
+                    "atc replay: %s rejected every request: does the fleet serve the trace's model? "
+                    "(--model NAME sends them all to one)\n",
+                    results[i].name);
 done:
     for (size_t i = 0; i < nresults; i++)
         atc_replay_result_dispose(&results[i]);

@@ -40,25 +40,25 @@ struct atc_replay_outage {
 
 /* One decision, as reported to on_decision. */
 struct atc_replay_decision {
-    size_t record;      /* index in the trace */
-    uint64_t at_us;     /* virtual time of the decision */
-    unsigned attempt;   /* 1 on arrival; more when decided again from the queue */
+    size_t record;    /* index in the trace */
+    uint64_t at_us;   /* virtual time of the decision */
+    unsigned attempt; /* 1 on arrival; more when decided again from the queue */
     enum atc_decision_kind kind;
-    const char *reason; /* fallbacks: why the policy failed */
+    const char *reason;                  /* fallbacks: why the policy failed */
     const struct atc_endpoint *endpoint; /* where it went (policy or fallback balancer), or NULL */
-    unsigned inflight;  /* that endpoint's requests in flight before this one */
+    unsigned inflight;                   /* that endpoint's requests in flight before this one */
     unsigned capacity;
-    int status;         /* rejections */
+    int status;                             /* rejections */
     const struct atc_endpoint_table *table; /* the fleet as it is at this moment */
 };
 
 struct atc_replay_options {
-    uint64_t seed;        /* atc.random(), the C balancer and drawn output lengths (0: 1) */
-    const char *model;    /* send every request to this model (NULL: the trace's) */
-    size_t limit;         /* replay only the first N requests (0: all) */
-    uint64_t budget_us;   /* CPU time per decision (0: the config's policy.budget) */
-    bool progress;        /* a progress bar on stderr */
-    unsigned samples;     /* load samples over the trace's duration (0: 240) */
+    uint64_t seed;                  /* atc.random(), the C balancer and drawn output lengths (0: 1) */
+    const char *model;              /* send every request to this model (NULL: the trace's) */
+    size_t limit;                   /* replay only the first N requests (0: all) */
+    uint64_t budget_us;             /* CPU time per decision (0: the config's policy.budget) */
+    bool progress;                  /* a progress bar on stderr */
+    unsigned samples;               /* load samples over the trace's duration (0: 240) */
     const char *const *module_path; /* extra module directories (policy.path of the config otherwise) */
     size_t nmodule_path;
     const struct atc_replay_outage *outages;
@@ -69,30 +69,30 @@ struct atc_replay_options {
 
 struct atc_replay_endpoint_result {
     char *id;
-    uint64_t requests;       /* dispatched to it */
-    uint64_t prefix_blocks;  /* looked up in its KV cache, and found */
+    uint64_t requests;      /* dispatched to it */
+    uint64_t prefix_blocks; /* looked up in its KV cache, and found */
     uint64_t prefix_block_hits;
     uint64_t preemptions;
 };
 
 struct atc_replay_result {
-    char *name;  /* of the policy */
-    char *entry; /* its file */
+    char *name;                                     /* of the policy */
+    char *entry;                                    /* its file */
     size_t requests, completed, rejected, unserved; /* unserved: still queued when nothing was left */
-    size_t queued;        /* requests that waited in the queue */
+    size_t queued;                                  /* requests that waited in the queue */
     uint64_t decisions, fallbacks, policy_errors;
     uint64_t budget_overruns; /* decisions that used more CPU than the budget (or were stopped) */
     double ttft_p50_ms, ttft_p90_ms, ttft_p99_ms, ttft_mean_ms;
     double e2e_p50_ms, e2e_p99_ms;
     double queue_wait_p50_ms, queue_wait_p99_ms, queue_wait_max_ms; /* over the requests that waited */
-    double duration_s;    /* first arrival to last completion, virtual */
+    double duration_s; /* first arrival to last completion, virtual */
     double throughput_rps, output_tps;
     uint64_t output_tokens, prefix_blocks, prefix_block_hits, preemptions;
     double cache_hit_rate; /* prefix blocks found in the server's cache / prefix blocks requested */
     double imbalance;      /* mean over time of max / mean in-flight across endpoints (1 = even) */
     double imbalance_max;
-    double wall_s;         /* real time the replay took (not deterministic: kept out of --json) */
-    bool live;             /* --speed: measured at the client; the fleet's cache and load are unknown */
+    double wall_s; /* real time the replay took (not deterministic: kept out of --json) */
+    bool live;     /* --speed: measured at the client; the fleet's cache and load are unknown */
 
     /* per request (index = trace record); NaN when the request did not complete */
     double *ttft_ms, *e2e_ms;
@@ -128,7 +128,7 @@ int atc_replay_report_html(const char *path, const char *title, const struct atc
 struct atc_replay_live_options {
     const char *host; /* atc's front door */
     uint16_t port;
-    double speed;     /* 2 = twice as fast as recorded */
+    double speed;      /* 2 = twice as fast as recorded */
     const char *model; /* NULL: the trace's */
     size_t limit;
     unsigned max_inflight; /* requests open at once (0: 1024); more wait, and their wait counts */

@@ -144,7 +144,8 @@ static void on_chunk(struct evhttp_request *req, void *arg)
 {
     struct live_req *q = arg;
     atc_record_marks_observe(&q->marks, evhttp_request_get_input_buffer(req), true, mono_us());
-    evbuffer_drain(evhttp_request_get_input_buffer(req), evbuffer_get_length(evhttp_request_get_input_buffer(req)));
+    evbuffer_drain(evhttp_request_get_input_buffer(req),
+                   evbuffer_get_length(evhttp_request_get_input_buffer(req)));
 }
 
 static void on_done(struct evhttp_request *req, void *arg)

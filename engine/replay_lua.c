@@ -42,7 +42,8 @@ static void on_decision(void *ctx, const struct atc_replay_decision *d)
     if (c->n == c->cap) {
         size_t cap = c->cap ? c->cap * 2 : 1024;
         struct recorded *v = realloc(c->v, cap * sizeof(*v));
-        unsigned *snap = c->snapshots ? realloc(c->snap, cap * d->table->nendpoints * 3 * sizeof(unsigned)) : NULL;
+        unsigned *snap =
+            c->snapshots ? realloc(c->snap, cap * d->table->nendpoints * 3 * sizeof(unsigned)) : NULL;
         if (v != NULL)
             c->v = v;
         if (snap != NULL)
@@ -154,8 +155,9 @@ static void fleet_yaml(lua_State *L, int list)
         lua_pushnil(L);
         while (lua_next(L, -2) != 0) {
             if (yaml_scalar(L, &b) < 0)
-                luaL_error(L, "t.replay: fleet[%d]: '%s' must be a simple key with a number, string or boolean", i,
-                           lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?");
+                luaL_error(L,
+                           "t.replay: fleet[%d]: '%s' must be a simple key with a number, string or boolean",
+                           i, lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?");
             lua_pop(L, 1);
         }
         lua_pop(L, 1);
@@ -213,7 +215,7 @@ int atc_replay_lua(struct lua_State *L)
     const char *entry = lua_isnil(L, -1) ? v->rt->s.entry : luaL_checkstring(L, -1); /* index 3 */
     lua_getfield(L, 1, "model");
     const char *model = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1); /* index 4 */
-    lua_getfield(L, 1, "fleet"); /* index 5 */
+    lua_getfield(L, 1, "fleet");                                           /* index 5 */
     const char *fleet_path = NULL;
     if (lua_istable(L, 5))
         fleet_yaml(L, 5); /* index 6 */
@@ -241,11 +243,13 @@ int atc_replay_lua(struct lua_State *L)
         for (int i = 1; i <= n; i++) {
             lua_rawgeti(L, top, i); /* stays on the stack: keeps the endpoint string alive */
             if (!lua_istable(L, -1))
-                return luaL_error(L, "t.replay: outages[%d]: {endpoint = ID, from_ms = T, to_ms = T} expected", i);
+                return luaL_error(
+                    L, "t.replay: outages[%d]: {endpoint = ID, from_ms = T, to_ms = T} expected", i);
             lua_getfield(L, -1, "endpoint");
             outages[i - 1].endpoint = luaL_checkstring(L, -1);
             lua_pop(L, 1);
-            double from = opt_number(L, lua_gettop(L), "from_ms", 0), to = opt_number(L, lua_gettop(L), "to_ms", 1e15);
+            double from = opt_number(L, lua_gettop(L), "from_ms", 0),
+                   to = opt_number(L, lua_gettop(L), "to_ms", 1e15);
             if (from < 0 || to < from)
                 return luaL_error(L, "t.replay: outages[%d]: need 0 <= from_ms <= to_ms", i);
             outages[i - 1].from_us = (uint64_t)(from * 1000);
@@ -257,8 +261,9 @@ int atc_replay_lua(struct lua_State *L)
 
     struct atc_config *cfg = NULL;
     char *err = NULL;
-    if (fleet_path != NULL ? atc_config_load(fleet_path, &cfg, &err) < 0
-                           : atc_config_parse(fleet_text, strlen(fleet_text), "t.replay fleet", ".", &cfg, &err) < 0) {
+    if (fleet_path != NULL
+            ? atc_config_load(fleet_path, &cfg, &err) < 0
+            : atc_config_parse(fleet_text, strlen(fleet_text), "t.replay fleet", ".", &cfg, &err) < 0) {
         lua_pushfstring(L, "t.replay: %s", err != NULL ? err : "bad fleet");
         free(err);
         return lua_error(L);

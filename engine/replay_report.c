@@ -51,8 +51,8 @@ void atc_replay_report_table(FILE *out, const char *title, const struct atc_repl
     for (size_t i = 0; i < n; i++) {
         const struct atc_replay_result *x = &r[i];
         if (x->rejected || x->unserved || x->completed != x->requests)
-            fprintf(out, "%s: %zu of %zu requests completed (%zu rejected, %zu never left the queue)\n", x->name,
-                    x->completed, x->requests, x->rejected, x->unserved);
+            fprintf(out, "%s: %zu of %zu requests completed (%zu rejected, %zu never left the queue)\n",
+                    x->name, x->completed, x->requests, x->rejected, x->unserved);
         if (x->budget_overruns)
             fprintf(out, "%s: %llu budget overruns\n", x->name, (unsigned long long)x->budget_overruns);
     }
@@ -109,9 +109,10 @@ void atc_replay_report_json(FILE *out, const char *trace, const char *fleet, uin
                 "\"decisions\":%llu,\"fallbacks\":%llu,\"policy_errors\":%llu,\"budget_overruns\":%llu,"
                 "\"preemptions\":%llu,\"endpoints\":[",
                 x->requests, x->completed, x->rejected, x->unserved, x->ttft_p50_ms, x->ttft_p90_ms,
-                x->ttft_p99_ms, x->ttft_mean_ms, x->e2e_p50_ms, x->e2e_p99_ms, x->throughput_rps, x->output_tps,
-                (unsigned long long)x->output_tokens, x->duration_s, cache, (unsigned long long)x->prefix_blocks,
-                (unsigned long long)x->prefix_block_hits, imbal, imbal_max, x->queued, x->queue_wait_p50_ms, x->queue_wait_p99_ms, x->queue_wait_max_ms,
+                x->ttft_p99_ms, x->ttft_mean_ms, x->e2e_p50_ms, x->e2e_p99_ms, x->throughput_rps,
+                x->output_tps, (unsigned long long)x->output_tokens, x->duration_s, cache,
+                (unsigned long long)x->prefix_blocks, (unsigned long long)x->prefix_block_hits, imbal,
+                imbal_max, x->queued, x->queue_wait_p50_ms, x->queue_wait_p99_ms, x->queue_wait_max_ms,
                 (unsigned long long)x->decisions, (unsigned long long)x->fallbacks,
                 (unsigned long long)x->policy_errors, (unsigned long long)x->budget_overruns,
                 (unsigned long long)x->preemptions);
@@ -131,8 +132,8 @@ void atc_replay_report_json(FILE *out, const char *trace, const char *fleet, uin
 
 /* ---- HTML ---- */
 
-static const char *const palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
-                                      "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+static const char *const palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                                      "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
 #define NCOLORS (sizeof(palette) / sizeof(palette[0]))
 
 static void html_text(FILE *out, const char *s)
@@ -182,10 +183,11 @@ static void chart_ttft(FILE *out, const struct atc_replay_result *r, size_t n)
     double llo = floor(log10(lo)), lhi = ceil(log10(hi));
     if (lhi <= llo)
         lhi = llo + 1;
-    fprintf(out, "<svg width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" xmlns=\"http://www.w3.org/2000/svg\">\n",
+    fprintf(out,
+            "<svg width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" xmlns=\"http://www.w3.org/2000/svg\">\n",
             W, H, W, H);
-    fprintf(out, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#999\"/>\n", ML, MT,
-            W - ML - MR, H - MT - MB);
+    fprintf(out, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#999\"/>\n", ML,
+            MT, W - ML - MR, H - MT - MB);
     for (double d = llo; d <= lhi; d++) {
         double x = ML + (d - llo) / (lhi - llo) * (W - ML - MR);
         fprintf(out, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#ddd\"/>", x, MT, x, H - MB);
@@ -207,7 +209,8 @@ static void chart_ttft(FILE *out, const struct atc_replay_result *r, size_t n)
             if (!isnan(r[i].ttft_ms[k]))
                 v[m++] = r[i].ttft_ms[k] > 1 ? r[i].ttft_ms[k] : 1;
         qsort(v, m, sizeof(double), cmp_double);
-        fprintf(out, "<polyline fill=\"none\" stroke-width=\"1.5\" stroke=\"%s\" points=\"", palette[i % NCOLORS]);
+        fprintf(out, "<polyline fill=\"none\" stroke-width=\"1.5\" stroke=\"%s\" points=\"",
+                palette[i % NCOLORS]);
         size_t step = m > 400 ? m / 400 : 1; /* a few hundred points draw the same curve */
         for (size_t k = 0; k < m; k += step) {
             double x = ML + (log10(v[k]) - llo) / (lhi - llo) * (W - ML - MR);
@@ -237,20 +240,22 @@ static void chart_load(FILE *out, const struct atc_replay_result *r)
     double t0 = r->sample_s[0], t1 = r->sample_s[r->nsamples - 1];
     if (t1 <= t0)
         t1 = t0 + 1;
-    fprintf(out, "<svg width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" xmlns=\"http://www.w3.org/2000/svg\">\n",
+    fprintf(out,
+            "<svg width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" xmlns=\"http://www.w3.org/2000/svg\">\n",
             W, H, W, H);
-    fprintf(out, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#999\"/>\n", ML, MT,
-            W - ML - MR, H - MT - MB);
+    fprintf(out, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#999\"/>\n", ML,
+            MT, W - ML - MR, H - MT - MB);
     for (int q = 0; q <= 4; q++) {
         double y = MT + (1 - q / 4.0) * (H - MT - MB);
-        fprintf(out, "<text x=\"%d\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\">%.0f</text>\n", ML - 5, y + 4,
-                hi * q / 4.0);
+        fprintf(out, "<text x=\"%d\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\">%.0f</text>\n", ML - 5,
+                y + 4, hi * q / 4.0);
         double x = ML + q / 4.0 * (W - ML - MR);
         fprintf(out, "<text x=\"%.1f\" y=\"%d\" font-size=\"11\" text-anchor=\"middle\">%.0f s</text>\n", x,
                 H - MB + 15, t0 + (t1 - t0) * q / 4.0);
     }
     for (size_t k = 0; k < r->nendpoints; k++) {
-        fprintf(out, "<polyline fill=\"none\" stroke-width=\"1\" stroke=\"%s\" points=\"", palette[k % NCOLORS]);
+        fprintf(out, "<polyline fill=\"none\" stroke-width=\"1\" stroke=\"%s\" points=\"",
+                palette[k % NCOLORS]);
         for (size_t s = 0; s < r->nsamples; s++) {
             double x = ML + (r->sample_s[s] - t0) / (t1 - t0) * (W - ML - MR);
             double y = MT + (1 - (double)r->sample_inflight[s * r->nendpoints + k] / hi) * (H - MT - MB);
@@ -282,17 +287,20 @@ int atc_replay_report_html(const char *path, const char *title, const struct atc
           "{text-align:left}h2{margin-top:2em}</style></head><body>\n<h1>atc replay</h1>\n<p>",
           out);
     html_text(out, title);
-    fputs("</p>\n<table><tr><th>policy</th><th>requests</th><th>TTFT p50</th><th>p90</th><th>p99</th>"
-          "<th>e2e p50</th><th>p99</th><th>req/s</th><th>output tok/s</th><th>cache hit</th><th>imbalance</th>"
-          "<th>queued</th><th>policy errors</th><th>budget overruns</th></tr>\n",
-          out);
+    fputs(
+        "</p>\n<table><tr><th>policy</th><th>requests</th><th>TTFT p50</th><th>p90</th><th>p99</th>"
+        "<th>e2e p50</th><th>p99</th><th>req/s</th><th>output tok/s</th><th>cache hit</th><th>imbalance</th>"
+        "<th>queued</th><th>policy errors</th><th>budget overruns</th></tr>\n",
+        out);
     for (size_t i = 0; i < n; i++) {
         const struct atc_replay_result *x = &r[i];
         fprintf(out, "<tr><td style=\"color:%s\">", palette[i % NCOLORS]);
         html_text(out, x->name);
         fprintf(out,
-                "</td><td>%zu</td><td>%.0f ms</td><td>%.0f ms</td><td>%.0f ms</td><td>%.0f ms</td><td>%.0f ms</td>"
-                "<td>%.2f</td><td>%.0f</td><td>%.1f%%</td><td>%.2f</td><td>%zu</td><td>%llu</td><td>%llu</td></tr>\n",
+                "</td><td>%zu</td><td>%.0f ms</td><td>%.0f ms</td><td>%.0f ms</td><td>%.0f ms</td><td>%.0f "
+                "ms</td>"
+                "<td>%.2f</td><td>%.0f</td><td>%.1f%%</td><td>%.2f</td><td>%zu</td><td>%llu</td><td>%llu</"
+                "td></tr>\n",
                 x->requests, x->ttft_p50_ms, x->ttft_p90_ms, x->ttft_p99_ms, x->e2e_p50_ms, x->e2e_p99_ms,
                 x->throughput_rps, x->output_tps, 100 * x->cache_hit_rate, x->imbalance, x->queued,
                 (unsigned long long)x->policy_errors, (unsigned long long)x->budget_overruns);

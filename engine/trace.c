@@ -714,7 +714,7 @@ int atc_trace_format_parse(const char *name, enum atc_trace_format *out)
     static const struct {
         const char *name;
         enum atc_trace_format f;
-    } names[] = {{"auto", ATC_TRACE_AUTO},   {"atc", ATC_TRACE_NATIVE},  {"native", ATC_TRACE_NATIVE},
+    } names[] = {{"auto", ATC_TRACE_AUTO},         {"atc", ATC_TRACE_NATIVE},  {"native", ATC_TRACE_NATIVE},
                  {"mooncake", ATC_TRACE_MOONCAKE}, {"azure", ATC_TRACE_AZURE}, {"jsonl", ATC_TRACE_JSONL}};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (strcmp(name, names[i].name) == 0) {

@@ -50,10 +50,10 @@
 
 struct atc_trace_header {
     unsigned version;
-    char source[32];      /* "record", "mooncake", "azure", "jsonl" */
-    double created;       /* unix seconds */
-    char atc_version[32]; /* of the atc that wrote it */
-    bool text;            /* records may carry prompt text */
+    char source[32];        /* "record", "mooncake", "azure", "jsonl" */
+    double created;         /* unix seconds */
+    char atc_version[32];   /* of the atc that wrote it */
+    bool text;              /* records may carry prompt text */
     uint64_t start_unix_us; /* wall clock of at_us = 0; 0 when unknown */
 };
 
@@ -81,9 +81,9 @@ struct atc_trace_record {
     uint64_t policy_version;
     const char *decision;
     unsigned attempts;
-    int status;       /* 0: unknown */
-    double ttft_ms;   /* < 0: unknown */
-    double total_ms;  /* < 0: unknown */
+    int status;      /* 0: unknown */
+    double ttft_ms;  /* < 0: unknown */
+    double total_ms; /* < 0: unknown */
 };
 
 /** A record with every field at its "absent" value. */

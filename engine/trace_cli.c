@@ -98,7 +98,8 @@ static bool uset_has(const struct uset *s, uint64_t k)
     k = k ? k : 1;
     if (s->slots == NULL)
         return false;
-    for (size_t j = (size_t)(k * 0x9E3779B97F4A7C15ull >> 20) & s->mask; s->slots[j] != 0; j = (j + 1) & s->mask)
+    for (size_t j = (size_t)(k * 0x9E3779B97F4A7C15ull >> 20) & s->mask; s->slots[j] != 0;
+         j = (j + 1) & s->mask)
         if (s->slots[j] == k)
             return true;
     return false;
@@ -300,7 +301,8 @@ static void print_text(FILE *out, const char *path, const struct atc_trace *t, c
     print_dist(out, "prompt", &s->prompt, "tokens");
     print_dist(out, "output", &s->output, "tokens");
     print_dist(out, "max_tokens", &s->max_tokens, "tokens");
-    fprintf(out, "%-15s %zu streamed (%.1f%%)", "kinds", s->streamed, s->n ? 100.0 * (double)s->streamed / (double)s->n : 0.0);
+    fprintf(out, "%-15s %zu streamed (%.1f%%)", "kinds", s->streamed,
+            s->n ? 100.0 * (double)s->streamed / (double)s->n : 0.0);
     fprintf(out, "; priorities:");
     for (int p = 0; p < 10; p++)
         if (s->priorities[p])
@@ -310,13 +312,20 @@ static void print_text(FILE *out, const char *path, const struct atc_trace *t, c
             s->sessions.n, s->with_session, s->tenants.n);
     if (s->with_blocks > 0) {
         double kv = (double)s->distinct.n * (double)s->block_tokens;
-        fprintf(out, "%-15s %llu blocks of %s%llu tokens in %zu requests, %zu distinct (%.*f%s tokens of KV to "
-                     "hold them all)\n",
+        fprintf(out,
+                "%-15s %llu blocks of %s%llu tokens in %zu requests, %zu distinct (%.*f%s tokens of KV to "
+                "hold them all)\n",
                 "prefix", (unsigned long long)s->blocks, s->mixed_block_tokens ? "mostly " : "",
                 (unsigned long long)s->block_tokens, s->with_blocks, s->distinct.n, kv >= 1e6 ? 1 : 0,
-                kv >= 1e6 ? kv / 1e6 : kv >= 1e3 ? kv / 1e3 : kv, kv >= 1e6 ? "M" : kv >= 1e3 ? "k" : "");
-        fprintf(out, "%-15s %.1f%% of blocks repeat a prefix seen earlier (an unbounded shared cache's hit "
-                     "rate); %.1f%% of requests reuse at least one block\n",
+                kv >= 1e6   ? kv / 1e6
+                : kv >= 1e3 ? kv / 1e3
+                            : kv,
+                kv >= 1e6   ? "M"
+                : kv >= 1e3 ? "k"
+                            : "");
+        fprintf(out,
+                "%-15s %.1f%% of blocks repeat a prefix seen earlier (an unbounded shared cache's hit "
+                "rate); %.1f%% of requests reuse at least one block\n",
                 "prefix sharing", s->blocks ? 100.0 * (double)s->reused_blocks / (double)s->blocks : 0.0,
                 100.0 * (double)s->requests_reusing / (double)s->with_blocks);
     } else {
@@ -331,8 +340,8 @@ static void print_text(FILE *out, const char *path, const struct atc_trace *t, c
 
 static void json_dist(FILE *out, const char *name, const struct dist *d)
 {
-    fprintf(out, ",\"%s\":{\"count\":%zu,\"mean\":%.3f,\"p50\":%.3f,\"p90\":%.3f,\"p99\":%.3f,\"max\":%.3f}", name,
-            d->n, d->n ? d->sum / (double)d->n : 0.0, pct(d, 50), pct(d, 90), pct(d, 99),
+    fprintf(out, ",\"%s\":{\"count\":%zu,\"mean\":%.3f,\"p50\":%.3f,\"p90\":%.3f,\"p99\":%.3f,\"max\":%.3f}",
+            name, d->n, d->n ? d->sum / (double)d->n : 0.0, pct(d, 50), pct(d, 90), pct(d, 99),
             d->n ? d->v[d->n - 1] : 0.0);
 }
 
@@ -353,8 +362,9 @@ static void json_tally(FILE *out, const char *name, const struct tally *t)
 
 static void print_json(FILE *out, const struct atc_trace *t, const struct trace_stats *s)
 {
-    fprintf(out, "{\"version\":%u,\"source\":\"%s\",\"requests\":%zu,\"duration_s\":%.3f,\"rate_rps\":%.4f,"
-                 "\"peak_second\":%zu,\"peak_minute\":%zu",
+    fprintf(out,
+            "{\"version\":%u,\"source\":\"%s\",\"requests\":%zu,\"duration_s\":%.3f,\"rate_rps\":%.4f,"
+            "\"peak_second\":%zu,\"peak_minute\":%zu",
             t->header.version, t->header.source, s->n, s->duration_s,
             s->duration_s > 0 ? (double)s->n / s->duration_s : 0.0, s->peak_second, s->peak_minute);
     json_tally(out, "models", &s->models);
@@ -366,11 +376,12 @@ static void print_json(FILE *out, const struct atc_trace *t, const struct trace_
         fprintf(out, "%s%zu", p ? "," : "", s->priorities[p]);
     fprintf(out, "],\"sessions\":%zu,\"requests_with_session\":%zu,\"tenants\":%zu", s->sessions.n,
             s->with_session, s->tenants.n);
-    fprintf(out, ",\"prefix\":{\"requests\":%zu,\"block_tokens\":%llu,\"blocks\":%llu,\"distinct_blocks\":%zu,"
-                 "\"reused_blocks\":%llu,\"reuse_rate\":%.4f,\"requests_reusing\":%zu}",
+    fprintf(out,
+            ",\"prefix\":{\"requests\":%zu,\"block_tokens\":%llu,\"blocks\":%llu,\"distinct_blocks\":%zu,"
+            "\"reused_blocks\":%llu,\"reuse_rate\":%.4f,\"requests_reusing\":%zu}",
             s->with_blocks, (unsigned long long)s->block_tokens, (unsigned long long)s->blocks, s->distinct.n,
-            (unsigned long long)s->reused_blocks, s->blocks ? (double)s->reused_blocks / (double)s->blocks : 0.0,
-            s->requests_reusing);
+            (unsigned long long)s->reused_blocks,
+            s->blocks ? (double)s->reused_blocks / (double)s->blocks : 0.0, s->requests_reusing);
     json_tally(out, "statuses", &s->statuses);
     json_tally(out, "decisions", &s->decisions);
     json_tally(out, "endpoints", &s->endpoints);
@@ -400,9 +411,12 @@ static int load(const char *path, const struct atc_trace_import_options *o, stru
 static int cmd_import(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        {"format", required_argument, NULL, 'f'},     {"output", required_argument, NULL, 'o'},
-        {"model", required_argument, NULL, 'm'},      {"block-tokens", required_argument, NULL, 'b'},
-        {"max-errors", required_argument, NULL, 'e'}, {"help", no_argument, NULL, 'h'},
+        {"format", required_argument, NULL, 'f'},
+        {"output", required_argument, NULL, 'o'},
+        {"model", required_argument, NULL, 'm'},
+        {"block-tokens", required_argument, NULL, 'b'},
+        {"max-errors", required_argument, NULL, 'e'},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     struct atc_trace_import_options o = {0};
@@ -414,7 +428,8 @@ static int cmd_import(int argc, char **argv)
         switch (ch) {
         case 'f':
             if (atc_trace_format_parse(optarg, &o.format) < 0) {
-                fprintf(stderr, "atc trace import: unknown format '%s' (mooncake, azure, jsonl, auto)\n", optarg);
+                fprintf(stderr, "atc trace import: unknown format '%s' (mooncake, azure, jsonl, auto)\n",
+                        optarg);
                 return 2;
             }
             break;
@@ -447,8 +462,8 @@ static int cmd_import(int argc, char **argv)
         }
     }
     if (optind != argc - 1 || out == NULL) {
-        fprintf(stderr, "atc trace import: %s\n%s", out == NULL ? "-o OUT is required" : "one input file expected",
-                usage_import);
+        fprintf(stderr, "atc trace import: %s\n%s",
+                out == NULL ? "-o OUT is required" : "one input file expected", usage_import);
         return 2;
     }
     struct atc_trace *t;

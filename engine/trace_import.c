@@ -135,11 +135,21 @@ static const char *tok_string(struct importer *im, const char *js, const jsmntok
         }
         s++;
         switch (*s) {
-        case 'n': *o++ = '\n'; break;
-        case 't': *o++ = '\t'; break;
-        case 'r': *o++ = '\r'; break;
-        case 'b': *o++ = '\b'; break;
-        case 'f': *o++ = '\f'; break;
+        case 'n':
+            *o++ = '\n';
+            break;
+        case 't':
+            *o++ = '\t';
+            break;
+        case 'r':
+            *o++ = '\r';
+            break;
+        case 'b':
+            *o++ = '\b';
+            break;
+        case 'f':
+            *o++ = '\f';
+            break;
         case 'u': {
             unsigned cp = 0;
             for (int i = 1; i <= 4; i++)
@@ -157,7 +167,9 @@ static const char *tok_string(struct importer *im, const char *js, const jsmntok
             }
             break;
         }
-        default: *o++ = *s; break; /* \" \\ \/ */
+        default:
+            *o++ = *s;
+            break; /* \" \\ \/ */
         }
         s++;
     }
@@ -335,11 +347,16 @@ static int import_json_line(struct importer *im, const char *js, size_t len, boo
         /* other keys: ignored, so traces with extra columns import */
     }
     if (mooncake) {
-        const char *missing = !have_time ? "timestamp" : !have_in ? "input_length"
-                              : !have_out ? "output_length" : !have_hash ? "hash_ids" : NULL;
+        const char *missing = !have_time   ? "timestamp"
+                              : !have_in   ? "input_length"
+                              : !have_out  ? "output_length"
+                              : !have_hash ? "hash_ids"
+                                           : NULL;
         if (missing != NULL)
-            return fail_line(im, "missing '%s' (a Mooncake line has timestamp, input_length, output_length "
-                                 "and hash_ids)", missing);
+            return fail_line(im,
+                             "missing '%s' (a Mooncake line has timestamp, input_length, output_length "
+                             "and hash_ids)",
+                             missing);
     } else if (!have_time) {
         return fail_line(im, "missing 'at_us' (or 'timestamp' / 'at_ms' in milliseconds)");
     }
@@ -410,8 +427,8 @@ static int parse_timestamp(const char *s, uint64_t *us)
         p++;
     if (*p != '\0')
         return -1;
-    struct tm tm = {.tm_year = y - 1900, .tm_mon = mo - 1, .tm_mday = d, .tm_hour = h, .tm_min = mi,
-                    .tm_sec = sec};
+    struct tm tm = {
+        .tm_year = y - 1900, .tm_mon = mo - 1, .tm_mday = d, .tm_hour = h, .tm_min = mi, .tm_sec = sec};
     time_t t = timegm(&tm);
     if (t < 0)
         return -1;
@@ -496,7 +513,7 @@ int atc_trace_import_text(const char *path, const struct atc_trace_import_option
             line[--len] = '\0';
         size_t lead = strspn(line, " \t");
         if ((size_t)len == lead)
-            continue; /* blank lines are not records */
+            continue;                 /* blank lines are not records */
         if (format == ATC_TRACE_AUTO) /* decided by the first line: Mooncake's has input_length */
             format = strstr(line, "\"input_length\"") != NULL ? ATC_TRACE_MOONCAKE : ATC_TRACE_JSONL;
         int ok;
@@ -557,7 +574,9 @@ int atc_trace_import_text(const char *path, const struct atc_trace_import_option
     free(im.blocks);
     free(im.strings);
     snprintf(t->header.source, sizeof(t->header.source), "%s",
-             format == ATC_TRACE_AZURE ? "azure" : format == ATC_TRACE_MOONCAKE ? "mooncake" : "jsonl");
+             format == ATC_TRACE_AZURE      ? "azure"
+             : format == ATC_TRACE_MOONCAKE ? "mooncake"
+                                            : "jsonl");
     *bad_lines = im.bad;
     return rc;
 }
