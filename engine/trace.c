@@ -798,7 +798,8 @@ static int load_dir(const char *dir, struct atc_trace *t, char **err)
         *err = strdup("out of memory");
     else if (n == 0 && asprintf(err, "%s: no .atct files in this directory", dir) >= 0)
         rc = -1;
-    qsort(names, n, sizeof(*names), by_string);
+    if (n > 0)
+        qsort(names, n, sizeof(*names), by_string);
     struct atc_trace_header first = t->header;
     for (size_t i = 0; i < n; i++) {
         if (rc == 0 && load_native(names[i], t, err) < 0)

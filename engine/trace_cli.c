@@ -252,10 +252,12 @@ static void compute(const struct atc_trace *t, struct trace_stats *s)
     }
     struct dist *all[] = {&s->prompt, &s->output, &s->max_tokens, &s->ttft, &s->total};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
-        qsort(all[i]->v, all[i]->n, sizeof(double), cmp_double);
+        if (all[i]->n > 0)
+            qsort(all[i]->v, all[i]->n, sizeof(double), cmp_double);
     struct tally *tallies[] = {&s->models, &s->statuses, &s->endpoints, &s->decisions};
     for (size_t i = 0; i < sizeof(tallies) / sizeof(tallies[0]); i++)
-        qsort(tallies[i]->v, tallies[i]->n, sizeof(tallies[i]->v[0]), by_count);
+        if (tallies[i]->n > 0)
+            qsort(tallies[i]->v, tallies[i]->n, sizeof(tallies[i]->v[0]), by_count);
 }
 
 static void stats_free(struct trace_stats *s)

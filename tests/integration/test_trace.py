@@ -35,6 +35,7 @@ class RecordTest(AtcTestCase):
             admin: 127.0.0.1:0
             policy:
               entry: {POLICY}
+              budget: 100ms           # a sanitizer build must not turn decisions into fallbacks
             record:
             {record}
             models:
