@@ -191,8 +191,8 @@ static void chart_ttft(FILE *out, const struct atc_replay_result *r, size_t n)
     for (double d = llo; d <= lhi; d++) {
         double x = ML + (d - llo) / (lhi - llo) * (W - ML - MR);
         fprintf(out, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#ddd\"/>", x, MT, x, H - MB);
-        fprintf(out, "<text x=\"%.1f\" y=\"%d\" font-size=\"11\" text-anchor=\"middle\">%g ms</text>\n", x,
-                H - MB + 15, pow(10, d));
+        fprintf(out, "<text x=\"%.1f\" y=\"%d\" font-size=\"11\" text-anchor=\"%s\">%g ms</text>\n", x,
+                H - MB + 15, d == lhi ? "end" : "middle", pow(10, d));
     }
     for (int q = 0; q <= 4; q++) {
         double y = MT + (1 - q / 4.0) * (H - MT - MB);
