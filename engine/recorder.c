@@ -124,8 +124,8 @@ static int open_file(struct atc_recorder *rec, uint64_t lost_if_failed)
     /* A name already taken (a restart within the same second) moves on to the next number. */
     for (int tries = 0; tries < 100; tries++) {
         snprintf(rec->path, sizeof(rec->path), "%s/%s-%04d%02d%02dT%02d%02d%02dZ-%u.atct", rec->s.dir,
-                 rec->s.prefix, tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                 ++rec->file_seq);
+                 rec->s.prefix, tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+                 tm.tm_sec, ++rec->file_seq);
         rec->fd = open(rec->path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
         if (rec->fd >= 0 || errno != EEXIST)
             break;
