@@ -203,7 +203,8 @@ static void dispatch(struct replay *rp, size_t i, struct atc_endpoint *ep)
     q->ep = (int)ep->index;
     q->state = RS_RUNNING;
     atc_endpoint_acquire(ep, q->tokens);
-    atc_policy_routed(rp->rt, &rp->rreq, ep); /* the prefix index learns where these blocks went */
+    if (rp->rt != NULL)
+        atc_policy_routed(rp->rt, &rp->rreq, ep); /* the prefix index learns where these blocks went */
     struct atc_sim_request sr = {
         .prompt_tokens = r->prompt_tokens,
         .max_tokens = out >= 0 ? out : -1,
@@ -310,7 +311,12 @@ static enum outcome decide(struct replay *rp, size_t i)
     struct atc_decision d;
     prepare(rp, i);
     uint64_t cpu = cpu_ns();
-    atc_policy_route(rp->rt, &rp->rreq, &d);
+    if (rp->rt != NULL) {
+        atc_policy_route(rp->rt, &rp->rreq, &d);
+    } else { /* no policy: the built-in balancer decides, as atc serve without a policy: section */
+        memset(&d, 0, sizeof(d));
+        d.kind = ATC_DECISION_FALLBACK;
+    }
     cpu = cpu_ns() - cpu;
     q->decisions++;
     res->decisions++;
@@ -320,9 +326,11 @@ static enum outcome decide(struct replay *rp, size_t i)
     if (cpu > rp->budget_ns || stopped)
         res->budget_overruns++;
     if (d.kind == ATC_DECISION_FALLBACK) {
-        res->fallbacks++;
-        if (!stopped)
-            res->policy_errors++;
+        if (rp->rt != NULL) {
+            res->fallbacks++;
+            if (!stopped)
+                res->policy_errors++;
+        }
         const struct atc_model *m = atc_endpoint_table_model(rp->table, rp->f.model, strlen(rp->f.model));
         if (m == NULL) {
             d.kind = ATC_DECISION_REJECT;
@@ -615,7 +623,7 @@ int atc_replay_run(const struct atc_config *cfg, const struct atc_trace *trace, 
     rp.n = o->limit && o->limit < trace->n ? o->limit : trace->n;
     rp.rng = o->seed ? o->seed : 1;
     out->name = strdup(name);
-    out->entry = strdup(entry);
+    out->entry = strdup(entry != NULL ? entry : "(built-in balancer)");
     out->requests = rp.n;
     out->ttft_ms = malloc((rp.n ? rp.n : 1) * sizeof(double));
     out->e2e_ms = malloc((rp.n ? rp.n : 1) * sizeof(double));
@@ -660,8 +668,8 @@ int atc_replay_run(const struct atc_config *cfg, const struct atc_trace *trace, 
         .jit = cfg->policy.jit,
     };
     char *perr = NULL;
-    rp.rt = atc_policy_runtime_create(&ps, rp.table, rp.affinity, rp.prefix, &perr);
-    if (rp.rt == NULL) {
+    if (entry != NULL &&
+        (rp.rt = atc_policy_runtime_create(&ps, rp.table, rp.affinity, rp.prefix, &perr)) == NULL) {
         if (asprintf(err, "policy %s: %s", name, perr != NULL ? perr : "cannot load") < 0)
             *err = NULL;
         free(perr);
@@ -713,9 +721,10 @@ static const char usage_replay[] =
     "  -c, --config FILE     the fleet; its policy: section gives the default policy, budget, memory and\n"
     "                        module path\n"
     "  -t, --trace FILE      an atc trace, or a Mooncake, Azure or JSON-lines file (imported on the fly)\n"
-    "  -p, --policy P        the policy to replay (default: the config's policy.entry): a .lua file, or\n"
-    "                        the name of one in examples/policies/ (round_robin, least_loaded,\n"
-    "                        sglang_cache_aware, llmd_weighted, dynamo_kv); NAME=FILE names its row\n"
+    "  -p, --policy P        the policy to replay (default: the config's policy.entry, or builtin without\n"
+    "                        a policy: section): a .lua file, the name of one in examples/policies/\n"
+    "                        (round_robin, least_loaded, sglang_cache_aware, llmd_weighted, dynamo_kv),\n"
+    "                        or builtin (atc's C balancer); NAME=P names its row\n"
     "      --vs P            another policy to compare, the same way (repeatable)\n"
     "      --seed N          seeds atc.random(), the fallback balancer and drawn output lengths (default 1)\n"
     "      --model NAME      send every request to this model (imported traces name llama-3-8b)\n"
@@ -752,11 +761,18 @@ static bool is_file(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* "FILE", "NAME" (examples/policies/NAME.lua, here or in the source tree) or "LABEL=either". */
+/* "FILE", "NAME" (examples/policies/NAME.lua, here or in the source tree), "builtin" (the C balancer:
+ * an empty path) or "LABEL=any of those". */
 static int resolve_policy(const char *arg, struct policy_arg *p)
 {
     const char *eq = strchr(arg, '=');
     const char *spec = eq != NULL ? eq + 1 : arg;
+    if (strcmp(spec, "builtin") == 0) {
+        p->path[0] = '\0';
+        snprintf(p->name, sizeof(p->name), "%.*s", eq != NULL ? (int)(eq - arg) : 7,
+                 eq != NULL ? arg : "builtin");
+        return 0;
+    }
     char source[4096];
     snprintf(source, sizeof(source), "%s", ATC_SOURCE_STDLIB);
     char *slash = strrchr(source, '/');
@@ -989,7 +1005,7 @@ int atc_replay_main(int argc, char **argv)
     } else {
         if (!have_policy) { /* the config's policy first, then the --vs ones */
             memmove(policy_args + 1, policy_args, npolicies * sizeof(*policy_args));
-            policy_args[0] = cfg->policy.entry;
+            policy_args[0] = cfg->policy.enabled ? cfg->policy.entry : "builtin"; /* as atc serve would */
             npolicies++;
         }
         struct policy_arg pa;
@@ -1000,7 +1016,8 @@ int atc_replay_main(int argc, char **argv)
                 rc = 2;
                 goto done;
             }
-            if (atc_replay_run(cfg, trace, pa.path, pa.name, &o, &results[nresults], &err) < 0) {
+            if (atc_replay_run(cfg, trace, pa.path[0] != '\0' ? pa.path : NULL, pa.name, &o,
+                               &results[nresults], &err) < 0) {
                 fprintf(stderr, "atc replay: %s\n", err != NULL ? err : "failed");
                 free(err);
                 err = NULL;

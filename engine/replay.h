@@ -106,10 +106,10 @@ struct atc_replay_result {
     size_t nsamples;
 };
 
-/** Replays @p trace through the policy in @p entry (named @p name in reports) against the fleet of
- * @p cfg. Returns 0 and fills @p out (free with atc_replay_result_dispose), or -1 with an owned message
- * in *err (the policy does not load, the fleet is empty, out of memory). Calls on_decision for every
- * decision, in order. */
+/** Replays @p trace through the policy in @p entry (NULL: the built-in C balancer; named @p name in
+ * reports) against the fleet of @p cfg. Returns 0 and fills @p out (free with atc_replay_result_dispose), or
+ * -1 with an owned message in *err (the policy does not load, the fleet is empty, out of memory). Calls
+ * on_decision for every decision, in order. */
 int atc_replay_run(const struct atc_config *cfg, const struct atc_trace *trace, const char *entry,
                    const char *name, const struct atc_replay_options *o, struct atc_replay_result *out,
                    char **err);
