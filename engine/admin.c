@@ -14,6 +14,7 @@
 #include "http_util.h"
 #include "metrics.h"
 #include "policy.h"
+#include "recorder.h"
 #include "server.h"
 #include "upstream.h"
 
@@ -151,6 +152,27 @@ static void drain_endpoint(struct atc_server *srv, struct evhttp_request *req, c
     evbuffer_free(b);
 }
 
+/* GET /admin/record: the trace recorder's counters (record:). */
+static void send_record(struct atc_server *srv, struct evhttp_request *req)
+{
+    struct evbuffer *b = evbuffer_new();
+    if (srv->recorder == NULL) {
+        evbuffer_add_printf(b, "{\"enabled\":false}\n");
+    } else {
+        struct atc_recorder_stats st;
+        atc_recorder_stats(srv->recorder, &st);
+        evbuffer_add_printf(b,
+                            "{\"enabled\":true,\"recorded\":%llu,\"written\":%llu,\"dropped\":%llu,"
+                            "\"sampled_out\":%llu,\"write_errors\":%llu,\"files\":%llu,\"bytes\":%llu}\n",
+                            (unsigned long long)st.recorded, (unsigned long long)st.written,
+                            (unsigned long long)st.dropped, (unsigned long long)st.sampled_out,
+                            (unsigned long long)st.write_errors, (unsigned long long)st.files,
+                            (unsigned long long)st.bytes);
+    }
+    atc_http_send_json(req, 200, b);
+    evbuffer_free(b);
+}
+
 /* The effective configuration (no secrets). */
 static void send_config(struct atc_server *srv, struct evhttp_request *req)
 {
@@ -250,6 +272,8 @@ void atc_admin_handle(struct evhttp_request *req, void *arg)
         send_policy(srv, req);
     } else if (strcmp(path, "/admin/policy/reload") == 0) {
         reload_policy(srv, req);
+    } else if (strcmp(path, "/admin/record") == 0) {
+        send_record(srv, req);
     } else if (strcmp(path, "/health") == 0) {
         struct evbuffer *b = evbuffer_new();
         evbuffer_add_printf(b, "{\"status\":\"%s\"}\n", srv->draining ? "draining" : "ok");

@@ -478,6 +478,17 @@ static const struct field health_fields[] = {
     {.key = NULL},
 };
 
+static const struct field record_fields[] = {
+    {.key = "dir", .kind = F_PATH, .off = CFG(record.dir)},
+    {.key = "prefix", .kind = F_STR, .off = CFG(record.prefix)},
+    {.key = "rotate_size", .kind = F_SIZE, .off = CFG(record.rotate_size)},
+    {.key = "rotate_interval", .kind = F_MS, .off = CFG(record.rotate_interval_ms), .min = 1},
+    {.key = "text", .kind = F_BOOL, .off = CFG(record.text)},
+    {.key = "buffer", .kind = F_SIZE, .off = CFG(record.buffer)},
+    {.key = "sample", .kind = F_SHARE, .off = CFG(record.sample)},
+    {.key = NULL},
+};
+
 static const struct field admission_fields[] = {
     {.key = "queue", .kind = F_UINT, .off = CFG(admission.queue), .max = 1000000},
     {.key = "deadline", .kind = F_MS, .off = CFG(admission.deadline_ms), .min = 1},
@@ -501,6 +512,7 @@ static const struct field root_fields[] = {
     {.key = "health", .kind = F_NODE},
     {.key = "models", .kind = F_NODE},
     {.key = "simulate", .kind = F_NODE},
+    {.key = "record", .kind = F_NODE},
     {.key = NULL},
 };
 
@@ -1077,6 +1089,21 @@ static void parse_simulate(struct parse *p, yaml_node_t *n, const char *key, str
                "no model named '%s' is declared under 'models'", s->params.model);
 }
 
+/* record: (trace recording); its file name prefix becomes part of paths, so it is checked here. */
+static void parse_record(struct parse *p, yaml_node_t *n)
+{
+    yaml_node_t *found[MAX_FIELDS], *prefix;
+
+    p->cfg->record.enabled = true;
+    if (parse_section(p, n, "record", true, record_fields, p->cfg, found) < 0)
+        return;
+    prefix = lookup(record_fields, found, "prefix");
+    if (prefix && p->cfg->record.prefix &&
+        strspn(p->cfg->record.prefix, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") !=
+            strlen(p->cfg->record.prefix))
+        report(p, prefix->start_mark, "record.prefix", "only letters, digits, '.', '_' and '-' may name files");
+}
+
 static void parse_root(struct parse *p, yaml_node_t *root)
 {
     struct atc_config *cfg = p->cfg;
@@ -1087,6 +1114,8 @@ static void parse_root(struct parse *p, yaml_node_t *root)
     if (parse_section(p, root, "", false, root_fields, cfg, found) < 0)
         return;
     cfg->policy.enabled = lookup(root_fields, found, "policy") != NULL;
+    if (lookup(root_fields, found, "record"))
+        parse_record(p, lookup(root_fields, found, "record"));
     /* One address for both would only fail at bind time; say so now, at whichever of them the file sets. */
     admin = lookup(root_fields, found, "admin");
     if (cfg->admin_port != 0 && cfg->admin_port == cfg->listen_port &&
@@ -1148,6 +1177,12 @@ static struct atc_config *config_new(const char *name, const char *dir)
     cfg->upstream.idle_timeout_ms = 60000;
     cfg->upstream.tries = 2;
     cfg->upstream.keepalive = 32;
+    cfg->record.dir = cfg->dir ? resolve(cfg->dir, "traces") : NULL;
+    cfg->record.prefix = strdup("atc");
+    cfg->record.rotate_size = (size_t)256 << 20;
+    cfg->record.rotate_interval_ms = 3600 * 1000;
+    cfg->record.buffer = (size_t)8 << 20;
+    cfg->record.sample = 1;
     cfg->max_body = (size_t)8 << 20;
     cfg->drain_timeout_ms = 10000;
     cfg->client_timeout_ms = 30000;
@@ -1171,7 +1206,7 @@ static struct atc_config *config_new(const char *name, const char *dir)
     };
     if (!cfg->health.live.path || !cfg->health.ready.path || !cfg->health.deep.path ||
         !cfg->health.scrape.path || !cfg->path || !cfg->dir || !cfg->listen_host || !cfg->admin_host ||
-        !cfg->policy.entry) {
+        !cfg->policy.entry || !cfg->record.dir || !cfg->record.prefix) {
         atc_config_free(cfg);
         return NULL;
     }
@@ -1361,6 +1396,8 @@ void atc_config_free(struct atc_config *cfg)
     free(cfg->simulate);
     free_strv(cfg->policy.path, cfg->policy.npath);
     free(cfg->policy.entry);
+    free(cfg->record.dir);
+    free(cfg->record.prefix);
     free(cfg->access_log);
     free(cfg->admin_token);
     for (size_t i = 0; i < cfg->admission.tenant_weights.n; i++)

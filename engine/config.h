@@ -119,6 +119,18 @@ struct atc_config {
 
     char *admin_token;         /* admin_token: when set, the admin API needs "Authorization: Bearer <it>" */
     char *access_log;          /* access_log: a file (relative to dir) or "stderr"; NULL = off */
+
+    struct {
+        bool enabled;       /* the file has a record: section: live traffic is written to trace files */
+        char *dir;          /* record.dir: where, resolved against dir (default traces) */
+        char *prefix;       /* record.prefix: file names start with it (default atc; [A-Za-z0-9._-]) */
+        size_t rotate_size; /* record.rotate_size: a new file past this size (default 256 MiB) */
+        uint64_t rotate_interval_ms; /* record.rotate_interval: ... or after this long (default 1h) */
+        bool text;          /* record.text: store prompt text too (default false: block hashes only) */
+        size_t buffer;      /* record.buffer: records not yet written past this are dropped (default 8 MiB) */
+        double sample;      /* record.sample: share of requests recorded, 0..1 (default 1) */
+    } record;
+
     size_t max_body;           /* max_body: request body limit (default 8 MiB) */
     uint64_t drain_timeout_ms; /* drain_timeout: on SIGTERM, how long in-flight requests may finish (default 10s) */
     uint64_t client_timeout_ms; /* client_timeout: reading a request from a client (default 30s) */

@@ -34,6 +34,8 @@ struct atc_endpoint {
     uint64_t errors_total;    /* connection failures, timeouts, 5xx */
     uint64_t consecutive_errors;
     bool routable; /* false while drained or (later) unhealthy */
+    unsigned server_queue;   /* server-reported: requests waiting (0 until reported; replay sets it) */
+    double server_kv_usage;  /* server-reported: share of KV cache in use, 0..1 (likewise) */
 
     /* health.c owns these */
     unsigned slow_start_limit;          /* while > 0 (ramping up after a return): at most this many */

@@ -789,6 +789,9 @@ static void scrape_page(struct hep *e, const char *page, size_t len)
         e->prev_hits = hits;
         e->have_prev = true;
     }
+    /* What routing reads (replay fills the same fields from its simulated servers). */
+    e->ep->server_queue = isfinite(l->waiting) && l->waiting > 0 ? (unsigned)lround(fmin(l->waiting, 1e9)) : 0;
+    e->ep->server_kv_usage = isfinite(l->kv_usage) ? l->kv_usage : 0;
     l->scraped_ms = (double)mono_us() / 1000.0;
     if (e->scrape_failing)
         atc_info("endpoint %s: load scrape works again", e->ep->id);

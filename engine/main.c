@@ -13,7 +13,9 @@
 #include "log.h"
 #include "policy.h"
 #include "server.h"
+#include "replay.h"
 #include "sim_server.h"
+#include "trace.h"
 
 static const char usage_main[] =
     "usage: atc <command> [flags]\n"
@@ -24,7 +26,9 @@ static const char usage_main[] =
     "  serve -c FILE    run the router described by FILE\n"
     "  check -c FILE    validate FILE; print every error as file:line:col: message\n"
     "  sim [flags]      run one simulated inference server (see atc sim --help)\n"
-    "  test FILE...     run policy unit tests in the sandbox (see atc test --help)\n"
+    "  test [PATH...]   run policy unit tests in the sandbox (see atc test --help)\n"
+    "  trace ...        import public traces, statistics of a trace (see atc trace --help)\n"
+    "  replay ...       replay a trace through policies against a simulated fleet (atc replay --help)\n"
     "  status           endpoints, load and policy version of a running atc\n"
     "  reload           reload a running atc's policy (--config: and its YAML)\n"
     "  drain ID         stop new traffic to an endpoint; enable ID undoes it\n"
@@ -228,6 +232,10 @@ int main(int argc, char **argv)
         return atc_sim_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "test") == 0)
         return atc_policy_test_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "trace") == 0)
+        return atc_trace_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "replay") == 0)
+        return atc_replay_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "status") == 0 || strcmp(argv[1], "reload") == 0 || strcmp(argv[1], "drain") == 0 ||
         strcmp(argv[1], "enable") == 0)
         return atc_cli_main(argc - 1, argv + 1);

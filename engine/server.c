@@ -25,6 +25,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "policy.h"
+#include "recorder.h"
 #include "relay.h"
 #include "sim_server.h"
 #include "upstream.h"
@@ -288,6 +289,21 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
     }
     if (start_policy(srv, err) < 0)
         goto error;
+    if (cfg->record.enabled) { /* trace recording: see recorder.h */
+        struct atc_recorder_settings rs = {
+            .dir = cfg->record.dir,
+            .prefix = cfg->record.prefix,
+            .rotate_size = cfg->record.rotate_size,
+            .rotate_interval_ms = cfg->record.rotate_interval_ms,
+            .text = cfg->record.text,
+            .buffer = cfg->record.buffer,
+            .sample = cfg->record.sample,
+        };
+        if ((srv->recorder = atc_recorder_create(&rs)) == NULL) {
+            *err = "cannot start the trace recorder";
+            goto error;
+        }
+    }
     if (cfg->admission.queue > 0) {
         struct atc_admission_settings as = {
             .max_queue = cfg->admission.queue,
@@ -364,6 +380,7 @@ void atc_server_destroy(struct atc_server *srv)
         evhttp_free(srv->front);
     if (srv->admin != NULL)
         evhttp_free(srv->admin);
+    atc_recorder_destroy(srv->recorder); /* writes what is still buffered */
     atc_admission_destroy(srv->admission);
     atc_access_log_close(srv->access_log);
     atc_metrics_destroy(srv->metrics);

@@ -20,6 +20,7 @@ struct atc_policy_runtime;
 struct atc_affinity;
 struct atc_prefix_index;
 struct atc_health;
+struct atc_recorder;
 struct atc_admission;
 struct atc_metrics;
 struct atc_access_log;
@@ -40,6 +41,7 @@ struct atc_server {
     struct atc_affinity *affinity;     /* engine-owned tables policies use; they survive reloads */
     struct atc_prefix_index *prefix;
     struct atc_health *health; /* checks, ejection, drain, load scrape (health.c) */
+    struct atc_recorder *recorder;     /* record: traffic to trace files; NULL without the section */
     struct atc_metrics *metrics;
     struct atc_access_log *access_log; /* NULL when access_log: is not set */
     struct event *sig_usr1;

@@ -374,7 +374,8 @@ local PATHS = { chat = "/v1/chat/completions", completion = "/v1/completions", e
 local serial = 0
 
 -- spec: id (generated), model ("m"), kind ("chat"), path, priority (0), tenant (""), session (""),
--- stream (false), prompt_tokens (100), max_tokens (nil), tools (false), attempt (1), blocks (prompt_tokens / 64),
+-- stream (false), prompt_tokens (100), max_tokens (nil), tools (false), attempt (1), block_tokens (64),
+-- blocks (prompt_tokens / block_tokens),
 -- headers (name -> value; names are case-insensitive, as in HTTP).
 function M.request(spec)
   spec = spec or {}
@@ -398,7 +399,8 @@ function M.request(spec)
     max_tokens = spec.max_tokens,
     tools = spec.tools or false,
     attempt = spec.attempt or 1,
-    blocks = spec.blocks or math.floor(prompt_tokens / 64),
+    block_tokens = spec.block_tokens or 64,
+    blocks = spec.blocks or math.floor(prompt_tokens / (spec.block_tokens or 64)),
   }
   function req:header(name)
     return headers[string.lower(name)]

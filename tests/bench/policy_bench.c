@@ -6,6 +6,7 @@
 #include "../../engine/policy.c"
 
 #include "balancer.h"
+#include "config.h"
 
 #define WARMUP 5000
 

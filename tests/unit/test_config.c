@@ -501,6 +501,61 @@ static void test_duplicate_model(void **state)
                      "t.yaml:6:11: key 'models[1].name': ", "duplicate model 'm' (first declared at 2:11)");
 }
 
+/* record: writes live traffic to trace files; every key, the defaults, and errors where they are. */
+static void test_record(void **state)
+{
+    struct atc_config *cfg = parse_ok(MODELS);
+
+    assert_false(cfg->record.enabled);
+    assert_string_equal(cfg->record.dir, "/etc/atc/traces");
+    assert_string_equal(cfg->record.prefix, "atc");
+    assert_int_equal(cfg->record.rotate_size, 256 << 20);
+    assert_int_equal(cfg->record.rotate_interval_ms, 3600 * 1000);
+    assert_int_equal(cfg->record.buffer, 8 << 20);
+    assert_false(cfg->record.text);
+    assert_true(cfg->record.sample == 1.0);
+    atc_config_free(cfg);
+
+    cfg = parse_ok("record:\n" MODELS);
+    assert_true(cfg->record.enabled);
+    assert_string_equal(cfg->record.dir, "/etc/atc/traces");
+    atc_config_free(cfg);
+
+    cfg = parse_ok("record:\n"
+                   "  dir: /var/lib/atc/traces\n"
+                   "  prefix: edge-1\n"
+                   "  rotate_size: 64MiB\n"
+                   "  rotate_interval: 10m\n"
+                   "  text: true\n"
+                   "  buffer: 1MiB\n"
+                   "  sample: 0.25\n" MODELS);
+    assert_true(cfg->record.enabled);
+    assert_string_equal(cfg->record.dir, "/var/lib/atc/traces");
+    assert_string_equal(cfg->record.prefix, "edge-1");
+    assert_int_equal(cfg->record.rotate_size, 64 << 20);
+    assert_int_equal(cfg->record.rotate_interval_ms, 600 * 1000);
+    assert_true(cfg->record.text);
+    assert_int_equal(cfg->record.buffer, 1 << 20);
+    assert_true(cfg->record.sample == 0.25);
+    atc_config_free(cfg);
+
+    cfg = parse_ok("record:\n  dir: traces/live\n" MODELS);
+    assert_string_equal(cfg->record.dir, "/etc/atc/traces/live");
+    atc_config_free(cfg);
+
+    expect_one_error("record:\n  rotate_size: 0\n" MODELS, "t.yaml:2:16: key 'record.rotate_size': ",
+                     "must be greater than 0");
+    expect_one_error("record:\n  rotate_interval: soon\n" MODELS, "t.yaml:2:20: key 'record.rotate_interval': ",
+                     "expected a duration");
+    expect_one_error("record:\n  sample: 1.5\n" MODELS, "t.yaml:2:11: key 'record.sample': ",
+                     "must be between 0 and 1");
+    expect_one_error("record:\n  text: maybe\n" MODELS, "t.yaml:2:9: key 'record.text': ", "true or false");
+    expect_one_error("record:\n  prefix: ../etc\n" MODELS, "t.yaml:2:11: key 'record.prefix': ",
+                     "only letters, digits");
+    expect_one_error("record:\n  dirr: x\n" MODELS, "t.yaml:2:3: key 'record': unknown key 'dirr'", "dir");
+    expect_one_error("record: yes\n" MODELS, "t.yaml:1:9: key 'record': ", "expected a mapping");
+}
+
 static void test_unknown_key(void **state)
 {
     expect_one_error("foo: 1\n" MODELS, "t.yaml:1:1: unknown key 'foo' (expected one of: listen, admin,", "");
@@ -851,6 +906,7 @@ int main(void)
         cmocka_unit_test(test_zero_capacity),
         cmocka_unit_test(test_duplicate_id),
         cmocka_unit_test(test_duplicate_model),
+        cmocka_unit_test(test_record),
         cmocka_unit_test(test_unknown_key),
         cmocka_unit_test(test_duplicate_key),
         cmocka_unit_test(test_bad_duration),
