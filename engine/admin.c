@@ -173,6 +173,30 @@ static void send_record(struct atc_server *srv, struct evhttp_request *req)
     evbuffer_free(b);
 }
 
+/* POST /admin/config/reload: 200 with a summary, or 422 with every error (nothing changed). */
+static void reload_config(struct atc_server *srv, struct evhttp_request *req)
+{
+    if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
+        atc_http_send_error(req, 405, "invalid_request_error", "method_not_allowed", "use POST", 0);
+        return;
+    }
+    char *msg = NULL;
+    if (atc_server_reload_config(srv, &msg) < 0) {
+        atc_http_send_error(req, 422, "invalid_request_error", "config_reload_failed", msg ? msg : "failed",
+                            0);
+        free(msg);
+        return;
+    }
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_printf(b, "{\"reloaded\":true,\"summary\":\"");
+    if (msg != NULL)
+        atc_json_escape(b, msg, strlen(msg));
+    evbuffer_add_printf(b, "\"}\n");
+    atc_http_send_json(req, 200, b);
+    evbuffer_free(b);
+    free(msg);
+}
+
 /* The effective configuration (no secrets). */
 static void send_config(struct atc_server *srv, struct evhttp_request *req)
 {
@@ -270,6 +294,8 @@ void atc_admin_handle(struct evhttp_request *req, void *arg)
         evbuffer_free(b);
     } else if (strcmp(path, "/admin/policy") == 0) {
         send_policy(srv, req);
+    } else if (strcmp(path, "/admin/config/reload") == 0) {
+        reload_config(srv, req);
     } else if (strcmp(path, "/admin/policy/reload") == 0) {
         reload_policy(srv, req);
     } else if (strcmp(path, "/admin/record") == 0) {

@@ -33,9 +33,10 @@ struct atc_endpoint {
     uint64_t requests_total;  /* attempts sent */
     uint64_t errors_total;    /* connection failures, timeouts, 5xx */
     uint64_t consecutive_errors;
-    bool routable; /* false while drained or (later) unhealthy */
-    unsigned server_queue;   /* server-reported: requests waiting (0 until reported; replay sets it) */
-    double server_kv_usage;  /* server-reported: share of KV cache in use, 0..1 (likewise) */
+    bool routable;          /* false while drained or (later) unhealthy */
+    bool simulated;         /* started by atc for simulate: (kept across config reloads) */
+    unsigned server_queue;  /* server-reported: requests waiting (0 until reported; replay sets it) */
+    double server_kv_usage; /* server-reported: share of KV cache in use, 0..1 (likewise) */
 
     /* health.c owns these */
     unsigned slow_start_limit;          /* while > 0 (ramping up after a return): at most this many */
@@ -64,6 +65,19 @@ struct atc_endpoint_table *atc_endpoint_table_create(const struct atc_config *cf
 /** Adds an endpoint to model @p model (which must exist). Copies every string. Returns it or NULL. */
 struct atc_endpoint *atc_endpoint_table_add(struct atc_endpoint_table *t, const char *model, const char *id,
                                             const char *host, uint16_t port, unsigned capacity);
+
+/** A config reload: a new table from @p cfg that keeps the endpoint structs of @p old whose id, model
+ * and address are unchanged (their counters, pools and health go on; capacity, weight, token budget,
+ * version and tags are updated) and its simulated endpoints; frees @p old's shell. Endpoints of @p old
+ * that are not in the new table are returned in *retired (owned array; they are no longer routable and
+ * still belong to the caller, who frees them with atc_endpoint_free once nothing uses them). Endpoints
+ * new to the table have no pool yet. Aborts on allocation failure. */
+struct atc_endpoint_table *atc_endpoint_table_rebuild(struct atc_endpoint_table *old,
+                                                      const struct atc_config *cfg,
+                                                      struct atc_endpoint ***retired, size_t *nretired);
+
+/** Frees an endpoint that is in no table (not its pool). */
+void atc_endpoint_free(struct atc_endpoint *ep);
 
 /** Frees the table and its endpoints (not their pools: upstream.c frees those first). */
 void atc_endpoint_table_destroy(struct atc_endpoint_table *t);

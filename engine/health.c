@@ -790,7 +790,8 @@ static void scrape_page(struct hep *e, const char *page, size_t len)
         e->have_prev = true;
     }
     /* What routing reads (replay fills the same fields from its simulated servers). */
-    e->ep->server_queue = isfinite(l->waiting) && l->waiting > 0 ? (unsigned)lround(fmin(l->waiting, 1e9)) : 0;
+    e->ep->server_queue =
+        isfinite(l->waiting) && l->waiting > 0 ? (unsigned)lround(fmin(l->waiting, 1e9)) : 0;
     e->ep->server_kv_usage = isfinite(l->kv_usage) ? l->kv_usage : 0;
     l->scraped_ms = (double)mono_us() / 1000.0;
     if (e->scrape_failing)
@@ -1148,8 +1149,28 @@ oom:
     return -1;
 }
 
+/* A config reload: an endpoint that stays keeps what its checks found, so it keeps serving. */
+static void carry_over(struct hep *e, const struct atc_health *previous)
+{
+    for (size_t i = 0; previous != NULL && i < previous->neps; i++) {
+        const struct hep *o = &previous->eps[i];
+        if (o->ep != e->ep)
+            continue;
+        e->pub.live = o->pub.live;
+        e->pub.ready = o->pub.ready;
+        e->pub.deep = o->pub.deep;
+        e->pub.load = o->pub.load;
+        e->pub.last_check_ms = o->pub.last_check_ms;
+        e->drained = o->drained;
+        e->ever_healthy = o->ever_healthy;
+        e->ready_unanswered = o->ready_unanswered;
+        return;
+    }
+}
+
 struct atc_health *atc_health_create(struct event_base *base, struct atc_endpoint_table *table,
-                                     const struct atc_config *cfg, const char **err)
+                                     const struct atc_config *cfg, const struct atc_health *previous,
+                                     const char **err)
 {
     struct atc_health *h = calloc(1, sizeof(*h));
     if (h == NULL) {
@@ -1205,6 +1226,7 @@ struct atc_health *atc_health_create(struct event_base *base, struct atc_endpoin
         if (e->model == NULL)
             continue;
         e->pub.state = ATC_HEALTH_STARTING;
+        carry_over(e, previous);
         enum atc_health_state s = derive_state(e);
         if (s != ATC_HEALTH_STARTING) {
             e->pub.state = s;

@@ -84,7 +84,8 @@ struct atc_health_stats {
  * until an endpoint's first results arrive it is "starting" and gets no traffic. Sets ep->health and
  * ep->routable of every endpoint. Returns the scheduler, or NULL and *err (static) on failure. */
 struct atc_health *atc_health_create(struct event_base *base, struct atc_endpoint_table *table,
-                                     const struct atc_config *cfg, const char **err);
+                                     const struct atc_config *cfg, const struct atc_health *previous,
+                                     const char **err);
 
 /** Stops every probe and timer and clears ep->health (before the table and its pools go). NULL is fine. */
 void atc_health_destroy(struct atc_health *h);

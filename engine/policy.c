@@ -573,7 +573,8 @@ void policy_version_free(struct policy_version *v)
 
 /* Calls the function at -2 - nargs with budget @p budget_us; returns the Lua status, 0 when fine,
  * and says why in *why ("budget", "memory", "error"). The result or message is left at -1. */
-int policy_protected_call(struct policy_version *v, int nargs, uint64_t budget_us, int errfunc, const char **why)
+int policy_protected_call(struct policy_version *v, int nargs, uint64_t budget_us, int errfunc,
+                          const char **why)
 {
     lua_State *L = v->L;
     struct watchdog *w = v->rt->watchdog;
@@ -775,6 +776,12 @@ void atc_policy_route(struct atc_policy_runtime *rt, const struct atc_route_requ
     memset(out, 0, sizeof(*out));
     struct policy_version *v = rt->current;
     out->version = v->version;
+    if (rt->stale) {
+        out->kind = ATC_DECISION_FALLBACK;
+        out->reason = "error";
+        rt->fallbacks++;
+        return;
+    }
     char err[512];
     const char *why = NULL;
     bool ok = decide(v, req, rt->s.budget_us, out, err, sizeof(err), &why);
@@ -863,13 +870,29 @@ uint64_t atc_policy_reload(struct atc_policy_runtime *rt, char **err)
     if (rt->last_good == NULL)
         rt->last_good = old;
     else
-        policy_version_free(old); /* still on probation itself: the older, proven version stays the fallback */
+        policy_version_free(
+            old); /* still on probation itself: the older, proven version stays the fallback */
     rt->current = v;
     rt->reloads_ok++;
     free(rt->last_error);
     rt->last_error = NULL;
     atc_info("policy v%llu loaded from %s", (unsigned long long)v->version, rt->s.entry);
     return v->version;
+}
+
+uint64_t atc_policy_set_table(struct atc_policy_runtime *rt, struct atc_endpoint_table *table, char **err)
+{
+    rt->table = table;
+    rt->stale = true;
+    policy_version_free(rt->last_good); /* its views index the old table */
+    rt->last_good = NULL;
+    uint64_t version = atc_policy_reload(rt, err);
+    if (version != 0) {
+        rt->stale = false;
+        policy_version_free(rt->last_good); /* the outgoing version: same problem */
+        rt->last_good = NULL;
+    }
+    return version;
 }
 
 /* ---- runtime ---- */

@@ -130,6 +130,11 @@ void atc_policy_routed(struct atc_policy_runtime *rt, const struct atc_route_req
  * version serving traffic is unchanged). */
 uint64_t atc_policy_reload(struct atc_policy_runtime *rt, char **err);
 
+/** The endpoint table changed (a config reload): every Lua state is rebuilt against @p table (views
+ * know endpoints by their place in the table). Returns the new version, or 0 with *err: until a reload
+ * succeeds, the C balancer routes (the old states no longer match the table). */
+uint64_t atc_policy_set_table(struct atc_policy_runtime *rt, struct atc_endpoint_table *table, char **err);
+
 /** The version currently deciding. */
 uint64_t atc_policy_version(const struct atc_policy_runtime *rt);
 

@@ -67,6 +67,7 @@ struct atc_policy_runtime {
     struct event *watch_debounce;
     int inotify_fd;
     bool test_mode; /* atc test: no endpoint table */
+    bool stale;     /* the table changed and no version matches it yet: the C balancer routes */
     lua_CFunction test_replay; /* atc test: installed as atc.replay (upvalue 1: the version) */
 };
 

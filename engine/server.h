@@ -51,6 +51,10 @@ struct atc_server {
     struct evhttp *admin;
     uint16_t front_port; /* as bound (config port 0 picks a free one) */
     uint16_t admin_port;
+    struct atc_endpoint **retired; /* left the config; freed once nothing is in flight on them */
+    size_t nretired;
+    struct event *retire_timer;
+    uint64_t config_reloads_ok, config_reloads_failed;
     struct atc_sim_server **sims;
     size_t nsims;
     struct event *sig_term, *sig_int, *sig_hup, *drain_timer;
@@ -74,6 +78,12 @@ int atc_server_write_ready_file(const struct atc_server *srv, const char *path);
 
 /** Stops accepting and lets in-flight requests finish for up to the drain timeout, then exits the loop. */
 void atc_server_drain(struct atc_server *srv);
+
+/** Re-reads the config file: endpoints added, removed (they drain: in-flight requests finish) or changed
+ * without a restart. An invalid file changes nothing: returns -1 with every error in *errors (owned).
+ * Settings that need a restart (listen, admin, simulate, admission, access_log, record) are logged.
+ * Returns 0 and a summary in *errors ("+2 -1 endpoints"; owned) on success. */
+int atc_server_reload_config(struct atc_server *srv, char **errors);
 
 /** Frees the server (after its loop has stopped). */
 void atc_server_destroy(struct atc_server *srv);

@@ -108,7 +108,7 @@ static int setup(void **state)
     assert_int_equal(atc_config_parse(yaml, sizeof(yaml) - 1, "t.yaml", ".", &f->cfg, &errors), 0);
     f->base = event_base_new();
     f->table = atc_endpoint_table_create(f->cfg);
-    f->h = atc_health_create(f->base, f->table, f->cfg, &err);
+    f->h = atc_health_create(f->base, f->table, f->cfg, NULL, &err);
     assert_non_null(f->h);
     for (int i = 0; i < 3; i++)
         f->ep[i] = f->table->endpoints[i];
