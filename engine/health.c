@@ -860,9 +860,10 @@ static void on_probe_done(void *arg)
 
     switch (pr->kind) {
     case PROBE_LIVE:
-        /* Any answer but a server error means the process is up; 503 is how servers say "up, but not
-         * ready" while they load a model, which the ready check handles. */
-        if (st >= 500 && st != 503)
+        /* Any answer but a server error means the process is up. A 503 from a server that is not ready
+         * (loading its model) is the ready check's business, not a liveness failure; from one that is
+         * ready it is the server saying it is broken. */
+        if (st >= 500 && !(st == 503 && e->pub.ready != ATC_CHECK_OK))
             bad = "";
         break;
     case PROBE_READY:

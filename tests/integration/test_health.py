@@ -238,6 +238,15 @@ class HealthTest(AtcTestCase):
         self.assertEqual(ep["requests_total"], 0)  # caught before any client request went there
         self.assertTrue(atc.endpoints()["good"]["deep"])
 
+    def test_503_is_loading_before_ready_and_broken_after(self):
+        good = self.start_sim("good", extra=["--decode-ms", "1"])
+        # Lists its model (ready) but says 503 on /health: a server reporting itself broken.
+        broken = self.stub({"/health": lambda n: (503, "")})
+        atc = self.start_atc(config([("good", good.url), ("broken", broken.url)]))
+        ep = self.wait_state(atc, "broken", "unhealthy", timeout=3)
+        self.assertFalse(ep["live"])
+        self.assertIn("live check: GET /health: answered 503", ep["last_error"])
+
     # ---- passive checks ----
 
     def test_a_500ing_server_is_ejected_and_4xx_do_not_count(self):
