@@ -2,7 +2,7 @@
  * canned non-streaming chat completion for every request. Not an inference server and not a test: it exists
  * so that in tests/bench/run the proxies under test, not the backend, take the machine's few cores (an
  * `atc sim` spends about 18 µs of CPU on a small request — JSON scan, the latency model, a timer — this
- * spends 2-3, mostly in read and write).
+ * about 6, nearly all of it in the kernel's recv and send).
  *
  *   static_backend [--listen 127.0.0.1:0] [--ready-file PATH]
  *
