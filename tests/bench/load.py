@@ -443,5 +443,5 @@ class Hold:
                 st.sock.close()
             ep.close()
         return {"streams": self.n, "peak_open": peak, "completed": completed, "failed": failed + unfinished,
-                "timed_out": unfinished > 0, "wall": wall, "rss_peak_kib": rss_peak, "rss_at_peak_open_kib": rss_at_peak,
-                "timeline": timeline}
+                "timed_out": unfinished > 0, "wall": wall, "rss_peak_kib": rss_peak,
+                "rss_at_peak_open_kib": rss_at_peak, "timeline": timeline}
