@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <netdb.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,6 +95,28 @@ static uint16_t bound_port(struct evhttp_bound_socket *bound)
     return ntohs(((struct sockaddr_in *)&ss)->sin_port);
 }
 
+/* A listening socket with the kernel's largest accept queue: evhttp's own listens with 128, and a burst
+ * of thousands of clients (streams opening at once) overflows that, so some wait seconds to retry. */
+static evutil_socket_t listen_socket(const char *host, uint16_t port)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE},
+                    *res = NULL;
+    char service[8];
+    snprintf(service, sizeof(service), "%u", (unsigned)port);
+    if (getaddrinfo(host, service, &hints, &res) != 0 || res == NULL)
+        return -1;
+    evutil_socket_t fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+        bind(fd, res->ai_addr, res->ai_addrlen) < 0 || listen(fd, SOMAXCONN) < 0) {
+        if (fd >= 0)
+            evutil_closesocket(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    return fd;
+}
+
 static struct evhttp *http_listen(struct atc_server *srv, const char *host, uint16_t port,
                                   void (*handler)(struct evhttp_request *, void *), uint16_t *bound,
                                   struct evhttp_bound_socket **listener, const char **err)
@@ -111,8 +134,11 @@ static struct evhttp *http_listen(struct atc_server *srv, const char *host, uint
     struct timeval tv = {.tv_sec = (time_t)(srv->cfg->client_timeout_ms / 1000),
                          .tv_usec = (suseconds_t)(srv->cfg->client_timeout_ms % 1000) * 1000};
     evhttp_set_timeout_tv(http, &tv);
-    struct evhttp_bound_socket *b = evhttp_bind_socket_with_handle(http, host, port);
+    evutil_socket_t fd = listen_socket(host, port);
+    struct evhttp_bound_socket *b = fd >= 0 ? evhttp_accept_socket_with_handle(http, fd) : NULL;
     if (b == NULL) {
+        if (fd >= 0)
+            evutil_closesocket(fd);
         static char msg[300];
         snprintf(msg, sizeof(msg), "cannot listen on %s:%u: address in use or not available", host,
                  (unsigned)port);
