@@ -19,6 +19,7 @@ struct atc_sim_server;
 struct atc_policy_runtime;
 struct atc_affinity;
 struct atc_prefix_index;
+struct atc_client_deadline;
 
 struct atc_server_stats {
     uint64_t requests_total;   /* client requests accepted on the front routes */
@@ -38,6 +39,7 @@ struct atc_server {
     struct evhttp *front;
     struct evhttp_bound_socket *front_listener;
     struct evhttp *admin;
+    struct atc_client_deadline *front_deadline, *admin_deadline; /* client_timeout per request */
     uint16_t front_port; /* as bound (config port 0 picks a free one) */
     uint16_t admin_port;
     struct atc_sim_server **sims;

@@ -6,6 +6,7 @@
  * with the same features, after the relay rewrites its "model" (what happens when a policy maps an
  * alias to another model's endpoint). */
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,46 @@ static char *rewrite_model(const char *body, size_t len, const struct atc_featur
     return out;
 }
 
+static bool valid_utf8(const unsigned char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i], len = c < 0x80                 ? 1
+                                 : c >= 0xc2 && c <= 0xdf ? 2
+                                 : c >= 0xe0 && c <= 0xef ? 3
+                                 : c >= 0xf0 && c <= 0xf4 ? 4
+                                                          : 0;
+        if (len == 0 || i + len > n)
+            return false;
+        unsigned cp = len == 1 ? c : c & (0x7f >> len);
+        for (unsigned k = 1; k < len; k++) {
+            if ((s[i + k] & 0xc0) != 0x80)
+                return false;
+            cp = cp << 6 | (s[i + k] & 0x3f);
+        }
+        if ((len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+            (len == 4 && (cp < 0x10000 || cp > 0x10ffff)))
+            return false;
+        i += len;
+    }
+    return true;
+}
+
+/* atc_json_escape over any bytes (what atc does to a client's model name it quotes in an error) must
+ * give the inside of a valid JSON string, in valid UTF-8. */
+static void check_escape(const char *s, size_t n)
+{
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_printf(b, "{\"messages\":[],\"user\":\"");
+    atc_json_escape(b, s, n);
+    evbuffer_add_printf(b, "\"}");
+    size_t len = evbuffer_get_length(b);
+    const char *json = (const char *)evbuffer_pullup(b, -1);
+    const char *err = NULL;
+    CHECK(valid_utf8((const unsigned char *)json, len));
+    CHECK(atc_features_scan(ATC_KIND_CHAT, json, len, &g, &err) == 0);
+    evbuffer_free(b);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
@@ -54,6 +95,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t len = size - 1;
     char *body = malloc(len ? len : 1);
     memcpy(body, data + 1, len);
+    check_escape(body, len < 4096 ? len : 4096);
 
     const char *err = NULL;
     int rc = atc_features_scan(kind, body, len, &f, &err);

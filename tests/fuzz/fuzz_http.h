@@ -99,8 +99,9 @@ static inline void fuzz_http_on_write(evutil_socket_t fd, short what, void *arg)
 static inline void fuzz_http_on_deadline(evutil_socket_t fd, short what, void *arg)
 {
     struct fuzz_http_client *c = arg;
-    fprintf(stderr, "fuzz_http: the server held the connection for %d s after the client's EOF (%zu of %zu "
-                    "bytes sent)\n",
+    fprintf(stderr,
+            "fuzz_http: the server held the connection for %d s after the client's EOF (%zu of %zu "
+            "bytes sent)\n",
             FUZZ_HTTP_DEADLINE_S, c->sent, c->len);
     abort();
 }

@@ -12,41 +12,43 @@
 #include "config.h"
 #include "endpoint.h"
 #include "fuzz.h"
+#include "log.h"
 #include "server.h"
 
 /* The shipped policy, so that fuzzed requests run through the real Lua layers and req:header(). */
 #define FUZZ_SCRIPTS ATC_SOURCE_STDLIB "/../scripts"
 
-static const char fuzz_server_yaml[] =
-    "listen: 127.0.0.1:0\n"
-    "admin: 127.0.0.1:0\n"
-    "max_body: 64KiB\n"
-    "client_timeout: 2s\n"
-    "policy:\n"
-    "  entry: " FUZZ_SCRIPTS "/policy.lua\n"
-    "  watch: false\n"
-    "upstream:\n"
-    "  connect_timeout: 1s\n"
-    "  tries: 2\n"
-    "models:\n"
-    "  - name: llama-3-8b\n"
-    "    endpoints:\n"
-    "      - id: small-a\n"
-    "        url: http://127.0.0.1:1\n"
-    "        tags: [small, \"q\\\"uote\"]\n"
-    "      - id: small-b\n"
-    "        url: http://127.0.0.1:2\n"
-    "        version: v2\n"
-    "  - name: llama-3-70b\n"
-    "    endpoints:\n"
-    "      - id: large-a\n"
-    "        url: http://127.0.0.1:3\n"
-    "        capacity: 1\n";
+static const char fuzz_server_yaml[] = "listen: 127.0.0.1:0\n"
+                                       "admin: 127.0.0.1:0\n"
+                                       "max_body: 64KiB\n"
+                                       "client_timeout: 2s\n"
+                                       "policy:\n"
+                                       "  entry: " FUZZ_SCRIPTS "/policy.lua\n"
+                                       "  watch: false\n"
+                                       "upstream:\n"
+                                       "  connect_timeout: 1s\n"
+                                       "  tries: 2\n"
+                                       "models:\n"
+                                       "  - name: llama-3-8b\n"
+                                       "    endpoints:\n"
+                                       "      - id: small-a\n"
+                                       "        url: http://127.0.0.1:1\n"
+                                       "        tags: [small, \"q\\\"uote\"]\n"
+                                       "      - id: small-b\n"
+                                       "        url: http://127.0.0.1:2\n"
+                                       "        version: v2\n"
+                                       "  - name: llama-3-70b\n"
+                                       "    endpoints:\n"
+                                       "      - id: large-a\n"
+                                       "        url: http://127.0.0.1:3\n"
+                                       "        capacity: 1\n";
 
 static inline struct atc_server *fuzz_server_start(struct event_base *base)
 {
     struct atc_config *cfg = NULL;
     char *errors = NULL;
+    atc_log_set_level(
+        ATC_LOG_ERROR); /* a line per fuzzed request (reloads, retries) would be most of the time */
     if (atc_config_parse(fuzz_server_yaml, strlen(fuzz_server_yaml), "fuzz.yaml", FUZZ_SCRIPTS, &cfg,
                          &errors) < 0) {
         fprintf(stderr, "fuzz config: %s\n", errors);

@@ -19,6 +19,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     const char *err;
     base = event_base_new();
     CHECK(base != NULL);
+    atc_log_set_level(ATC_LOG_ERROR);
     atc_sim_params_init(&p);
     p.decode_ms = 0.01;
     p.prefill_tps = 1e9;

@@ -23,15 +23,15 @@ static struct event_base *base;
 static struct atc_upstream_pool *pool;
 
 struct outcome {
-    int headers;     /* on_headers calls */
+    int headers; /* on_headers calls */
     int status;
     bool event_stream;
     int64_t content_length;
     struct evbuffer *body;
     int done, errors; /* on_done / on_error calls */
     enum atc_upstream_error err;
-    bool ended;            /* after on_done / on_error the request is gone */
-    int cancel_at;         /* mode 3: cancel in the n-th callback (1-based); 0 = never */
+    bool ended;    /* after on_done / on_error the request is gone */
+    int cancel_at; /* mode 3: cancel in the n-th callback (1-based); 0 = never */
     int calls;
     struct atc_upstream_req *req;
 };
