@@ -6,8 +6,11 @@
 #include <event2/buffer.h>
 #include <event2/http.h>
 
+#include "admission.h"
+#include "config.h"
 #include "endpoint.h"
 #include "http_util.h"
+#include "metrics.h"
 #include "policy.h"
 #include "server.h"
 #include "upstream.h"
@@ -54,8 +57,13 @@ static void send_endpoints(struct atc_server *srv, struct evhttp_request *req)
                             ep->pool != NULL ? atc_upstream_pool_idle(ep->pool) : 0);
     }
     const struct atc_server_stats *s = &srv->stats;
+    evbuffer_add_printf(b, "],\"queues\":");
+    if (srv->admission != NULL)
+        atc_admission_status_json(srv->admission, b);
+    else
+        evbuffer_add(b, "null", 4);
     evbuffer_add_printf(b,
-                        "],\"requests_total\":%llu,\"responses_total\":%llu,\"client_gone_total\":%llu,"
+                        ",\"requests_total\":%llu,\"responses_total\":%llu,\"client_gone_total\":%llu,"
                         "\"retries_total\":%llu,\"upstream_errors_total\":%llu,\"active\":%u}\n",
                         (unsigned long long)s->requests_total, (unsigned long long)s->responses_total,
                         (unsigned long long)s->client_gone_total, (unsigned long long)s->retries_total,
@@ -102,14 +110,99 @@ static void reload_policy(struct atc_server *srv, struct evhttp_request *req)
     evbuffer_free(b);
 }
 
+/* The effective configuration (no secrets). */
+static void send_config(struct atc_server *srv, struct evhttp_request *req)
+{
+    const struct atc_config *c = srv->cfg;
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add(b, "{", 1);
+    json_str(b, "path", c->path);
+    evbuffer_add_printf(b, ",\"listen\":\"%s:%u\",\"admin\":\"%s:%u\",\"admin_token\":%s,", c->listen_host,
+                        (unsigned)srv->front_port, c->admin_host, (unsigned)srv->admin_port,
+                        c->admin_token != NULL ? "\"(set)\"" : "null");
+    json_str(b, "access_log", c->access_log);
+    evbuffer_add_printf(
+        b,
+        ",\"max_body\":%zu,\"drain_timeout_ms\":%llu,\"client_timeout_ms\":%llu,"
+        "\"upstream\":{\"connect_timeout_ms\":%llu,\"first_byte_timeout_ms\":%llu,"
+        "\"idle_timeout_ms\":%llu,\"tries\":%u,\"keepalive\":%u},"
+        "\"admission\":{\"queue\":%u,\"deadline_ms\":%llu,\"max_deadline_ms\":%llu,\"aging_ms\":%llu},"
+        "\"policy\":",
+        c->max_body, (unsigned long long)c->drain_timeout_ms, (unsigned long long)c->client_timeout_ms,
+        (unsigned long long)c->upstream.connect_timeout_ms,
+        (unsigned long long)c->upstream.first_byte_timeout_ms,
+        (unsigned long long)c->upstream.idle_timeout_ms, c->upstream.tries, c->upstream.keepalive,
+        c->admission.queue, (unsigned long long)c->admission.deadline_ms,
+        (unsigned long long)c->admission.max_deadline_ms, (unsigned long long)c->admission.aging_ms);
+    if (c->policy.enabled) {
+        evbuffer_add(b, "{", 1);
+        json_str(b, "entry", c->policy.entry);
+        evbuffer_add_printf(
+            b, ",\"budget_us\":%llu,\"memory\":%zu,\"jit\":%s,\"watch\":%s,\"rollback_after\":%u}",
+            (unsigned long long)c->policy.budget_us, c->policy.memory, c->policy.jit ? "true" : "false",
+            c->policy.watch ? "true" : "false", c->policy.rollback_after);
+    } else {
+        evbuffer_add(b, "null", 4);
+    }
+    evbuffer_add_printf(b, ",\"models\":[");
+    for (size_t i = 0; i < srv->table->nmodels; i++) {
+        const struct atc_model *m = &srv->table->models[i];
+        evbuffer_add_printf(b, "%s{", i ? "," : "");
+        json_str(b, "name", m->name);
+        evbuffer_add_printf(b, ",\"endpoints\":[");
+        for (size_t j = 0; j < m->nendpoints; j++) {
+            evbuffer_add_printf(b, "%s\"", j ? "," : "");
+            atc_json_escape(b, m->endpoints[j]->id, strlen(m->endpoints[j]->id));
+            evbuffer_add(b, "\"", 1);
+        }
+        evbuffer_add(b, "]}", 2);
+    }
+    evbuffer_add(b, "]}\n", 3);
+    atc_http_send_json(req, 200, b);
+    evbuffer_free(b);
+}
+
+/* With admin_token set, every route but /health needs "Authorization: Bearer <token>". The comparison
+ * takes the same time wherever the first difference is, so timing does not reveal the token. */
+static bool authorized(const struct atc_server *srv, struct evhttp_request *req)
+{
+    const char *token = srv->cfg->admin_token;
+    if (token == NULL)
+        return true;
+    const char *auth = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+    if (auth == NULL || strncmp(auth, "Bearer ", 7) != 0)
+        return false;
+    const char *given = auth + 7;
+    size_t n = strlen(token), m = strlen(given);
+    unsigned char diff = (unsigned char)(n != m);
+    for (size_t i = 0; i < n; i++)
+        diff |= (unsigned char)(token[i] ^ given[i < m ? i : 0]);
+    return diff == 0;
+}
+
 void atc_admin_handle(struct evhttp_request *req, void *arg)
 {
     struct atc_server *srv = arg;
     const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
     if (path == NULL)
         path = "/";
-    if (strcmp(path, "/admin/endpoints") == 0) {
+    if (strcmp(path, "/health") != 0 && !authorized(srv, req)) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
+        atc_http_send_error(req, 401, "authentication_error", "invalid_admin_token",
+                            "the admin API needs Authorization: Bearer <admin_token>", 0);
+        return;
+    }
+    if (strcmp(path, "/admin/config") == 0) {
+        send_config(srv, req);
+    } else if (strcmp(path, "/admin/endpoints") == 0) {
         send_endpoints(srv, req);
+    } else if (strcmp(path, "/metrics") == 0) {
+        struct evbuffer *b = evbuffer_new();
+        atc_metrics_render(srv->metrics, srv, b);
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
+                          "text/plain; version=0.0.4");
+        evhttp_send_reply(req, 200, "OK", b);
+        evbuffer_free(b);
     } else if (strcmp(path, "/admin/policy") == 0) {
         send_policy(srv, req);
     } else if (strcmp(path, "/admin/policy/reload") == 0) {

@@ -14,9 +14,10 @@ uint64_t atc_random_next(uint64_t *state)
     return x * 0x2545F4914F6CDD1Dull;
 }
 
-static bool is_candidate(const struct atc_endpoint *ep, struct atc_endpoint *const *exclude, size_t nexclude)
+static bool is_candidate(const struct atc_endpoint *ep, struct atc_endpoint *const *exclude, size_t nexclude,
+                         uint64_t tokens)
 {
-    if (!atc_endpoint_available(ep))
+    if (!atc_endpoint_available(ep, tokens))
         return false;
     for (size_t i = 0; i < nexclude; i++)
         if (exclude[i] == ep)
@@ -31,11 +32,11 @@ static bool less_loaded(const struct atc_endpoint *a, const struct atc_endpoint 
 }
 
 struct atc_endpoint *atc_balancer_pick(const struct atc_model *m, uint64_t *rng,
-                                       struct atc_endpoint *const *exclude, size_t nexclude)
+                                       struct atc_endpoint *const *exclude, size_t nexclude, uint64_t tokens)
 {
     size_t n = 0;
     for (size_t i = 0; i < m->nendpoints; i++)
-        n += is_candidate(m->endpoints[i], exclude, nexclude);
+        n += is_candidate(m->endpoints[i], exclude, nexclude, tokens);
     if (n == 0)
         return NULL;
 
@@ -45,7 +46,7 @@ struct atc_endpoint *atc_balancer_pick(const struct atc_model *m, uint64_t *rng,
     struct atc_endpoint *first = NULL, *second = NULL;
     for (size_t i = 0, seen = 0; i < m->nendpoints; i++) {
         struct atc_endpoint *ep = m->endpoints[i];
-        if (!is_candidate(ep, exclude, nexclude))
+        if (!is_candidate(ep, exclude, nexclude, tokens))
             continue;
         if (seen == k)
             first = ep;

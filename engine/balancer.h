@@ -14,9 +14,9 @@ struct atc_endpoint;
 /** Next value of a xorshift64* generator kept in *state (never 0). */
 uint64_t atc_random_next(uint64_t *state);
 
-/** Picks an endpoint of @p m that is available and not among the @p nexclude endpoints in @p exclude.
- * Returns a borrowed endpoint, or NULL when none can take the request. */
+/** Picks an endpoint of @p m that is available for a request of @p tokens and not among the @p nexclude
+ * endpoints in @p exclude. Returns a borrowed endpoint, or NULL when none can take the request. */
 struct atc_endpoint *atc_balancer_pick(const struct atc_model *m, uint64_t *rng,
-                                       struct atc_endpoint *const *exclude, size_t nexclude);
+                                       struct atc_endpoint *const *exclude, size_t nexclude, uint64_t tokens);
 
 #endif

@@ -399,6 +399,7 @@ enum kind {
     F_SHARE,    /* double in [0, 1] */
     F_HOSTPORT, /* char * host at off, uint16_t port at aux */
     F_URL,      /* the url, host and port of an endpoint */
+    F_WEIGHTS,  /* mapping of name -> whole number >= 1, into a struct atc_weights */
     F_SECTION,  /* a nested mapping described by sub, filling the same struct */
     F_NODE,     /* handled by the caller, which finds the node in parse_section's found[] */
 };
@@ -455,13 +456,25 @@ static const struct field upstream_fields[] = {
     {.key = NULL},
 };
 
+static const struct field admission_fields[] = {
+    {.key = "queue", .kind = F_UINT, .off = CFG(admission.queue), .max = 1000000},
+    {.key = "deadline", .kind = F_MS, .off = CFG(admission.deadline_ms), .min = 1},
+    {.key = "max_deadline", .kind = F_MS, .off = CFG(admission.max_deadline_ms), .min = 1},
+    {.key = "aging", .kind = F_MS, .off = CFG(admission.aging_ms)},
+    {.key = "tenant_weights", .kind = F_WEIGHTS, .off = CFG(admission.tenant_weights)},
+    {.key = NULL},
+};
+
 static const struct field root_fields[] = {
     {.key = "listen", .kind = F_HOSTPORT, .off = CFG(listen_host), .aux = CFG(listen_port)},
     {.key = "admin", .kind = F_HOSTPORT, .off = CFG(admin_host), .aux = CFG(admin_port)},
     {.key = "policy", .kind = F_SECTION, .sub = policy_fields},
     {.key = "upstream", .kind = F_SECTION, .sub = upstream_fields},
+    {.key = "admission", .kind = F_SECTION, .sub = admission_fields},
     {.key = "max_body", .kind = F_SIZE, .off = CFG(max_body)},
     {.key = "drain_timeout", .kind = F_MS, .off = CFG(drain_timeout_ms)},
+    {.key = "access_log", .kind = F_STR, .off = CFG(access_log)},
+    {.key = "admin_token", .kind = F_STR, .off = CFG(admin_token)},
     {.key = "client_timeout", .kind = F_MS, .off = CFG(client_timeout_ms), .min = 1},
     {.key = "models", .kind = F_NODE},
     {.key = "simulate", .kind = F_NODE},
@@ -479,6 +492,7 @@ static const struct field endpoint_fields[] = {
     {.key = "url", .kind = F_URL, .required = true},
     {.key = "capacity", .kind = F_UINT, .off = EP(capacity), .min = 1, .max = CAPACITY_MAX},
     {.key = "weight", .kind = F_UINT, .off = EP(weight), .min = 1, .max = WEIGHT_MAX},
+    {.key = "token_budget", .kind = F_U64, .off = EP(token_budget), .max = UINT64_MAX},
     {.key = "version", .kind = F_OPTSTR, .off = EP(version)},
     {.key = "tags", .kind = F_STRS, .off = EP(tags), .aux = EP(ntags)},
     {.key = NULL},
@@ -727,6 +741,7 @@ static const char *set_value(struct parse *p, const struct field *f, const char 
 
 static int get_list(struct parse *p, const struct field *f, const yaml_node_t *n, const char *key,
                     void *base);
+static int get_weights(struct parse *p, const struct field *f, yaml_node_t *n, const char *key, void *base);
 
 /* Reads one value into base + f->off, or reports why not at the value's position and returns -1. */
 static int get_field(struct parse *p, const struct field *f, const yaml_node_t *n, const char *key,
@@ -737,6 +752,8 @@ static int get_field(struct parse *p, const struct field *f, const yaml_node_t *
 
     if (f->kind == F_STRS || f->kind == F_PATHS)
         return get_list(p, f, n, key, base);
+    if (f->kind == F_WEIGHTS)
+        return get_weights(p, f, (yaml_node_t *)n, key, base);
     if (f->kind == F_OPTSTR && is_null(n))
         return 0;
     if (!(s = scalar(p, n, key, expected[f->kind])))
@@ -767,6 +784,44 @@ static int get_list(struct parse *p, const struct field *f, const yaml_node_t *n
             (*nout)++;
         else
             rc = -1;
+    }
+    return rc;
+}
+
+/* {gold: 4, free: 1}: names with their weights. */
+static int get_weights(struct parse *p, const struct field *f, yaml_node_t *n, const char *key, void *base)
+{
+    struct atc_weights *w = (struct atc_weights *)((char *)base + f->off);
+    struct map_iter it = {.prefix = key};
+    const struct field weight = {.kind = F_UINT, .min = 1, .max = 1000000};
+    char d[64];
+    int rc = 0;
+
+    if (is_null(n))
+        return 0;
+    if (n->type != YAML_MAPPING_NODE) {
+        report(p, n->start_mark, key, "expected a mapping of names to weights, got %s",
+               describe(n, d, sizeof d));
+        return -1;
+    }
+    size_t cap = (size_t)(n->data.mapping.pairs.top - n->data.mapping.pairs.start);
+    w->names = calloc(cap ? cap : 1, sizeof *w->names);
+    w->weights = calloc(cap ? cap : 1, sizeof *w->weights);
+    if (!w->names || !w->weights) {
+        p->oom = true;
+        return -1;
+    }
+    it.map = n;
+    it.pair = n->data.mapping.pairs.start;
+    while (map_next(p, &it)) {
+        if (get_field(p, &weight, it.value, it.path, &w->weights[w->n]) < 0) {
+            rc = -1;
+            continue;
+        }
+        if (!(w->names[w->n] = strdup(it.key)))
+            p->oom = true;
+        else
+            w->n++;
     }
     return rc;
 }
@@ -988,6 +1043,10 @@ static struct atc_config *config_new(const char *name, const char *dir)
     cfg->policy.budget_us = 1000;
     cfg->policy.memory = (size_t)64 << 20;
     cfg->policy.rollback_after = 20;
+    cfg->admission.queue = 1024;
+    cfg->admission.deadline_ms = 30000;
+    cfg->admission.max_deadline_ms = 120000;
+    cfg->admission.aging_ms = 10000;
     cfg->policy.watch = true;
     cfg->upstream.connect_timeout_ms = 2000;
     cfg->upstream.first_byte_timeout_ms = 60000;
@@ -1184,6 +1243,12 @@ void atc_config_free(struct atc_config *cfg)
     free(cfg->simulate);
     free_strv(cfg->policy.path, cfg->policy.npath);
     free(cfg->policy.entry);
+    free(cfg->access_log);
+    free(cfg->admin_token);
+    for (size_t i = 0; i < cfg->admission.tenant_weights.n; i++)
+        free(cfg->admission.tenant_weights.names[i]);
+    free(cfg->admission.tenant_weights.names);
+    free(cfg->admission.tenant_weights.weights);
     free(cfg->admin_host);
     free(cfg->listen_host);
     free(cfg->dir);

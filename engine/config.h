@@ -10,6 +10,12 @@
 
 #include "sim.h"
 
+struct atc_weights {
+    char **names;
+    unsigned *weights;
+    size_t n;
+};
+
 struct atc_endpoint_config {
     char *id;
     char *url;        /* as written: http://host:port */
@@ -21,6 +27,7 @@ struct atc_endpoint_config {
     size_t ntags;
     unsigned capacity; /* max concurrent requests (default 64, must be > 0) */
     unsigned weight;   /* default 1 */
+    uint64_t token_budget; /* max prompt + max_tokens in flight; 0 = no limit */
 };
 
 struct atc_model_config {
@@ -63,6 +70,16 @@ struct atc_config {
         unsigned keepalive;             /* upstream.keepalive: idle connections kept per endpoint (default 32) */
     } upstream;
 
+    struct {
+        unsigned queue;           /* admission.queue: waiting requests per model (default 1024; 0: 503 at once) */
+        uint64_t deadline_ms;     /* admission.deadline: default wait (default 30s) */
+        uint64_t max_deadline_ms; /* admission.max_deadline: the most x-atc-deadline may ask (default 120s) */
+        uint64_t aging_ms;        /* admission.aging: one priority level per this much waiting (default 10s) */
+        struct atc_weights tenant_weights; /* admission.tenant_weights: {tenant: weight}, others 1 */
+    } admission;
+
+    char *admin_token;         /* admin_token: when set, the admin API needs "Authorization: Bearer <it>" */
+    char *access_log;          /* access_log: a file (relative to dir) or "stderr"; NULL = off */
     size_t max_body;           /* max_body: request body limit (default 8 MiB) */
     uint64_t drain_timeout_ms; /* drain_timeout: on SIGTERM, how long in-flight requests may finish (default 10s) */
     uint64_t client_timeout_ms; /* client_timeout: reading a request from a client (default 30s) */

@@ -91,6 +91,7 @@ struct atc_endpoint_table *atc_endpoint_table_create(const struct atc_config *cf
             if (ep == NULL)
                 goto error;
             ep->weight = ec->weight;
+            ep->token_budget = ec->token_budget;
             if (ec->version != NULL && (ep->version = strdup(ec->version)) == NULL)
                 goto error_ep;
             if (ec->ntags > 0) {
@@ -184,6 +185,7 @@ void atc_endpoint_record(struct atc_endpoint *ep, bool ok, double ttft_ms)
     }
     ep->consecutive_errors = 0;
     if (ttft_ms >= 0)
-        ep->ttft_ewma_ms =
-            ep->ttft_ewma_ms == 0 ? ttft_ms : ep->ttft_ewma_ms + TTFT_EWMA_ALPHA * (ttft_ms - ep->ttft_ewma_ms);
+        ep->ttft_ewma_ms = ep->ttft_ewma_ms == 0
+                               ? ttft_ms
+                               : ep->ttft_ewma_ms + TTFT_EWMA_ALPHA * (ttft_ms - ep->ttft_ewma_ms);
 }

@@ -23,15 +23,16 @@ struct atc_endpoint {
     size_t ntags;
     unsigned capacity;
     unsigned weight;
+    uint64_t token_budget; /* 0 = none */
 
     /* live counters */
-    unsigned inflight;          /* requests routed here and not finished */
-    uint64_t inflight_tokens;   /* their prompt estimate + max_tokens */
-    double ttft_ewma_ms;        /* exponentially weighted time to first byte of the answer; 0 = no sample */
-    uint64_t requests_total;    /* attempts sent */
-    uint64_t errors_total;      /* connection failures, timeouts, 5xx */
+    unsigned inflight;        /* requests routed here and not finished */
+    uint64_t inflight_tokens; /* their prompt estimate + max_tokens */
+    double ttft_ewma_ms;      /* exponentially weighted time to first byte of the answer; 0 = no sample */
+    uint64_t requests_total;  /* attempts sent */
+    uint64_t errors_total;    /* connection failures, timeouts, 5xx */
     uint64_t consecutive_errors;
-    bool routable;              /* false while drained or (later) unhealthy */
+    bool routable; /* false while drained or (later) unhealthy */
 
     struct atc_upstream_pool *pool; /* keep-alive connections, owned by upstream.c */
 };
@@ -66,10 +67,12 @@ struct atc_model *atc_endpoint_table_model(const struct atc_endpoint_table *t, c
 /** The endpoint with id @p id, or NULL. */
 struct atc_endpoint *atc_endpoint_table_find(const struct atc_endpoint_table *t, const char *id);
 
-/** True when @p ep may take one more request now. */
-static inline bool atc_endpoint_available(const struct atc_endpoint *ep)
+/** True when @p ep may take one more request of @p tokens (prompt estimate + max_tokens) now: it is
+ * routable, under its capacity, and under its token budget (an idle endpoint takes any request). */
+static inline bool atc_endpoint_available(const struct atc_endpoint *ep, uint64_t tokens)
 {
-    return ep->routable && ep->inflight < ep->capacity;
+    return ep->routable && ep->inflight < ep->capacity &&
+           (ep->token_budget == 0 || ep->inflight == 0 || ep->inflight_tokens + tokens <= ep->token_budget);
 }
 
 /** Counts a request of @p tokens routed to @p ep. */

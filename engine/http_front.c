@@ -8,9 +8,11 @@
 #include <event2/http.h>
 
 #include "config.h"
+#include "access_log.h"
 #include "endpoint.h"
 #include "http_util.h"
 #include "log.h"
+#include "metrics.h"
 #include "relay.h"
 #include "request_features.h"
 #include "server.h"
@@ -42,48 +44,89 @@ static int header_priority(struct evkeyvalq *h, const char **err)
     return v[0] - '0';
 }
 
+/* The client's x-request-id (kept to a safe charset: it is passed on to servers and logs), or a new one. */
+static void request_id(struct atc_server *srv, struct evhttp_request *req, char *id, size_t size)
+{
+    const char *given = evhttp_find_header(evhttp_request_get_input_headers(req), "x-request-id");
+    if (given != NULL && given[0] != '\0')
+        snprintf(id, size, "%s", given);
+    else
+        snprintf(id, size, "atc-%016llx", (unsigned long long)++srv->next_id);
+    for (char *p = id; *p; p++)
+        if (*p < 0x21 || *p > 0x7e)
+            *p = '_';
+}
+
+/* A request answered before it could be routed: the answer, its metrics and its access log line. */
+static void front_error(struct atc_server *srv, struct evhttp_request *req, const char *id,
+                        const struct atc_features *f, int status, const char *type, const char *code,
+                        const char *message)
+{
+    const char *model = f != NULL ? f->model : "";
+    evhttp_add_header(evhttp_request_get_output_headers(req), "x-request-id", id);
+    atc_http_send_error(req, status, type, code, message, 0);
+    srv->stats.responses_total++;
+    struct atc_request_metrics m = {.model = model, .status = status, .ttft_s = -1};
+    atc_metrics_request(srv->metrics, &m);
+    if (srv->access_log == NULL)
+        return;
+    struct atc_access_record rec = {
+        .id = id,
+        .model = model,
+        .status = status,
+        .error = message,
+        .ttft_ms = -1,
+        .max_tokens = -1,
+        .stream = f != NULL && f->stream,
+    };
+    atc_access_log_request(srv->access_log, &rec);
+}
+
 static void handle_inference(struct atc_server *srv, struct evhttp_request *req, enum atc_request_kind kind,
                              const char *path)
 {
+    char id[80];
+    request_id(srv, req, id, sizeof(id));
+    srv->stats.requests_total++;
     if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
-        atc_http_send_error(req, 405, "invalid_request_error", "method_not_allowed", "use POST", 0);
+        front_error(srv, req, id, NULL, 405, "invalid_request_error", "method_not_allowed", "use POST");
         return;
     }
-    srv->stats.requests_total++;
     struct evbuffer *in = evhttp_request_get_input_buffer(req);
     size_t len = evbuffer_get_length(in);
     if (len > srv->cfg->max_body) {
         char msg[128];
         snprintf(msg, sizeof(msg), "request body of %zu bytes is over the limit of %zu bytes", len,
                  srv->cfg->max_body);
-        atc_http_send_error(req, 413, "invalid_request_error", "request_too_large", msg, 0);
+        front_error(srv, req, id, NULL, 413, "invalid_request_error", "request_too_large", msg);
         return;
     }
     /* jsmn needs contiguous bytes; this is the only copy of the body, and only when evhttp's is chunked. */
     const char *body = len > 0 ? (const char *)evbuffer_pullup(in, -1) : "";
     struct atc_features *f = malloc(sizeof(*f));
     if (f == NULL) {
-        atc_http_send_error(req, 500, "server_error", NULL, "out of memory", 0);
+        front_error(srv, req, id, NULL, 500, "server_error", NULL, "out of memory");
         return;
     }
     const char *err = NULL;
     if (atc_features_scan(kind, body, len, f, &err) < 0) {
         free(f);
-        atc_http_send_error(req, 400, "invalid_request_error", NULL, err, 0);
+        front_error(srv, req, id, NULL, 400, "invalid_request_error", NULL, err);
         return;
     }
     if (!f->has_model || f->model[0] == '\0') {
+        front_error(srv, req, id, f, 400, "invalid_request_error", "missing_model", "'model' is required");
         free(f);
-        atc_http_send_error(req, 400, "invalid_request_error", "missing_model", "'model' is required", 0);
         return;
     }
     /* Without a policy an unknown model is answered here; a policy may map it (an alias like "auto"). */
     if (srv->policy == NULL && atc_endpoint_table_model(srv->table, f->model, strlen(f->model)) == NULL) {
         struct evbuffer *msg = evbuffer_new();
-        evbuffer_add_printf(msg, "The model '%s' does not exist; GET /v1/models lists the models served", f->model);
+        evbuffer_add_printf(msg, "The model '%s' does not exist; GET /v1/models lists the models served",
+                            f->model);
         evbuffer_add(msg, "", 1);
-        atc_http_send_error(req, 404, "invalid_request_error", "model_not_found",
-                            (const char *)evbuffer_pullup(msg, -1), 0);
+        front_error(srv, req, id, f, 404, "invalid_request_error", "model_not_found",
+                    (const char *)evbuffer_pullup(msg, -1));
         evbuffer_free(msg);
         free(f);
         return;
@@ -91,8 +134,16 @@ static void handle_inference(struct atc_server *srv, struct evhttp_request *req,
     struct evkeyvalq *h = evhttp_request_get_input_headers(req);
     int priority = header_priority(h, &err);
     if (priority < 0) {
+        front_error(srv, req, id, f, 400, "invalid_request_error", "invalid_priority", err);
         free(f);
-        atc_http_send_error(req, 400, "invalid_request_error", "invalid_priority", err, 0);
+        return;
+    }
+    uint64_t deadline_ms = 0;
+    const char *deadline = evhttp_find_header(h, "x-atc-deadline");
+    if (deadline != NULL && (atc_parse_duration_ms(deadline, &deadline_ms) < 0 || deadline_ms == 0)) {
+        front_error(srv, req, id, f, 400, "invalid_request_error", "invalid_deadline",
+                    "x-atc-deadline must be a duration such as 500ms or 5s");
+        free(f);
         return;
     }
     const char *session = evhttp_find_header(h, "x-atc-session");
@@ -105,7 +156,8 @@ static void handle_inference(struct atc_server *srv, struct evhttp_request *req,
         .priority = priority,
         .tenant = evhttp_find_header(h, "x-atc-tenant"),
         .session = session != NULL ? session : f->user,
-        .request_id = evhttp_find_header(h, "x-request-id"),
+        .request_id = id,
+        .deadline_ms = deadline_ms,
     };
     atc_relay_start(srv, req, &info);
 }

@@ -7,6 +7,7 @@
 
 #include <event2/event.h>
 
+#include "cli.h"
 #include "config.h"
 #include "endpoint.h"
 #include "log.h"
@@ -24,6 +25,9 @@ static const char usage_main[] =
     "  check -c FILE    validate FILE; print every error as file:line:col: message\n"
     "  sim [flags]      run one simulated inference server (see atc sim --help)\n"
     "  test FILE...     run policy unit tests in the sandbox (see atc test --help)\n"
+    "  status           endpoints, load and policy version of a running atc\n"
+    "  reload           reload a running atc's policy (--config: and its YAML)\n"
+    "  drain ID         stop new traffic to an endpoint; enable ID undoes it\n"
     "\n"
     "  atc --version    print the version\n"
     "  atc <command> --help\n";
@@ -209,6 +213,9 @@ int main(int argc, char **argv)
         return atc_sim_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "test") == 0)
         return atc_policy_test_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "status") == 0 || strcmp(argv[1], "reload") == 0 || strcmp(argv[1], "drain") == 0 ||
+        strcmp(argv[1], "enable") == 0)
+        return atc_cli_main(argc - 1, argv + 1);
     fprintf(stderr, "atc: unknown command '%s'\n%s", argv[1], usage_main);
     return 2;
 }

@@ -610,6 +610,7 @@ static struct policy_version *version_create(struct atc_policy_runtime *rt, char
     if (v == NULL)
         goto oom;
     v->rt = rt;
+    v->version = rt->next_version + 1; /* what it will be if it loads: init() logs show it */
     v->mem_limit = rt->s.memory;
     v->loaded_at = wall_now();
     v->L = lua_newstate(policy_alloc, v);
@@ -1031,6 +1032,44 @@ void atc_policy_status_json(const struct atc_policy_runtime *rt, struct evbuffer
     else
         evbuffer_add(out, "null", 4);
     evbuffer_add(out, "}\n", 2);
+}
+
+void atc_policy_metrics(const struct atc_policy_runtime *rt, struct evbuffer *out)
+{
+    evbuffer_add_printf(
+        out,
+        "# HELP atc_policy_version The policy version deciding now.\n"
+        "# TYPE atc_policy_version gauge\natc_policy_version %llu\n"
+        "# HELP atc_policy_reloads_total Policy reloads, by result.\n"
+        "# TYPE atc_policy_reloads_total counter\n"
+        "atc_policy_reloads_total{result=\"ok\"} %llu\natc_policy_reloads_total{result=\"failed\"} %llu\n"
+        "# HELP atc_policy_rollbacks_total New versions rolled back after consecutive failures.\n"
+        "# TYPE atc_policy_rollbacks_total counter\natc_policy_rollbacks_total %llu\n"
+        "# HELP atc_policy_failures_total Failed decisions of the loaded versions, by version and kind.\n"
+        "# TYPE atc_policy_failures_total counter\n",
+        (unsigned long long)rt->current->version, (unsigned long long)rt->reloads_ok,
+        (unsigned long long)rt->reloads_failed, (unsigned long long)rt->rollbacks);
+    const struct policy_version *versions[] = {rt->current, rt->last_good};
+    for (size_t i = 0; i < 2; i++) {
+        const struct policy_version *v = versions[i];
+        if (v == NULL)
+            continue;
+        const struct {
+            const char *kind;
+            uint64_t n;
+        } kinds[] = {{"error", v->c.errors},
+                     {"budget", v->c.overruns},
+                     {"memory", v->c.oom},
+                     {"invalid", v->c.invalid}};
+        for (size_t k = 0; k < 4; k++)
+            evbuffer_add_printf(out, "atc_policy_failures_total{version=\"%llu\",kind=\"%s\"} %llu\n",
+                                (unsigned long long)v->version, kinds[k].kind,
+                                (unsigned long long)kinds[k].n);
+    }
+    evbuffer_add_printf(out,
+                        "# HELP atc_policy_memory_bytes Memory of the deciding policy's Lua state.\n"
+                        "# TYPE atc_policy_memory_bytes gauge\natc_policy_memory_bytes %zu\n",
+                        rt->current->mem_used);
 }
 
 /* ---- file watching ---- */

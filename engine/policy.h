@@ -88,6 +88,7 @@ struct atc_route_request {
     const char *tenant;
     const char *session;
     unsigned attempt;
+    uint64_t tokens;                   /* prompt estimate + max_tokens (or a default): for token budgets */
     struct atc_endpoint *const *tried; /* endpoints already tried (not available) */
     size_t ntried;
     /* For req:header(name): returns the header's value or NULL. */
@@ -127,6 +128,9 @@ uint64_t atc_policy_version(const struct atc_policy_runtime *rt);
 
 /** Appends the runtime's state as a JSON object: version, loaded_at, last_error, per-version counters. */
 void atc_policy_status_json(const struct atc_policy_runtime *rt, struct evbuffer *out);
+
+/** Appends the runtime's Prometheus metrics (version, reloads, per-version failure counters). */
+void atc_policy_metrics(const struct atc_policy_runtime *rt, struct evbuffer *out);
 
 /** Reloads when a .lua file in the policy's directories changes (inotify, debounced). 0 or -1. */
 int atc_policy_watch(struct atc_policy_runtime *rt, struct event_base *base);

@@ -45,7 +45,7 @@ static struct atc_endpoint *endpoint_at(const struct policy_version *v, unsigned
 
 bool policy_api_available(const struct policy_version *v, const struct atc_endpoint *ep)
 {
-    if (!atc_endpoint_available(ep))
+    if (!atc_endpoint_available(ep, v->req != NULL ? v->req->tokens : 0))
         return false;
     if (v->req != NULL)
         for (size_t i = 0; i < v->req->ntried; i++)

@@ -12,11 +12,14 @@
 #include <event2/event.h>
 #include <event2/http.h>
 
+#include "admission.h"
 #include "balancer.h"
 #include "config.h"
 #include "endpoint.h"
 #include "http_util.h"
+#include "access_log.h"
 #include "log.h"
+#include "metrics.h"
 #include "policy.h"
 #include "server.h"
 #include "upstream.h"
@@ -35,7 +38,6 @@ struct relay {
     struct evhttp_connection *client_conn;
     struct event *watch; /* notices a client that hangs up while we wait for the server */
     struct atc_features *f;
-    struct atc_model *model;
     const char *path;
     const char *body;
     size_t bodylen;
@@ -46,6 +48,7 @@ struct relay {
     char extra_headers[160];
 
     struct atc_route_request rreq; /* what the policy sees */
+    struct atc_queue_item qi;      /* while waiting for capacity */
     uint64_t policy_version;
     char *rewritten; /* the body with "model" set to the endpoint's, when a policy mapped an alias */
     size_t rewritten_len;
@@ -66,6 +69,13 @@ struct relay {
     bool flushing; /* answered; held until the client has the last byte (only while draining) */
     struct evbuffer *buffered;
     uint64_t t_attempt_us;
+
+    /* what the access log and the metrics say about it */
+    uint64_t t_start_us, t_first_us; /* arrival; the answer's first byte from the server (0: none) */
+    uint64_t bytes, sse_events;
+    bool after_newline; /* the last byte relayed was '\n': an SSE event may end with the next one */
+    int client_status;  /* as the client saw it; 499 when it left first */
+    char error[512];
 };
 
 static void attempt(struct relay *r, struct atc_endpoint *ep);
@@ -84,11 +94,40 @@ static void release_endpoint(struct relay *r)
         return;
     atc_endpoint_release(r->ep, r->tokens);
     r->ep = NULL;
+    atc_admission_kick(r->srv->admission); /* a slot freed: the best waiting request may take it */
+}
+
+/* One request's line in the access log and its share of the metrics. */
+static void account(struct relay *r)
+{
+    struct atc_server *srv = r->srv;
+    const char *endpoint = r->ntried > 0 ? r->tried[r->ntried - 1]->id : NULL;
+    double ttft_ms = r->t_first_us ? (double)(r->t_first_us - r->t_start_us) / 1000.0 : -1;
+    double total_ms = (double)(now_us() - r->t_start_us) / 1000.0;
+    unsigned retries = r->ntried > 1 ? r->ntried - 1 : 0;
+    struct atc_request_metrics m = {
+        .model = r->f->model, .endpoint = endpoint, .status = r->client_status, .priority = r->priority,
+        .ttft_s = ttft_ms >= 0 ? ttft_ms / 1000.0 : -1, .total_s = total_ms / 1000.0, .retries = retries,
+        .bytes = r->bytes, .sse_events = r->sse_events,
+    };
+    atc_metrics_request(srv->metrics, &m);
+    if (srv->access_log == NULL)
+        return;
+    struct atc_access_record rec = {
+        .id = r->id, .model = r->f->model, .tenant = r->tenant, .session = r->session, .endpoint = endpoint,
+        .error = r->error, .priority = r->priority, .status = r->client_status, .policy_version = r->policy_version,
+        .stream = r->f->stream, .ttft_ms = ttft_ms, .total_ms = total_ms, .prompt_tokens = r->f->prompt_tokens,
+        .max_tokens = r->f->max_tokens, .retries = retries, .bytes = r->bytes, .sse_events = r->sse_events,
+    };
+    atc_access_log_request(srv->access_log, &rec);
 }
 
 /* The relay is over: the client has its answer (or is gone). Frees the relay, not the client request. */
 static void relay_free(struct relay *r)
 {
+    account(r);
+    if (r->qi.queued)
+        atc_admission_remove(r->srv->admission, &r->qi);
     release_endpoint(r);
     if (r->watch != NULL)
         event_free(r->watch);
@@ -154,6 +193,8 @@ static void reply_error(struct relay *r, int status, const char *type, const cha
     add_reply_headers(r);
     atc_http_send_error(r->client, status, type, code, message, retry_after);
     r->srv->stats.responses_total++;
+    r->client_status = status;
+    snprintf(r->error, sizeof(r->error), "%s", message);
     relay_done(r);
 }
 
@@ -161,6 +202,8 @@ static void reply_error(struct relay *r, int status, const char *type, const cha
 static void client_gone(struct relay *r)
 {
     r->srv->stats.client_gone_total++;
+    r->client_status = 499;
+    snprintf(r->error, sizeof(r->error), "client disconnected");
     if (r->up != NULL) {
         atc_upstream_cancel(r->up);
         r->up = NULL;
@@ -226,63 +269,70 @@ static void give_up(struct relay *r)
     reply_error(r, status, status == 504 ? "timeout" : "upstream_error", NULL, msg, 0);
 }
 
-/* The endpoint for the next attempt: the policy's choice, else the C balancer's. NULL when there is
- * none; *answered when the policy's verdict (queue, reject) or an unknown model was answered. Endpoints
- * already tried are never chosen again; a verdict on a retry means the last failure stands. */
-static struct atc_endpoint *choose(struct relay *r, bool *answered)
+enum choice {
+    CHOSEN,   /* an endpoint */
+    ANSWERED, /* the client got its answer (a policy's reject, an unknown model) */
+    WAIT,     /* no room now: the first attempt waits in the admission queue */
+    NONE,     /* no endpoint for a retry */
+};
+
+/* The endpoint for the next attempt: the policy's choice, else the C balancer's. Endpoints already
+ * tried are never chosen again; on a retry, a verdict or a full fleet means the last failure stands. */
+static enum choice choose(struct relay *r, struct atc_endpoint **ep)
 {
     struct atc_server *srv = r->srv;
-    *answered = false;
+    bool first = r->ntried == 0;
     r->rreq.attempt = r->ntried + 1;
     r->rreq.tried = r->tried;
     r->rreq.ntried = r->ntried;
     if (srv->policy != NULL) {
         struct atc_decision d;
+        uint64_t t0 = now_us();
         atc_policy_route(srv->policy, &r->rreq, &d);
+        atc_metrics_decision(srv->metrics, (double)(now_us() - t0) / 1e6,
+                             d.kind == ATC_DECISION_FALLBACK ? d.reason : NULL);
         r->policy_version = d.version;
         switch (d.kind) {
         case ATC_DECISION_ENDPOINT:
-            return d.endpoint;
+            *ep = d.endpoint;
+            return CHOSEN;
         case ATC_DECISION_QUEUE:
-            if (r->ntried == 0) {
-                char msg[320];
-                snprintf(msg, sizeof(msg), "no capacity for this request now (%s); retry later", d.message);
-                reply_error(r, 503, "server_error", "no_capacity", msg, 1);
-                *answered = true;
-            }
-            return NULL;
+            return first ? WAIT : NONE;
         case ATC_DECISION_REJECT:
-            if (r->ntried == 0) {
-                reply_error(r, d.status, d.status < 500 ? "invalid_request_error" : "server_error",
-                            "rejected_by_policy", d.message, d.status == 429 || d.status == 503 ? 1 : 0);
-                *answered = true;
-            }
-            return NULL;
+            if (!first)
+                return NONE;
+            reply_error(r, d.status, d.status < 500 ? "invalid_request_error" : "server_error",
+                        "rejected_by_policy", d.message, d.status == 429 || d.status == 503 ? 1 : 0);
+            return ANSWERED;
         case ATC_DECISION_FALLBACK:
             break;
         }
     }
-    if (r->model == NULL) {
-        if (r->ntried == 0) {
-            char msg[400];
-            snprintf(msg, sizeof(msg),
-                     "The model '%s' does not exist; GET /v1/models lists the models served", r->f->model);
-            reply_error(r, 404, "invalid_request_error", "model_not_found", msg, 0);
-            *answered = true;
-        }
-        return NULL;
+    /* Looked up now rather than kept: a config reload may change the table while a request waits. */
+    const struct atc_model *model = atc_endpoint_table_model(srv->table, r->f->model, strlen(r->f->model));
+    if (model == NULL) {
+        if (!first)
+            return NONE;
+        char msg[400];
+        snprintf(msg, sizeof(msg), "The model '%s' does not exist; GET /v1/models lists the models served",
+                 r->f->model);
+        reply_error(r, 404, "invalid_request_error", "model_not_found", msg, 0);
+        return ANSWERED;
     }
-    return atc_balancer_pick(r->model, &srv->rng, r->tried, r->ntried);
+    *ep = atc_balancer_pick(model, &srv->rng, r->tried, r->ntried, r->tokens);
+    if (*ep != NULL)
+        return CHOSEN;
+    return first ? WAIT : NONE;
 }
 
 /* Another endpoint to try, if the request may be tried again: nothing reached the client yet, and
  * tries are left. */
 static struct atc_endpoint *next_endpoint(struct relay *r)
 {
-    bool answered;
+    struct atc_endpoint *ep = NULL;
     if (r->reply_started || r->ntried >= r->srv->cfg->upstream.tries || r->ntried >= MAX_TRIES)
         return NULL;
-    return choose(r, &answered);
+    return choose(r, &ep) == CHOSEN ? ep : NULL;
 }
 
 /* The body to send to @p ep: the client's, or a copy with "model" replaced when the policy routed an
@@ -345,6 +395,7 @@ static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
     }
     atc_endpoint_record(r->ep, resp->status < 500, resp->status < 500 ? ttft_ms : -1);
     r->status = resp->status;
+    r->t_first_us = now_us();
     r->event_stream = resp->event_stream;
     r->streaming = resp->event_stream || resp->content_length < 0 ||
                    (uint64_t)resp->content_length > MAX_BUFFERED_RESPONSE;
@@ -364,13 +415,40 @@ static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
     }
 }
 
+/* SSE events end with an empty line: count the "\n\n"s, also when a chunk boundary splits one. */
+static void count_events(struct relay *r, struct evbuffer *data, size_t len)
+{
+    struct evbuffer_ptr p;
+    if (r->after_newline && len > 0) {
+        char first;
+        evbuffer_copyout(data, &first, 1);
+        r->sse_events += first == '\n';
+    }
+    evbuffer_ptr_set(data, &p, 0, EVBUFFER_PTR_SET);
+    while ((p = evbuffer_search(data, "\n\n", 2, &p)).pos >= 0) {
+        r->sse_events++;
+        evbuffer_ptr_set(data, &p, 2, EVBUFFER_PTR_ADD);
+    }
+    if (len > 0) {
+        struct evbuffer_ptr last;
+        char c;
+        evbuffer_ptr_set(data, &last, len - 1, EVBUFFER_PTR_SET);
+        evbuffer_copyout_from(data, &last, &c, 1);
+        r->after_newline = c == '\n';
+    }
+}
+
 static void on_up_body(void *arg, struct evbuffer *data)
 {
     struct relay *r = arg;
+    size_t len = evbuffer_get_length(data);
+    r->bytes += len;
     if (!r->streaming) {
         evbuffer_add_buffer(r->buffered, data);
         return;
     }
+    if (r->event_stream)
+        count_events(r, data, len);
     evhttp_send_reply_chunk_with_cb(r->client, data, on_chunk_sent, r);
     if (!r->paused && client_backlog(r) > CLIENT_HIGH_WATERMARK) {
         r->paused = true;
@@ -383,6 +461,7 @@ static void on_up_done(void *arg)
     struct relay *r = arg;
     r->up = NULL;
     r->srv->stats.responses_total++;
+    r->client_status = r->status;
     if (r->streaming) {
         evhttp_send_reply_end(r->client);
     } else {
@@ -411,6 +490,9 @@ static void end_broken_stream(struct relay *r, enum atc_upstream_error err)
     }
     evhttp_send_reply_end(r->client);
     r->srv->stats.responses_total++;
+    r->client_status = r->status;
+    snprintf(r->error, sizeof(r->error), "upstream %s: %s after the answer started",
+             r->tried[r->ntried - 1]->id, atc_upstream_strerror(err));
     relay_done(r);
 }
 
@@ -464,6 +546,58 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
     }
 }
 
+/* ---- waiting for capacity (admission.c calls these) ---- */
+
+/* The fleet has no room for the first attempt: wait in the admission queue, or be told at once. */
+static void wait_for_capacity(struct relay *r, uint64_t deadline_ms)
+{
+    struct atc_admission *adm = r->srv->admission;
+    if (adm == NULL) {
+        give_up(r); /* 503 + Retry-After */
+        return;
+    }
+    snprintf(r->qi.model, sizeof(r->qi.model), "%s", r->f->model);
+    snprintf(r->qi.tenant, sizeof(r->qi.tenant), "%s", r->tenant);
+    r->qi.priority = r->priority;
+    r->qi.owner = r;
+    if (atc_admission_enqueue(adm, &r->qi, deadline_ms) < 0)
+        reply_error(r, 429, "rate_limit_error", "queue_full",
+                    "too many requests are waiting for this model; retry later",
+                    atc_admission_retry_after(adm));
+}
+
+static bool on_queue_try_place(void *owner)
+{
+    struct relay *r = owner;
+    struct atc_endpoint *ep = NULL;
+    switch (choose(r, &ep)) {
+    case CHOSEN:
+        attempt(r, ep);
+        return true;
+    case ANSWERED:
+        return true;
+    case WAIT:
+    case NONE:
+        break;
+    }
+    return false;
+}
+
+static void on_queue_expired(void *owner, uint64_t waited_ms)
+{
+    struct relay *r = owner;
+    char msg[160];
+    snprintf(msg, sizeof(msg),
+             "no capacity for this request within its deadline (waited %llu ms); retry later",
+             (unsigned long long)waited_ms);
+    reply_error(r, 503, "server_error", "queue_timeout", msg, atc_admission_retry_after(r->srv->admission));
+}
+
+const struct atc_admission_callbacks atc_relay_admission = {
+    .try_place = on_queue_try_place,
+    .expired = on_queue_expired,
+};
+
 static const char *client_header(void *ctx, const char *name)
 {
     struct relay *r = ctx;
@@ -486,6 +620,7 @@ void atc_relay_start(struct atc_server *srv, struct evhttp_request *client,
     }
     atc_server_request_started(srv);
     r->srv = srv;
+    r->t_start_us = now_us();
     r->client = client;
     r->client_conn = evhttp_request_get_connection(client);
     r->f = info->features;
@@ -495,16 +630,8 @@ void atc_relay_start(struct atc_server *srv, struct evhttp_request *client,
     r->priority = info->priority;
     copy_str(r->tenant, sizeof(r->tenant), info->tenant);
     copy_str(r->session, sizeof(r->session), info->session);
-    if (info->request_id != NULL && info->request_id[0] != '\0')
-        copy_str(r->id, sizeof(r->id), info->request_id);
-    else
-        snprintf(r->id, sizeof(r->id), "atc-%016llx", (unsigned long long)++srv->next_id);
-    /* The id is passed on so that server logs can be joined with ours; keep it to a safe charset. */
-    for (char *p = r->id; *p; p++)
-        if (*p < 0x21 || *p > 0x7e)
-            *p = '_';
+    copy_str(r->id, sizeof(r->id), info->request_id);
     snprintf(r->extra_headers, sizeof(r->extra_headers), "x-request-id: %s\r\n", r->id);
-    r->model = atc_endpoint_table_model(srv->table, r->f->model, strlen(r->f->model));
     r->tokens =
         r->f->prompt_tokens + (uint64_t)(r->f->max_tokens >= 0 ? r->f->max_tokens : DEFAULT_OUTPUT_TOKENS);
 
@@ -522,14 +649,23 @@ void atc_relay_start(struct atc_server *srv, struct evhttp_request *client,
         .tenant = r->tenant,
         .session = r->session,
         .header = client_header,
+        .tokens = r->tokens,
         .header_ctx = r,
     };
-    bool answered;
-    struct atc_endpoint *ep = choose(r, &answered);
-    if (answered)
-        return;
-    if (ep == NULL)
-        give_up(r);
-    else
+    struct atc_endpoint *ep = NULL;
+    switch (choose(r, &ep)) {
+    case CHOSEN:
+        if (srv->admission != NULL)
+            atc_admission_count_direct(srv->admission);
         attempt(r, ep);
+        break;
+    case WAIT:
+        wait_for_capacity(r, info->deadline_ms);
+        break;
+    case ANSWERED:
+        break;
+    case NONE:
+        give_up(r);
+        break;
+    }
 }

@@ -1,6 +1,7 @@
 #include "server.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,14 +14,18 @@
 #include <event2/event.h>
 #include <event2/http.h>
 
+#include "access_log.h"
 #include "admin.h"
+#include "admission.h"
 #include "affinity.h"
 #include "client_deadline.h"
 #include "config.h"
 #include "endpoint.h"
 #include "http_front.h"
 #include "log.h"
+#include "metrics.h"
 #include "policy.h"
+#include "relay.h"
 #include "sim_server.h"
 #include "upstream.h"
 
@@ -118,6 +123,13 @@ static struct evhttp *http_listen(struct atc_server *srv, const char *host, uint
     if (listener != NULL)
         *listener = b;
     return http;
+}
+
+static void on_sigusr1(evutil_socket_t sig, short what, void *arg)
+{
+    struct atc_server *srv = arg;
+    if (srv->access_log != NULL)
+        atc_access_log_reopen(srv->access_log);
 }
 
 static void on_drain_timeout(evutil_socket_t fd, short what, void *arg)
@@ -252,8 +264,38 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
             goto error;
         }
     }
+    if ((srv->metrics = atc_metrics_create()) == NULL) {
+        *err = "out of memory";
+        goto error;
+    }
+    char log_path[4096];
+    if (cfg->access_log != NULL) /* "stderr", or a file relative to the config's directory */
+        snprintf(log_path, sizeof(log_path), "%s%s%s",
+                 cfg->access_log[0] == '/' || strcmp(cfg->access_log, "stderr") == 0 ? "" : cfg->dir,
+                 cfg->access_log[0] == '/' || strcmp(cfg->access_log, "stderr") == 0 ? "" : "/", cfg->access_log);
+    if (cfg->access_log != NULL && (srv->access_log = atc_access_log_open(base, log_path)) == NULL) {
+        static char msg[600];
+        snprintf(msg, sizeof(msg), "access_log %s: %s", cfg->access_log, strerror(errno));
+        *err = msg;
+        goto error;
+    }
     if (start_policy(srv, err) < 0)
         goto error;
+    if (cfg->admission.queue > 0) {
+        struct atc_admission_settings as = {
+            .max_queue = cfg->admission.queue,
+            .deadline_ms = cfg->admission.deadline_ms,
+            .max_deadline_ms = cfg->admission.max_deadline_ms,
+            .aging_ms = cfg->admission.aging_ms,
+            .tenants = (const char *const *)cfg->admission.tenant_weights.names,
+            .weights = cfg->admission.tenant_weights.weights,
+            .ntenants = cfg->admission.tenant_weights.n,
+        };
+        if ((srv->admission = atc_admission_create(base, &as, &atc_relay_admission)) == NULL) {
+            *err = "out of memory";
+            goto error;
+        }
+    }
     if ((srv->front = http_listen(srv, cfg->listen_host, cfg->listen_port, atc_http_front_handle,
                                   &srv->front_port, &srv->front_listener, &srv->front_deadline, err)) == NULL)
         goto error;
@@ -264,6 +306,8 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
     srv->sig_term = evsignal_new(base, SIGTERM, on_signal, srv);
     srv->sig_int = evsignal_new(base, SIGINT, on_signal, srv);
     srv->sig_hup = evsignal_new(base, SIGHUP, on_sighup, srv);
+    srv->sig_usr1 = evsignal_new(base, SIGUSR1, on_sigusr1, srv);
+    event_add(srv->sig_usr1, NULL);
     event_add(srv->sig_term, NULL);
     event_add(srv->sig_int, NULL);
     event_add(srv->sig_hup, NULL);
@@ -300,6 +344,8 @@ void atc_server_destroy(struct atc_server *srv)
         event_free(srv->sig_int);
     if (srv->sig_hup != NULL)
         event_free(srv->sig_hup);
+    if (srv->sig_usr1 != NULL)
+        event_free(srv->sig_usr1);
     if (srv->drain_timer != NULL)
         event_free(srv->drain_timer);
     if (srv->front != NULL)
@@ -308,6 +354,9 @@ void atc_server_destroy(struct atc_server *srv)
         evhttp_free(srv->admin);
     atc_client_deadline_destroy(srv->front_deadline); /* after evhttp_free: its connections are gone */
     atc_client_deadline_destroy(srv->admin_deadline);
+    atc_admission_destroy(srv->admission);
+    atc_access_log_close(srv->access_log);
+    atc_metrics_destroy(srv->metrics);
     atc_policy_runtime_destroy(srv->policy);
     atc_affinity_destroy(srv->affinity);
     atc_prefix_index_destroy(srv->prefix);

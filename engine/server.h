@@ -19,13 +19,16 @@ struct atc_sim_server;
 struct atc_policy_runtime;
 struct atc_affinity;
 struct atc_prefix_index;
+struct atc_admission;
+struct atc_metrics;
+struct atc_access_log;
 struct atc_client_deadline;
 
 struct atc_server_stats {
-    uint64_t requests_total;   /* client requests accepted on the front routes */
-    uint64_t responses_total;  /* client requests answered (any status) */
+    uint64_t requests_total;    /* client requests accepted on the front routes */
+    uint64_t responses_total;   /* client requests answered (any status) */
     uint64_t client_gone_total; /* clients that disconnected before their answer ended */
-    uint64_t retries_total;    /* attempts after the first */
+    uint64_t retries_total;     /* attempts after the first */
     uint64_t upstream_errors_total;
 };
 
@@ -36,6 +39,10 @@ struct atc_server {
     struct atc_policy_runtime *policy; /* NULL without a policy: section (the C balancer routes) */
     struct atc_affinity *affinity;     /* engine-owned tables policies use; they survive reloads */
     struct atc_prefix_index *prefix;
+    struct atc_metrics *metrics;
+    struct atc_access_log *access_log; /* NULL when access_log: is not set */
+    struct event *sig_usr1;
+    struct atc_admission *admission; /* NULL when admission.queue is 0: no room answers 503 at once */
     struct evhttp *front;
     struct evhttp_bound_socket *front_listener;
     struct evhttp *admin;

@@ -70,11 +70,11 @@ struct atc_upstream_req {
     struct atc_upstream_response resp;
     char content_type[128];
     bool has_content_type;
-    bool keepalive;        /* the server allows reuse (HTTP/1.1 without "Connection: close") */
+    bool keepalive; /* the server allows reuse (HTTP/1.1 without "Connection: close") */
     bool chunked;
-    uint64_t remaining;    /* of a content-length body or of the current chunk */
+    uint64_t remaining; /* of a content-length body or of the current chunk */
     size_t header_bytes;
-    bool got_response;     /* any byte of the status line arrived */
+    bool got_response; /* any byte of the status line arrived */
     bool stale_retried;
     bool paused;
     int in_callback;
@@ -283,9 +283,9 @@ static int conn_start(struct atc_upstream_req *req)
     return 0;
 }
 
-struct atc_upstream_req *atc_upstream_send(struct atc_upstream_pool *pool, const char *method, const char *path,
-                                           const char *extra_headers, const char *body, size_t len,
-                                           const struct atc_upstream_callbacks *cb, void *arg)
+struct atc_upstream_req *atc_upstream_send(struct atc_upstream_pool *pool, const char *method,
+                                           const char *path, const char *extra_headers, const char *body,
+                                           size_t len, const struct atc_upstream_callbacks *cb, void *arg)
 {
     struct atc_upstream_req *req = calloc(1, sizeof(*req));
     if (req == NULL)
@@ -296,9 +296,10 @@ struct atc_upstream_req *atc_upstream_send(struct atc_upstream_pool *pool, const
     req->body = body;
     req->bodylen = len;
     req->body_out = evbuffer_new();
-    int n = asprintf(&req->head,
-                     "%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n%s\r\n",
-                     method, path, pool->hostport, len, extra_headers ? extra_headers : "");
+    int n = asprintf(
+        &req->head,
+        "%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n%s\r\n",
+        method, path, pool->hostport, len, extra_headers ? extra_headers : "");
     if (n < 0 || req->body_out == NULL) {
         req->head = NULL;
         req_free(req);
@@ -405,7 +406,7 @@ static int parse_status(struct atc_upstream_req *req, const char *line)
 }
 
 /* Calls a user callback with the request marked busy, so that a cancel from inside it is deferred. */
-#define CALL_USER(req, call)                                                                                  \
+#define CALL_USER(req, call)                                                                                 \
     do {                                                                                                     \
         (req)->in_callback++;                                                                                \
         call;                                                                                                \
@@ -415,8 +416,8 @@ static int parse_status(struct atc_upstream_req *req, const char *line)
 static void finish(struct atc_upstream_req *req)
 {
     struct upstream_conn *c = req->conn;
-    bool reusable = req->keepalive && req->state == PARSE_DONE &&
-                    evbuffer_get_length(bufferevent_get_input(c->bev)) == 0;
+    bool reusable =
+        req->keepalive && req->state == PARSE_DONE && evbuffer_get_length(bufferevent_get_input(c->bev)) == 0;
     event_del(c->timer);
     c->req = NULL;
     req->conn = NULL;

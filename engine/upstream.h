@@ -24,12 +24,12 @@ struct atc_upstream_settings {
 };
 
 enum atc_upstream_error {
-    ATC_UPSTREAM_ERR_CONNECT,            /* refused, unreachable, reset while connecting */
+    ATC_UPSTREAM_ERR_CONNECT, /* refused, unreachable, reset while connecting */
     ATC_UPSTREAM_ERR_CONNECT_TIMEOUT,
     ATC_UPSTREAM_ERR_FIRST_BYTE_TIMEOUT,
     ATC_UPSTREAM_ERR_IDLE_TIMEOUT,
-    ATC_UPSTREAM_ERR_CLOSED,             /* the server closed or reset the connection early */
-    ATC_UPSTREAM_ERR_PROTOCOL,           /* not HTTP, or a malformed response */
+    ATC_UPSTREAM_ERR_CLOSED,   /* the server closed or reset the connection early */
+    ATC_UPSTREAM_ERR_PROTOCOL, /* not HTTP, or a malformed response */
 };
 
 /** A short, stable name of @p err for logs and error messages ("connect failed", ...). */
@@ -67,9 +67,9 @@ size_t atc_upstream_pool_idle(const struct atc_upstream_pool *pool);
 /** Sends "@p method @p path" with @p extra_headers (complete "Name: value\r\n" lines, or NULL) and the
  * @p len bytes of @p body (borrowed until the request ends: not copied). Never calls back before it
  * returns. Returns the request, or NULL on allocation failure. */
-struct atc_upstream_req *atc_upstream_send(struct atc_upstream_pool *pool, const char *method, const char *path,
-                                           const char *extra_headers, const char *body, size_t len,
-                                           const struct atc_upstream_callbacks *cb, void *arg);
+struct atc_upstream_req *atc_upstream_send(struct atc_upstream_pool *pool, const char *method,
+                                           const char *path, const char *extra_headers, const char *body,
+                                           size_t len, const struct atc_upstream_callbacks *cb, void *arg);
 
 /** Stops reading the response (the client is slow); the idle timeout is suspended meanwhile. */
 void atc_upstream_pause(struct atc_upstream_req *req);

@@ -115,7 +115,7 @@ int main(int argc, char **argv)
         uint64_t t0 = mono_ns();
         atc_policy_route(rt, &req, &d);
         uint64_t t1 = mono_ns();
-        atc_balancer_pick(&table->models[0], &rng, NULL, 0);
+        atc_balancer_pick(&table->models[0], &rng, NULL, 0, 8448);
         uint64_t t2 = mono_ns();
         if (i < WARMUP)
             continue;

@@ -1,5 +1,6 @@
 /* The admin API (admin.c) over any bytes a client may send on one connection: routes, methods,
- * query strings and bodies, with the shipped policy loaded (so /admin/policy/reload really reloads).
+ * query strings, bodies and the bearer token (admin_token is set), with the shipped policy loaded (so
+ * /admin/policy/reload really reloads).
  * Any request line that parses gets an answer; nothing may crash, leak or hang. */
 
 #include <stdint.h>
@@ -24,7 +25,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct evbuffer *reply = fuzz_http_exchange(&fh, data, size);
     /* a well-formed first request line of a known route always gets its answer */
-    static const char known[] = "GET /admin/endpoints HTTP/1.1\r\n\r\n";
+    static const char known[] = "GET /admin/endpoints HTTP/1.1\r\nAuthorization: Bearer fuzz-token\r\n\r\n";
     if (size >= sizeof(known) - 1 && memcmp(data, known, sizeof(known) - 1) == 0)
         CHECK(fuzz_http_count_responses(reply) >= 1);
     fuzz_server_check_idle(srv);

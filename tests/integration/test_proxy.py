@@ -126,6 +126,8 @@ class ProxyTest(AtcTestCase):
         atc = self.start_atc("""
             listen: 127.0.0.1:0
             admin: 127.0.0.1:0
+            admission:
+              queue: 0              # no waiting: a full fleet answers at once
             models:
               - name: llama-3-8b
             simulate:

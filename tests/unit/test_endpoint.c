@@ -36,11 +36,11 @@ static void test_acquire_release_counts(void **state)
     atc_endpoint_acquire(a, 50);
     assert_int_equal(a->inflight, 2);
     assert_int_equal(a->inflight_tokens, 150);
-    assert_false(atc_endpoint_available(a)); /* capacity 2 */
+    assert_false(atc_endpoint_available(a, 0)); /* capacity 2 */
     atc_endpoint_release(a, 100);
     assert_int_equal(a->inflight, 1);
     assert_int_equal(a->inflight_tokens, 50);
-    assert_true(atc_endpoint_available(a));
+    assert_true(atc_endpoint_available(a, 0));
     atc_endpoint_release(a, 50);
     atc_endpoint_release(a, 50); /* one too many: saturates instead of wrapping */
     assert_int_equal(a->inflight, 0);
@@ -62,6 +62,19 @@ static void test_record_errors_and_ttft_ewma(void **state)
     atc_endpoint_record(b, true, 200.0);
     assert_true(b->ttft_ewma_ms > 100.0 && b->ttft_ewma_ms < 200.0);
     assert_int_equal(b->requests_total, 4);
+    atc_endpoint_table_destroy(t);
+}
+
+static void test_token_budget(void **state)
+{
+    struct atc_endpoint_table *t = three_endpoints();
+    struct atc_endpoint *a = atc_endpoint_table_find(t, "a");
+    a->token_budget = 1000;
+    assert_true(atc_endpoint_available(a, 5000)); /* idle: any request fits */
+    atc_endpoint_acquire(a, 600);
+    assert_true(atc_endpoint_available(a, 400));
+    assert_false(atc_endpoint_available(a, 401)); /* over the budget with this request */
+    atc_endpoint_release(a, 600);
     atc_endpoint_table_destroy(t);
 }
 
@@ -87,7 +100,7 @@ static void test_balancer_prefers_the_less_loaded(void **state)
     uint64_t rng = 42;
     int picks[3] = {0};
     for (int i = 0; i < 3000; i++)
-        picks[atc_balancer_pick(m, &rng, NULL, 0)->index]++;
+        picks[atc_balancer_pick(m, &rng, NULL, 0, 0)->index]++;
     /* b is idle: it wins every pair it is in, which is two pairs of three. */
     assert_true(picks[1] > 1800);
     assert_true(picks[0] > 0 && picks[2] > 0);
@@ -105,11 +118,11 @@ static void test_balancer_skips_full_excluded_and_unroutable(void **state)
     b->routable = false;
     uint64_t rng = 7;
     for (int i = 0; i < 100; i++)
-        assert_ptr_equal(atc_balancer_pick(m, &rng, NULL, 0), c);
+        assert_ptr_equal(atc_balancer_pick(m, &rng, NULL, 0, 0), c);
     struct atc_endpoint *exclude[] = {c};
-    assert_null(atc_balancer_pick(m, &rng, exclude, 1));
+    assert_null(atc_balancer_pick(m, &rng, exclude, 1, 0));
     b->routable = true;
-    assert_ptr_equal(atc_balancer_pick(m, &rng, exclude, 1), b);
+    assert_ptr_equal(atc_balancer_pick(m, &rng, exclude, 1, 0), b);
     atc_endpoint_table_destroy(t);
 }
 
@@ -119,6 +132,7 @@ int main(void)
         cmocka_unit_test(test_acquire_release_counts),
         cmocka_unit_test(test_record_errors_and_ttft_ewma),
         cmocka_unit_test(test_model_lookup),
+        cmocka_unit_test(test_token_budget),
         cmocka_unit_test(test_balancer_prefers_the_less_loaded),
         cmocka_unit_test(test_balancer_skips_full_excluded_and_unroutable),
     };

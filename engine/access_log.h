@@ -1,0 +1,43 @@
+#ifndef ATC_ACCESS_LOG_H
+#define ATC_ACCESS_LOG_H
+
+/* The access log: one JSON line per request, buffered in memory and written from a timer so the event
+ * loop never waits on the disk; reopened on SIGUSR1 (for logrotate). A write that fails is counted and
+ * logged, never fatal. */
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct event_base;
+struct evbuffer;
+struct atc_access_log;
+
+/** Opens @p path for appending ("stderr" writes to standard error). NULL and errno on failure. */
+struct atc_access_log *atc_access_log_open(struct event_base *base, const char *path);
+/** Flushes and closes. */
+void atc_access_log_close(struct atc_access_log *log);
+/** Appends one line (the caller writes a JSON object without the newline into @p line, which is drained). */
+void atc_access_log_write(struct atc_access_log *log, struct evbuffer *line);
+/* What one request's line says. Strings may be NULL or "" (written as null). */
+struct atc_access_record {
+    const char *id, *model, *tenant, *session, *endpoint, *error;
+    int priority, status; /* status as the client saw it; 499 when it left first */
+    uint64_t policy_version;
+    bool stream;
+    double ttft_ms; /* < 0: none */
+    double total_ms;
+    uint32_t prompt_tokens;
+    int64_t max_tokens; /* < 0: not set */
+    unsigned retries;
+    uint64_t bytes, sse_events;
+};
+
+/** Appends @p r as one JSON line. */
+void atc_access_log_request(struct atc_access_log *log, const struct atc_access_record *r);
+
+/** Reopens the file (after logrotate moved it). 0 or -1. */
+int atc_access_log_reopen(struct atc_access_log *log);
+/** Lines dropped because the disk would not take them. */
+uint64_t atc_access_log_dropped(const struct atc_access_log *log);
+
+#endif

@@ -1,0 +1,160 @@
+"""Metrics, access log, admin API and CLI, as an operator's tools see them."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import unittest
+
+from harness import ATC_BIN, SOURCE_DIR, AtcTestCase, chat, request, stream_events, wait_for
+
+CONFIG = """
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+access_log: access.log
+{extra}
+policy:
+  entry: {scripts}/policy.lua
+models:
+  - name: llama-3-8b
+simulate:
+  - model: llama-3-8b
+    count: 2
+    decode_ms: 2
+"""
+
+
+def parse_metrics(text):
+    """{(name, frozenset(labels)): value} from Prometheus text."""
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$', line)
+        assert m, f"bad line: {line}"
+        labels = frozenset(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
+        out[(m.group(1), labels)] = float(m.group(4))
+    return out
+
+
+def total(metrics, name, **labels):
+    want = set(labels.items())
+    return sum(v for (n, ls), v in metrics.items() if n == name and want <= set(ls))
+
+
+class ObservabilityTest(AtcTestCase):
+    def start(self, extra=""):
+        return self.start_atc(CONFIG.format(extra=extra, scripts=os.path.join(SOURCE_DIR, "scripts")))
+
+    def scrape(self, atc, headers=None):
+        status, hdrs, body = request("127.0.0.1", atc.admin_port, "GET", "/metrics", headers=headers)
+        self.assertEqual(status, 200)
+        self.assertTrue(hdrs["content-type"].startswith("text/plain"))
+        return body.decode()
+
+    def access_lines(self, atc, name="access.log"):
+        path = os.path.join(self.tmp.name, name)
+        with open(path) as f:
+            return [json.loads(line) for line in f.read().splitlines()]
+
+    def test_metrics_move_with_a_known_request_mix(self):
+        atc = self.start()
+        ids = []
+        for _ in range(3):
+            status, headers, events = stream_events(atc.port, {"model": "llama-3-8b", "stream": True, "max_tokens": 4,
+                                                                "messages": [{"role": "user", "content": "hi"}]},
+                                                    headers={"x-atc-priority": "7"})
+            self.assertEqual(status, 200)
+            ids.append(headers["x-request-id"])
+        for _ in range(2):
+            status, headers, _ = chat(atc.port, max_tokens=2)
+            self.assertEqual(status, 200)
+            ids.append(headers["x-request-id"])
+        status, headers, _ = request("127.0.0.1", atc.port, "POST", "/v1/chat/completions", b"{not json",
+                                     {"x-request-id": "bad-1"})
+        self.assertEqual((status, headers["x-request-id"]), (400, "bad-1"))
+        status, _, _ = chat(atc.port, model="nope")
+        self.assertEqual(status, 404)
+
+        text = self.scrape(atc)
+        if shutil.which("promtool"):
+            check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+            self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
+        m = parse_metrics(text)
+        self.assertEqual(total(m, "atc_requests_total", model="llama-3-8b", status="200", priority="7"), 3)
+        self.assertEqual(total(m, "atc_requests_total", model="llama-3-8b", status="200", priority="0"), 2)
+        self.assertEqual(total(m, "atc_requests_total", status="400"), 1)
+        self.assertEqual(total(m, "atc_requests_total", model="nope", status="404"), 1)
+        self.assertEqual(total(m, "atc_request_duration_seconds_count", model="llama-3-8b"), 5)
+        self.assertEqual(total(m, "atc_request_ttft_seconds_count", model="llama-3-8b"), 5)
+        # 3 streams x (role + 4 tokens + finish + [DONE]) events
+        self.assertEqual(total(m, "atc_relayed_sse_events_total"), 3 * 7)
+        self.assertEqual(total(m, "atc_policy_decision_seconds_count"), 6)  # every routed request, and "nope"
+        self.assertEqual(total(m, "atc_endpoint_attempts_total"), 5)
+        self.assertEqual(total(m, "atc_policy_version"), 1)
+        self.assertEqual(total(m, "atc_endpoint_inflight_requests"), 0)
+        self.assertEqual(total(m, "atc_admitted_total", how="direct"), 5)
+
+        # One valid JSON line per request, failed ones included, with the ids the clients saw.
+        lines = wait_for(lambda: (lambda l: l if len(l) == 7 else None)(self.access_lines(atc)), timeout=5,
+                         what="seven access log lines")
+        self.assertEqual([l["id"] for l in lines[:5]], ids)
+        self.assertEqual([l["status"] for l in lines], [200] * 5 + [400, 404])
+        self.assertEqual(lines[5]["id"], "bad-1")
+        self.assertTrue(lines[0]["stream"])
+        self.assertEqual(lines[0]["sse_events"], 7)
+        self.assertIsNotNone(lines[0]["ttft_ms"])
+        self.assertIn(lines[0]["endpoint"], ("llama-3-8b-sim-1", "llama-3-8b-sim-2"))
+        self.assertIsNone(lines[6]["endpoint"])
+        self.assertIn("does not exist", lines[6]["error"])
+
+    def test_sigusr1_reopens_the_access_log(self):
+        atc = self.start()
+        chat(atc.port, max_tokens=1)
+        wait_for(lambda: len(self.access_lines(atc)) == 1, what="first line")
+        os.rename(os.path.join(self.tmp.name, "access.log"), os.path.join(self.tmp.name, "access.log.1"))
+        atc.proc.send_signal(signal.SIGUSR1)
+        wait_for(lambda: os.path.exists(os.path.join(self.tmp.name, "access.log")), what="new file")
+        chat(atc.port, max_tokens=1)
+        lines = wait_for(lambda: self.access_lines(atc), what="a line in the new file")
+        self.assertEqual(len(lines), 1)
+        self.assertEqual(len(self.access_lines(atc, "access.log.1")), 1)
+
+    def test_admin_token_config_and_cli(self):
+        atc = self.start(extra="admin_token: s3cret-token")
+        for headers in (None, {"authorization": "Bearer wrong"}, {"authorization": "s3cret-token"}):
+            status, hdrs, body = request("127.0.0.1", atc.admin_port, "GET", "/admin/endpoints", headers=headers)
+            self.assertEqual(status, 401, headers)
+            self.assertEqual(json.loads(body)["error"]["code"], "invalid_admin_token")
+        status, _, _ = request("127.0.0.1", atc.admin_port, "GET", "/metrics")
+        self.assertEqual(status, 401)
+        status, _, _ = request("127.0.0.1", atc.admin_port, "GET", "/health")  # for probes, always open
+        self.assertEqual(status, 200)
+        auth = {"authorization": "Bearer s3cret-token"}
+        status, _, body = request("127.0.0.1", atc.admin_port, "GET", "/admin/config", headers=auth)
+        self.assertEqual(status, 200)
+        cfg = json.loads(body)
+        self.assertEqual(cfg["admin_token"], "(set)")  # never the secret itself
+        self.assertEqual(cfg["models"][0]["endpoints"], ["llama-3-8b-sim-1", "llama-3-8b-sim-2"])
+        self.scrape(atc, headers=auth)
+
+        admin = f"127.0.0.1:{atc.admin_port}"
+        out = subprocess.run([ATC_BIN, "status", "--admin", admin], capture_output=True, text=True, timeout=10)
+        self.assertEqual(out.returncode, 1)
+        self.assertIn("401", out.stderr)
+        out = subprocess.run([ATC_BIN, "status", "--admin", admin, "--token", "s3cret-token"], capture_output=True,
+                             text=True, timeout=10)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertRegex(out.stdout, r"llama-3-8b-sim-1\s+llama-3-8b\s+\w+\s+0\s+64")
+        self.assertIn("policy version 1", out.stdout)
+        env = dict(os.environ, ATC_ADMIN_TOKEN="s3cret-token")
+        out = subprocess.run([ATC_BIN, "reload", "--admin", admin], capture_output=True, text=True, timeout=10,
+                             env=env)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn('"version":2', out.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
