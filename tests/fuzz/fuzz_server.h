@@ -20,7 +20,7 @@
 
 static const char fuzz_server_yaml[] = "listen: 127.0.0.1:0\n"
                                        "admin: 127.0.0.1:0\n"
-    "admin_token: fuzz-token\n"
+                                       "admin_token: fuzz-token\n"
                                        "max_body: 64KiB\n"
                                        "client_timeout: 2s\n"
                                        "policy:\n"
