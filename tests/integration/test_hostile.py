@@ -19,6 +19,7 @@ listen: 127.0.0.1:0
 admin: 127.0.0.1:0
 max_body: 64KiB
 client_timeout: 1s
+access_log: access.log
 models:
   - name: llama-3-8b
 simulate:
@@ -265,8 +266,10 @@ class BodyTest(HostileTestCase):
         try:
             start = time.monotonic()
             c.send(post(body[:10], length=len(body)))
+            join = self.in_parallel(self.assert_normal_request_works)  # while this one waits
             reply = c.read_until_closed(CLIENT_TIMEOUT * 5)
             elapsed = time.monotonic() - start
+            join()
         finally:
             c.close()
         self.assertEqual(reply, b"")
@@ -284,9 +287,21 @@ class BodyTest(HostileTestCase):
         self.assertIn("llama\ufffd\ufffd", err["message"])
         # In the prompt, which atc does not read: passed on as sent, and the server answers.
         body = b'{"model": "llama-3-8b", "max_tokens": 2, "messages": [{"role": "user", "content": "\xc3\x28\xff"}]}'
-        status, _, reply = split_response(exchange(self.atc.port, post(body)))
+        status, _, reply = split_response(exchange(self.atc.port, post(body, headers=b"x-atc-tenant: t\xff\r\n")))
         self.assertEqual(status, 200, reply[:300])
         self.assert_released()
+        # The access log quotes the model and the tenant: its lines stay valid UTF-8 JSON.
+        path = os.path.join(self.tmp.name, "access.log")
+
+        def lines():
+            if not os.path.exists(path):
+                return None
+            with open(path, "rb") as f:
+                got = [line for line in f.read().split(b"\n") if line]
+            return got if len(got) >= 2 else None
+        records = [json.loads(line.decode("utf-8")) for line in wait_for(lines, what="two access log lines")]
+        self.assertIn("llama\ufffd\ufffd", [r.get("model") for r in records])
+        self.assertIn("t\ufffd", [r.get("tenant") for r in records])
 
     def test_deeply_nested_json_gets_400_quickly(self):
         for depth in (65, 100_000):
