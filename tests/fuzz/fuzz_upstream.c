@@ -217,5 +217,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     evbuffer_free(whole.body);
     evbuffer_free(split.body);
+    /* libevent 2.1 finishes freeing a bufferevent from the loop (finalizers): let it */
+    event_base_loop(base, EVLOOP_NONBLOCK);
     return 0;
 }
