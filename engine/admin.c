@@ -1,5 +1,6 @@
 #include "admin.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,9 +10,11 @@
 #include "admission.h"
 #include "config.h"
 #include "endpoint.h"
+#include "health.h"
 #include "http_util.h"
 #include "metrics.h"
 #include "policy.h"
+#include "recorder.h"
 #include "server.h"
 #include "upstream.h"
 
@@ -50,11 +53,13 @@ static void send_endpoints(struct atc_server *srv, struct evhttp_request *req)
         evbuffer_add_printf(b,
                             "],\"capacity\":%u,\"weight\":%u,\"routable\":%s,\"inflight\":%u,"
                             "\"inflight_tokens\":%llu,\"ttft_ewma_ms\":%.3f,\"requests_total\":%llu,"
-                            "\"errors_total\":%llu,\"idle_connections\":%zu}",
+                            "\"errors_total\":%llu,\"idle_connections\":%zu",
                             ep->capacity, ep->weight, ep->routable ? "true" : "false", ep->inflight,
                             (unsigned long long)ep->inflight_tokens, ep->ttft_ewma_ms,
                             (unsigned long long)ep->requests_total, (unsigned long long)ep->errors_total,
                             ep->pool != NULL ? atc_upstream_pool_idle(ep->pool) : 0);
+        atc_health_endpoint_json(ep, b); /* state, checks, last error, scraped load */
+        evbuffer_add(b, "}", 1);
     }
     const struct atc_server_stats *s = &srv->stats;
     evbuffer_add_printf(b, "],\"queues\":");
@@ -64,10 +69,12 @@ static void send_endpoints(struct atc_server *srv, struct evhttp_request *req)
         evbuffer_add(b, "null", 4);
     evbuffer_add_printf(b,
                         ",\"requests_total\":%llu,\"responses_total\":%llu,\"client_gone_total\":%llu,"
-                        "\"retries_total\":%llu,\"upstream_errors_total\":%llu,\"active\":%u}\n",
+                        "\"retries_total\":%llu,\"upstream_errors_total\":%llu,\"active\":%u,\"health\":",
                         (unsigned long long)s->requests_total, (unsigned long long)s->responses_total,
                         (unsigned long long)s->client_gone_total, (unsigned long long)s->retries_total,
                         (unsigned long long)s->upstream_errors_total, srv->active);
+    atc_health_status_json(srv->health, b);
+    evbuffer_add(b, "}\n", 2);
     atc_http_send_json(req, 200, b);
     evbuffer_free(b);
 }
@@ -108,6 +115,86 @@ static void reload_policy(struct atc_server *srv, struct evhttp_request *req)
     evbuffer_add_printf(b, "{\"version\":%llu}\n", (unsigned long long)version);
     atc_http_send_json(req, 200, b);
     evbuffer_free(b);
+}
+
+/* POST /admin/endpoints/<id>/drain or /enable: drain stops new traffic to the endpoint and lets its
+ * in-flight requests finish; enable undoes it. Answers the endpoint's id, state and in-flight count. */
+static void drain_endpoint(struct atc_server *srv, struct evhttp_request *req, const char *rest)
+{
+    const char *slash = strrchr(rest, '/');
+    bool drain = slash != NULL && strcmp(slash, "/drain") == 0;
+    if (slash == NULL || slash == rest || (!drain && strcmp(slash, "/enable") != 0)) {
+        atc_http_send_error(req, 404, "invalid_request_error", "not_found", "no such admin route", 0);
+        return;
+    }
+    char raw[256];
+    snprintf(raw, sizeof(raw), "%.*s", (int)(slash - rest), rest);
+    char *id = evhttp_uridecode(raw, 0, NULL); /* ids are percent-encoded in paths */
+    struct atc_endpoint *ep = id != NULL ? atc_endpoint_table_find(srv->table, id) : NULL;
+    free(id);
+    if (ep == NULL) {
+        atc_http_send_error(req, 404, "invalid_request_error", "endpoint_not_found",
+                            "no endpoint with this id", 0);
+        return;
+    }
+    if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
+        atc_http_send_error(req, 405, "invalid_request_error", "method_not_allowed", "use POST", 0);
+        return;
+    }
+    atc_health_set_drained(srv->health, ep, drain);
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_printf(b, "{\"id\":\"");
+    atc_json_escape(b, ep->id, strlen(ep->id));
+    evbuffer_add_printf(b, "\",\"state\":\"%s\",\"inflight\":%u}\n",
+                        ep->health != NULL ? atc_health_state_name(ep->health->state) : "unknown",
+                        ep->inflight);
+    atc_http_send_json(req, 200, b);
+    evbuffer_free(b);
+}
+
+/* GET /admin/record: the trace recorder's counters (record:). */
+static void send_record(struct atc_server *srv, struct evhttp_request *req)
+{
+    struct evbuffer *b = evbuffer_new();
+    if (srv->recorder == NULL) {
+        evbuffer_add_printf(b, "{\"enabled\":false}\n");
+    } else {
+        struct atc_recorder_stats st;
+        atc_recorder_stats(srv->recorder, &st);
+        evbuffer_add_printf(b,
+                            "{\"enabled\":true,\"recorded\":%llu,\"written\":%llu,\"dropped\":%llu,"
+                            "\"sampled_out\":%llu,\"write_errors\":%llu,\"files\":%llu,\"bytes\":%llu}\n",
+                            (unsigned long long)st.recorded, (unsigned long long)st.written,
+                            (unsigned long long)st.dropped, (unsigned long long)st.sampled_out,
+                            (unsigned long long)st.write_errors, (unsigned long long)st.files,
+                            (unsigned long long)st.bytes);
+    }
+    atc_http_send_json(req, 200, b);
+    evbuffer_free(b);
+}
+
+/* POST /admin/config/reload: 200 with a summary, or 422 with every error (nothing changed). */
+static void reload_config(struct atc_server *srv, struct evhttp_request *req)
+{
+    if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
+        atc_http_send_error(req, 405, "invalid_request_error", "method_not_allowed", "use POST", 0);
+        return;
+    }
+    char *msg = NULL;
+    if (atc_server_reload_config(srv, &msg) < 0) {
+        atc_http_send_error(req, 422, "invalid_request_error", "config_reload_failed", msg ? msg : "failed",
+                            0);
+        free(msg);
+        return;
+    }
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_printf(b, "{\"reloaded\":true,\"summary\":\"");
+    if (msg != NULL)
+        atc_json_escape(b, msg, strlen(msg));
+    evbuffer_add_printf(b, "\"}\n");
+    atc_http_send_json(req, 200, b);
+    evbuffer_free(b);
+    free(msg);
 }
 
 /* The effective configuration (no secrets). */
@@ -196,6 +283,8 @@ void atc_admin_handle(struct evhttp_request *req, void *arg)
         send_config(srv, req);
     } else if (strcmp(path, "/admin/endpoints") == 0) {
         send_endpoints(srv, req);
+    } else if (strncmp(path, "/admin/endpoints/", 17) == 0) {
+        drain_endpoint(srv, req, path + 17);
     } else if (strcmp(path, "/metrics") == 0) {
         struct evbuffer *b = evbuffer_new();
         atc_metrics_render(srv->metrics, srv, b);
@@ -205,8 +294,12 @@ void atc_admin_handle(struct evhttp_request *req, void *arg)
         evbuffer_free(b);
     } else if (strcmp(path, "/admin/policy") == 0) {
         send_policy(srv, req);
+    } else if (strcmp(path, "/admin/config/reload") == 0) {
+        reload_config(srv, req);
     } else if (strcmp(path, "/admin/policy/reload") == 0) {
         reload_policy(srv, req);
+    } else if (strcmp(path, "/admin/record") == 0) {
+        send_record(srv, req);
     } else if (strcmp(path, "/health") == 0) {
         struct evbuffer *b = evbuffer_new();
         evbuffer_add_printf(b, "{\"status\":\"%s\"}\n", srv->draining ? "draining" : "ok");

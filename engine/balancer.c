@@ -25,10 +25,12 @@ static bool is_candidate(const struct atc_endpoint *ep, struct atc_endpoint *con
     return true;
 }
 
-/* Load as a share of capacity, compared by cross-multiplication to stay in integers. */
+/* Load as a share of the capacity offered now (less while slow-starting), compared by
+ * cross-multiplication to stay in integers. */
 static bool less_loaded(const struct atc_endpoint *a, const struct atc_endpoint *b)
 {
-    return (uint64_t)a->inflight * b->capacity < (uint64_t)b->inflight * a->capacity;
+    return (uint64_t)a->inflight * atc_endpoint_capacity_now(b) <
+           (uint64_t)b->inflight * atc_endpoint_capacity_now(a);
 }
 
 struct atc_endpoint *atc_balancer_pick(const struct atc_model *m, uint64_t *rng,

@@ -46,6 +46,7 @@ struct parse {
     size_t nerrors, cap_errors;
     bool oom;
     struct seen_list models, ids;
+    bool endpoint_level; /* parsing an endpoint's health: (model-wide settings are refused) */
 };
 
 /* Walks the pairs of a mapping, skipping (after reporting) keys that are not strings or are repeated. */
@@ -399,6 +400,8 @@ enum kind {
     F_SHARE,    /* double in [0, 1] */
     F_HOSTPORT, /* char * host at off, uint16_t port at aux */
     F_URL,      /* the url, host and port of an endpoint */
+    F_URLPATH,  /* char *: a request path, "/" followed by printable ASCII without spaces */
+    F_CHOICE,   /* unsigned: the index of the value in choices */
     F_WEIGHTS,  /* mapping of name -> whole number >= 1, into a struct atc_weights */
     F_SECTION,  /* a nested mapping described by sub, filling the same struct */
     F_NODE,     /* handled by the caller, which finds the node in parse_section's found[] */
@@ -419,6 +422,8 @@ static const char *const expected[] = {
     [F_SHARE] = "a number",
     [F_HOSTPORT] = "host:port",
     [F_URL] = "a URL",
+    [F_URLPATH] = "a path such as /health",
+    [F_CHOICE] = "a string",
 };
 
 struct field {
@@ -427,7 +432,9 @@ struct field {
     size_t off, aux;   /* where the value goes in the struct being filled; aux: see enum kind */
     uint64_t min, max; /* F_UINT, F_U64; F_MS and F_US use min only */
     bool required;
-    const struct field *sub; /* F_SECTION */
+    bool model_wide;            /* refused in an endpoint's health: (it applies to a whole model) */
+    const struct field *sub;    /* F_SECTION */
+    const char *const *choices; /* F_CHOICE, NULL-terminated */
 };
 
 #define MAX_FIELDS 24 /* the longest table below, for parse_section's found[] */
@@ -435,6 +442,7 @@ struct field {
 #define MODEL(m) offsetof(struct atc_model_config, m)
 #define EP(m) offsetof(struct atc_endpoint_config, m)
 #define SIM(m) offsetof(struct atc_simulate_config, m)
+#define HC(m) offsetof(struct atc_health_config, m)
 
 static const struct field policy_fields[] = {
     {.key = "entry", .kind = F_PATH, .off = CFG(policy.entry)},
@@ -453,6 +461,56 @@ static const struct field upstream_fields[] = {
     {.key = "idle_timeout", .kind = F_MS, .off = CFG(upstream.idle_timeout_ms), .min = 1},
     {.key = "tries", .kind = F_UINT, .off = CFG(upstream.tries), .min = 1, .max = 100},
     {.key = "keepalive", .kind = F_UINT, .off = CFG(upstream.keepalive), .max = 100000},
+    {.key = NULL},
+};
+
+/* health: the same table at the top level, under a model and under an endpoint (parse_health). */
+#define CHECK_FIELDS(c)                                                                                      \
+    {.key = "enabled", .kind = F_BOOL, .off = HC(c.enabled)},                                                \
+        {.key = "path", .kind = F_URLPATH, .off = HC(c.path)},                                               \
+        {.key = "interval", .kind = F_MS, .off = HC(c.interval_ms), .min = 1},                               \
+        {.key = "timeout", .kind = F_MS, .off = HC(c.timeout_ms), .min = 1},
+
+static const struct field live_fields[] = {CHECK_FIELDS(live){.key = NULL}};
+static const struct field ready_fields[] = {CHECK_FIELDS(ready){.key = NULL}};
+static const struct field deep_fields[] = {CHECK_FIELDS(deep){.key = NULL}};
+static const struct field scrape_fields[] = {CHECK_FIELDS(scrape){.key = NULL}};
+
+static const struct field eject_fields[] = {
+    {.key = "consecutive_errors", .kind = F_UINT, .off = HC(eject.consecutive_errors), .max = 1000},
+    {.key = "base_time", .kind = F_MS, .off = HC(eject.base_time_ms), .min = 1},
+    {.key = "max_time", .kind = F_MS, .off = HC(eject.max_time_ms), .min = 1},
+    {.key = "max_share", .kind = F_SHARE, .off = HC(eject.max_share), .model_wide = true},
+    {.key = NULL},
+};
+
+static const char *const panic_modes[] = {"route_all", "fail", NULL};
+
+static const struct field health_fields[] = {
+    {.key = "enabled", .kind = F_BOOL, .off = HC(enabled)},
+    {.key = "live", .kind = F_SECTION, .sub = live_fields},
+    {.key = "ready", .kind = F_SECTION, .sub = ready_fields},
+    {.key = "deep", .kind = F_SECTION, .sub = deep_fields},
+    {.key = "scrape", .kind = F_SECTION, .sub = scrape_fields},
+    {.key = "failure_threshold", .kind = F_UINT, .off = HC(failure_threshold), .min = 1, .max = 100},
+    {.key = "recovery_threshold", .kind = F_UINT, .off = HC(recovery_threshold), .min = 1, .max = 100},
+    {.key = "fast_interval", .kind = F_MS, .off = HC(fast_interval_ms), .min = 1},
+    {.key = "down_interval", .kind = F_MS, .off = HC(down_interval_ms), .min = 1},
+    {.key = "jitter", .kind = F_SHARE, .off = HC(jitter)},
+    {.key = "eject", .kind = F_SECTION, .sub = eject_fields},
+    {.key = "panic", .kind = F_CHOICE, .off = HC(panic), .choices = panic_modes, .model_wide = true},
+    {.key = "slow_start", .kind = F_MS, .off = HC(slow_start_ms)},
+    {.key = NULL},
+};
+
+static const struct field record_fields[] = {
+    {.key = "dir", .kind = F_PATH, .off = CFG(record.dir)},
+    {.key = "prefix", .kind = F_STR, .off = CFG(record.prefix)},
+    {.key = "rotate_size", .kind = F_SIZE, .off = CFG(record.rotate_size)},
+    {.key = "rotate_interval", .kind = F_MS, .off = CFG(record.rotate_interval_ms), .min = 1},
+    {.key = "text", .kind = F_BOOL, .off = CFG(record.text)},
+    {.key = "buffer", .kind = F_SIZE, .off = CFG(record.buffer)},
+    {.key = "sample", .kind = F_SHARE, .off = CFG(record.sample)},
     {.key = NULL},
 };
 
@@ -476,14 +534,17 @@ static const struct field root_fields[] = {
     {.key = "access_log", .kind = F_STR, .off = CFG(access_log)},
     {.key = "admin_token", .kind = F_STR, .off = CFG(admin_token)},
     {.key = "client_timeout", .kind = F_MS, .off = CFG(client_timeout_ms), .min = 1},
+    {.key = "health", .kind = F_NODE},
     {.key = "models", .kind = F_NODE},
     {.key = "simulate", .kind = F_NODE},
+    {.key = "record", .kind = F_NODE},
     {.key = NULL},
 };
 
 static const struct field model_fields[] = {
     {.key = "name", .kind = F_STR, .off = MODEL(name), .required = true},
     {.key = "endpoints", .kind = F_NODE},
+    {.key = "health", .kind = F_NODE},
     {.key = NULL},
 };
 
@@ -495,6 +556,7 @@ static const struct field endpoint_fields[] = {
     {.key = "token_budget", .kind = F_U64, .off = EP(token_budget), .max = UINT64_MAX},
     {.key = "version", .kind = F_OPTSTR, .off = EP(version)},
     {.key = "tags", .kind = F_STRS, .off = EP(tags), .aux = EP(ntags)},
+    {.key = "health", .kind = F_NODE},
     {.key = NULL},
 };
 
@@ -728,6 +790,26 @@ static const char *set_value(struct parse *p, const struct field *f, const char 
             return why;
         set_str(p, (char **)at, host);
         return NULL;
+    case F_URLPATH:
+        if (s[0] != '/')
+            return "must start with '/'";
+        for (const char *c = s; *c; c++)
+            if (*c <= ' ' || *c == 0x7f)
+                return "must not contain spaces or control characters";
+        set_str(p, (char **)at, strdup(s));
+        return NULL;
+    case F_CHOICE: {
+        size_t o = 0;
+        for (u = 0; f->choices[u]; u++) {
+            if (!strcmp(s, f->choices[u])) {
+                *(unsigned *)at = (unsigned)u;
+                return NULL;
+            }
+            o += (size_t)snprintf(buf + o, size > o ? size - o : 0, "%s%s",
+                                  u ? ", " : "must be one of: ", f->choices[u]);
+        }
+        return buf;
+    }
     case F_URL:
         if ((why = parse_url(s, &host, &ep->port)))
             return why;
@@ -863,6 +945,11 @@ static int parse_section(struct parse *p, yaml_node_t *n, const char *key, bool 
             unknown_key(p, &it, fields);
             continue;
         }
+        if (f->model_wide && p->endpoint_level) {
+            report(p, it.keynode->start_mark, it.path,
+                   "applies to a whole model: set it in the model's or the top-level health section");
+            continue;
+        }
         seen[f - fields] = it.value;
         if (f->kind == F_SECTION)
             parse_section(p, it.value, it.path, true, f->sub, base, NULL);
@@ -913,16 +1000,53 @@ static void check_unique(struct parse *p, struct seen_list *l, const char *name,
     l->n++;
 }
 
+static void health_dispose(struct atc_health_config *h)
+{
+    free(h->live.path);
+    free(h->ready.path);
+    free(h->deep.path);
+    free(h->scrape.path);
+}
+
+/* *dst = *src with its own copies of the strings. */
+static void health_copy(struct parse *p, struct atc_health_config *dst, const struct atc_health_config *src)
+{
+    *dst = *src;
+    dst->live.path = dst->ready.path = dst->deep.path = dst->scrape.path = NULL;
+    if ((src->live.path && !(dst->live.path = strdup(src->live.path))) ||
+        (src->ready.path && !(dst->ready.path = strdup(src->ready.path))) ||
+        (src->deep.path && !(dst->deep.path = strdup(src->deep.path))) ||
+        (src->scrape.path && !(dst->scrape.path = strdup(src->scrape.path))))
+        p->oom = true;
+}
+
+/* A health: mapping @p n over @p h, which already holds the level above's settings. */
+static void parse_health(struct parse *p, yaml_node_t *n, const char *key, struct atc_health_config *h,
+                         bool endpoint_level)
+{
+    p->endpoint_level = endpoint_level;
+    if (parse_section(p, n, key, true, health_fields, h, NULL) == 0 &&
+        h->eject.base_time_ms > h->eject.max_time_ms)
+        report(p, n->start_mark, key,
+               "eject.base_time (%" PRIu64 "ms) must not exceed eject.max_time (%" PRIu64 "ms)",
+               h->eject.base_time_ms, h->eject.max_time_ms);
+    p->endpoint_level = false;
+}
+
 static void parse_endpoint(struct parse *p, yaml_node_t *n, const char *key, struct atc_endpoint_config *ep,
-                           const char *model)
+                           const char *model, const struct atc_health_config *model_health)
 {
     yaml_node_t *found[MAX_FIELDS];
     char k[KEY_MAX];
 
     ep->capacity = 64;
     ep->weight = 1;
+    health_copy(p, &ep->health, model_health);
     if (parse_section(p, n, key, false, endpoint_fields, ep, found) < 0)
         return;
+    if (lookup(endpoint_fields, found, "health"))
+        parse_health(p, lookup(endpoint_fields, found, "health"), keyf(k, "%s.health", key), &ep->health,
+                     true);
     if (ep->id)
         check_unique(p, &p->ids, ep->id, lookup(endpoint_fields, found, "id"), keyf(k, "%s.id", key),
                      "endpoint id");
@@ -932,12 +1056,15 @@ static void parse_endpoint(struct parse *p, yaml_node_t *n, const char *key, str
 
 static void parse_model(struct parse *p, yaml_node_t *n, const char *key, struct atc_model_config *m)
 {
-    yaml_node_t *found[MAX_FIELDS], *eps;
+    yaml_node_t *found[MAX_FIELDS], *eps, *health;
     yaml_node_item_t *items;
     char k[KEY_MAX];
 
+    health_copy(p, &m->health, &p->cfg->health);
     if (parse_section(p, n, key, false, model_fields, m, found) < 0)
         return;
+    if ((health = lookup(model_fields, found, "health")))
+        parse_health(p, health, keyf(k, "%s.health", key), &m->health, false);
     if (m->name)
         check_unique(p, &p->models, m->name, lookup(model_fields, found, "name"), keyf(k, "%s.name", key),
                      "model");
@@ -946,7 +1073,8 @@ static void parse_model(struct parse *p, yaml_node_t *n, const char *key, struct
     m->endpoints =
         alloc_items(p, eps, keyf(k, "%s.endpoints", key), sizeof *m->endpoints, &m->nendpoints, &items);
     for (size_t i = 0; i < m->nendpoints; i++)
-        parse_endpoint(p, node(p, items[i]), keyf(k, "%s.endpoints[%zu]", key, i), &m->endpoints[i], m->name);
+        parse_endpoint(p, node(p, items[i]), keyf(k, "%s.endpoints[%zu]", key, i), &m->endpoints[i], m->name,
+                       &m->health);
 }
 
 static bool is_declared(const struct atc_config *cfg, const char *model)
@@ -986,22 +1114,43 @@ static void parse_simulate(struct parse *p, yaml_node_t *n, const char *key, str
                "no model named '%s' is declared under 'models'", s->params.model);
 }
 
+/* record: (trace recording); its file name prefix becomes part of paths, so it is checked here. */
+static void parse_record(struct parse *p, yaml_node_t *n)
+{
+    yaml_node_t *found[MAX_FIELDS], *prefix;
+
+    p->cfg->record.enabled = true;
+    if (parse_section(p, n, "record", true, record_fields, p->cfg, found) < 0)
+        return;
+    prefix = lookup(record_fields, found, "prefix");
+    if (prefix && p->cfg->record.prefix &&
+        strspn(p->cfg->record.prefix, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") !=
+            strlen(p->cfg->record.prefix))
+        report(p, prefix->start_mark, "record.prefix", "only letters, digits, '.', '_' and '-' may name files");
+}
+
 static void parse_root(struct parse *p, yaml_node_t *root)
 {
     struct atc_config *cfg = p->cfg;
-    yaml_node_t *found[MAX_FIELDS], *models, *simulate, *admin;
+    yaml_node_t *found[MAX_FIELDS], *models, *simulate, *admin, *health;
     yaml_node_item_t *items;
     char k[KEY_MAX];
 
     if (parse_section(p, root, "", false, root_fields, cfg, found) < 0)
         return;
     cfg->policy.enabled = lookup(root_fields, found, "policy") != NULL;
+    if (lookup(root_fields, found, "record"))
+        parse_record(p, lookup(root_fields, found, "record"));
     /* One address for both would only fail at bind time; say so now, at whichever of them the file sets. */
     admin = lookup(root_fields, found, "admin");
     if (cfg->admin_port != 0 && cfg->admin_port == cfg->listen_port &&
         !strcmp(cfg->admin_host, cfg->listen_host))
         report(p, (admin ? admin : lookup(root_fields, found, "listen"))->start_mark,
                admin ? "admin" : "listen", "must differ from '%s'", admin ? "listen" : "admin");
+
+    /* Models start from the top-level health settings, so those are read first. */
+    if ((health = lookup(root_fields, found, "health")))
+        parse_health(p, health, "health", &cfg->health, false);
 
     /* simulate: names models, so it is read after them whatever their order in the file. */
     models = lookup(root_fields, found, "models");
@@ -1053,10 +1202,36 @@ static struct atc_config *config_new(const char *name, const char *dir)
     cfg->upstream.idle_timeout_ms = 60000;
     cfg->upstream.tries = 2;
     cfg->upstream.keepalive = 32;
+    cfg->record.dir = cfg->dir ? resolve(cfg->dir, "traces") : NULL;
+    cfg->record.prefix = strdup("atc");
+    cfg->record.rotate_size = (size_t)256 << 20;
+    cfg->record.rotate_interval_ms = 3600 * 1000;
+    cfg->record.buffer = (size_t)8 << 20;
+    cfg->record.sample = 1;
     cfg->max_body = (size_t)8 << 20;
     cfg->drain_timeout_ms = 10000;
     cfg->client_timeout_ms = 30000;
-    if (!cfg->path || !cfg->dir || !cfg->listen_host || !cfg->admin_host || !cfg->policy.entry) {
+    cfg->health = (struct atc_health_config){
+        .enabled = true,
+        .live = {.enabled = true, .path = strdup("/health"), .interval_ms = 2000, .timeout_ms = 1000},
+        .ready = {.enabled = true, .path = strdup("/v1/models"), .interval_ms = 2000, .timeout_ms = 1000},
+        .deep = {.enabled = true,
+                 .path = strdup("/v1/chat/completions"),
+                 .interval_ms = 60000,
+                 .timeout_ms = 30000},
+        .scrape = {.enabled = true, .path = strdup("/metrics"), .interval_ms = 1000, .timeout_ms = 1000},
+        .failure_threshold = 3,
+        .recovery_threshold = 2,
+        .fast_interval_ms = 500,
+        .down_interval_ms = 2000,
+        .jitter = 0.1,
+        .eject = {.consecutive_errors = 5, .base_time_ms = 30000, .max_time_ms = 300000, .max_share = 0.5},
+        .panic = ATC_PANIC_ROUTE_ALL,
+        .slow_start_ms = 10000,
+    };
+    if (!cfg->health.live.path || !cfg->health.ready.path || !cfg->health.deep.path ||
+        !cfg->health.scrape.path || !cfg->path || !cfg->dir || !cfg->listen_host || !cfg->admin_host ||
+        !cfg->policy.entry || !cfg->record.dir || !cfg->record.prefix) {
         atc_config_free(cfg);
         return NULL;
     }
@@ -1233,16 +1408,21 @@ void atc_config_free(struct atc_config *cfg)
             free(ep->model);
             free(ep->version);
             free_strv(ep->tags, ep->ntags);
+            health_dispose(&ep->health);
         }
         free(m->endpoints);
         free(m->name);
+        health_dispose(&m->health);
     }
+    health_dispose(&cfg->health);
     free(cfg->models);
     for (size_t i = 0; i < cfg->nsimulate; i++)
         atc_sim_params_dispose(&cfg->simulate[i].params);
     free(cfg->simulate);
     free_strv(cfg->policy.path, cfg->policy.npath);
     free(cfg->policy.entry);
+    free(cfg->record.dir);
+    free(cfg->record.prefix);
     free(cfg->access_log);
     free(cfg->admin_token);
     for (size_t i = 0; i < cfg->admission.tenant_weights.n; i++)

@@ -10,6 +10,43 @@
 
 #include "sim.h"
 
+/* What atc does when every endpoint of a model is out (unhealthy or ejected; not draining or starting). */
+enum atc_panic_mode {
+    ATC_PANIC_ROUTE_ALL, /* "route_all": send traffic to all of them anyway (a check may be what is wrong) */
+    ATC_PANIC_FAIL,      /* "fail": answer 503 */
+};
+
+/* One kind of active probe of an endpoint. */
+struct atc_check_config {
+    bool enabled;
+    char *path;           /* request path, starting with '/' */
+    uint64_t interval_ms; /* between the end of one probe and the start of the next, while settled up */
+    uint64_t timeout_ms;  /* the whole probe: connect, answer and body */
+};
+
+/* health: at the top level, under a model and under an endpoint; each level starts from the one above
+ * and overrides what it sets. Defaults in config.c (config_new) and in the README. */
+struct atc_health_config {
+    bool enabled;                   /* active checks (live, ready, deep) at all */
+    struct atc_check_config live;   /* is the process answering: GET /health */
+    struct atc_check_config ready;  /* can it serve the model: GET /v1/models lists it */
+    struct atc_check_config deep;   /* can it generate: a real request with max_tokens 1 */
+    struct atc_check_config scrape; /* server load: GET /metrics (Prometheus text) */
+    unsigned failure_threshold;     /* consecutive failures that turn a check's verdict to failed */
+    unsigned recovery_threshold;    /* consecutive successes that turn it back */
+    uint64_t fast_interval_ms;      /* probe interval while a verdict is changing (or not known yet) */
+    uint64_t down_interval_ms;      /* probe interval while a verdict is settled failed */
+    double jitter;                  /* each wait is drawn in interval * [1 - jitter, 1 + jitter] */
+    struct {
+        unsigned consecutive_errors; /* passive: this many failed requests in a row eject; 0 = never */
+        uint64_t base_time_ms;       /* first ejection; the n-th lasts n times as long ... */
+        uint64_t max_time_ms;        /* ... up to this */
+        double max_share;            /* model-wide: at most this share of a model's endpoints ejected */
+    } eject;
+    unsigned panic;         /* model-wide: enum atc_panic_mode */
+    uint64_t slow_start_ms; /* an endpoint back in rotation ramps up its capacity over this; 0 = off */
+};
+
 struct atc_weights {
     char **names;
     unsigned *weights;
@@ -27,6 +64,7 @@ struct atc_endpoint_config {
     size_t ntags;
     unsigned capacity; /* max concurrent requests (default 64, must be > 0) */
     unsigned weight;   /* default 1 */
+    struct atc_health_config health; /* the model's, overridden by this endpoint's health: */
     uint64_t token_budget; /* max prompt + max_tokens in flight; 0 = no limit */
 };
 
@@ -34,6 +72,7 @@ struct atc_model_config {
     char *name;
     struct atc_endpoint_config *endpoints; /* may be empty when simulate: provides them */
     size_t nendpoints;
+    struct atc_health_config health; /* the top level's, overridden by this model's health: */
 };
 
 struct atc_simulate_config {
@@ -80,9 +119,23 @@ struct atc_config {
 
     char *admin_token;         /* admin_token: when set, the admin API needs "Authorization: Bearer <it>" */
     char *access_log;          /* access_log: a file (relative to dir) or "stderr"; NULL = off */
+
+    struct {
+        bool enabled;       /* the file has a record: section: live traffic is written to trace files */
+        char *dir;          /* record.dir: where, resolved against dir (default traces) */
+        char *prefix;       /* record.prefix: file names start with it (default atc; [A-Za-z0-9._-]) */
+        size_t rotate_size; /* record.rotate_size: a new file past this size (default 256 MiB) */
+        uint64_t rotate_interval_ms; /* record.rotate_interval: ... or after this long (default 1h) */
+        bool text;          /* record.text: store prompt text too (default false: block hashes only) */
+        size_t buffer;      /* record.buffer: records not yet written past this are dropped (default 8 MiB) */
+        double sample;      /* record.sample: share of requests recorded, 0..1 (default 1) */
+    } record;
+
     size_t max_body;           /* max_body: request body limit (default 8 MiB) */
     uint64_t drain_timeout_ms; /* drain_timeout: on SIGTERM, how long in-flight requests may finish (default 10s) */
     uint64_t client_timeout_ms; /* client_timeout: reading a request from a client (default 30s) */
+
+    struct atc_health_config health; /* health: the top-level settings */
 
     struct atc_model_config *models;
     size_t nmodels;

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "health.h"
 
 /* Weight of a new TTFT sample: about the last ten requests dominate. */
 #define TTFT_EWMA_ALPHA 0.1
@@ -72,6 +73,31 @@ static int table_append(struct atc_endpoint_table *t, struct atc_model *m, struc
     return 0;
 }
 
+/* The settings of @p ec that may change in place (a config reload keeps the endpoint and its counters). */
+static int apply_config(struct atc_endpoint *ep, const struct atc_endpoint_config *ec)
+{
+    ep->capacity = ec->capacity;
+    ep->weight = ec->weight;
+    ep->token_budget = ec->token_budget;
+    free(ep->version);
+    ep->version = NULL;
+    for (size_t i = 0; i < ep->ntags; i++)
+        free(ep->tags[i]);
+    free(ep->tags);
+    ep->tags = NULL;
+    ep->ntags = 0;
+    if (ec->version != NULL && (ep->version = strdup(ec->version)) == NULL)
+        return -1;
+    if (ec->ntags > 0) {
+        if ((ep->tags = calloc(ec->ntags, sizeof(char *))) == NULL)
+            return -1;
+        for (; ep->ntags < ec->ntags; ep->ntags++)
+            if ((ep->tags[ep->ntags] = strdup(ec->tags[ep->ntags])) == NULL)
+                return -1;
+    }
+    return 0;
+}
+
 struct atc_endpoint_table *atc_endpoint_table_create(const struct atc_config *cfg)
 {
     struct atc_endpoint_table *t = calloc(1, sizeof(*t));
@@ -90,23 +116,10 @@ struct atc_endpoint_table *atc_endpoint_table_create(const struct atc_config *cf
             struct atc_endpoint *ep = endpoint_new(mc->name, ec->id, ec->host, ec->port, ec->capacity);
             if (ep == NULL)
                 goto error;
-            ep->weight = ec->weight;
-            ep->token_budget = ec->token_budget;
-            if (ec->version != NULL && (ep->version = strdup(ec->version)) == NULL)
-                goto error_ep;
-            if (ec->ntags > 0) {
-                if ((ep->tags = calloc(ec->ntags, sizeof(char *))) == NULL)
-                    goto error_ep;
-                for (; ep->ntags < ec->ntags; ep->ntags++)
-                    if ((ep->tags[ep->ntags] = strdup(ec->tags[ep->ntags])) == NULL)
-                        goto error_ep;
+            if (apply_config(ep, ec) < 0 || table_append(t, m, ep) < 0) {
+                endpoint_free(ep);
+                goto error;
             }
-            if (table_append(t, m, ep) < 0)
-                goto error_ep;
-            continue;
-        error_ep:
-            endpoint_free(ep);
-            goto error;
         }
     }
     return t;
@@ -129,6 +142,77 @@ struct atc_endpoint *atc_endpoint_table_add(struct atc_endpoint_table *t, const 
         return NULL;
     }
     return ep;
+}
+
+/* Frees the table's arrays and model names, not its endpoints. */
+static void table_free_shell(struct atc_endpoint_table *t)
+{
+    for (size_t i = 0; i < t->nmodels; i++) {
+        free(t->models[i].name);
+        free(t->models[i].endpoints);
+    }
+    free(t->endpoints);
+    free(t->models);
+    free(t);
+}
+
+struct atc_endpoint_table *atc_endpoint_table_rebuild(struct atc_endpoint_table *old,
+                                                      const struct atc_config *cfg,
+                                                      struct atc_endpoint ***retired, size_t *nretired)
+{
+    struct atc_endpoint_table *t = calloc(1, sizeof(*t));
+    bool *moved = calloc(old->nendpoints ? old->nendpoints : 1, sizeof(bool));
+    struct atc_endpoint **gone = calloc(old->nendpoints ? old->nendpoints : 1, sizeof(*gone));
+    if (t == NULL || moved == NULL || gone == NULL ||
+        (t->models = calloc(cfg->nmodels ? cfg->nmodels : 1, sizeof(*t->models))) == NULL)
+        goto error;
+    for (size_t i = 0; i < cfg->nmodels; i++) {
+        const struct atc_model_config *mc = &cfg->models[i];
+        struct atc_model *m = &t->models[t->nmodels++];
+        if ((m->name = strdup(mc->name)) == NULL)
+            goto error;
+        for (size_t j = 0; j < mc->nendpoints; j++) {
+            const struct atc_endpoint_config *ec = &mc->endpoints[j];
+            /* Same id, model and address: the same server, which keeps its counters, pool and health. */
+            struct atc_endpoint *ep = atc_endpoint_table_find(old, ec->id);
+            if (ep != NULL && !ep->simulated && ep->port == ec->port && strcmp(ep->host, ec->host) == 0 &&
+                strcmp(ep->model, mc->name) == 0) {
+                moved[ep->index] = true;
+            } else if ((ep = endpoint_new(mc->name, ec->id, ec->host, ec->port, ec->capacity)) == NULL) {
+                goto error;
+            }
+            if (apply_config(ep, ec) < 0 || table_append(t, m, ep) < 0)
+                goto error; /* out of memory: the process is in no state to go on either way */
+        }
+        /* Simulated servers stay as they are (simulate: changes need a restart). */
+        struct atc_model *om = atc_endpoint_table_model(old, mc->name, strlen(mc->name));
+        for (size_t j = 0; om != NULL && j < om->nendpoints; j++) {
+            struct atc_endpoint *ep = om->endpoints[j];
+            if (ep->simulated) {
+                moved[ep->index] = true;
+                if (table_append(t, m, ep) < 0)
+                    goto error;
+            }
+        }
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < old->nendpoints; i++)
+        if (!moved[i]) {
+            old->endpoints[i]->routable = false;
+            gone[n++] = old->endpoints[i];
+        }
+    free(moved);
+    table_free_shell(old);
+    *retired = gone;
+    *nretired = n;
+    return t;
+error:
+    abort(); /* allocation failure halfway through moving endpoints: nothing consistent is left */
+}
+
+void atc_endpoint_free(struct atc_endpoint *ep)
+{
+    endpoint_free(ep);
 }
 
 void atc_endpoint_table_destroy(struct atc_endpoint_table *t)
@@ -178,6 +262,8 @@ void atc_endpoint_release(struct atc_endpoint *ep, uint64_t tokens)
 void atc_endpoint_record(struct atc_endpoint *ep, bool ok, double ttft_ms)
 {
     ep->requests_total++;
+    if (ep->health != NULL)
+        atc_health_observe(ep, ok); /* passive outlier ejection */
     if (!ok) {
         ep->errors_total++;
         ep->consecutive_errors++;

@@ -10,6 +10,7 @@
 
 struct atc_config;
 struct atc_upstream_pool;
+struct atc_endpoint_health;
 
 struct atc_endpoint {
     unsigned index; /* position in the table's endpoints[] */
@@ -32,7 +33,14 @@ struct atc_endpoint {
     uint64_t requests_total;  /* attempts sent */
     uint64_t errors_total;    /* connection failures, timeouts, 5xx */
     uint64_t consecutive_errors;
-    bool routable; /* false while drained or (later) unhealthy */
+    bool routable;          /* false while drained or (later) unhealthy */
+    bool simulated;         /* started by atc for simulate: (kept across config reloads) */
+    unsigned server_queue;  /* server-reported: requests waiting (0 until reported; replay sets it) */
+    double server_kv_usage; /* server-reported: share of KV cache in use, 0..1 (likewise) */
+
+    /* health.c owns these */
+    unsigned slow_start_limit;          /* while > 0 (ramping up after a return): at most this many */
+    struct atc_endpoint_health *health; /* state, last error, scraped load (health.h); NULL without checks */
 
     struct atc_upstream_pool *pool; /* keep-alive connections, owned by upstream.c */
 };
@@ -58,6 +66,19 @@ struct atc_endpoint_table *atc_endpoint_table_create(const struct atc_config *cf
 struct atc_endpoint *atc_endpoint_table_add(struct atc_endpoint_table *t, const char *model, const char *id,
                                             const char *host, uint16_t port, unsigned capacity);
 
+/** A config reload: a new table from @p cfg that keeps the endpoint structs of @p old whose id, model
+ * and address are unchanged (their counters, pools and health go on; capacity, weight, token budget,
+ * version and tags are updated) and its simulated endpoints; frees @p old's shell. Endpoints of @p old
+ * that are not in the new table are returned in *retired (owned array; they are no longer routable and
+ * still belong to the caller, who frees them with atc_endpoint_free once nothing uses them). Endpoints
+ * new to the table have no pool yet. Aborts on allocation failure. */
+struct atc_endpoint_table *atc_endpoint_table_rebuild(struct atc_endpoint_table *old,
+                                                      const struct atc_config *cfg,
+                                                      struct atc_endpoint ***retired, size_t *nretired);
+
+/** Frees an endpoint that is in no table (not its pool). */
+void atc_endpoint_free(struct atc_endpoint *ep);
+
 /** Frees the table and its endpoints (not their pools: upstream.c frees those first). */
 void atc_endpoint_table_destroy(struct atc_endpoint_table *t);
 
@@ -67,11 +88,19 @@ struct atc_model *atc_endpoint_table_model(const struct atc_endpoint_table *t, c
 /** The endpoint with id @p id, or NULL. */
 struct atc_endpoint *atc_endpoint_table_find(const struct atc_endpoint_table *t, const char *id);
 
+/** The capacity offered now: the configured one, or less while slow-starting. Loads compare against it. */
+static inline unsigned atc_endpoint_capacity_now(const struct atc_endpoint *ep)
+{
+    return ep->slow_start_limit > 0 && ep->slow_start_limit < ep->capacity ? ep->slow_start_limit
+                                                                           : ep->capacity;
+}
+
 /** True when @p ep may take one more request of @p tokens (prompt estimate + max_tokens) now: it is
- * routable, under its capacity, and under its token budget (an idle endpoint takes any request). */
+ * routable, under the capacity it offers now, and under its token budget (an idle endpoint takes any
+ * request). */
 static inline bool atc_endpoint_available(const struct atc_endpoint *ep, uint64_t tokens)
 {
-    return ep->routable && ep->inflight < ep->capacity &&
+    return ep->routable && ep->inflight < atc_endpoint_capacity_now(ep) &&
            (ep->token_budget == 0 || ep->inflight == 0 || ep->inflight_tokens + tokens <= ep->token_budget);
 }
 

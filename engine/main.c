@@ -13,7 +13,9 @@
 #include "log.h"
 #include "policy.h"
 #include "server.h"
+#include "replay.h"
 #include "sim_server.h"
+#include "trace.h"
 
 static const char usage_main[] =
     "usage: atc <command> [flags]\n"
@@ -24,7 +26,9 @@ static const char usage_main[] =
     "  serve -c FILE    run the router described by FILE\n"
     "  check -c FILE    validate FILE; print every error as file:line:col: message\n"
     "  sim [flags]      run one simulated inference server (see atc sim --help)\n"
-    "  test FILE...     run policy unit tests in the sandbox (see atc test --help)\n"
+    "  test [PATH...]   run policy unit tests in the sandbox (see atc test --help)\n"
+    "  trace ...        import public traces, statistics of a trace (see atc trace --help)\n"
+    "  replay ...       replay a trace through policies against a simulated fleet (atc replay --help)\n"
     "  status           endpoints, load and policy version of a running atc\n"
     "  reload           reload a running atc's policy (--config: and its YAML)\n"
     "  drain ID         stop new traffic to an endpoint; enable ID undoes it\n"
@@ -40,8 +44,9 @@ static const char usage_serve[] =
     "finish for up to drain_timeout, then exits 0.\n"
     "\n"
     "  -c, --config FILE     the YAML configuration (required)\n"
-    "      --ready-file PATH once listening, write {\"listen\": \"host:port\", \"admin\": ..., \"pid\": N}\n"
-    "                        to PATH (useful with port 0, which picks a free port)\n"
+    "      --ready-file PATH once listening and the first health checks are in (at most one check\n"
+    "                        timeout), write {\"listen\": \"host:port\", \"admin\": ..., \"pid\": N} to\n"
+    "                        PATH (useful with port 0, which picks a free port)\n"
     "  -h, --help            this text\n";
 
 static const char usage_check[] =
@@ -152,6 +157,23 @@ static int cmd_check(int argc, char **argv)
     return rc_policy;
 }
 
+struct ready_file {
+    struct atc_server *srv;
+    const char *path;
+    bool failed;
+};
+
+/* Once the first health checks are in, the endpoints that are up take traffic: say "ready" then. */
+static void on_ready(void *arg)
+{
+    struct ready_file *rf = arg;
+    if (atc_server_write_ready_file(rf->srv, rf->path) < 0) {
+        atc_error("cannot write ready file %s", rf->path);
+        rf->failed = true;
+        event_base_loopexit(rf->srv->base, NULL);
+    }
+}
+
 static int cmd_serve(int argc, char **argv)
 {
     struct cli_opts o = {0};
@@ -181,17 +203,14 @@ static int cmd_serve(int argc, char **argv)
         event_base_free(base);
         return 1;
     }
-    if (o.ready_file != NULL && atc_server_write_ready_file(srv, o.ready_file) < 0) {
-        atc_error("cannot write ready file %s", o.ready_file);
-        atc_server_destroy(srv);
-        event_base_free(base);
-        return 1;
-    }
+    struct ready_file rf = {.srv = srv, .path = o.ready_file};
+    if (o.ready_file != NULL)
+        atc_server_when_ready(srv, on_ready, &rf);
     event_base_dispatch(base);
     atc_info("stopped");
     atc_server_destroy(srv);
     event_base_free(base);
-    return 0;
+    return rf.failed ? 1 : 0;
 }
 
 int main(int argc, char **argv)
@@ -213,6 +232,10 @@ int main(int argc, char **argv)
         return atc_sim_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "test") == 0)
         return atc_policy_test_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "trace") == 0)
+        return atc_trace_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "replay") == 0)
+        return atc_replay_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "status") == 0 || strcmp(argv[1], "reload") == 0 || strcmp(argv[1], "drain") == 0 ||
         strcmp(argv[1], "enable") == 0)
         return atc_cli_main(argc - 1, argv + 1);

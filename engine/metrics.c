@@ -9,6 +9,7 @@
 
 #include "admission.h"
 #include "endpoint.h"
+#include "health.h"
 #include "policy.h"
 #include "server.h"
 #include "upstream.h"
@@ -294,6 +295,8 @@ void atc_metrics_render(struct atc_metrics *m, const struct atc_server *srv, str
     evbuffer_add_printf(out, "atc_active_requests %u\n", srv->active);
 
     render_endpoints(srv, out);
+    if (srv->health != NULL)
+        atc_health_metrics(srv->health, out);
     if (srv->admission != NULL)
         atc_admission_metrics(srv->admission, out);
 }

@@ -137,8 +137,10 @@ static struct watchdog *watchdog_start(uint64_t budget_us)
     struct watchdog *w = calloc(1, sizeof(*w));
     if (w == NULL)
         return NULL;
-    /* Ticking at half the budget catches an overrun between 1x and 1.5x the budget. */
-    uint64_t tick = budget_us * 1000 / 2;
+    /* Ticking once per budget stops an overrun between 1x and 2x the budget. A faster tick stops it
+     * sooner but costs every request while traffic flows (measured: at 2,000 wakeups a second on a busy
+     * 2-core machine, about 13 us of CPU per request at 1,700 requests/s). */
+    uint64_t tick = budget_us * 1000;
     w->tick_ns = tick < 50000 ? 50000 : tick > 10000000 ? 10000000 : tick;
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
@@ -471,7 +473,7 @@ static char *read_file(const char *path, size_t *len)
 }
 
 /* Loads a Lua source file (text only) as a sandboxed chunk; pushes it, or an error message. 0 / -1. */
-static int load_chunk(lua_State *L, const char *path)
+int policy_load_chunk(lua_State *L, const char *path)
 {
     size_t len;
     char *src = read_file(path, &len);
@@ -543,7 +545,7 @@ static int sb_require(lua_State *L)
             continue;
         lua_pushlightuserdata(L, (void *)sb_require); /* loading sentinel */
         lua_setfield(L, -2, name);
-        if (load_chunk(L, path) < 0)
+        if (policy_load_chunk(L, path) < 0)
             return lua_error(L);
         lua_pushstring(L, name);
         lua_call(L, 1, 1);
@@ -560,7 +562,7 @@ static int sb_require(lua_State *L)
 
 /* ---- versions ---- */
 
-static void version_free(struct policy_version *v)
+void policy_version_free(struct policy_version *v)
 {
     if (v == NULL)
         return;
@@ -573,13 +575,14 @@ static void version_free(struct policy_version *v)
 
 /* Calls the function at -2 - nargs with budget @p budget_us; returns the Lua status, 0 when fine,
  * and says why in *why ("budget", "memory", "error"). The result or message is left at -1. */
-static int protected_call(struct policy_version *v, int nargs, uint64_t budget_us, const char **why)
+int policy_protected_call(struct policy_version *v, int nargs, uint64_t budget_us, int errfunc,
+                          const char **why)
 {
     lua_State *L = v->L;
     struct watchdog *w = v->rt->watchdog;
     v->mem_refused = false;
     budget_begin(w, L, budget_us);
-    int status = lua_pcall(L, nargs, 1, 0);
+    int status = lua_pcall(L, nargs, 1, errfunc);
     bool overran = budget_end(w, L);
     if (overran) {
         *why = "budget";
@@ -604,7 +607,7 @@ static int protected_call(struct policy_version *v, int nargs, uint64_t budget_u
 }
 
 /* Creates a version from the entry file. Returns NULL with an owned message in *err. */
-static struct policy_version *version_create(struct atc_policy_runtime *rt, char **err)
+struct policy_version *policy_version_create(struct atc_policy_runtime *rt, char **err)
 {
     struct policy_version *v = calloc(1, sizeof(*v));
     if (v == NULL)
@@ -629,16 +632,16 @@ static struct policy_version *version_create(struct atc_policy_runtime *rt, char
     if (rt->test_mode) /* atc test: the sandbox alone */
         return v;
 
-    if (load_chunk(L, rt->s.entry) < 0)
+    if (policy_load_chunk(L, rt->s.entry) < 0)
         goto lua_fail;
     const char *why;
-    if (protected_call(v, 0, rt->s.budget_us * INIT_BUDGET_FACTOR, &why) != 0)
+    if (policy_protected_call(v, 0, rt->s.budget_us * INIT_BUDGET_FACTOR, 0, &why) != 0)
         goto lua_fail;
     if (lua_istable(L, -1)) {
         lua_getfield(L, -1, "init");
         if (lua_isfunction(L, -1)) {
             lua_rawgeti(L, LUA_REGISTRYINDEX, v->fleet_ref);
-            if (protected_call(v, 1, rt->s.budget_us * INIT_BUDGET_FACTOR, &why) != 0)
+            if (policy_protected_call(v, 1, rt->s.budget_us * INIT_BUDGET_FACTOR, 0, &why) != 0)
                 goto lua_fail;
         }
         lua_pop(L, 1);
@@ -655,11 +658,11 @@ static struct policy_version *version_create(struct atc_policy_runtime *rt, char
 
 lua_fail:
     *err = strdup(lua_tostring(L, -1) != NULL ? lua_tostring(L, -1) : "policy failed to load");
-    version_free(v);
+    policy_version_free(v);
     return NULL;
 oom:
     *err = strdup("out of memory creating the policy state");
-    version_free(v);
+    policy_version_free(v);
     return NULL;
 }
 
@@ -686,7 +689,7 @@ static void rollback(struct atc_policy_runtime *rt)
     rt->current = rt->last_good;
     rt->last_good = NULL;
     rt->rollbacks++;
-    version_free(bad); /* decisions are synchronous: nothing else uses it now */
+    policy_version_free(bad); /* decisions are synchronous: nothing else uses it now */
 }
 
 static void count_result(struct atc_policy_runtime *rt, struct policy_version *v, bool ok)
@@ -694,7 +697,7 @@ static void count_result(struct atc_policy_runtime *rt, struct policy_version *v
     if (ok) {
         v->consecutive_failures = 0;
         if (++v->successes == PROBATION_SUCCESSES && rt->last_good != NULL && rt->current == v) {
-            version_free(rt->last_good); /* proven: the previous version is no longer needed */
+            policy_version_free(rt->last_good); /* proven: the previous version is no longer needed */
             rt->last_good = NULL;
         }
         return;
@@ -747,7 +750,7 @@ static bool decide(struct policy_version *v, const struct atc_route_request *req
     lua_rawgeti(L, LUA_REGISTRYINDEX, v->route_ref);
     lua_rawgeti(L, LUA_REGISTRYINDEX, v->req_ref);
     lua_rawgeti(L, LUA_REGISTRYINDEX, v->fleet_ref);
-    int status = protected_call(v, 2, budget_us, why);
+    int status = policy_protected_call(v, 2, budget_us, 0, why);
     bool ok = false;
     if (status != 0) {
         snprintf(errbuf, errsize, "%s", lua_tostring(L, -1));
@@ -775,6 +778,12 @@ void atc_policy_route(struct atc_policy_runtime *rt, const struct atc_route_requ
     memset(out, 0, sizeof(*out));
     struct policy_version *v = rt->current;
     out->version = v->version;
+    if (rt->stale) {
+        out->kind = ATC_DECISION_FALLBACK;
+        out->reason = "error";
+        rt->fallbacks++;
+        return;
+    }
     char err[512];
     const char *why = NULL;
     bool ok = decide(v, req, rt->s.budget_us, out, err, sizeof(err), &why);
@@ -841,9 +850,9 @@ static int smoke_test(struct atc_policy_runtime *rt, struct policy_version *v, c
 uint64_t atc_policy_reload(struct atc_policy_runtime *rt, char **err)
 {
     *err = NULL;
-    struct policy_version *v = version_create(rt, err);
+    struct policy_version *v = policy_version_create(rt, err);
     if (v != NULL && smoke_test(rt, v, err) < 0) {
-        version_free(v);
+        policy_version_free(v);
         v = NULL;
     }
     rt->last_reload_at = wall_now();
@@ -863,13 +872,29 @@ uint64_t atc_policy_reload(struct atc_policy_runtime *rt, char **err)
     if (rt->last_good == NULL)
         rt->last_good = old;
     else
-        version_free(old); /* still on probation itself: the older, proven version stays the fallback */
+        policy_version_free(
+            old); /* still on probation itself: the older, proven version stays the fallback */
     rt->current = v;
     rt->reloads_ok++;
     free(rt->last_error);
     rt->last_error = NULL;
     atc_info("policy v%llu loaded from %s", (unsigned long long)v->version, rt->s.entry);
     return v->version;
+}
+
+uint64_t atc_policy_set_table(struct atc_policy_runtime *rt, struct atc_endpoint_table *table, char **err)
+{
+    rt->table = table;
+    rt->stale = true;
+    policy_version_free(rt->last_good); /* its views index the old table */
+    rt->last_good = NULL;
+    uint64_t version = atc_policy_reload(rt, err);
+    if (version != 0) {
+        rt->stale = false;
+        policy_version_free(rt->last_good); /* the outgoing version: same problem */
+        rt->last_good = NULL;
+    }
+    return version;
 }
 
 /* ---- runtime ---- */
@@ -904,7 +929,7 @@ static char *dup_or_null(const char *s)
     return s != NULL ? strdup(s) : NULL;
 }
 
-static struct atc_policy_runtime *runtime_new(const struct atc_policy_settings *s)
+struct atc_policy_runtime *policy_runtime_new(const struct atc_policy_settings *s)
 {
     struct atc_policy_runtime *rt = calloc(1, sizeof(*rt));
     if (rt == NULL)
@@ -919,8 +944,9 @@ static struct atc_policy_runtime *runtime_new(const struct atc_policy_settings *
             paths[i] = strdup(s->path[i]);
         rt->s.path = (const char *const *)paths;
     }
-    rt->rng = 0x2545F4914F6CDD1Dull ^ (uint64_t)mono_ns();
-    rt->now_ms = default_now_ms;
+    rt->rng = s->seed != 0 ? s->seed : 0x2545F4914F6CDD1Dull ^ (uint64_t)mono_ns();
+    rt->now_ms = s->now_ms != NULL ? s->now_ms : default_now_ms;
+    rt->now_ctx = s->now_ctx;
     rt->inotify_fd = -1;
     rt->watchdog = watchdog_start(s->budget_us);
     if (rt->watchdog == NULL) {
@@ -935,7 +961,7 @@ struct atc_policy_runtime *atc_policy_runtime_create(const struct atc_policy_set
                                                      struct atc_affinity *affinity,
                                                      struct atc_prefix_index *prefix, char **err)
 {
-    struct atc_policy_runtime *rt = runtime_new(s);
+    struct atc_policy_runtime *rt = policy_runtime_new(s);
     if (rt == NULL) {
         *err = strdup("cannot start the policy runtime");
         return NULL;
@@ -943,9 +969,9 @@ struct atc_policy_runtime *atc_policy_runtime_create(const struct atc_policy_set
     rt->table = table;
     rt->affinity = affinity;
     rt->prefix = prefix;
-    struct policy_version *v = version_create(rt, err);
+    struct policy_version *v = policy_version_create(rt, err);
     if (v == NULL || smoke_test(rt, v, err) < 0) {
-        version_free(v);
+        policy_version_free(v);
         atc_policy_runtime_destroy(rt);
         return NULL;
     }
@@ -966,8 +992,8 @@ void atc_policy_runtime_destroy(struct atc_policy_runtime *rt)
         event_free(rt->watch_debounce);
     if (rt->inotify_fd >= 0)
         close(rt->inotify_fd);
-    version_free(rt->current);
-    version_free(rt->last_good);
+    policy_version_free(rt->current);
+    policy_version_free(rt->last_good);
     watchdog_stop(rt->watchdog);
     free((char *)rt->s.entry);
     free((char *)rt->s.stdlib_dir);
@@ -1125,177 +1151,4 @@ int atc_policy_watch(struct atc_policy_runtime *rt, struct event_base *base)
     if (rt->watch_event == NULL || rt->watch_debounce == NULL)
         return -1;
     return event_add(rt->watch_event, NULL);
-}
-
-/* ---- atc test ---- */
-
-static const char usage_test[] =
-    "usage: atc test [-c FILE] [--scripts DIR] [--budget DURATION] TEST.lua...\n"
-    "\n"
-    "Runs policy unit tests in the production sandbox. Each file returns a table of test functions;\n"
-    "a test fails when it raises. Modules are found in the scripts directory (the entry's directory of\n"
-    "-c FILE's policy, else --scripts, else ./scripts), then in stdlib/, then the test file's directory.\n"
-    "\n"
-    "  -c, --config FILE     take the module path and memory cap from this config\n"
-    "      --scripts DIR     the policy's directory (default ./scripts)\n"
-    "      --budget DURATION time limit per test (default 10s)\n"
-    "  -h, --help            this text\n";
-
-#include <getopt.h>
-
-#include "config.h"
-
-static int run_test_file(struct atc_policy_runtime *rt, const char *file, int *passed, int *failed)
-{
-    char *err = NULL;
-    /* A fresh state per file, so that files cannot leak state into each other. */
-    struct policy_version *v = version_create(rt, &err);
-    if (v == NULL) {
-        printf("FAIL %s: %s\n", file, err);
-        free(err);
-        (*failed)++;
-        return -1;
-    }
-    lua_State *L = v->L;
-    const char *why;
-    if (load_chunk(L, file) < 0 || protected_call(v, 0, rt->s.budget_us, &why) != 0 || !lua_istable(L, -1)) {
-        printf("FAIL %s: %s\n", file,
-               lua_isstring(L, -1) ? lua_tostring(L, -1) : "must return a table of tests");
-        (*failed)++;
-        version_free(v);
-        return -1;
-    }
-    int tests = lua_gettop(L);
-    /* Run in name order, so output is stable. */
-    lua_newtable(L);
-    int names = lua_gettop(L), n = 0;
-    lua_pushnil(L);
-    while (lua_next(L, tests) != 0) {
-        lua_pop(L, 1);
-        if (lua_type(L, -1) == LUA_TSTRING) {
-            lua_pushvalue(L, -1);
-            lua_rawseti(L, names, ++n);
-        }
-    }
-    for (int i = 1; i <= n; i++) {
-        for (int j = i + 1; j <= n; j++) {
-            lua_rawgeti(L, names, i);
-            lua_rawgeti(L, names, j);
-            if (strcmp(lua_tostring(L, -1), lua_tostring(L, -2)) < 0) {
-                lua_rawseti(L, names, i);
-                lua_rawseti(L, names, j);
-            } else {
-                lua_pop(L, 2);
-            }
-        }
-    }
-    for (int i = 1; i <= n; i++) {
-        lua_rawgeti(L, names, i);
-        const char *name = lua_tostring(L, -1);
-        lua_gettable(L, tests);
-        if (!lua_isfunction(L, -1)) {
-            lua_pop(L, 1);
-            continue;
-        }
-        lua_rawgeti(L, names, i);
-        name = lua_tostring(L, -1);
-        lua_insert(L, -2);
-        if (protected_call(v, 0, rt->s.budget_us, &why) != 0) {
-            printf("FAIL %s: %s: %s\n", file, name, lua_tostring(L, -1));
-            (*failed)++;
-        } else {
-            printf("ok   %s: %s\n", file, name);
-            (*passed)++;
-        }
-        lua_settop(L, names);
-    }
-    version_free(v);
-    return 0;
-}
-
-int atc_policy_test_main(int argc, char **argv)
-{
-    static const struct option longopts[] = {
-        {"config", required_argument, NULL, 'c'},
-        {"scripts", required_argument, NULL, 's'},
-        {"budget", required_argument, NULL, 'b'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    const char *config = NULL, *scripts = "scripts";
-    uint64_t budget_us = 10 * 1000 * 1000;
-    int ch;
-    optind = 1;
-    while ((ch = getopt_long(argc, argv, "c:h", longopts, NULL)) != -1) {
-        switch (ch) {
-        case 'c':
-            config = optarg;
-            break;
-        case 's':
-            scripts = optarg;
-            break;
-        case 'b':
-            if (atc_parse_duration_us(optarg, &budget_us) < 0 || budget_us == 0) {
-                fprintf(stderr, "atc test: invalid --budget '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case 'h':
-            fputs(usage_test, stdout);
-            return 0;
-        default:
-            fputs(usage_test, stderr);
-            return 2;
-        }
-    }
-    if (optind >= argc) {
-        fputs(usage_test, stderr);
-        return 2;
-    }
-    struct atc_config *cfg = NULL;
-    char *errors = NULL;
-    if (config != NULL && atc_config_load(config, &cfg, &errors) < 0) {
-        fprintf(stderr, "%s\n", errors);
-        free(errors);
-        return 1;
-    }
-    char entry[PATH_MAX];
-    snprintf(entry, sizeof(entry), "%s/policy.lua", scripts);
-    struct atc_policy_settings s = {
-        .entry = cfg != NULL ? cfg->policy.entry : entry,
-        .path = cfg != NULL ? (const char *const *)cfg->policy.path : NULL,
-        .npath = cfg != NULL ? cfg->policy.npath : 0,
-        .stdlib_dir = atc_policy_stdlib_dir(),
-        .budget_us = budget_us,
-        .memory = cfg != NULL ? cfg->policy.memory : (size_t)256 << 20,
-    };
-    struct atc_policy_runtime *rt = runtime_new(&s);
-    atc_config_free(cfg);
-    if (rt == NULL)
-        return 1;
-    rt->test_mode = true;
-    rt->affinity = atc_affinity_create(0);
-    int passed = 0, failed = 0;
-    for (int i = optind; i < argc; i++) {
-        /* The test file's directory is searched last, for helpers kept beside the tests. */
-        char dir[PATH_MAX];
-        snprintf(dir, sizeof(dir), "%s", argv[i]);
-        char *slash = strrchr(dir, '/');
-        snprintf(slash != NULL ? slash : dir, sizeof(dir) - (size_t)(slash != NULL ? slash - dir : 0), "%s",
-                 slash != NULL ? "" : ".");
-        const char *paths[] = {dir};
-        const char *const *saved = rt->s.path;
-        size_t saved_n = rt->s.npath;
-        if (saved_n == 0) {
-            rt->s.path = paths;
-            rt->s.npath = 1;
-        }
-        run_test_file(rt, argv[i], &passed, &failed);
-        rt->s.path = saved;
-        rt->s.npath = saved_n;
-    }
-    printf("%d passed, %d failed\n", passed, failed);
-    atc_affinity_destroy(rt->affinity);
-    atc_policy_runtime_destroy(rt);
-    return failed > 0 ? 1 : 0;
 }

@@ -12,8 +12,9 @@
  *     req.id, req.model, req.kind ("chat" | "completion" | "embedding"), req.path, req.priority (0-9),
  *     req.tenant, req.session ("" when absent), req.stream (bool), req.prompt_tokens (estimate),
  *     req.max_tokens (nil when absent), req.attempt (1 for the first try; >1 when retrying: endpoints
- *     already tried are then not available), req.blocks (number of prefix blocks), req.tools (the body
- *     has a non-empty "tools" array), req:header(name)
+ *     already tried are then not available), req.blocks (number of prefix blocks), req.block_tokens
+ *     (tokens one block covers: 64 live, the trace's under replay), req.tools (the body has a non-empty
+ *     "tools" array), req:header(name)
  *   fleet:
  *     fleet:endpoints(model) -> array of endpoints of that model (a new table each call; {} if none)
  *     fleet:all() -> every endpoint;  fleet:models() -> model names;  fleet:endpoint(id) -> ep | nil
@@ -59,6 +60,11 @@ struct atc_policy_settings {
     size_t memory;           /* bytes per Lua state */
     bool jit;                /* trusted: JIT on, budget checked only after the call */
     unsigned rollback_after; /* consecutive failures of a new version before rolling back (0 = never) */
+    /* Replay: the clock atc.now() reads (milliseconds; NULL: the monotonic clock) and the seed of
+     * atc.random() (0: random), in force from the first load on, its smoke test included. */
+    double (*now_ms)(void *ctx);
+    void *now_ctx;
+    uint64_t seed;
 };
 
 /* What a decision asks for. */
@@ -94,6 +100,7 @@ struct atc_route_request {
     /* For req:header(name): returns the header's value or NULL. */
     const char *(*header)(void *ctx, const char *name);
     void *header_ctx;
+    uint32_t block_tokens; /* tokens per prefix block; 0: ATC_PREFIX_BLOCK_BYTES / 4 (live requests) */
 };
 
 struct event_base;
@@ -122,6 +129,11 @@ void atc_policy_routed(struct atc_policy_runtime *rt, const struct atc_route_req
  * budget, and swaps it in. Returns the new version number, or 0 with an owned message in *err (the
  * version serving traffic is unchanged). */
 uint64_t atc_policy_reload(struct atc_policy_runtime *rt, char **err);
+
+/** The endpoint table changed (a config reload): every Lua state is rebuilt against @p table (views
+ * know endpoints by their place in the table). Returns the new version, or 0 with *err: until a reload
+ * succeeds, the C balancer routes (the old states no longer match the table). */
+uint64_t atc_policy_set_table(struct atc_policy_runtime *rt, struct atc_endpoint_table *table, char **err);
 
 /** The version currently deciding. */
 uint64_t atc_policy_version(const struct atc_policy_runtime *rt);

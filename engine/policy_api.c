@@ -13,6 +13,7 @@
 #include "affinity.h"
 #include "balancer.h"
 #include "endpoint.h"
+#include "health.h"
 #include "log.h"
 #include "policy_internal.h"
 
@@ -209,7 +210,22 @@ static int ep_live(lua_State *L)
         break;
     case 'l':
         if (len == 4 && memcmp(k, "load", 4) == 0) {
-            lua_pushnumber(L, ep->capacity ? (double)ep->inflight / ep->capacity : 1.0);
+            unsigned cap = atc_endpoint_capacity_now(ep); /* less while slow-starting */
+            lua_pushnumber(L, cap ? (double)ep->inflight / cap : 1.0);
+            return 1;
+        }
+        if (len == 10 && memcmp(k, "last_error", 10) == 0) {
+            if (ep->health != NULL && ep->health->last_error[0] != '\0')
+                lua_pushstring(L, ep->health->last_error);
+            else
+                lua_pushnil(L);
+            return 1;
+        }
+        if (len == 10 && memcmp(k, "last_check", 10) == 0) {
+            if (ep->health != NULL && ep->health->last_check_ms > 0)
+                lua_pushnumber(L, ep->health->last_check_ms); /* atc.now()'s clock */
+            else
+                lua_pushnil(L);
             return 1;
         }
         break;
@@ -229,14 +245,41 @@ static int ep_live(lua_State *L)
         break;
     case 'h':
         if (len == 6 && memcmp(k, "health", 6) == 0) {
-            lua_pushstring(L, ep->routable ? "healthy" : "draining");
+            lua_pushstring(L, ep->health != NULL ? atc_health_state_name(ep->health->state)
+                              : ep->routable     ? "healthy"
+                                                 : "draining");
             return 1;
         }
         break;
     case 'q':
+        if (len == 5 && memcmp(k, "queue", 5) == 0) {
+            lua_pushinteger(L, (lua_Integer)ep->server_queue); /* server-reported (replay: simulated) */
+            return 1;
+        }
+        break;
     case 'k':
-        if ((len == 5 && memcmp(k, "queue", 5) == 0) || (len == 8 && memcmp(k, "kv_usage", 8) == 0)) {
-            lua_pushnumber(L, 0); /* server-reported load: filled once health scraping lands */
+        if (len == 8 && memcmp(k, "kv_usage", 8) == 0) {
+            lua_pushnumber(L, ep->server_kv_usage);
+            return 1;
+        }
+        break;
+    case 'r':
+    case 'p': {
+        /* More of the server's load, from the last scrape of its /metrics; 0 until (or unless) reported. */
+        const struct atc_server_load *ld = ep->health != NULL ? &ep->health->load : NULL;
+        double x = NAN;
+        if (len == 7 && memcmp(k, "running", 7) == 0)
+            x = ld != NULL ? ld->running : NAN;
+        else if (len == 15 && memcmp(k, "prefix_hit_rate", 15) == 0)
+            x = ld != NULL ? ld->prefix_hit_rate : NAN;
+        else
+            break;
+        lua_pushnumber(L, isfinite(x) ? x : 0);
+        return 1;
+    }
+    case 'c':
+        if (len == 20 && memcmp(k, "consecutive_failures", 20) == 0) {
+            lua_pushinteger(L, ep->health != NULL ? (lua_Integer)ep->health->consecutive_failures : 0);
             return 1;
         }
         break;
@@ -305,6 +348,8 @@ static int req_index(lua_State *L)
         lua_pushinteger(L, (lua_Integer)req->attempt);
     else if (strcmp(k, "blocks") == 0)
         lua_pushinteger(L, (lua_Integer)f->nblocks);
+    else if (strcmp(k, "block_tokens") == 0)
+        lua_pushinteger(L, req->block_tokens ? (lua_Integer)req->block_tokens : ATC_PREFIX_BLOCK_BYTES / 4);
     else if (strcmp(k, "tools") == 0)
         lua_pushboolean(L, f->has_tools);
     else if (strcmp(k, "header") == 0)
@@ -523,8 +568,8 @@ static void read_candidate(lua_State *L, struct policy_version *v, int arr, int 
     if (ep != NULL) {
         c->available = policy_api_available(v, ep);
         c->inflight = ep->inflight;
-        c->capacity = ep->capacity;
-        c->load = ep->capacity ? (double)ep->inflight / ep->capacity : 1.0;
+        c->capacity = atc_endpoint_capacity_now(ep); /* less while slow-starting */
+        c->load = c->capacity > 0 ? (double)ep->inflight / c->capacity : 1.0;
         c->tokens = (double)ep->inflight_tokens;
         c->weight = ep->weight;
         c->id = ep->id;
@@ -667,18 +712,32 @@ static int atc_rendezvous(lua_State *L)
     return 1;
 }
 
-/* atc.prefix_pick(pool, req, min_blocks, balance_abs, balance_rel [, skip]): the available endpoint
- * with the longest prefix overlap (at least min_blocks; ties: the lighter), or nil when there is none
- * or the pool is imbalanced (max - min in-flight > balance_abs and max > balance_rel * min, as
- * SGLang's cache-aware router). The hot loop of prefix affinity, in C. */
+/* atc.prefix_pick(pool, req, min_blocks, balance_abs, balance_rel [, skip [, load_weight]]): the hot
+ * loop of prefix affinity, in C. nil when no available endpoint (but skip) has at least min_blocks of the
+ * prompt's leading blocks, or when the pool is imbalanced (max - min in-flight > balance_abs and max >
+ * balance_rel * min, as SGLang's cache-aware router). Otherwise, with load_weight 0 (the default), the
+ * available endpoint with the longest overlap (ties: the lighter); with load_weight > 0, the one with the
+ * lowest cost = prompt tokens it would still have to prefill (prompt_tokens - overlap * block_tokens) +
+ * load_weight * its tokens in flight (ties: the lighter): a cache hit weighed against the work already
+ * queued there. skip is never chosen. */
 static int atc_prefix_pick(lua_State *L)
 {
     struct policy_version *v = version_of(L);
     luaL_checktype(L, 1, LUA_TTABLE);
     double min_blocks = luaL_checknumber(L, 3), abs_gap = luaL_checknumber(L, 4),
-           rel = luaL_checknumber(L, 5);
+           rel = luaL_checknumber(L, 5), load_weight = luaL_optnumber(L, 7, 0);
+    double prompt = 0, block_tokens = 0;
+    if (load_weight < 0)
+        return luaL_argerror(L, 7, "load_weight must be >= 0");
+    if (load_weight > 0) { /* read through the request's own accessors: engine requests and test ones */
+        lua_getfield(L, 2, "prompt_tokens");
+        lua_getfield(L, 2, "block_tokens");
+        prompt = lua_tonumber(L, -2);
+        block_tokens = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : ATC_PREFIX_BLOCK_BYTES / 4;
+        lua_pop(L, 2);
+    }
     int n = (int)lua_objlen(L, 1), best = 0;
-    double best_overlap = min_blocks - 1, best_load = 0, lo = HUGE_VAL, hi = 0;
+    double best_score = 0, best_load = 0, max_overlap = 0, lo = HUGE_VAL, hi = 0;
     for (int i = 1; i <= n; i++) {
         struct candidate c;
         read_candidate(L, v, 1, i, &c);
@@ -687,9 +746,8 @@ static int atc_prefix_pick(lua_State *L)
         lua_rawgeti(L, 1, i);
         int index = policy_api_view_index(v, -1);
         const struct atc_endpoint *ep = index >= 0 ? endpoint_at(v, (unsigned)index) : NULL;
-        double inflight = ep != NULL ? ep->inflight : field_number(L, lua_gettop(L), "inflight", 0);
-        lo = inflight < lo ? inflight : lo;
-        hi = inflight > hi ? inflight : hi;
+        lo = c.inflight < lo ? c.inflight : lo;
+        hi = c.inflight > hi ? c.inflight : hi;
         if (lua_rawequal(L, -1, 6)) {
             lua_pop(L, 1);
             continue;
@@ -706,16 +764,85 @@ static int atc_prefix_pick(lua_State *L)
             overlap = lua_tonumber(L, -1);
             lua_pop(L, 1);
         }
-        if (overlap > best_overlap || (overlap == best_overlap && best != 0 && c.load < best_load)) {
+        max_overlap = overlap > max_overlap ? overlap : max_overlap;
+        /* Higher scores win: the overlap itself, or the negated cost. */
+        double score = overlap;
+        if (load_weight > 0) {
+            double uncached = prompt - overlap * block_tokens;
+            score = -((uncached > 0 ? uncached : 0) + load_weight * c.tokens);
+        } else if (overlap < min_blocks) {
+            continue;
+        }
+        if (best == 0 || score > best_score || (score == best_score && c.load < best_load)) {
             best = i;
-            best_overlap = overlap;
+            best_score = score;
             best_load = c.load;
         }
     }
-    if (best == 0 || (hi - lo > abs_gap && hi > rel * lo))
+    if (best == 0 || max_overlap < min_blocks || (hi - lo > abs_gap && hi > rel * lo))
         lua_pushnil(L);
     else
         lua_rawgeti(L, 1, best);
+    return 1;
+}
+
+/* atc.cheapest(pool, load_weight [, queued, stamps, now_ms, drain_per_ms, queued_weight]): the available
+ * endpoints of pool with the lowest cost = load_weight * ep.inflight_tokens + queued_weight * the work
+ * queued there, as a new array (several when they tie; empty when none is available). The work queued on
+ * ep is queued[ep] (a number) as of stamps[ep] (ms), drained at drain_per_ms since: atc.work's estimate,
+ * computed here so that a decision does not loop over the fleet in Lua. */
+static int atc_cheapest(lua_State *L)
+{
+    struct policy_version *v = version_of(L);
+    luaL_checktype(L, 1, LUA_TTABLE);
+    double load_weight = luaL_checknumber(L, 2), best = HUGE_VAL;
+    bool queued = !lua_isnoneornil(L, 3);
+    double now = 0, rate = 0, queued_weight = 0;
+    if (queued) {
+        luaL_checktype(L, 3, LUA_TTABLE);
+        luaL_checktype(L, 4, LUA_TTABLE);
+        now = luaL_checknumber(L, 5);
+        rate = luaL_checknumber(L, 6);
+        queued_weight = luaL_checknumber(L, 7);
+    }
+    int n = (int)lua_objlen(L, 1), ntied = 0;
+    lua_createtable(L, 4, 0);
+    int out = lua_gettop(L);
+    for (int i = 1; i <= n; i++) {
+        struct candidate c;
+        read_candidate(L, v, 1, i, &c);
+        if (!c.available)
+            continue;
+        lua_rawgeti(L, 1, i);
+        double cost = load_weight * c.tokens;
+        if (queued) {
+            lua_pushvalue(L, -1);
+            lua_rawget(L, 3);
+            double w = lua_tonumber(L, -1);
+            lua_pop(L, 1);
+            if (w > 0) {
+                lua_pushvalue(L, -1);
+                lua_rawget(L, 4);
+                double since = lua_tonumber(L, -1);
+                lua_pop(L, 1);
+                w -= (now > since ? now - since : 0) * rate;
+                cost += queued_weight * (w > 0 ? w : 0);
+            }
+        }
+        if (ntied == 0 || cost < best) {
+            for (int k = ntied; k > 1; k--) { /* drop the old ties */
+                lua_pushnil(L);
+                lua_rawseti(L, out, k);
+            }
+            best = cost;
+            ntied = 1;
+            lua_rawseti(L, out, 1);
+        } else if (cost == best) {
+            lua_rawseti(L, out, ++ntied);
+        } else {
+            lua_pop(L, 1);
+        }
+    }
     return 1;
 }
 
@@ -924,6 +1051,9 @@ void policy_api_open(struct policy_version *v)
     set_closure(L, v, "p2c", atc_p2c);
     set_closure(L, v, "rendezvous", atc_rendezvous);
     set_closure(L, v, "prefix_pick", atc_prefix_pick);
+    set_closure(L, v, "cheapest", atc_cheapest);
+    if (v->rt->test_replay != NULL) /* atc test only: t.replay(...) runs a trace through a policy */
+        set_closure(L, v, "replay", v->rt->test_replay);
     lua_newtable(L);
     set_closure(L, v, "get", affinity_get);
     set_closure(L, v, "set", affinity_set);

@@ -67,6 +67,8 @@ struct atc_policy_runtime {
     struct event *watch_debounce;
     int inotify_fd;
     bool test_mode; /* atc test: no endpoint table */
+    bool stale;     /* the table changed and no version matches it yet: the C balancer routes */
+    lua_CFunction test_replay; /* atc test: installed as atc.replay (upvalue 1: the version) */
 };
 
 /* A verdict returned by atc.queue() / atc.reject(). */
@@ -95,5 +97,20 @@ bool policy_api_available(const struct policy_version *v, const struct atc_endpo
 
 /** policy.c: milliseconds of the runtime's clock. */
 double policy_now_ms(const struct atc_policy_runtime *rt);
+
+/* policy.c, for the `atc test` runner (policy_test.c): */
+
+/** A runtime with no version loaded yet (strings of @p s copied), its watchdog running. NULL: no memory. */
+struct atc_policy_runtime *policy_runtime_new(const struct atc_policy_settings *s);
+/** A fresh state with the sandbox; in test mode nothing else, otherwise the entry loaded and checked.
+ * NULL with an owned message in *err. */
+struct policy_version *policy_version_create(struct atc_policy_runtime *rt, char **err);
+void policy_version_free(struct policy_version *v);
+/** Loads a Lua source file as a sandboxed chunk; pushes it, or an error message. 0 / -1. */
+int policy_load_chunk(lua_State *L, const char *path);
+/** lua_pcall of the function below its @p nargs arguments with message handler @p errfunc (0: none),
+ * within @p budget_us; returns the Lua status and says why in *why ("budget", "memory", "error"). One
+ * result (or the message) is left on the stack. */
+int policy_protected_call(struct policy_version *v, int nargs, uint64_t budget_us, int errfunc, const char **why);
 
 #endif

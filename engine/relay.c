@@ -21,7 +21,9 @@
 #include "log.h"
 #include "metrics.h"
 #include "policy.h"
+#include "recorder.h"
 #include "server.h"
+#include "trace.h"
 #include "upstream.h"
 
 /* Above this many bytes waiting for a slow client, stop reading from the server until they drain. */
@@ -76,10 +78,12 @@ struct relay {
     bool after_newline; /* the last byte relayed was '\n': an SSE event may end with the next one */
     int client_status;  /* as the client saw it; 499 when it left first */
     char error[512];
+    struct atc_record_marks marks; /* what trace recording notes about the answer (record:) */
 };
 
 static void attempt(struct relay *r, struct atc_endpoint *ep);
 static struct atc_endpoint *next_endpoint(struct relay *r);
+static void record_finished(struct relay *r);
 
 static uint64_t now_us(void)
 {
@@ -126,6 +130,7 @@ static void account(struct relay *r)
 static void relay_free(struct relay *r)
 {
     account(r);
+    record_finished(r);
     if (r->qi.queued)
         atc_admission_remove(r->srv->admission, &r->qi);
     release_endpoint(r);
@@ -292,6 +297,7 @@ static enum choice choose(struct relay *r, struct atc_endpoint **ep)
         atc_metrics_decision(srv->metrics, (double)(now_us() - t0) / 1e6,
                              d.kind == ATC_DECISION_FALLBACK ? d.reason : NULL);
         r->policy_version = d.version;
+        r->marks.decision = (int)d.kind; /* the last decision is the one that routed it */
         switch (d.kind) {
         case ATC_DECISION_ENDPOINT:
             *ep = d.endpoint;
@@ -450,6 +456,8 @@ static void on_up_body(void *arg, struct evbuffer *data)
     struct relay *r = arg;
     size_t len = evbuffer_get_length(data);
     r->bytes += len;
+    if (r->srv->recorder != NULL)
+        atc_record_marks_observe(&r->marks, data, r->streaming, now_us());
     if (!r->streaming) {
         evbuffer_add_buffer(r->buffered, data);
         return;
@@ -628,6 +636,7 @@ void atc_relay_start(struct atc_server *srv, struct evhttp_request *client,
     atc_server_request_started(srv);
     r->srv = srv;
     r->t_start_us = now_us();
+    atc_record_marks_init(&r->marks);
     r->client = client;
     r->client_conn = evhttp_request_get_connection(client);
     r->f = info->features;
@@ -675,4 +684,49 @@ void atc_relay_start(struct atc_server *srv, struct evhttp_request *client,
         give_up(r);
         break;
     }
+}
+
+/* ---- trace recording (record:) ----
+ * Called once per request, at its end (relay_free, beside the access log's account), answered or
+ * abandoned. Hands a small record to the recorder, which never blocks the loop. */
+static void record_finished(struct relay *r)
+{
+    struct atc_recorder *rec = r->srv->recorder;
+    if (rec == NULL)
+        return;
+    static const char *const decisions[] = {"endpoint", "queue", "reject", "fallback"};
+    const struct atc_features *f = r->f;
+    uint64_t now = now_us();
+    struct atc_trace_record t;
+    atc_trace_record_init(&t);
+    t.id = r->id;
+    t.model = f->model;
+    t.kind = r->rreq.kind;
+    t.prompt_tokens = f->prompt_tokens;
+    t.max_tokens = f->max_tokens;
+    t.output_tokens = atc_record_marks_output_tokens(&r->marks, r->rreq.kind == ATC_KIND_CHAT);
+    t.priority = r->priority;
+    t.tenant = r->tenant;
+    t.session = r->session;
+    t.stream = f->stream;
+    t.blocks = f->blocks;
+    t.nblocks = f->nblocks;
+    t.block_tokens = f->nblocks > 0 ? ATC_PREFIX_BLOCK_BYTES / 4 : 0;
+    /* The prompt points into the client's body, which is gone once a drain's last bytes are flushed. */
+    if (atc_recorder_text(rec) && f->prompt != NULL && !r->flushing) {
+        t.prompt = f->prompt;
+        t.prompt_len = f->prompt_len;
+    }
+    t.endpoint = r->ntried > 0 ? r->tried[r->ntried - 1]->id : NULL;
+    t.policy_version = r->policy_version;
+    t.decision = r->marks.decision >= 0 && r->marks.decision <= 3 ? decisions[r->marks.decision] : "balancer";
+    t.attempts = r->ntried;
+    t.status = r->client_status != 0 ? r->client_status : r->status;
+    if (r->marks.first_byte_us != 0)
+        t.ttft_ms = (double)(r->marks.first_byte_us - r->t_start_us) / 1000.0;
+    t.total_ms = (double)(now - r->t_start_us) / 1000.0;
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    uint64_t wall_us = (uint64_t)wall.tv_sec * 1000000u + (uint64_t)wall.tv_nsec / 1000u;
+    atc_recorder_add(rec, &t, wall_us - (now - r->t_start_us));
 }

@@ -19,6 +19,8 @@ struct atc_sim_server;
 struct atc_policy_runtime;
 struct atc_affinity;
 struct atc_prefix_index;
+struct atc_health;
+struct atc_recorder;
 struct atc_admission;
 struct atc_metrics;
 struct atc_access_log;
@@ -39,6 +41,8 @@ struct atc_server {
     struct atc_policy_runtime *policy; /* NULL without a policy: section (the C balancer routes) */
     struct atc_affinity *affinity;     /* engine-owned tables policies use; they survive reloads */
     struct atc_prefix_index *prefix;
+    struct atc_health *health; /* checks, ejection, drain, load scrape (health.c) */
+    struct atc_recorder *recorder;     /* record: traffic to trace files; NULL without the section */
     struct atc_metrics *metrics;
     struct atc_access_log *access_log; /* NULL when access_log: is not set */
     struct event *sig_usr1;
@@ -49,6 +53,10 @@ struct atc_server {
     struct atc_client_deadline *front_deadline, *admin_deadline; /* client_timeout per request */
     uint16_t front_port; /* as bound (config port 0 picks a free one) */
     uint16_t admin_port;
+    struct atc_endpoint **retired; /* left the config; freed once nothing is in flight on them */
+    size_t nretired;
+    struct event *retire_timer;
+    uint64_t config_reloads_ok, config_reloads_failed;
     struct atc_sim_server **sims;
     size_t nsims;
     struct event *sig_term, *sig_int, *sig_hup, *drain_timer;
@@ -63,11 +71,21 @@ struct atc_server {
  * Takes ownership of @p cfg. Returns the server, or NULL with *err (static or owned by nothing). */
 struct atc_server *atc_server_create(struct event_base *base, struct atc_config *cfg, const char **err);
 
+/** Calls @p cb(@p arg) once from the loop when the first round of health checks has ended, so that
+ * endpoints that are up take traffic (at most one check timeout after start). */
+void atc_server_when_ready(struct atc_server *srv, void (*cb)(void *arg), void *arg);
+
 /** Writes {"listen": "...", "admin": "...", "pid": N} to @p path (atomically, via rename). */
 int atc_server_write_ready_file(const struct atc_server *srv, const char *path);
 
 /** Stops accepting and lets in-flight requests finish for up to the drain timeout, then exits the loop. */
 void atc_server_drain(struct atc_server *srv);
+
+/** Re-reads the config file: endpoints added, removed (they drain: in-flight requests finish) or changed
+ * without a restart. An invalid file changes nothing: returns -1 with every error in *errors (owned).
+ * Settings that need a restart (listen, admin, simulate, admission, access_log, record) are logged.
+ * Returns 0 and a summary in *errors ("+2 -1 endpoints"; owned) on success. */
+int atc_server_reload_config(struct atc_server *srv, char **errors);
 
 /** Frees the server (after its loop has stopped). */
 void atc_server_destroy(struct atc_server *srv);

@@ -83,7 +83,7 @@ struct atc_sim {
     uint64_t iter_end;
     uint64_t clock; /* start of the last iteration: nothing is scheduled before it */
 
-    uint64_t prefix_queries, prefix_hits, iterations, tokens, preemptions;
+    uint64_t prefix_queries, prefix_hits, prefix_blocks, prefix_block_hits, iterations, tokens, preemptions;
 };
 
 uint64_t atc_sim_rand(uint64_t *state)
@@ -410,6 +410,8 @@ static int admit(struct atc_sim *sim, struct seq *s)
         hit_tokens = s->prompt_tokens;
     sim->prefix_queries += s->prompt_tokens;
     sim->prefix_hits += hit_tokens;
+    sim->prefix_blocks += s->nblocks;
+    sim->prefix_block_hits += hits;
     /* A preempted sequence recomputes the tokens it had produced, as vLLM's recompute preemption. */
     uint64_t left = s->prompt_tokens - hit_tokens + s->emitted;
     s->prefill_left = left == 0 ? 1 : left > UINT32_MAX ? UINT32_MAX : (uint32_t)left;
@@ -700,6 +702,8 @@ void atc_sim_stats(const struct atc_sim *sim, struct atc_sim_stats *st)
         .kv_cached = sim->kv.units,
         .prefix_queries = sim->prefix_queries,
         .prefix_hits = sim->prefix_hits,
+        .prefix_blocks = sim->prefix_blocks,
+        .prefix_block_hits = sim->prefix_block_hits,
         .iterations = sim->iterations,
         .tokens = sim->tokens,
         .preemptions = sim->preemptions,

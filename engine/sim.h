@@ -109,6 +109,8 @@ struct atc_sim_stats {
     uint64_t kv_cached;      /* KV blocks holding cached prefixes (pinned or not) */
     uint64_t prefix_queries; /* prompt tokens looked up in the prefix cache, total */
     uint64_t prefix_hits;    /* of which were found, total */
+    uint64_t prefix_blocks;     /* prefix block hashes looked up at admission, total */
+    uint64_t prefix_block_hits; /* of which were cached (the leading ones found), total */
     uint64_t iterations;     /* engine iterations run, total */
     uint64_t tokens;         /* output tokens produced, total */
     uint64_t preemptions;    /* sequences sent back to the queue for lack of KV room, total */

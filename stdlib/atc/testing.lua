@@ -226,7 +226,8 @@ end
 
 -- One mock endpoint. spec: id (required), model ("m"), version (nil), tags ({}), weight (1),
 -- capacity (8), inflight (0), inflight_tokens (0), health ("healthy"), available (false forces it
--- unavailable, as when drained or already tried), queue (0), kv_usage (0), ttft_ewma (0), and overlap:
+-- unavailable, as when drained or already tried), consecutive_failures (0), last_error (nil),
+-- last_check (nil), running (0), queue (0), kv_usage (0), prefix_hit_rate (0), ttft_ewma (0), and overlap:
 -- the blocks prefix_overlap(req) reports, a number or function(req) -> number (default 0).
 function M.endpoint(spec)
   if type(spec) ~= "table" or type(spec.id) ~= "string" then
@@ -242,8 +243,13 @@ function M.endpoint(spec)
     inflight = spec.inflight or 0,
     inflight_tokens = spec.inflight_tokens or 0,
     health = spec.health or "healthy",
+    consecutive_failures = spec.consecutive_failures or 0,
+    last_error = spec.last_error,
+    last_check = spec.last_check,
+    running = spec.running or 0,
     queue = spec.queue or 0,
     kv_usage = spec.kv_usage or 0,
+    prefix_hit_rate = spec.prefix_hit_rate or 0,
     ttft_ewma = spec.ttft_ewma or 0,
     has_tag = has_tag,
   }
@@ -368,7 +374,8 @@ local PATHS = { chat = "/v1/chat/completions", completion = "/v1/completions", e
 local serial = 0
 
 -- spec: id (generated), model ("m"), kind ("chat"), path, priority (0), tenant (""), session (""),
--- stream (false), prompt_tokens (100), max_tokens (nil), tools (false), attempt (1), blocks (prompt_tokens / 64),
+-- stream (false), prompt_tokens (100), max_tokens (nil), tools (false), attempt (1), block_tokens (64),
+-- blocks (prompt_tokens / block_tokens),
 -- headers (name -> value; names are case-insensitive, as in HTTP).
 function M.request(spec)
   spec = spec or {}
@@ -392,7 +399,8 @@ function M.request(spec)
     max_tokens = spec.max_tokens,
     tools = spec.tools or false,
     attempt = spec.attempt or 1,
-    blocks = spec.blocks or math.floor(prompt_tokens / 64),
+    block_tokens = spec.block_tokens or 64,
+    blocks = spec.blocks or math.floor(prompt_tokens / (spec.block_tokens or 64)),
   }
   function req:header(name)
     return headers[string.lower(name)]

@@ -1,8 +1,17 @@
 -- wrk script for tests/bench/run: posts a small non-streaming chat request on every connection and, when
 -- the run is over, prints one line "ATC-BENCH {json}" with the totals and latency percentiles (in
--- microseconds) for the runner to parse. The model name comes from the environment (ATC_BENCH_MODEL).
+-- microseconds) for the runner to parse. The model name comes from the environment (ATC_BENCH_MODEL);
+-- with ATC_BENCH_DELAY_MS set, each connection waits that many milliseconds between requests (a paced
+-- load; wrk leaves the wait out of the latency it reports).
 
 local model = os.getenv("ATC_BENCH_MODEL") or "llama-3-8b"
+local delay_ms = tonumber(os.getenv("ATC_BENCH_DELAY_MS") or "")
+
+if delay_ms ~= nil and delay_ms > 0 then
+    function delay()
+        return delay_ms
+    end
+end
 
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"

@@ -156,5 +156,79 @@ class ObservabilityTest(AtcTestCase):
         self.assertIn('"version":2', out.stdout)
 
 
+class ConfigReloadTest(AtcTestCase):
+    CONFIG = """
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+policy:
+  entry: {scripts}/policy.lua
+  watch: false
+health:
+  live: {{interval: 200ms}}
+  ready: {{interval: 200ms}}
+  slow_start: 0s
+models:
+  - name: llama-3-8b
+    endpoints:
+{endpoints}
+"""
+
+    def write(self, path, sims):
+        eps = "".join(f'      - {{id: {name}, url: "{sim.url}"}}\n' for name, sim in sims)
+        with open(path + ".new", "w") as f:
+            f.write(self.CONFIG.format(scripts=os.path.join(SOURCE_DIR, "scripts"), endpoints=eps))
+        os.replace(path + ".new", path)
+
+    def test_endpoints_added_and_removed_under_load_without_a_failed_request(self):
+        import threading
+        a, b, c = self.start_sim("a"), self.start_sim("b"), self.start_sim("c")
+        cfg = os.path.join(self.tmp.name, "atc.yaml")
+        self.write(cfg, [("a", a), ("b", b)])
+        atc = self.start_atc(open(cfg).read())
+        cfg = atc.config_path  # the harness's copy is the file atc reads
+        self.write(cfg, [("a", a), ("b", b)])
+        results, stop = [], threading.Event()
+
+        def client():
+            while not stop.is_set():
+                status, headers, _ = chat(atc.port, max_tokens=2)
+                results.append((status, headers.get("x-atc-endpoint"), time_now()))
+
+        import time as _t
+        time_now = _t.monotonic
+        threads = [threading.Thread(target=client) for _ in range(3)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: len(results) > 30, what="traffic")
+        self.write(cfg, [("b", b), ("c", c)])  # a leaves, c joins
+        atc.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: set(atc.endpoints()) == {"b", "c"}, what="reloaded endpoints")
+        wait_for(lambda: atc.endpoints()["c"]["state"] == "healthy", what="c healthy")
+        reloaded_at = time_now()
+        wait_for(lambda: any(e == "c" for _, e, _ in results), timeout=10, what="traffic on c")
+        n = len(results)
+        wait_for(lambda: len(results) > n + 30, what="more traffic after the reload")
+        # An invalid file changes nothing and says why, with the position.
+        with open(cfg, "a") as f:
+            f.write("bogus_key: 1\n")
+        status, _, body = request("127.0.0.1", atc.admin_port, "POST", "/admin/config/reload")
+        self.assertEqual(status, 422)
+        self.assertRegex(json.loads(body)["error"]["message"], r"atc\.yaml:\d+:\d+: .*bogus_key")
+        self.assertEqual(set(atc.endpoints()), {"b", "c"})
+        stop.set()
+        for t in threads:
+            t.join(10)
+        self.assertGreater(len(results), 60)  # some before, during and after the reload
+        self.assertEqual([r for r in results if r[0] != 200], [])
+        self.assertFalse([r for r in results if r[1] == "a" and r[2] > reloaded_at + 0.5])
+        # the CLI asks for the same reload
+        self.write(cfg, [("b", b), ("c", c), ("a", a)])
+        out = subprocess.run([ATC_BIN, "reload", "--config", "--admin", f"127.0.0.1:{atc.admin_port}"],
+                             capture_output=True, text=True, timeout=10)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("1 added", out.stdout)
+        self.assertEqual(set(atc.endpoints()), {"a", "b", "c"})
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -186,9 +186,11 @@ class ProxyTest(AtcTestCase):
 
     def test_retry_on_another_server_when_the_first_refuses(self):
         sim = self.start_sim()
+        # Without active checks, so that the dead endpoint is tried (with them it never gets traffic).
         atc = self.start_atc(f"""
             listen: 127.0.0.1:0
             admin: 127.0.0.1:0
+            health: {{enabled: false}}
             models:
               - name: llama-3-8b
                 endpoints:

@@ -274,6 +274,147 @@ static void test_defaults(void **state)
     atc_config_free(cfg);
 }
 
+static void test_health_defaults(void **state)
+{
+    struct atc_config *cfg = parse_ok(MODELS);
+    const struct atc_health_config *h = &cfg->models[0].endpoints[0].health;
+
+    assert_true(h->enabled);
+    assert_true(h->live.enabled && h->ready.enabled && h->deep.enabled && h->scrape.enabled);
+    assert_string_equal(h->live.path, "/health");
+    assert_int_equal(h->live.interval_ms, 2000);
+    assert_int_equal(h->live.timeout_ms, 1000);
+    assert_string_equal(h->ready.path, "/v1/models");
+    assert_int_equal(h->ready.interval_ms, 2000);
+    assert_string_equal(h->deep.path, "/v1/chat/completions");
+    assert_int_equal(h->deep.interval_ms, 60000);
+    assert_int_equal(h->deep.timeout_ms, 30000);
+    assert_string_equal(h->scrape.path, "/metrics");
+    assert_int_equal(h->scrape.interval_ms, 1000);
+    assert_int_equal(h->failure_threshold, 3);
+    assert_int_equal(h->recovery_threshold, 2);
+    assert_int_equal(h->fast_interval_ms, 500);
+    assert_int_equal(h->down_interval_ms, 2000);
+    assert_true(h->jitter == 0.1);
+    assert_int_equal(h->eject.consecutive_errors, 5);
+    assert_int_equal(h->eject.base_time_ms, 30000);
+    assert_int_equal(h->eject.max_time_ms, 300000);
+    assert_true(h->eject.max_share == 0.5);
+    assert_int_equal(h->panic, ATC_PANIC_ROUTE_ALL);
+    assert_int_equal(h->slow_start_ms, 10000);
+    /* The levels are copies, not shared strings. */
+    assert_ptr_not_equal(h->live.path, cfg->health.live.path);
+    assert_ptr_not_equal(cfg->models[0].health.live.path, cfg->health.live.path);
+    atc_config_free(cfg);
+}
+
+/* Top level, then the model, then the endpoint: each starts from the level above. */
+static void test_health_overrides(void **state)
+{
+    struct atc_config *cfg =
+        parse_ok("health:\n"
+                 "  failure_threshold: 5\n"
+                 "  live: {path: /ping, interval: 500ms}\n"
+                 "  eject: {consecutive_errors: 0}\n"
+                 "  panic: fail\n"
+                 "models:\n"
+                 "  - name: m\n"
+                 "    health:\n"
+                 "      live: {timeout: 250ms}\n"
+                 "      deep: {enabled: false, path: /v1/completions}\n"
+                 "      eject: {max_share: 0.25}\n"
+                 "    endpoints:\n"
+                 "      - id: a\n"
+                 "        url: http://127.0.0.1:9001\n"
+                 "        health: {recovery_threshold: 4, live: {interval: 1s}, slow_start: 0}\n"
+                 "      - id: b\n"
+                 "        url: http://127.0.0.1:9002\n"
+                 "  - name: n\n"
+                 "    endpoints:\n"
+                 "      - id: c\n"
+                 "        url: http://127.0.0.1:9003\n");
+    const struct atc_health_config *top = &cfg->health, *m = &cfg->models[0].health;
+    const struct atc_health_config *a = &cfg->models[0].endpoints[0].health;
+    const struct atc_health_config *b = &cfg->models[0].endpoints[1].health;
+    const struct atc_health_config *c = &cfg->models[1].endpoints[0].health;
+
+    assert_int_equal(top->failure_threshold, 5);
+    assert_string_equal(top->live.path, "/ping");
+    assert_int_equal(top->live.interval_ms, 500);
+    assert_int_equal(top->live.timeout_ms, 1000);
+    assert_int_equal(top->panic, ATC_PANIC_FAIL);
+
+    assert_int_equal(m->failure_threshold, 5);
+    assert_string_equal(m->live.path, "/ping");
+    assert_int_equal(m->live.timeout_ms, 250);
+    assert_false(m->deep.enabled);
+    assert_string_equal(m->deep.path, "/v1/completions");
+    assert_int_equal(m->eject.consecutive_errors, 0);
+    assert_true(m->eject.max_share == 0.25);
+
+    assert_int_equal(a->recovery_threshold, 4);
+    assert_int_equal(a->live.interval_ms, 1000);
+    assert_int_equal(a->live.timeout_ms, 250);
+    assert_string_equal(a->live.path, "/ping");
+    assert_int_equal(a->slow_start_ms, 0);
+    assert_true(a->eject.max_share == 0.25);
+    assert_int_equal(b->recovery_threshold, 2);
+    assert_int_equal(b->live.interval_ms, 500);
+    assert_int_equal(b->slow_start_ms, 10000);
+
+    assert_int_equal(c->live.timeout_ms, 1000);
+    assert_true(c->deep.enabled);
+    assert_true(c->eject.max_share == 0.5);
+    atc_config_free(cfg);
+
+    cfg = parse_ok("health: {enabled: no}\n" MODELS);
+    assert_false(cfg->models[0].endpoints[0].health.enabled);
+    atc_config_free(cfg);
+}
+
+static void test_health_errors(void **state)
+{
+    expect_one_error("health:\n  panic: sometimes\n" MODELS, "t.yaml:2:10: key 'health.panic': ",
+                     "must be one of: route_all, fail (got 'sometimes')");
+    expect_one_error("health:\n  live: {path: health}\n" MODELS,
+                     "t.yaml:2:16: key 'health.live.path': ", "must start with '/'");
+    expect_one_error(
+        "health:\n  ready: {path: \"/v1/models x\"}\n" MODELS,
+        "t.yaml:2:17: key 'health.ready.path': ", "must not contain spaces or control characters");
+    expect_one_error("health:\n  failure_threshold: 0\n" MODELS,
+                     "t.yaml:2:22: key 'health.failure_threshold': ", "must be greater than 0");
+    expect_one_error("health:\n  recovery_threshold: 101\n" MODELS,
+                     "t.yaml:2:23: key 'health.recovery_threshold': ", "must be from 1 to 100");
+    expect_one_error("health:\n  jitter: 2\n" MODELS,
+                     "t.yaml:2:11: key 'health.jitter': ", "must be between 0 and 1");
+    expect_one_error("health:\n  live: {interval: 0s}\n" MODELS,
+                     "t.yaml:2:20: key 'health.live.interval': ", "must be greater than 0");
+    expect_one_error("health:\n  scrape: {timeout: soon}\n" MODELS,
+                     "t.yaml:2:21: key 'health.scrape.timeout': ", "expected a duration");
+    expect_one_error("health:\n  deep: {enable: false}\n" MODELS, "t.yaml:2:10: key 'health.deep': ",
+                     "unknown key 'enable' (expected one of: enabled, path, interval, timeout)");
+    expect_one_error(
+        "health:\n  eject: {base_time: 1m, max_time: 30s}\n" MODELS,
+        "t.yaml:2:3: key 'health': ", "eject.base_time (60000ms) must not exceed eject.max_time (30000ms)");
+    expect_one_error("health: [1]\n" MODELS, "t.yaml:1:9: key 'health': ", "expected a mapping, got a list");
+    expect_one_error(
+        "models:\n  - name: m\n    health: {live: {timeout: -1s}}\n    endpoints:\n      - id: a\n"
+        "        url: http://127.0.0.1:9001\n",
+        "t.yaml:3:30: key 'models[0].health.live.timeout': ", "must not be negative");
+    /* Model-wide settings are refused where they cannot apply. */
+    expect_one_error(MODELS "        health: {panic: fail}\n",
+                     "t.yaml:6:18: key 'models[0].endpoints[0].health.panic': ",
+                     "applies to a whole model: set it in the model's or the top-level health section");
+    expect_one_error(
+        MODELS "        health:\n          eject: {max_share: 0.1}\n",
+        "t.yaml:7:19: key 'models[0].endpoints[0].health.eject.max_share': ", "applies to a whole model");
+    /* ... and the file is still checked to its end. */
+    char *errors =
+        parse_bad("health: {jitter: -1}\n" MODELS "        health: {panic: fail, fast_interval: x}\n");
+    assert_int_equal(count_lines(errors), 3);
+    free(errors);
+}
+
 static void test_bad_port(void **state)
 {
     expect_one_error("listen: 127.0.0.1:70000\n" MODELS, "t.yaml:1:9: key 'listen': ",
@@ -358,6 +499,61 @@ static void test_duplicate_model(void **state)
                             "      - id: b\n"
                             "        url: http://127.0.0.1:9002\n",
                      "t.yaml:6:11: key 'models[1].name': ", "duplicate model 'm' (first declared at 2:11)");
+}
+
+/* record: writes live traffic to trace files; every key, the defaults, and errors where they are. */
+static void test_record(void **state)
+{
+    struct atc_config *cfg = parse_ok(MODELS);
+
+    assert_false(cfg->record.enabled);
+    assert_string_equal(cfg->record.dir, "/etc/atc/traces");
+    assert_string_equal(cfg->record.prefix, "atc");
+    assert_int_equal(cfg->record.rotate_size, 256 << 20);
+    assert_int_equal(cfg->record.rotate_interval_ms, 3600 * 1000);
+    assert_int_equal(cfg->record.buffer, 8 << 20);
+    assert_false(cfg->record.text);
+    assert_true(cfg->record.sample == 1.0);
+    atc_config_free(cfg);
+
+    cfg = parse_ok("record:\n" MODELS);
+    assert_true(cfg->record.enabled);
+    assert_string_equal(cfg->record.dir, "/etc/atc/traces");
+    atc_config_free(cfg);
+
+    cfg = parse_ok("record:\n"
+                   "  dir: /var/lib/atc/traces\n"
+                   "  prefix: edge-1\n"
+                   "  rotate_size: 64MiB\n"
+                   "  rotate_interval: 10m\n"
+                   "  text: true\n"
+                   "  buffer: 1MiB\n"
+                   "  sample: 0.25\n" MODELS);
+    assert_true(cfg->record.enabled);
+    assert_string_equal(cfg->record.dir, "/var/lib/atc/traces");
+    assert_string_equal(cfg->record.prefix, "edge-1");
+    assert_int_equal(cfg->record.rotate_size, 64 << 20);
+    assert_int_equal(cfg->record.rotate_interval_ms, 600 * 1000);
+    assert_true(cfg->record.text);
+    assert_int_equal(cfg->record.buffer, 1 << 20);
+    assert_true(cfg->record.sample == 0.25);
+    atc_config_free(cfg);
+
+    cfg = parse_ok("record:\n  dir: traces/live\n" MODELS);
+    assert_string_equal(cfg->record.dir, "/etc/atc/traces/live");
+    atc_config_free(cfg);
+
+    expect_one_error("record:\n  rotate_size: 0\n" MODELS, "t.yaml:2:16: key 'record.rotate_size': ",
+                     "must be greater than 0");
+    expect_one_error("record:\n  rotate_interval: soon\n" MODELS, "t.yaml:2:20: key 'record.rotate_interval': ",
+                     "expected a duration");
+    expect_one_error("record:\n  sample: 1.5\n" MODELS, "t.yaml:2:11: key 'record.sample': ",
+                     "must be between 0 and 1");
+    expect_one_error("record:\n  text: maybe\n" MODELS, "t.yaml:2:9: key 'record.text': ", "true or false");
+    expect_one_error("record:\n  prefix: ../etc\n" MODELS, "t.yaml:2:11: key 'record.prefix': ",
+                     "only letters, digits");
+    expect_one_error("record:\n  dirr: x\n" MODELS, "t.yaml:2:3: key 'record': unknown key 'dirr'", "dir");
+    expect_one_error("record: yes\n" MODELS, "t.yaml:1:9: key 'record': ", "expected a mapping");
 }
 
 static void test_unknown_key(void **state)
@@ -706,6 +902,9 @@ int main(void)
         cmocka_unit_test(test_full_file),
         cmocka_unit_test(test_issue_example),
         cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_health_defaults),
+        cmocka_unit_test(test_health_overrides),
+        cmocka_unit_test(test_health_errors),
         cmocka_unit_test(test_bad_port),
         cmocka_unit_test(test_bad_url),
         cmocka_unit_test(test_https_url),
@@ -713,6 +912,7 @@ int main(void)
         cmocka_unit_test(test_zero_capacity),
         cmocka_unit_test(test_duplicate_id),
         cmocka_unit_test(test_duplicate_model),
+        cmocka_unit_test(test_record),
         cmocka_unit_test(test_unknown_key),
         cmocka_unit_test(test_duplicate_key),
         cmocka_unit_test(test_bad_duration),

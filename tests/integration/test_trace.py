@@ -1,0 +1,271 @@
+"""Recorded traffic end to end: atc records live requests (record:) into trace files, `atc trace` reads
+them back, imports public traces (malformed lines by line number), and `atc replay` replays traces in
+virtual time (deterministic for a seed) and in wall time against a running atc."""
+
+import json
+import os
+import socket
+import subprocess
+import time
+import unittest
+
+from harness import ATC_BIN, SOURCE_DIR, AtcTestCase, chat, request, wait_for
+
+FIXTURE = os.path.join(SOURCE_DIR, "tests", "policy", "fixtures", "sessions.jsonl")
+POLICY = os.path.join(SOURCE_DIR, "scripts", "policy.lua")
+
+
+def atc(*args, timeout=60):
+    """Runs the atc binary; returns (exit code, stdout, stderr)."""
+    p = subprocess.run([ATC_BIN, *args], capture_output=True, text=True, timeout=timeout, cwd=SOURCE_DIR)
+    return p.returncode, p.stdout, p.stderr
+
+
+def dump(path):
+    """The records of a trace (file or directory), as dicts."""
+    code, out, err = atc("trace", "dump", path)
+    assert code == 0, err
+    return [json.loads(line) for line in out.splitlines() if line and not line.startswith("#")]
+
+
+class RecordTest(AtcTestCase):
+    def config(self, record, decode_ms=1):
+        return f"""
+            listen: 127.0.0.1:0
+            admin: 127.0.0.1:0
+            policy:
+              entry: {POLICY}
+              budget: 100ms           # a sanitizer build must not turn decisions into fallbacks
+            record:
+            {record}
+            models:
+              - name: llama-3-8b
+            simulate:
+              - model: llama-3-8b
+                count: 2
+                decode_ms: {decode_ms}
+                prefill_tps: 1000000
+            """
+
+    def record_stats(self, atc):
+        status, _, body = request("127.0.0.1", atc.admin_port, "GET", "/admin/record")
+        self.assertEqual(status, 200)
+        return json.loads(body)
+
+    def test_record_to_files_then_stats_and_dump(self):
+        traces = os.path.join(self.tmp.name, "traces")
+        a = self.start_atc(self.config(f"  dir: {traces}\n              rotate_size: 2KiB"))
+        sent = {}
+        long_prompt = "You are a careful assistant. " * 40
+        for i in range(10):
+            rid = f"rec-{i}"
+            headers = {"x-request-id": rid, "x-atc-session": f"s{i % 2}", "x-atc-tenant": "acme",
+                       "x-atc-priority": str(i % 10)}
+            status, hdrs, _ = chat(a.port, content=long_prompt + str(i), stream=i % 3 == 0, max_tokens=5 + i,
+                                   headers=headers)
+            self.assertEqual(status, 200)
+            sent[rid] = (hdrs["x-atc-endpoint"], 5 + i, i % 3 == 0)
+        status, _, _ = request("127.0.0.1", a.port, "POST", "/v1/completions",
+                               {"model": "llama-3-8b", "prompt": "hello", "max_tokens": 3},
+                               {"x-request-id": "rec-completion"})
+        self.assertEqual(status, 200)
+        status, _, _ = chat(a.port, model="no-such-model", headers={"x-request-id": "rec-404"})
+        self.assertEqual(status, 404)
+        wait_for(lambda: self.record_stats(a)["recorded"] == 12, timeout=5, what="12 records")
+        self.assertEqual(a.stop(), 0)  # SIGTERM: what is buffered is written before exit
+
+        files = sorted(os.listdir(traces))
+        self.assertGreater(len(files), 1, "rotate_size 2KiB starts new files")
+        self.assertTrue(all(f.startswith("atc-") and f.endswith(".atct") for f in files), files)
+
+        code, out, err = atc("trace", "stats", "--json", traces)
+        self.assertEqual(code, 0, err)
+        stats = json.loads(out)
+        self.assertEqual(stats["requests"], 12)
+        self.assertEqual(stats["source"], "record")
+        self.assertEqual(stats["statuses"], {"200": 11, "404": 1})
+        self.assertEqual(stats["sessions"], 2)
+        self.assertEqual(stats["streamed"], 4)
+        self.assertEqual(sum(stats["endpoints"].values()), 11)
+        self.assertGreater(stats["prefix"]["reuse_rate"], 0.5, "the shared system prompt repeats")
+
+        records = {r["id"]: r for r in dump(traces)}
+        self.assertEqual(len(records), 12)
+        for rid, (endpoint, max_tokens, stream) in sent.items():
+            r = records[rid]
+            self.assertEqual(r["endpoint"], endpoint, rid)
+            self.assertEqual(r["status"], 200, rid)
+            self.assertEqual(r["max_tokens"], max_tokens, rid)
+            self.assertEqual(r["output_tokens"], max_tokens, rid)
+            self.assertEqual(r.get("stream", False), stream, rid)
+            self.assertEqual(r["tenant"], "acme")
+            self.assertEqual(r["decision"], "endpoint")
+            self.assertEqual(r["policy_version"], 1)
+            self.assertEqual(r["block_tokens"], 64)
+            self.assertGreater(len(r["blocks"]), 3)
+            self.assertLessEqual(r["ttft_ms"], r["total_ms"])
+            self.assertNotIn("prompt", r, "no prompt text unless record.text is set")
+        self.assertEqual(records["rec-completion"]["kind"], "completion")
+        self.assertEqual(records["rec-404"]["status"], 404)
+        self.assertNotIn("endpoint", records["rec-404"])
+        arrivals = [records[f"rec-{i}"]["at_us"] for i in range(10)]
+        self.assertEqual(arrivals, sorted(arrivals))
+
+    def test_prompt_text_only_when_asked(self):
+        traces = os.path.join(self.tmp.name, "traces")
+        a = self.start_atc(self.config(f"  dir: {traces}\n              text: true"))
+        status, _, _ = chat(a.port, content="the secret recipe", headers={"x-request-id": "with-text"})
+        self.assertEqual(status, 200)
+        a.stop()
+        [r] = dump(traces)
+        self.assertIn("the secret recipe", r["prompt"])
+        code, out, _ = atc("trace", "dump", traces)
+        self.assertIn("with prompt text", out.splitlines()[0])
+
+    def test_unwritable_directory_is_counted_never_fatal(self):
+        blocker = os.path.join(self.tmp.name, "not-a-dir")
+        with open(blocker, "w") as f:
+            f.write("a file where the directory should be\n")
+        a = self.start_atc(self.config(f"  dir: {blocker}/traces"))
+        for i in range(5):
+            status, _, _ = chat(a.port, content=f"hello {i}")
+            self.assertEqual(status, 200, "recording failures never fail routing")
+        st = wait_for(lambda: (lambda s: s if s["write_errors"] >= 1 and s["dropped"] >= 1 else None)(
+            self.record_stats(a)), timeout=5, what="a counted write error")
+        self.assertEqual(st["written"], 0)
+        self.assertEqual(a.stop(), 0)
+        self.assertIn("record: cannot create", a.read_log())
+
+    def test_client_that_leaves_is_recorded_as_499(self):
+        traces = os.path.join(self.tmp.name, "traces")
+        a = self.start_atc(self.config(f"  dir: {traces}", decode_ms=50))
+        body = json.dumps({"model": "llama-3-8b", "stream": True, "max_tokens": 200,
+                           "messages": [{"role": "user", "content": "a long answer please"}]}).encode()
+        s = socket.create_connection(("127.0.0.1", a.port), timeout=10)
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"x-request-id: leaves-early\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        self.assertIn(b"data:", s.recv(4096))
+        s.close()
+        wait_for(lambda: self.record_stats(a)["recorded"] == 1, timeout=5, what="the abandoned request's record")
+        a.stop()
+        [r] = dump(traces)
+        self.assertEqual(r["status"], 499)
+        self.assertLess(r["total_ms"], 5000)
+
+
+class ImportTest(AtcTestCase):
+    def test_malformed_lines_are_reported_by_number(self):
+        src = os.path.join(self.tmp.name, "mc.jsonl")
+        out = os.path.join(self.tmp.name, "mc.atct")
+        with open(src, "w") as f:
+            f.write('{"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": [1, 2]}\n')
+            f.write('{"timestamp": 5, "input_length": "many", "output_length": 2, "hash_ids": [1]}\n')
+            f.write('{"timestamp": 9, "input_length": 600, "output_length": 2, "hash_ids": [1, 3]}\n')
+            f.write('not json at all\n')
+        code, _, err = atc("trace", "import", "--format", "mooncake", src, "-o", out)
+        self.assertEqual(code, 1, "malformed lines make the exit status 1")
+        self.assertIn(f"{src}:2: 'input_length' must be a whole number", err)
+        self.assertIn(f"{src}:4: invalid JSON", err)
+        self.assertNotIn(f"{src}:1:", err)
+        code, stats, err = atc("trace", "stats", "--json", out)
+        self.assertEqual(code, 0, err)
+        stats = json.loads(stats)
+        self.assertEqual(stats["requests"], 2, "the good lines were kept")
+        self.assertEqual(stats["prefix"]["block_tokens"], 512)
+        self.assertEqual(stats["prefix"]["reused_blocks"], 1)
+
+    def test_help_names_every_flag(self):
+        for args, flags in ((["trace", "--help"], ["import", "stats", "dump"]),
+                            (["trace", "import", "--help"], ["--format", "--model", "--block-tokens", "-o"]),
+                            (["trace", "stats", "--help"], ["--json"]),
+                            (["replay", "--help"], ["--trace", "--policy", "--vs", "--seed", "--json", "--html",
+                                                    "--speed", "--target", "--limit", "--model", "--budget"]),
+                            (["test", "--help"], ["--filter", "--scripts", "PATH"])):
+            code, out, _ = atc(*args)
+            self.assertEqual(code, 0, args)
+            for flag in flags:
+                self.assertIn(flag, out, args)
+
+
+class ReplayTest(AtcTestCase):
+    def fleet(self):
+        path = os.path.join(self.tmp.name, "fleet.yaml")
+        with open(path, "w") as f:
+            f.write(f"policy:\n  entry: {POLICY}\nmodels:\n  - name: llama-3-8b\n"
+                    "simulate:\n  - model: llama-3-8b\n    count: 3\n    max_seqs: 8\n")
+        return path
+
+    def test_same_seed_same_json(self):
+        fleet = self.fleet()
+        args = ["replay", "-c", fleet, "--trace", FIXTURE, "--vs", "round_robin", "--vs", "dynamo_kv",
+                "--seed", "7", "--json"]
+        code, first, err = atc(*args)
+        self.assertEqual(code, 0, err)
+        code, second, err = atc(*args)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(first, second)
+        report = json.loads(first)
+        self.assertEqual([p["name"] for p in report["policies"]], ["scripts/policy", "round_robin", "dynamo_kv"])
+        for p in report["policies"]:
+            for key in ("name", "requests", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "e2e_p50_ms",
+                        "e2e_p99_ms", "throughput_rps", "output_tps", "cache_hit_rate", "imbalance",
+                        "policy_errors"):
+                self.assertIn(key, p)
+            self.assertEqual(p["requests"], 274)
+            self.assertEqual(p["completed"], 274)
+            self.assertLessEqual(p["ttft_p50_ms"], p["ttft_p90_ms"])
+            self.assertLessEqual(p["ttft_p90_ms"], p["ttft_p99_ms"])
+        shipped, rr = report["policies"][0], report["policies"][1]
+        self.assertGreater(shipped["cache_hit_rate"], rr["cache_hit_rate"], "affinity keeps sessions' caches warm")
+
+    def test_table_and_html_report(self):
+        fleet = self.fleet()
+        html = os.path.join(self.tmp.name, "report.html")
+        code, out, err = atc("replay", "-c", fleet, "--trace", FIXTURE, "--vs", "least_loaded", "--html", html)
+        self.assertEqual(code, 0, err)
+        self.assertIn("ttft p50", out)
+        self.assertIn("least_loaded", out)
+        with open(html) as f:
+            page = f.read()
+        self.assertEqual(page.count("<svg"), 3, "a TTFT chart, and load over time per policy")
+        self.assertNotIn("<script", page)
+        self.assertNotIn("http://", page.replace("http://www.w3.org/2000/svg", ""))
+
+    def test_bad_arguments(self):
+        code, _, err = atc("replay", "--trace", FIXTURE)
+        self.assertEqual(code, 2)
+        self.assertIn("-c FILE", err)
+        code, _, err = atc("replay", "-c", self.fleet(), "--trace", FIXTURE, "--vs", "no_such_policy")
+        self.assertEqual(code, 2)
+        self.assertIn("no policy 'no_such_policy'", err)
+
+    def test_wall_time_replay_through_a_running_atc(self):
+        a = self.start_atc(f"""
+            listen: 127.0.0.1:0
+            admin: 127.0.0.1:0
+            policy:
+              entry: {POLICY}
+            models:
+              - name: llama-3-8b
+            simulate:
+              - model: llama-3-8b
+                count: 2
+                decode_ms: 0.2
+                prefill_tps: 10000000
+            """)
+        started = time.monotonic()
+        code, out, err = atc("replay", "--speed", "40", "--trace", FIXTURE, "--limit", "40", "--target",
+                             f"127.0.0.1:{a.port}", "--json")
+        self.assertEqual(code, 0, err)
+        [live] = json.loads(out)["policies"]
+        self.assertEqual(live["requests"], 40)
+        self.assertEqual(live["completed"], 40)
+        self.assertIsNone(live["cache_hit_rate"], "the fleet's side is not measured from the client")
+        self.assertGreater(live["ttft_p50_ms"], 0)
+        self.assertLess(time.monotonic() - started, 30)
+        served = sum(ep["requests_total"] for ep in a.endpoints().values())
+        self.assertEqual(served, 40)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,227 @@
+/* health.c: what a good answer to a probe is, how a metrics page becomes an endpoint's load, and the
+ * state machine of passive ejection, its cap, panic mode and drain, on a fresh event base with the
+ * active checks off (the integration tests drive the probes against real servers). */
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "../../engine/health.c"
+
+static void test_models_list(void **state)
+{
+    const char *vllm =
+        "{\"object\":\"list\",\"data\":[{\"id\":\"other\",\"object\":\"model\",\"permission\":[{\"id\":"
+        "\"llama-3-8b\"}]},{\"object\":\"model\",\"meta\":{\"id\":\"x\"},\"id\":\"llama-3-8b\"}]}";
+    assert_null(models_list_has(vllm, strlen(vllm), "llama-3-8b"));
+    assert_non_null(models_list_has(vllm, strlen(vllm), "x"));         /* nested, not a model's own id */
+    assert_non_null(models_list_has(vllm, strlen(vllm), "llama-3-8")); /* whole names only */
+    const char *escaped = "{\"data\":[{\"id\":\"meta-llama\\/Llama-3 \\u00e9\\\"q\\\"\"}]}";
+    assert_null(models_list_has(escaped, strlen(escaped), "meta-llama/Llama-3 \xc3\xa9\"q\""));
+    const char *loading = "{\"object\":\"list\",\"data\":[]}";
+    assert_string_equal(models_list_has(loading, strlen(loading), "m"),
+                        "the model list does not name this endpoint's model");
+    assert_string_equal(models_list_has("{\"models\":[]}", 13, "m"),
+                        "the answer has no 'data' list of models");
+    assert_string_equal(models_list_has("OK", 2, "m"), "the answer is not a JSON object");
+    assert_string_equal(models_list_has("[1]", 3, "m"), "the answer is not a JSON object");
+    assert_string_equal(models_list_has("", 0, "m"), "the answer is not a JSON object");
+    const char *truncated = "{\"data\":[{\"id\":\"m\"";
+    assert_non_null(models_list_has(truncated, strlen(truncated), "m"));
+}
+
+static void test_inference_answer(void **state)
+{
+    const char *chat = "{\"id\":\"c\",\"choices\":[{\"message\":{\"content\":\"hi\"}}]}";
+    assert_null(inference_answer_ok(chat, strlen(chat)));
+    assert_null(inference_answer_ok("{\"data\":[{\"embedding\":[0.1]}]}", 31));
+    assert_non_null(inference_answer_ok("{\"error\":{\"message\":\"x\"}}", 25));
+    assert_non_null(inference_answer_ok("<html>", 6));
+}
+
+static void test_load_from_a_page(void **state)
+{
+    const char *page = "# TYPE vllm:num_requests_running gauge\n"
+                       "vllm:num_requests_running{model_name=\"m\",engine=\"0\"} 3\n"
+                       "vllm:num_requests_running{model_name=\"m\",engine=\"1\"} 4\n"
+                       "vllm:num_requests_running{model_name=\"other\"} 100\n"
+                       "vllm:num_requests_waiting{engine=\"0\"} 2\n"
+                       "vllm:num_requests_waiting{engine=\"1\"} NaN\n"
+                       "vllm:kv_cache_usage_perc{model_name=\"m\",engine=\"0\"} 0.25\n"
+                       "vllm:kv_cache_usage_perc{model_name=\"m\",engine=\"1\"} 0.5\n"
+                       "sglang:cache_hit_rate 0.75\n";
+    struct load_acc a = {.model = "m"};
+    assert_int_equal(atc_prom_parse(page, strlen(page), on_load_sample, &a, NULL), 0);
+    assert_true(acc_get(&a, L_RUNNING) == 7); /* this model's series, summed */
+    assert_true(acc_get(&a, L_WAITING) == 2); /* no model label: every series; NaN skipped */
+    assert_true(acc_get(&a, L_KV) == 0.5);    /* a share: the fullest engine */
+    assert_true(acc_get(&a, L_HIT_RATE) == 0.75);
+    assert_true(isnan(acc_get(&a, L_QUERIES))); /* absent */
+}
+
+static void test_jitter_and_ramp(void **state)
+{
+    struct atc_health h = {.rng = 42};
+    for (int i = 0; i < 1000; i++) {
+        uint64_t d = jittered(&h, 2000, 0.1);
+        assert_true(d >= 1800 && d <= 2200);
+    }
+    assert_int_equal(jittered(&h, 2000, 0), 2000);
+    assert_int_equal(jittered(&h, 0, 0.5), 0);
+    struct atc_health_config cfg = {.slow_start_ms = 1000};
+    struct hep e = {.cfg = &cfg, .ramp_start_ms = 5000};
+    assert_true(fabs(ramp_share(&e, 5000) - SLOW_START_FLOOR) < 1e-9);
+    assert_true(fabs(ramp_share(&e, 5500) - 0.55) < 1e-9);
+    assert_true(ramp_share(&e, 6000) == 1.0);
+    e.ramp_start_ms = 0;
+    assert_true(ramp_share(&e, 6000) == 1.0);
+}
+
+/* Three endpoints of one model, active checks and scrapes off, ejection after 2 failed requests. */
+struct fixture {
+    struct event_base *base;
+    struct atc_config *cfg;
+    struct atc_endpoint_table *table;
+    struct atc_health *h;
+    struct atc_endpoint *ep[3];
+};
+
+static int setup(void **state)
+{
+    static const char yaml[] =
+        "health:\n"
+        "  enabled: false\n"
+        "  scrape: {enabled: false}\n"
+        "  eject: {consecutive_errors: 2, base_time: 1h, max_time: 2h, max_share: 0.5}\n"
+        "  slow_start: 0s\n"
+        "models:\n"
+        "  - name: m\n"
+        "    endpoints:\n"
+        "      - {id: a, url: \"http://127.0.0.1:1\"}\n"
+        "      - {id: b, url: \"http://127.0.0.1:2\"}\n"
+        "      - {id: c, url: \"http://127.0.0.1:3\"}\n";
+    struct fixture *f = calloc(1, sizeof(*f));
+    char *errors = NULL;
+    const char *err = NULL;
+    assert_int_equal(atc_config_parse(yaml, sizeof(yaml) - 1, "t.yaml", ".", &f->cfg, &errors), 0);
+    f->base = event_base_new();
+    f->table = atc_endpoint_table_create(f->cfg);
+    f->h = atc_health_create(f->base, f->table, f->cfg, NULL, &err);
+    assert_non_null(f->h);
+    for (int i = 0; i < 3; i++)
+        f->ep[i] = f->table->endpoints[i];
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct fixture *f = *state;
+    atc_health_destroy(f->h);
+    atc_endpoint_table_destroy(f->table);
+    atc_config_free(f->cfg);
+    event_base_free(f->base);
+    free(f);
+    return 0;
+}
+
+static void test_without_checks_endpoints_are_healthy_at_once(void **state)
+{
+    struct fixture *f = *state;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(f->ep[i]->health->state, ATC_HEALTH_HEALTHY);
+        assert_true(f->ep[i]->routable);
+        assert_true(atc_endpoint_available(f->ep[i], 1));
+    }
+}
+
+static void test_ejection_needs_consecutive_failures_and_is_capped(void **state)
+{
+    struct fixture *f = *state;
+    atc_endpoint_record(f->ep[0], false, -1);
+    atc_endpoint_record(f->ep[0], true, 5); /* a success resets the run */
+    atc_endpoint_record(f->ep[0], false, -1);
+    assert_int_equal(f->ep[0]->health->state, ATC_HEALTH_HEALTHY);
+    atc_endpoint_record(f->ep[0], false, -1);
+    assert_int_equal(f->ep[0]->health->state, ATC_HEALTH_EJECTED);
+    assert_false(f->ep[0]->routable);
+    assert_int_equal(f->ep[0]->health->ejections_total, 1);
+    assert_non_null(strstr(f->ep[0]->health->last_error, "ejected for 3600.0s: 2 requests in a row failed"));
+    /* 50% of 3 endpoints, rounded down: one ejected at a time. */
+    atc_endpoint_record(f->ep[1], false, -1);
+    atc_endpoint_record(f->ep[1], false, -1);
+    atc_endpoint_record(f->ep[1], false, -1);
+    assert_int_equal(f->ep[1]->health->state, ATC_HEALTH_HEALTHY);
+    assert_true(f->ep[1]->routable);
+    struct atc_health_stats st;
+    atc_health_stats(f->h, &st);
+    assert_int_equal(st.ejections_total, 1);
+    assert_int_equal(st.models_in_panic, 0);
+}
+
+static void test_drain_and_panic(void **state)
+{
+    struct fixture *f = *state;
+    atc_health_set_drained(f->h, f->ep[2], true);
+    assert_int_equal(f->ep[2]->health->state, ATC_HEALTH_DRAINING);
+    assert_false(f->ep[2]->routable);
+    atc_endpoint_record(f->ep[0], false, -1);
+    atc_endpoint_record(f->ep[0], false, -1);
+    assert_int_equal(f->ep[0]->health->state, ATC_HEALTH_EJECTED);
+    /* Mark b out by hand (as its live check would): with a ejected and c drained, nothing is healthy. */
+    struct hep *b = hep_of(f->ep[1]);
+    b->pub.live = ATC_CHECK_FAILED;
+    set_state(b, "test");
+    assert_int_equal(f->ep[1]->health->state, ATC_HEALTH_UNHEALTHY);
+    struct atc_health_stats st;
+    atc_health_stats(f->h, &st);
+    assert_int_equal(st.models_in_panic, 1);
+    assert_int_equal(st.panics_total, 1);
+    assert_true(f->ep[0]->routable); /* panic: route_all routes to what is out ... */
+    assert_true(f->ep[1]->routable);
+    assert_false(f->ep[2]->routable); /* ... but never to a drained endpoint */
+    atc_health_set_drained(f->h, f->ep[2], false);
+    assert_int_equal(f->ep[2]->health->state, ATC_HEALTH_HEALTHY);
+    atc_health_stats(f->h, &st);
+    assert_int_equal(st.models_in_panic, 0);
+    assert_false(f->ep[0]->routable);
+    assert_false(f->ep[1]->routable);
+    assert_true(f->ep[2]->routable);
+    assert_int_equal(st.state_changes_total, 4);
+}
+
+static void test_json(void **state)
+{
+    struct fixture *f = *state;
+    struct evbuffer *b = evbuffer_new();
+    atc_health_endpoint_json(f->ep[0], b);
+    atc_health_status_json(f->h, b);
+    size_t n = evbuffer_get_length(b);
+    char *s = malloc(n + 1);
+    evbuffer_remove(b, s, n);
+    s[n] = '\0';
+    assert_non_null(strstr(s, ",\"state\":\"healthy\",\"live\":true,\"ready\":true,\"deep\":true,"));
+    assert_non_null(strstr(s, "\"last_error\":null"));
+    assert_non_null(strstr(s, "\"running\":null"));
+    assert_non_null(strstr(s, "{\"models\":[{\"name\":\"m\",\"panic\":false,\"panic_mode\":\"route_all\""));
+    free(s);
+    evbuffer_free(b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_models_list),
+        cmocka_unit_test(test_inference_answer),
+        cmocka_unit_test(test_load_from_a_page),
+        cmocka_unit_test(test_jitter_and_ramp),
+        cmocka_unit_test_setup_teardown(test_without_checks_endpoints_are_healthy_at_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ejection_needs_consecutive_failures_and_is_capped, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_drain_and_panic, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_json, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
