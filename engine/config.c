@@ -80,8 +80,33 @@ static char *format(const char *fmt, ...)
     return s;
 }
 
+/* Messages quote keys and values from the file, and a quoted YAML key may hold a newline: escape
+ * control characters so that each error stays on one line. Takes @p text, returns it or a new copy. */
+static char *escape_controls(char *text)
+{
+    size_t extra = 0, i, o;
+    char *out;
+
+    for (i = 0; text[i]; i++)
+        extra += (unsigned char)text[i] < 0x20 || text[i] == 0x7f ? 3 : 0;
+    if (extra == 0 || !(out = malloc(i + extra + 1)))
+        return text; /* (out of memory: the message keeps its raw bytes) */
+    for (i = 0, o = 0; text[i]; i++) {
+        unsigned char c = (unsigned char)text[i];
+        if (c < 0x20 || c == 0x7f)
+            o += (size_t)snprintf(out + o, 5, "\\x%02x", c);
+        else
+            out[o++] = (char)c;
+    }
+    out[o] = '\0';
+    free(text);
+    return out;
+}
+
 static void push_error(struct parse *p, size_t line, size_t col, char *text)
 {
+    if (text)
+        text = escape_controls(text);
     if (!text) {
         p->oom = true;
         return;

@@ -97,6 +97,14 @@ static int quoted(struct parser *ps, const char **out, size_t *len)
     return 0;
 }
 
+/* A quoted metric or label name (Prometheus 3): like any name, it may not be empty. */
+static int quoted_name(struct parser *ps, const char **out, size_t *len)
+{
+    if (quoted(ps, out, len) < 0)
+        return -1;
+    return *len > 0 ? 0 : fail(ps, "empty name");
+}
+
 static int add_label(struct parser *ps, const char *name, size_t name_len, const char *value,
                      size_t value_len)
 {
@@ -129,7 +137,7 @@ static int labels(struct parser *ps, const char **name, size_t *name_len)
             return 0;
         }
         if (at(ps, '"')) {
-            if (quoted(ps, &ln, &lnlen) < 0)
+            if (quoted_name(ps, &ln, &lnlen) < 0)
                 return -1;
             skip_space(ps);
             if (first && (at(ps, ',') || at(ps, '}'))) {
@@ -242,7 +250,7 @@ static int comment(struct parser *ps)
     skip_space(ps);
     const char *name;
     size_t len;
-    if (at(ps, '"') ? quoted(ps, &name, &len) < 0 : plain_name(ps, true, &name, &len) < 0)
+    if (at(ps, '"') ? quoted_name(ps, &name, &len) < 0 : plain_name(ps, true, &name, &len) < 0)
         return -1;
     if (ps->p < ps->end && !is_space(*ps->p))
         return fail(ps, "bad character in a metric name");

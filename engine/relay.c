@@ -440,18 +440,25 @@ static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
     }
 }
 
-/* SSE events end with an empty line: count the "\n\n"s, also when a chunk boundary splits one. */
+/* SSE events end with an empty line: count the "\n\n"s, left to right, each '\n' ending at most one,
+ * also when a chunk boundary splits one. after_newline: the stream so far ends with a '\n' that did
+ * not end an event (so "\n\n" | "\n" is one event, as "\n\n\n" in one piece is). */
 static void count_events(struct relay *r, struct evbuffer *data, size_t len)
 {
     struct evbuffer_ptr p;
+    size_t from = 0, end = 0; /* end: just past the last '\n' that ended an event */
     if (r->after_newline && len > 0) {
         char first;
         evbuffer_copyout(data, &first, 1);
-        r->sse_events += first == '\n';
+        if (first == '\n') {
+            r->sse_events++;
+            from = end = 1;
+        }
     }
-    evbuffer_ptr_set(data, &p, 0, EVBUFFER_PTR_SET);
+    evbuffer_ptr_set(data, &p, from, EVBUFFER_PTR_SET);
     while ((p = evbuffer_search(data, "\n\n", 2, &p)).pos >= 0) {
         r->sse_events++;
+        end = (size_t)p.pos + 2;
         evbuffer_ptr_set(data, &p, 2, EVBUFFER_PTR_ADD);
     }
     if (len > 0) {
@@ -459,7 +466,7 @@ static void count_events(struct relay *r, struct evbuffer *data, size_t len)
         char c;
         evbuffer_ptr_set(data, &last, len - 1, EVBUFFER_PTR_SET);
         evbuffer_copyout_from(data, &last, &c, 1);
-        r->after_newline = c == '\n';
+        r->after_newline = c == '\n' && end != len;
     }
 }
 

@@ -19,6 +19,7 @@
 #include "admin.h"
 #include "admission.h"
 #include "affinity.h"
+#include "client_deadline.h"
 #include "config.h"
 #include "endpoint.h"
 #include "health.h"
@@ -119,14 +120,18 @@ static evutil_socket_t listen_socket(const char *host, uint16_t port)
 
 static struct evhttp *http_listen(struct atc_server *srv, const char *host, uint16_t port,
                                   void (*handler)(struct evhttp_request *, void *), uint16_t *bound,
-                                  struct evhttp_bound_socket **listener, const char **err)
+                                  struct evhttp_bound_socket **listener,
+                                  struct atc_client_deadline **deadline, const char **err)
 {
     struct evhttp *http = evhttp_new(srv->base);
-    if (http == NULL) {
+    /* client_timeout bounds each request as a whole, not only the silence between two reads */
+    if (http == NULL || (*deadline = atc_client_deadline_attach(http, srv->base, srv->cfg->client_timeout_ms,
+                                                                handler, srv)) == NULL) {
+        if (http != NULL)
+            evhttp_free(http);
         *err = "out of memory";
         return NULL;
     }
-    evhttp_set_gencb(http, handler, srv);
     evhttp_set_allowed_methods(http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD);
     evhttp_set_max_headers_size(http, 64 * 1024);
     uint64_t hard = (uint64_t)srv->cfg->max_body * HARD_BODY_FACTOR;
@@ -499,10 +504,10 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
         }
     }
     if ((srv->front = http_listen(srv, cfg->listen_host, cfg->listen_port, atc_http_front_handle,
-                                  &srv->front_port, &srv->front_listener, err)) == NULL)
+                                  &srv->front_port, &srv->front_listener, &srv->front_deadline, err)) == NULL)
         goto error;
     if ((srv->admin = http_listen(srv, cfg->admin_host, cfg->admin_port, atc_admin_handle, &srv->admin_port,
-                                  NULL, err)) == NULL)
+                                  NULL, &srv->admin_deadline, err)) == NULL)
         goto error;
     signal(SIGPIPE, SIG_IGN);
     srv->sig_term = evsignal_new(base, SIGTERM, on_signal, srv);
@@ -564,6 +569,8 @@ void atc_server_destroy(struct atc_server *srv)
         evhttp_free(srv->front);
     if (srv->admin != NULL)
         evhttp_free(srv->admin);
+    atc_client_deadline_destroy(srv->front_deadline); /* after evhttp_free: its connections are gone */
+    atc_client_deadline_destroy(srv->admin_deadline);
     atc_recorder_destroy(srv->recorder); /* writes what is still buffered */
     atc_admission_destroy(srv->admission);
     atc_access_log_close(srv->access_log);

@@ -24,6 +24,7 @@ struct atc_recorder;
 struct atc_admission;
 struct atc_metrics;
 struct atc_access_log;
+struct atc_client_deadline;
 
 struct atc_server_stats {
     uint64_t requests_total;    /* client requests accepted on the front routes */
@@ -49,6 +50,7 @@ struct atc_server {
     struct evhttp *front;
     struct evhttp_bound_socket *front_listener;
     struct evhttp *admin;
+    struct atc_client_deadline *front_deadline, *admin_deadline; /* client_timeout per request */
     uint16_t front_port; /* as bound (config port 0 picks a free one) */
     uint16_t admin_port;
     struct atc_endpoint **retired; /* left the config; freed once nothing is in flight on them */

@@ -1,5 +1,6 @@
 #include "upstream.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <netdb.h>
 #include <stdio.h>
@@ -365,10 +366,15 @@ static int parse_header(struct atc_upstream_req *req, char *line)
     while (*value == ' ' || *value == '\t')
         value++;
     if (header_is(line, namelen, "content-length")) {
+        /* digits only: strtoull alone would take " -5" (as 2^64 - 5), "+5" and "5abc" */
         char *end;
         errno = 0;
         unsigned long long v = strtoull(value, &end, 10);
-        if (errno != 0 || end == value || *value == '-')
+        if (errno != 0 || !isdigit((unsigned char)*value) || v > INT64_MAX)
+            return -1;
+        while (*end == ' ' || *end == '\t')
+            end++;
+        if (*end != '\0')
             return -1;
         req->resp.content_length = (int64_t)v;
     } else if (header_is(line, namelen, "transfer-encoding")) {
@@ -447,6 +453,9 @@ static int parse(struct atc_upstream_req *req, struct evbuffer *in)
             line = evbuffer_readln(in, &n, EVBUFFER_EOL_CRLF);
             if (line == NULL)
                 return evbuffer_get_length(in) > MAX_HEADER_BYTES ? -1 : 0;
+            /* A line this long is refused whether it arrived in one read or in many (above). */
+            if (n > MAX_HEADER_BYTES)
+                goto malformed;
             req->header_bytes += n;
             break;
         default:
@@ -473,6 +482,10 @@ static int parse(struct atc_upstream_req *req, struct evbuffer *in)
                 req->state = PARSE_STATUS;
                 break;
             }
+            /* Transfer-Encoding overrides Content-Length (RFC 9112 6.3): a chunked body's length is
+             * unknown, whatever the server also claimed. */
+            if (req->chunked)
+                req->resp.content_length = -1;
             req->resp.content_type = req->has_content_type ? req->content_type : NULL;
             arm_timer(req->conn, req->pool->settings.idle_timeout_ms);
             CALL_USER(req, req->cb->on_headers(req->arg, &req->resp));
@@ -499,10 +512,13 @@ static int parse(struct atc_upstream_req *req, struct evbuffer *in)
             req->state = PARSE_DONE;
             break;
         case PARSE_CHUNK_SIZE: {
+            /* hex digits only: strtoull alone would take "-1" (a chunk of 2^64 - 1), " 5" and "0x5" */
             char *end;
             errno = 0;
             unsigned long long size = strtoull(line, &end, 16);
-            if (end == line || errno != 0 || (*end != '\0' && *end != ';' && *end != ' '))
+            if (!isxdigit((unsigned char)line[0]) || errno != 0 ||
+                (*end != '\0' && *end != ';' && *end != ' ') ||
+                (line[0] == '0' && (line[1] == 'x' || line[1] == 'X')))
                 goto malformed;
             req->remaining = size;
             req->state = size == 0 ? PARSE_TRAILERS : PARSE_CHUNK_DATA;
@@ -521,6 +537,8 @@ static int parse(struct atc_upstream_req *req, struct evbuffer *in)
             req->state = PARSE_CHUNK_SIZE;
             break;
         case PARSE_TRAILERS:
+            if (req->header_bytes > MAX_HEADER_BYTES)
+                goto malformed;
             if (n == 0)
                 req->state = PARSE_DONE;
             break;

@@ -779,6 +779,12 @@ static void test_load_file(void **state)
     rmdir(dir);
 }
 
+/* Found by tests/fuzz (config): a quoted key with a newline split its error over two lines. */
+static void test_error_with_control_characters_stays_on_one_line(void **state)
+{
+    expect_one_error("\"a\\nb\\tc\": 1\n" MODELS, "t.yaml:1:1: ", "unknown key 'a\\x0ab\\x09c'");
+}
+
 static void test_parse_duration(void **state)
 {
     uint64_t v;
@@ -920,6 +926,7 @@ int main(void)
         cmocka_unit_test(test_empty_file),
         cmocka_unit_test(test_all_errors_reported),
         cmocka_unit_test(test_load_file),
+        cmocka_unit_test(test_error_with_control_characters_stays_on_one_line),
         cmocka_unit_test(test_parse_duration),
         cmocka_unit_test(test_parse_size),
         cmocka_unit_test(test_parse_hostport),

@@ -228,6 +228,10 @@ static void test_malformed(void **state)
     expect_bad("# TYPE 1m gauge\n", 1, "expected a metric name");
     expect_bad("# HELP m-x text\n", 1, "bad character in a metric name");
     expect_bad("m 1e\n", 1, "bad value");
+    /* found by tests/fuzz (prometheus): a quoted name may not be empty either */
+    expect_bad("m{\"\"=\"v\"} 1\n", 1, "empty name");
+    expect_bad("{\"\"} 1\n", 1, "empty name");
+    expect_bad("# TYPE \"\" gauge\n", 1, "empty name");
     static const char nul[] = "a 1\nb\0 2\n";
     struct atc_prom_error err = {0};
     struct got g = {0};
