@@ -75,13 +75,16 @@ struct relay {
     /* what the access log and the metrics say about it */
     uint64_t t_start_us, t_first_us; /* arrival; the answer's first byte from the server (0: none) */
     uint64_t bytes, sse_events;
-    bool after_newline; /* the last byte relayed was '\n': an SSE event may end with the next one */
-    int client_status;  /* as the client saw it; 499 when it left first */
+    bool after_newline;    /* the last byte relayed was '\n': an SSE event may end with the next one */
+    unsigned sse_line_len; /* bytes of the current SSE line seen so far */
+    char sse_head[8];      /* its first bytes: enough to tell a field from garbage */
+    int client_status;     /* as the client saw it; 499 when it left first */
     char error[512];
     struct atc_record_marks marks; /* what trace recording notes about the answer (record:) */
 };
 
 static void attempt(struct relay *r, struct atc_endpoint *ep);
+static void end_broken_stream(struct relay *r, enum atc_upstream_error err);
 static struct atc_endpoint *next_endpoint(struct relay *r);
 static void record_finished(struct relay *r);
 
@@ -470,6 +473,59 @@ static void count_events(struct relay *r, struct evbuffer *data, size_t len)
     }
 }
 
+/* Whether the start of an SSE line (@p n bytes of it, the whole line when @p complete) can be what an
+ * inference server sends: a field (data, event, id, retry) or a comment. */
+static bool sse_line_ok(const char *head, size_t n, bool complete)
+{
+    static const char *const fields[] = {"data", "event", "id", "retry"};
+    if (n == 0 || head[0] == ':')
+        return true;
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        size_t f = strlen(fields[i]);
+        if (n > f && memcmp(head, fields[i], f) == 0 && head[f] == ':')
+            return true;
+        if (n == f && complete && memcmp(head, fields[i], f) == 0)
+            return true;
+        if (n < f + 1 && !complete && memcmp(head, fields[i], n) == 0)
+            return true; /* too early to tell */
+    }
+    return false;
+}
+
+/* Checks the framing of an event stream as it arrives: every line is a field or a comment. */
+static bool sse_well_formed(struct relay *r, struct evbuffer *data)
+{
+    struct evbuffer_iovec vec[16];
+    struct evbuffer_ptr pos;
+    evbuffer_ptr_set(data, &pos, 0, EVBUFFER_PTR_SET);
+    for (;;) {
+        int n = evbuffer_peek(data, -1, &pos, vec, 16);
+        if (n <= 0)
+            return true;
+        size_t seen = 0;
+        for (int i = 0; i < n && i < 16; i++) {
+            const char *p = vec[i].iov_base;
+            for (size_t k = 0; k < vec[i].iov_len; k++) {
+                char c = p[k];
+                if (c == '\n') {
+                    if (!sse_line_ok(r->sse_head, r->sse_line_len < 8 ? r->sse_line_len : 8, true))
+                        return false;
+                    r->sse_line_len = 0;
+                } else if (c != '\r') {
+                    if (r->sse_line_len < sizeof(r->sse_head))
+                        r->sse_head[r->sse_line_len] = c;
+                    if (++r->sse_line_len == sizeof(r->sse_head) && !sse_line_ok(r->sse_head, 8, false))
+                        return false;
+                }
+            }
+            seen += vec[i].iov_len;
+        }
+        if (n <= 16)
+            return true;
+        evbuffer_ptr_set(data, &pos, seen, EVBUFFER_PTR_ADD);
+    }
+}
+
 static void on_up_body(void *arg, struct evbuffer *data)
 {
     struct relay *r = arg;
@@ -479,6 +535,20 @@ static void on_up_body(void *arg, struct evbuffer *data)
         atc_record_marks_observe(&r->marks, data, r->streaming, now_us());
     if (!r->streaming) {
         evbuffer_add_buffer(r->buffered, data);
+        return;
+    }
+    if (r->event_stream && !sse_well_formed(r, data)) {
+        /* Not server-sent events: the server is broken. It counts against it, and the client's stream
+         * ends with an error event rather than with garbage. */
+        evbuffer_drain(data, len);
+        r->srv->stats.upstream_errors_total++;
+        atc_endpoint_record(r->ep, false, -1);
+        atc_warn("request %s: upstream %s: %s", r->id, r->ep->id,
+                 atc_upstream_strerror(ATC_UPSTREAM_ERR_BAD_STREAM));
+        atc_upstream_cancel(r->up);
+        r->up = NULL;
+        release_endpoint(r);
+        end_broken_stream(r, ATC_UPSTREAM_ERR_BAD_STREAM);
         return;
     }
     if (r->event_stream)

@@ -103,6 +103,8 @@ const char *atc_upstream_strerror(enum atc_upstream_error err)
         return "connection closed by the server";
     case ATC_UPSTREAM_ERR_PROTOCOL:
         return "invalid HTTP response";
+    case ATC_UPSTREAM_ERR_BAD_STREAM:
+        return "invalid event stream";
     }
     return "error";
 }

@@ -29,7 +29,8 @@ enum atc_upstream_error {
     ATC_UPSTREAM_ERR_FIRST_BYTE_TIMEOUT,
     ATC_UPSTREAM_ERR_IDLE_TIMEOUT,
     ATC_UPSTREAM_ERR_CLOSED,   /* the server closed or reset the connection early */
-    ATC_UPSTREAM_ERR_PROTOCOL, /* not HTTP, or a malformed response */
+    ATC_UPSTREAM_ERR_PROTOCOL,           /* not HTTP, or a malformed response */
+    ATC_UPSTREAM_ERR_BAD_STREAM,         /* a text/event-stream answer that is not server-sent events */
 };
 
 /** A short, stable name of @p err for logs and error messages ("connect failed", ...). */

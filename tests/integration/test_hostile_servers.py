@@ -69,6 +69,14 @@ def stall_mid_stream(conn):
     time.sleep(5)  # then nothing
 
 
+def invalid_sse(conn):
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+    for piece in (b'data: {"choices":[{"delta":{"content":"ok "}}]}\n\n', b"<html>502 Bad Gateway</html>\n\n"):
+        conn.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+        time.sleep(0.05)
+    conn.sendall(b"0\r\n\r\n")
+
+
 class HostileServerTest(AtcTestCase):
     def atc_for(self, server):
         return self.start_atc(f"""
@@ -138,6 +146,17 @@ class HostileServerTest(AtcTestCase):
         # atc still serves: the same client can ask again and get the same defined answer
         status, _, _ = stream_events(atc.port, {"model": "m", "stream": True, "messages": []})
         self.assertEqual(status, 200)
+
+    def test_a_200_with_an_invalid_event_stream_ends_with_an_error_event(self):
+        atc = self.atc_for(BadServer(invalid_sse))
+        status, _, events = stream_events(atc.port, {"model": "m", "stream": True,
+                                                     "messages": [{"role": "user", "content": "x"}]})
+        self.assertEqual(status, 200)
+        self.assertIn("ok", events[0][1])  # the valid part went through
+        self.assertFalse(any("html" in data for _, data in events))  # the garbage did not
+        err = json.loads(events[-1][1])["error"]
+        self.assertIn("invalid event stream", err["message"])
+        self.assert_counted(atc)
 
 
 if __name__ == "__main__":
