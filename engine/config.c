@@ -554,6 +554,7 @@ static const struct field endpoint_fields[] = {
     {.key = "capacity", .kind = F_UINT, .off = EP(capacity), .min = 1, .max = CAPACITY_MAX},
     {.key = "weight", .kind = F_UINT, .off = EP(weight), .min = 1, .max = WEIGHT_MAX},
     {.key = "token_budget", .kind = F_U64, .off = EP(token_budget), .max = UINT64_MAX},
+    {.key = "max_server_queue", .kind = F_UINT, .off = EP(max_server_queue), .max = 1000000},
     {.key = "version", .kind = F_OPTSTR, .off = EP(version)},
     {.key = "tags", .kind = F_STRS, .off = EP(tags), .aux = EP(ntags)},
     {.key = "health", .kind = F_NODE},

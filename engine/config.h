@@ -66,6 +66,7 @@ struct atc_endpoint_config {
     unsigned weight;   /* default 1 */
     struct atc_health_config health; /* the model's, overridden by this endpoint's health: */
     uint64_t token_budget; /* max prompt + max_tokens in flight; 0 = no limit */
+    unsigned max_server_queue; /* full while its scraped queue (requests waiting) reaches this; 0 = ignore */
 };
 
 struct atc_model_config {

@@ -79,6 +79,7 @@ static int apply_config(struct atc_endpoint *ep, const struct atc_endpoint_confi
     ep->capacity = ec->capacity;
     ep->weight = ec->weight;
     ep->token_budget = ec->token_budget;
+    ep->max_server_queue = ec->max_server_queue;
     free(ep->version);
     ep->version = NULL;
     for (size_t i = 0; i < ep->ntags; i++)

@@ -25,6 +25,7 @@ struct atc_endpoint {
     unsigned capacity;
     unsigned weight;
     uint64_t token_budget; /* 0 = none */
+    unsigned max_server_queue; /* full while the server reports this many waiting (scraped); 0 = ignore */
 
     /* live counters */
     unsigned inflight;        /* requests routed here and not finished */
@@ -101,7 +102,8 @@ static inline unsigned atc_endpoint_capacity_now(const struct atc_endpoint *ep)
 static inline bool atc_endpoint_available(const struct atc_endpoint *ep, uint64_t tokens)
 {
     return ep->routable && ep->inflight < atc_endpoint_capacity_now(ep) &&
-           (ep->token_budget == 0 || ep->inflight == 0 || ep->inflight_tokens + tokens <= ep->token_budget);
+           (ep->token_budget == 0 || ep->inflight == 0 || ep->inflight_tokens + tokens <= ep->token_budget) &&
+           (ep->max_server_queue == 0 || ep->server_queue < ep->max_server_queue);
 }
 
 /** Counts a request of @p tokens routed to @p ep. */

@@ -110,18 +110,37 @@ static void account(struct relay *r)
     double total_ms = (double)(now_us() - r->t_start_us) / 1000.0;
     unsigned retries = r->ntried > 1 ? r->ntried - 1 : 0;
     struct atc_request_metrics m = {
-        .model = r->f->model, .endpoint = endpoint, .status = r->client_status, .priority = r->priority,
-        .ttft_s = ttft_ms >= 0 ? ttft_ms / 1000.0 : -1, .total_s = total_ms / 1000.0, .retries = retries,
-        .bytes = r->bytes, .sse_events = r->sse_events,
+        .model = r->f->model,
+        .endpoint = endpoint,
+        .status = r->client_status,
+        .priority = r->priority,
+        .ttft_s = ttft_ms >= 0 ? ttft_ms / 1000.0 : -1,
+        .total_s = total_ms / 1000.0,
+        .retries = retries,
+        .bytes = r->bytes,
+        .sse_events = r->sse_events,
     };
     atc_metrics_request(srv->metrics, &m);
     if (srv->access_log == NULL)
         return;
     struct atc_access_record rec = {
-        .id = r->id, .model = r->f->model, .tenant = r->tenant, .session = r->session, .endpoint = endpoint,
-        .error = r->error, .priority = r->priority, .status = r->client_status, .policy_version = r->policy_version,
-        .stream = r->f->stream, .ttft_ms = ttft_ms, .total_ms = total_ms, .prompt_tokens = r->f->prompt_tokens,
-        .max_tokens = r->f->max_tokens, .retries = retries, .bytes = r->bytes, .sse_events = r->sse_events,
+        .id = r->id,
+        .model = r->f->model,
+        .tenant = r->tenant,
+        .session = r->session,
+        .endpoint = endpoint,
+        .error = r->error,
+        .priority = r->priority,
+        .status = r->client_status,
+        .policy_version = r->policy_version,
+        .stream = r->f->stream,
+        .ttft_ms = ttft_ms,
+        .total_ms = total_ms,
+        .prompt_tokens = r->f->prompt_tokens,
+        .max_tokens = r->f->max_tokens,
+        .retries = retries,
+        .bytes = r->bytes,
+        .sse_events = r->sse_events,
     };
     atc_access_log_request(srv->access_log, &rec);
 }
@@ -490,24 +509,31 @@ static void on_up_done(void *arg)
  * sees an error rather than a stream that merely stops. */
 static void end_broken_stream(struct relay *r, enum atc_upstream_error err)
 {
-    if (r->event_stream) {
-        struct evbuffer *ev = evbuffer_new();
-        if (ev != NULL) {
-            evbuffer_add_printf(ev,
-                                "data: {\"error\":{\"message\":\"upstream %s: %s\",\"type\":\"%s\","
-                                "\"param\":null,\"code\":%d}}\n\n",
-                                r->tried[r->ntried - 1]->id, atc_upstream_strerror(err),
-                                atc_upstream_is_timeout(err) ? "timeout" : "upstream_error",
-                                error_status(err));
-            evhttp_send_reply_chunk(r->client, ev);
-            evbuffer_free(ev);
-        }
-    }
-    evhttp_send_reply_end(r->client);
     r->srv->stats.responses_total++;
     r->client_status = r->status;
     snprintf(r->error, sizeof(r->error), "upstream %s: %s after the answer started",
              r->tried[r->ntried - 1]->id, atc_upstream_strerror(err));
+    if (!r->event_stream) {
+        /* No in-band way to say so: cut the connection, so the client sees a truncated answer rather
+         * than a short one that looks complete. */
+        struct evhttp_connection *conn = r->client_conn;
+        evhttp_connection_set_closecb(conn, NULL, NULL);
+        r->client_conn = NULL;
+        relay_free(r);
+        evhttp_connection_free(conn); /* and the client request with it */
+        return;
+    }
+    struct evbuffer *ev = evbuffer_new();
+    if (ev != NULL) {
+        evbuffer_add_printf(ev,
+                            "data: {\"error\":{\"message\":\"upstream %s: %s\",\"type\":\"%s\","
+                            "\"param\":null,\"code\":%d}}\n\n",
+                            r->tried[r->ntried - 1]->id, atc_upstream_strerror(err),
+                            atc_upstream_is_timeout(err) ? "timeout" : "upstream_error", error_status(err));
+        evhttp_send_reply_chunk(r->client, ev);
+        evbuffer_free(ev);
+    }
+    evhttp_send_reply_end(r->client);
     relay_done(r);
 }
 

@@ -75,6 +75,12 @@ static void test_token_budget(void **state)
     assert_true(atc_endpoint_available(a, 400));
     assert_false(atc_endpoint_available(a, 401)); /* over the budget with this request */
     atc_endpoint_release(a, 600);
+    /* the server's own queue, as scraped, can mark it full too */
+    a->max_server_queue = 4;
+    a->server_queue = 3;
+    assert_true(atc_endpoint_available(a, 0));
+    a->server_queue = 4;
+    assert_false(atc_endpoint_available(a, 0));
     atc_endpoint_table_destroy(t);
 }
 

@@ -1,0 +1,144 @@
+"""Hostile servers: each misbehaviour is a defined answer to the client, counted against the server,
+never a hang. A tiny raw-socket server plays the misbehaving inference server."""
+
+import json
+import socket
+import threading
+import time
+import unittest
+
+from harness import AtcTestCase, chat, request, stream_events
+
+
+class BadServer(threading.Thread):
+    """Accepts connections and answers every request with @p behaviour(conn)."""
+
+    def __init__(self, behaviour):
+        super().__init__(daemon=True)
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.behaviour = behaviour
+        self.start()
+
+    def run(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
+
+    def serve(self, conn):
+        try:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            self.behaviour(conn)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+
+def garbage(conn):
+    conn.sendall(b"this is not HTTP at all\r\n\r\n")
+
+
+def endless_header(conn):
+    conn.sendall(b"HTTP/1.1 200 OK\r\nX-Long: ")
+    for _ in range(200):  # 200 KiB of one header, more than atc's 64 KiB limit
+        conn.sendall(b"a" * 1024)
+    time.sleep(2)
+
+
+def truncated_chunked(conn):
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                 b"40\r\n{\"id\":\"x\",\"object\":\"chat.completion\",")  # promises 64 bytes, sends fewer
+
+
+def stall_mid_stream(conn):
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+    event = b'data: {"choices":[{"delta":{"content":"hi "}}]}\n\n'
+    conn.sendall(b"%x\r\n%s\r\n" % (len(event), event))
+    time.sleep(5)  # then nothing
+
+
+class HostileServerTest(AtcTestCase):
+    def atc_for(self, server):
+        return self.start_atc(f"""
+            listen: 127.0.0.1:0
+            admin: 127.0.0.1:0
+            health: {{enabled: false}}
+            upstream:
+              first_byte_timeout: 1s
+              idle_timeout: 500ms
+              tries: 1
+            models:
+              - name: m
+                endpoints:
+                  - {{id: bad, url: "http://127.0.0.1:{server.port}"}}
+        """)
+
+    def assert_counted(self, atc):
+        ep = atc.endpoints()["bad"]
+        self.assertEqual(ep["errors_total"], 1)  # counted against the server
+        self.assertEqual(ep["inflight"], 0)  # and its slot freed
+
+    def test_garbage_instead_of_http_is_502(self):
+        atc = self.atc_for(BadServer(garbage))
+        status, _, body = chat(atc.port, model="m")
+        self.assertEqual(status, 502)
+        self.assertIn("invalid HTTP response", json.loads(body)["error"]["message"])
+        self.assert_counted(atc)
+
+    def test_an_endless_header_is_502_not_a_hang(self):
+        atc = self.atc_for(BadServer(endless_header))
+        start = time.monotonic()
+        status, _, body = chat(atc.port, model="m")
+        self.assertEqual(status, 502)
+        self.assertLess(time.monotonic() - start, 5)
+        self.assert_counted(atc)
+
+    def test_a_truncated_chunked_body_reaches_the_client_as_truncated(self):
+        atc = self.atc_for(BadServer(truncated_chunked))
+        sock = socket.create_connection(("127.0.0.1", atc.port), timeout=10)
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]}).encode()
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        got = b""
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        sock.close()
+        # The connection is cut without the chunked terminator (atc may not even have flushed the status
+        # line yet): no client can take it for a whole answer.
+        self.assertTrue(got == b"" or got.startswith(b"HTTP/1.1 200"), got[:100])
+        self.assertFalse(got.endswith(b"0\r\n\r\n"), got[-100:])
+        self.assert_counted(atc)
+
+    def test_a_stream_that_stalls_ends_with_an_error_event(self):
+        atc = self.atc_for(BadServer(stall_mid_stream))
+        start = time.monotonic()
+        status, _, events = stream_events(atc.port, {"model": "m", "stream": True,
+                                                     "messages": [{"role": "user", "content": "x"}]})
+        self.assertEqual(status, 200)
+        self.assertLess(time.monotonic() - start, 4)  # the idle timeout (500 ms), not the server's 5 s
+        self.assertIn("hi", events[0][1])
+        err = json.loads(events[-1][1])["error"]
+        self.assertEqual((err["type"], err["code"]), ("timeout", 504))
+        self.assert_counted(atc)
+        # atc still serves: the same client can ask again and get the same defined answer
+        status, _, _ = stream_events(atc.port, {"model": "m", "stream": True, "messages": []})
+        self.assertEqual(status, 200)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
