@@ -222,6 +222,13 @@ struct atc_trace_reader {
     msgpack_unpacker u;
     msgpack_unpacked obj;
     bool eof;
+    uint64_t size;    /* of the file; 0 when unknown (a pipe) */
+    uint64_t skimmed; /* bytes walked by skim() */
+    struct {
+        uint64_t skip; /* payload bytes still to pass over (str, bin, ext) */
+        unsigned char head[9];
+        unsigned nhead, need; /* a token's header, split across reads */
+    } skim;
     size_t nread; /* records returned */
     char *strings;
     size_t strings_cap;
@@ -450,6 +457,77 @@ static int decode_record(struct atc_trace_reader *rd, const msgpack_object *o, s
     return 0;
 }
 
+/* The header length of the MessagePack token starting with @p b (its first byte included). */
+static unsigned token_head(unsigned char b)
+{
+    static const unsigned char c0[32] = {
+        1, 1, 1, 1, 2, 3, 5, 3, 4, 6, 5, 9, 2, 3, 5, 9, /* 0xc0-0xcf */
+        2, 3, 5, 9, 2, 2, 2, 2, 2, 2, 3, 5, 3, 5, 3, 5, /* 0xd0-0xdf */
+    };
+    return b >= 0xc0 && b <= 0xdf ? c0[b - 0xc0] : 1;
+}
+
+static uint64_t be(const unsigned char *p, unsigned n)
+{
+    uint64_t v = 0;
+    for (unsigned i = 0; i < n; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* msgpack-c allocates a container's elements when it reads the container's header, before they
+ * arrive: a few bytes claiming 2^32 elements ask for 64 GiB or more. So every byte read is walked here
+ * first, token by token (a container's elements are just the tokens after its header; str, bin and
+ * ext payloads are passed over), and a container that claims more elements than there are bytes left
+ * in the file (each element takes one at least) fails the read before msgpack sees it. */
+static int skim(struct atc_trace_reader *rd, const unsigned char *p, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        if (rd->skim.skip > 0) {
+            size_t k = rd->skim.skip < n - i ? (size_t)rd->skim.skip : n - i;
+            rd->skim.skip -= k;
+            i += k;
+            continue;
+        }
+        if (rd->skim.nhead == 0)
+            rd->skim.need = token_head(p[i]);
+        while (rd->skim.nhead < rd->skim.need && i < n)
+            rd->skim.head[rd->skim.nhead++] = p[i++];
+        if (rd->skim.nhead < rd->skim.need)
+            break;
+        const unsigned char *h = rd->skim.head;
+        uint64_t elements = 0;
+        if (h[0] >= 0x80 && h[0] <= 0x8f)
+            elements = 2u * (h[0] & 0x0fu);
+        else if (h[0] >= 0x90 && h[0] <= 0x9f)
+            elements = h[0] & 0x0fu;
+        else if (h[0] == 0xdc || h[0] == 0xdd)
+            elements = be(h + 1, h[0] == 0xdc ? 2 : 4);
+        else if (h[0] == 0xde || h[0] == 0xdf)
+            elements = 2 * be(h + 1, h[0] == 0xde ? 2 : 4);
+        else if (h[0] >= 0xa0 && h[0] <= 0xbf)
+            rd->skim.skip = h[0] & 0x1fu;
+        else if (h[0] == 0xc4 || h[0] == 0xc5 || h[0] == 0xc6 || h[0] == 0xd9 || h[0] == 0xda || h[0] == 0xdb)
+            rd->skim.skip = be(h + 1, rd->skim.need - 1);
+        else if (h[0] == 0xc7 || h[0] == 0xc8 || h[0] == 0xc9)
+            rd->skim.skip = be(h + 1, rd->skim.need - 2);
+        else if (h[0] >= 0xd4 && h[0] <= 0xd8)
+            rd->skim.skip = 1u << (h[0] - 0xd4);
+        rd->skim.nhead = 0;
+        uint64_t at = rd->skimmed + i; /* just past the header */
+        if (rd->size > 0 && elements > (rd->size > at ? rd->size - at : 0)) {
+            struct stat st; /* the file may have grown since it was opened (a trace being recorded) */
+            if (fstat(fileno(rd->f), &st) == 0 && (uint64_t)st.st_size > rd->size)
+                rd->size = (uint64_t)st.st_size;
+            if (elements > (rd->size > at ? rd->size - at : 0))
+                return -1;
+        }
+    }
+    rd->skimmed += n;
+    return 0;
+}
+
 /* Next object from the file; 1, 0 at a clean end, -1 (with *why) on a parse error or a truncated end. */
 static int next_object(struct atc_trace_reader *rd, const char **why)
 {
@@ -483,6 +561,10 @@ static int next_object(struct atc_trace_reader *rd, const char **why)
                 return -1;
             }
             rd->eof = true;
+        }
+        if (skim(rd, (const unsigned char *)msgpack_unpacker_buffer(&rd->u), n) < 0) {
+            *why = "a container claims more elements than the file has bytes left";
+            return -1;
         }
         msgpack_unpacker_buffer_consumed(&rd->u, n);
     }
@@ -525,6 +607,9 @@ struct atc_trace_reader *atc_trace_open(const char *path, struct atc_trace_heade
         atc_trace_close(rd);
         return NULL;
     }
+    struct stat st;
+    if (fstat(fileno(rd->f), &st) == 0 && S_ISREG(st.st_mode))
+        rd->size = (uint64_t)st.st_size;
     int rc = next_object(rd, &why);
     if (rc == 0)
         why = "empty file (no header)";

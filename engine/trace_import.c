@@ -68,12 +68,14 @@ static bool tok_is(const char *js, const jsmntok_t *t, const char *s)
 
 /* Tokens in the value starting at @p i, everything nested in it included (jsmn makes an object's keys
  * its children, and each key's value the key's one child). */
-static int skip(const jsmntok_t *toks, int i)
+static int skip(const jsmntok_t *toks, int ntok, int i)
 {
-    int n = 1;
-    for (int left = toks[i].size; left > 0; left--)
-        n += skip(toks, i + n);
-    return n;
+    /* Iterative, and never past the last token: a line of a million '[' must not recurse a million
+     * deep, and jsmn's sizes are not to be trusted beyond the tokens it wrote. */
+    int j = i;
+    for (long pending = 1; pending > 0 && j < ntok; j++)
+        pending += toks[j].size - 1;
+    return j - i;
 }
 
 static bool tok_number(const char *js, const jsmntok_t *t, double *out)
@@ -212,9 +214,36 @@ static int get_blocks(struct importer *im, const char *js, int i, const char *ke
     return 0;
 }
 
+/* True when brackets outside strings nest deeper than @p max. jsmn closes a bracket by scanning back
+ * over the tokens, so a line of 300,000 '[' took it 25 s: a trace line is an object of flat values. */
+static bool too_deep(const char *js, size_t len, int max)
+{
+    int depth = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < len; i++) {
+        char c = js[i];
+        if (in_string) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_string = false;
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '{' || c == '[') {
+            if (++depth > max)
+                return true;
+        } else if (c == '}' || c == ']') {
+            depth--;
+        }
+    }
+    return false;
+}
+
 static int import_json_line(struct importer *im, const char *js, size_t len, bool mooncake)
 {
     jsmn_parser p;
+    if (too_deep(js, len, 64))
+        return fail_line(im, "JSON nested too deeply");
     jsmn_init(&p);
     int ntok = jsmn_parse(&p, js, len, NULL, 0);
     if (ntok < 0)
@@ -231,7 +260,7 @@ static int import_json_line(struct importer *im, const char *js, size_t len, boo
         return fail_line(im, "invalid JSON");
     if (ntok == 0 || im->toks[0].type != JSMN_OBJECT)
         return fail_line(im, "expected a JSON object");
-    if (skip(im->toks, 0) != ntok || (size_t)im->toks[0].end != len)
+    if (skip(im->toks, ntok, 0) != ntok || (size_t)im->toks[0].end != len)
         return fail_line(im, "expected one JSON object on the line");
     if (len * 3 + 1 > im->strings_cap) {
         char *s = realloc(im->strings, len * 3 + 1);
@@ -248,9 +277,12 @@ static int import_json_line(struct importer *im, const char *js, size_t len, boo
     bool have_time = false, have_in = false, have_out = false, have_hash = false;
     uint64_t block_tokens = 0;
     for (int i = 1; i < ntok;) {
+        /* jsmn takes {"id"} (a key without a value): there must be a value token after each key */
+        if (im->toks[i].type != JSMN_STRING || im->toks[i].size != 1 || i + 1 >= ntok)
+            return fail_line(im, "expected \"key\": value pairs");
         const jsmntok_t *k = &im->toks[i], *v = &im->toks[i + 1];
         int vi = i + 1;
-        i += skip(im->toks, i);
+        i += skip(im->toks, ntok, i);
         uint64_t u;
         double d;
         size_t slen;
