@@ -128,6 +128,15 @@ def request(host, port, method, path, body=None, headers=None, timeout=30):
     return result
 
 
+def post_raw(port, body, timeout=None):
+    """Sends a chat POST on a raw socket and returns the socket unread (to read slowly, or hang up)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    data = json.dumps(body).encode()
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+    return sock
+
+
 def chat(port, model="llama-3-8b", content="hello", stream=False, max_tokens=8, headers=None, **extra):
     body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
             "stream": stream}

@@ -10,7 +10,7 @@ import threading
 import time
 import unittest
 
-from harness import AtcTestCase, chat, request, wait_for
+from harness import AtcTestCase, post_raw, chat, request, wait_for
 
 CONFIG = """
 listen: 127.0.0.1:0
@@ -145,10 +145,7 @@ class AdmissionTest(AtcTestCase):
     def test_a_client_that_leaves_the_queue_is_forgotten(self):
         atc = self.start()
         blocker = self.block(atc)
-        sock = socket.create_connection(("127.0.0.1", atc.port))
-        body = json.dumps({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}).encode()
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        sock = post_raw(atc.port, {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]})
         wait_for(lambda: self.queues(atc)["waiting"] == 1, what="queued")
         sock.close()
         wait_for(lambda: self.queues(atc)["waiting"] == 0, timeout=3, what="left the queue")

@@ -7,7 +7,7 @@ import threading
 import time
 import unittest
 
-from harness import AtcTestCase, chat, request, stream_events
+from harness import AtcTestCase, post_raw, chat, request, stream_events
 
 
 class BadServer(threading.Thread):
@@ -115,10 +115,7 @@ class HostileServerTest(AtcTestCase):
 
     def test_a_truncated_chunked_body_reaches_the_client_as_truncated(self):
         atc = self.atc_for(BadServer(truncated_chunked))
-        sock = socket.create_connection(("127.0.0.1", atc.port), timeout=10)
-        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]}).encode()
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        sock = post_raw(atc.port, {"model": "m", "messages": [{"role": "user", "content": "x"}]}, timeout=10)
         got = b""
         while True:
             chunk = sock.recv(65536)

@@ -5,7 +5,7 @@ import socket
 import time
 import unittest
 
-from harness import AtcTestCase, chat, dead_port, request, stream_events, wait_for
+from harness import AtcTestCase, post_raw, chat, dead_port, request, stream_events, wait_for
 
 SIMULATED = """
 listen: 127.0.0.1:0
@@ -137,11 +137,8 @@ class ProxyTest(AtcTestCase):
                 decode_ms: 50
         """)
         # Hold the only slot with a long stream, then ask again.
-        sock = socket.create_connection(("127.0.0.1", atc.port))
-        body = json.dumps({"model": "llama-3-8b", "stream": True, "max_tokens": 100,
-                           "messages": [{"role": "user", "content": "hold"}]}).encode()
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        sock = post_raw(atc.port, {"model": "llama-3-8b", "stream": True, "max_tokens": 100,
+                           "messages": [{"role": "user", "content": "hold"}]})
         wait_for(lambda: atc.endpoints()["llama-3-8b-sim-1"]["inflight"] == 1, what="slot taken")
         status, headers, out = chat(atc.port, max_tokens=2)
         self.assertEqual(status, 503)
@@ -226,11 +223,8 @@ class ProxyTest(AtcTestCase):
 
     def test_client_disconnect_mid_stream_frees_the_slot(self):
         atc = self.start_atc(SIMULATED.format(decode_ms=50))
-        sock = socket.create_connection(("127.0.0.1", atc.port))
-        body = json.dumps({"model": "llama-3-8b", "stream": True, "max_tokens": 200,
-                           "messages": [{"role": "user", "content": "long"}]}).encode()
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        sock = post_raw(atc.port, {"model": "llama-3-8b", "stream": True, "max_tokens": 200,
+                           "messages": [{"role": "user", "content": "long"}]})
         got = b""
         while got.count(b"data: ") < 2:  # the stream is flowing
             got += sock.recv(65536)
@@ -253,21 +247,15 @@ class ProxyTest(AtcTestCase):
                 endpoints:
                   - {{id: hung, url: "{sim.url}"}}
         """)
-        sock = socket.create_connection(("127.0.0.1", atc.port))
-        body = json.dumps({"model": "llama-3-8b", "messages": [{"role": "user", "content": "x"}]}).encode()
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        sock = post_raw(atc.port, {"model": "llama-3-8b", "messages": [{"role": "user", "content": "x"}]})
         wait_for(lambda: atc.endpoints()["hung"]["inflight"] == 1, what="request in flight")
         sock.close()
         wait_for(lambda: atc.endpoints()["hung"]["inflight"] == 0, timeout=3, what="slot freed")
 
     def test_sigterm_lets_a_stream_finish_then_exits_0(self):
         atc = self.start_atc(SIMULATED.format(decode_ms=20))
-        sock = socket.create_connection(("127.0.0.1", atc.port))
-        body = json.dumps({"model": "llama-3-8b", "stream": True, "max_tokens": 30,
-                           "messages": [{"role": "user", "content": "x"}]}).encode()
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        sock = post_raw(atc.port, {"model": "llama-3-8b", "stream": True, "max_tokens": 30,
+                           "messages": [{"role": "user", "content": "x"}]})
         got = sock.recv(65536)
         atc.proc.terminate()
         sock.settimeout(10)
