@@ -103,8 +103,24 @@ local function with_tags(eps, tags)
   return out
 end
 
+-- A fleet's endpoint lists do not change while a policy version lives (a config reload loads a new
+-- one), so a model's list and its version sides are built once per fleet rather than per request.
+local cached_fleet, by_model, by_version = nil, {}, {}
+
+local function endpoints_of(fleet, model)
+  if fleet ~= cached_fleet then
+    cached_fleet, by_model, by_version = fleet, {}, {}
+  end
+  local eps = by_model[model]
+  if eps == nil then
+    eps = fleet:endpoints(model)
+    by_model[model] = eps
+  end
+  return eps
+end
+
 -- The endpoints of eps whose version is `version` (no version = STABLE); eps itself when all are.
-local function of_version(eps, version)
+local function of_version_uncached(eps, version)
   local n = 0
   for i = 1, #eps do
     if (eps[i].version or STABLE) == version then
@@ -123,6 +139,23 @@ local function of_version(eps, version)
   return out
 end
 
+local function of_version(eps, version)
+  local sides = by_version[eps]
+  if sides == nil then
+    if by_model[eps[1] and eps[1].model] ~= eps then
+      return of_version_uncached(eps, version) -- a list filtered by tags: built per request anyway
+    end
+    sides = {}
+    by_version[eps] = sides
+  end
+  local side = sides[version]
+  if side == nil then
+    side = of_version_uncached(eps, version)
+    sides[version] = side
+  end
+  return side
+end
+
 local function any_available(eps)
   for i = 1, #eps do
     if eps[i].available then
@@ -136,14 +169,14 @@ end
 local function resolve(req, fleet, tags)
   local alias = ALIASES[req.model]
   if alias == nil then
-    return with_tags(fleet:endpoints(req.model), tags)
+    return with_tags(endpoints_of(fleet, req.model), tags)
   end
   local targets = alias
   if alias.small ~= nil then
     targets = M.needs_large(req) and alias.large or alias.small
   end
   for i = 1, #targets do
-    local eps = with_tags(fleet:endpoints(targets[i]), tags)
+    local eps = with_tags(endpoints_of(fleet, targets[i]), tags)
     if #eps > 0 then
       return eps
     end
