@@ -435,7 +435,12 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static double pct(const double *v, size_t n, double p)
+void atc_replay_sort(double *v, size_t n)
+{
+    qsort(v, n, sizeof(double), cmp_double);
+}
+
+double atc_replay_percentile(const double *v, size_t n, double p)
 {
     if (n == 0)
         return 0;
@@ -554,23 +559,23 @@ static void summarize(struct replay *rp)
             v[n++] = res->ttft_ms[i];
             sum += res->ttft_ms[i];
         }
-    qsort(v, n, sizeof(double), cmp_double);
-    res->ttft_p50_ms = pct(v, n, 50);
-    res->ttft_p90_ms = pct(v, n, 90);
-    res->ttft_p99_ms = pct(v, n, 99);
+    atc_replay_sort(v, n);
+    res->ttft_p50_ms = atc_replay_percentile(v, n, 50);
+    res->ttft_p90_ms = atc_replay_percentile(v, n, 90);
+    res->ttft_p99_ms = atc_replay_percentile(v, n, 99);
     res->ttft_mean_ms = n ? sum / (double)n : 0;
     n = 0;
     for (size_t i = 0; i < rp->n; i++)
         if (!isnan(res->e2e_ms[i]))
             v[n++] = res->e2e_ms[i];
-    qsort(v, n, sizeof(double), cmp_double);
-    res->e2e_p50_ms = pct(v, n, 50);
-    res->e2e_p99_ms = pct(v, n, 99);
+    atc_replay_sort(v, n);
+    res->e2e_p50_ms = atc_replay_percentile(v, n, 50);
+    res->e2e_p99_ms = atc_replay_percentile(v, n, 99);
     /* Queue waits: arrival to dispatch of the requests that waited (the server's own queue is part of
      * their ttft, not of this). */
-    qsort(rp->waits, rp->nwaits, sizeof(double), cmp_double);
-    res->queue_wait_p50_ms = pct(rp->waits, rp->nwaits, 50);
-    res->queue_wait_p99_ms = pct(rp->waits, rp->nwaits, 99);
+    atc_replay_sort(rp->waits, rp->nwaits);
+    res->queue_wait_p50_ms = atc_replay_percentile(rp->waits, rp->nwaits, 50);
+    res->queue_wait_p99_ms = atc_replay_percentile(rp->waits, rp->nwaits, 99);
     res->queue_wait_max_ms = rp->nwaits ? rp->waits[rp->nwaits - 1] : 0;
     free(v);
 

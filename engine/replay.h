@@ -148,4 +148,9 @@ int atc_replay_lua(struct lua_State *L);
 /** `atc replay ...`; returns the exit status. */
 int atc_replay_main(int argc, char **argv);
 
+/** Sorts @p v ascending, for atc_replay_percentile. */
+void atc_replay_sort(double *v, size_t n);
+/** The @p p-th percentile (nearest rank) of the @p n sorted values @p v; 0 when there are none. */
+double atc_replay_percentile(const double *v, size_t n, double p);
+
 #endif

@@ -240,20 +240,6 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     schedule(arg);
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double pct(const double *v, size_t n, double p)
-{
-    if (n == 0)
-        return 0;
-    size_t k = (size_t)ceil(p / 100.0 * (double)n);
-    return v[k > 0 ? k - 1 : 0];
-}
-
 int atc_replay_live(const struct atc_trace *t, const struct atc_replay_live_options *o,
                     struct atc_replay_result *out, char **err)
 {
@@ -296,18 +282,18 @@ int atc_replay_live(const struct atc_trace *t, const struct atc_replay_live_opti
                 v[m++] = out->ttft_ms[i];
                 sum += out->ttft_ms[i];
             }
-        qsort(v, m, sizeof(double), cmp_double);
-        out->ttft_p50_ms = pct(v, m, 50);
-        out->ttft_p90_ms = pct(v, m, 90);
-        out->ttft_p99_ms = pct(v, m, 99);
+        atc_replay_sort(v, m);
+        out->ttft_p50_ms = atc_replay_percentile(v, m, 50);
+        out->ttft_p90_ms = atc_replay_percentile(v, m, 90);
+        out->ttft_p99_ms = atc_replay_percentile(v, m, 99);
         out->ttft_mean_ms = m ? sum / (double)m : 0;
         m = 0;
         for (size_t i = 0; i < lv.n; i++)
             if (!isnan(out->e2e_ms[i]))
                 v[m++] = out->e2e_ms[i];
-        qsort(v, m, sizeof(double), cmp_double);
-        out->e2e_p50_ms = pct(v, m, 50);
-        out->e2e_p99_ms = pct(v, m, 99);
+        atc_replay_sort(v, m);
+        out->e2e_p50_ms = atc_replay_percentile(v, m, 50);
+        out->e2e_p99_ms = atc_replay_percentile(v, m, 99);
         free(v);
     }
     out->duration_s = lv.last_done_us > lv.start_us ? (double)(lv.last_done_us - lv.start_us) / 1e6 : 0;

@@ -63,25 +63,7 @@ end
 
 local show = testing.show
 
-local function deep_eq(a, b)
-  if a == b then
-    return true
-  end
-  if type(a) ~= "table" or type(b) ~= "table" then
-    return false
-  end
-  for k, v in pairs(a) do
-    if not deep_eq(v, b[k]) then
-      return false
-    end
-  end
-  for k in pairs(b) do
-    if a[k] == nil then
-      return false
-    end
-  end
-  return true
-end
+local deep_eq = testing.deep_eq
 
 -- Each matcher returns ok, what was expected (phrased for a failure), and optionally what was got.
 local matchers = {}

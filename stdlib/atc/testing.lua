@@ -95,6 +95,8 @@ local function deep_eq(a, b)
   return true
 end
 
+M.deep_eq = deep_eq
+
 -- eq compares tables by content (endpoints: by identity, as they are the same objects).
 function M.eq(actual, expected, msg)
   if not deep_eq(actual, expected) then
