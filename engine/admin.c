@@ -17,6 +17,7 @@
 #include "recorder.h"
 #include "server.h"
 #include "upstream.h"
+#include "worker.h"
 
 static void json_str(struct evbuffer *out, const char *key, const char *value)
 {
@@ -30,6 +31,25 @@ static void json_str(struct evbuffer *out, const char *key, const char *value)
     evbuffer_add(out, "\"", 1);
 }
 
+static size_t idle_connections(const struct atc_server *srv, const struct atc_endpoint *ep)
+{
+    size_t n = 0;
+    for (unsigned i = 0; i < srv->nworkers; i++)
+        n += ep->pools[i] != NULL ? atc_upstream_pool_idle(ep->pools[i]) : 0;
+    return n;
+}
+
+/* Every worker's admission queue (none when admission.queue is 0). */
+static size_t admissions(const struct atc_server *srv, struct atc_admission **out)
+{
+    size_t n = 0;
+    for (unsigned i = 0; i < srv->nworkers; i++)
+        if (srv->workers[i].admission != NULL)
+            out[n++] = srv->workers[i].admission;
+    return n;
+}
+
+/* Called with the workers paused: their counters and queues hold still. */
 static void send_endpoints(struct atc_server *srv, struct evhttp_request *req)
 {
     struct evbuffer *b = evbuffer_new();
@@ -57,22 +77,35 @@ static void send_endpoints(struct atc_server *srv, struct evhttp_request *req)
                             ep->capacity, ep->weight, ep->routable ? "true" : "false", ep->inflight,
                             (unsigned long long)ep->inflight_tokens, ep->ttft_ewma_ms,
                             (unsigned long long)ep->requests_total, (unsigned long long)ep->errors_total,
-                            ep->pool != NULL ? atc_upstream_pool_idle(ep->pool) : 0);
+                            idle_connections(srv, ep));
         atc_health_endpoint_json(ep, b); /* state, checks, last error, scraped load */
         evbuffer_add(b, "}", 1);
     }
-    const struct atc_server_stats *s = &srv->stats;
+    struct atc_server_stats totals;
+    const struct atc_server_stats *s = &totals;
+    unsigned active;
+    atc_server_totals(srv, &totals, &active);
+    struct atc_admission *adms[ATC_MAX_WORKERS];
+    size_t nadm = admissions(srv, adms);
     evbuffer_add_printf(b, "],\"queues\":");
-    if (srv->admission != NULL)
-        atc_admission_status_json(srv->admission, b);
+    if (nadm > 0)
+        atc_admission_status_json(adms, nadm, b);
     else
         evbuffer_add(b, "null", 4);
+    evbuffer_add_printf(b, ",\"workers\":[");
+    for (unsigned i = 0; i < srv->nworkers; i++) {
+        const struct atc_worker *w = &srv->workers[i];
+        evbuffer_add_printf(b, "%s{\"id\":%u,\"requests_total\":%llu,\"active\":%u,\"policy_version\":%llu}",
+                            i ? "," : "", i, (unsigned long long)w->stats.requests_total, w->active,
+                            (unsigned long long)(w->policy != NULL ? atc_policy_version(w->policy) : 0));
+    }
+    evbuffer_add(b, "]", 1);
     evbuffer_add_printf(b,
                         ",\"requests_total\":%llu,\"responses_total\":%llu,\"client_gone_total\":%llu,"
                         "\"retries_total\":%llu,\"upstream_errors_total\":%llu,\"active\":%u,\"health\":",
                         (unsigned long long)s->requests_total, (unsigned long long)s->responses_total,
                         (unsigned long long)s->client_gone_total, (unsigned long long)s->retries_total,
-                        (unsigned long long)s->upstream_errors_total, srv->active);
+                        (unsigned long long)s->upstream_errors_total, active);
     atc_health_status_json(srv->health, b);
     evbuffer_add(b, "}\n", 2);
     atc_http_send_json(req, 200, b);
@@ -82,8 +115,10 @@ static void send_endpoints(struct atc_server *srv, struct evhttp_request *req)
 static void send_policy(struct atc_server *srv, struct evhttp_request *req)
 {
     struct evbuffer *b = evbuffer_new();
-    if (srv->policy != NULL)
-        atc_policy_status_json(srv->policy, b);
+    if (srv->workers[0].policy != NULL) { /* worker 0's: every worker loads the same files */
+        atc_policy_sync(srv->workers[0].policy);
+        atc_policy_status_json(srv->workers[0].policy, b);
+    }
     else
         evbuffer_add_printf(b, "{\"version\":0,\"enabled\":false}\n");
     atc_http_send_json(req, 200, b);
@@ -98,13 +133,13 @@ static void reload_policy(struct atc_server *srv, struct evhttp_request *req)
         atc_http_send_error(req, 405, "invalid_request_error", "method_not_allowed", "use POST", 0);
         return;
     }
-    if (srv->policy == NULL) {
+    if (srv->workers[0].policy == NULL) {
         atc_http_send_error(req, 422, "invalid_request_error", "no_policy",
                             "the config has no policy: section", 0);
         return;
     }
     char *err = NULL;
-    uint64_t version = atc_policy_reload(srv->policy, &err);
+    uint64_t version = atc_server_reload_policy(srv, &err);
     if (version == 0) {
         atc_http_send_error(req, 422, "invalid_request_error", "policy_reload_failed", err ? err : "failed",
                             0);
@@ -282,12 +317,16 @@ void atc_admin_handle(struct evhttp_request *req, void *arg)
     if (strcmp(path, "/admin/config") == 0) {
         send_config(srv, req);
     } else if (strcmp(path, "/admin/endpoints") == 0) {
+        atc_workers_pause(srv);
         send_endpoints(srv, req);
+        atc_workers_resume(srv);
     } else if (strncmp(path, "/admin/endpoints/", 17) == 0) {
         drain_endpoint(srv, req, path + 17);
     } else if (strcmp(path, "/metrics") == 0) {
         struct evbuffer *b = evbuffer_new();
+        atc_workers_pause(srv); /* a consistent view of every worker, for the few ms it takes */
         atc_metrics_render(srv->metrics, srv, b);
+        atc_workers_resume(srv);
         evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
                           "text/plain; version=0.0.4");
         evhttp_send_reply(req, 200, "OK", b);

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <strings.h>
 
 #include <yaml.h>
@@ -534,6 +535,7 @@ static const struct field root_fields[] = {
     {.key = "access_log", .kind = F_STR, .off = CFG(access_log)},
     {.key = "admin_token", .kind = F_STR, .off = CFG(admin_token)},
     {.key = "client_timeout", .kind = F_MS, .off = CFG(client_timeout_ms), .min = 1},
+    {.key = "workers", .kind = F_UINT, .off = CFG(workers), .min = 1, .max = ATC_MAX_WORKERS},
     {.key = "health", .kind = F_NODE},
     {.key = "models", .kind = F_NODE},
     {.key = "simulate", .kind = F_NODE},
@@ -1212,6 +1214,8 @@ static struct atc_config *config_new(const char *name, const char *dir)
     cfg->max_body = (size_t)8 << 20;
     cfg->drain_timeout_ms = 10000;
     cfg->client_timeout_ms = 30000;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    cfg->workers = cores < 1 ? 1 : cores > ATC_MAX_WORKERS ? ATC_MAX_WORKERS : (unsigned)cores;
     cfg->health = (struct atc_health_config){
         .enabled = true,
         .live = {.enabled = true, .path = strdup("/health"), .interval_ms = 2000, .timeout_ms = 1000},

@@ -1,6 +1,8 @@
 #ifndef ATC_CONFIG_H
 #define ATC_CONFIG_H
 
+#define ATC_MAX_WORKERS 16 /* workers: at most; each holds a Lua state and a pool per endpoint */
+
 /* The YAML configuration, parsed with libyaml into plain structs. The whole file is validated before
  * anything is applied; every error is reported as "file:line:col: message". */
 
@@ -135,6 +137,7 @@ struct atc_config {
     size_t max_body;           /* max_body: request body limit (default 8 MiB) */
     uint64_t drain_timeout_ms; /* drain_timeout: on SIGTERM, how long in-flight requests may finish (default 10s) */
     uint64_t client_timeout_ms; /* client_timeout: reading a request from a client (default 30s) */
+    unsigned workers;           /* workers: threads serving clients (default: one per core, at most 16) */
 
     struct atc_health_config health; /* health: the top-level settings */
 

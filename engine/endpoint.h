@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "config.h"
+
 struct atc_config;
 struct atc_upstream_pool;
 struct atc_endpoint_health;
@@ -43,7 +45,7 @@ struct atc_endpoint {
     unsigned slow_start_limit;          /* while > 0 (ramping up after a return): at most this many */
     struct atc_endpoint_health *health; /* state, last error, scraped load (health.h); NULL without checks */
 
-    struct atc_upstream_pool *pool; /* keep-alive connections, owned by upstream.c */
+    struct atc_upstream_pool *pools[ATC_MAX_WORKERS]; /* each worker's keep-alive connections (upstream.c) */
 };
 
 struct atc_model {

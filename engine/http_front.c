@@ -16,13 +16,14 @@
 #include "relay.h"
 #include "request_features.h"
 #include "server.h"
+#include "worker.h"
 
-static void send_models(struct atc_server *srv, struct evhttp_request *req)
+static void send_models(struct atc_worker *w, struct evhttp_request *req)
 {
     struct evbuffer *body = evbuffer_new();
     evbuffer_add_printf(body, "{\"object\":\"list\",\"data\":[");
-    for (size_t i = 0; i < srv->table->nmodels; i++) {
-        const char *name = srv->table->models[i].name;
+    for (size_t i = 0; i < w->table->nmodels; i++) {
+        const char *name = w->table->models[i].name;
         evbuffer_add_printf(body, "%s{\"id\":\"", i ? "," : "");
         atc_json_escape(body, name, strlen(name));
         evbuffer_add_printf(body, "\",\"object\":\"model\",\"created\":0,\"owned_by\":\"atc\"}");
@@ -45,30 +46,30 @@ static int header_priority(struct evkeyvalq *h, const char **err)
 }
 
 /* The client's x-request-id (kept to a safe charset: it is passed on to servers and logs), or a new one. */
-static void request_id(struct atc_server *srv, struct evhttp_request *req, char *id, size_t size)
+static void request_id(struct atc_worker *w, struct evhttp_request *req, char *id, size_t size)
 {
     const char *given = evhttp_find_header(evhttp_request_get_input_headers(req), "x-request-id");
     if (given != NULL && given[0] != '\0')
         snprintf(id, size, "%s", given);
     else
-        snprintf(id, size, "atc-%016llx", (unsigned long long)++srv->next_id);
+        snprintf(id, size, "atc-%016llx", (unsigned long long)++w->next_id);
     for (char *p = id; *p; p++)
         if (*p < 0x21 || *p > 0x7e)
             *p = '_';
 }
 
 /* A request answered before it could be routed: the answer, its metrics and its access log line. */
-static void front_error(struct atc_server *srv, struct evhttp_request *req, const char *id,
+static void front_error(struct atc_worker *w, struct evhttp_request *req, const char *id,
                         const struct atc_features *f, int status, const char *type, const char *code,
                         const char *message)
 {
     const char *model = f != NULL ? f->model : "";
     evhttp_add_header(evhttp_request_get_output_headers(req), "x-request-id", id);
     atc_http_send_error(req, status, type, code, message, 0);
-    srv->stats.responses_total++;
+    w->stats.responses_total++;
     struct atc_request_metrics m = {.model = model, .status = status, .ttft_s = -1};
-    atc_metrics_request(srv->metrics, &m);
-    if (srv->access_log == NULL)
+    atc_metrics_request(w->srv->metrics, &m);
+    if (w->access_log == NULL)
         return;
     struct atc_access_record rec = {
         .id = id,
@@ -79,53 +80,53 @@ static void front_error(struct atc_server *srv, struct evhttp_request *req, cons
         .max_tokens = -1,
         .stream = f != NULL && f->stream,
     };
-    atc_access_log_request(srv->access_log, &rec);
+    atc_access_log_request(w->access_log, &rec);
 }
 
-static void handle_inference(struct atc_server *srv, struct evhttp_request *req, enum atc_request_kind kind,
+static void handle_inference(struct atc_worker *w, struct evhttp_request *req, enum atc_request_kind kind,
                              const char *path)
 {
     char id[80];
-    request_id(srv, req, id, sizeof(id));
-    srv->stats.requests_total++;
+    request_id(w, req, id, sizeof(id));
+    w->stats.requests_total++;
     if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
-        front_error(srv, req, id, NULL, 405, "invalid_request_error", "method_not_allowed", "use POST");
+        front_error(w, req, id, NULL, 405, "invalid_request_error", "method_not_allowed", "use POST");
         return;
     }
     struct evbuffer *in = evhttp_request_get_input_buffer(req);
     size_t len = evbuffer_get_length(in);
-    if (len > srv->cfg->max_body) {
+    if (len > w->cfg->max_body) {
         char msg[128];
         snprintf(msg, sizeof(msg), "request body of %zu bytes is over the limit of %zu bytes", len,
-                 srv->cfg->max_body);
-        front_error(srv, req, id, NULL, 413, "invalid_request_error", "request_too_large", msg);
+                 w->cfg->max_body);
+        front_error(w, req, id, NULL, 413, "invalid_request_error", "request_too_large", msg);
         return;
     }
     /* jsmn needs contiguous bytes; this is the only copy of the body, and only when evhttp's is chunked. */
     const char *body = len > 0 ? (const char *)evbuffer_pullup(in, -1) : "";
     struct atc_features *f = malloc(sizeof(*f));
     if (f == NULL) {
-        front_error(srv, req, id, NULL, 500, "server_error", NULL, "out of memory");
+        front_error(w, req, id, NULL, 500, "server_error", NULL, "out of memory");
         return;
     }
     const char *err = NULL;
     if (atc_features_scan(kind, body, len, f, &err) < 0) {
         free(f);
-        front_error(srv, req, id, NULL, 400, "invalid_request_error", NULL, err);
+        front_error(w, req, id, NULL, 400, "invalid_request_error", NULL, err);
         return;
     }
     if (!f->has_model || f->model[0] == '\0') {
-        front_error(srv, req, id, f, 400, "invalid_request_error", "missing_model", "'model' is required");
+        front_error(w, req, id, f, 400, "invalid_request_error", "missing_model", "'model' is required");
         free(f);
         return;
     }
     /* Without a policy an unknown model is answered here; a policy may map it (an alias like "auto"). */
-    if (srv->policy == NULL && atc_endpoint_table_model(srv->table, f->model, strlen(f->model)) == NULL) {
+    if (w->policy == NULL && atc_endpoint_table_model(w->table, f->model, strlen(f->model)) == NULL) {
         struct evbuffer *msg = evbuffer_new();
         evbuffer_add_printf(msg, "The model '%s' does not exist; GET /v1/models lists the models served",
                             f->model);
         evbuffer_add(msg, "", 1);
-        front_error(srv, req, id, f, 404, "invalid_request_error", "model_not_found",
+        front_error(w, req, id, f, 404, "invalid_request_error", "model_not_found",
                     (const char *)evbuffer_pullup(msg, -1));
         evbuffer_free(msg);
         free(f);
@@ -134,14 +135,14 @@ static void handle_inference(struct atc_server *srv, struct evhttp_request *req,
     struct evkeyvalq *h = evhttp_request_get_input_headers(req);
     int priority = header_priority(h, &err);
     if (priority < 0) {
-        front_error(srv, req, id, f, 400, "invalid_request_error", "invalid_priority", err);
+        front_error(w, req, id, f, 400, "invalid_request_error", "invalid_priority", err);
         free(f);
         return;
     }
     uint64_t deadline_ms = 0;
     const char *deadline = evhttp_find_header(h, "x-atc-deadline");
     if (deadline != NULL && (atc_parse_duration_ms(deadline, &deadline_ms) < 0 || deadline_ms == 0)) {
-        front_error(srv, req, id, f, 400, "invalid_request_error", "invalid_deadline",
+        front_error(w, req, id, f, 400, "invalid_request_error", "invalid_deadline",
                     "x-atc-deadline must be a duration such as 500ms or 5s");
         free(f);
         return;
@@ -159,28 +160,28 @@ static void handle_inference(struct atc_server *srv, struct evhttp_request *req,
         .request_id = id,
         .deadline_ms = deadline_ms,
     };
-    atc_relay_start(srv, req, &info);
+    atc_relay_start(w, req, &info);
 }
 
 void atc_http_front_handle(struct evhttp_request *req, void *arg)
 {
-    struct atc_server *srv = arg;
+    struct atc_worker *w = arg;
     const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
     if (path == NULL)
         path = "/";
-    if (srv->draining) {
+    if (w->draining) {
         evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
         atc_http_send_error(req, 503, "server_error", "shutting_down", "atc is shutting down; retry", 1);
         return;
     }
     if (strcmp(path, "/v1/chat/completions") == 0) {
-        handle_inference(srv, req, ATC_KIND_CHAT, "/v1/chat/completions");
+        handle_inference(w, req, ATC_KIND_CHAT, "/v1/chat/completions");
     } else if (strcmp(path, "/v1/completions") == 0) {
-        handle_inference(srv, req, ATC_KIND_COMPLETION, "/v1/completions");
+        handle_inference(w, req, ATC_KIND_COMPLETION, "/v1/completions");
     } else if (strcmp(path, "/v1/embeddings") == 0) {
-        handle_inference(srv, req, ATC_KIND_EMBEDDING, "/v1/embeddings");
+        handle_inference(w, req, ATC_KIND_EMBEDDING, "/v1/embeddings");
     } else if (strcmp(path, "/v1/models") == 0) {
-        send_models(srv, req);
+        send_models(w, req);
     } else if (strcmp(path, "/health") == 0) {
         struct evbuffer *body = evbuffer_new();
         evbuffer_add_printf(body, "{\"status\":\"ok\"}\n");

@@ -13,6 +13,7 @@
 #include "log.h"
 #include "policy.h"
 #include "server.h"
+#include "worker.h"
 #include "replay.h"
 #include "sim_server.h"
 #include "trace.h"
@@ -183,14 +184,7 @@ static int cmd_serve(int argc, char **argv)
     struct atc_config *cfg = load_config(o.config);
     if (cfg == NULL)
         return 1;
-    /* The changelist folds the add/remove pairs of read and write interest that a proxy makes on every
-     * request into one epoll_ctl per loop pass (measured: about 13% of atc's CPU went to epoll_ctl). */
-    struct event_config *ec = event_config_new();
-    if (ec != NULL)
-        event_config_set_flag(ec, EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST);
-    struct event_base *base = ec != NULL ? event_base_new_with_config(ec) : NULL;
-    if (ec != NULL)
-        event_config_free(ec);
+    struct event_base *base = atc_event_base_new();
     if (base == NULL) {
         atc_error("cannot create the event loop");
         atc_config_free(cfg);

@@ -13,6 +13,7 @@
 #include "policy.h"
 #include "server.h"
 #include "upstream.h"
+#include "worker.h"
 
 static const double latency_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
 static const double decision_bounds[] = {1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5,
@@ -223,7 +224,9 @@ static void render_endpoints(const struct atc_server *srv, struct evbuffer *out)
                 v = (double)ep->errors_total;
                 break;
             case 7:
-                v = ep->pool != NULL ? (double)atc_upstream_pool_idle(ep->pool) : 0;
+                v = 0;
+                for (unsigned w = 0; w < srv->nworkers; w++)
+                    v += ep->pools[w] != NULL ? (double)atc_upstream_pool_idle(ep->pools[w]) : 0;
                 break;
             }
             evbuffer_add_printf(out, "%s", gauges[g].name);
@@ -280,8 +283,8 @@ void atc_metrics_render(struct atc_metrics *m, const struct atc_server *srv, str
     for (size_t i = 0; i < NELEMS(fallback_reasons); i++)
         evbuffer_add_printf(out, "atc_policy_fallbacks_total{reason=\"%s\"} %llu\n", fallback_reasons[i],
                             (unsigned long long)m->fallbacks[i]);
-    if (srv->policy != NULL)
-        atc_policy_metrics(srv->policy, out);
+    if (srv->workers[0].policy != NULL) /* worker 0's runtime: every worker loads the same files */
+        atc_policy_metrics(srv->workers[0].policy, out);
 
     help(out, "atc_retries_total", "counter", "Upstream attempts after the first, on another endpoint.");
     evbuffer_add_printf(out, "atc_retries_total %llu\n", (unsigned long long)m->retries);
@@ -292,11 +295,23 @@ void atc_metrics_render(struct atc_metrics *m, const struct atc_server *srv, str
     help(out, "atc_relayed_sse_events_total", "counter", "Server-sent events relayed to clients.");
     evbuffer_add_printf(out, "atc_relayed_sse_events_total %llu\n", (unsigned long long)m->sse_events);
     help(out, "atc_active_requests", "gauge", "Client requests in progress (waiting, routed or relaying).");
-    evbuffer_add_printf(out, "atc_active_requests %u\n", srv->active);
+    struct atc_server_stats totals;
+    unsigned active;
+    atc_server_totals(srv, &totals, &active);
+    evbuffer_add_printf(out, "atc_active_requests %u\n", active);
+    help(out, "atc_worker_requests_total", "counter", "Client requests accepted, by worker thread.");
+    for (unsigned i = 0; i < srv->nworkers; i++)
+        evbuffer_add_printf(out, "atc_worker_requests_total{worker=\"%u\"} %llu\n", i,
+                            (unsigned long long)srv->workers[i].stats.requests_total);
 
     render_endpoints(srv, out);
     if (srv->health != NULL)
         atc_health_metrics(srv->health, out);
-    if (srv->admission != NULL)
-        atc_admission_metrics(srv->admission, out);
+    struct atc_admission *adms[ATC_MAX_WORKERS];
+    size_t nadm = 0;
+    for (unsigned i = 0; i < srv->nworkers; i++)
+        if (srv->workers[i].admission != NULL)
+            adms[nadm++] = srv->workers[i].admission;
+    if (nadm > 0)
+        atc_admission_metrics(adms, nadm, out);
 }

@@ -689,13 +689,29 @@ static void rollback(struct atc_policy_runtime *rt)
     rt->current = rt->last_good;
     rt->last_good = NULL;
     rt->rollbacks++;
+    if (rt->s.group != NULL) { /* the other workers follow at their next decision */
+        atomic_store(&rt->s.group->rolled_back, bad->version);
+        atomic_store(&rt->s.group->streak, 0);
+    }
     policy_version_free(bad); /* decisions are synchronous: nothing else uses it now */
+}
+
+void atc_policy_sync(struct atc_policy_runtime *rt)
+{
+    if (rt->s.group != NULL && rt->last_good != NULL &&
+        atomic_load(&rt->s.group->rolled_back) == rt->current->version) {
+        rt->current->consecutive_failures = atomic_load(&rt->s.group->streak);
+        rollback(rt);
+    }
 }
 
 static void count_result(struct atc_policy_runtime *rt, struct policy_version *v, bool ok)
 {
+    struct atc_policy_group *g = rt->s.group;
     if (ok) {
         v->consecutive_failures = 0;
+        if (g != NULL && atomic_load_explicit(&g->streak, memory_order_relaxed) != 0)
+            atomic_store(&g->streak, 0);
         if (++v->successes == PROBATION_SUCCESSES && rt->last_good != NULL && rt->current == v) {
             policy_version_free(rt->last_good); /* proven: the previous version is no longer needed */
             rt->last_good = NULL;
@@ -703,7 +719,7 @@ static void count_result(struct atc_policy_runtime *rt, struct policy_version *v
         return;
     }
     rt->fallbacks++;
-    v->consecutive_failures++;
+    v->consecutive_failures = g != NULL ? atomic_fetch_add(&g->streak, 1) + 1 : v->consecutive_failures + 1;
     if (rt->current == v && rt->last_good != NULL && rt->s.rollback_after > 0 &&
         v->consecutive_failures >= rt->s.rollback_after)
         rollback(rt);
@@ -776,6 +792,7 @@ void atc_policy_route(struct atc_policy_runtime *rt, const struct atc_route_requ
                       struct atc_decision *out)
 {
     memset(out, 0, sizeof(*out));
+    atc_policy_sync(rt);
     struct policy_version *v = rt->current;
     out->version = v->version;
     if (rt->stale) {
@@ -876,6 +893,8 @@ uint64_t atc_policy_reload(struct atc_policy_runtime *rt, char **err)
             old); /* still on probation itself: the older, proven version stays the fallback */
     rt->current = v;
     rt->reloads_ok++;
+    if (rt->s.group != NULL)
+        atomic_store(&rt->s.group->streak, 0); /* a new version starts with a clean record */
     free(rt->last_error);
     rt->last_error = NULL;
     atc_info("policy v%llu loaded from %s", (unsigned long long)v->version, rt->s.entry);
@@ -1105,6 +1124,10 @@ static void on_watch_debounced(evutil_socket_t fd, short what, void *arg)
     struct atc_policy_runtime *rt = arg;
     char *err = NULL;
     atc_info("policy files changed: reloading");
+    if (rt->on_change != NULL) {
+        rt->on_change(rt->on_change_arg);
+        return;
+    }
     atc_policy_reload(rt, &err);
     free(err);
 }
@@ -1131,8 +1154,11 @@ static void on_inotify(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-int atc_policy_watch(struct atc_policy_runtime *rt, struct event_base *base)
+int atc_policy_watch(struct atc_policy_runtime *rt, struct event_base *base, void (*on_change)(void *arg),
+                     void *arg)
 {
+    rt->on_change = on_change;
+    rt->on_change_arg = arg;
     rt->inotify_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     if (rt->inotify_fd < 0)
         return -1;

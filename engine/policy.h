@@ -40,6 +40,7 @@
  *   C balancer, counts it against the policy version, and logs it (rate-limited) with file:line.
  */
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -51,6 +52,14 @@ struct atc_endpoint_table;
 struct atc_affinity;
 struct atc_prefix_index;
 
+/* Shared by the runtimes of every worker (each worker has its own, loaded from the same files): a new
+ * version's run of failed decisions counts process-wide, and a rollback on one worker rolls back the
+ * others at their next decision. Zeroed by the owner; atomic. */
+struct atc_policy_group {
+    atomic_uint streak;              /* failed decisions in a row, on any worker */
+    atomic_uint_least64_t rolled_back; /* the latest version rolled back (0: none) */
+};
+
 struct atc_policy_settings {
     const char *entry;       /* the entry file */
     const char *const *path; /* extra module directories */
@@ -60,6 +69,7 @@ struct atc_policy_settings {
     size_t memory;           /* bytes per Lua state */
     bool jit;                /* trusted: JIT on, budget checked only after the call */
     unsigned rollback_after; /* consecutive failures of a new version before rolling back (0 = never) */
+    struct atc_policy_group *group; /* NULL: this runtime alone (replay, tests, one worker) */
     /* Replay: the clock atc.now() reads (milliseconds; NULL: the monotonic clock) and the seed of
      * atc.random() (0: random), in force from the first load on, its smoke test included. */
     double (*now_ms)(void *ctx);
@@ -135,6 +145,9 @@ uint64_t atc_policy_reload(struct atc_policy_runtime *rt, char **err);
  * succeeds, the C balancer routes (the old states no longer match the table). */
 uint64_t atc_policy_set_table(struct atc_policy_runtime *rt, struct atc_endpoint_table *table, char **err);
 
+/** Applies a rollback another worker of its group made (the admin API calls it before reporting). */
+void atc_policy_sync(struct atc_policy_runtime *rt);
+
 /** The version currently deciding. */
 uint64_t atc_policy_version(const struct atc_policy_runtime *rt);
 
@@ -144,8 +157,10 @@ void atc_policy_status_json(const struct atc_policy_runtime *rt, struct evbuffer
 /** Appends the runtime's Prometheus metrics (version, reloads, per-version failure counters). */
 void atc_policy_metrics(const struct atc_policy_runtime *rt, struct evbuffer *out);
 
-/** Reloads when a .lua file in the policy's directories changes (inotify, debounced). 0 or -1. */
-int atc_policy_watch(struct atc_policy_runtime *rt, struct event_base *base);
+/** Reloads when a .lua file in the policy's directories changes (inotify, debounced), or calls
+ * @p on_change(@p arg) instead when it is set (the server reloads every worker's runtime). 0 or -1. */
+int atc_policy_watch(struct atc_policy_runtime *rt, struct event_base *base, void (*on_change)(void *arg),
+                     void *arg);
 
 /** Sets the clock atc.now() reads (milliseconds) and the seed of atc.random(); for replay and tests. */
 void atc_policy_set_clock(struct atc_policy_runtime *rt, double (*now_ms)(void *ctx), void *ctx);

@@ -65,6 +65,8 @@ struct atc_policy_runtime {
     struct watchdog *watchdog;
     struct event *watch_event; /* inotify */
     struct event *watch_debounce;
+    void (*on_change)(void *arg); /* what a change of the files does (atc_policy_watch) */
+    void *on_change_arg;
     int inotify_fd;
     bool test_mode; /* atc test: no endpoint table */
     bool stale;     /* the table changed and no version matches it yet: the C balancer routes */

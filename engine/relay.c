@@ -25,6 +25,7 @@
 #include "server.h"
 #include "trace.h"
 #include "upstream.h"
+#include "worker.h"
 
 /* Above this many bytes waiting for a slow client, stop reading from the server until they drain. */
 #define CLIENT_HIGH_WATERMARK (256 * 1024)
@@ -35,7 +36,7 @@
 #define MAX_TRIES 8
 
 struct relay {
-    struct atc_server *srv;
+    struct atc_worker *w; /* the worker (thread) it runs on */
     struct evhttp_request *client;
     struct evhttp_connection *client_conn;
     struct event *watch; /* notices a client that hangs up while we wait for the server */
@@ -95,19 +96,36 @@ static uint64_t now_us(void)
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
+/* Other workers read how many wait here, to know whether a slot freed there should wake this queue. */
+static void note_waiting(struct atc_worker *w)
+{
+    if (w->admission != NULL)
+        atomic_store(&w->waiting, (unsigned)atc_admission_waiting(w->admission));
+}
+
 static void release_endpoint(struct relay *r)
 {
     if (r->ep == NULL)
         return;
     atc_endpoint_release(r->ep, r->tokens);
     r->ep = NULL;
-    atc_admission_kick(r->srv->admission); /* a slot freed: the best waiting request may take it */
+    atc_admission_kick(r->w->admission); /* a slot freed: the best waiting request may take it */
+    note_waiting(r->w);
+    atc_server_capacity_freed(r->w); /* or one waiting on another worker */
+}
+
+/* The outcome of the attempt on r->ep: its counters, and passive health checks (on the main thread). */
+static void record_outcome(struct relay *r, bool ok, double ttft_ms)
+{
+    bool had_errors = r->ep->consecutive_errors > 0;
+    atc_endpoint_record(r->ep, ok, ttft_ms);
+    atc_server_observe(r->w, r->ep, ok, had_errors);
 }
 
 /* One request's line in the access log and its share of the metrics. */
 static void account(struct relay *r)
 {
-    struct atc_server *srv = r->srv;
+    struct atc_worker *w = r->w;
     const char *endpoint = r->ntried > 0 ? r->tried[r->ntried - 1]->id : NULL;
     double ttft_ms = r->t_first_us ? (double)(r->t_first_us - r->t_start_us) / 1000.0 : -1;
     double total_ms = (double)(now_us() - r->t_start_us) / 1000.0;
@@ -123,8 +141,8 @@ static void account(struct relay *r)
         .bytes = r->bytes,
         .sse_events = r->sse_events,
     };
-    atc_metrics_request(srv->metrics, &m);
-    if (srv->access_log == NULL)
+    atc_metrics_request(w->srv->metrics, &m);
+    if (w->access_log == NULL)
         return;
     struct atc_access_record rec = {
         .id = r->id,
@@ -145,7 +163,7 @@ static void account(struct relay *r)
         .bytes = r->bytes,
         .sse_events = r->sse_events,
     };
-    atc_access_log_request(srv->access_log, &rec);
+    atc_access_log_request(w->access_log, &rec);
 }
 
 /* The relay is over: the client has its answer (or is gone). Frees the relay, not the client request. */
@@ -153,8 +171,10 @@ static void relay_free(struct relay *r)
 {
     account(r);
     record_finished(r);
-    if (r->qi.queued)
-        atc_admission_remove(r->srv->admission, &r->qi);
+    if (r->qi.queued) {
+        atc_admission_remove(r->w->admission, &r->qi);
+        note_waiting(r->w);
+    }
     release_endpoint(r);
     if (r->watch != NULL)
         event_free(r->watch);
@@ -164,7 +184,7 @@ static void relay_free(struct relay *r)
         evbuffer_free(r->buffered);
     free(r->f);
     free(r->rewritten);
-    atc_server_request_finished(r->srv);
+    atc_server_request_finished(r->w);
     free(r);
 }
 
@@ -191,7 +211,7 @@ static void relay_done(struct relay *r)
         event_free(r->watch);
         r->watch = NULL;
     }
-    if (r->srv->draining && r->client_conn != NULL && evbuffer_get_length(client_output(r)) > 0) {
+    if (r->w->draining && r->client_conn != NULL && evbuffer_get_length(client_output(r)) > 0) {
         r->flushing = true;
         evbuffer_add_cb(client_output(r), on_client_flushed, r);
         return;
@@ -205,12 +225,12 @@ static void add_reply_headers(struct relay *r)
     if (r->ntried > 0)
         evhttp_add_header(h, "x-atc-endpoint", r->tried[r->ntried - 1]->id);
     evhttp_add_header(h, "x-request-id", r->id);
-    if (r->srv->policy != NULL) {
+    if (r->w->policy != NULL) {
         char v[24];
         snprintf(v, sizeof(v), "%llu", (unsigned long long)r->policy_version);
         evhttp_add_header(h, "x-atc-policy-version", v);
     }
-    if (r->srv->draining)
+    if (r->w->draining)
         evhttp_add_header(h, "Connection", "close");
 }
 
@@ -219,7 +239,7 @@ static void reply_error(struct relay *r, int status, const char *type, const cha
 {
     add_reply_headers(r);
     atc_http_send_error(r->client, status, type, code, message, retry_after);
-    r->srv->stats.responses_total++;
+    r->w->stats.responses_total++;
     r->client_status = status;
     snprintf(r->error, sizeof(r->error), "%s", message);
     relay_done(r);
@@ -228,7 +248,7 @@ static void reply_error(struct relay *r, int status, const char *type, const cha
 /* The client hung up: stop the server's work at once and free its slot. */
 static void client_gone(struct relay *r)
 {
-    r->srv->stats.client_gone_total++;
+    r->w->stats.client_gone_total++;
     r->client_status = 499;
     snprintf(r->error, sizeof(r->error), "client disconnected");
     if (r->up != NULL) {
@@ -307,16 +327,16 @@ enum choice {
  * tried are never chosen again; on a retry, a verdict or a full fleet means the last failure stands. */
 static enum choice choose(struct relay *r, struct atc_endpoint **ep)
 {
-    struct atc_server *srv = r->srv;
+    struct atc_worker *w = r->w;
     bool first = r->ntried == 0;
     r->rreq.attempt = r->ntried + 1;
     r->rreq.tried = r->tried;
     r->rreq.ntried = r->ntried;
-    if (srv->policy != NULL) {
+    if (w->policy != NULL) {
         struct atc_decision d;
         uint64_t t0 = now_us();
-        atc_policy_route(srv->policy, &r->rreq, &d);
-        atc_metrics_decision(srv->metrics, (double)(now_us() - t0) / 1e6,
+        atc_policy_route(w->policy, &r->rreq, &d);
+        atc_metrics_decision(w->srv->metrics, (double)(now_us() - t0) / 1e6,
                              d.kind == ATC_DECISION_FALLBACK ? d.reason : NULL);
         r->policy_version = d.version;
         r->marks.decision = (int)d.kind; /* the last decision is the one that routed it */
@@ -337,7 +357,7 @@ static enum choice choose(struct relay *r, struct atc_endpoint **ep)
         }
     }
     /* Looked up now rather than kept: a config reload may change the table while a request waits. */
-    const struct atc_model *model = atc_endpoint_table_model(srv->table, r->f->model, strlen(r->f->model));
+    const struct atc_model *model = atc_endpoint_table_model(w->table, r->f->model, strlen(r->f->model));
     if (model == NULL) {
         if (!first)
             return NONE;
@@ -347,7 +367,7 @@ static enum choice choose(struct relay *r, struct atc_endpoint **ep)
         reply_error(r, 404, "invalid_request_error", "model_not_found", msg, 0);
         return ANSWERED;
     }
-    *ep = atc_balancer_pick(model, &srv->rng, r->tried, r->ntried, r->tokens);
+    *ep = atc_balancer_pick(model, &w->rng, r->tried, r->ntried, r->tokens);
     if (*ep != NULL)
         return CHOSEN;
     return first ? WAIT : NONE;
@@ -358,7 +378,7 @@ static enum choice choose(struct relay *r, struct atc_endpoint **ep)
 static struct atc_endpoint *next_endpoint(struct relay *r)
 {
     struct atc_endpoint *ep = NULL;
-    if (r->reply_started || r->ntried >= r->srv->cfg->upstream.tries || r->ntried >= MAX_TRIES)
+    if (r->reply_started || r->ntried >= r->w->cfg->upstream.tries || r->ntried >= MAX_TRIES)
         return NULL;
     return choose(r, &ep) == CHOSEN ? ep : NULL;
 }
@@ -411,17 +431,17 @@ static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
     struct atc_endpoint *next;
     if (resp->status >= 500 && (next = next_endpoint(r)) != NULL) {
         /* The server failed before anything reached the client: another endpoint may do better. */
-        atc_endpoint_record(r->ep, false, -1);
+        record_outcome(r, false, -1);
         atc_warn("request %s: upstream %s answered %d, retrying on %s", r->id, r->ep->id, resp->status,
                  next->id);
         atc_upstream_cancel(r->up);
         r->up = NULL;
         release_endpoint(r);
-        r->srv->stats.retries_total++;
+        r->w->stats.retries_total++;
         attempt(r, next);
         return;
     }
-    atc_endpoint_record(r->ep, resp->status < 500, resp->status < 500 ? ttft_ms : -1);
+    record_outcome(r, resp->status < 500, resp->status < 500 ? ttft_ms : -1);
     r->status = resp->status;
     r->t_first_us = now_us();
     r->event_stream = resp->event_stream;
@@ -531,7 +551,7 @@ static void on_up_body(void *arg, struct evbuffer *data)
     struct relay *r = arg;
     size_t len = evbuffer_get_length(data);
     r->bytes += len;
-    if (r->srv->recorder != NULL)
+    if (r->w->srv->recorder != NULL)
         atc_record_marks_observe(&r->marks, data, r->streaming, now_us());
     if (!r->streaming) {
         evbuffer_add_buffer(r->buffered, data);
@@ -541,8 +561,8 @@ static void on_up_body(void *arg, struct evbuffer *data)
         /* Not server-sent events: the server is broken. It counts against it, and the client's stream
          * ends with an error event rather than with garbage. */
         evbuffer_drain(data, len);
-        r->srv->stats.upstream_errors_total++;
-        atc_endpoint_record(r->ep, false, -1);
+        r->w->stats.upstream_errors_total++;
+        record_outcome(r, false, -1);
         atc_warn("request %s: upstream %s: %s", r->id, r->ep->id,
                  atc_upstream_strerror(ATC_UPSTREAM_ERR_BAD_STREAM));
         atc_upstream_cancel(r->up);
@@ -564,7 +584,7 @@ static void on_up_done(void *arg)
 {
     struct relay *r = arg;
     r->up = NULL;
-    r->srv->stats.responses_total++;
+    r->w->stats.responses_total++;
     r->client_status = r->status;
     if (r->streaming) {
         evhttp_send_reply_end(r->client);
@@ -579,7 +599,7 @@ static void on_up_done(void *arg)
  * sees an error rather than a stream that merely stops. */
 static void end_broken_stream(struct relay *r, enum atc_upstream_error err)
 {
-    r->srv->stats.responses_total++;
+    r->w->stats.responses_total++;
     r->client_status = r->status;
     snprintf(r->error, sizeof(r->error), "upstream %s: %s after the answer started",
              r->tried[r->ntried - 1]->id, atc_upstream_strerror(err));
@@ -611,8 +631,8 @@ static void on_up_error(void *arg, enum atc_upstream_error err, bool got_respons
 {
     struct relay *r = arg;
     r->up = NULL;
-    r->srv->stats.upstream_errors_total++;
-    atc_endpoint_record(r->ep, false, -1);
+    r->w->stats.upstream_errors_total++;
+    record_outcome(r, false, -1);
     atc_warn("request %s: upstream %s: %s", r->id, r->ep->id, atc_upstream_strerror(err));
     release_endpoint(r);
     r->last_error = err;
@@ -626,7 +646,7 @@ static void on_up_error(void *arg, enum atc_upstream_error err, bool got_respons
         give_up(r);
         return;
     }
-    r->srv->stats.retries_total++;
+    r->w->stats.retries_total++;
     attempt(r, next);
 }
 
@@ -645,11 +665,11 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
     r->ep = ep;
     r->tried[r->ntried++] = ep;
     atc_endpoint_acquire(ep, r->tokens);
-    if (r->srv->policy != NULL)
-        atc_policy_routed(r->srv->policy, &r->rreq, ep);
+    if (r->w->policy != NULL)
+        atc_policy_routed(r->w->policy, &r->rreq, ep);
     r->t_attempt_us = now_us();
     r->up = body_for(r, ep, &body, &len) == 0
-                ? atc_upstream_send(ep->pool, "POST", r->path, r->extra_headers, body, len, &upstream_cb, r)
+                ? atc_upstream_send(ep->pools[r->w->id], "POST", r->path, r->extra_headers, body, len, &upstream_cb, r)
                 : NULL;
     if (r->up == NULL) {
         release_endpoint(r);
@@ -662,7 +682,7 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
 /* The fleet has no room for the first attempt: wait in the admission queue, or be told at once. */
 static void wait_for_capacity(struct relay *r, uint64_t deadline_ms)
 {
-    struct atc_admission *adm = r->srv->admission;
+    struct atc_admission *adm = r->w->admission;
     if (adm == NULL) {
         give_up(r); /* 503 + Retry-After */
         return;
@@ -671,7 +691,9 @@ static void wait_for_capacity(struct relay *r, uint64_t deadline_ms)
     snprintf(r->qi.tenant, sizeof(r->qi.tenant), "%s", r->tenant);
     r->qi.priority = r->priority;
     r->qi.owner = r;
-    if (atc_admission_enqueue(adm, &r->qi, deadline_ms) < 0)
+    int rc = atc_admission_enqueue(adm, &r->qi, deadline_ms);
+    note_waiting(r->w);
+    if (rc < 0)
         reply_error(r, 429, "rate_limit_error", "queue_full",
                     "too many requests are waiting for this model; retry later",
                     atc_admission_retry_after(adm));
@@ -701,7 +723,7 @@ static void on_queue_expired(void *owner, uint64_t waited_ms)
     snprintf(msg, sizeof(msg),
              "no capacity for this request within its deadline (waited %llu ms); retry later",
              (unsigned long long)waited_ms);
-    reply_error(r, 503, "server_error", "queue_timeout", msg, atc_admission_retry_after(r->srv->admission));
+    reply_error(r, 503, "server_error", "queue_timeout", msg, atc_admission_retry_after(r->w->admission));
 }
 
 const struct atc_admission_callbacks atc_relay_admission = {
@@ -720,7 +742,7 @@ static void copy_str(char *dst, size_t size, const char *src)
     snprintf(dst, size, "%s", src != NULL ? src : "");
 }
 
-void atc_relay_start(struct atc_server *srv, struct evhttp_request *client,
+void atc_relay_start(struct atc_worker *w, struct evhttp_request *client,
                      const struct atc_request_info *info)
 {
     struct relay *r = calloc(1, sizeof(*r));
@@ -729,8 +751,8 @@ void atc_relay_start(struct atc_server *srv, struct evhttp_request *client,
         atc_http_send_error(client, 500, "server_error", NULL, "out of memory", 0);
         return;
     }
-    atc_server_request_started(srv);
-    r->srv = srv;
+    atc_server_request_started(w);
+    r->w = w;
     r->t_start_us = now_us();
     atc_record_marks_init(&r->marks);
     r->client = client;
@@ -749,7 +771,7 @@ void atc_relay_start(struct atc_server *srv, struct evhttp_request *client,
 
     evhttp_connection_set_closecb(r->client_conn, on_client_close, r);
     struct bufferevent *bev = evhttp_connection_get_bufferevent(r->client_conn);
-    r->watch = event_new(srv->base, bufferevent_getfd(bev), EV_READ | EV_PERSIST, on_client_readable, r);
+    r->watch = event_new(w->base, bufferevent_getfd(bev), EV_READ | EV_PERSIST, on_client_readable, r);
     if (r->watch != NULL)
         event_add(r->watch, NULL);
     r->rreq = (struct atc_route_request){
@@ -767,8 +789,8 @@ void atc_relay_start(struct atc_server *srv, struct evhttp_request *client,
     struct atc_endpoint *ep = NULL;
     switch (choose(r, &ep)) {
     case CHOSEN:
-        if (srv->admission != NULL)
-            atc_admission_count_direct(srv->admission);
+        if (w->admission != NULL)
+            atc_admission_count_direct(w->admission);
         attempt(r, ep);
         break;
     case WAIT:
@@ -787,7 +809,7 @@ void atc_relay_start(struct atc_server *srv, struct evhttp_request *client,
  * abandoned. Hands a small record to the recorder, which never blocks the loop. */
 static void record_finished(struct relay *r)
 {
-    struct atc_recorder *rec = r->srv->recorder;
+    struct atc_recorder *rec = r->w->srv->recorder;
     if (rec == NULL)
         return;
     static const char *const decisions[] = {"endpoint", "queue", "reject", "fallback"};

@@ -10,7 +10,7 @@
 
 #include "request_features.h"
 
-struct atc_server;
+struct atc_worker;
 struct evhttp_request;
 
 struct atc_request_info {
@@ -31,7 +31,7 @@ extern const struct atc_admission_callbacks atc_relay_admission;
 
 /** Routes @p client (whose model exists and whose body has been scanned) and relays the answer.
  * Always answers the client, also on failure. */
-void atc_relay_start(struct atc_server *srv, struct evhttp_request *client,
+void atc_relay_start(struct atc_worker *w, struct evhttp_request *client,
                      const struct atc_request_info *info);
 
 #endif

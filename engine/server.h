@@ -4,9 +4,12 @@
 /* One running router: its event loop, config, endpoint table, front and admin HTTP servers, and the
  * simulated servers it started. Passed explicitly to every handler: there is no global server. */
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "policy.h"
 
 struct event_base;
 struct event;
@@ -34,23 +37,24 @@ struct atc_server_stats {
     uint64_t upstream_errors_total;
 };
 
+struct atc_worker;
+
 struct atc_server {
-    struct event_base *base;
-    struct atc_config *cfg; /* owned */
-    struct atc_endpoint_table *table;
-    struct atc_policy_runtime *policy; /* NULL without a policy: section (the C balancer routes) */
+    struct event_base *base; /* the main thread's loop: worker 0, health, admin, signals, simulated servers */
+    pthread_t main_thread;
+    struct atc_config *cfg; /* owned; workers hold the same pointer in w->cfg */
+    struct atc_endpoint_table *table;  /* shared by every worker (w->table); its counters are atomic */
     struct atc_affinity *affinity;     /* engine-owned tables policies use; they survive reloads */
-    struct atc_prefix_index *prefix;
-    struct atc_health *health; /* checks, ejection, drain, load scrape (health.c) */
+    struct atc_prefix_index *prefix;   /* (shared by every worker's policy, each with its own lock) */
+    struct atc_health *health; /* checks, ejection, drain, load scrape (health.c): main thread only */
     struct atc_recorder *recorder;     /* record: traffic to trace files; NULL without the section */
-    struct atc_metrics *metrics;
-    struct atc_access_log *access_log; /* NULL when access_log: is not set */
+    struct atc_metrics *metrics;       /* shared, locked */
+    struct atc_policy_group policy_group; /* ties the workers' policy runtimes: one record, one rollback */
+    struct atc_worker *workers;        /* [nworkers]; worker 0 runs on the main thread */
+    unsigned nworkers;
     struct event *sig_usr1;
-    struct atc_admission *admission; /* NULL when admission.queue is 0: no room answers 503 at once */
-    struct evhttp *front;
-    struct evhttp_bound_socket *front_listener;
     struct evhttp *admin;
-    struct atc_client_deadline *front_deadline, *admin_deadline; /* client_timeout per request */
+    struct atc_client_deadline *admin_deadline; /* client_timeout per request */
     uint16_t front_port; /* as bound (config port 0 picks a free one) */
     uint16_t admin_port;
     struct atc_endpoint **retired; /* left the config; freed once nothing is in flight on them */
@@ -61,10 +65,14 @@ struct atc_server {
     size_t nsims;
     struct event *sig_term, *sig_int, *sig_hup, *drain_timer;
     bool draining;
-    unsigned active; /* client requests in progress */
+    unsigned idle_workers; /* while draining: workers with nothing left in flight */
     uint64_t rng;
-    uint64_t next_id;
-    struct atc_server_stats stats;
+
+    /* atc_workers_pause (worker.c) */
+    pthread_mutex_t pause_mu;
+    pthread_cond_t pause_cv;
+    unsigned parked, pause_depth;
+    bool paused;
 };
 
 /** Starts everything @p cfg describes on @p base (simulated servers first, so their endpoints exist).
@@ -90,8 +98,19 @@ int atc_server_reload_config(struct atc_server *srv, char **errors);
 /** Frees the server (after its loop has stopped). */
 void atc_server_destroy(struct atc_server *srv);
 
-/* Hooks for the request path (http_front.c / relay.c). */
-void atc_server_request_started(struct atc_server *srv);
-void atc_server_request_finished(struct atc_server *srv);
+/* Hooks for the request path (http_front.c / relay.c), called on the worker's thread. */
+void atc_server_request_started(struct atc_worker *w);
+void atc_server_request_finished(struct atc_worker *w);
+/** Passes a request's outcome on @p ep to passive health checks (on the main thread). */
+void atc_server_observe(struct atc_worker *w, struct atc_endpoint *ep, bool ok, bool had_errors);
+/** A slot on some endpoint freed: requests waiting on other workers may take it. */
+void atc_server_capacity_freed(struct atc_worker *w);
+
+/* For the admin API (main thread). */
+/** Reloads the policy on every worker: worker 0's first; the others only if it compiled. Returns the
+ * new version, or 0 with an owned message in *err. */
+uint64_t atc_server_reload_policy(struct atc_server *srv, char **err);
+/** Every worker's counters summed; call with the workers paused. */
+void atc_server_totals(const struct atc_server *srv, struct atc_server_stats *st, unsigned *active);
 
 #endif

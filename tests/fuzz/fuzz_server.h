@@ -14,6 +14,7 @@
 #include "fuzz.h"
 #include "log.h"
 #include "server.h"
+#include "worker.h"
 
 /* The shipped policy, so that fuzzed requests run through the real Lua layers and req:header(). */
 #define FUZZ_SCRIPTS ATC_SOURCE_STDLIB "/../scripts"
@@ -21,6 +22,7 @@
 static const char fuzz_server_yaml[] = "listen: 127.0.0.1:0\n"
                                        "admin: 127.0.0.1:0\n"
                                        "admin_token: fuzz-token\n"
+                                       "workers: 1\n" /* the fuzz loop drives the main thread's base */
                                        "max_body: 64KiB\n"
                                        "client_timeout: 2s\n"
                                        "policy:\n"
@@ -67,7 +69,7 @@ static inline struct atc_server *fuzz_server_start(struct event_base *base)
 /* After a connection is over, nothing of it may be left: no request counted active, no slot held. */
 static inline void fuzz_server_check_idle(const struct atc_server *srv)
 {
-    CHECK(srv->active == 0);
+    CHECK(srv->workers[0].active == 0);
     for (size_t i = 0; i < srv->table->nendpoints; i++) {
         CHECK(srv->table->endpoints[i]->inflight == 0);
         CHECK(srv->table->endpoints[i]->inflight_tokens == 0);

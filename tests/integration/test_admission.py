@@ -12,9 +12,12 @@ import unittest
 
 from harness import AtcTestCase, post_raw, chat, request, wait_for
 
+# One worker: the order tests need every request in one queue (each worker has its own; queues on two
+# workers are covered by test_workers.py).
 CONFIG = """
 listen: 127.0.0.1:0
 admin: 127.0.0.1:0
+workers: 1
 admission:
   queue: {queue}
   deadline: 10s

@@ -1,0 +1,191 @@
+"""Worker threads: every worker serves, and what one worker learns (a reload, a freed slot, a drain)
+reaches the others. Each test runs atc with `workers: 2` (two loops, SO_REUSEPORT listeners)."""
+
+import json
+import os
+import signal
+import threading
+import time
+import unittest
+
+from harness import AtcTestCase, chat, request, stream_events, wait_for
+
+BASE = """
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+workers: 2
+{extra}
+models:
+  - name: llama-3-8b
+{models}
+simulate:
+  - model: llama-3-8b
+    count: 2
+    decode_ms: {decode_ms}
+"""
+
+POLICY = """
+return function(req, fleet)
+  return fleet:endpoints(req.model)[1]
+end
+"""
+
+
+def admin_json(atc, path):
+    status, _, body = request("127.0.0.1", atc.admin_port, "GET", path)
+    assert status == 200, body
+    return json.loads(body)
+
+
+def parallel(n, fn):
+    """Runs fn(i) on n threads at once (each its own connection); returns the results in order."""
+    results = [None] * n
+
+    def run(i):
+        try:
+            results[i] = fn(i)
+        except Exception as e:  # reported as a result: the test asserts on it
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+class WorkersTest(AtcTestCase):
+    def start(self, extra="", models="", decode_ms=1):
+        return self.start_atc(BASE.format(extra=extra, models=models, decode_ms=decode_ms))
+
+    def test_every_worker_serves(self):
+        atc = self.start()
+        self.assertEqual(atc.info["workers"], 2)
+        # New connections are spread by the kernel over the two listeners: 64 of them reach both.
+        results = parallel(64, lambda i: chat(atc.port, max_tokens=2))
+        self.assertEqual([r[0] for r in results], [200] * 64, results[:3])
+        ids = {r[1]["x-request-id"] for r in results}
+        self.assertEqual(len(ids), 64, "request ids must stay unique across workers")
+        doc = admin_json(atc, "/admin/endpoints")
+        per_worker = [w["requests_total"] for w in doc["workers"]]
+        self.assertEqual(len(per_worker), 2)
+        self.assertEqual(sum(per_worker), 64)
+        self.assertTrue(all(n > 0 for n in per_worker), per_worker)
+        self.assertEqual(doc["requests_total"], 64)
+        _, _, metrics = request("127.0.0.1", atc.admin_port, "GET", "/metrics")
+        text = metrics.decode()
+        for w in (0, 1):
+            self.assertIn(f'atc_worker_requests_total{{worker="{w}"}} {per_worker[w]}', text)
+        self.assertIn("atc_active_requests 0", text)
+
+    def test_policy_reload_reaches_every_worker(self):
+        path = os.path.join(self.tmp.name, "policy.lua")
+        with open(path, "w") as f:
+            f.write(POLICY)
+        atc = self.start(extra="policy:\n  entry: policy.lua\n  watch: false")
+        before = parallel(32, lambda i: chat(atc.port, max_tokens=1))
+        self.assertEqual({r[1]["x-atc-policy-version"] for r in before}, {"1"})
+        status, _, body = request("127.0.0.1", atc.admin_port, "POST", "/admin/policy/reload")
+        self.assertEqual(status, 200, body)
+        self.assertEqual(json.loads(body)["version"], 2)
+        after = parallel(32, lambda i: chat(atc.port, max_tokens=1))
+        self.assertEqual([r[0] for r in after], [200] * 32)
+        self.assertEqual({r[1]["x-atc-policy-version"] for r in after}, {"2"})
+        doc = admin_json(atc, "/admin/endpoints")
+        self.assertEqual([w["policy_version"] for w in doc["workers"]], [2, 2])
+        self.assertTrue(all(w["requests_total"] > 0 for w in doc["workers"]), doc["workers"])
+
+    def test_a_broken_reload_changes_no_worker(self):
+        path = os.path.join(self.tmp.name, "policy.lua")
+        with open(path, "w") as f:
+            f.write(POLICY)
+        atc = self.start(extra="policy:\n  entry: policy.lua\n  watch: false")
+        with open(path, "w") as f:
+            f.write("return function(req, fleet)\n  return fleet:endpoints(\nend\n")
+        status, _, body = request("127.0.0.1", atc.admin_port, "POST", "/admin/policy/reload")
+        self.assertEqual(status, 422, body)
+        self.assertIn("policy.lua:", json.loads(body)["error"]["message"])
+        results = parallel(16, lambda i: chat(atc.port, max_tokens=1))
+        self.assertEqual({(r[0], r[1]["x-atc-policy-version"]) for r in results}, {(200, "1")})
+        self.assertEqual([w["policy_version"] for w in admin_json(atc, "/admin/endpoints")["workers"]], [1, 1])
+
+    def test_config_reload_reaches_every_worker(self):
+        extra_sim = self.start_sim(model="mistral-7b")
+        atc = self.start()
+        status, _, body = chat(atc.port, model="mistral-7b")
+        self.assertEqual(status, 404, body)
+        with open(atc.config_path, "w") as f:
+            f.write(BASE.format(extra="", decode_ms=1, models=f"""  - name: mistral-7b
+    endpoints:
+      - id: mistral-a
+        url: {extra_sim.url}"""))
+        status, _, body = request("127.0.0.1", atc.admin_port, "POST", "/admin/config/reload")
+        self.assertEqual(status, 200, body)
+        wait_for(lambda: atc.endpoints()["mistral-a"]["health"]["state"] == "healthy", what="mistral-a healthy")
+        results = parallel(32, lambda i: chat(atc.port, model="mistral-7b", max_tokens=1))
+        self.assertEqual([r[0] for r in results], [200] * 32, [r for r in results if r[0] != 200][:1])
+        self.assertEqual({r[1]["x-atc-endpoint"] for r in results}, {"mistral-a"})
+        doc = admin_json(atc, "/admin/endpoints")
+        self.assertTrue(all(w["requests_total"] > 0 for w in doc["workers"]), doc["workers"])
+
+    def test_a_slot_freed_on_one_worker_serves_a_request_waiting_on_the_other(self):
+        # One slot in the whole fleet, so requests queue; they arrive on both workers, and each must be
+        # placed as soon as a request on either worker ends, not at its 20 s deadline.
+        atc = self.start_atc("""
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+workers: 2
+admission:
+  queue: 100
+  deadline: 20s
+models:
+  - name: llama-3-8b
+simulate:
+  - model: llama-3-8b
+    count: 1
+    capacity: 1
+    decode_ms: 20
+""")
+        start = time.monotonic()
+        results = parallel(8, lambda i: chat(atc.port, max_tokens=5))
+        elapsed = time.monotonic() - start
+        self.assertEqual([r[0] for r in results], [200] * 8, [r for r in results if r[0] != 200][:1])
+        self.assertLess(elapsed, 15, "a waiting request was not woken when a slot freed on the other worker")
+        doc = admin_json(atc, "/admin/endpoints")
+        self.assertTrue(all(w["requests_total"] > 0 for w in doc["workers"]), doc["workers"])
+        self.assertEqual(doc["queues"]["admitted_queued"] + doc["queues"]["admitted_direct"], 8)
+        self.assertGreater(doc["queues"]["admitted_queued"], 0)
+        ep = atc.endpoints()["llama-3-8b-sim-1"]
+        self.assertEqual((ep["inflight"], ep["inflight_tokens"]), (0, 0))
+
+    def test_drain_lets_streams_on_every_worker_finish(self):
+        atc = self.start(decode_ms=50)
+        body = {"model": "llama-3-8b", "stream": True, "max_tokens": 20,
+                "messages": [{"role": "user", "content": "a story"}]}
+        results = []
+
+        def client(i):
+            return stream_events(atc.port, body)
+
+        threads_done = []
+
+        def run():
+            threads_done.append(parallel(8, client))
+
+        t = threading.Thread(target=run)
+        t.start()
+        wait_for(lambda: admin_json(atc, "/admin/endpoints")["active"] == 8, what="8 streams open")
+        doc = admin_json(atc, "/admin/endpoints")
+        self.assertTrue(all(w["active"] > 0 for w in doc["workers"]), doc["workers"])
+        atc.proc.send_signal(signal.SIGTERM)
+        t.join(30)
+        results = threads_done[0]
+        for status, _, events in results:
+            self.assertEqual(status, 200)
+            self.assertEqual(events[-1][1], "[DONE]")
+        self.assertEqual(atc.proc.wait(15), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
