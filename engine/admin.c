@@ -64,7 +64,7 @@ static void send_endpoints(struct atc_server *srv, struct evhttp_request *req)
     const struct atc_server_stats *s = &srv->stats;
     evbuffer_add_printf(b, "],\"queues\":");
     if (srv->admission != NULL)
-        atc_admission_status_json(srv->admission, b);
+        atc_admission_status_json(&srv->admission, 1, b);
     else
         evbuffer_add(b, "null", 4);
     evbuffer_add_printf(b,

@@ -298,5 +298,5 @@ void atc_metrics_render(struct atc_metrics *m, const struct atc_server *srv, str
     if (srv->health != NULL)
         atc_health_metrics(srv->health, out);
     if (srv->admission != NULL)
-        atc_admission_metrics(srv->admission, out);
+        atc_admission_metrics(&srv->admission, 1, out);
 }
