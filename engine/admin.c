@@ -115,12 +115,14 @@ static void send_endpoints(struct atc_server *srv, struct evhttp_request *req)
 static void send_policy(struct atc_server *srv, struct evhttp_request *req)
 {
     struct evbuffer *b = evbuffer_new();
-    if (srv->workers[0].policy != NULL) { /* worker 0's: every worker loads the same files */
-        atc_policy_sync(srv->workers[0].policy);
-        atc_policy_status_json(srv->workers[0].policy, b);
-    }
+    struct atc_policy_runtime *rts[ATC_MAX_WORKERS];
+    atc_workers_pause(srv);
+    size_t n = atc_server_policies(srv, rts);
+    if (n > 0)
+        atc_policy_status_json(rts, n, b);
     else
         evbuffer_add_printf(b, "{\"version\":0,\"enabled\":false}\n");
+    atc_workers_resume(srv);
     atc_http_send_json(req, 200, b);
     evbuffer_free(b);
 }

@@ -304,32 +304,124 @@ void atc_admission_count_direct(struct atc_admission *adm)
     adm->admitted_direct++;
 }
 
-void atc_admission_metrics(const struct atc_admission *adm, struct evbuffer *out)
+/* ---- one view over the admissions of every worker ----
+ *
+ * Each worker owns an admission; the admin API and /metrics show their sum: queues merged by model name
+ * (in the order the first admission lists them, then those only later ones have), counters and wait
+ * buckets added up. Called with the workers paused, so nothing here locks. */
+
+/* Admission @p adm's queue for @p model, or NULL. */
+static const struct model_queue *find_queue(const struct atc_admission *adm, const char *model)
+{
+    for (const struct model_queue *q = adm->queues; q != NULL; q = q->next)
+        if (strcmp(q->model, model) == 0)
+            return q;
+    return NULL;
+}
+
+/* True when an admission before adms[i] has a queue for @p model (which was then shown with it). */
+static bool shown_before(struct atc_admission *const *adms, size_t i, const char *model)
+{
+    for (size_t j = 0; j < i; j++)
+        if (find_queue(adms[j], model) != NULL)
+            return true;
+    return false;
+}
+
+/* One model's queues, summed. */
+struct queue_sum {
+    unsigned waiting;
+    unsigned by_prio[MAX_PRIORITY + 1];
+    uint64_t oldest_ms; /* the longest wait now */
+};
+
+/* Sums the queues for @p model of adms[from..n): none of adms[0..from) has one. */
+static void sum_queues(struct atc_admission *const *adms, size_t from, size_t n, const char *model,
+                       uint64_t now, struct queue_sum *sum)
+{
+    *sum = (struct queue_sum){0};
+    for (size_t i = from; i < n; i++) {
+        const struct model_queue *q = find_queue(adms[i], model);
+        if (q == NULL)
+            continue;
+        sum->waiting += q->n;
+        const struct atc_queue_item *it;
+        TAILQ_FOREACH(it, &q->items, link)
+        {
+            sum->by_prio[it->priority < 0 ? 0 : it->priority > MAX_PRIORITY ? MAX_PRIORITY : it->priority]++;
+            if (now - it->enqueued_ms > sum->oldest_ms)
+                sum->oldest_ms = now - it->enqueued_ms;
+        }
+    }
+}
+
+/* Calls @p fn once per model queued anywhere, with the sum of its queues. */
+static void each_model(struct atc_admission *const *adms, size_t n, uint64_t now,
+                       void (*fn)(const char *model, const struct queue_sum *sum, void *arg), void *arg)
+{
+    for (size_t i = 0; i < n; i++)
+        for (const struct model_queue *q = adms[i]->queues; q != NULL; q = q->next) {
+            if (shown_before(adms, i, q->model))
+                continue;
+            struct queue_sum sum;
+            sum_queues(adms, i, n, q->model, now, &sum);
+            fn(q->model, &sum, arg);
+        }
+}
+
+/* Counters of every admission, summed. */
+struct counter_sum {
+    size_t waiting;
+    uint64_t admitted_direct, admitted_queued, shed_full, shed_deadline, left_queue;
+    uint64_t wait_counts[NBUCKETS + 1];
+    uint64_t wait_sum_ms;
+};
+
+static void sum_counters(struct atc_admission *const *adms, size_t n, struct counter_sum *sum)
+{
+    *sum = (struct counter_sum){0};
+    for (size_t i = 0; i < n; i++) {
+        const struct atc_admission *adm = adms[i];
+        sum->waiting += adm->waiting;
+        sum->admitted_direct += adm->admitted_direct;
+        sum->admitted_queued += adm->admitted_queued;
+        sum->shed_full += adm->shed_full;
+        sum->shed_deadline += adm->shed_deadline;
+        sum->left_queue += adm->left_queue;
+        for (size_t b = 0; b <= NBUCKETS; b++)
+            sum->wait_counts[b] += adm->wait_counts[b];
+        sum->wait_sum_ms += adm->wait_sum_ms;
+    }
+}
+
+static void model_metrics(const char *model, const struct queue_sum *sum, void *arg)
+{
+    struct evbuffer *out = arg;
+    for (int p = 0; p <= MAX_PRIORITY; p++) {
+        evbuffer_add_printf(out, "atc_queue_waiting_requests{model=\"");
+        atc_metrics_label(out, model);
+        evbuffer_add_printf(out, "\",priority=\"%d\"} %u\n", p, sum->by_prio[p]);
+    }
+}
+
+void atc_admission_metrics(struct atc_admission *const *adms, size_t n, struct evbuffer *out)
 {
     evbuffer_add_printf(
         out, "# HELP atc_queue_waiting_requests Requests waiting for capacity, by model and priority.\n"
              "# TYPE atc_queue_waiting_requests gauge\n");
-    for (const struct model_queue *q = adm->queues; q != NULL; q = q->next) {
-        unsigned by_prio[MAX_PRIORITY + 1] = {0};
-        const struct atc_queue_item *it;
-        TAILQ_FOREACH(it, &q->items, link)
-        by_prio[it->priority < 0 ? 0 : it->priority > MAX_PRIORITY ? MAX_PRIORITY : it->priority]++;
-        for (int p = 0; p <= MAX_PRIORITY; p++) {
-            evbuffer_add_printf(out, "atc_queue_waiting_requests{model=\"");
-            atc_metrics_label(out, q->model);
-            evbuffer_add_printf(out, "\",priority=\"%d\"} %u\n", p, by_prio[p]);
-        }
-    }
+    each_model(adms, n, now_ms(), model_metrics, out);
+    struct counter_sum c;
+    sum_counters(adms, n, &c);
     evbuffer_add_printf(out,
                         "# HELP atc_queue_wait_seconds Time requests waited in the queue (placed or shed).\n"
                         "# TYPE atc_queue_wait_seconds histogram\n");
     uint64_t cumulative = 0;
     for (size_t b = 0; b < NBUCKETS; b++) {
-        cumulative += adm->wait_counts[b];
+        cumulative += c.wait_counts[b];
         evbuffer_add_printf(out, "atc_queue_wait_seconds_bucket{le=\"%g\"} %llu\n",
                             wait_buckets_ms[b] / 1000.0, (unsigned long long)cumulative);
     }
-    cumulative += adm->wait_counts[NBUCKETS];
+    cumulative += c.wait_counts[NBUCKETS];
     evbuffer_add_printf(
         out,
         "atc_queue_wait_seconds_bucket{le=\"+Inf\"} %llu\natc_queue_wait_seconds_sum %.3f\n"
@@ -341,49 +433,50 @@ void atc_admission_metrics(const struct atc_admission *adm, struct evbuffer *out
         "# TYPE atc_shed_total counter\n"
         "atc_shed_total{reason=\"queue_full\"} %llu\natc_shed_total{reason=\"deadline\"} %llu\n"
         "atc_shed_total{reason=\"client_left\"} %llu\n",
-        (unsigned long long)cumulative, adm->wait_sum_ms / 1000.0, (unsigned long long)cumulative,
-        (unsigned long long)adm->admitted_direct, (unsigned long long)adm->admitted_queued,
-        (unsigned long long)adm->shed_full, (unsigned long long)adm->shed_deadline,
-        (unsigned long long)adm->left_queue);
+        (unsigned long long)cumulative, c.wait_sum_ms / 1000.0, (unsigned long long)cumulative,
+        (unsigned long long)c.admitted_direct, (unsigned long long)c.admitted_queued,
+        (unsigned long long)c.shed_full, (unsigned long long)c.shed_deadline,
+        (unsigned long long)c.left_queue);
 }
 
-void atc_admission_status_json(const struct atc_admission *adm, struct evbuffer *out)
+struct json_models {
+    struct evbuffer *out;
+    bool first;
+};
+
+static void model_json(const char *model, const struct queue_sum *sum, void *arg)
 {
-    uint64_t now = now_ms();
-    evbuffer_add_printf(out, "{\"waiting\":%zu,\"models\":[", adm->waiting);
-    bool first = true;
-    for (const struct model_queue *q = adm->queues; q != NULL; q = q->next) {
-        unsigned by_prio[MAX_PRIORITY + 1] = {0};
-        uint64_t oldest = 0;
-        const struct atc_queue_item *it;
-        TAILQ_FOREACH(it, &q->items, link)
-        {
-            by_prio[it->priority < 0 ? 0 : it->priority > MAX_PRIORITY ? MAX_PRIORITY : it->priority]++;
-            if (now - it->enqueued_ms > oldest)
-                oldest = now - it->enqueued_ms;
-        }
-        evbuffer_add_printf(out, "%s{\"model\":\"", first ? "" : ",");
-        atc_json_escape(out, q->model, strlen(q->model));
-        evbuffer_add_printf(out, "\",\"waiting\":%u,\"oldest_ms\":%llu,\"by_priority\":[", q->n,
-                            (unsigned long long)oldest);
-        for (int p = 0; p <= MAX_PRIORITY; p++)
-            evbuffer_add_printf(out, "%s%u", p ? "," : "", by_prio[p]);
-        evbuffer_add(out, "]}", 2);
-        first = false;
-    }
+    struct json_models *j = arg;
+    evbuffer_add_printf(j->out, "%s{\"model\":\"", j->first ? "" : ",");
+    atc_json_escape(j->out, model, strlen(model));
+    evbuffer_add_printf(j->out, "\",\"waiting\":%u,\"oldest_ms\":%llu,\"by_priority\":[", sum->waiting,
+                        (unsigned long long)sum->oldest_ms);
+    for (int p = 0; p <= MAX_PRIORITY; p++)
+        evbuffer_add_printf(j->out, "%s%u", p ? "," : "", sum->by_prio[p]);
+    evbuffer_add(j->out, "]}", 2);
+    j->first = false;
+}
+
+void atc_admission_status_json(struct atc_admission *const *adms, size_t n, struct evbuffer *out)
+{
+    struct counter_sum c;
+    sum_counters(adms, n, &c);
+    evbuffer_add_printf(out, "{\"waiting\":%zu,\"models\":[", c.waiting);
+    struct json_models j = {out, true};
+    each_model(adms, n, now_ms(), model_json, &j);
     evbuffer_add_printf(
         out,
         "],\"admitted_direct\":%llu,\"admitted_queued\":%llu,\"shed_queue_full\":%llu,"
         "\"shed_deadline\":%llu,\"left_queue\":%llu,\"wait_ms_sum\":%llu,\"wait_ms_buckets\":{",
-        (unsigned long long)adm->admitted_direct, (unsigned long long)adm->admitted_queued,
-        (unsigned long long)adm->shed_full, (unsigned long long)adm->shed_deadline,
-        (unsigned long long)adm->left_queue, (unsigned long long)adm->wait_sum_ms);
+        (unsigned long long)c.admitted_direct, (unsigned long long)c.admitted_queued,
+        (unsigned long long)c.shed_full, (unsigned long long)c.shed_deadline,
+        (unsigned long long)c.left_queue, (unsigned long long)c.wait_sum_ms);
     for (size_t b = 0; b <= NBUCKETS; b++) {
         if (b < NBUCKETS)
             evbuffer_add_printf(out, "%s\"%llu\":%llu", b ? "," : "", (unsigned long long)wait_buckets_ms[b],
-                                (unsigned long long)adm->wait_counts[b]);
+                                (unsigned long long)c.wait_counts[b]);
         else
-            evbuffer_add_printf(out, ",\"+Inf\":%llu", (unsigned long long)adm->wait_counts[b]);
+            evbuffer_add_printf(out, ",\"+Inf\":%llu", (unsigned long long)c.wait_counts[b]);
     }
     evbuffer_add(out, "}}", 2);
 }

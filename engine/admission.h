@@ -68,12 +68,19 @@ size_t atc_admission_waiting(const struct atc_admission *adm);
 /** A Retry-After hint in seconds for a shed request (the default deadline, at least 1). */
 int atc_admission_retry_after(const struct atc_admission *adm);
 
-/** Appends {"models":[{"model","waiting","by_priority":[10]}...],"admitted_direct","admitted_queued",
- * "shed_queue_full","shed_deadline","left_queue","wait_ms_buckets":{...}} to @p out. */
-void atc_admission_status_json(const struct atc_admission *adm, struct evbuffer *out);
+/* Each worker thread owns one admission (none of these functions locks). The two views below take all
+ * of them at once, with the workers paused, and show their sum: one queue per model name (waiting
+ * requests added up, by priority too; oldest_ms the longest wait in any), counters and wait buckets
+ * added up. For n == 1 that is the admission as it is. */
 
-/** Appends the queues' Prometheus metrics: depth by model and priority, waits, admitted and shed. */
-void atc_admission_metrics(const struct atc_admission *adm, struct evbuffer *out);
+/** Appends {"waiting","models":[{"model","waiting","oldest_ms","by_priority":[10]}...],"admitted_direct",
+ * "admitted_queued","shed_queue_full","shed_deadline","left_queue","wait_ms_sum","wait_ms_buckets":{...}}
+ * for @p adms[0..n) (borrowed) to @p out. */
+void atc_admission_status_json(struct atc_admission *const *adms, size_t n, struct evbuffer *out);
+
+/** Appends the Prometheus metrics of @p adms[0..n) (borrowed): queue depth by model and priority, waits,
+ * admitted and shed. */
+void atc_admission_metrics(struct atc_admission *const *adms, size_t n, struct evbuffer *out);
 
 /** Counts a request routed without waiting. */
 void atc_admission_count_direct(struct atc_admission *adm);

@@ -2,6 +2,7 @@
 
 #include "affinity.h"
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,7 @@ struct entry {
 };
 
 struct atc_affinity {
+    pthread_mutex_t mu; /* held by every public function: the rest is read and written under it */
     struct entry **buckets;
     size_t mask; /* buckets - 1; a power of two */
     size_t count, max;
@@ -98,6 +100,11 @@ struct atc_affinity *atc_affinity_create(size_t max_entries)
     t->max = max_entries;
     t->seed = random_seed(t);
     t->lru.prev = t->lru.next = &t->lru;
+    if (pthread_mutex_init(&t->mu, NULL) != 0) {
+        free(t->buckets);
+        free(t);
+        return NULL;
+    }
     return t;
 }
 
@@ -111,6 +118,7 @@ void atc_affinity_destroy(struct atc_affinity *t)
         free(entry_of(l));
         l = next;
     }
+    pthread_mutex_destroy(&t->mu);
     free(t->buckets);
     free(t);
 }
@@ -155,13 +163,12 @@ static void evict_one(struct atc_affinity *t)
     remove_entry(t, entry_of(t->lru.prev));
 }
 
-const char *atc_affinity_get(struct atc_affinity *t, const char *key, size_t keylen, uint64_t now_ms)
+/* The entry for key, made the most recently used, or NULL (an expired one is dropped). Under t->mu. */
+static struct entry *get_locked(struct atc_affinity *t, uint64_t hash, const char *key, size_t keylen,
+                                uint64_t now_ms)
 {
-    if (keylen > ATC_AFFINITY_KEY_MAX)
-        return NULL;
     if (now_ms > t->now)
         t->now = now_ms;
-    uint64_t hash = XXH3_64bits_withSeed(key, keylen, t->seed);
     struct entry **link = find_link(t, hash, key, keylen);
     struct entry *e = *link;
     if (e == NULL)
@@ -172,18 +179,39 @@ const char *atc_affinity_get(struct atc_affinity *t, const char *key, size_t key
     }
     lru_unlink(&e->lru);
     lru_push_front(t, &e->lru);
-    return entry_id(e);
+    return e;
 }
 
-int atc_affinity_set(struct atc_affinity *t, const char *key, size_t keylen, const char *endpoint_id,
-                     uint64_t expires_at_ms)
+size_t atc_affinity_get(struct atc_affinity *t, const char *key, size_t keylen, uint64_t now_ms, char *out,
+                        size_t outsize)
 {
-    if (keylen > ATC_AFFINITY_KEY_MAX || endpoint_id == NULL)
-        return -1;
-    size_t idlen = strnlen(endpoint_id, ATC_AFFINITY_ID_MAX + 1);
-    if (idlen == 0 || idlen > ATC_AFFINITY_ID_MAX)
-        return -1;
+    if (outsize > 0)
+        out[0] = '\0';
+    if (keylen > ATC_AFFINITY_KEY_MAX)
+        return 0;
+    /* Hashed before locking (the seed never changes) to keep the lock short. */
     uint64_t hash = XXH3_64bits_withSeed(key, keylen, t->seed);
+    size_t idlen = 0;
+    pthread_mutex_lock(&t->mu);
+    struct entry *e = get_locked(t, hash, key, keylen, now_ms);
+    if (e != NULL) {
+        /* Copied under the lock: once it is released, another worker may free or rewrite the entry. */
+        const char *id = entry_id(e);
+        idlen = strlen(id);
+        if (outsize > 0) {
+            size_t n = idlen < outsize ? idlen : outsize - 1;
+            memcpy(out, id, n);
+            out[n] = '\0';
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+    return idlen;
+}
+
+/* Under t->mu. */
+static int set_locked(struct atc_affinity *t, uint64_t hash, const char *key, size_t keylen,
+                      const char *endpoint_id, size_t idlen, uint64_t expires_at_ms)
+{
     struct entry **link = find_link(t, hash, key, keylen);
     struct entry *e = *link;
     if (e != NULL && idlen < e->idcap) {
@@ -217,18 +245,39 @@ int atc_affinity_set(struct atc_affinity *t, const char *key, size_t keylen, con
     return 0;
 }
 
+int atc_affinity_set(struct atc_affinity *t, const char *key, size_t keylen, const char *endpoint_id,
+                     uint64_t expires_at_ms)
+{
+    if (keylen > ATC_AFFINITY_KEY_MAX || endpoint_id == NULL)
+        return -1;
+    size_t idlen = strnlen(endpoint_id, ATC_AFFINITY_ID_MAX + 1);
+    if (idlen == 0 || idlen > ATC_AFFINITY_ID_MAX)
+        return -1;
+    uint64_t hash = XXH3_64bits_withSeed(key, keylen, t->seed);
+    pthread_mutex_lock(&t->mu);
+    int rc = set_locked(t, hash, key, keylen, endpoint_id, idlen, expires_at_ms);
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
 void atc_affinity_del(struct atc_affinity *t, const char *key, size_t keylen)
 {
     if (keylen > ATC_AFFINITY_KEY_MAX)
         return;
-    struct entry **link = find_link(t, XXH3_64bits_withSeed(key, keylen, t->seed), key, keylen);
+    uint64_t hash = XXH3_64bits_withSeed(key, keylen, t->seed);
+    pthread_mutex_lock(&t->mu);
+    struct entry **link = find_link(t, hash, key, keylen);
     if (*link != NULL)
         remove_at(t, link);
+    pthread_mutex_unlock(&t->mu);
 }
 
-size_t atc_affinity_count(const struct atc_affinity *t)
+size_t atc_affinity_count(struct atc_affinity *t)
 {
-    return t->count;
+    pthread_mutex_lock(&t->mu);
+    size_t n = t->count;
+    pthread_mutex_unlock(&t->mu);
+    return n;
 }
 
 /* ---- Prefix index ----
@@ -266,6 +315,7 @@ struct generation {
 };
 
 struct atc_prefix_index {
+    pthread_mutex_t mu; /* held by every public function but bytes(): the rest is used under it */
     struct generation cur, prev;
     size_t nslots; /* per generation */
     size_t cap;    /* entries per generation before rotating: max_blocks / 2 */
@@ -285,7 +335,15 @@ struct atc_prefix_index *atc_prefix_index_create(size_t max_blocks)
     idx->cur.slots = calloc(idx->nslots, sizeof(struct slot));
     idx->prev.slots = calloc(idx->nslots, sizeof(struct slot));
     if (idx->cur.slots == NULL || idx->prev.slots == NULL) {
-        atc_prefix_index_destroy(idx);
+        free(idx->cur.slots);
+        free(idx->prev.slots);
+        free(idx);
+        return NULL;
+    }
+    if (pthread_mutex_init(&idx->mu, NULL) != 0) {
+        free(idx->cur.slots);
+        free(idx->prev.slots);
+        free(idx);
         return NULL;
     }
     idx->seed = random_seed(idx);
@@ -296,6 +354,7 @@ void atc_prefix_index_destroy(struct atc_prefix_index *idx)
 {
     if (idx == NULL)
         return;
+    pthread_mutex_destroy(&idx->mu);
     free(idx->cur.slots);
     free(idx->prev.slots);
     free(idx);
@@ -340,6 +399,7 @@ void atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *block
                              unsigned endpoint_index)
 {
     uint64_t bit = UINT64_C(1) << (endpoint_index % ATC_PREFIX_INDEX_ENDPOINTS);
+    pthread_mutex_lock(&idx->mu);
     for (size_t k = 0; k < n; k++) {
         uint64_t block = stored_block(blocks[k]);
         size_t home = home_slot(idx, block);
@@ -357,6 +417,7 @@ void atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *block
         s->endpoints = bit | (old->block == block ? old->endpoints : 0);
         idx->cur.count++;
     }
+    pthread_mutex_unlock(&idx->mu);
 }
 
 static uint64_t lookup(const struct atc_prefix_index *idx, uint64_t block)
@@ -370,8 +431,8 @@ static uint64_t lookup(const struct atc_prefix_index *idx, uint64_t block)
     return s->block == block ? s->endpoints : 0;
 }
 
-void atc_prefix_index_overlaps(const struct atc_prefix_index *idx, const uint64_t *blocks, size_t n,
-                               uint16_t *out, size_t nendpoints)
+void atc_prefix_index_overlaps(struct atc_prefix_index *idx, const uint64_t *blocks, size_t n, uint16_t *out,
+                               size_t nendpoints)
 {
     if (nendpoints == 0)
         return;
@@ -379,6 +440,7 @@ void atc_prefix_index_overlaps(const struct atc_prefix_index *idx, const uint64_
     uint64_t matching =
         nendpoints >= ATC_PREFIX_INDEX_ENDPOINTS ? UINT64_MAX : (UINT64_C(1) << nendpoints) - 1;
     size_t k = 0;
+    pthread_mutex_lock(&idx->mu);
     for (; k < n && matching != 0; k++) {
         uint64_t still = matching & lookup(idx, blocks[k]);
         /* Endpoints that stop matching at block k have exactly k leading blocks. */
@@ -386,6 +448,7 @@ void atc_prefix_index_overlaps(const struct atc_prefix_index *idx, const uint64_
             depth[__builtin_ctzll(gone)] = k > UINT16_MAX ? UINT16_MAX : (uint16_t)k;
         matching = still;
     }
+    pthread_mutex_unlock(&idx->mu);
     for (; matching != 0; matching &= matching - 1)
         depth[__builtin_ctzll(matching)] = k > UINT16_MAX ? UINT16_MAX : (uint16_t)k;
     for (size_t i = 0; i < nendpoints; i++)
@@ -394,14 +457,19 @@ void atc_prefix_index_overlaps(const struct atc_prefix_index *idx, const uint64_
 
 void atc_prefix_index_clear(struct atc_prefix_index *idx)
 {
+    pthread_mutex_lock(&idx->mu);
     memset(idx->cur.slots, 0, idx->nslots * sizeof(struct slot));
     memset(idx->prev.slots, 0, idx->nslots * sizeof(struct slot));
     idx->cur.count = idx->prev.count = 0;
+    pthread_mutex_unlock(&idx->mu);
 }
 
-size_t atc_prefix_index_count(const struct atc_prefix_index *idx)
+size_t atc_prefix_index_count(struct atc_prefix_index *idx)
 {
-    return idx->cur.count + idx->prev.count;
+    pthread_mutex_lock(&idx->mu);
+    size_t n = idx->cur.count + idx->prev.count;
+    pthread_mutex_unlock(&idx->mu);
+    return n;
 }
 
 size_t atc_prefix_index_bytes(const struct atc_prefix_index *idx)

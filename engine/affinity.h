@@ -8,8 +8,10 @@
  *  - the prefix index (ep:prefix_overlap(req)): which endpoints recently got requests starting with a
  *    given chain of prefix blocks (see request_features.h), approximate and bounded.
  *
- * Neither is thread-safe: each is owned by one event loop, like the endpoint table. Both hash with a
- * random seed chosen at create, so clients cannot aim keys or prompts at one bucket. */
+ * Both are shared by the policy runtimes of every worker thread: each has a mutex of its own, held by
+ * every public function (but create and destroy) for the length of the call, and nothing they return
+ * points into them. Both hash with a random seed chosen at create, so clients cannot aim keys or
+ * prompts at one bucket. */
 
 #include <stddef.h>
 #include <stdint.h>
@@ -30,11 +32,14 @@ struct atc_affinity *atc_affinity_create(size_t max_entries);
 /** Frees @p t and every entry. NULL is a no-op. */
 void atc_affinity_destroy(struct atc_affinity *t);
 
-/** The endpoint id stored under @p key (@p keylen bytes, any bytes), or NULL when absent, expired
+/** Copies the endpoint id stored under @p key (@p keylen bytes, any bytes) into @p out (@p outsize
+ * bytes, NUL-terminated; a buffer of ATC_AFFINITY_ID_MAX + 1 bytes always holds it) and returns its
+ * length; like snprintf, a longer id is cut to outsize - 1 bytes and its full length returned. Returns
+ * 0 (and writes an empty string when @p outsize > 0) when the key is absent, expired
  * (expires_at_ms <= @p now_ms: the entry is then dropped) or @p keylen > ATC_AFFINITY_KEY_MAX.
- * A hit makes the entry the most recently used. The returned string is borrowed: it stays valid until
- * the next call on @p t other than atc_affinity_count. */
-const char *atc_affinity_get(struct atc_affinity *t, const char *key, size_t keylen, uint64_t now_ms);
+ * A hit makes the entry the most recently used. */
+size_t atc_affinity_get(struct atc_affinity *t, const char *key, size_t keylen, uint64_t now_ms, char *out,
+                        size_t outsize);
 
 /** Maps @p key (@p keylen bytes) to @p endpoint_id (NUL-terminated, copied) until @p expires_at_ms,
  * replacing any previous value and making it the most recently used. When the table is full, one entry
@@ -49,7 +54,7 @@ int atc_affinity_set(struct atc_affinity *t, const char *key, size_t keylen, con
 void atc_affinity_del(struct atc_affinity *t, const char *key, size_t keylen);
 
 /** Entries held, including expired ones not yet dropped (they go when looked up or evicted). */
-size_t atc_affinity_count(const struct atc_affinity *t);
+size_t atc_affinity_count(struct atc_affinity *t);
 
 #define ATC_PREFIX_INDEX_DEFAULT_BLOCKS 1000000 /* max_blocks when 0 is passed to create */
 #define ATC_PREFIX_INDEX_ENDPOINTS 64           /* endpoint indices are exact below this, folded above */
@@ -70,7 +75,8 @@ void atc_prefix_index_destroy(struct atc_prefix_index *idx);
  * index @p endpoint_index. Indices >= 64 share the bit of (index % 64) with another endpoint, so their
  * overlaps are over-estimated (the index is approximate anyway). Never allocates. Each time
  * max_blocks / 2 new blocks have come in, the older half of the index is dropped: that call also clears
- * 11.4 MB at the default size (0.3-0.4 ms measured here). A block inserted again at least that often is
+ * 11.4 MB at the default size (0.3-0.4 ms measured here), holding the lock, so every worker's
+ * atc_prefix_index_overlaps waits that long too. A block inserted again at least that often is
  * never dropped, so a hot prefix stays. */
 void atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *blocks, size_t n,
                              unsigned endpoint_index);
@@ -78,17 +84,17 @@ void atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *block
 /** Fills @p out[i], for each endpoint index i < @p nendpoints, with the number of leading blocks of
  * @p blocks[0..n) recorded for endpoint i (counting stops at its first missing block; capped at
  * UINT16_MAX). One pass over the blocks, stopping as soon as no endpoint matches. Never allocates. */
-void atc_prefix_index_overlaps(const struct atc_prefix_index *idx, const uint64_t *blocks, size_t n,
-                               uint16_t *out, size_t nendpoints);
+void atc_prefix_index_overlaps(struct atc_prefix_index *idx, const uint64_t *blocks, size_t n, uint16_t *out,
+                               size_t nendpoints);
 
 /** Forgets everything, e.g. on a config reload that renumbers endpoints. O(size of the index). */
 void atc_prefix_index_clear(struct atc_prefix_index *idx);
 
 /** Entries held, at most max_blocks (a block re-inserted since the last rotation counts twice until
  * its older copy is dropped). */
-size_t atc_prefix_index_count(const struct atc_prefix_index *idx);
+size_t atc_prefix_index_count(struct atc_prefix_index *idx);
 
-/** Bytes allocated by @p idx (fixed at create). */
+/** Bytes allocated by @p idx (fixed at create, so read without the lock). */
 size_t atc_prefix_index_bytes(const struct atc_prefix_index *idx);
 
 #endif

@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "config.h"
-#include "health.h"
 
 /* Weight of a new TTFT sample: about the last ten requests dominate. */
 #define TTFT_EWMA_ALPHA 0.1
@@ -249,30 +248,39 @@ struct atc_endpoint *atc_endpoint_table_find(const struct atc_endpoint_table *t,
 
 void atc_endpoint_acquire(struct atc_endpoint *ep, uint64_t tokens)
 {
-    ep->inflight++;
-    ep->inflight_tokens += tokens;
+    atomic_fetch_add_explicit(&ep->inflight, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&ep->inflight_tokens, tokens, memory_order_relaxed);
 }
 
 void atc_endpoint_release(struct atc_endpoint *ep, uint64_t tokens)
 {
-    /* Saturate rather than wrap: a bookkeeping slip must not make an endpoint look infinitely busy. */
-    ep->inflight = ep->inflight > 0 ? ep->inflight - 1 : 0;
-    ep->inflight_tokens = ep->inflight_tokens >= tokens ? ep->inflight_tokens - tokens : 0;
+    /* Saturate rather than wrap: a bookkeeping slip must not make an endpoint look infinitely busy. A CAS
+     * loop, since another worker may release (or acquire) between our load and our store. */
+    unsigned n = atomic_load_explicit(&ep->inflight, memory_order_relaxed);
+    while (n > 0 && !atomic_compare_exchange_weak_explicit(&ep->inflight, &n, n - 1, memory_order_relaxed,
+                                                           memory_order_relaxed))
+        ;
+    uint64_t t = atomic_load_explicit(&ep->inflight_tokens, memory_order_relaxed);
+    while (t > 0 &&
+           !atomic_compare_exchange_weak_explicit(&ep->inflight_tokens, &t, t >= tokens ? t - tokens : 0,
+                                                  memory_order_relaxed, memory_order_relaxed))
+        ;
 }
 
 void atc_endpoint_record(struct atc_endpoint *ep, bool ok, double ttft_ms)
 {
-    ep->requests_total++;
-    if (ep->health != NULL)
-        atc_health_observe(ep, ok); /* passive outlier ejection */
+    atomic_fetch_add_explicit(&ep->requests_total, 1, memory_order_relaxed);
     if (!ok) {
-        ep->errors_total++;
-        ep->consecutive_errors++;
+        atomic_fetch_add_explicit(&ep->errors_total, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&ep->consecutive_errors, 1, memory_order_relaxed);
         return;
     }
-    ep->consecutive_errors = 0;
-    if (ttft_ms >= 0)
-        ep->ttft_ewma_ms = ep->ttft_ewma_ms == 0
-                               ? ttft_ms
-                               : ep->ttft_ewma_ms + TTFT_EWMA_ALPHA * (ttft_ms - ep->ttft_ewma_ms);
+    atomic_store_explicit(&ep->consecutive_errors, 0, memory_order_relaxed);
+    if (ttft_ms < 0)
+        return;
+    /* A load and a store, not a CAS loop: when two workers record at the same instant one sample is lost,
+     * which a moving average over about ten requests does not notice. */
+    double ewma = atomic_load_explicit(&ep->ttft_ewma_ms, memory_order_relaxed);
+    atomic_store_explicit(&ep->ttft_ewma_ms, ewma == 0 ? ttft_ms : ewma + TTFT_EWMA_ALPHA * (ttft_ms - ewma),
+                          memory_order_relaxed);
 }

@@ -2,8 +2,16 @@
 #define ATC_ENDPOINT_H
 
 /* The endpoint table: every configured (or simulated) server, grouped by model, with the live counters
- * that routing reads. Single-threaded: owned by the event loop that routes. */
+ * that routing reads.
+ *
+ * Threads: the table is shared by every worker thread, and health checks run on the main thread. The
+ * live counters and the fields health.c writes are C11 atomics, each consistent on its own but not with
+ * the others (a reader may see inflight already counted and inflight_tokens not yet): good enough for
+ * routing, which is a heuristic over values that change all the time anyway. Everything else (strings,
+ * capacity, weight, tags, the table's arrays) changes only in atc_endpoint_table_create/_add/_rebuild,
+ * which must not run while a worker reads the table. */
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -29,20 +37,20 @@ struct atc_endpoint {
     uint64_t token_budget; /* 0 = none */
     unsigned max_server_queue; /* full while the server reports this many waiting (scraped); 0 = ignore */
 
-    /* live counters */
-    unsigned inflight;        /* requests routed here and not finished */
-    uint64_t inflight_tokens; /* their prompt estimate + max_tokens */
-    double ttft_ewma_ms;      /* exponentially weighted time to first byte of the answer; 0 = no sample */
-    uint64_t requests_total;  /* attempts sent */
-    uint64_t errors_total;    /* connection failures, timeouts, 5xx */
-    uint64_t consecutive_errors;
-    bool routable;          /* false while drained or (later) unhealthy */
-    bool simulated;         /* started by atc for simulate: (kept across config reloads) */
-    unsigned server_queue;  /* server-reported: requests waiting (0 until reported; replay sets it) */
-    double server_kv_usage; /* server-reported: share of KV cache in use, 0..1 (likewise) */
+    /* live counters, written by every worker (atomic) */
+    _Atomic unsigned inflight;        /* requests routed here and not finished */
+    _Atomic uint64_t inflight_tokens; /* their prompt estimate + max_tokens */
+    _Atomic double ttft_ewma_ms;      /* exponentially weighted time to first byte of the answer; 0 = none */
+    _Atomic uint64_t requests_total;  /* attempts sent */
+    _Atomic uint64_t errors_total;    /* connection failures, timeouts, 5xx */
+    _Atomic uint64_t consecutive_errors;
+    _Atomic bool routable;          /* false while drained or (later) unhealthy */
+    bool simulated;                 /* started by atc for simulate: (kept across config reloads) */
+    _Atomic unsigned server_queue;  /* server-reported: requests waiting (0 until reported; replay sets it) */
+    _Atomic double server_kv_usage; /* server-reported: share of KV cache in use, 0..1 (likewise) */
 
-    /* health.c owns these */
-    unsigned slow_start_limit;          /* while > 0 (ramping up after a return): at most this many */
+    /* health.c owns these (main thread writes, workers read) */
+    _Atomic unsigned slow_start_limit;  /* while > 0 (ramping up after a return): at most this many */
     struct atc_endpoint_health *health; /* state, last error, scraped load (health.h); NULL without checks */
 
     struct atc_upstream_pool *pools[ATC_MAX_WORKERS]; /* each worker's keep-alive connections (upstream.c) */
@@ -94,8 +102,9 @@ struct atc_endpoint *atc_endpoint_table_find(const struct atc_endpoint_table *t,
 /** The capacity offered now: the configured one, or less while slow-starting. Loads compare against it. */
 static inline unsigned atc_endpoint_capacity_now(const struct atc_endpoint *ep)
 {
-    return ep->slow_start_limit > 0 && ep->slow_start_limit < ep->capacity ? ep->slow_start_limit
-                                                                           : ep->capacity;
+    /* One load: health.c may change the limit between two reads. */
+    unsigned limit = atomic_load_explicit(&ep->slow_start_limit, memory_order_relaxed);
+    return limit > 0 && limit < ep->capacity ? limit : ep->capacity;
 }
 
 /** True when @p ep may take one more request of @p tokens (prompt estimate + max_tokens) now: it is
@@ -103,17 +112,25 @@ static inline unsigned atc_endpoint_capacity_now(const struct atc_endpoint *ep)
  * request). */
 static inline bool atc_endpoint_available(const struct atc_endpoint *ep, uint64_t tokens)
 {
-    return ep->routable && ep->inflight < atc_endpoint_capacity_now(ep) &&
-           (ep->token_budget == 0 || ep->inflight == 0 || ep->inflight_tokens + tokens <= ep->token_budget) &&
-           (ep->max_server_queue == 0 || ep->server_queue < ep->max_server_queue);
+    if (!atomic_load_explicit(&ep->routable, memory_order_relaxed))
+        return false;
+    unsigned inflight = atomic_load_explicit(&ep->inflight, memory_order_relaxed);
+    return inflight < atc_endpoint_capacity_now(ep) &&
+           (ep->token_budget == 0 || inflight == 0 ||
+            atomic_load_explicit(&ep->inflight_tokens, memory_order_relaxed) + tokens <= ep->token_budget) &&
+           (ep->max_server_queue == 0 ||
+            atomic_load_explicit(&ep->server_queue, memory_order_relaxed) < ep->max_server_queue);
 }
 
-/** Counts a request of @p tokens routed to @p ep. */
+/** Counts a request of @p tokens routed to @p ep. Any thread. */
 void atc_endpoint_acquire(struct atc_endpoint *ep, uint64_t tokens);
-/** Undoes atc_endpoint_acquire once the request is finished (any outcome). */
+/** Undoes atc_endpoint_acquire once the request is finished (any outcome). Any thread; both counters
+ * saturate at 0 rather than wrap. */
 void atc_endpoint_release(struct atc_endpoint *ep, uint64_t tokens);
-/** Records the outcome of one attempt: @p ok false for connection failures, timeouts and 5xx only;
- * @p ttft_ms the time to the answer's first byte when ok (< 0 if unknown). */
+/** Records the outcome of one attempt in @p ep's counters: @p ok false for connection failures, timeouts
+ * and 5xx only; @p ttft_ms the time to the answer's first byte when ok (< 0 if unknown). Any thread.
+ * It does not tell health: the caller reports the same outcome to atc_health_observe (passive
+ * ejection), on the thread that runs health checks. */
 void atc_endpoint_record(struct atc_endpoint *ep, bool ok, double ttft_ms);
 
 #endif

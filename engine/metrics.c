@@ -1,5 +1,6 @@
 #include "metrics.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +33,10 @@ struct series {
 
 #define NBUCKETS 256
 
+/* One per process, fed by every worker: the mutex covers all of it (series, histograms, counters). A
+ * request takes it once, for a hash lookup and a few additions. */
 struct atc_metrics {
+    pthread_mutex_t mu;
     struct series *buckets[NBUCKETS];
     struct atc_histogram decision;
     uint64_t fallbacks[8];
@@ -93,8 +97,13 @@ void atc_metrics_label(struct evbuffer *out, const char *s)
 struct atc_metrics *atc_metrics_create(void)
 {
     struct atc_metrics *m = calloc(1, sizeof(*m));
-    if (m != NULL)
-        atc_histogram_init(&m->decision, decision_bounds, NELEMS(decision_bounds));
+    if (m == NULL)
+        return NULL;
+    if (pthread_mutex_init(&m->mu, NULL) != 0) {
+        free(m);
+        return NULL;
+    }
+    atc_histogram_init(&m->decision, decision_bounds, NELEMS(decision_bounds));
     return m;
 }
 
@@ -109,6 +118,7 @@ void atc_metrics_destroy(struct atc_metrics *m)
             free(s);
         }
     }
+    pthread_mutex_destroy(&m->mu);
     free(m);
 }
 
@@ -139,6 +149,7 @@ static struct series *series_of(struct atc_metrics *m, const char *model, const 
 void atc_metrics_request(struct atc_metrics *m, const struct atc_request_metrics *r)
 {
     const char *endpoint = r->endpoint != NULL ? r->endpoint : "";
+    pthread_mutex_lock(&m->mu);
     struct series *count = series_of(m, r->model, endpoint, r->status, r->priority);
     if (count != NULL)
         count->requests++;
@@ -152,16 +163,17 @@ void atc_metrics_request(struct atc_metrics *m, const struct atc_request_metrics
     m->client_gone += r->status == 499;
     m->bytes += r->bytes;
     m->sse_events += r->sse_events;
+    pthread_mutex_unlock(&m->mu);
 }
 
 void atc_metrics_decision(struct atc_metrics *m, double seconds, const char *fallback_reason)
 {
+    pthread_mutex_lock(&m->mu);
     atc_histogram_observe(&m->decision, seconds);
-    if (fallback_reason == NULL)
-        return;
-    for (size_t i = 0; i < NELEMS(fallback_reasons); i++)
+    for (size_t i = 0; fallback_reason != NULL && i < NELEMS(fallback_reasons); i++)
         if (strcmp(fallback_reason, fallback_reasons[i]) == 0)
             m->fallbacks[i]++;
+    pthread_mutex_unlock(&m->mu);
 }
 
 static void help(struct evbuffer *out, const char *name, const char *type, const char *text)
@@ -238,6 +250,9 @@ static void render_endpoints(const struct atc_server *srv, struct evbuffer *out)
 
 void atc_metrics_render(struct atc_metrics *m, const struct atc_server *srv, struct evbuffer *out)
 {
+    /* Workers wait for the lock while m's series are rendered: a scrape's worth of printf, every few
+     * seconds. The server's own tables are read after it is released. */
+    pthread_mutex_lock(&m->mu);
     help(out, "atc_requests_total", "counter",
          "Client requests answered, by model, endpoint (empty if none), status (499: client left) and "
          "priority.");
@@ -283,17 +298,22 @@ void atc_metrics_render(struct atc_metrics *m, const struct atc_server *srv, str
     for (size_t i = 0; i < NELEMS(fallback_reasons); i++)
         evbuffer_add_printf(out, "atc_policy_fallbacks_total{reason=\"%s\"} %llu\n", fallback_reasons[i],
                             (unsigned long long)m->fallbacks[i]);
-    if (srv->workers[0].policy != NULL) /* worker 0's runtime: every worker loads the same files */
-        atc_policy_metrics(srv->workers[0].policy, out);
+    const uint64_t retries = m->retries, client_gone = m->client_gone, bytes = m->bytes,
+                   sse_events = m->sse_events;
+    pthread_mutex_unlock(&m->mu);
+    struct atc_policy_runtime *rts[ATC_MAX_WORKERS];
+    size_t nrts = atc_server_policies(srv, rts);
+    if (nrts > 0)
+        atc_policy_metrics(rts, nrts, out);
 
     help(out, "atc_retries_total", "counter", "Upstream attempts after the first, on another endpoint.");
-    evbuffer_add_printf(out, "atc_retries_total %llu\n", (unsigned long long)m->retries);
+    evbuffer_add_printf(out, "atc_retries_total %llu\n", (unsigned long long)retries);
     help(out, "atc_client_disconnects_total", "counter", "Clients that left before their answer ended.");
-    evbuffer_add_printf(out, "atc_client_disconnects_total %llu\n", (unsigned long long)m->client_gone);
+    evbuffer_add_printf(out, "atc_client_disconnects_total %llu\n", (unsigned long long)client_gone);
     help(out, "atc_relayed_bytes_total", "counter", "Body bytes of answers relayed to clients.");
-    evbuffer_add_printf(out, "atc_relayed_bytes_total %llu\n", (unsigned long long)m->bytes);
+    evbuffer_add_printf(out, "atc_relayed_bytes_total %llu\n", (unsigned long long)bytes);
     help(out, "atc_relayed_sse_events_total", "counter", "Server-sent events relayed to clients.");
-    evbuffer_add_printf(out, "atc_relayed_sse_events_total %llu\n", (unsigned long long)m->sse_events);
+    evbuffer_add_printf(out, "atc_relayed_sse_events_total %llu\n", (unsigned long long)sse_events);
     help(out, "atc_active_requests", "gauge", "Client requests in progress (waiting, routed or relaying).");
     struct atc_server_stats totals;
     unsigned active;

@@ -151,11 +151,13 @@ void atc_policy_sync(struct atc_policy_runtime *rt);
 /** The version currently deciding. */
 uint64_t atc_policy_version(const struct atc_policy_runtime *rt);
 
-/** Appends the runtime's state as a JSON object: version, loaded_at, last_error, per-version counters. */
-void atc_policy_status_json(const struct atc_policy_runtime *rt, struct evbuffer *out);
+/** Appends the state of the runtimes @p rts (one per worker; the first one's version, entry and
+ * reloads; decision counters summed) as a JSON object: version, loaded_at, last_error, per-version
+ * counters. */
+void atc_policy_status_json(struct atc_policy_runtime *const *rts, size_t n, struct evbuffer *out);
 
-/** Appends the runtime's Prometheus metrics (version, reloads, per-version failure counters). */
-void atc_policy_metrics(const struct atc_policy_runtime *rt, struct evbuffer *out);
+/** Appends their Prometheus metrics (version, reloads, per-version failure counters), likewise. */
+void atc_policy_metrics(struct atc_policy_runtime *const *rts, size_t n, struct evbuffer *out);
 
 /** Reloads when a .lua file in the policy's directories changes (inotify, debounced), or calls
  * @p on_change(@p arg) instead when it is set (the server reloads every worker's runtime). 0 or -1. */

@@ -871,10 +871,14 @@ static int affinity_get(lua_State *L)
     struct policy_version *v = version_of(L);
     size_t len;
     const char *key = luaL_checklstring(L, 1, &len);
-    const char *id = v->rt->affinity != NULL
-                         ? atc_affinity_get(v->rt->affinity, key, len, (uint64_t)policy_now_ms(v->rt))
-                         : NULL;
-    push_opt_string(L, id);
+    char id[ATC_AFFINITY_ID_MAX + 1];
+    size_t idlen = v->rt->affinity != NULL ? atc_affinity_get(v->rt->affinity, key, len,
+                                                              (uint64_t)policy_now_ms(v->rt), id, sizeof(id))
+                                           : 0;
+    if (idlen > 0)
+        lua_pushlstring(L, id, idlen);
+    else
+        lua_pushnil(L);
     return 1;
 }
 

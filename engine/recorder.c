@@ -1,5 +1,5 @@
-/* The recorder (recorder.h): records encoded on the event loop, written to rotating trace files by a
- * thread of its own. */
+/* The recorder (recorder.h): records encoded on the worker threads' event loops, written to rotating
+ * trace files by a thread of its own. */
 
 #include "recorder.h"
 
@@ -27,8 +27,7 @@
 struct atc_recorder {
     struct atc_recorder_settings s; /* strings owned */
     uint64_t start_unix_us;         /* time base of every record's at_us */
-    uint64_t rng;                   /* sampling (loop thread only) */
-    struct atc_trace_buf scratch;   /* one record being encoded (loop thread only) */
+    _Atomic uint64_t rng;           /* sampling: a splitmix64 counter, so any thread draws without a lock */
 
     pthread_t thread;
     pthread_mutex_t mu;
@@ -227,7 +226,7 @@ struct atc_recorder *atc_recorder_create(const struct atc_recorder_settings *s)
     rec->s.prefix = strdup(s->prefix);
     rec->fd = -1;
     rec->start_unix_us = realtime_us();
-    rec->rng = rec->start_unix_us | 1;
+    atomic_init(&rec->rng, rec->start_unix_us);
     if (rec->s.dir == NULL || rec->s.prefix == NULL) {
         free((char *)rec->s.dir);
         free((char *)rec->s.prefix);
@@ -262,7 +261,6 @@ void atc_recorder_destroy(struct atc_recorder *rec)
     pthread_mutex_destroy(&rec->mu);
     pthread_cond_destroy(&rec->cv);
     free(rec->pending.data);
-    free(rec->scratch.data);
     free((char *)rec->s.dir);
     free((char *)rec->s.prefix);
     free(rec);
@@ -273,16 +271,23 @@ bool atc_recorder_text(const struct atc_recorder *rec)
     return rec->s.text;
 }
 
+/* A uniform draw in [0, 1) from any thread: splitmix64, whose state is a counter (one atomic add) and
+ * whose output is a mix of it. */
+static double sample_draw(struct atc_recorder *rec)
+{
+    uint64_t x = atomic_fetch_add_explicit(&rec->rng, UINT64_C(0x9e3779b97f4a7c15), memory_order_relaxed) +
+                 UINT64_C(0x9e3779b97f4a7c15);
+    x = (x ^ (x >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+    x = (x ^ (x >> 27)) * UINT64_C(0x94d049bb133111eb);
+    x ^= x >> 31;
+    return (double)(x >> 11) * 0x1.0p-53;
+}
+
 void atc_recorder_add(struct atc_recorder *rec, const struct atc_trace_record *r, uint64_t arrival_unix_us)
 {
-    if (rec->s.sample < 1) {
-        rec->rng ^= rec->rng << 13;
-        rec->rng ^= rec->rng >> 7;
-        rec->rng ^= rec->rng << 17;
-        if ((double)(rec->rng >> 11) * 0x1.0p-53 >= rec->s.sample) {
-            atomic_fetch_add(&rec->sampled_out, 1);
-            return;
-        }
+    if (rec->s.sample < 1 && sample_draw(rec) >= rec->s.sample) {
+        atomic_fetch_add(&rec->sampled_out, 1);
+        return;
     }
     struct atc_trace_record c = *r;
     c.at_us = arrival_unix_us > rec->start_unix_us ? arrival_unix_us - rec->start_unix_us : 0;
@@ -290,15 +295,18 @@ void atc_recorder_add(struct atc_recorder *rec, const struct atc_trace_record *r
         c.prompt = NULL;
         c.prompt_len = 0;
     }
-    rec->scratch.len = 0;
-    if (atc_trace_encode_record(&rec->scratch, &c) < 0) {
+    /* Encoded into a buffer of this call's, outside the lock: workers encode in parallel and hold the
+     * mutex (which the writer takes only to swap buffers) just for the copy. */
+    struct atc_trace_buf enc = {0};
+    if (atc_trace_encode_record(&enc, &c) < 0) {
+        free(enc.data);
         atomic_fetch_add(&rec->dropped, 1);
         return;
     }
     bool kept = false;
     pthread_mutex_lock(&rec->mu);
-    if (rec->pending.len + rec->scratch.len <= rec->s.buffer) {
-        size_t need = rec->pending.len + rec->scratch.len;
+    if (rec->pending.len + enc.len <= rec->s.buffer) {
+        size_t need = rec->pending.len + enc.len;
         if (need > rec->pending.cap) {
             size_t cap = rec->pending.cap ? rec->pending.cap : 64 * 1024;
             while (cap < need)
@@ -310,7 +318,7 @@ void atc_recorder_add(struct atc_recorder *rec, const struct atc_trace_record *r
             }
         }
         if (need <= rec->pending.cap) {
-            memcpy(rec->pending.data + rec->pending.len, rec->scratch.data, rec->scratch.len);
+            memcpy(rec->pending.data + rec->pending.len, enc.data, enc.len);
             rec->pending.len = need;
             rec->pending_records++;
             kept = true;
@@ -319,6 +327,7 @@ void atc_recorder_add(struct atc_recorder *rec, const struct atc_trace_record *r
     if (rec->pending.len >= WAKE_BYTES)
         pthread_cond_signal(&rec->cv);
     pthread_mutex_unlock(&rec->mu);
+    free(enc.data);
     atomic_fetch_add(kept ? &rec->recorded : &rec->dropped, 1);
 }
 

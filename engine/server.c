@@ -265,6 +265,17 @@ void atc_server_observe(struct atc_worker *w, struct atc_endpoint *ep, bool ok, 
         free(o);
 }
 
+size_t atc_server_policies(const struct atc_server *srv, struct atc_policy_runtime **out)
+{
+    size_t n = 0;
+    for (unsigned i = 0; i < srv->nworkers; i++)
+        if (srv->workers[i].policy != NULL) {
+            atc_policy_sync(srv->workers[i].policy);
+            out[n++] = srv->workers[i].policy;
+        }
+    return n;
+}
+
 void atc_server_totals(const struct atc_server *srv, struct atc_server_stats *st, unsigned *active)
 {
     *st = (struct atc_server_stats){0};

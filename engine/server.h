@@ -110,6 +110,9 @@ void atc_server_capacity_freed(struct atc_worker *w);
 /** Reloads the policy on every worker: worker 0's first; the others only if it compiled. Returns the
  * new version, or 0 with an owned message in *err. */
 uint64_t atc_server_reload_policy(struct atc_server *srv, char **err);
+/** Every worker's policy runtime into @p out (room for ATC_MAX_WORKERS); 0 without a policy. Each is
+ * brought up to date with a rollback made elsewhere. Call with the workers paused. */
+size_t atc_server_policies(const struct atc_server *srv, struct atc_policy_runtime **out);
 /** Every worker's counters summed; call with the workers paused. */
 void atc_server_totals(const struct atc_server *srv, struct atc_server_stats *st, unsigned *active);
 

@@ -8,6 +8,7 @@
 #include <event2/event.h>
 
 #include "log.h"
+#include "request_features.h"
 
 struct worker_task {
     void (*fn)(void *arg);
@@ -72,6 +73,7 @@ static void *worker_main(void *arg)
     w->closed = true;
     pthread_mutex_unlock(&w->mu);
     on_wake(w->wake_fd, EV_READ, w); /* tasks posted before it closed still run */
+    atc_features_release();          /* the scanner's per-thread token buffer */
     struct atc_server *srv = w->srv;
     pthread_mutex_lock(&srv->pause_mu);
     w->running = false;

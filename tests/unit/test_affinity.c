@@ -22,9 +22,20 @@
 #undef realloc
 #undef free
 
+/* The id under key (a copy, valid until the next call), or NULL when absent. */
+static const char *getn(struct atc_affinity *t, const char *key, size_t keylen, uint64_t now)
+{
+    static char id[ATC_AFFINITY_ID_MAX + 1];
+    memset(id, 'x', sizeof(id));
+    size_t n = atc_affinity_get(t, key, keylen, now, id, sizeof(id));
+    assert_true(n <= ATC_AFFINITY_ID_MAX);
+    assert_int_equal(strlen(id), n); /* NUL-terminated, and the length returned is the copy's */
+    return n > 0 ? id : NULL;
+}
+
 static const char *get(struct atc_affinity *t, const char *key, uint64_t now)
 {
-    return atc_affinity_get(t, key, strlen(key), now);
+    return getn(t, key, strlen(key), now);
 }
 
 static int set(struct atc_affinity *t, const char *key, const char *id, uint64_t expires)
@@ -43,9 +54,9 @@ static void test_set_get_del(void **state)
 
     /* Keys are bytes, not C strings. */
     assert_int_equal(atc_affinity_set(t, "a\0b", 3, "ep-nul", 1000), 0);
-    assert_null(atc_affinity_get(t, "a\0c", 3, 0));
-    assert_null(atc_affinity_get(t, "a", 1, 0));
-    assert_string_equal(atc_affinity_get(t, "a\0b", 3, 0), "ep-nul");
+    assert_null(getn(t, "a\0c", 3, 0));
+    assert_null(getn(t, "a", 1, 0));
+    assert_string_equal(getn(t, "a\0b", 3, 0), "ep-nul");
     assert_int_equal(atc_affinity_count(t), 2);
 
     /* Replacing: a shorter id is written in place, a longer one reallocates the entry. */
@@ -61,7 +72,7 @@ static void test_set_get_del(void **state)
     atc_affinity_del(t, "s1", 2); /* absent: no-op */
     atc_affinity_del(t, "nope", 4);
     assert_int_equal(atc_affinity_count(t), 1);
-    assert_string_equal(atc_affinity_get(t, "a\0b", 3, 0), "ep-nul");
+    assert_string_equal(getn(t, "a\0b", 3, 0), "ep-nul");
 
     /* Endpoint ids: non-empty, at most ATC_AFFINITY_ID_MAX bytes. */
     char id[ATC_AFFINITY_ID_MAX + 2];
@@ -77,19 +88,39 @@ static void test_set_get_del(void **state)
     atc_affinity_destroy(t);
 }
 
+static void test_get_copies_into_small_buffers_like_snprintf(void **state)
+{
+    struct atc_affinity *t = atc_affinity_create(16);
+    assert_int_equal(set(t, "s", "endpoint-7", 1000), 0);
+    char out[5] = "????";
+    assert_int_equal(atc_affinity_get(t, "s", 1, 0, out, sizeof(out)), 10); /* the id's full length */
+    assert_string_equal(out, "endp");
+    assert_int_equal(atc_affinity_get(t, "s", 1, 0, out, 0), 10); /* nothing written */
+    assert_string_equal(out, "endp");
+    assert_int_equal(atc_affinity_get(t, "absent", 6, 0, out, sizeof(out)), 0);
+    assert_string_equal(out, ""); /* a miss leaves an empty string, not the previous id */
+    /* The copy is the caller's: it stays as it was when the entry changes or goes. */
+    char id[ATC_AFFINITY_ID_MAX + 1];
+    assert_int_equal(atc_affinity_get(t, "s", 1, 0, id, sizeof(id)), 10);
+    assert_int_equal(set(t, "s", "e2", 1000), 0);
+    atc_affinity_del(t, "s", 1);
+    assert_string_equal(id, "endpoint-7");
+    atc_affinity_destroy(t);
+}
+
 static void test_long_keys_rejected_not_truncated(void **state)
 {
     struct atc_affinity *t = atc_affinity_create(16);
     char key[ATC_AFFINITY_KEY_MAX + 1];
     memset(key, 'k', sizeof(key));
     assert_int_equal(atc_affinity_set(t, key, ATC_AFFINITY_KEY_MAX, "ep-max", 1000), 0);
-    assert_string_equal(atc_affinity_get(t, key, ATC_AFFINITY_KEY_MAX, 0), "ep-max");
+    assert_string_equal(getn(t, key, ATC_AFFINITY_KEY_MAX, 0), "ep-max");
     /* One byte longer: truncating would find ep-max under a different key. */
-    assert_null(atc_affinity_get(t, key, sizeof(key), 0));
+    assert_null(getn(t, key, sizeof(key), 0));
     assert_int_equal(atc_affinity_set(t, key, sizeof(key), "ep-long", 1000), -1);
     atc_affinity_del(t, key, sizeof(key));
     assert_int_equal(atc_affinity_count(t), 1);
-    assert_string_equal(atc_affinity_get(t, key, ATC_AFFINITY_KEY_MAX, 0), "ep-max");
+    assert_string_equal(getn(t, key, ATC_AFFINITY_KEY_MAX, 0), "ep-max");
     atc_affinity_destroy(t);
 }
 
@@ -395,8 +426,8 @@ static void test_bench(void **state)
     double t0 = now_ns();
     for (int i = 0; i < GETS; i++) {
         x = x * 6364136223846793005u + 1442695040888963407u; /* random order: not just cache hits */
-        const char *id = atc_affinity_get(t, keys[(x >> 33) % KEYS], KEYLEN - 1, 1);
-        sink += id != NULL;
+        char id[ATC_AFFINITY_ID_MAX + 1];
+        sink += atc_affinity_get(t, keys[(x >> 33) % KEYS], KEYLEN - 1, 1, id, sizeof(id)) > 0;
     }
     double get_ns = (now_ns() - t0) / GETS;
     assert_int_equal(sink, GETS);
@@ -448,6 +479,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_set_get_del),
+        cmocka_unit_test(test_get_copies_into_small_buffers_like_snprintf),
         cmocka_unit_test(test_long_keys_rejected_not_truncated),
         cmocka_unit_test(test_expiry),
         cmocka_unit_test(test_lru_evicts_least_recently_used),

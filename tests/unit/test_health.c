@@ -127,6 +127,13 @@ static int teardown(void **state)
     return 0;
 }
 
+/* One finished attempt as the relay reports it: into the endpoint's counters, and to health. */
+static void outcome(struct atc_endpoint *ep, bool ok, double ttft_ms)
+{
+    atc_endpoint_record(ep, ok, ttft_ms);
+    atc_health_observe(ep, ok);
+}
+
 static void test_without_checks_endpoints_are_healthy_at_once(void **state)
 {
     struct fixture *f = *state;
@@ -140,19 +147,19 @@ static void test_without_checks_endpoints_are_healthy_at_once(void **state)
 static void test_ejection_needs_consecutive_failures_and_is_capped(void **state)
 {
     struct fixture *f = *state;
-    atc_endpoint_record(f->ep[0], false, -1);
-    atc_endpoint_record(f->ep[0], true, 5); /* a success resets the run */
-    atc_endpoint_record(f->ep[0], false, -1);
+    outcome(f->ep[0], false, -1);
+    outcome(f->ep[0], true, 5); /* a success resets the run */
+    outcome(f->ep[0], false, -1);
     assert_int_equal(f->ep[0]->health->state, ATC_HEALTH_HEALTHY);
-    atc_endpoint_record(f->ep[0], false, -1);
+    outcome(f->ep[0], false, -1);
     assert_int_equal(f->ep[0]->health->state, ATC_HEALTH_EJECTED);
     assert_false(f->ep[0]->routable);
     assert_int_equal(f->ep[0]->health->ejections_total, 1);
     assert_non_null(strstr(f->ep[0]->health->last_error, "ejected for 3600.0s: 2 requests in a row failed"));
     /* 50% of 3 endpoints, rounded down: one ejected at a time. */
-    atc_endpoint_record(f->ep[1], false, -1);
-    atc_endpoint_record(f->ep[1], false, -1);
-    atc_endpoint_record(f->ep[1], false, -1);
+    outcome(f->ep[1], false, -1);
+    outcome(f->ep[1], false, -1);
+    outcome(f->ep[1], false, -1);
     assert_int_equal(f->ep[1]->health->state, ATC_HEALTH_HEALTHY);
     assert_true(f->ep[1]->routable);
     struct atc_health_stats st;
@@ -161,14 +168,28 @@ static void test_ejection_needs_consecutive_failures_and_is_capped(void **state)
     assert_int_equal(st.models_in_panic, 0);
 }
 
+static void test_record_alone_does_not_eject(void **state)
+{
+    struct fixture *f = *state;
+    /* The counters are the table's; ejection is health's, told by the caller (on its own thread). */
+    for (int i = 0; i < 5; i++)
+        atc_endpoint_record(f->ep[0], false, -1);
+    assert_int_equal(f->ep[0]->consecutive_errors, 5);
+    assert_int_equal(f->ep[0]->health->state, ATC_HEALTH_HEALTHY);
+    assert_true(f->ep[0]->routable);
+    atc_health_observe(f->ep[0], false);
+    atc_health_observe(f->ep[0], false);
+    assert_int_equal(f->ep[0]->health->state, ATC_HEALTH_EJECTED);
+}
+
 static void test_drain_and_panic(void **state)
 {
     struct fixture *f = *state;
     atc_health_set_drained(f->h, f->ep[2], true);
     assert_int_equal(f->ep[2]->health->state, ATC_HEALTH_DRAINING);
     assert_false(f->ep[2]->routable);
-    atc_endpoint_record(f->ep[0], false, -1);
-    atc_endpoint_record(f->ep[0], false, -1);
+    outcome(f->ep[0], false, -1);
+    outcome(f->ep[0], false, -1);
     assert_int_equal(f->ep[0]->health->state, ATC_HEALTH_EJECTED);
     /* Mark b out by hand (as its live check would): with a ejected and c drained, nothing is healthy. */
     struct hep *b = hep_of(f->ep[1]);
@@ -220,6 +241,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_without_checks_endpoints_are_healthy_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ejection_needs_consecutive_failures_and_is_capped, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_record_alone_does_not_eject, setup, teardown),
         cmocka_unit_test_setup_teardown(test_drain_and_panic, setup, teardown),
         cmocka_unit_test_setup_teardown(test_json, setup, teardown),
     };
