@@ -288,6 +288,24 @@ void atc_admission_kick(struct atc_admission *adm)
     adm->kicking = false;
 }
 
+int atc_admission_top_priority(const struct atc_admission *adm)
+{
+    int top = -1;
+    if (adm == NULL || adm->waiting == 0)
+        return top;
+    uint64_t now = now_ms();
+    for (const struct model_queue *q = adm->queues; q != NULL && top < MAX_PRIORITY; q = q->next) {
+        const struct atc_queue_item *it;
+        TAILQ_FOREACH(it, &q->items, link)
+        {
+            int p = effective_priority(adm, it, now);
+            if (p > top)
+                top = p;
+        }
+    }
+    return top;
+}
+
 size_t atc_admission_waiting(const struct atc_admission *adm)
 {
     return adm != NULL ? adm->waiting : 0;

@@ -62,6 +62,9 @@ void atc_admission_remove(struct atc_admission *adm, struct atc_queue_item *item
 /** Capacity freed somewhere: offers the best waiting request of each queue a place, until one stays. */
 void atc_admission_kick(struct atc_admission *adm);
 
+/** The highest effective priority (ageing included) of the requests waiting, or -1 when none wait. */
+int atc_admission_top_priority(const struct atc_admission *adm);
+
 /** Requests waiting now, in all queues. */
 size_t atc_admission_waiting(const struct atc_admission *adm);
 

@@ -96,22 +96,13 @@ static uint64_t now_us(void)
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-/* Other workers read how many wait here, to know whether a slot freed there should wake this queue. */
-static void note_waiting(struct atc_worker *w)
-{
-    if (w->admission != NULL)
-        atomic_store(&w->waiting, (unsigned)atc_admission_waiting(w->admission));
-}
-
 static void release_endpoint(struct relay *r)
 {
     if (r->ep == NULL)
         return;
     atc_endpoint_release(r->ep, r->tokens);
     r->ep = NULL;
-    atc_admission_kick(r->w->admission); /* a slot freed: the best waiting request may take it */
-    note_waiting(r->w);
-    atc_server_capacity_freed(r->w); /* or one waiting on another worker */
+    atc_server_capacity_freed(r->w); /* a slot freed: the most urgent waiting request may take it */
 }
 
 /* The outcome of the attempt on r->ep: its counters, and passive health checks (on the main thread). */
@@ -171,10 +162,9 @@ static void relay_free(struct relay *r)
 {
     account(r);
     record_finished(r);
-    if (r->qi.queued) {
+    if (r->qi.queued)
         atc_admission_remove(r->w->admission, &r->qi);
-        note_waiting(r->w);
-    }
+    atc_server_queue_changed(r->w); /* it left the queue now, or earlier (placed, expired) */
     release_endpoint(r);
     if (r->watch != NULL)
         event_free(r->watch);
@@ -692,7 +682,7 @@ static void wait_for_capacity(struct relay *r, uint64_t deadline_ms)
     r->qi.priority = r->priority;
     r->qi.owner = r;
     int rc = atc_admission_enqueue(adm, &r->qi, deadline_ms);
-    note_waiting(r->w);
+    atc_server_queue_changed(r->w);
     if (rc < 0)
         reply_error(r, 429, "rate_limit_error", "queue_full",
                     "too many requests are waiting for this model; retry later",

@@ -204,33 +204,54 @@ static void destroy_pools(struct atc_endpoint *ep)
     }
 }
 
+void atc_server_queue_changed(struct atc_worker *w)
+{
+    if (w->admission != NULL)
+        atomic_store(&w->top_priority, atc_admission_top_priority(w->admission));
+}
+
 static void kick_admission(void *arg)
 {
     struct atc_worker *w = arg;
     atomic_store(&w->kick_posted, false);
-    if (w->admission != NULL) {
-        atc_admission_kick(w->admission);
-        atomic_store(&w->waiting, (unsigned)atc_admission_waiting(w->admission));
-    }
+    atc_admission_kick(w->admission);
+    atc_server_queue_changed(w);
 }
 
+static void post_kick(struct atc_worker *w)
+{
+    if (!atomic_exchange(&w->kick_posted, true) && atc_worker_post(w, kick_admission, w) < 0)
+        atomic_store(&w->kick_posted, false);
+}
+
+/* Each worker has its own queue: the one holding the most urgent request gets the freed slot first (this
+ * one on a tie, at once; another through its mailbox), so priorities hold across workers. */
 void atc_server_capacity_freed(struct atc_worker *w)
 {
     struct atc_server *srv = w->srv;
+    struct atc_worker *best = w;
+    int top = atomic_load(&w->top_priority);
     for (unsigned i = 0; i < srv->nworkers; i++) {
-        struct atc_worker *o = &srv->workers[i];
-        if (o != w && atomic_load(&o->waiting) > 0 && !atomic_exchange(&o->kick_posted, true) &&
-            atc_worker_post(o, kick_admission, o) < 0)
-            atomic_store(&o->kick_posted, false);
+        int p = atomic_load(&srv->workers[i].top_priority);
+        if (p > top) {
+            best = &srv->workers[i];
+            top = p;
+        }
     }
+    if (top < 0)
+        return; /* nobody waits */
+    if (best == w)
+        kick_admission(w);
+    else
+        post_kick(best);
 }
 
 /* An endpoint came back (or offers more room): requests waiting in admission queues may fit now. */
 static void on_more_capacity(void *arg)
 {
     struct atc_server *srv = arg;
-    kick_admission(main_worker(srv));
-    atc_server_capacity_freed(main_worker(srv));
+    for (unsigned i = 0; i < srv->nworkers; i++)
+        post_kick(&srv->workers[i]); /* at once on the main thread's own worker */
 }
 
 struct observation {
@@ -817,11 +838,18 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
     event_add(srv->sig_term, NULL);
     event_add(srv->sig_int, NULL);
     event_add(srv->sig_hup, NULL);
-    /* Threads last: signals are handled by the main thread's loop (libevent's signal pipe), and a
-     * thread started now inherits a mask without them. */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &old);
+    atc_info("atc %s: %zu model(s), %zu endpoint(s); %u worker(s) listening on %s:%u, admin on %s:%u",
+             ATC_VERSION, srv->table->nmodels, srv->table->nendpoints, srv->nworkers, cfg->listen_host,
+             (unsigned)srv->front_port, cfg->admin_host, (unsigned)srv->admin_port);
+    /* Threads last, once the log has read its settings: signals are handled by the main thread's loop
+     * (libevent's signal pipe), and a thread started now inherits a mask without them. */
+    sigset_t handled, old;
+    sigemptyset(&handled);
+    sigaddset(&handled, SIGTERM);
+    sigaddset(&handled, SIGINT);
+    sigaddset(&handled, SIGHUP);
+    sigaddset(&handled, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &handled, &old);
     for (unsigned i = 1; i < srv->nworkers; i++)
         if (atc_worker_start(&srv->workers[i]) < 0) {
             pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -829,9 +857,6 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
             goto error;
         }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    atc_info("atc %s: %zu model(s), %zu endpoint(s); %u worker(s) listening on %s:%u, admin on %s:%u",
-             ATC_VERSION, srv->table->nmodels, srv->table->nendpoints, srv->nworkers, cfg->listen_host,
-             (unsigned)srv->front_port, cfg->admin_host, (unsigned)srv->admin_port);
     return srv;
 error:
     atc_server_destroy(srv);

@@ -103,8 +103,10 @@ void atc_server_request_started(struct atc_worker *w);
 void atc_server_request_finished(struct atc_worker *w);
 /** Passes a request's outcome on @p ep to passive health checks (on the main thread). */
 void atc_server_observe(struct atc_worker *w, struct atc_endpoint *ep, bool ok, bool had_errors);
-/** A slot on some endpoint freed: requests waiting on other workers may take it. */
+/** A slot on some endpoint freed: the worker with the most urgent waiting request tries to place it. */
 void atc_server_capacity_freed(struct atc_worker *w);
+/** Worker @p w's admission queue changed: other workers read its top priority. */
+void atc_server_queue_changed(struct atc_worker *w);
 
 /* For the admin API (main thread). */
 /** Reloads the policy on every worker: worker 0's first; the others only if it compiled. Returns the

@@ -40,6 +40,7 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
     struct worker_task *t = w->tasks;
     w->tasks = NULL;
     w->tail = &w->tasks;
+    atomic_init(&w->top_priority, -1);
     pthread_mutex_unlock(&w->mu);
     while (t != NULL) {
         struct worker_task *next = t->next;

@@ -40,7 +40,7 @@ struct atc_worker {
     uint64_t rng;
     uint64_t next_id;
 
-    atomic_uint waiting;     /* requests in its admission queue: a hint for other workers' kicks */
+    atomic_int top_priority; /* of the requests in its admission queue (-1: none): read by other workers */
     atomic_bool kick_posted; /* a kick from another worker is on its way */
 
     /* the mailbox */
