@@ -247,12 +247,12 @@ static void send_config(struct atc_server *srv, struct evhttp_request *req)
     json_str(b, "access_log", c->access_log);
     evbuffer_add_printf(
         b,
-        ",\"max_body\":%zu,\"drain_timeout_ms\":%llu,\"client_timeout_ms\":%llu,"
+        ",\"workers\":%u,\"max_body\":%zu,\"drain_timeout_ms\":%llu,\"client_timeout_ms\":%llu,"
         "\"upstream\":{\"connect_timeout_ms\":%llu,\"first_byte_timeout_ms\":%llu,"
         "\"idle_timeout_ms\":%llu,\"tries\":%u,\"keepalive\":%u},"
         "\"admission\":{\"queue\":%u,\"deadline_ms\":%llu,\"max_deadline_ms\":%llu,\"aging_ms\":%llu},"
         "\"policy\":",
-        c->max_body, (unsigned long long)c->drain_timeout_ms, (unsigned long long)c->client_timeout_ms,
+        srv->nworkers, c->max_body, (unsigned long long)c->drain_timeout_ms, (unsigned long long)c->client_timeout_ms,
         (unsigned long long)c->upstream.connect_timeout_ms,
         (unsigned long long)c->upstream.first_byte_timeout_ms,
         (unsigned long long)c->upstream.idle_timeout_ms, c->upstream.tries, c->upstream.keepalive,

@@ -260,13 +260,15 @@ struct observation {
     bool ok;
 };
 
-/* On the main thread: the endpoint may have left the table since (a reload): only a current one counts. */
+/* On the main thread. The endpoint may have left the table since (a reload) and even be freed: it is
+ * looked up by address, never read, unless it is still in the table. */
 static void observe_on_main(void *arg)
 {
     struct observation *o = arg;
     const struct atc_endpoint_table *t = o->srv->table;
-    if (o->ep->index < t->nendpoints && t->endpoints[o->ep->index] == o->ep && o->ep->health != NULL)
-        atc_health_observe(o->ep, o->ok);
+    for (size_t i = 0; i < t->nendpoints; i++)
+        if (t->endpoints[i] == o->ep && o->ep->health != NULL)
+            atc_health_observe(o->ep, o->ok);
     free(o);
 }
 

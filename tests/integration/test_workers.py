@@ -62,6 +62,7 @@ class WorkersTest(AtcTestCase):
     def test_every_worker_serves(self):
         atc = self.start()
         self.assertEqual(atc.info["workers"], 2)
+        self.assertEqual(admin_json(atc, "/admin/config")["workers"], 2)
         # New connections are spread by the kernel over the two listeners: 64 of them reach both.
         results = parallel(64, lambda i: chat(atc.port, max_tokens=2))
         self.assertEqual([r[0] for r in results], [200] * 64, results[:3])
