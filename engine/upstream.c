@@ -9,6 +9,7 @@
 #include <strings.h>
 #include <sys/queue.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -20,6 +21,8 @@
 #define MAX_HEADER_BYTES (64 * 1024)
 /* How long an idle keep-alive connection is kept (servers close theirs after 5-75 s). */
 #define IDLE_KEEP_MS 30000
+/* A request head up to this size is formatted on the stack (the usual one is about 150 bytes). */
+#define HEAD_STACK 1024
 
 enum parse_state {
     PARSE_STATUS,
@@ -38,6 +41,7 @@ struct upstream_conn {
     struct bufferevent *bev;
     struct event *timer;
     struct atc_upstream_req *req; /* NULL while idle */
+    struct evbuffer *body_out;    /* dechunked body bytes handed to on_body; empty between requests */
     TAILQ_ENTRY(upstream_conn) idle_link;
     bool connecting;
     bool connect_failed; /* connect() failed at once; the timer reports it from the loop */
@@ -61,7 +65,6 @@ struct atc_upstream_req {
     struct upstream_conn *conn;
     const struct atc_upstream_callbacks *cb;
     void *arg;
-    char *head; /* request line and headers, kept for a transparent retry on a stale connection */
     size_t headlen;
     const char *body;
     size_t bodylen;
@@ -79,7 +82,7 @@ struct atc_upstream_req {
     bool paused;
     int in_callback;
     bool cancelled;
-    struct evbuffer *body_out; /* dechunked bytes handed to on_body */
+    char head[]; /* request line and headers, kept for a transparent retry on a stale connection */
 };
 
 static void on_conn_read(struct bufferevent *bev, void *arg);
@@ -151,15 +154,22 @@ struct atc_upstream_pool *atc_upstream_pool_create(struct event_base *base, cons
     return pool;
 }
 
+/* Closes a connection that is in no list. */
+static void conn_close(struct upstream_conn *c)
+{
+    bufferevent_free(c->bev);
+    event_free(c->timer);
+    evbuffer_free(c->body_out);
+    free(c);
+}
+
 static void conn_free(struct upstream_conn *c)
 {
     if (c->req == NULL) {
         TAILQ_REMOVE(&c->pool->idle, c, idle_link);
         c->pool->nidle--;
     }
-    bufferevent_free(c->bev);
-    event_free(c->timer);
-    free(c);
+    conn_close(c);
 }
 
 void atc_upstream_pool_destroy(struct atc_upstream_pool *pool)
@@ -184,11 +194,14 @@ static struct upstream_conn *conn_new(struct atc_upstream_pool *pool)
     c->pool = pool;
     c->bev = bufferevent_socket_new(pool->base, -1, BEV_OPT_CLOSE_ON_FREE);
     c->timer = evtimer_new(pool->base, on_conn_timer, c);
-    if (c->bev == NULL || c->timer == NULL) {
+    c->body_out = evbuffer_new();
+    if (c->bev == NULL || c->timer == NULL || c->body_out == NULL) {
         if (c->bev != NULL)
             bufferevent_free(c->bev);
         if (c->timer != NULL)
             event_free(c->timer);
+        if (c->body_out != NULL)
+            evbuffer_free(c->body_out);
         free(c);
         return NULL;
     }
@@ -201,11 +214,10 @@ static void conn_release(struct upstream_conn *c, bool reusable)
 {
     struct atc_upstream_pool *pool = c->pool;
     if (!reusable || pool->nidle >= pool->settings.keepalive) {
-        bufferevent_free(c->bev);
-        event_free(c->timer);
-        free(c);
+        conn_close(c);
         return;
     }
+    evbuffer_drain(c->body_out, evbuffer_get_length(c->body_out)); /* what on_body left */
     c->req = NULL;
     c->reused = true;
     TAILQ_INSERT_HEAD(&pool->idle, c, idle_link); /* LIFO: the warmest connection is reused first */
@@ -230,8 +242,6 @@ static void on_idle_event(struct bufferevent *bev, short what, void *arg)
 
 static void req_free(struct atc_upstream_req *req)
 {
-    evbuffer_free(req->body_out);
-    free(req->head);
     free(req);
 }
 
@@ -242,9 +252,7 @@ static void req_fail(struct atc_upstream_req *req, enum atc_upstream_error err)
     if (c != NULL) {
         c->req = NULL;
         req->conn = NULL;
-        bufferevent_free(c->bev);
-        event_free(c->timer);
-        free(c);
+        conn_close(c);
     }
     if (!req->cancelled)
         req->cb->on_error(req->arg, err, req->got_response);
@@ -266,9 +274,21 @@ static int conn_start(struct atc_upstream_req *req)
     req->conn = c;
     bufferevent_setcb(c->bev, on_conn_read, NULL, on_conn_event, c);
     struct evbuffer *out = bufferevent_get_output(c->bev);
-    evbuffer_add(out, req->head, req->headlen);
-    if (req->bodylen > 0)
-        evbuffer_add_reference(out, req->body, req->bodylen, NULL, NULL);
+    /* On an open connection the request goes out now, in one sendmsg: through the bufferevent it would
+     * cost an epoll_ctl to watch for writability and another to stop, plus a loop turn. What the socket
+     * does not take (or an error, which the bufferevent then meets and reports) is left to it. */
+    size_t sent = 0;
+    if (!c->connecting && evbuffer_get_length(out) == 0) {
+        struct iovec iov[2] = {{req->head, req->headlen}, {(void *)req->body, req->bodylen}};
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = req->bodylen > 0 ? 2 : 1};
+        ssize_t n = sendmsg(bufferevent_getfd(c->bev), &msg, MSG_NOSIGNAL);
+        sent = n > 0 ? (size_t)n : 0;
+    }
+    if (sent < req->headlen)
+        evbuffer_add(out, req->head + sent, req->headlen - sent);
+    size_t body_sent = sent > req->headlen ? sent - req->headlen : 0;
+    if (body_sent < req->bodylen)
+        evbuffer_add_reference(out, req->body + body_sent, req->bodylen - body_sent, NULL, NULL);
     if (c->connecting) {
         arm_timer(c, pool->settings.connect_timeout_ms);
         /* An immediate failure (refused on loopback) is reported from the loop, never from inside send. */
@@ -278,10 +298,13 @@ static int conn_start(struct atc_upstream_req *req)
             event_add(c->timer, &now);
             return 0;
         }
+        bufferevent_enable(c->bev, EV_READ | EV_WRITE);
     } else {
         arm_timer(c, pool->settings.first_byte_timeout_ms);
+        /* EV_WRITE stays enabled from the connect, so bytes added to the output above are written; enabling
+         * it again would watch the socket for writability even when there are none. */
+        bufferevent_enable(c->bev, EV_READ);
     }
-    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
     return 0;
 }
 
@@ -289,25 +312,29 @@ struct atc_upstream_req *atc_upstream_send(struct atc_upstream_pool *pool, const
                                            const char *path, const char *extra_headers, const char *body,
                                            size_t len, const struct atc_upstream_callbacks *cb, void *arg)
 {
-    struct atc_upstream_req *req = calloc(1, sizeof(*req));
+    static const char fmt[] =
+        "%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n%s\r\n";
+    /* The head lives in the request's own allocation: formatted on the stack, then copied, or formatted a
+     * second time into place when it is longer than the stack buffer. */
+    char stack[HEAD_STACK];
+    int n = snprintf(stack, sizeof(stack), fmt, method, path, pool->hostport, len,
+                     extra_headers ? extra_headers : "");
+    if (n < 0)
+        return NULL;
+    struct atc_upstream_req *req = calloc(1, sizeof(*req) + (size_t)n + 1);
     if (req == NULL)
         return NULL;
+    if ((size_t)n < sizeof(stack))
+        memcpy(req->head, stack, (size_t)n + 1);
+    else
+        snprintf(req->head, (size_t)n + 1, fmt, method, path, pool->hostport, len,
+                 extra_headers ? extra_headers : "");
+    req->headlen = (size_t)n;
     req->pool = pool;
     req->cb = cb;
     req->arg = arg;
     req->body = body;
     req->bodylen = len;
-    req->body_out = evbuffer_new();
-    int n = asprintf(
-        &req->head,
-        "%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n%s\r\n",
-        method, path, pool->hostport, len, extra_headers ? extra_headers : "");
-    if (n < 0 || req->body_out == NULL) {
-        req->head = NULL;
-        req_free(req);
-        return NULL;
-    }
-    req->headlen = (size_t)n;
     if (conn_start(req) < 0) {
         req_free(req);
         return NULL;
@@ -385,18 +412,36 @@ static int parse_header(struct atc_upstream_req *req, char *line)
         if (value_has_token(value, "close"))
             req->keepalive = false;
     } else if (header_is(line, namelen, "content-type")) {
-        snprintf(req->content_type, sizeof(req->content_type), "%s", value);
+        size_t len = strnlen(value, sizeof(req->content_type) - 1); /* a longer one is cut */
+        memcpy(req->content_type, value, len);
+        req->content_type[len] = '\0';
         req->has_content_type = true;
         req->resp.event_stream = strncasecmp(value, "text/event-stream", 17) == 0;
     }
     return 0;
 }
 
+/* Reads the decimal digits at *p (at most @p max of them) into *out; returns how many there were. */
+static int digits(const char **p, int max, int *out)
+{
+    int n = 0, v = 0;
+    for (; n < max && isdigit((unsigned char)**p); n++, (*p)++)
+        v = v * 10 + (**p - '0');
+    *out = v;
+    return n;
+}
+
+/* "HTTP/1.x NNN reason". (Leaner than sscanf, which is a visible part of a small request's cost.) */
 static int parse_status(struct atc_upstream_req *req, const char *line)
 {
     int major, minor, status;
-    if (sscanf(line, "HTTP/%d.%d %3d", &major, &minor, &status) != 3 || major != 1 || status < 100 ||
-        status > 599)
+    const char *p = line + 5;
+    if (strncmp(line, "HTTP/", 5) != 0 || digits(&p, 9, &major) == 0 || major != 1 || *p++ != '.' ||
+        digits(&p, 9, &minor) == 0 || *p != ' ')
+        return -1;
+    while (*p == ' ')
+        p++;
+    if (digits(&p, 3, &status) != 3 || status < 100 || status > 599)
         return -1;
     req->resp.status = status;
     req->resp.content_length = -1;
@@ -433,31 +478,50 @@ static size_t take_body(struct atc_upstream_req *req, struct evbuffer *in, uint6
 {
     size_t avail = evbuffer_get_length(in);
     size_t n = max < avail ? (size_t)max : avail;
-    evbuffer_remove_buffer(in, req->body_out, n);
+    evbuffer_remove_buffer(in, req->conn->body_out, n);
     return n;
+}
+
+/* The next line of @p in (CRLF or LF), NUL-terminated in place of its end of line, without copying
+ * unless it spans two chunks of the buffer; *n is its length and *size the bytes to drain after it (with
+ * the end of line). NULL while the line is incomplete. */
+static char *peek_line(struct evbuffer *in, size_t *n, size_t *size)
+{
+    size_t eol = 0;
+    struct evbuffer_ptr p = evbuffer_search_eol(in, NULL, &eol, EVBUFFER_EOL_CRLF);
+    if (p.pos < 0)
+        return NULL;
+    *n = (size_t)p.pos;
+    *size = *n + eol;
+    if (*n > MAX_HEADER_BYTES)
+        return NULL; /* refused by the caller: not worth making contiguous */
+    char *line = (char *)evbuffer_pullup(in, (ev_ssize_t)*size);
+    if (line != NULL)
+        line[*n] = '\0';
+    return line;
 }
 
 /* Runs the parser over what has arrived. Returns 1 when the response is complete, 0 when more is
  * needed, -1 on a protocol error, -2 when the user cancelled from a callback. */
 static int parse(struct atc_upstream_req *req, struct evbuffer *in)
 {
-    char *line = NULL;
+    char *line;
     for (;;) {
         if (req->paused)
             return 0;
-        size_t n = 0;
+        size_t n = 0, size = 0;
         switch (req->state) {
         case PARSE_STATUS:
         case PARSE_HEADERS:
         case PARSE_CHUNK_SIZE:
         case PARSE_CHUNK_END:
         case PARSE_TRAILERS:
-            line = evbuffer_readln(in, &n, EVBUFFER_EOL_CRLF);
+            line = peek_line(in, &n, &size);
+            /* A line this long is refused whether it arrived in one read or in many. */
+            if (n > MAX_HEADER_BYTES)
+                return -1;
             if (line == NULL)
                 return evbuffer_get_length(in) > MAX_HEADER_BYTES ? -1 : 0;
-            /* A line this long is refused whether it arrived in one read or in many (above). */
-            if (n > MAX_HEADER_BYTES)
-                goto malformed;
             req->header_bytes += n;
             break;
         default:
@@ -480,6 +544,8 @@ static int parse(struct atc_upstream_req *req, struct evbuffer *in)
                     goto malformed;
                 break;
             }
+            evbuffer_drain(in, size); /* the empty line: gone before the user may look at the buffer */
+            size = 0;
             if (req->resp.status < 200) { /* 100 Continue and friends: the real answer follows */
                 req->state = PARSE_STATUS;
                 break;
@@ -491,10 +557,8 @@ static int parse(struct atc_upstream_req *req, struct evbuffer *in)
             req->resp.content_type = req->has_content_type ? req->content_type : NULL;
             arm_timer(req->conn, req->pool->settings.idle_timeout_ms);
             CALL_USER(req, req->cb->on_headers(req->arg, &req->resp));
-            if (req->cancelled) {
-                free(line);
+            if (req->cancelled)
                 return -2;
-            }
             if (req->resp.status == 204 || req->resp.status == 304)
                 req->state = PARSE_DONE;
             else if (req->chunked)
@@ -517,13 +581,13 @@ static int parse(struct atc_upstream_req *req, struct evbuffer *in)
             /* hex digits only: strtoull alone would take "-1" (a chunk of 2^64 - 1), " 5" and "0x5" */
             char *end;
             errno = 0;
-            unsigned long long size = strtoull(line, &end, 16);
+            unsigned long long chunk = strtoull(line, &end, 16);
             if (!isxdigit((unsigned char)line[0]) || errno != 0 ||
                 (*end != '\0' && *end != ';' && *end != ' ') ||
                 (line[0] == '0' && (line[1] == 'x' || line[1] == 'X')))
                 goto malformed;
-            req->remaining = size;
-            req->state = size == 0 ? PARSE_TRAILERS : PARSE_CHUNK_DATA;
+            req->remaining = chunk;
+            req->state = chunk == 0 ? PARSE_TRAILERS : PARSE_CHUNK_DATA;
             req->header_bytes = 0;
             break;
         }
@@ -550,17 +614,16 @@ static int parse(struct atc_upstream_req *req, struct evbuffer *in)
         case PARSE_DONE:
             return 1;
         }
-        free(line);
+        evbuffer_drain(in, size);
     }
 malformed:
-    free(line);
     return -1;
 }
 
 static void deliver_body(struct atc_upstream_req *req)
 {
-    if (evbuffer_get_length(req->body_out) > 0)
-        CALL_USER(req, req->cb->on_body(req->arg, req->body_out));
+    if (evbuffer_get_length(req->conn->body_out) > 0)
+        CALL_USER(req, req->cb->on_body(req->arg, req->conn->body_out));
 }
 
 static void on_conn_read(struct bufferevent *bev, void *arg)
@@ -596,9 +659,7 @@ static bool retry_stale(struct atc_upstream_req *req)
     req->stale_retried = true;
     c->req = NULL;
     req->conn = NULL;
-    bufferevent_free(c->bev);
-    event_free(c->timer);
-    free(c);
+    conn_close(c);
     return conn_start(req) == 0;
 }
 
