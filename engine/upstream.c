@@ -10,9 +10,9 @@
 #include <sys/queue.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/event.h>
 
 #include "log.h"
@@ -21,8 +21,8 @@
 #define MAX_HEADER_BYTES (64 * 1024)
 /* How long an idle keep-alive connection is kept (servers close theirs after 5-75 s). */
 #define IDLE_KEEP_MS 30000
-/* A request head up to this size is formatted on the stack (the usual one is about 150 bytes). */
-#define HEAD_STACK 1024
+/* Most bytes taken from a socket per read (a bufferevent takes 4 KiB). */
+#define READ_MAX (16 * 1024)
 
 enum parse_state {
     PARSE_STATUS,
@@ -36,10 +36,16 @@ enum parse_state {
     PARSE_DONE,
 };
 
+/* A connection is a socket with its own events and buffers rather than a bufferevent: a bufferevent asks
+ * the kernel how much there is to read (an ioctl) before every read, and watches for writability to send
+ * what a request adds, which a request that fits in the socket at once does not need. */
 struct upstream_conn {
     struct atc_upstream_pool *pool;
-    struct bufferevent *bev;
+    evutil_socket_t fd;
+    struct event *rev; /* readable; persistent from the connect on, removed while paused */
+    struct event *wev; /* writable: the connect, then output the socket did not take at once */
     struct event *timer;
+    struct evbuffer *in, *out;
     struct atc_upstream_req *req; /* NULL while idle */
     struct evbuffer *body_out;    /* dechunked body bytes handed to on_body; empty between requests */
     TAILQ_ENTRY(upstream_conn) idle_link;
@@ -55,6 +61,8 @@ struct atc_upstream_pool {
     struct sockaddr_storage addr;
     socklen_t addrlen;
     char hostport[300];
+    char head_mid[400]; /* " HTTP/1.1\r\nHost: ...\r\nContent-Type: ...\r\nContent-Length: " */
+    size_t head_mid_len;
     struct atc_upstream_settings settings;
     struct conn_list idle;
     size_t nidle;
@@ -85,11 +93,9 @@ struct atc_upstream_req {
     char head[]; /* request line and headers, kept for a transparent retry on a stale connection */
 };
 
-static void on_conn_read(struct bufferevent *bev, void *arg);
-static void on_conn_event(struct bufferevent *bev, short what, void *arg);
+static void on_conn_readable(evutil_socket_t fd, short what, void *arg);
+static void on_conn_writable(evutil_socket_t fd, short what, void *arg);
 static void on_conn_timer(evutil_socket_t fd, short what, void *arg);
-static void on_idle_read(struct bufferevent *bev, void *arg);
-static void on_idle_event(struct bufferevent *bev, short what, void *arg);
 
 const char *atc_upstream_strerror(enum atc_upstream_error err)
 {
@@ -150,16 +156,31 @@ struct atc_upstream_pool *atc_upstream_pool_create(struct event_base *base, cons
     pool->base = base;
     pool->settings = *settings;
     snprintf(pool->hostport, sizeof(pool->hostport), "%s:%u", host, (unsigned)port);
+    pool->head_mid_len = (size_t)snprintf(pool->head_mid, sizeof(pool->head_mid),
+                                          " HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                                          "Content-Length: ",
+                                          pool->hostport);
     TAILQ_INIT(&pool->idle);
     return pool;
 }
 
-/* Closes a connection that is in no list. */
+/* Closes a connection that is in no list (also a half-made one). */
 static void conn_close(struct upstream_conn *c)
 {
-    bufferevent_free(c->bev);
-    event_free(c->timer);
-    evbuffer_free(c->body_out);
+    if (c->rev != NULL)
+        event_free(c->rev);
+    if (c->wev != NULL)
+        event_free(c->wev);
+    if (c->timer != NULL)
+        event_free(c->timer);
+    if (c->in != NULL)
+        evbuffer_free(c->in);
+    if (c->out != NULL)
+        evbuffer_free(c->out);
+    if (c->body_out != NULL)
+        evbuffer_free(c->body_out);
+    if (c->fd >= 0)
+        close(c->fd);
     free(c);
 }
 
@@ -186,23 +207,24 @@ size_t atc_upstream_pool_idle(const struct atc_upstream_pool *pool)
     return pool->nidle;
 }
 
+/* A connection not yet connected. Without a socket (out of descriptors) it is made all the same, and
+ * its connect fails from the loop, as a refused one does. */
 static struct upstream_conn *conn_new(struct atc_upstream_pool *pool)
 {
     struct upstream_conn *c = calloc(1, sizeof(*c));
     if (c == NULL)
         return NULL;
     c->pool = pool;
-    c->bev = bufferevent_socket_new(pool->base, -1, BEV_OPT_CLOSE_ON_FREE);
+    c->fd = socket(pool->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    c->rev = event_new(pool->base, c->fd, EV_READ | EV_PERSIST, on_conn_readable, c);
+    c->wev = event_new(pool->base, c->fd, EV_WRITE | EV_PERSIST, on_conn_writable, c);
     c->timer = evtimer_new(pool->base, on_conn_timer, c);
+    c->in = evbuffer_new();
+    c->out = evbuffer_new();
     c->body_out = evbuffer_new();
-    if (c->bev == NULL || c->timer == NULL || c->body_out == NULL) {
-        if (c->bev != NULL)
-            bufferevent_free(c->bev);
-        if (c->timer != NULL)
-            event_free(c->timer);
-        if (c->body_out != NULL)
-            evbuffer_free(c->body_out);
-        free(c);
+    if (c->rev == NULL || c->wev == NULL || c->timer == NULL || c->in == NULL || c->out == NULL ||
+        c->body_out == NULL) {
+        conn_close(c);
         return NULL;
     }
     c->connecting = true;
@@ -222,20 +244,10 @@ static void conn_release(struct upstream_conn *c, bool reusable)
     c->reused = true;
     TAILQ_INSERT_HEAD(&pool->idle, c, idle_link); /* LIFO: the warmest connection is reused first */
     pool->nidle++;
-    bufferevent_setcb(c->bev, on_idle_read, NULL, on_idle_event, c);
-    bufferevent_enable(c->bev, EV_READ);
+    /* Still watched for reading: an idle connection that becomes readable was closed by the server (or
+     * sent garbage), and on_conn_readable drops it. */
+    event_add(c->rev, NULL);
     arm_timer(c, IDLE_KEEP_MS);
-}
-
-/* An idle connection that becomes readable was closed by the server (or sent garbage): drop it. */
-static void on_idle_read(struct bufferevent *bev, void *arg)
-{
-    conn_free(arg);
-}
-
-static void on_idle_event(struct bufferevent *bev, short what, void *arg)
-{
-    conn_free(arg);
 }
 
 /* ---- request ---- */
@@ -272,38 +284,35 @@ static int conn_start(struct atc_upstream_req *req)
     }
     c->req = req;
     req->conn = c;
-    bufferevent_setcb(c->bev, on_conn_read, NULL, on_conn_event, c);
-    struct evbuffer *out = bufferevent_get_output(c->bev);
-    /* On an open connection the request goes out now, in one sendmsg: through the bufferevent it would
-     * cost an epoll_ctl to watch for writability and another to stop, plus a loop turn. What the socket
-     * does not take (or an error, which the bufferevent then meets and reports) is left to it. */
+    /* On an open connection the request goes out now, in one sendmsg. What the socket does not take, or
+     * an error, is left to on_conn_writable, so that a failure is reported from the loop. */
     size_t sent = 0;
-    if (!c->connecting && evbuffer_get_length(out) == 0) {
+    if (!c->connecting && evbuffer_get_length(c->out) == 0) {
         struct iovec iov[2] = {{req->head, req->headlen}, {(void *)req->body, req->bodylen}};
         struct msghdr msg = {.msg_iov = iov, .msg_iovlen = req->bodylen > 0 ? 2 : 1};
-        ssize_t n = sendmsg(bufferevent_getfd(c->bev), &msg, MSG_NOSIGNAL);
+        ssize_t n = sendmsg(c->fd, &msg, MSG_NOSIGNAL);
         sent = n > 0 ? (size_t)n : 0;
     }
     if (sent < req->headlen)
-        evbuffer_add(out, req->head + sent, req->headlen - sent);
+        evbuffer_add(c->out, req->head + sent, req->headlen - sent);
     size_t body_sent = sent > req->headlen ? sent - req->headlen : 0;
     if (body_sent < req->bodylen)
-        evbuffer_add_reference(out, req->body + body_sent, req->bodylen - body_sent, NULL, NULL);
+        evbuffer_add_reference(c->out, req->body + body_sent, req->bodylen - body_sent, NULL, NULL);
     if (c->connecting) {
         arm_timer(c, pool->settings.connect_timeout_ms);
-        /* An immediate failure (refused on loopback) is reported from the loop, never from inside send. */
-        if (bufferevent_socket_connect(c->bev, (struct sockaddr *)&pool->addr, (int)pool->addrlen) < 0) {
+        /* An immediate failure is reported from the loop, never from inside send. */
+        if (c->fd < 0 ||
+            (connect(c->fd, (struct sockaddr *)&pool->addr, pool->addrlen) < 0 && errno != EINPROGRESS)) {
             struct timeval now = {0, 0};
             c->connect_failed = true;
             event_add(c->timer, &now);
             return 0;
         }
-        bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+        event_add(c->wev, NULL); /* writable: connected, or failed */
     } else {
         arm_timer(c, pool->settings.first_byte_timeout_ms);
-        /* EV_WRITE stays enabled from the connect, so bytes added to the output above are written; enabling
-         * it again would watch the socket for writability even when there are none. */
-        bufferevent_enable(c->bev, EV_READ);
+        if (evbuffer_get_length(c->out) > 0)
+            event_add(c->wev, NULL);
     }
     return 0;
 }
@@ -312,24 +321,29 @@ struct atc_upstream_req *atc_upstream_send(struct atc_upstream_pool *pool, const
                                            const char *path, const char *extra_headers, const char *body,
                                            size_t len, const struct atc_upstream_callbacks *cb, void *arg)
 {
-    static const char fmt[] =
-        "%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n%s\r\n";
-    /* The head lives in the request's own allocation: formatted on the stack, then copied, or formatted a
-     * second time into place when it is longer than the stack buffer. */
-    char stack[HEAD_STACK];
-    int n = snprintf(stack, sizeof(stack), fmt, method, path, pool->hostport, len,
-                     extra_headers ? extra_headers : "");
-    if (n < 0)
-        return NULL;
-    struct atc_upstream_req *req = calloc(1, sizeof(*req) + (size_t)n + 1);
+    /* "METHOD PATH" + pool->head_mid + "LENGTH\r\n" + extra headers + "\r\n", in the request's own
+     * allocation. */
+    char digits[24], *d = digits + sizeof(digits);
+    size_t v = len;
+    do
+        *--d = (char)('0' + v % 10);
+    while ((v /= 10) > 0);
+    size_t ndigits = (size_t)(digits + sizeof(digits) - d);
+    size_t nmethod = strlen(method), npath = strlen(path), nextra = extra_headers ? strlen(extra_headers) : 0;
+    size_t headlen = nmethod + 1 + npath + pool->head_mid_len + ndigits + 2 + nextra + 2;
+    struct atc_upstream_req *req = calloc(1, sizeof(*req) + headlen + 1);
     if (req == NULL)
         return NULL;
-    if ((size_t)n < sizeof(stack))
-        memcpy(req->head, stack, (size_t)n + 1);
-    else
-        snprintf(req->head, (size_t)n + 1, fmt, method, path, pool->hostport, len,
-                 extra_headers ? extra_headers : "");
-    req->headlen = (size_t)n;
+    char *p = req->head;
+    p = mempcpy(p, method, nmethod);
+    *p++ = ' ';
+    p = mempcpy(p, path, npath);
+    p = mempcpy(p, pool->head_mid, pool->head_mid_len);
+    p = mempcpy(p, d, ndigits);
+    p = mempcpy(p, "\r\n", 2);
+    p = mempcpy(p, extra_headers ? extra_headers : "", nextra);
+    p = mempcpy(p, "\r\n", 3); /* with the NUL */
+    req->headlen = headlen;
     req->pool = pool;
     req->cb = cb;
     req->arg = arg;
@@ -347,7 +361,7 @@ void atc_upstream_pause(struct atc_upstream_req *req)
     if (req->paused || req->conn == NULL)
         return;
     req->paused = true;
-    bufferevent_disable(req->conn->bev, EV_READ);
+    event_del(req->conn->rev);
     event_del(req->conn->timer);
 }
 
@@ -356,11 +370,12 @@ void atc_upstream_resume(struct atc_upstream_req *req)
     if (!req->paused || req->conn == NULL)
         return;
     req->paused = false;
-    bufferevent_enable(req->conn->bev, EV_READ);
+    event_add(req->conn->rev, NULL);
     arm_timer(req->conn, req->pool->settings.idle_timeout_ms);
-    /* Bytes may already wait in the input buffer: parse them from the loop, not from this caller. */
-    if (evbuffer_get_length(bufferevent_get_input(req->conn->bev)) > 0)
-        bufferevent_trigger(req->conn->bev, EV_READ, BEV_TRIG_DEFER_CALLBACKS | BEV_TRIG_IGNORE_WATERMARKS);
+    /* Bytes may already wait in the input buffer: parse them from the loop, not from this caller (an
+     * activation without EV_READ parses without reading). */
+    if (evbuffer_get_length(req->conn->in) > 0)
+        event_active(req->conn->rev, EV_TIMEOUT, 1);
 }
 
 void atc_upstream_cancel(struct atc_upstream_req *req)
@@ -463,8 +478,9 @@ static int parse_status(struct atc_upstream_req *req, const char *line)
 static void finish(struct atc_upstream_req *req)
 {
     struct upstream_conn *c = req->conn;
-    bool reusable =
-        req->keepalive && req->state == PARSE_DONE && evbuffer_get_length(bufferevent_get_input(c->bev)) == 0;
+    /* Not when bytes of the request are still unsent (the server answered early) or extra bytes came. */
+    bool reusable = req->keepalive && req->state == PARSE_DONE && evbuffer_get_length(c->in) == 0 &&
+                    evbuffer_get_length(c->out) == 0;
     event_del(c->timer);
     c->req = NULL;
     req->conn = NULL;
@@ -626,13 +642,16 @@ static void deliver_body(struct atc_upstream_req *req)
         CALL_USER(req, req->cb->on_body(req->arg, req->conn->body_out));
 }
 
-static void on_conn_read(struct bufferevent *bev, void *arg)
+/* The server closed the connection (@p eof) or it failed, before the response was complete. */
+static void conn_broken(struct upstream_conn *c, bool eof);
+
+/* Parses what arrived on an active connection. */
+static void conn_parse(struct upstream_conn *c)
 {
-    struct upstream_conn *c = arg;
     struct atc_upstream_req *req = c->req;
     if (req->state >= PARSE_BODY_LENGTH && !req->paused)
         arm_timer(c, req->pool->settings.idle_timeout_ms);
-    int rc = parse(req, bufferevent_get_input(bev));
+    int rc = parse(req, c->in);
     if (rc == -2)
         goto cancelled;
     deliver_body(req);
@@ -649,6 +668,61 @@ cancelled:
     req_fail(req, ATC_UPSTREAM_ERR_CLOSED);
 }
 
+/* Reads what the socket has (one read, as a bufferevent does), then parses it. A read goes through a
+ * buffer on the stack, so the input buffer grows by the bytes that came, not by a fixed reservation: a
+ * response's buffers travel on to the client's output and stay there while the client is slow. */
+static void on_conn_readable(evutil_socket_t fd, short what, void *arg)
+{
+    struct upstream_conn *c = arg;
+    if (c->req == NULL) { /* idle: closed by the server, or garbage */
+        conn_free(c);
+        return;
+    }
+    if (what & EV_READ) {
+        char buf[READ_MAX];
+        ssize_t n = recv(fd, buf, sizeof(buf), 0);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+            conn_broken(c, n == 0);
+            return;
+        }
+        if (n < 0)
+            return;
+        if (evbuffer_add(c->in, buf, (size_t)n) < 0) {
+            conn_broken(c, false);
+            return;
+        }
+    }
+    conn_parse(c);
+}
+
+/* Writes what is pending: after the connect, and what a send left. */
+static void on_conn_writable(evutil_socket_t fd, short what, void *arg)
+{
+    struct upstream_conn *c = arg;
+    if (c->connecting) {
+        int err = 0;
+        socklen_t len = sizeof(err);
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+            err = errno;
+        if (err == EINPROGRESS || err == EINTR)
+            return;
+        if (err != 0) {
+            req_fail(c->req, ATC_UPSTREAM_ERR_CONNECT);
+            return;
+        }
+        c->connecting = false;
+        arm_timer(c, c->pool->settings.first_byte_timeout_ms);
+        event_add(c->rev, NULL);
+    }
+    if (evbuffer_get_length(c->out) > 0 && evbuffer_write(c->out, fd) < 0 && errno != EAGAIN &&
+        errno != EWOULDBLOCK && errno != EINTR) {
+        conn_broken(c, false);
+        return;
+    }
+    if (evbuffer_get_length(c->out) == 0)
+        event_del(c->wev);
+}
+
 /* A keep-alive connection the server closed while idle fails before any byte of the answer: send the
  * request again on a fresh connection, once, without counting it against the server. */
 static bool retry_stale(struct atc_upstream_req *req)
@@ -663,21 +737,11 @@ static bool retry_stale(struct atc_upstream_req *req)
     return conn_start(req) == 0;
 }
 
-static void on_conn_event(struct bufferevent *bev, short what, void *arg)
+static void conn_broken(struct upstream_conn *c, bool eof)
 {
-    struct upstream_conn *c = arg;
     struct atc_upstream_req *req = c->req;
-    if (what & BEV_EVENT_CONNECTED) {
-        c->connecting = false;
-        arm_timer(c, req->pool->settings.first_byte_timeout_ms);
-        return;
-    }
-    if (c->connecting) {
-        req_fail(req, ATC_UPSTREAM_ERR_CONNECT);
-        return;
-    }
-    if ((what & BEV_EVENT_EOF) && req->state == PARSE_BODY_UNTIL_CLOSE) {
-        take_body(req, bufferevent_get_input(bev), UINT64_MAX);
+    if (eof && req->state == PARSE_BODY_UNTIL_CLOSE) {
+        take_body(req, c->in, UINT64_MAX);
         req->state = PARSE_DONE;
         deliver_body(req);
         if (req->cancelled)
