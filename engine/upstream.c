@@ -64,6 +64,7 @@ struct atc_upstream_pool {
     char head_mid[400]; /* " HTTP/1.1\r\nHost: ...\r\nContent-Type: ...\r\nContent-Length: " */
     size_t head_mid_len;
     struct atc_upstream_settings settings;
+    struct timeval connect_tv, first_byte_tv, idle_tv, keep_tv; /* the settings as common timeouts */
     struct conn_list idle;
     size_t nidle;
 };
@@ -124,10 +125,18 @@ bool atc_upstream_is_timeout(enum atc_upstream_error err)
            err == ATC_UPSTREAM_ERR_IDLE_TIMEOUT;
 }
 
-static void arm_timer(struct upstream_conn *c, uint64_t ms)
+static void arm_timer(struct upstream_conn *c, const struct timeval *tv)
+{
+    event_add(c->timer, tv);
+}
+
+/* A libevent common timeout for @p ms: the connections' timers of one duration wait in one list, so that
+ * re-arming one (every read of a body) is a list move rather than a timer heap update. */
+static struct timeval common_timeout(struct event_base *base, uint64_t ms)
 {
     struct timeval tv = {.tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000};
-    event_add(c->timer, &tv);
+    const struct timeval *common = event_base_init_common_timeout(base, &tv);
+    return common != NULL ? *common : tv;
 }
 
 /* ---- pool ---- */
@@ -155,6 +164,10 @@ struct atc_upstream_pool *atc_upstream_pool_create(struct event_base *base, cons
     freeaddrinfo(res);
     pool->base = base;
     pool->settings = *settings;
+    pool->connect_tv = common_timeout(base, settings->connect_timeout_ms);
+    pool->first_byte_tv = common_timeout(base, settings->first_byte_timeout_ms);
+    pool->idle_tv = common_timeout(base, settings->idle_timeout_ms);
+    pool->keep_tv = common_timeout(base, IDLE_KEEP_MS);
     snprintf(pool->hostport, sizeof(pool->hostport), "%s:%u", host, (unsigned)port);
     pool->head_mid_len = (size_t)snprintf(pool->head_mid, sizeof(pool->head_mid),
                                           " HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
@@ -247,7 +260,7 @@ static void conn_release(struct upstream_conn *c, bool reusable)
     /* Still watched for reading: an idle connection that becomes readable was closed by the server (or
      * sent garbage), and on_conn_readable drops it. */
     event_add(c->rev, NULL);
-    arm_timer(c, IDLE_KEEP_MS);
+    arm_timer(c, &pool->keep_tv);
 }
 
 /* ---- request ---- */
@@ -299,7 +312,7 @@ static int conn_start(struct atc_upstream_req *req)
     if (body_sent < req->bodylen)
         evbuffer_add_reference(c->out, req->body + body_sent, req->bodylen - body_sent, NULL, NULL);
     if (c->connecting) {
-        arm_timer(c, pool->settings.connect_timeout_ms);
+        arm_timer(c, &pool->connect_tv);
         /* An immediate failure is reported from the loop, never from inside send. */
         if (c->fd < 0 ||
             (connect(c->fd, (struct sockaddr *)&pool->addr, pool->addrlen) < 0 && errno != EINPROGRESS)) {
@@ -310,7 +323,7 @@ static int conn_start(struct atc_upstream_req *req)
         }
         event_add(c->wev, NULL); /* writable: connected, or failed */
     } else {
-        arm_timer(c, pool->settings.first_byte_timeout_ms);
+        arm_timer(c, &pool->first_byte_tv);
         if (evbuffer_get_length(c->out) > 0)
             event_add(c->wev, NULL);
     }
@@ -371,7 +384,7 @@ void atc_upstream_resume(struct atc_upstream_req *req)
         return;
     req->paused = false;
     event_add(req->conn->rev, NULL);
-    arm_timer(req->conn, req->pool->settings.idle_timeout_ms);
+    arm_timer(req->conn, &req->pool->idle_tv);
     /* Bytes may already wait in the input buffer: parse them from the loop, not from this caller (an
      * activation without EV_READ parses without reading). */
     if (evbuffer_get_length(req->conn->in) > 0)
@@ -571,7 +584,7 @@ static int parse(struct atc_upstream_req *req, struct evbuffer *in)
             if (req->chunked)
                 req->resp.content_length = -1;
             req->resp.content_type = req->has_content_type ? req->content_type : NULL;
-            arm_timer(req->conn, req->pool->settings.idle_timeout_ms);
+            arm_timer(req->conn, &req->pool->idle_tv);
             CALL_USER(req, req->cb->on_headers(req->arg, &req->resp));
             if (req->cancelled)
                 return -2;
@@ -650,7 +663,7 @@ static void conn_parse(struct upstream_conn *c)
 {
     struct atc_upstream_req *req = c->req;
     if (req->state >= PARSE_BODY_LENGTH && !req->paused)
-        arm_timer(c, req->pool->settings.idle_timeout_ms);
+        arm_timer(c, &req->pool->idle_tv);
     int rc = parse(req, c->in);
     if (rc == -2)
         goto cancelled;
@@ -711,7 +724,7 @@ static void on_conn_writable(evutil_socket_t fd, short what, void *arg)
             return;
         }
         c->connecting = false;
-        arm_timer(c, c->pool->settings.first_byte_timeout_ms);
+        arm_timer(c, &c->pool->first_byte_tv);
         event_add(c->rev, NULL);
     }
     if (evbuffer_get_length(c->out) > 0 && evbuffer_write(c->out, fd) < 0 && errno != EAGAIN &&
