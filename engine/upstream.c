@@ -681,9 +681,24 @@ cancelled:
     req_fail(req, ATC_UPSTREAM_ERR_CLOSED);
 }
 
-/* Reads what the socket has (one read, as a bufferevent does), then parses it. A read goes through a
- * buffer on the stack, so the input buffer grows by the bytes that came, not by a fixed reservation: a
- * response's buffers travel on to the client's output and stay there while the client is slow. */
+/* One read from the socket into c->in: 1 with bytes, 0 when there were none, -1 at the end (*eof) or on
+ * an error. Through a buffer on the stack, so the input buffer grows by the bytes that came, not by a
+ * fixed reservation: a response's buffers travel on to the client's output and stay there while the
+ * client is slow. Not inlined, so that the buffer is off the stack before the callbacks run. */
+__attribute__((noinline)) static int conn_read(struct upstream_conn *c, bool *eof)
+{
+    char buf[READ_MAX];
+    ssize_t n = recv(c->fd, buf, sizeof(buf), 0);
+    *eof = n == 0;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return 0;
+    if (n <= 0 || evbuffer_add(c->in, buf, (size_t)n) < 0)
+        return -1;
+    return 1;
+}
+
+/* Reads what the socket has (one read per readiness, as a bufferevent does), then parses it. Also run
+ * without EV_READ by atc_upstream_resume, to parse what is buffered. */
 static void on_conn_readable(evutil_socket_t fd, short what, void *arg)
 {
     struct upstream_conn *c = arg;
@@ -691,21 +706,12 @@ static void on_conn_readable(evutil_socket_t fd, short what, void *arg)
         conn_free(c);
         return;
     }
-    if (what & EV_READ) {
-        char buf[READ_MAX];
-        ssize_t n = recv(fd, buf, sizeof(buf), 0);
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-            conn_broken(c, n == 0);
-            return;
-        }
-        if (n < 0)
-            return;
-        if (evbuffer_add(c->in, buf, (size_t)n) < 0) {
-            conn_broken(c, false);
-            return;
-        }
-    }
-    conn_parse(c);
+    bool eof = false;
+    int rc = what & EV_READ ? conn_read(c, &eof) : 0;
+    if (rc < 0)
+        conn_broken(c, eof);
+    else if (rc > 0 || (what & EV_TIMEOUT))
+        conn_parse(c);
 }
 
 /* Writes what is pending: after the connect, and what a send left. */
