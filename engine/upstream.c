@@ -336,12 +336,12 @@ struct atc_upstream_req *atc_upstream_send(struct atc_upstream_pool *pool, const
 {
     /* "METHOD PATH" + pool->head_mid + "LENGTH\r\n" + extra headers + "\r\n", in the request's own
      * allocation. */
-    char digits[24], *d = digits + sizeof(digits);
+    char num[24], *d = num + sizeof(num);
     size_t v = len;
     do
         *--d = (char)('0' + v % 10);
     while ((v /= 10) > 0);
-    size_t ndigits = (size_t)(digits + sizeof(digits) - d);
+    size_t ndigits = (size_t)(num + sizeof(num) - d);
     size_t nmethod = strlen(method), npath = strlen(path), nextra = extra_headers ? strlen(extra_headers) : 0;
     size_t headlen = nmethod + 1 + npath + pool->head_mid_len + ndigits + 2 + nextra + 2;
     struct atc_upstream_req *req = calloc(1, sizeof(*req) + headlen + 1);
