@@ -88,6 +88,7 @@ struct atc_upstream_req {
     size_t header_bytes;
     bool got_response; /* any byte of the status line arrived */
     bool stale_retried;
+    bool unsent; /* the head and body wait for on_conn_writable, activated by hand */
     bool paused;
     int in_callback;
     bool cancelled;
@@ -284,6 +285,26 @@ static void req_fail(struct atc_upstream_req *req, enum atc_upstream_error err)
     req_free(req);
 }
 
+/* Hands the request to the connection: with @p send, in one sendmsg of head and body when nothing is
+ * pending before it; what the socket does not take waits in c->out (the body by reference). */
+static void conn_write_request(struct upstream_conn *c, bool send)
+{
+    struct atc_upstream_req *req = c->req;
+    size_t sent = 0;
+    req->unsent = false;
+    if (send && evbuffer_get_length(c->out) == 0) {
+        struct iovec iov[2] = {{req->head, req->headlen}, {(void *)req->body, req->bodylen}};
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = req->bodylen > 0 ? 2 : 1};
+        ssize_t n = sendmsg(c->fd, &msg, MSG_NOSIGNAL);
+        sent = n > 0 ? (size_t)n : 0;
+    }
+    if (sent < req->headlen)
+        evbuffer_add(c->out, req->head + sent, req->headlen - sent);
+    size_t body_sent = sent > req->headlen ? sent - req->headlen : 0;
+    if (body_sent < req->bodylen)
+        evbuffer_add_reference(c->out, req->body + body_sent, req->bodylen - body_sent, NULL, NULL);
+}
+
 static int conn_start(struct atc_upstream_req *req)
 {
     struct atc_upstream_pool *pool = req->pool;
@@ -297,21 +318,8 @@ static int conn_start(struct atc_upstream_req *req)
     }
     c->req = req;
     req->conn = c;
-    /* On an open connection the request goes out now, in one sendmsg. What the socket does not take, or
-     * an error, is left to on_conn_writable, so that a failure is reported from the loop. */
-    size_t sent = 0;
-    if (!c->connecting && evbuffer_get_length(c->out) == 0) {
-        struct iovec iov[2] = {{req->head, req->headlen}, {(void *)req->body, req->bodylen}};
-        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = req->bodylen > 0 ? 2 : 1};
-        ssize_t n = sendmsg(c->fd, &msg, MSG_NOSIGNAL);
-        sent = n > 0 ? (size_t)n : 0;
-    }
-    if (sent < req->headlen)
-        evbuffer_add(c->out, req->head + sent, req->headlen - sent);
-    size_t body_sent = sent > req->headlen ? sent - req->headlen : 0;
-    if (body_sent < req->bodylen)
-        evbuffer_add_reference(c->out, req->body + body_sent, req->bodylen - body_sent, NULL, NULL);
     if (c->connecting) {
+        conn_write_request(c, false);
         arm_timer(c, &pool->connect_tv);
         /* An immediate failure is reported from the loop, never from inside send. */
         if (c->fd < 0 ||
@@ -323,9 +331,12 @@ static int conn_start(struct atc_upstream_req *req)
         }
         event_add(c->wev, NULL); /* writable: connected, or failed */
     } else {
+        /* On an open connection the request goes out later in this loop turn, without waiting for the
+         * socket to be reported writable (two epoll_ctl and a turn of the loop): the requests read in one
+         * turn are sent together, which wakes a server once for several of them rather than once each. */
         arm_timer(c, &pool->first_byte_tv);
-        if (evbuffer_get_length(c->out) > 0)
-            event_add(c->wev, NULL);
+        req->unsent = true;
+        event_active(c->wev, EV_WRITE, 1);
     }
     return 0;
 }
@@ -733,12 +744,17 @@ static void on_conn_writable(evutil_socket_t fd, short what, void *arg)
         arm_timer(c, &c->pool->first_byte_tv);
         event_add(c->rev, NULL);
     }
-    if (evbuffer_get_length(c->out) > 0 && evbuffer_write(c->out, fd) < 0 && errno != EAGAIN &&
-        errno != EWOULDBLOCK && errno != EINTR) {
+    if (c->req != NULL && c->req->unsent) {
+        conn_write_request(c, true); /* a send error shows in the next write, from the loop */
+    } else if (evbuffer_get_length(c->out) > 0 && evbuffer_write(c->out, fd) < 0 && errno != EAGAIN &&
+               errno != EWOULDBLOCK && errno != EINTR) {
         conn_broken(c, false);
         return;
     }
-    if (evbuffer_get_length(c->out) == 0)
+    /* Watched for writability only while output waits (also after an activation by hand). */
+    if (evbuffer_get_length(c->out) > 0)
+        event_add(c->wev, NULL);
+    else
         event_del(c->wev);
 }
 
