@@ -11,6 +11,8 @@
  *     handler (relay.c) may own the close callback while it answers; it is found by the socket, which
  *     is unique among open connections;
  *   - when the answer is written, a new guard starts the deadline of the next request on the connection.
+ * A guard per request would be two allocations per request; freed guards are kept (up to SPARE_MAX) with
+ * their timers and used again.
  */
 #include "client_deadline.h"
 
@@ -24,6 +26,9 @@
 #include <event2/http.h>
 
 #include "log.h"
+
+/* Freed guards kept for reuse: enough for the connections that finish a request in one loop turn. */
+#define SPARE_MAX 256
 
 struct guard {
     struct atc_client_deadline *d;
@@ -42,7 +47,15 @@ struct atc_client_deadline {
     struct guard **by_fd; /* the guard of each connection reading a request, by its socket */
     size_t cap;
     TAILQ_HEAD(guard_list, guard) guards;
+    struct guard_list spare; /* freed guards, their timers not pending */
+    size_t nspare;
 };
+
+static void guard_dispose(struct guard *g)
+{
+    event_free(g->timer);
+    free(g);
+}
 
 static void guard_free(struct guard *g)
 {
@@ -54,8 +67,13 @@ static void guard_free(struct guard *g)
         evhttp_connection_set_closecb(g->conn, NULL, NULL);
     if (g->bev != NULL)
         bufferevent_decref(g->bev);
-    event_free(g->timer);
-    free(g);
+    if (d->nspare >= SPARE_MAX) {
+        guard_dispose(g);
+        return;
+    }
+    event_del(g->timer);
+    TAILQ_INSERT_HEAD(&d->spare, g, link);
+    d->nspare++;
 }
 
 static void on_close(struct evhttp_connection *conn, void *arg)
@@ -95,12 +113,20 @@ static int reserve(struct atc_client_deadline *d, int fd)
 
 static struct guard *guard_new(struct atc_client_deadline *d, void (*cb)(evutil_socket_t, short, void *))
 {
-    struct guard *g = calloc(1, sizeof(*g));
-    if (g == NULL)
-        return NULL;
-    if ((g->timer = evtimer_new(d->base, cb, g)) == NULL) {
-        free(g);
-        return NULL;
+    struct guard *g = TAILQ_FIRST(&d->spare);
+    if (g != NULL) {
+        TAILQ_REMOVE(&d->spare, g, link);
+        d->nspare--;
+        struct event *timer = g->timer;
+        *g = (struct guard){.timer = timer};
+        evtimer_assign(timer, d->base, cb, g);
+    } else {
+        if ((g = calloc(1, sizeof(*g))) == NULL)
+            return NULL;
+        if ((g->timer = evtimer_new(d->base, cb, g)) == NULL) {
+            free(g);
+            return NULL;
+        }
     }
     g->d = d;
     g->fd = -1;
@@ -183,11 +209,15 @@ struct atc_client_deadline *atc_client_deadline_attach(struct evhttp *http, stru
     if (d == NULL)
         return NULL;
     d->base = base;
-    d->timeout.tv_sec = (time_t)(timeout_ms / 1000);
-    d->timeout.tv_usec = (suseconds_t)(timeout_ms % 1000) * 1000;
+    struct timeval tv = {.tv_sec = (time_t)(timeout_ms / 1000),
+                         .tv_usec = (suseconds_t)(timeout_ms % 1000) * 1000};
+    /* Every guard waits the same time: a common timeout keeps them in a list, not the timer heap. */
+    const struct timeval *common = event_base_init_common_timeout(base, &tv);
+    d->timeout = common != NULL ? *common : tv;
     d->handler = handler;
     d->arg = arg;
     TAILQ_INIT(&d->guards);
+    TAILQ_INIT(&d->spare);
     evhttp_set_bevcb(http, on_new_bufferevent, d);
     evhttp_set_gencb(http, on_request, d);
     return d;
@@ -201,6 +231,10 @@ void atc_client_deadline_destroy(struct atc_client_deadline *d)
     while ((g = TAILQ_FIRST(&d->guards)) != NULL) {
         g->conn = NULL; /* evhttp_free has freed the connections */
         guard_free(g);
+    }
+    while ((g = TAILQ_FIRST(&d->spare)) != NULL) {
+        TAILQ_REMOVE(&d->spare, g, link);
+        guard_dispose(g);
     }
     free(d->by_fd);
     free(d);

@@ -9,9 +9,10 @@
 #include <strings.h>
 #include <sys/queue.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/event.h>
 
 #include "log.h"
@@ -20,6 +21,8 @@
 #define MAX_HEADER_BYTES (64 * 1024)
 /* How long an idle keep-alive connection is kept (servers close theirs after 5-75 s). */
 #define IDLE_KEEP_MS 30000
+/* Most bytes taken from a socket per read (a bufferevent takes 4 KiB). */
+#define READ_MAX (16 * 1024)
 
 enum parse_state {
     PARSE_STATUS,
@@ -33,11 +36,18 @@ enum parse_state {
     PARSE_DONE,
 };
 
+/* A connection is a socket with its own events and buffers rather than a bufferevent: a bufferevent asks
+ * the kernel how much there is to read (an ioctl) before every read, and watches for writability to send
+ * what a request adds, which a request that fits in the socket at once does not need. */
 struct upstream_conn {
     struct atc_upstream_pool *pool;
-    struct bufferevent *bev;
+    evutil_socket_t fd;
+    struct event *rev; /* readable; persistent from the connect on, removed while paused */
+    struct event *wev; /* writable: the connect, then output the socket did not take at once */
     struct event *timer;
+    struct evbuffer *in, *out;
     struct atc_upstream_req *req; /* NULL while idle */
+    struct evbuffer *body_out;    /* dechunked body bytes handed to on_body; empty between requests */
     TAILQ_ENTRY(upstream_conn) idle_link;
     bool connecting;
     bool connect_failed; /* connect() failed at once; the timer reports it from the loop */
@@ -51,7 +61,10 @@ struct atc_upstream_pool {
     struct sockaddr_storage addr;
     socklen_t addrlen;
     char hostport[300];
+    char head_mid[400]; /* " HTTP/1.1\r\nHost: ...\r\nContent-Type: ...\r\nContent-Length: " */
+    size_t head_mid_len;
     struct atc_upstream_settings settings;
+    struct timeval connect_tv, first_byte_tv, idle_tv, keep_tv; /* the settings as common timeouts */
     struct conn_list idle;
     size_t nidle;
 };
@@ -61,7 +74,6 @@ struct atc_upstream_req {
     struct upstream_conn *conn;
     const struct atc_upstream_callbacks *cb;
     void *arg;
-    char *head; /* request line and headers, kept for a transparent retry on a stale connection */
     size_t headlen;
     const char *body;
     size_t bodylen;
@@ -76,17 +88,16 @@ struct atc_upstream_req {
     size_t header_bytes;
     bool got_response; /* any byte of the status line arrived */
     bool stale_retried;
+    bool unsent; /* the head and body wait for on_conn_writable, activated by hand */
     bool paused;
     int in_callback;
     bool cancelled;
-    struct evbuffer *body_out; /* dechunked bytes handed to on_body */
+    char head[]; /* request line and headers, kept for a transparent retry on a stale connection */
 };
 
-static void on_conn_read(struct bufferevent *bev, void *arg);
-static void on_conn_event(struct bufferevent *bev, short what, void *arg);
+static void on_conn_readable(evutil_socket_t fd, short what, void *arg);
+static void on_conn_writable(evutil_socket_t fd, short what, void *arg);
 static void on_conn_timer(evutil_socket_t fd, short what, void *arg);
-static void on_idle_read(struct bufferevent *bev, void *arg);
-static void on_idle_event(struct bufferevent *bev, short what, void *arg);
 
 const char *atc_upstream_strerror(enum atc_upstream_error err)
 {
@@ -115,10 +126,18 @@ bool atc_upstream_is_timeout(enum atc_upstream_error err)
            err == ATC_UPSTREAM_ERR_IDLE_TIMEOUT;
 }
 
-static void arm_timer(struct upstream_conn *c, uint64_t ms)
+static void arm_timer(struct upstream_conn *c, const struct timeval *tv)
+{
+    event_add(c->timer, tv);
+}
+
+/* A libevent common timeout for @p ms: the connections' timers of one duration wait in one list, so that
+ * re-arming one (every read of a body) is a list move rather than a timer heap update. */
+static struct timeval common_timeout(struct event_base *base, uint64_t ms)
 {
     struct timeval tv = {.tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000};
-    event_add(c->timer, &tv);
+    const struct timeval *common = event_base_init_common_timeout(base, &tv);
+    return common != NULL ? *common : tv;
 }
 
 /* ---- pool ---- */
@@ -146,9 +165,37 @@ struct atc_upstream_pool *atc_upstream_pool_create(struct event_base *base, cons
     freeaddrinfo(res);
     pool->base = base;
     pool->settings = *settings;
+    pool->connect_tv = common_timeout(base, settings->connect_timeout_ms);
+    pool->first_byte_tv = common_timeout(base, settings->first_byte_timeout_ms);
+    pool->idle_tv = common_timeout(base, settings->idle_timeout_ms);
+    pool->keep_tv = common_timeout(base, IDLE_KEEP_MS);
     snprintf(pool->hostport, sizeof(pool->hostport), "%s:%u", host, (unsigned)port);
+    pool->head_mid_len = (size_t)snprintf(pool->head_mid, sizeof(pool->head_mid),
+                                          " HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                                          "Content-Length: ",
+                                          pool->hostport);
     TAILQ_INIT(&pool->idle);
     return pool;
+}
+
+/* Closes a connection that is in no list (also a half-made one). */
+static void conn_close(struct upstream_conn *c)
+{
+    if (c->rev != NULL)
+        event_free(c->rev);
+    if (c->wev != NULL)
+        event_free(c->wev);
+    if (c->timer != NULL)
+        event_free(c->timer);
+    if (c->in != NULL)
+        evbuffer_free(c->in);
+    if (c->out != NULL)
+        evbuffer_free(c->out);
+    if (c->body_out != NULL)
+        evbuffer_free(c->body_out);
+    if (c->fd >= 0)
+        close(c->fd);
+    free(c);
 }
 
 static void conn_free(struct upstream_conn *c)
@@ -157,9 +204,7 @@ static void conn_free(struct upstream_conn *c)
         TAILQ_REMOVE(&c->pool->idle, c, idle_link);
         c->pool->nidle--;
     }
-    bufferevent_free(c->bev);
-    event_free(c->timer);
-    free(c);
+    conn_close(c);
 }
 
 void atc_upstream_pool_destroy(struct atc_upstream_pool *pool)
@@ -176,20 +221,24 @@ size_t atc_upstream_pool_idle(const struct atc_upstream_pool *pool)
     return pool->nidle;
 }
 
+/* A connection not yet connected. Without a socket (out of descriptors) it is made all the same, and
+ * its connect fails from the loop, as a refused one does. */
 static struct upstream_conn *conn_new(struct atc_upstream_pool *pool)
 {
     struct upstream_conn *c = calloc(1, sizeof(*c));
     if (c == NULL)
         return NULL;
     c->pool = pool;
-    c->bev = bufferevent_socket_new(pool->base, -1, BEV_OPT_CLOSE_ON_FREE);
+    c->fd = socket(pool->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    c->rev = event_new(pool->base, c->fd, EV_READ | EV_PERSIST, on_conn_readable, c);
+    c->wev = event_new(pool->base, c->fd, EV_WRITE | EV_PERSIST, on_conn_writable, c);
     c->timer = evtimer_new(pool->base, on_conn_timer, c);
-    if (c->bev == NULL || c->timer == NULL) {
-        if (c->bev != NULL)
-            bufferevent_free(c->bev);
-        if (c->timer != NULL)
-            event_free(c->timer);
-        free(c);
+    c->in = evbuffer_new();
+    c->out = evbuffer_new();
+    c->body_out = evbuffer_new();
+    if (c->rev == NULL || c->wev == NULL || c->timer == NULL || c->in == NULL || c->out == NULL ||
+        c->body_out == NULL) {
+        conn_close(c);
         return NULL;
     }
     c->connecting = true;
@@ -201,37 +250,24 @@ static void conn_release(struct upstream_conn *c, bool reusable)
 {
     struct atc_upstream_pool *pool = c->pool;
     if (!reusable || pool->nidle >= pool->settings.keepalive) {
-        bufferevent_free(c->bev);
-        event_free(c->timer);
-        free(c);
+        conn_close(c);
         return;
     }
+    evbuffer_drain(c->body_out, evbuffer_get_length(c->body_out)); /* what on_body left */
     c->req = NULL;
     c->reused = true;
     TAILQ_INSERT_HEAD(&pool->idle, c, idle_link); /* LIFO: the warmest connection is reused first */
     pool->nidle++;
-    bufferevent_setcb(c->bev, on_idle_read, NULL, on_idle_event, c);
-    bufferevent_enable(c->bev, EV_READ);
-    arm_timer(c, IDLE_KEEP_MS);
-}
-
-/* An idle connection that becomes readable was closed by the server (or sent garbage): drop it. */
-static void on_idle_read(struct bufferevent *bev, void *arg)
-{
-    conn_free(arg);
-}
-
-static void on_idle_event(struct bufferevent *bev, short what, void *arg)
-{
-    conn_free(arg);
+    /* Still watched for reading: an idle connection that becomes readable was closed by the server (or
+     * sent garbage), and on_conn_readable drops it. */
+    event_add(c->rev, NULL);
+    arm_timer(c, &pool->keep_tv);
 }
 
 /* ---- request ---- */
 
 static void req_free(struct atc_upstream_req *req)
 {
-    evbuffer_free(req->body_out);
-    free(req->head);
     free(req);
 }
 
@@ -242,13 +278,31 @@ static void req_fail(struct atc_upstream_req *req, enum atc_upstream_error err)
     if (c != NULL) {
         c->req = NULL;
         req->conn = NULL;
-        bufferevent_free(c->bev);
-        event_free(c->timer);
-        free(c);
+        conn_close(c);
     }
     if (!req->cancelled)
         req->cb->on_error(req->arg, err, req->got_response);
     req_free(req);
+}
+
+/* Hands the request to the connection: with @p send, in one sendmsg of head and body when nothing is
+ * pending before it; what the socket does not take waits in c->out (the body by reference). */
+static void conn_write_request(struct upstream_conn *c, bool send)
+{
+    struct atc_upstream_req *req = c->req;
+    size_t sent = 0;
+    req->unsent = false;
+    if (send && evbuffer_get_length(c->out) == 0) {
+        struct iovec iov[2] = {{req->head, req->headlen}, {(void *)req->body, req->bodylen}};
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = req->bodylen > 0 ? 2 : 1};
+        ssize_t n = sendmsg(c->fd, &msg, MSG_NOSIGNAL);
+        sent = n > 0 ? (size_t)n : 0;
+    }
+    if (sent < req->headlen)
+        evbuffer_add(c->out, req->head + sent, req->headlen - sent);
+    size_t body_sent = sent > req->headlen ? sent - req->headlen : 0;
+    if (body_sent < req->bodylen)
+        evbuffer_add_reference(c->out, req->body + body_sent, req->bodylen - body_sent, NULL, NULL);
 }
 
 static int conn_start(struct atc_upstream_req *req)
@@ -264,24 +318,26 @@ static int conn_start(struct atc_upstream_req *req)
     }
     c->req = req;
     req->conn = c;
-    bufferevent_setcb(c->bev, on_conn_read, NULL, on_conn_event, c);
-    struct evbuffer *out = bufferevent_get_output(c->bev);
-    evbuffer_add(out, req->head, req->headlen);
-    if (req->bodylen > 0)
-        evbuffer_add_reference(out, req->body, req->bodylen, NULL, NULL);
     if (c->connecting) {
-        arm_timer(c, pool->settings.connect_timeout_ms);
-        /* An immediate failure (refused on loopback) is reported from the loop, never from inside send. */
-        if (bufferevent_socket_connect(c->bev, (struct sockaddr *)&pool->addr, (int)pool->addrlen) < 0) {
+        conn_write_request(c, false);
+        arm_timer(c, &pool->connect_tv);
+        /* An immediate failure is reported from the loop, never from inside send. */
+        if (c->fd < 0 ||
+            (connect(c->fd, (struct sockaddr *)&pool->addr, pool->addrlen) < 0 && errno != EINPROGRESS)) {
             struct timeval now = {0, 0};
             c->connect_failed = true;
             event_add(c->timer, &now);
             return 0;
         }
+        event_add(c->wev, NULL); /* writable: connected, or failed */
     } else {
-        arm_timer(c, pool->settings.first_byte_timeout_ms);
+        /* On an open connection the request goes out later in this loop turn, without waiting for the
+         * socket to be reported writable (two epoll_ctl and a turn of the loop): the requests read in one
+         * turn are sent together, which wakes a server once for several of them rather than once each. */
+        arm_timer(c, &pool->first_byte_tv);
+        req->unsent = true;
+        event_active(c->wev, EV_WRITE, 1);
     }
-    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
     return 0;
 }
 
@@ -289,25 +345,34 @@ struct atc_upstream_req *atc_upstream_send(struct atc_upstream_pool *pool, const
                                            const char *path, const char *extra_headers, const char *body,
                                            size_t len, const struct atc_upstream_callbacks *cb, void *arg)
 {
-    struct atc_upstream_req *req = calloc(1, sizeof(*req));
+    /* "METHOD PATH" + pool->head_mid + "LENGTH\r\n" + extra headers + "\r\n", in the request's own
+     * allocation. */
+    char num[24], *d = num + sizeof(num);
+    size_t v = len;
+    do
+        *--d = (char)('0' + v % 10);
+    while ((v /= 10) > 0);
+    size_t ndigits = (size_t)(num + sizeof(num) - d);
+    size_t nmethod = strlen(method), npath = strlen(path), nextra = extra_headers ? strlen(extra_headers) : 0;
+    size_t headlen = nmethod + 1 + npath + pool->head_mid_len + ndigits + 2 + nextra + 2;
+    struct atc_upstream_req *req = calloc(1, sizeof(*req) + headlen + 1);
     if (req == NULL)
         return NULL;
+    char *p = req->head;
+    p = mempcpy(p, method, nmethod);
+    *p++ = ' ';
+    p = mempcpy(p, path, npath);
+    p = mempcpy(p, pool->head_mid, pool->head_mid_len);
+    p = mempcpy(p, d, ndigits);
+    p = mempcpy(p, "\r\n", 2);
+    p = mempcpy(p, extra_headers ? extra_headers : "", nextra);
+    p = mempcpy(p, "\r\n", 3); /* with the NUL */
+    req->headlen = headlen;
     req->pool = pool;
     req->cb = cb;
     req->arg = arg;
     req->body = body;
     req->bodylen = len;
-    req->body_out = evbuffer_new();
-    int n = asprintf(
-        &req->head,
-        "%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n%s\r\n",
-        method, path, pool->hostport, len, extra_headers ? extra_headers : "");
-    if (n < 0 || req->body_out == NULL) {
-        req->head = NULL;
-        req_free(req);
-        return NULL;
-    }
-    req->headlen = (size_t)n;
     if (conn_start(req) < 0) {
         req_free(req);
         return NULL;
@@ -320,7 +385,7 @@ void atc_upstream_pause(struct atc_upstream_req *req)
     if (req->paused || req->conn == NULL)
         return;
     req->paused = true;
-    bufferevent_disable(req->conn->bev, EV_READ);
+    event_del(req->conn->rev);
     event_del(req->conn->timer);
 }
 
@@ -329,11 +394,12 @@ void atc_upstream_resume(struct atc_upstream_req *req)
     if (!req->paused || req->conn == NULL)
         return;
     req->paused = false;
-    bufferevent_enable(req->conn->bev, EV_READ);
-    arm_timer(req->conn, req->pool->settings.idle_timeout_ms);
-    /* Bytes may already wait in the input buffer: parse them from the loop, not from this caller. */
-    if (evbuffer_get_length(bufferevent_get_input(req->conn->bev)) > 0)
-        bufferevent_trigger(req->conn->bev, EV_READ, BEV_TRIG_DEFER_CALLBACKS | BEV_TRIG_IGNORE_WATERMARKS);
+    event_add(req->conn->rev, NULL);
+    arm_timer(req->conn, &req->pool->idle_tv);
+    /* Bytes may already wait in the input buffer: parse them from the loop, not from this caller (an
+     * activation without EV_READ parses without reading). */
+    if (evbuffer_get_length(req->conn->in) > 0)
+        event_active(req->conn->rev, EV_TIMEOUT, 1);
 }
 
 void atc_upstream_cancel(struct atc_upstream_req *req)
@@ -385,18 +451,36 @@ static int parse_header(struct atc_upstream_req *req, char *line)
         if (value_has_token(value, "close"))
             req->keepalive = false;
     } else if (header_is(line, namelen, "content-type")) {
-        snprintf(req->content_type, sizeof(req->content_type), "%s", value);
+        size_t len = strnlen(value, sizeof(req->content_type) - 1); /* a longer one is cut */
+        memcpy(req->content_type, value, len);
+        req->content_type[len] = '\0';
         req->has_content_type = true;
         req->resp.event_stream = strncasecmp(value, "text/event-stream", 17) == 0;
     }
     return 0;
 }
 
+/* Reads the decimal digits at *p (at most @p max of them) into *out; returns how many there were. */
+static int digits(const char **p, int max, int *out)
+{
+    int n = 0, v = 0;
+    for (; n < max && isdigit((unsigned char)**p); n++, (*p)++)
+        v = v * 10 + (**p - '0');
+    *out = v;
+    return n;
+}
+
+/* "HTTP/1.x NNN reason". (Leaner than sscanf, which is a visible part of a small request's cost.) */
 static int parse_status(struct atc_upstream_req *req, const char *line)
 {
     int major, minor, status;
-    if (sscanf(line, "HTTP/%d.%d %3d", &major, &minor, &status) != 3 || major != 1 || status < 100 ||
-        status > 599)
+    const char *p = line + 5;
+    if (strncmp(line, "HTTP/", 5) != 0 || digits(&p, 9, &major) == 0 || major != 1 || *p++ != '.' ||
+        digits(&p, 9, &minor) == 0 || *p != ' ')
+        return -1;
+    while (*p == ' ')
+        p++;
+    if (digits(&p, 3, &status) != 3 || status < 100 || status > 599)
         return -1;
     req->resp.status = status;
     req->resp.content_length = -1;
@@ -418,8 +502,9 @@ static int parse_status(struct atc_upstream_req *req, const char *line)
 static void finish(struct atc_upstream_req *req)
 {
     struct upstream_conn *c = req->conn;
-    bool reusable =
-        req->keepalive && req->state == PARSE_DONE && evbuffer_get_length(bufferevent_get_input(c->bev)) == 0;
+    /* Not when bytes of the request are still unsent (the server answered early) or extra bytes came. */
+    bool reusable = req->keepalive && req->state == PARSE_DONE && evbuffer_get_length(c->in) == 0 &&
+                    evbuffer_get_length(c->out) == 0;
     event_del(c->timer);
     c->req = NULL;
     req->conn = NULL;
@@ -433,31 +518,50 @@ static size_t take_body(struct atc_upstream_req *req, struct evbuffer *in, uint6
 {
     size_t avail = evbuffer_get_length(in);
     size_t n = max < avail ? (size_t)max : avail;
-    evbuffer_remove_buffer(in, req->body_out, n);
+    evbuffer_remove_buffer(in, req->conn->body_out, n);
     return n;
+}
+
+/* The next line of @p in (CRLF or LF), NUL-terminated in place of its end of line, without copying
+ * unless it spans two chunks of the buffer; *n is its length and *size the bytes to drain after it (with
+ * the end of line). NULL while the line is incomplete. */
+static char *peek_line(struct evbuffer *in, size_t *n, size_t *size)
+{
+    size_t eol = 0;
+    struct evbuffer_ptr p = evbuffer_search_eol(in, NULL, &eol, EVBUFFER_EOL_CRLF);
+    if (p.pos < 0)
+        return NULL;
+    *n = (size_t)p.pos;
+    *size = *n + eol;
+    if (*n > MAX_HEADER_BYTES)
+        return NULL; /* refused by the caller: not worth making contiguous */
+    char *line = (char *)evbuffer_pullup(in, (ev_ssize_t)*size);
+    if (line != NULL)
+        line[*n] = '\0';
+    return line;
 }
 
 /* Runs the parser over what has arrived. Returns 1 when the response is complete, 0 when more is
  * needed, -1 on a protocol error, -2 when the user cancelled from a callback. */
 static int parse(struct atc_upstream_req *req, struct evbuffer *in)
 {
-    char *line = NULL;
+    char *line;
     for (;;) {
         if (req->paused)
             return 0;
-        size_t n = 0;
+        size_t n = 0, size = 0;
         switch (req->state) {
         case PARSE_STATUS:
         case PARSE_HEADERS:
         case PARSE_CHUNK_SIZE:
         case PARSE_CHUNK_END:
         case PARSE_TRAILERS:
-            line = evbuffer_readln(in, &n, EVBUFFER_EOL_CRLF);
+            line = peek_line(in, &n, &size);
+            /* A line this long is refused whether it arrived in one read or in many. */
+            if (n > MAX_HEADER_BYTES)
+                return -1;
             if (line == NULL)
                 return evbuffer_get_length(in) > MAX_HEADER_BYTES ? -1 : 0;
-            /* A line this long is refused whether it arrived in one read or in many (above). */
-            if (n > MAX_HEADER_BYTES)
-                goto malformed;
             req->header_bytes += n;
             break;
         default:
@@ -480,6 +584,8 @@ static int parse(struct atc_upstream_req *req, struct evbuffer *in)
                     goto malformed;
                 break;
             }
+            evbuffer_drain(in, size); /* the empty line: gone before the user may look at the buffer */
+            size = 0;
             if (req->resp.status < 200) { /* 100 Continue and friends: the real answer follows */
                 req->state = PARSE_STATUS;
                 break;
@@ -489,12 +595,10 @@ static int parse(struct atc_upstream_req *req, struct evbuffer *in)
             if (req->chunked)
                 req->resp.content_length = -1;
             req->resp.content_type = req->has_content_type ? req->content_type : NULL;
-            arm_timer(req->conn, req->pool->settings.idle_timeout_ms);
+            arm_timer(req->conn, &req->pool->idle_tv);
             CALL_USER(req, req->cb->on_headers(req->arg, &req->resp));
-            if (req->cancelled) {
-                free(line);
+            if (req->cancelled)
                 return -2;
-            }
             if (req->resp.status == 204 || req->resp.status == 304)
                 req->state = PARSE_DONE;
             else if (req->chunked)
@@ -517,13 +621,13 @@ static int parse(struct atc_upstream_req *req, struct evbuffer *in)
             /* hex digits only: strtoull alone would take "-1" (a chunk of 2^64 - 1), " 5" and "0x5" */
             char *end;
             errno = 0;
-            unsigned long long size = strtoull(line, &end, 16);
+            unsigned long long chunk = strtoull(line, &end, 16);
             if (!isxdigit((unsigned char)line[0]) || errno != 0 ||
                 (*end != '\0' && *end != ';' && *end != ' ') ||
                 (line[0] == '0' && (line[1] == 'x' || line[1] == 'X')))
                 goto malformed;
-            req->remaining = size;
-            req->state = size == 0 ? PARSE_TRAILERS : PARSE_CHUNK_DATA;
+            req->remaining = chunk;
+            req->state = chunk == 0 ? PARSE_TRAILERS : PARSE_CHUNK_DATA;
             req->header_bytes = 0;
             break;
         }
@@ -550,26 +654,28 @@ static int parse(struct atc_upstream_req *req, struct evbuffer *in)
         case PARSE_DONE:
             return 1;
         }
-        free(line);
+        evbuffer_drain(in, size);
     }
 malformed:
-    free(line);
     return -1;
 }
 
 static void deliver_body(struct atc_upstream_req *req)
 {
-    if (evbuffer_get_length(req->body_out) > 0)
-        CALL_USER(req, req->cb->on_body(req->arg, req->body_out));
+    if (evbuffer_get_length(req->conn->body_out) > 0)
+        CALL_USER(req, req->cb->on_body(req->arg, req->conn->body_out));
 }
 
-static void on_conn_read(struct bufferevent *bev, void *arg)
+/* The server closed the connection (@p eof) or it failed, before the response was complete. */
+static void conn_broken(struct upstream_conn *c, bool eof);
+
+/* Parses what arrived on an active connection. */
+static void conn_parse(struct upstream_conn *c)
 {
-    struct upstream_conn *c = arg;
     struct atc_upstream_req *req = c->req;
     if (req->state >= PARSE_BODY_LENGTH && !req->paused)
-        arm_timer(c, req->pool->settings.idle_timeout_ms);
-    int rc = parse(req, bufferevent_get_input(bev));
+        arm_timer(c, &req->pool->idle_tv);
+    int rc = parse(req, c->in);
     if (rc == -2)
         goto cancelled;
     deliver_body(req);
@@ -586,6 +692,72 @@ cancelled:
     req_fail(req, ATC_UPSTREAM_ERR_CLOSED);
 }
 
+/* One read from the socket into c->in: 1 with bytes, 0 when there were none, -1 at the end (*eof) or on
+ * an error. Through a buffer on the stack, so the input buffer grows by the bytes that came, not by a
+ * fixed reservation: a response's buffers travel on to the client's output and stay there while the
+ * client is slow. Not inlined, so that the buffer is off the stack before the callbacks run. */
+__attribute__((noinline)) static int conn_read(struct upstream_conn *c, bool *eof)
+{
+    char buf[READ_MAX];
+    ssize_t n = recv(c->fd, buf, sizeof(buf), 0);
+    *eof = n == 0;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return 0;
+    if (n <= 0 || evbuffer_add(c->in, buf, (size_t)n) < 0)
+        return -1;
+    return 1;
+}
+
+/* Reads what the socket has (one read per readiness, as a bufferevent does), then parses it. Also run
+ * without EV_READ by atc_upstream_resume, to parse what is buffered. */
+static void on_conn_readable(evutil_socket_t fd, short what, void *arg)
+{
+    struct upstream_conn *c = arg;
+    if (c->req == NULL) { /* idle: closed by the server, or garbage */
+        conn_free(c);
+        return;
+    }
+    bool eof = false;
+    int rc = what & EV_READ ? conn_read(c, &eof) : 0;
+    if (rc < 0)
+        conn_broken(c, eof);
+    else if (rc > 0 || (what & EV_TIMEOUT))
+        conn_parse(c);
+}
+
+/* Writes what is pending: after the connect, and what a send left. */
+static void on_conn_writable(evutil_socket_t fd, short what, void *arg)
+{
+    struct upstream_conn *c = arg;
+    if (c->connecting) {
+        int err = 0;
+        socklen_t len = sizeof(err);
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+            err = errno;
+        if (err == EINPROGRESS || err == EINTR)
+            return;
+        if (err != 0) {
+            req_fail(c->req, ATC_UPSTREAM_ERR_CONNECT);
+            return;
+        }
+        c->connecting = false;
+        arm_timer(c, &c->pool->first_byte_tv);
+        event_add(c->rev, NULL);
+    }
+    if (c->req != NULL && c->req->unsent) {
+        conn_write_request(c, true); /* a send error shows in the next write, from the loop */
+    } else if (evbuffer_get_length(c->out) > 0 && evbuffer_write(c->out, fd) < 0 && errno != EAGAIN &&
+               errno != EWOULDBLOCK && errno != EINTR) {
+        conn_broken(c, false);
+        return;
+    }
+    /* Watched for writability only while output waits (also after an activation by hand). */
+    if (evbuffer_get_length(c->out) > 0)
+        event_add(c->wev, NULL);
+    else
+        event_del(c->wev);
+}
+
 /* A keep-alive connection the server closed while idle fails before any byte of the answer: send the
  * request again on a fresh connection, once, without counting it against the server. */
 static bool retry_stale(struct atc_upstream_req *req)
@@ -596,27 +768,15 @@ static bool retry_stale(struct atc_upstream_req *req)
     req->stale_retried = true;
     c->req = NULL;
     req->conn = NULL;
-    bufferevent_free(c->bev);
-    event_free(c->timer);
-    free(c);
+    conn_close(c);
     return conn_start(req) == 0;
 }
 
-static void on_conn_event(struct bufferevent *bev, short what, void *arg)
+static void conn_broken(struct upstream_conn *c, bool eof)
 {
-    struct upstream_conn *c = arg;
     struct atc_upstream_req *req = c->req;
-    if (what & BEV_EVENT_CONNECTED) {
-        c->connecting = false;
-        arm_timer(c, req->pool->settings.first_byte_timeout_ms);
-        return;
-    }
-    if (c->connecting) {
-        req_fail(req, ATC_UPSTREAM_ERR_CONNECT);
-        return;
-    }
-    if ((what & BEV_EVENT_EOF) && req->state == PARSE_BODY_UNTIL_CLOSE) {
-        take_body(req, bufferevent_get_input(bev), UINT64_MAX);
+    if (eof && req->state == PARSE_BODY_UNTIL_CLOSE) {
+        take_body(req, c->in, UINT64_MAX);
         req->state = PARSE_DONE;
         deliver_body(req);
         if (req->cancelled)

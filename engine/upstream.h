@@ -3,9 +3,9 @@
 
 /* HTTP/1.1 client to inference servers: a pool of keep-alive connections per endpoint, connect /
  * first-byte / idle timeouts, chunked and content-length bodies delivered as they arrive, pause and
- * resume for backpressure, and cancel. Written on bufferevents rather than evhttp's client so that each
- * timeout is its own, reads can be paused per stream, and a stale keep-alive connection is retried
- * transparently. */
+ * resume for backpressure, and cancel. Written on plain sockets and libevent events rather than evhttp's
+ * client (or bufferevents) so that each timeout is its own, reads can be paused per stream, a stale
+ * keep-alive connection is retried transparently, and a small request costs one sendmsg and one recv. */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -28,9 +28,9 @@ enum atc_upstream_error {
     ATC_UPSTREAM_ERR_CONNECT_TIMEOUT,
     ATC_UPSTREAM_ERR_FIRST_BYTE_TIMEOUT,
     ATC_UPSTREAM_ERR_IDLE_TIMEOUT,
-    ATC_UPSTREAM_ERR_CLOSED,   /* the server closed or reset the connection early */
-    ATC_UPSTREAM_ERR_PROTOCOL,           /* not HTTP, or a malformed response */
-    ATC_UPSTREAM_ERR_BAD_STREAM,         /* a text/event-stream answer that is not server-sent events */
+    ATC_UPSTREAM_ERR_CLOSED,     /* the server closed or reset the connection early */
+    ATC_UPSTREAM_ERR_PROTOCOL,   /* not HTTP, or a malformed response */
+    ATC_UPSTREAM_ERR_BAD_STREAM, /* a text/event-stream answer that is not server-sent events */
 };
 
 /** A short, stable name of @p err for logs and error messages ("connect failed", ...). */

@@ -218,12 +218,13 @@ def atc_supports_workers(atc_bin, workdir):
     return r.returncode == 0
 
 
-def start_atc(kids, atc_bin, name, label, backends, *, policy, capacity, keepalive, workers=None):
+def start_atc(kids, atc_bin, name, label, backends, *, policy, capacity, keepalive, workers=None, extra=()):
     """atc serve in front of backends; policy: the shipped scripts/policy.lua, or None for the built-in C
-    balancer. workers: written to the config only when set (builds before worker threads reject the key)."""
+    balancer. workers: written to the config only when set (builds before worker threads reject the key).
+    extra: more top-level config lines."""
     endpoints = "\n".join(
         f'      - {{id: {b.name}, url: "http://{b.addr[0]}:{b.addr[1]}", capacity: {capacity}}}' for b in backends)
-    lines = ["listen: 127.0.0.1:0", "admin: 127.0.0.1:0", "drain_timeout: 1s"]
+    lines = ["listen: 127.0.0.1:0", "admin: 127.0.0.1:0", "drain_timeout: 1s", *extra]
     if workers is not None:
         lines.append(f"workers: {workers}")
     if policy:

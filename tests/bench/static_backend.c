@@ -1,8 +1,9 @@
 /* The fastest backend the proxy benchmarks can have: one thread, epoll, HTTP/1.1 keep-alive, and the same
- * canned non-streaming chat completion for every request. Not an inference server and not a test: it exists
- * so that in tests/bench/run the proxies under test, not the backend, take the machine's few cores (an
- * `atc sim` spends about 18 µs of CPU on a small request — JSON scan, the latency model, a timer — this
- * about 6, nearly all of it in the kernel's recv and send).
+ * canned non-streaming chat completion for every request (but GET /v1/models and GET /metrics, which atc's
+ * health checks read: without a models list an endpoint never becomes ready and atc routes nothing to it).
+ * Not an inference server and not a test: it exists so that in tests/bench/run the proxies under test, not
+ * the backend, take the machine's few cores (an `atc sim` spends about 18 µs of CPU on a small request — JSON
+ * scan, the latency model, a timer — this about 6, nearly all of it in the kernel's recv and send).
  *
  *   static_backend [--listen 127.0.0.1:0] [--ready-file PATH]
  *
@@ -34,8 +35,14 @@ static const char BODY[] =
     "\"finish_reason\":\"length\"}],"
     "\"usage\":{\"prompt_tokens\":8,\"completion_tokens\":1,\"total_tokens\":9}}";
 
-static char response[512];
-static size_t response_len;
+static const char MODELS[] =
+    "{\"object\":\"list\",\"data\":[{\"id\":\"llama-3-8b\",\"object\":\"model\",\"created\":0,"
+    "\"owned_by\":\"static\"}]}";
+
+/* The canned answers, by what request_length says a request is. */
+enum answer { ANSWER_COMPLETION, ANSWER_MODELS, ANSWER_METRICS, NANSWERS };
+static char responses[NANSWERS][512];
+static size_t response_lens[NANSWERS];
 
 struct conn {
     int fd;
@@ -62,8 +69,8 @@ static void conn_close(int ep, struct conn *c)
 }
 
 /* Length of the first complete request in buf (head and body), 0 while incomplete, -1 if malformed. Sets
- * *close_conn when the request asks for the connection to close. */
-static long request_length(const char *buf, size_t len, bool *close_conn)
+ * *close_conn when the request asks for the connection to close, and *answer to what it gets. */
+static long request_length(const char *buf, size_t len, bool *close_conn, enum answer *answer)
 {
     const char *end = memmem(buf, len, "\r\n\r\n", 4);
     if (end == NULL)
@@ -71,6 +78,12 @@ static long request_length(const char *buf, size_t len, bool *close_conn)
     size_t head = (size_t)(end - buf) + 4;
     size_t body = 0;
     *close_conn = false;
+    if (strncmp(buf, "GET /v1/models ", 15) == 0)
+        *answer = ANSWER_MODELS;
+    else if (strncmp(buf, "GET /metrics ", 13) == 0)
+        *answer = ANSWER_METRICS;
+    else
+        *answer = ANSWER_COMPLETION;
     for (const char *line = memchr(buf, '\n', head); line != NULL && line + 1 < end;
          line = memchr(line + 1, '\n', (size_t)(end - line - 1))) {
         const char *h = line + 1;
@@ -113,15 +126,14 @@ static int flush_out(int ep, struct conn *c)
     return c->close_after ? -1 : 0;
 }
 
-static int queue_reply(struct conn *c, unsigned count)
+static int queue_reply(struct conn *c, enum answer a)
 {
-    size_t need = c->out_len + count * response_len;
-    char *out = realloc(c->out, need);
+    char *out = realloc(c->out, c->out_len + response_lens[a]);
     if (out == NULL)
         return -1;
     c->out = out;
-    for (unsigned i = 0; i < count; i++, c->out_len += response_len)
-        memcpy(c->out + c->out_len, response, response_len);
+    memcpy(c->out + c->out_len, responses[a], response_lens[a]);
+    c->out_len += response_lens[a];
     return 0;
 }
 
@@ -143,15 +155,25 @@ static int on_readable(int ep, struct conn *c)
         c->in_len += (size_t)n;
         unsigned answered = 0;
         size_t off = 0;
+        enum answer first = ANSWER_COMPLETION;
         for (;;) {
             bool close_conn = false;
-            long len = request_length(c->in + off, c->in_len - off, &close_conn);
+            enum answer a;
+            long len = request_length(c->in + off, c->in_len - off, &close_conn, &a);
             if (len < 0)
                 return -1;
             if (len == 0)
                 break;
             off += (size_t)len;
             answered++;
+            /* Common case: one request and an empty queue, sent below without a copy. A second request
+             * queues the first one's reply after all. */
+            if (answered == 2 && c->out_len == 0 && queue_reply(c, first) < 0)
+                return -1;
+            if (answered == 1 && c->out_len == 0)
+                first = a;
+            else if (queue_reply(c, a) < 0)
+                return -1;
             if (close_conn) {
                 c->close_after = true;
                 break;
@@ -160,18 +182,15 @@ static int on_readable(int ep, struct conn *c)
         memmove(c->in, c->in + off, c->in_len - off);
         c->in_len -= off;
         if (answered > 0) {
-            /* Common case: one request, an empty queue, and the reply goes out in one send. */
-            if (c->out_len == 0 && answered == 1) {
-                ssize_t w = send(c->fd, response, response_len, MSG_NOSIGNAL);
+            if (c->out_len == 0) { /* one request: the reply goes out in one send */
+                ssize_t w = send(c->fd, responses[first], response_lens[first], MSG_NOSIGNAL);
                 if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
                     return -1;
-                if (w < (ssize_t)response_len) {
-                    if (queue_reply(c, 1) < 0)
+                if (w < (ssize_t)response_lens[first]) {
+                    if (queue_reply(c, first) < 0)
                         return -1;
                     c->out_off = w > 0 ? (size_t)w : 0;
                 }
-            } else if (queue_reply(c, answered) < 0) {
-                return -1;
             }
             if (c->out_len > 0) {
                 if (flush_out(ep, c) < 0)
@@ -231,10 +250,14 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    response_len = (size_t)snprintf(response, sizeof(response),
-                                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                                    "Content-Length: %zu\r\n\r\n%s",
-                                    sizeof(BODY) - 1, BODY);
+    static const char *const types[NANSWERS] = {"application/json", "application/json",
+                                                "text/plain; version=0.0.4"};
+    static const char *const bodies[NANSWERS] = {BODY, MODELS, ""}; /* an empty metrics page is valid */
+    for (int a = 0; a < NANSWERS; a++)
+        response_lens[a] =
+            (size_t)snprintf(responses[a], sizeof(responses[a]),
+                             "HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %zu\r\n\r\n%s", types[a],
+                             strlen(bodies[a]), bodies[a]);
 
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGTERM, &sa, NULL);

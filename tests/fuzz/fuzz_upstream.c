@@ -10,8 +10,8 @@
  *             chunk sizes drawn from the data: the client must receive exactly the data, then done.
  *   mode 3    like 0, and the caller cancels the request from inside a callback (as relay.c does on a
  *             5xx retry or a client that left): no callback may follow, nothing may leak.
- * No socket is involved: each read is appended to the connection's input buffer and the read callback
- * runs as libevent would run it. */
+ * No byte goes through a socket: each read is appended to the connection's input buffer and parsed as
+ * on_conn_readable parses it after a recv. */
 
 #include "../../engine/upstream.c"
 
@@ -93,15 +93,11 @@ static struct atc_upstream_req *start(struct outcome *o)
     req->pool = pool;
     req->cb = &callbacks;
     req->arg = o;
-    req->body_out = evbuffer_new();
-    struct upstream_conn *c = conn_new(pool);
-    CHECK(req->body_out != NULL && c != NULL);
+    struct upstream_conn *c = conn_new(pool); /* its socket is never connected: we are its reads */
+    CHECK(c != NULL);
     c->connecting = false;
     c->req = req;
     req->conn = c;
-    bufferevent_setcb(c->bev, on_conn_read, NULL, on_conn_event, c);
-    /* a socket bufferevent freezes its input's end so that only its reads fill it: we are its reads */
-    evbuffer_unfreeze(bufferevent_get_input(c->bev), 0);
     o->req = req;
     return req;
 }
@@ -125,12 +121,12 @@ static void feed(struct outcome *o, const uint8_t *data, size_t len, uint8_t see
         size_t n = max ? 1 + next(&s) % max : len;
         if (n > len - i)
             n = len - i;
-        CHECK(evbuffer_add(bufferevent_get_input(c->bev), data + i, n) == 0);
+        CHECK(evbuffer_add(c->in, data + i, n) == 0);
         i += n;
-        on_conn_read(c->bev, c);
+        conn_parse(c);
     }
     if (!o->ended) /* the server closes */
-        on_conn_event(c->bev, BEV_EVENT_EOF | BEV_EVENT_READING, c);
+        conn_broken(c, true);
     CHECK(o->ended);
     CHECK(o->cancel_at > 0 || o->done + o->errors == 1);
 }
@@ -217,7 +213,5 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     evbuffer_free(whole.body);
     evbuffer_free(split.body);
-    /* libevent 2.1 finishes freeing a bufferevent from the loop (finalizers): let it */
-    event_base_loop(base, EVLOOP_NONBLOCK);
     return 0;
 }
