@@ -65,6 +65,8 @@ struct atc_upstream_pool {
     size_t head_mid_len;
     struct atc_upstream_settings settings;
     struct timeval connect_tv, first_byte_tv, idle_tv, keep_tv; /* the settings as common timeouts */
+    bool timeouts_ready; /* set on the first send: on the loop's own thread (a reload creates pools for
+                          * every worker's loop from the main thread) */
     struct conn_list idle;
     size_t nidle;
 };
@@ -165,10 +167,6 @@ struct atc_upstream_pool *atc_upstream_pool_create(struct event_base *base, cons
     freeaddrinfo(res);
     pool->base = base;
     pool->settings = *settings;
-    pool->connect_tv = common_timeout(base, settings->connect_timeout_ms);
-    pool->first_byte_tv = common_timeout(base, settings->first_byte_timeout_ms);
-    pool->idle_tv = common_timeout(base, settings->idle_timeout_ms);
-    pool->keep_tv = common_timeout(base, IDLE_KEEP_MS);
     snprintf(pool->hostport, sizeof(pool->hostport), "%s:%u", host, (unsigned)port);
     pool->head_mid_len = (size_t)snprintf(pool->head_mid, sizeof(pool->head_mid),
                                           " HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
@@ -345,6 +343,13 @@ struct atc_upstream_req *atc_upstream_send(struct atc_upstream_pool *pool, const
                                            const char *path, const char *extra_headers, const char *body,
                                            size_t len, const struct atc_upstream_callbacks *cb, void *arg)
 {
+    if (!pool->timeouts_ready) {
+        pool->connect_tv = common_timeout(pool->base, pool->settings.connect_timeout_ms);
+        pool->first_byte_tv = common_timeout(pool->base, pool->settings.first_byte_timeout_ms);
+        pool->idle_tv = common_timeout(pool->base, pool->settings.idle_timeout_ms);
+        pool->keep_tv = common_timeout(pool->base, IDLE_KEEP_MS);
+        pool->timeouts_ready = true;
+    }
     /* "METHOD PATH" + pool->head_mid + "LENGTH\r\n" + extra headers + "\r\n", in the request's own
      * allocation. */
     char num[24], *d = num + sizeof(num);
