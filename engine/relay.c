@@ -10,6 +10,7 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
+#include <event2/event_struct.h>
 #include <event2/http.h>
 
 #include "admission.h"
@@ -39,7 +40,9 @@ struct relay {
     struct atc_worker *w; /* the worker (thread) it runs on */
     struct evhttp_request *client;
     struct evhttp_connection *client_conn;
-    struct event *watch; /* notices a client that hangs up while we wait for the server */
+    /* Notices a client that hangs up while we wait for the server; armed only once the answer takes
+     * the worker's watch_delay (most small answers come sooner; arming costs two epoll_ctl calls). */
+    struct event watch, watch_delay;
     struct atc_features *f;
     const char *path;
     const char *body;
@@ -157,6 +160,12 @@ static void account(struct relay *r)
     atc_access_log_request(w->access_log, &rec);
 }
 
+static void stop_watching(struct relay *r)
+{
+    event_del(&r->watch_delay);
+    event_del(&r->watch);
+}
+
 /* The relay is over: the client has its answer (or is gone). Frees the relay, not the client request. */
 static void relay_free(struct relay *r)
 {
@@ -166,8 +175,7 @@ static void relay_free(struct relay *r)
         atc_admission_remove(r->w->admission, &r->qi);
     atc_server_queue_changed(r->w); /* it left the queue now, or earlier (placed, expired) */
     release_endpoint(r);
-    if (r->watch != NULL)
-        event_free(r->watch);
+    stop_watching(r);
     if (r->client_conn != NULL)
         evhttp_connection_set_closecb(r->client_conn, NULL, NULL);
     if (r->buffered != NULL)
@@ -197,10 +205,7 @@ static void on_client_flushed(struct evbuffer *buf, const struct evbuffer_cb_inf
 static void relay_done(struct relay *r)
 {
     release_endpoint(r);
-    if (r->watch != NULL) {
-        event_free(r->watch);
-        r->watch = NULL;
-    }
+    stop_watching(r);
     if (r->w->draining && r->client_conn != NULL && evbuffer_get_length(client_output(r)) > 0) {
         r->flushing = true;
         evbuffer_add_cb(client_output(r), on_client_flushed, r);
@@ -276,7 +281,7 @@ static void on_client_readable(evutil_socket_t fd, short what, void *arg)
     ssize_t n = recv(fd, &byte, 1, MSG_PEEK);
     if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR))) {
         /* A pipelined request (or junk): evhttp reads it after this answer; stop watching. */
-        event_del(r->watch);
+        event_del(&r->watch);
         return;
     }
     struct evhttp_connection *conn = r->client_conn;
@@ -284,6 +289,12 @@ static void on_client_readable(evutil_socket_t fd, short what, void *arg)
     r->client_conn = NULL;
     client_gone(r);
     evhttp_connection_free(conn); /* frees the client request too */
+}
+
+static void on_watch_delay(evutil_socket_t fd, short what, void *arg)
+{
+    struct relay *r = arg;
+    event_add(&r->watch, NULL);
 }
 
 static int error_status(enum atc_upstream_error err)
@@ -761,9 +772,9 @@ void atc_relay_start(struct atc_worker *w, struct evhttp_request *client,
 
     evhttp_connection_set_closecb(r->client_conn, on_client_close, r);
     struct bufferevent *bev = evhttp_connection_get_bufferevent(r->client_conn);
-    r->watch = event_new(w->base, bufferevent_getfd(bev), EV_READ | EV_PERSIST, on_client_readable, r);
-    if (r->watch != NULL)
-        event_add(r->watch, NULL);
+    event_assign(&r->watch, w->base, bufferevent_getfd(bev), EV_READ | EV_PERSIST, on_client_readable, r);
+    evtimer_assign(&r->watch_delay, w->base, on_watch_delay, r);
+    event_add(&r->watch_delay, &w->watch_delay);
     r->rreq = (struct atc_route_request){
         .id = r->id,
         .path = r->path,

@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/time.h>
 
 #include "server.h"
 
@@ -39,6 +40,7 @@ struct atc_worker {
     bool idle_reported; /* draining, and told the main thread it has nothing left in flight */
     uint64_t rng;
     uint64_t next_id;
+    struct timeval watch_delay; /* when a relay starts watching its client for a hang-up (a common timeout) */
 
     atomic_int top_priority; /* of the requests in its admission queue (-1: none): read by other workers */
     atomic_bool kick_posted; /* a kick from another worker is on its way */
