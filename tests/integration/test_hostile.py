@@ -421,10 +421,13 @@ class NeverReadsTest(HostileTestCase):
     def config(self):
         # The server is its own process, so that atc's memory is atc's alone; it produces far faster
         # than the client reads (never).
+        # One worker: the open-file count below must not see a second worker open its own keep-alive
+        # connection to the server.
         sim = self.start_sim(extra=("--decode-ms", "0.01", "--prefill-tps", "1000000"))
         return f"""
             listen: 127.0.0.1:0
             admin: 127.0.0.1:0
+            workers: 1
             client_timeout: 1s
             models:
               - name: llama-3-8b
