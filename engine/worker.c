@@ -112,11 +112,11 @@ void atc_worker_exit_loop(struct atc_worker *w)
 
 void atc_worker_join(struct atc_worker *w)
 {
-    if (!w->threaded)
+    if (!w->threaded || w->joined)
         return;
     atc_worker_exit_loop(w);
     pthread_join(w->thread, NULL);
-    w->threaded = false;
+    w->joined = true; /* threaded stays: other threads may still read it */
 }
 
 void atc_worker_free(struct atc_worker *w)

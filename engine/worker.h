@@ -49,6 +49,7 @@ struct atc_worker {
     pthread_t thread;
     bool threaded; /* a thread of its own (every worker but 0) */
     bool running;  /* its thread's loop has not returned (under the server's pause lock) */
+    bool joined;   /* its thread is gone (main thread only) */
     int wake_fd;   /* eventfd the mailbox event reads */
     struct event *wake;
     pthread_mutex_t mu;

@@ -65,6 +65,8 @@ class RecordTest(AtcTestCase):
                                    headers=headers)
             self.assertEqual(status, 200)
             sent[rid] = (hdrs["x-atc-endpoint"], 5 + i, i % 3 == 0)
+            if i == 5:  # files rotate between the writer's batches: make the first six one batch
+                wait_for(lambda: self.record_stats(a)["written"] >= 6, timeout=5, what="a first batch written")
         status, _, _ = request("127.0.0.1", a.port, "POST", "/v1/completions",
                                {"model": "llama-3-8b", "prompt": "hello", "max_tokens": 3},
                                {"x-request-id": "rec-completion"})
