@@ -124,6 +124,9 @@ static inline bool atc_endpoint_available(const struct atc_endpoint *ep, uint64_
 
 /** Counts a request of @p tokens routed to @p ep. Any thread. */
 void atc_endpoint_acquire(struct atc_endpoint *ep, uint64_t tokens);
+/** Counts it only if @p ep is still available for it (atc_endpoint_available), as one atomic step on the
+ * in-flight count: two workers cannot both take an endpoint's last slot. False when it is full now. */
+bool atc_endpoint_try_acquire(struct atc_endpoint *ep, uint64_t tokens);
 /** Undoes atc_endpoint_acquire once the request is finished (any outcome). Any thread; both counters
  * saturate at 0 rather than wrap. */
 void atc_endpoint_release(struct atc_endpoint *ep, uint64_t tokens);

@@ -326,7 +326,7 @@ enum choice {
 
 /* The endpoint for the next attempt: the policy's choice, else the C balancer's. Endpoints already
  * tried are never chosen again; on a retry, a verdict or a full fleet means the last failure stands. */
-static enum choice choose(struct relay *r, struct atc_endpoint **ep)
+static enum choice decide(struct relay *r, struct atc_endpoint **ep)
 {
     struct atc_worker *w = r->w;
     bool first = r->ntried == 0;
@@ -372,6 +372,18 @@ static enum choice choose(struct relay *r, struct atc_endpoint **ep)
     if (*ep != NULL)
         return CHOSEN;
     return first ? WAIT : NONE;
+}
+
+/* The decision, with the chosen endpoint's slot taken (r->tokens counted). Another worker can take the
+ * last slot between the decision and this: then the fleet changed, and it is decided again. */
+static enum choice choose(struct relay *r, struct atc_endpoint **ep)
+{
+    for (int round = 0; round < 3; round++) {
+        enum choice c = decide(r, ep);
+        if (c != CHOSEN || atc_endpoint_try_acquire(*ep, r->tokens))
+            return c;
+    }
+    return r->ntried == 0 ? WAIT : NONE;
 }
 
 /* Another endpoint to try, if the request may be tried again: nothing reached the client yet, and
@@ -665,7 +677,7 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
     size_t len;
     r->ep = ep;
     r->tried[r->ntried++] = ep;
-    atc_endpoint_acquire(ep, r->tokens);
+    /* its slot was taken by choose() */
     if (r->w->policy != NULL)
         atc_policy_routed(r->w->policy, &r->rreq, ep);
     r->t_attempt_us = now_us();

@@ -281,6 +281,44 @@ static void test_endpoint_counters_from_two_threads(void **state)
     atc_endpoint_table_destroy(t);
 }
 
+/* Two workers racing for an endpoint's last slots: a take never goes past its capacity. */
+#define CAPACITY 2
+
+static void *slot_hammer(void *p)
+{
+    struct atc_endpoint *ep = p;
+    unsigned over = 0;
+    for (int i = 0; i < ACQUIRES; i++) {
+        if (!atc_endpoint_try_acquire(ep, 1))
+            continue;
+        over += atomic_load(&ep->inflight) > CAPACITY;
+        atc_endpoint_release(ep, 1);
+    }
+    return (void *)(uintptr_t)over;
+}
+
+static void test_try_acquire_never_passes_capacity(void **state)
+{
+    static struct atc_model_config model = {.name = "m"};
+    struct atc_config cfg = {.models = &model, .nmodels = 1};
+    struct atc_endpoint_table *t = atc_endpoint_table_create(&cfg);
+    struct atc_endpoint *ep = atc_endpoint_table_add(t, "m", "a", "127.0.0.1", 9001, CAPACITY);
+    assert_non_null(ep);
+    ep->routable = true;
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, slot_hammer, ep), 0);
+    for (int i = 0; i < 3; i++) {
+        void *over = NULL;
+        assert_int_equal(pthread_join(th[i], &over), 0);
+        assert_int_equal((uintptr_t)over, 0);
+    }
+    assert_int_equal(ep->inflight, 0);
+    assert_false(atc_endpoint_try_acquire(ep, 1) && atc_endpoint_try_acquire(ep, 1) &&
+                 atc_endpoint_try_acquire(ep, 1)); /* the third is over capacity */
+    atc_endpoint_table_destroy(t);
+}
+
 /* ---- metrics ---- */
 
 #define METRIC_REQUESTS 200000
@@ -451,6 +489,7 @@ int main(void)
         cmocka_unit_test(test_prefix_index_from_two_threads),
         cmocka_unit_test(test_prefix_index_rotating_under_two_threads),
         cmocka_unit_test(test_endpoint_counters_from_two_threads),
+        cmocka_unit_test(test_try_acquire_never_passes_capacity),
         cmocka_unit_test(test_metrics_from_two_threads),
         cmocka_unit_test_setup_teardown(test_recorder_from_two_threads, make_dir, remove_dir),
     };
