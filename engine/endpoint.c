@@ -258,11 +258,7 @@ bool atc_endpoint_try_acquire(struct atc_endpoint *ep, uint64_t tokens)
     do {
         /* available() with the count this exchange is based on (the token sum is checked, not reserved,
          * in the same step: a budget can be passed by one request per worker at the same instant) */
-        if (!atomic_load_explicit(&ep->routable, memory_order_relaxed) || cur >= atc_endpoint_capacity_now(ep) ||
-            (ep->token_budget != 0 && cur != 0 &&
-             atomic_load_explicit(&ep->inflight_tokens, memory_order_relaxed) + tokens > ep->token_budget) ||
-            (ep->max_server_queue != 0 &&
-             atomic_load_explicit(&ep->server_queue, memory_order_relaxed) >= ep->max_server_queue))
+        if (!atc_endpoint_available_at(ep, cur, tokens))
             return false;
     } while (!atomic_compare_exchange_weak_explicit(&ep->inflight, &cur, cur + 1, memory_order_relaxed,
                                                     memory_order_relaxed));

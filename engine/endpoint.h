@@ -107,19 +107,22 @@ static inline unsigned atc_endpoint_capacity_now(const struct atc_endpoint *ep)
     return limit > 0 && limit < ep->capacity ? limit : ep->capacity;
 }
 
-/** True when @p ep may take one more request of @p tokens (prompt estimate + max_tokens) now: it is
- * routable, under the capacity it offers now, and under its token budget (an idle endpoint takes any
- * request). */
-static inline bool atc_endpoint_available(const struct atc_endpoint *ep, uint64_t tokens)
+/** True when @p ep, with @p inflight requests, may take one more of @p tokens (prompt estimate +
+ * max_tokens): it is routable, under the capacity it offers now, and under its token budget (an idle
+ * endpoint takes any request). */
+static inline bool atc_endpoint_available_at(const struct atc_endpoint *ep, unsigned inflight, uint64_t tokens)
 {
-    if (!atomic_load_explicit(&ep->routable, memory_order_relaxed))
-        return false;
-    unsigned inflight = atomic_load_explicit(&ep->inflight, memory_order_relaxed);
-    return inflight < atc_endpoint_capacity_now(ep) &&
+    return atomic_load_explicit(&ep->routable, memory_order_relaxed) && inflight < atc_endpoint_capacity_now(ep) &&
            (ep->token_budget == 0 || inflight == 0 ||
             atomic_load_explicit(&ep->inflight_tokens, memory_order_relaxed) + tokens <= ep->token_budget) &&
            (ep->max_server_queue == 0 ||
             atomic_load_explicit(&ep->server_queue, memory_order_relaxed) < ep->max_server_queue);
+}
+
+/** The same, with its in-flight count now. */
+static inline bool atc_endpoint_available(const struct atc_endpoint *ep, uint64_t tokens)
+{
+    return atc_endpoint_available_at(ep, atomic_load_explicit(&ep->inflight, memory_order_relaxed), tokens);
 }
 
 /** Counts a request of @p tokens routed to @p ep. Any thread. */

@@ -184,23 +184,25 @@ static struct atc_upstream_settings upstream_settings(const struct atc_config *c
     };
 }
 
-/* A pool per worker for @p ep (each worker keeps its own keep-alive connections). */
-static int create_pools(struct atc_server *srv, struct atc_endpoint *ep, const struct atc_config *cfg,
-                        const char **err)
+/* One pool per worker for the server at @p host:@p port (each worker keeps its own keep-alive
+ * connections), into @p pools[ATC_MAX_WORKERS]. */
+typedef struct atc_upstream_pool *worker_pools[ATC_MAX_WORKERS];
+
+static int create_pools(struct atc_server *srv, const char *host, uint16_t port, const struct atc_config *cfg,
+                        worker_pools pools, const char **err)
 {
     struct atc_upstream_settings us = upstream_settings(cfg);
     for (unsigned i = 0; i < srv->nworkers; i++)
-        if ((ep->pools[i] = atc_upstream_pool_create(srv->workers[i].base, ep->host, ep->port, &us, err)) ==
-            NULL)
+        if ((pools[i] = atc_upstream_pool_create(srv->workers[i].base, host, port, &us, err)) == NULL)
             return -1;
     return 0;
 }
 
-static void destroy_pools(struct atc_endpoint *ep)
+static void destroy_pools(worker_pools pools)
 {
     for (unsigned i = 0; i < ATC_MAX_WORKERS; i++) {
-        atc_upstream_pool_destroy(ep->pools[i]);
-        ep->pools[i] = NULL;
+        atc_upstream_pool_destroy(pools[i]);
+        pools[i] = NULL;
     }
 }
 
@@ -498,7 +500,7 @@ static void free_retired(struct atc_server *srv, bool all)
     for (size_t i = 0; i < srv->nretired; i++) {
         struct atc_endpoint *ep = srv->retired[i];
         if (all || atomic_load(&ep->inflight) == 0) {
-            destroy_pools(ep);
+            destroy_pools(ep->pools);
             atc_endpoint_free(ep);
         } else {
             srv->retired[kept++] = ep;
@@ -514,14 +516,10 @@ static void on_retire_tick(evutil_socket_t fd, short what, void *arg)
     free_retired(arg, false);
 }
 
-static void reload_failed(struct atc_server *srv, struct atc_config *ncfg, struct atc_endpoint **fresh,
-                          size_t nfresh)
+static void reload_failed(struct atc_server *srv, struct atc_config *ncfg, worker_pools *fresh, size_t nfresh)
 {
     for (size_t i = 0; i < nfresh; i++)
-        if (fresh[i] != NULL) {
-            destroy_pools(fresh[i]);
-            atc_endpoint_free(fresh[i]);
-        }
+        destroy_pools(fresh[i]);
     free(fresh);
     atc_config_free(ncfg);
     srv->config_reloads_failed++;
@@ -539,11 +537,11 @@ int atc_server_reload_config(struct atc_server *srv, char **errors)
     warn_restart_only(srv->cfg, ncfg);
 
     /* Pools for new servers first: an address that does not resolve fails the reload before anything
-     * changed. They wait on a scratch endpoint until the new table exists. */
+     * changed. fresh[k]: the pools of the config's k-th endpoint when it is new (else all NULL). */
     size_t total = 0, added = 0;
     for (size_t i = 0; i < ncfg->nmodels; i++)
         total += ncfg->models[i].nendpoints;
-    struct atc_endpoint **fresh = calloc(total ? total : 1, sizeof(*fresh));
+    worker_pools *fresh = calloc(total ? total : 1, sizeof(*fresh));
     if (fresh == NULL) {
         reload_failed(srv, ncfg, NULL, 0);
         *errors = strdup("out of memory");
@@ -554,24 +552,14 @@ int atc_server_reload_config(struct atc_server *srv, char **errors)
             const struct atc_endpoint_config *ec = &ncfg->models[i].endpoints[j];
             if (same_server(atc_endpoint_table_find(srv->table, ec->id), ec, ncfg->models[i].name))
                 continue;
-            const char *err = "out of memory";
-            struct atc_endpoint *scratch = calloc(1, sizeof(*scratch));
-            if (scratch != NULL) {
-                fresh[k] = scratch;
-                scratch->host = (char *)ec->host; /* borrowed for create_pools only */
-                scratch->port = ec->port;
-            }
-            if (scratch == NULL || create_pools(srv, scratch, ncfg, &err) < 0) {
+            const char *err = NULL;
+            if (create_pools(srv, ec->host, ec->port, ncfg, fresh[k], &err) < 0) {
                 if (asprintf(errors, "%s: endpoint %s (%s): %s", ncfg->path, ec->id, ec->url, err) < 0)
                     *errors = NULL;
-                for (size_t f = 0; f < total; f++)
-                    if (fresh[f] != NULL)
-                        fresh[f]->host = NULL;
                 reload_failed(srv, ncfg, fresh, total);
                 atc_error("config reload failed, nothing changed: %s", *errors != NULL ? *errors : "");
                 return -1;
             }
-            scratch->host = NULL;
             added++;
         }
 
@@ -584,11 +572,9 @@ int atc_server_reload_config(struct atc_server *srv, char **errors)
     srv->table = t;
     for (size_t i = 0, k = 0; i < ncfg->nmodels; i++)
         for (size_t j = 0; j < ncfg->models[i].nendpoints; j++, k++)
-            if (fresh[k] != NULL) {
-                struct atc_endpoint *ep = atc_endpoint_table_find(t, ncfg->models[i].endpoints[j].id);
-                memcpy(ep->pools, fresh[k]->pools, sizeof(ep->pools));
-                free(fresh[k]);
-            }
+            if (fresh[k][0] != NULL)
+                memcpy(atc_endpoint_table_find(t, ncfg->models[i].endpoints[j].id)->pools, fresh[k],
+                       sizeof(fresh[k]));
     free(fresh);
     struct atc_endpoint **r = realloc(srv->retired, (srv->nretired + ngone + 1) * sizeof(*r));
     if (r != NULL) {
@@ -766,7 +752,7 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
         goto error;
     for (size_t i = 0; i < srv->table->nendpoints; i++) {
         struct atc_endpoint *ep = srv->table->endpoints[i];
-        if (create_pools(srv, ep, cfg, err) < 0) {
+        if (create_pools(srv, ep->host, ep->port, cfg, ep->pools, err) < 0) {
             static char msg[400];
             snprintf(msg, sizeof(msg), "endpoint %s (%s): %s", ep->id, ep->url, *err);
             *err = msg;
@@ -915,7 +901,7 @@ void atc_server_destroy(struct atc_server *srv)
     atc_health_destroy(srv->health); /* its probes use the table's endpoints */
     if (srv->table != NULL) {
         for (size_t i = 0; i < srv->table->nendpoints; i++)
-            destroy_pools(srv->table->endpoints[i]);
+            destroy_pools(srv->table->endpoints[i]->pools);
         atc_endpoint_table_destroy(srv->table);
     }
     free_retired(srv, true);

@@ -130,6 +130,21 @@ class WorkersTest(AtcTestCase):
         doc = admin_json(atc, "/admin/endpoints")
         self.assertTrue(all(w["requests_total"] > 0 for w in doc["workers"]), doc["workers"])
 
+    def test_a_config_reload_with_a_host_that_does_not_resolve_changes_nothing(self):
+        atc = self.start()
+        with open(atc.config_path, "w") as f:
+            f.write(BASE.format(extra="", decode_ms=1, models="""  - name: mistral-7b
+    endpoints:
+      - id: nowhere
+        url: http://no-such-host.invalid:8000"""))
+        status, _, body = request("127.0.0.1", atc.admin_port, "POST", "/admin/config/reload")
+        self.assertEqual(status, 422, body)
+        self.assertIn("nowhere", json.loads(body)["error"]["message"])
+        self.assertNotIn("nowhere", atc.endpoints())
+        results = parallel(16, lambda i: chat(atc.port, max_tokens=1))
+        self.assertEqual([r[0] for r in results], [200] * 16)
+        self.assertEqual(chat(atc.port, model="mistral-7b")[0], 404)
+
     def test_requests_queued_on_both_workers_share_one_fleet(self):
         # One slot in the whole fleet, so requests queue on both workers; every one is placed (a slot
         # freed on one worker wakes the other's queue at once) and the slot is free at the end.
