@@ -4,10 +4,10 @@
  *   policy_bench [--entry scripts/policy.lua] [--endpoints 64] [--prompt-tokens 8192] [--decisions 200000]
  *                [--jit on|off] [--format table|json] */
 
-#include "../../engine/policy.c"
+#include "../../engine/policy/policy.c"
 
-#include "balancer.h"
-#include "config.h"
+#include "fleet/balancer.h"
+#include "core/config.h"
 
 #define WARMUP 5000
 

@@ -12,7 +12,7 @@
 #include <event2/buffer.h>
 
 #include "fuzz.h"
-#include "prometheus.h"
+#include "fleet/prometheus.h"
 
 struct copy {
     char *name;

@@ -9,12 +9,12 @@
 
 #include <event2/event.h>
 
-#include "config.h"
-#include "endpoint.h"
+#include "core/config.h"
+#include "fleet/endpoint.h"
 #include "fuzz.h"
-#include "log.h"
-#include "server.h"
-#include "worker.h"
+#include "core/log.h"
+#include "core/server.h"
+#include "core/worker.h"
 
 /* The shipped policy, so that fuzzed requests run through the real Lua layers and req:header(). */
 #define FUZZ_SCRIPTS ATC_SOURCE_STDLIB "/../scripts"

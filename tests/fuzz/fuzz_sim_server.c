@@ -3,7 +3,7 @@
  * when the client's EOF arrives is cancelled, as for a client that hangs up. Nothing may crash, leak or
  * hang, and once the connection is closed the server holds no request. */
 
-#include "../../engine/sim_server.c"
+#include "../../engine/sim/sim_server.c"
 
 #include <stdint.h>
 

@@ -7,7 +7,7 @@
  * cut, the count must be the one over the whole stream: the blank-line terminators found left to
  * right, each "\n" ending at most one of them. */
 
-#include "../../engine/relay.c"
+#include "../../engine/http/relay.c"
 
 #include <stdint.h>
 

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "fuzz.h"
-#include "trace.h"
+#include "trace/trace.h"
 
 static int in_fd = -1, out_fd = -1;
 static char in_path[64], out_path[64];

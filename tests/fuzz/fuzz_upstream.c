@@ -1,4 +1,4 @@
-/* The upstream HTTP/1.1 response parser (engine/upstream.c, included for its statics): status line,
+/* The upstream HTTP/1.1 response parser (engine/http/upstream.c, included for its statics): status line,
  * headers, content-length / chunked / until-close bodies, and so the framing of an SSE stream, as far as
  * atc parses it (atc relays SSE events as bytes and never splits them; it only dechunks).
  *
@@ -13,7 +13,7 @@
  * No byte goes through a socket: each read is appended to the connection's input buffer and parsed as
  * on_conn_readable parses it after a recv. */
 
-#include "../../engine/upstream.c"
+#include "../../engine/http/upstream.c"
 
 #include <stdint.h>
 

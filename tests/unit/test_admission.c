@@ -14,7 +14,7 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 
-#include "admission.h"
+#include "fleet/admission.h"
 
 static bool place; /* what try_place answers */
 

@@ -16,7 +16,7 @@
 #define calloc(n, m) test_calloc(n, m)
 #define realloc(p, n) test_realloc(p, n)
 #define free(p) test_free(p)
-#include "../../engine/affinity.c"
+#include "../../engine/fleet/affinity.c"
 #undef malloc
 #undef calloc
 #undef realloc

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "core/config.h"
 
 /* A valid models: block, appended to files whose other lines are under test; it starts on the line
  * after them, so the lines of the bad values stay easy to count. */

@@ -7,9 +7,9 @@
 
 #include <cmocka.h>
 
-#include "balancer.h"
-#include "config.h"
-#include "endpoint.h"
+#include "fleet/balancer.h"
+#include "core/config.h"
+#include "fleet/endpoint.h"
 
 static struct atc_endpoint_table *three_endpoints(void)
 {

@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "../../engine/health.c"
+#include "../../engine/fleet/health.c"
 
 static void test_models_list(void **state)
 {

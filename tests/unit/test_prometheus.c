@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "prometheus.h"
+#include "fleet/prometheus.h"
 
 #define MAX_SAMPLES 32
 

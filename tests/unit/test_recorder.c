@@ -15,8 +15,8 @@
 
 #include <event2/buffer.h>
 
-#include "recorder.h"
-#include "trace.h"
+#include "trace/recorder.h"
+#include "trace/trace.h"
 
 static char tmpdir[] = "/tmp/atc-test-recorder-XXXXXX";
 

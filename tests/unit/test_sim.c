@@ -14,7 +14,7 @@
 #define calloc(n, m) test_calloc(n, m)
 #define realloc(p, n) test_realloc(p, n)
 #define free(p) test_free(p)
-#include "../../engine/sim.c"
+#include "../../engine/sim/sim.c"
 #undef malloc
 #undef calloc
 #undef realloc

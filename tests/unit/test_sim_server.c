@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "../../engine/sim_server.c"
+#include "../../engine/sim/sim_server.c"
 
 #define DEADLINE_US 3000000
 

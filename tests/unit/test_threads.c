@@ -22,13 +22,13 @@
 
 #include <event2/buffer.h>
 
-#include "affinity.h"
-#include "config.h"
-#include "endpoint.h"
-#include "metrics.h"
-#include "recorder.h"
-#include "server.h"
-#include "trace.h"
+#include "fleet/affinity.h"
+#include "core/config.h"
+#include "fleet/endpoint.h"
+#include "ops/metrics.h"
+#include "trace/recorder.h"
+#include "core/server.h"
+#include "trace/trace.h"
 
 #define HAMMER_NS 200000000 /* each hammer runs about 0.2 s */
 

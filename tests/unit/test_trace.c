@@ -14,9 +14,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "replay.h"
-#include "trace.h"
+#include "core/config.h"
+#include "trace/replay.h"
+#include "trace/trace.h"
 
 static char tmpdir[] = "/tmp/atc-test-trace-XXXXXX";
 

@@ -1,0 +1,332 @@
+/* The operator's commands that talk to a running atc through its admin API: atc status, atc reload,
+ * atc drain, atc enable. A small blocking HTTP/1.0 client: these run once and exit. */
+
+#include "core/cli.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#define JSMN_STATIC
+#include <jsmn.h>
+
+#include "core/config.h"
+
+static const char usage_admin[] =
+    "usage: atc status  [-c FILE | --admin HOST:PORT] [--token TOKEN]\n"
+    "       atc reload  [-c FILE | --admin HOST:PORT] [--token TOKEN] [--config]\n"
+    "       atc drain ID  [-c FILE | --admin HOST:PORT] [--token TOKEN]\n"
+    "       atc enable ID [-c FILE | --admin HOST:PORT] [--token TOKEN]\n"
+    "\n"
+    "Talk to a running atc through its admin API.\n"
+    "  status   a table of endpoints (state, load, errors) and the policy version\n"
+    "  reload   reload the policy (with --config: the YAML file too)\n"
+    "  drain    stop new traffic to endpoint ID; its in-flight requests finish\n"
+    "  enable   undo drain\n"
+    "\n"
+    "  -c, --config FILE     find the admin address and token in this config\n"
+    "      --admin HOST:PORT the admin address (default 127.0.0.1:8081)\n"
+    "      --token TOKEN     the admin token (default: the config's, or $ATC_ADMIN_TOKEN)\n"
+    "      --config          (reload) re-read the YAML configuration as well\n"
+    "  -h, --help            this text\n";
+
+struct admin_target {
+    char host[256];
+    unsigned port;
+    char token[512];
+};
+
+/* One request; returns the status (or -1) and the body in *body (owned). */
+static int admin_call(const struct admin_target *t, const char *method, const char *path, char **body)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    char port[8];
+    snprintf(port, sizeof(port), "%u", t->port);
+    if (getaddrinfo(t->host, port, &hints, &res) != 0 || res == NULL) {
+        fprintf(stderr, "atc: cannot resolve %s\n", t->host);
+        return -1;
+    }
+    int fd = socket(res->ai_family, SOCK_STREAM, 0);
+    struct timeval tv = {.tv_sec = 10};
+    if (fd >= 0) {
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    }
+    if (fd < 0 || connect(fd, res->ai_addr, res->ai_addrlen) < 0) {
+        fprintf(stderr, "atc: cannot reach the admin API at %s:%u: %s (is atc running? see --admin)\n",
+                t->host, t->port, strerror(errno));
+        freeaddrinfo(res);
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    freeaddrinfo(res);
+    char req[1024];
+    int n = snprintf(req, sizeof(req), "%s %s HTTP/1.0\r\nHost: %s\r\nContent-Length: 0\r\n%s%s%s\r\n",
+                     method, path, t->host, t->token[0] ? "Authorization: Bearer " : "", t->token,
+                     t->token[0] ? "\r\n" : "");
+    if (n < 0 || (size_t)n >= sizeof(req) || write(fd, req, (size_t)n) != n) {
+        close(fd);
+        return -1;
+    }
+    size_t cap = 65536, len = 0;
+    char *buf = malloc(cap);
+    ssize_t r;
+    while (buf != NULL && (r = read(fd, buf + len, cap - len - 1)) > 0) {
+        len += (size_t)r;
+        if (len + 1 == cap) {
+            char *nb = realloc(buf, cap *= 2);
+            if (nb == NULL) {
+                free(buf);
+                buf = NULL;
+            }
+            buf = nb;
+        }
+    }
+    close(fd);
+    if (buf == NULL)
+        return -1;
+    buf[len] = '\0';
+    int status = -1;
+    char *sep = strstr(buf, "\r\n\r\n");
+    if (sscanf(buf, "HTTP/%*d.%*d %d", &status) != 1 || sep == NULL) {
+        free(buf);
+        return -1;
+    }
+    memmove(buf, sep + 4, len - (size_t)(sep + 4 - buf) + 1);
+    *body = buf;
+    return status;
+}
+
+/* ---- a few JSON lookups on the admin API's answers ---- */
+
+struct json {
+    const char *s;
+    jsmntok_t *t;
+    int n;
+};
+
+static int json_parse(struct json *j, const char *s)
+{
+    jsmn_parser p;
+    j->s = s;
+    jsmn_init(&p);
+    j->n = jsmn_parse(&p, s, strlen(s), NULL, 0);
+    if (j->n <= 0 || (j->t = calloc((size_t)j->n, sizeof(jsmntok_t))) == NULL)
+        return -1;
+    jsmn_init(&p);
+    return jsmn_parse(&p, s, strlen(s), j->t, (unsigned)j->n) < 0 ? -1 : 0;
+}
+
+/* The index of the token after @p i and all its children. */
+static int json_skip(const struct json *j, int i)
+{
+    int end = i + 1;
+    for (int k = 0; k < j->t[i].size; k++)
+        end = json_skip(j, end);
+    return end;
+}
+
+/* The value of key @p key in the object at token @p obj, or -1. */
+static int json_get(const struct json *j, int obj, const char *key)
+{
+    if (obj < 0 || j->t[obj].type != JSMN_OBJECT)
+        return -1;
+    int i = obj + 1;
+    for (int k = 0; k < j->t[obj].size; k++) {
+        const jsmntok_t *kt = &j->t[i];
+        if ((size_t)(kt->end - kt->start) == strlen(key) && strncmp(j->s + kt->start, key, strlen(key)) == 0)
+            return i + 1;
+        i = json_skip(j, i + 1);
+    }
+    return -1;
+}
+
+static void json_text(const struct json *j, int i, char *out, size_t size)
+{
+    if (i < 0) {
+        snprintf(out, size, "-");
+        return;
+    }
+    snprintf(out, size, "%.*s", j->t[i].end - j->t[i].start, j->s + j->t[i].start);
+}
+
+/* The first string value of "message" in an OpenAI-style error body, or the body. */
+static void print_error(int status, const char *body)
+{
+    struct json j = {0};
+    char msg[1024];
+    if (json_parse(&j, body) == 0)
+        json_text(&j, json_get(&j, json_get(&j, 0, "error"), "message"), msg, sizeof(msg));
+    else
+        snprintf(msg, sizeof(msg), "%s", body);
+    fprintf(stderr, "atc: the admin API answered %d: %s\n", status, msg);
+    free(j.t);
+}
+
+static int cmd_status(const struct admin_target *t)
+{
+    char *body = NULL, *pol = NULL;
+    int status = admin_call(t, "GET", "/admin/endpoints", &body);
+    if (status != 200) {
+        if (status > 0)
+            print_error(status, body);
+        free(body);
+        return 1;
+    }
+    struct json j = {0}, pj = {0};
+    if (json_parse(&j, body) < 0) {
+        fprintf(stderr, "atc: cannot read the admin API's answer\n");
+        free(body);
+        return 1;
+    }
+    char version[32] = "-", errbuf[512] = "";
+    if (admin_call(t, "GET", "/admin/policy", &pol) == 200 && json_parse(&pj, pol) == 0) {
+        json_text(&pj, json_get(&pj, 0, "version"), version, sizeof(version));
+        int e = json_get(&pj, 0, "last_error");
+        if (e >= 0 && pj.t[e].type == JSMN_STRING)
+            json_text(&pj, e, errbuf, sizeof(errbuf));
+    }
+    printf("%-28s %-20s %-10s %9s %9s %9s %10s\n", "ENDPOINT", "MODEL", "STATE", "INFLIGHT", "CAPACITY",
+           "ERRORS", "TTFT(ms)");
+    int eps = json_get(&j, 0, "endpoints");
+    for (int k = 0, i = eps + 1; eps >= 0 && k < j.t[eps].size; k++, i = json_skip(&j, i)) {
+        char id[128], model[128], state[32], inflight[16], capacity[16], errors[24], ttft[24];
+        json_text(&j, json_get(&j, i, "id"), id, sizeof(id));
+        json_text(&j, json_get(&j, i, "model"), model, sizeof(model));
+        int st = json_get(&j, i, "state");
+        if (st >= 0)
+            json_text(&j, st, state, sizeof(state));
+        else {
+            json_text(&j, json_get(&j, i, "routable"), state, sizeof(state));
+            snprintf(state, sizeof(state), "%s", strcmp(state, "true") == 0 ? "healthy" : "draining");
+        }
+        json_text(&j, json_get(&j, i, "inflight"), inflight, sizeof(inflight));
+        json_text(&j, json_get(&j, i, "capacity"), capacity, sizeof(capacity));
+        json_text(&j, json_get(&j, i, "errors_total"), errors, sizeof(errors));
+        json_text(&j, json_get(&j, i, "ttft_ewma_ms"), ttft, sizeof(ttft));
+        printf("%-28s %-20s %-10s %9s %9s %9s %10s\n", id, model, state, inflight, capacity, errors, ttft);
+    }
+    char active[16], waiting[16] = "0";
+    json_text(&j, json_get(&j, 0, "active"), active, sizeof(active));
+    int q = json_get(&j, 0, "queues");
+    if (q >= 0 && j.t[q].type == JSMN_OBJECT)
+        json_text(&j, json_get(&j, q, "waiting"), waiting, sizeof(waiting));
+    printf("\npolicy version %s; %s request(s) in progress, %s waiting for capacity\n", version, active,
+           waiting);
+    if (errbuf[0])
+        printf("last policy error: %s\n", errbuf);
+    free(j.t);
+    free(pj.t);
+    free(body);
+    free(pol);
+    return 0;
+}
+
+static int post(const struct admin_target *t, const char *path, const char *done)
+{
+    char *body = NULL;
+    int status = admin_call(t, "POST", path, &body);
+    if (status == 200) {
+        printf("%s: %s", done, body);
+        free(body);
+        return 0;
+    }
+    if (status > 0)
+        print_error(status, body);
+    free(body);
+    return 1;
+}
+
+int atc_cli_main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"config", required_argument, NULL, 'c'}, {"admin", required_argument, NULL, 'a'},
+        {"token", required_argument, NULL, 't'},  {"reload-config", no_argument, NULL, 'r'},
+        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
+    };
+    const char *cmd = argv[0], *config = NULL, *admin = NULL, *token = getenv("ATC_ADMIN_TOKEN");
+    bool reload_config = false;
+    /* "--config" alone after reload means the YAML; "-c FILE" / "--config FILE" names the file. */
+    for (int i = 1; i < argc; i++)
+        if (strcmp(cmd, "reload") == 0 && strcmp(argv[i], "--config") == 0 &&
+            (i + 1 == argc || argv[i + 1][0] == '-')) {
+            argv[i] = "--reload-config";
+        }
+    int ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "c:h", longopts, NULL)) != -1) {
+        switch (ch) {
+        case 'c':
+            config = optarg;
+            break;
+        case 'a':
+            admin = optarg;
+            break;
+        case 't':
+            token = optarg;
+            break;
+        case 'r':
+            reload_config = true;
+            break;
+        case 'h':
+            fputs(usage_admin, stdout);
+            return 0;
+        default:
+            fputs(usage_admin, stderr);
+            return 2;
+        }
+    }
+    bool needs_id = strcmp(cmd, "drain") == 0 || strcmp(cmd, "enable") == 0;
+    if ((needs_id && optind + 1 != argc) || (!needs_id && optind != argc)) {
+        fputs(usage_admin, stderr);
+        return 2;
+    }
+    struct admin_target t = {.host = "127.0.0.1", .port = 8081};
+    if (config != NULL) {
+        struct atc_config *cfg = NULL;
+        char *errors = NULL;
+        if (atc_config_load(config, &cfg, &errors) < 0) {
+            fprintf(stderr, "%s\n", errors);
+            free(errors);
+            return 1;
+        }
+        snprintf(t.host, sizeof(t.host), "%s", cfg->admin_host);
+        t.port = cfg->admin_port;
+        if (cfg->admin_token != NULL && token == NULL)
+            snprintf(t.token, sizeof(t.token), "%s", cfg->admin_token);
+        atc_config_free(cfg);
+        if (t.port == 0) {
+            fprintf(stderr, "atc: %s sets admin port 0 (any free port); give the address with --admin\n",
+                    config);
+            return 2;
+        }
+    }
+    if (admin != NULL) {
+        char *host = NULL;
+        uint16_t port;
+        if (atc_parse_hostport(admin, &host, &port) < 0 || port == 0) {
+            fprintf(stderr, "atc: invalid --admin '%s' (want HOST:PORT)\n", admin);
+            return 2;
+        }
+        snprintf(t.host, sizeof(t.host), "%s", host);
+        t.port = port;
+        free(host);
+    }
+    if (token != NULL)
+        snprintf(t.token, sizeof(t.token), "%s", token);
+
+    if (strcmp(cmd, "status") == 0)
+        return cmd_status(&t);
+    if (strcmp(cmd, "reload") == 0)
+        return post(&t, reload_config ? "/admin/config/reload" : "/admin/policy/reload", "reloaded");
+    char path[512];
+    snprintf(path, sizeof(path), "/admin/endpoints/%s/%s", argv[optind], cmd);
+    return post(&t, path, cmd);
+}

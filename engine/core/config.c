@@ -1,0 +1,1442 @@
+/* The YAML configuration (config.h). The file is loaded whole with libyaml's document API so that every
+ * check can point at the node it is about, and the walk carries on after an error so that one run of
+ * `atc check` lists every mistake in the file, sorted by position. */
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <strings.h>
+
+#include <yaml.h>
+
+#include "core/config.h"
+
+/* Per-endpoint ceilings: far above any real server, low enough that sums over a fleet cannot overflow. */
+#define CAPACITY_MAX 1000000u
+#define WEIGHT_MAX 1000000u
+#define SIMULATE_COUNT_MAX 256u
+#define KEY_MAX 320 /* longest key path in a message ("models[3].endpoints[12].tags[0]"); longer is cut */
+
+struct error {
+    size_t line, col, seq; /* seq keeps errors at one position in the order they were found */
+    char *text;
+};
+
+/* Names declared so far, to report a duplicate together with where the first one is. */
+struct seen_list {
+    struct {
+        const char *name; /* borrowed from the config being built */
+        yaml_mark_t mark;
+    } * v;
+    size_t n, cap;
+};
+
+struct parse {
+    yaml_document_t *doc;
+    const char *name; /* the file name in messages */
+    struct atc_config *cfg;
+    struct error *errors;
+    size_t nerrors, cap_errors;
+    bool oom;
+    struct seen_list models, ids;
+    bool endpoint_level; /* parsing an endpoint's health: (model-wide settings are refused) */
+};
+
+/* Walks the pairs of a mapping, skipping (after reporting) keys that are not strings or are repeated. */
+struct map_iter {
+    yaml_node_t *map; /* NULL when there is nothing to walk */
+    yaml_node_pair_t *pair;
+    const char *prefix; /* key path of the mapping itself, "" at the top */
+    const char *key;
+    yaml_node_t *keynode, *value;
+    char path[KEY_MAX]; /* prefix.key */
+};
+
+static char *format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void report(struct parse *p, yaml_mark_t at, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static char *format(const char *fmt, ...)
+{
+    va_list ap;
+    char *s;
+    int n;
+
+    va_start(ap, fmt);
+    n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0 || !(s = malloc((size_t)n + 1)))
+        return NULL;
+    va_start(ap, fmt);
+    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+/* Messages quote keys and values from the file, and a quoted YAML key may hold a newline: escape
+ * control characters so that each error stays on one line. Takes @p text, returns it or a new copy. */
+static char *escape_controls(char *text)
+{
+    size_t extra = 0, i, o;
+    char *out;
+
+    for (i = 0; text[i]; i++)
+        extra += (unsigned char)text[i] < 0x20 || text[i] == 0x7f ? 3 : 0;
+    if (extra == 0 || !(out = malloc(i + extra + 1)))
+        return text; /* (out of memory: the message keeps its raw bytes) */
+    for (i = 0, o = 0; text[i]; i++) {
+        unsigned char c = (unsigned char)text[i];
+        if (c < 0x20 || c == 0x7f)
+            o += (size_t)snprintf(out + o, 5, "\\x%02x", c);
+        else
+            out[o++] = (char)c;
+    }
+    out[o] = '\0';
+    free(text);
+    return out;
+}
+
+static void push_error(struct parse *p, size_t line, size_t col, char *text)
+{
+    if (text)
+        text = escape_controls(text);
+    if (!text) {
+        p->oom = true;
+        return;
+    }
+    if (p->nerrors == p->cap_errors) {
+        size_t cap = p->cap_errors ? p->cap_errors * 2 : 16;
+        struct error *v = realloc(p->errors, cap * sizeof *v);
+        if (!v) {
+            free(text);
+            p->oom = true;
+            return;
+        }
+        p->errors = v;
+        p->cap_errors = cap;
+    }
+    p->errors[p->nerrors] = (struct error){line, col, p->nerrors, text};
+    p->nerrors++;
+}
+
+/* Records "file:line:col: key 'key': message"; libyaml marks are 0-based, messages 1-based. */
+static void report(struct parse *p, yaml_mark_t at, const char *key, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    bool keyed = key && *key;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    push_error(p, at.line + 1, at.column + 1,
+               format("%s:%zu:%zu: %s%s%s%s", p->name, at.line + 1, at.column + 1, keyed ? "key '" : "",
+                      keyed ? key : "", keyed ? "': " : "", msg));
+}
+
+static yaml_node_t *node(struct parse *p, int index)
+{
+    return yaml_document_get_node(p->doc, index);
+}
+
+/* An empty value ("key:" with nothing after it) is a plain null scalar; it means "not set". */
+static bool is_null(const yaml_node_t *n)
+{
+    const char *s;
+
+    if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
+        return false;
+    s = (const char *)n->data.scalar.value;
+    return !*s || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") || !strcmp(s, "NULL");
+}
+
+/* How a node reads in a message: a scalar quoted (shortened, control characters hidden), else its kind. */
+static const char *describe(const yaml_node_t *n, char *buf, size_t size)
+{
+    const unsigned char *v;
+    size_t i, o = 0, len;
+
+    if (n->type == YAML_MAPPING_NODE)
+        return "a mapping";
+    if (n->type == YAML_SEQUENCE_NODE)
+        return "a list";
+    if (is_null(n))
+        return "nothing";
+    v = n->data.scalar.value;
+    len = n->data.scalar.length;
+    buf[o++] = '\'';
+    for (i = 0; i < len && o < size - 6; i++)
+        buf[o++] = v[i] < 0x20 || v[i] == 0x7f ? '?' : (char)v[i];
+    if (i < len) {
+        memcpy(buf + o, "...", 3);
+        o += 3;
+    }
+    buf[o++] = '\'';
+    buf[o] = '\0';
+    return buf;
+}
+
+/* ---- the value syntaxes, shared by the atc_parse_* functions and the YAML walk ---- */
+
+struct unit {
+    const char *name;
+    uint64_t scale;
+};
+
+static const struct unit duration_units[] = {
+    {"us", 1}, {"ms", 1000}, {"s", 1000000}, {"m", 60000000}, {"h", 3600000000}, {NULL, 0},
+};
+
+static const struct unit size_units[] = {{"b", 1},
+                                         {"kb", 1000},
+                                         {"mb", 1000000},
+                                         {"gb", 1000000000},
+                                         {"tb", 1000000000000},
+                                         {"kib", 1ull << 10},
+                                         {"mib", 1ull << 20},
+                                         {"gib", 1ull << 30},
+                                         {"tib", 1ull << 40},
+                                         {NULL, 0}};
+
+/* "<digits>[.<digits>][ ]<unit>" → value * unit scale; a bare number uses @p plain. Only six decimals
+ * count, which keeps frac * scale inside 64 bits for every unit above. */
+static int parse_scaled(const char *s, const struct unit *units, uint64_t plain, uint64_t *out)
+{
+    uint64_t whole = 0, frac = 0, frac_scale = 1, scale = plain, v;
+    const struct unit *u;
+
+    if (!isdigit((unsigned char)*s))
+        return -1;
+    for (; isdigit((unsigned char)*s); s++) {
+        unsigned d = (unsigned)(*s - '0');
+        if (whole > (UINT64_MAX - d) / 10)
+            return -1;
+        whole = whole * 10 + d;
+    }
+    if (*s == '.') {
+        if (!isdigit((unsigned char)*++s))
+            return -1;
+        for (; isdigit((unsigned char)*s); s++) {
+            if (frac_scale < 1000000) {
+                frac = frac * 10 + (uint64_t)(*s - '0');
+                frac_scale *= 10;
+            }
+        }
+    }
+    while (*s == ' ')
+        s++;
+    if (*s) {
+        for (u = units; u->name && strcasecmp(s, u->name); u++)
+            ;
+        if (!u->name)
+            return -1;
+        scale = u->scale;
+    }
+    if (whole > UINT64_MAX / scale)
+        return -1;
+    v = whole * scale;
+    if (v > UINT64_MAX - frac * scale / frac_scale)
+        return -1;
+    *out = v + frac * scale / frac_scale;
+    return 0;
+}
+
+int atc_parse_duration_us(const char *s, uint64_t *us)
+{
+    return parse_scaled(s, duration_units, 1000, us);
+}
+
+int atc_parse_duration_ms(const char *s, uint64_t *ms)
+{
+    uint64_t us;
+
+    if (atc_parse_duration_us(s, &us) < 0)
+        return -1;
+    *ms = us / 1000 + (us % 1000 != 0);
+    return 0;
+}
+
+int atc_parse_size(const char *s, size_t *bytes)
+{
+    uint64_t v;
+
+    if (parse_scaled(s, size_units, 1, &v) < 0 || v > SIZE_MAX)
+        return -1;
+    *bytes = (size_t)v;
+    return 0;
+}
+
+/* Splits "host:port", "[v6]:port", "host" or "[v6]" (URLs may leave the port out). *host is owned and
+ * NULL when empty, *port -1 when absent. Returns NULL, or what is wrong. */
+static const char *split_hostport(const char *s, size_t len, char **host, long *port)
+{
+    const char *end = s + len, *h = s, *hend, *c, *colon = NULL;
+    long v = 0;
+
+    *host = NULL;
+    *port = -1;
+    if (len > 0 && s[0] == '[') {
+        if (!(hend = memchr(++h, ']', len - 1)))
+            return "missing ']' after the IPv6 address";
+        if (hend == h || strspn(h, "0123456789abcdefABCDEF:.") < (size_t)(hend - h))
+            return "bad IPv6 address";
+        if (hend + 1 < end && hend[1] != ':')
+            return "expected ':' after ']'";
+        colon = hend + 1 < end ? hend + 1 : NULL;
+    } else {
+        for (c = s; c < end; c++) {
+            if (*c == ':' && colon)
+                return "an IPv6 address must be written in brackets, as in [::1]:8080";
+            if (*c == ':')
+                colon = c;
+            else if (!colon && !isalnum((unsigned char)*c) && *c != '.' && *c != '-' && *c != '_')
+                return "bad character in the host name";
+        }
+        hend = colon ? colon : end;
+    }
+    if (colon) {
+        if (colon + 1 == end)
+            return "missing port number after ':'";
+        for (c = colon + 1; c < end; c++) {
+            if (!isdigit((unsigned char)*c) || (v = v * 10 + (*c - '0')) > 65535)
+                return "the port must be a number from 0 to 65535";
+        }
+        *port = v;
+    }
+    if (hend > h && !(*host = strndup(h, (size_t)(hend - h))))
+        return "out of memory";
+    return NULL;
+}
+
+static const char *parse_hostport(const char *s, char **host, uint16_t *port)
+{
+    const char *why;
+    char *h;
+    long pt;
+
+    if ((why = split_hostport(s, strlen(s), &h, &pt)))
+        return why;
+    if (pt < 0) {
+        free(h);
+        return "missing ':port' (expected host:port such as 127.0.0.1:8080 or [::1]:8080)";
+    }
+    if (!h && !(h = strdup("127.0.0.1")))
+        return "out of memory";
+    *host = h;
+    *port = (uint16_t)pt;
+    return NULL;
+}
+
+int atc_parse_hostport(const char *s, char **host, uint16_t *port)
+{
+    return parse_hostport(s, host, port) ? -1 : 0;
+}
+
+/* "http://host[:port][/]" → host and port (default 80). A base path is refused rather than ignored:
+ * atc forwards the client's request path unchanged, so "/v1" here would silently not apply. */
+static const char *parse_url(const char *s, char **host, uint16_t *port)
+{
+    const char *auth = s + 7, *end, *why;
+    char *h;
+    long pt;
+
+    if (!strncasecmp(s, "https://", 8))
+        return "https is not supported, use http:// (atc speaks plain HTTP to upstream servers; terminate "
+               "TLS "
+               "next to the server)";
+    if (strncasecmp(s, "http://", 7))
+        return "expected a URL of the form http://host:port";
+    end = auth + strcspn(auth, "/?#");
+    if (*end && strcmp(end, "/"))
+        return "a path, query or fragment is not supported (atc forwards the client's request path)";
+    if (memchr(auth, '@', (size_t)(end - auth)))
+        return "user info in the URL is not supported";
+    if ((why = split_hostport(auth, (size_t)(end - auth), &h, &pt)))
+        return why;
+    if (!h)
+        return "missing host";
+    if (pt == 0) {
+        free(h);
+        return "the port must be from 1 to 65535";
+    }
+    *host = h;
+    *port = pt < 0 ? 80 : (uint16_t)pt;
+    return NULL;
+}
+
+/* A relative path in the file is relative to the file, not to wherever atc was started. */
+static char *resolve(const char *dir, const char *path)
+{
+    size_t n = strlen(dir);
+
+    if (path[0] == '/' || n == 0)
+        return strdup(path);
+    return format("%s%s%s", dir, dir[n - 1] == '/' ? "" : "/", path);
+}
+
+/* ---- the schema: one table of fields per mapping ---- */
+
+enum kind {
+    F_STR,      /* required text, not empty */
+    F_OPTSTR,   /* text, or nothing ("version:") for absent */
+    F_PATH,     /* text resolved against the file's directory */
+    F_STRS,     /* list of F_STR; aux is the count */
+    F_PATHS,    /* list of F_PATH; aux is the count */
+    F_BOOL,     /* bool */
+    F_UINT,     /* unsigned within [min, max] */
+    F_U64,      /* uint64_t within [min, max] */
+    F_MS,       /* duration, uint64_t milliseconds; min 1 = must not be 0 */
+    F_US,       /* duration, uint64_t microseconds; min 1 = must not be 0 */
+    F_SIZE,     /* size_t bytes, > 0 */
+    F_POSITIVE, /* double > 0 */
+    F_NONNEG,   /* double >= 0 */
+    F_SHARE,    /* double in [0, 1] */
+    F_HOSTPORT, /* char * host at off, uint16_t port at aux */
+    F_URL,      /* the url, host and port of an endpoint */
+    F_URLPATH,  /* char *: a request path, "/" followed by printable ASCII without spaces */
+    F_CHOICE,   /* unsigned: the index of the value in choices */
+    F_WEIGHTS,  /* mapping of name -> whole number >= 1, into a struct atc_weights */
+    F_SECTION,  /* a nested mapping described by sub, filling the same struct */
+    F_NODE,     /* handled by the caller, which finds the node in parse_section's found[] */
+};
+
+static const char *const expected[] = {
+    [F_STR] = "a string",
+    [F_OPTSTR] = "a string",
+    [F_PATH] = "a path",
+    [F_BOOL] = "true or false",
+    [F_UINT] = "a whole number",
+    [F_U64] = "a whole number",
+    [F_MS] = "a duration such as 500us, 250ms, 2s, 1m or 1h (a plain number is ms)",
+    [F_US] = "a duration such as 500us, 250ms, 2s, 1m or 1h (a plain number is ms)",
+    [F_SIZE] = "a size such as 512KiB, 8MiB or 1GiB (a plain number is bytes)",
+    [F_POSITIVE] = "a number",
+    [F_NONNEG] = "a number",
+    [F_SHARE] = "a number",
+    [F_HOSTPORT] = "host:port",
+    [F_URL] = "a URL",
+    [F_URLPATH] = "a path such as /health",
+    [F_CHOICE] = "a string",
+};
+
+struct field {
+    const char *key;
+    enum kind kind;
+    size_t off, aux;   /* where the value goes in the struct being filled; aux: see enum kind */
+    uint64_t min, max; /* F_UINT, F_U64; F_MS and F_US use min only */
+    bool required;
+    bool model_wide;            /* refused in an endpoint's health: (it applies to a whole model) */
+    const struct field *sub;    /* F_SECTION */
+    const char *const *choices; /* F_CHOICE, NULL-terminated */
+};
+
+#define MAX_FIELDS 24 /* the longest table below, for parse_section's found[] */
+#define CFG(m) offsetof(struct atc_config, m)
+#define MODEL(m) offsetof(struct atc_model_config, m)
+#define EP(m) offsetof(struct atc_endpoint_config, m)
+#define SIM(m) offsetof(struct atc_simulate_config, m)
+#define HC(m) offsetof(struct atc_health_config, m)
+
+static const struct field policy_fields[] = {
+    {.key = "entry", .kind = F_PATH, .off = CFG(policy.entry)},
+    {.key = "path", .kind = F_PATHS, .off = CFG(policy.path), .aux = CFG(policy.npath)},
+    {.key = "budget", .kind = F_US, .off = CFG(policy.budget_us), .min = 1},
+    {.key = "memory", .kind = F_SIZE, .off = CFG(policy.memory)},
+    {.key = "jit", .kind = F_BOOL, .off = CFG(policy.jit)},
+    {.key = "rollback_after", .kind = F_UINT, .off = CFG(policy.rollback_after), .max = 1000000},
+    {.key = "watch", .kind = F_BOOL, .off = CFG(policy.watch)},
+    {.key = NULL},
+};
+
+static const struct field upstream_fields[] = {
+    {.key = "connect_timeout", .kind = F_MS, .off = CFG(upstream.connect_timeout_ms), .min = 1},
+    {.key = "first_byte_timeout", .kind = F_MS, .off = CFG(upstream.first_byte_timeout_ms), .min = 1},
+    {.key = "idle_timeout", .kind = F_MS, .off = CFG(upstream.idle_timeout_ms), .min = 1},
+    {.key = "tries", .kind = F_UINT, .off = CFG(upstream.tries), .min = 1, .max = 100},
+    {.key = "keepalive", .kind = F_UINT, .off = CFG(upstream.keepalive), .max = 100000},
+    {.key = NULL},
+};
+
+/* health: the same table at the top level, under a model and under an endpoint (parse_health). */
+#define CHECK_FIELDS(c)                                                                                      \
+    {.key = "enabled", .kind = F_BOOL, .off = HC(c.enabled)},                                                \
+        {.key = "path", .kind = F_URLPATH, .off = HC(c.path)},                                               \
+        {.key = "interval", .kind = F_MS, .off = HC(c.interval_ms), .min = 1},                               \
+        {.key = "timeout", .kind = F_MS, .off = HC(c.timeout_ms), .min = 1},
+
+static const struct field live_fields[] = {CHECK_FIELDS(live){.key = NULL}};
+static const struct field ready_fields[] = {CHECK_FIELDS(ready){.key = NULL}};
+static const struct field deep_fields[] = {CHECK_FIELDS(deep){.key = NULL}};
+static const struct field scrape_fields[] = {CHECK_FIELDS(scrape){.key = NULL}};
+
+static const struct field eject_fields[] = {
+    {.key = "consecutive_errors", .kind = F_UINT, .off = HC(eject.consecutive_errors), .max = 1000},
+    {.key = "base_time", .kind = F_MS, .off = HC(eject.base_time_ms), .min = 1},
+    {.key = "max_time", .kind = F_MS, .off = HC(eject.max_time_ms), .min = 1},
+    {.key = "max_share", .kind = F_SHARE, .off = HC(eject.max_share), .model_wide = true},
+    {.key = NULL},
+};
+
+static const char *const panic_modes[] = {"route_all", "fail", NULL};
+
+static const struct field health_fields[] = {
+    {.key = "enabled", .kind = F_BOOL, .off = HC(enabled)},
+    {.key = "live", .kind = F_SECTION, .sub = live_fields},
+    {.key = "ready", .kind = F_SECTION, .sub = ready_fields},
+    {.key = "deep", .kind = F_SECTION, .sub = deep_fields},
+    {.key = "scrape", .kind = F_SECTION, .sub = scrape_fields},
+    {.key = "failure_threshold", .kind = F_UINT, .off = HC(failure_threshold), .min = 1, .max = 100},
+    {.key = "recovery_threshold", .kind = F_UINT, .off = HC(recovery_threshold), .min = 1, .max = 100},
+    {.key = "fast_interval", .kind = F_MS, .off = HC(fast_interval_ms), .min = 1},
+    {.key = "down_interval", .kind = F_MS, .off = HC(down_interval_ms), .min = 1},
+    {.key = "jitter", .kind = F_SHARE, .off = HC(jitter)},
+    {.key = "eject", .kind = F_SECTION, .sub = eject_fields},
+    {.key = "panic", .kind = F_CHOICE, .off = HC(panic), .choices = panic_modes, .model_wide = true},
+    {.key = "slow_start", .kind = F_MS, .off = HC(slow_start_ms)},
+    {.key = NULL},
+};
+
+static const struct field record_fields[] = {
+    {.key = "dir", .kind = F_PATH, .off = CFG(record.dir)},
+    {.key = "prefix", .kind = F_STR, .off = CFG(record.prefix)},
+    {.key = "rotate_size", .kind = F_SIZE, .off = CFG(record.rotate_size)},
+    {.key = "rotate_interval", .kind = F_MS, .off = CFG(record.rotate_interval_ms), .min = 1},
+    {.key = "text", .kind = F_BOOL, .off = CFG(record.text)},
+    {.key = "buffer", .kind = F_SIZE, .off = CFG(record.buffer)},
+    {.key = "sample", .kind = F_SHARE, .off = CFG(record.sample)},
+    {.key = NULL},
+};
+
+static const struct field admission_fields[] = {
+    {.key = "queue", .kind = F_UINT, .off = CFG(admission.queue), .max = 1000000},
+    {.key = "deadline", .kind = F_MS, .off = CFG(admission.deadline_ms), .min = 1},
+    {.key = "max_deadline", .kind = F_MS, .off = CFG(admission.max_deadline_ms), .min = 1},
+    {.key = "aging", .kind = F_MS, .off = CFG(admission.aging_ms)},
+    {.key = "tenant_weights", .kind = F_WEIGHTS, .off = CFG(admission.tenant_weights)},
+    {.key = NULL},
+};
+
+static const struct field root_fields[] = {
+    {.key = "listen", .kind = F_HOSTPORT, .off = CFG(listen_host), .aux = CFG(listen_port)},
+    {.key = "admin", .kind = F_HOSTPORT, .off = CFG(admin_host), .aux = CFG(admin_port)},
+    {.key = "policy", .kind = F_SECTION, .sub = policy_fields},
+    {.key = "upstream", .kind = F_SECTION, .sub = upstream_fields},
+    {.key = "admission", .kind = F_SECTION, .sub = admission_fields},
+    {.key = "max_body", .kind = F_SIZE, .off = CFG(max_body)},
+    {.key = "drain_timeout", .kind = F_MS, .off = CFG(drain_timeout_ms)},
+    {.key = "access_log", .kind = F_STR, .off = CFG(access_log)},
+    {.key = "admin_token", .kind = F_STR, .off = CFG(admin_token)},
+    {.key = "client_timeout", .kind = F_MS, .off = CFG(client_timeout_ms), .min = 1},
+    {.key = "workers", .kind = F_UINT, .off = CFG(workers), .min = 1, .max = ATC_MAX_WORKERS},
+    {.key = "health", .kind = F_NODE},
+    {.key = "models", .kind = F_NODE},
+    {.key = "simulate", .kind = F_NODE},
+    {.key = "record", .kind = F_NODE},
+    {.key = NULL},
+};
+
+static const struct field model_fields[] = {
+    {.key = "name", .kind = F_STR, .off = MODEL(name), .required = true},
+    {.key = "endpoints", .kind = F_NODE},
+    {.key = "health", .kind = F_NODE},
+    {.key = NULL},
+};
+
+static const struct field endpoint_fields[] = {
+    {.key = "id", .kind = F_STR, .off = EP(id), .required = true},
+    {.key = "url", .kind = F_URL, .required = true},
+    {.key = "capacity", .kind = F_UINT, .off = EP(capacity), .min = 1, .max = CAPACITY_MAX},
+    {.key = "weight", .kind = F_UINT, .off = EP(weight), .min = 1, .max = WEIGHT_MAX},
+    {.key = "token_budget", .kind = F_U64, .off = EP(token_budget), .max = UINT64_MAX},
+    {.key = "max_server_queue", .kind = F_UINT, .off = EP(max_server_queue), .max = 1000000},
+    {.key = "version", .kind = F_OPTSTR, .off = EP(version)},
+    {.key = "tags", .kind = F_STRS, .off = EP(tags), .aux = EP(ntags)},
+    {.key = "health", .kind = F_NODE},
+    {.key = NULL},
+};
+
+static const struct field simulate_fields[] = {
+    {.key = "model", .kind = F_STR, .off = SIM(params.model), .required = true},
+    {.key = "count", .kind = F_UINT, .off = SIM(count), .min = 1, .max = SIMULATE_COUNT_MAX},
+    {.key = "capacity", .kind = F_UINT, .off = SIM(capacity), .min = 1, .max = CAPACITY_MAX},
+    {.key = "max_seqs", .kind = F_UINT, .off = SIM(params.max_seqs), .min = 1, .max = CAPACITY_MAX},
+    {.key = "prefill_tps", .kind = F_POSITIVE, .off = SIM(params.prefill_tps)},
+    {.key = "decode_ms", .kind = F_NONNEG, .off = SIM(params.decode_ms)},
+    {.key = "kv_blocks", .kind = F_UINT, .off = SIM(params.kv_blocks), .min = 1, .max = UINT_MAX},
+    {.key = "error_rate", .kind = F_SHARE, .off = SIM(params.error_rate)},
+    {.key = "hang_rate", .kind = F_SHARE, .off = SIM(params.hang_rate)},
+    {.key = "not_ready_for", .kind = F_MS, .off = SIM(params.not_ready_for_ms)},
+    {.key = "die_after", .kind = F_UINT, .off = SIM(params.die_after), .max = UINT_MAX},
+    {.key = "seed", .kind = F_U64, .off = SIM(params.seed), .max = UINT64_MAX},
+    {.key = "decode_batch_factor", .kind = F_POSITIVE, .off = SIM(params.decode_batch_factor)},
+    {.key = "decode_batch_sat",
+     .kind = F_UINT,
+     .off = SIM(params.decode_batch_sat),
+     .min = 1,
+     .max = CAPACITY_MAX},
+    {.key = "max_batched_tokens",
+     .kind = F_UINT,
+     .off = SIM(params.max_batched_tokens),
+     .min = 1,
+     .max = UINT_MAX},
+    {.key = "output_min", .kind = F_UINT, .off = SIM(params.output_min), .min = 1, .max = UINT_MAX},
+    {.key = "output_max", .kind = F_UINT, .off = SIM(params.output_max), .min = 1, .max = UINT_MAX},
+    {.key = NULL},
+};
+
+/* ---- walking the document ---- */
+
+static const char *keyf(char *buf, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Builds a key path for a message into a KEY_MAX buffer (cut if longer). */
+static const char *keyf(char *buf, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(buf, KEY_MAX, fmt, ap);
+    va_end(ap);
+    return buf;
+}
+
+/* The text of a scalar; NULL after reporting when @p n is something else. */
+static const char *scalar(struct parse *p, const yaml_node_t *n, const char *key, const char *what)
+{
+    char d[64];
+
+    if (n->type != YAML_SCALAR_NODE || is_null(n)) {
+        report(p, n->start_mark, key, "expected %s, got %s", what, describe(n, d, sizeof d));
+        return NULL;
+    }
+    if (strlen((const char *)n->data.scalar.value) != n->data.scalar.length) {
+        report(p, n->start_mark, key, "contains a NUL character");
+        return NULL;
+    }
+    return (const char *)n->data.scalar.value;
+}
+
+static bool map_next(struct parse *p, struct map_iter *it)
+{
+    char d[64];
+
+    for (; it->map && it->pair < it->map->data.mapping.pairs.top; it->pair++) {
+        yaml_node_t *k = node(p, it->pair->key);
+        const char *key;
+        yaml_node_pair_t *q;
+
+        if (k->type != YAML_SCALAR_NODE) {
+            report(p, k->start_mark, it->prefix, "expected a plain key, got %s", describe(k, d, sizeof d));
+            continue;
+        }
+        key = (const char *)k->data.scalar.value;
+        snprintf(it->path, sizeof it->path, "%s%s%s", it->prefix, *it->prefix ? "." : "", key);
+        for (q = it->map->data.mapping.pairs.start; q < it->pair; q++) {
+            yaml_node_t *first = node(p, q->key);
+            if (first->type == YAML_SCALAR_NODE && !strcmp((const char *)first->data.scalar.value, key))
+                break;
+        }
+        if (q < it->pair) {
+            yaml_mark_t m = node(p, q->key)->start_mark;
+            report(p, k->start_mark, it->path, "duplicate key (first at %zu:%zu)", m.line + 1, m.column + 1);
+            continue;
+        }
+        it->key = key;
+        it->keynode = k;
+        it->value = node(p, it->pair->value);
+        it->pair++;
+        return true;
+    }
+    return false;
+}
+
+/* One zeroed element per item of list @p n (nothing is an empty list). Elements keep their YAML index, so
+ * models[i] in a message is cfg->models[i]; an item that is not a mapping stays zeroed, and the parse fails
+ * anyway. */
+static void *alloc_items(struct parse *p, const yaml_node_t *n, const char *key, size_t size, size_t *count,
+                         yaml_node_item_t **items)
+{
+    void *v = NULL;
+    char d[64];
+
+    *count = 0;
+    if (n->type != YAML_SEQUENCE_NODE) {
+        if (!is_null(n))
+            report(p, n->start_mark, key, "expected a list, got %s", describe(n, d, sizeof d));
+        return NULL;
+    }
+    *items = n->data.sequence.items.start;
+    if ((*count = (size_t)(n->data.sequence.items.top - *items)) > 0 && !(v = calloc(*count, size))) {
+        p->oom = true;
+        *count = 0;
+    }
+    return v;
+}
+
+static int parse_u64(const char *s, uint64_t *out)
+{
+    char *end;
+
+    errno = 0;
+    *out = strtoull(s, &end, 10);
+    return !isdigit((unsigned char)*s) || *end || errno ? -1 : 0;
+}
+
+static int parse_real(const char *s, double *out)
+{
+    char *end;
+
+    errno = 0;
+    *out = strtod(s, &end);
+    return end == s || *end || errno || !isfinite(*out) || isspace((unsigned char)*s) ? -1 : 0;
+}
+
+/* Stores @p s (owned) at *at, or records that memory ran out. */
+static void set_str(struct parse *p, char **at, char *s)
+{
+    if (!s) {
+        p->oom = true;
+        return;
+    }
+    free(*at);
+    *at = s;
+}
+
+static bool is_true(const char *s)
+{
+    return !strcasecmp(s, "true") || !strcasecmp(s, "yes") || !strcasecmp(s, "on");
+}
+
+static bool is_false(const char *s)
+{
+    return !strcasecmp(s, "false") || !strcasecmp(s, "no") || !strcasecmp(s, "off");
+}
+
+/* Checks @p s as @p f's kind and stores it at base + f->off. Returns NULL, what is wrong with it, or ""
+ * when it is not of that kind at all. */
+static const char *set_value(struct parse *p, const struct field *f, const char *s, void *base, char *buf,
+                             size_t size)
+{
+    char *at = (char *)base + f->off, *host;
+    struct atc_endpoint_config *ep = base;
+    const char *why;
+    uint64_t u;
+    double x;
+    size_t bytes;
+
+    switch (f->kind) {
+    case F_STR:
+    case F_OPTSTR:
+    case F_PATH:
+        if (!*s)
+            return "must not be empty";
+        set_str(p, (char **)at, f->kind == F_PATH ? resolve(p->cfg->dir, s) : strdup(s));
+        return NULL;
+    case F_BOOL:
+        if (!is_true(s) && !is_false(s))
+            return "";
+        *(bool *)at = is_true(s);
+        return NULL;
+    case F_UINT:
+    case F_U64:
+        if (parse_u64(s, &u) < 0)
+            return "";
+        if (u < f->min && f->min == 1)
+            return "must be greater than 0";
+        if (u < f->min || u > f->max) {
+            snprintf(buf, size, "must be from %" PRIu64 " to %" PRIu64, f->min, f->max);
+            return buf;
+        }
+        if (f->kind == F_UINT)
+            *(unsigned *)at = (unsigned)u;
+        else
+            *(uint64_t *)at = u;
+        return NULL;
+    case F_MS:
+    case F_US:
+        if (atc_parse_duration_us(s, &u) < 0)
+            return "";
+        if (u == 0 && f->min)
+            return "must be greater than 0";
+        *(uint64_t *)at = f->kind == F_US ? u : u / 1000 + (u % 1000 != 0);
+        return NULL;
+    case F_SIZE:
+        if (atc_parse_size(s, &bytes) < 0)
+            return "";
+        if (bytes == 0)
+            return "must be greater than 0";
+        *(size_t *)at = bytes;
+        return NULL;
+    case F_POSITIVE:
+    case F_NONNEG:
+    case F_SHARE:
+        if (parse_real(s, &x) < 0)
+            return "";
+        if (f->kind == F_POSITIVE && !(x > 0))
+            return "must be greater than 0";
+        if (f->kind == F_NONNEG && x < 0)
+            return "must not be negative";
+        if (f->kind == F_SHARE && (x < 0 || x > 1))
+            return "must be between 0 and 1";
+        *(double *)at = x;
+        return NULL;
+    case F_HOSTPORT:
+        /* port 0 is fine here: listen/admin on "pick a free port" (tests, several instances) */
+        if ((why = parse_hostport(s, &host, (uint16_t *)((char *)base + f->aux))))
+            return why;
+        set_str(p, (char **)at, host);
+        return NULL;
+    case F_URLPATH:
+        if (s[0] != '/')
+            return "must start with '/'";
+        for (const char *c = s; *c; c++)
+            if (*c <= ' ' || *c == 0x7f)
+                return "must not contain spaces or control characters";
+        set_str(p, (char **)at, strdup(s));
+        return NULL;
+    case F_CHOICE: {
+        size_t o = 0;
+        for (u = 0; f->choices[u]; u++) {
+            if (!strcmp(s, f->choices[u])) {
+                *(unsigned *)at = (unsigned)u;
+                return NULL;
+            }
+            o += (size_t)snprintf(buf + o, size > o ? size - o : 0, "%s%s",
+                                  u ? ", " : "must be one of: ", f->choices[u]);
+        }
+        return buf;
+    }
+    case F_URL:
+        if ((why = parse_url(s, &host, &ep->port)))
+            return why;
+        set_str(p, &ep->host, host);
+        set_str(p, &ep->url, strdup(s));
+        return NULL;
+    default:
+        return NULL;
+    }
+}
+
+static int get_list(struct parse *p, const struct field *f, const yaml_node_t *n, const char *key,
+                    void *base);
+static int get_weights(struct parse *p, const struct field *f, yaml_node_t *n, const char *key, void *base);
+
+/* Reads one value into base + f->off, or reports why not at the value's position and returns -1. */
+static int get_field(struct parse *p, const struct field *f, const yaml_node_t *n, const char *key,
+                     void *base)
+{
+    char buf[256], d[64];
+    const char *s, *why;
+
+    if (f->kind == F_STRS || f->kind == F_PATHS)
+        return get_list(p, f, n, key, base);
+    if (f->kind == F_WEIGHTS)
+        return get_weights(p, f, (yaml_node_t *)n, key, base);
+    if (f->kind == F_OPTSTR && is_null(n))
+        return 0;
+    if (!(s = scalar(p, n, key, expected[f->kind])))
+        return -1;
+    if (!(why = set_value(p, f, s, base, buf, sizeof buf)))
+        return 0;
+    describe(n, d, sizeof d);
+    if (*why)
+        report(p, n->start_mark, key, "%s (got %s)", why, d);
+    else if (s[0] == '-' && f->kind != F_BOOL) /* the common mistake with numbers gets its own message */
+        report(p, n->start_mark, key, "must not be negative (got %s)", d);
+    else
+        report(p, n->start_mark, key, "expected %s, got %s", expected[f->kind], d);
+    return -1;
+}
+
+static int get_list(struct parse *p, const struct field *f, const yaml_node_t *n, const char *key, void *base)
+{
+    char ***out = (char ***)((char *)base + f->off), k[KEY_MAX];
+    size_t *nout = (size_t *)((char *)base + f->aux), count;
+    const struct field item = {.kind = f->kind == F_PATHS ? F_PATH : F_STR};
+    yaml_node_item_t *items;
+    int rc = 0;
+
+    *out = alloc_items(p, n, key, sizeof **out, &count, &items);
+    for (size_t i = 0; i < count; i++) {
+        if (get_field(p, &item, node(p, items[i]), keyf(k, "%s[%zu]", key, i), &(*out)[*nout]) == 0)
+            (*nout)++;
+        else
+            rc = -1;
+    }
+    return rc;
+}
+
+/* {gold: 4, free: 1}: names with their weights. */
+static int get_weights(struct parse *p, const struct field *f, yaml_node_t *n, const char *key, void *base)
+{
+    struct atc_weights *w = (struct atc_weights *)((char *)base + f->off);
+    struct map_iter it = {.prefix = key};
+    const struct field weight = {.kind = F_UINT, .min = 1, .max = 1000000};
+    char d[64];
+    int rc = 0;
+
+    if (is_null(n))
+        return 0;
+    if (n->type != YAML_MAPPING_NODE) {
+        report(p, n->start_mark, key, "expected a mapping of names to weights, got %s",
+               describe(n, d, sizeof d));
+        return -1;
+    }
+    size_t cap = (size_t)(n->data.mapping.pairs.top - n->data.mapping.pairs.start);
+    w->names = calloc(cap ? cap : 1, sizeof *w->names);
+    w->weights = calloc(cap ? cap : 1, sizeof *w->weights);
+    if (!w->names || !w->weights) {
+        p->oom = true;
+        return -1;
+    }
+    it.map = n;
+    it.pair = n->data.mapping.pairs.start;
+    while (map_next(p, &it)) {
+        if (get_field(p, &weight, it.value, it.path, &w->weights[w->n]) < 0) {
+            rc = -1;
+            continue;
+        }
+        if (!(w->names[w->n] = strdup(it.key)))
+            p->oom = true;
+        else
+            w->n++;
+    }
+    return rc;
+}
+
+static void unknown_key(struct parse *p, const struct map_iter *it, const struct field *fields)
+{
+    char list[256];
+    size_t o = 0;
+
+    list[0] = '\0';
+    for (; fields->key && o < sizeof list; fields++)
+        o += (size_t)snprintf(list + o, sizeof list - o, "%s%s", o ? ", " : "", fields->key);
+    report(p, it->keynode->start_mark, it->prefix, "unknown key '%s' (expected one of: %s)", it->key, list);
+}
+
+/* Fills @p base from mapping @p n as @p fields describe; nothing (null) is an empty mapping when @p null_ok.
+ * found[i] (if given, MAX_FIELDS long) receives the value node of fields[i] when the key is present.
+ * Returns -1 when @p n is not a mapping. */
+static int parse_section(struct parse *p, yaml_node_t *n, const char *key, bool null_ok,
+                         const struct field *fields, void *base, yaml_node_t **found)
+{
+    yaml_node_t *seen[MAX_FIELDS] = {0};
+    struct map_iter it = {.prefix = key};
+    const struct field *f;
+    char d[64];
+
+    if (n->type != YAML_MAPPING_NODE) {
+        if (null_ok && is_null(n))
+            return 0;
+        report(p, n->start_mark, key, "expected a mapping, got %s", describe(n, d, sizeof d));
+        return -1;
+    }
+    it.map = n;
+    it.pair = n->data.mapping.pairs.start;
+    while (map_next(p, &it)) {
+        for (f = fields; f->key && strcmp(f->key, it.key); f++)
+            ;
+        if (!f->key) {
+            unknown_key(p, &it, fields);
+            continue;
+        }
+        if (f->model_wide && p->endpoint_level) {
+            report(p, it.keynode->start_mark, it.path,
+                   "applies to a whole model: set it in the model's or the top-level health section");
+            continue;
+        }
+        seen[f - fields] = it.value;
+        if (f->kind == F_SECTION)
+            parse_section(p, it.value, it.path, true, f->sub, base, NULL);
+        else if (f->kind != F_NODE)
+            get_field(p, f, it.value, it.path, base);
+    }
+    for (f = fields; f->key; f++) {
+        if (f->required && !seen[f - fields])
+            report(p, n->start_mark, key, "missing '%s'", f->key);
+    }
+    if (found)
+        memcpy(found, seen, sizeof seen);
+    return 0;
+}
+
+static yaml_node_t *lookup(const struct field *fields, yaml_node_t *const *found, const char *key)
+{
+    for (size_t i = 0; fields[i].key; i++) {
+        if (!strcmp(fields[i].key, key))
+            return found[i];
+    }
+    return NULL;
+}
+
+/* Remembers @p name, or reports it as a duplicate of an earlier one. */
+static void check_unique(struct parse *p, struct seen_list *l, const char *name, const yaml_node_t *n,
+                         const char *key, const char *what)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        if (!strcmp(l->v[i].name, name)) {
+            report(p, n->start_mark, key, "duplicate %s '%s' (first declared at %zu:%zu)", what, name,
+                   l->v[i].mark.line + 1, l->v[i].mark.column + 1);
+            return;
+        }
+    }
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 16;
+        void *v = realloc(l->v, cap * sizeof *l->v);
+        if (!v) {
+            p->oom = true;
+            return;
+        }
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n].name = name;
+    l->v[l->n].mark = n->start_mark;
+    l->n++;
+}
+
+static void health_dispose(struct atc_health_config *h)
+{
+    free(h->live.path);
+    free(h->ready.path);
+    free(h->deep.path);
+    free(h->scrape.path);
+}
+
+/* *dst = *src with its own copies of the strings. */
+static void health_copy(struct parse *p, struct atc_health_config *dst, const struct atc_health_config *src)
+{
+    *dst = *src;
+    dst->live.path = dst->ready.path = dst->deep.path = dst->scrape.path = NULL;
+    if ((src->live.path && !(dst->live.path = strdup(src->live.path))) ||
+        (src->ready.path && !(dst->ready.path = strdup(src->ready.path))) ||
+        (src->deep.path && !(dst->deep.path = strdup(src->deep.path))) ||
+        (src->scrape.path && !(dst->scrape.path = strdup(src->scrape.path))))
+        p->oom = true;
+}
+
+/* A health: mapping @p n over @p h, which already holds the level above's settings. */
+static void parse_health(struct parse *p, yaml_node_t *n, const char *key, struct atc_health_config *h,
+                         bool endpoint_level)
+{
+    p->endpoint_level = endpoint_level;
+    if (parse_section(p, n, key, true, health_fields, h, NULL) == 0 &&
+        h->eject.base_time_ms > h->eject.max_time_ms)
+        report(p, n->start_mark, key,
+               "eject.base_time (%" PRIu64 "ms) must not exceed eject.max_time (%" PRIu64 "ms)",
+               h->eject.base_time_ms, h->eject.max_time_ms);
+    p->endpoint_level = false;
+}
+
+static void parse_endpoint(struct parse *p, yaml_node_t *n, const char *key, struct atc_endpoint_config *ep,
+                           const char *model, const struct atc_health_config *model_health)
+{
+    yaml_node_t *found[MAX_FIELDS];
+    char k[KEY_MAX];
+
+    ep->capacity = 64;
+    ep->weight = 1;
+    health_copy(p, &ep->health, model_health);
+    if (parse_section(p, n, key, false, endpoint_fields, ep, found) < 0)
+        return;
+    if (lookup(endpoint_fields, found, "health"))
+        parse_health(p, lookup(endpoint_fields, found, "health"), keyf(k, "%s.health", key), &ep->health,
+                     true);
+    if (ep->id)
+        check_unique(p, &p->ids, ep->id, lookup(endpoint_fields, found, "id"), keyf(k, "%s.id", key),
+                     "endpoint id");
+    if (model && !(ep->model = strdup(model)))
+        p->oom = true;
+}
+
+static void parse_model(struct parse *p, yaml_node_t *n, const char *key, struct atc_model_config *m)
+{
+    yaml_node_t *found[MAX_FIELDS], *eps, *health;
+    yaml_node_item_t *items;
+    char k[KEY_MAX];
+
+    health_copy(p, &m->health, &p->cfg->health);
+    if (parse_section(p, n, key, false, model_fields, m, found) < 0)
+        return;
+    if ((health = lookup(model_fields, found, "health")))
+        parse_health(p, health, keyf(k, "%s.health", key), &m->health, false);
+    if (m->name)
+        check_unique(p, &p->models, m->name, lookup(model_fields, found, "name"), keyf(k, "%s.name", key),
+                     "model");
+    if (!(eps = lookup(model_fields, found, "endpoints")))
+        return;
+    m->endpoints =
+        alloc_items(p, eps, keyf(k, "%s.endpoints", key), sizeof *m->endpoints, &m->nendpoints, &items);
+    for (size_t i = 0; i < m->nendpoints; i++)
+        parse_endpoint(p, node(p, items[i]), keyf(k, "%s.endpoints[%zu]", key, i), &m->endpoints[i], m->name,
+                       &m->health);
+}
+
+static bool is_declared(const struct atc_config *cfg, const char *model)
+{
+    for (size_t i = 0; i < cfg->nmodels; i++) {
+        if (cfg->models[i].name && !strcmp(cfg->models[i].name, model))
+            return true;
+    }
+    return false;
+}
+
+static bool is_simulated(const struct atc_config *cfg, const char *model)
+{
+    for (size_t i = 0; i < cfg->nsimulate; i++) {
+        if (cfg->simulate[i].params.model && !strcmp(cfg->simulate[i].params.model, model))
+            return true;
+    }
+    return false;
+}
+
+static void parse_simulate(struct parse *p, yaml_node_t *n, const char *key, struct atc_simulate_config *s)
+{
+    yaml_node_t *found[MAX_FIELDS];
+    char k[KEY_MAX];
+
+    atc_sim_params_init(&s->params);
+    /* The entry must name its model; the library default would hide a missing one. */
+    free(s->params.model);
+    s->params.model = NULL;
+    s->count = 1;
+    if (parse_section(p, n, key, false, simulate_fields, s, found) < 0)
+        return;
+    if (!lookup(simulate_fields, found, "capacity"))
+        s->capacity = s->params.max_seqs;
+    if (s->params.model && !is_declared(p->cfg, s->params.model))
+        report(p, lookup(simulate_fields, found, "model")->start_mark, keyf(k, "%s.model", key),
+               "no model named '%s' is declared under 'models'", s->params.model);
+}
+
+/* record: (trace recording); its file name prefix becomes part of paths, so it is checked here. */
+static void parse_record(struct parse *p, yaml_node_t *n)
+{
+    yaml_node_t *found[MAX_FIELDS], *prefix;
+
+    p->cfg->record.enabled = true;
+    if (parse_section(p, n, "record", true, record_fields, p->cfg, found) < 0)
+        return;
+    prefix = lookup(record_fields, found, "prefix");
+    if (prefix && p->cfg->record.prefix &&
+        strspn(p->cfg->record.prefix, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") !=
+            strlen(p->cfg->record.prefix))
+        report(p, prefix->start_mark, "record.prefix", "only letters, digits, '.', '_' and '-' may name files");
+}
+
+static void parse_root(struct parse *p, yaml_node_t *root)
+{
+    struct atc_config *cfg = p->cfg;
+    yaml_node_t *found[MAX_FIELDS], *models, *simulate, *admin, *health;
+    yaml_node_item_t *items;
+    char k[KEY_MAX];
+
+    if (parse_section(p, root, "", false, root_fields, cfg, found) < 0)
+        return;
+    cfg->policy.enabled = lookup(root_fields, found, "policy") != NULL;
+    if (lookup(root_fields, found, "record"))
+        parse_record(p, lookup(root_fields, found, "record"));
+    /* One address for both would only fail at bind time; say so now, at whichever of them the file sets. */
+    admin = lookup(root_fields, found, "admin");
+    if (cfg->admin_port != 0 && cfg->admin_port == cfg->listen_port &&
+        !strcmp(cfg->admin_host, cfg->listen_host))
+        report(p, (admin ? admin : lookup(root_fields, found, "listen"))->start_mark,
+               admin ? "admin" : "listen", "must differ from '%s'", admin ? "listen" : "admin");
+
+    /* Models start from the top-level health settings, so those are read first. */
+    if ((health = lookup(root_fields, found, "health")))
+        parse_health(p, health, "health", &cfg->health, false);
+
+    /* simulate: names models, so it is read after them whatever their order in the file. */
+    models = lookup(root_fields, found, "models");
+    if (!models || is_null(models) ||
+        (models->type == YAML_SEQUENCE_NODE &&
+         models->data.sequence.items.top == models->data.sequence.items.start))
+        report(p, (models ? models : root)->start_mark, "models", "at least one model is required");
+    else
+        cfg->models = alloc_items(p, models, "models", sizeof *cfg->models, &cfg->nmodels, &items);
+    for (size_t i = 0; i < cfg->nmodels; i++)
+        parse_model(p, node(p, items[i]), keyf(k, "models[%zu]", i), &cfg->models[i]);
+    if ((simulate = lookup(root_fields, found, "simulate")))
+        cfg->simulate = alloc_items(p, simulate, "simulate", sizeof *cfg->simulate, &cfg->nsimulate, &items);
+    for (size_t i = 0; i < cfg->nsimulate; i++)
+        parse_simulate(p, node(p, items[i]), keyf(k, "simulate[%zu]", i), &cfg->simulate[i]);
+
+    /* Each model needs somewhere to send requests: its own endpoints or simulated ones. */
+    for (size_t i = 0; i < cfg->nmodels; i++) {
+        const char *name = cfg->models[i].name;
+        if (name && cfg->models[i].nendpoints == 0 && !is_simulated(cfg, name))
+            report(p, node(p, models->data.sequence.items.start[i])->start_mark, keyf(k, "models[%zu]", i),
+                   "model '%s' has no endpoints and no simulate entry provides any", name);
+    }
+}
+
+static struct atc_config *config_new(const char *name, const char *dir)
+{
+    struct atc_config *cfg = calloc(1, sizeof *cfg);
+
+    if (!cfg)
+        return NULL;
+    cfg->path = strdup(name);
+    cfg->dir = strdup(dir && *dir ? dir : ".");
+    cfg->listen_host = strdup("127.0.0.1");
+    cfg->listen_port = 8080;
+    cfg->admin_host = strdup("127.0.0.1");
+    cfg->admin_port = 8081;
+    cfg->policy.entry = cfg->dir ? resolve(cfg->dir, "scripts/policy.lua") : NULL;
+    cfg->policy.budget_us = 1000;
+    cfg->policy.memory = (size_t)64 << 20;
+    cfg->policy.rollback_after = 20;
+    cfg->admission.queue = 1024;
+    cfg->admission.deadline_ms = 30000;
+    cfg->admission.max_deadline_ms = 120000;
+    cfg->admission.aging_ms = 10000;
+    cfg->policy.watch = true;
+    cfg->upstream.connect_timeout_ms = 2000;
+    cfg->upstream.first_byte_timeout_ms = 60000;
+    cfg->upstream.idle_timeout_ms = 60000;
+    cfg->upstream.tries = 2;
+    cfg->upstream.keepalive = 32;
+    cfg->record.dir = cfg->dir ? resolve(cfg->dir, "traces") : NULL;
+    cfg->record.prefix = strdup("atc");
+    cfg->record.rotate_size = (size_t)256 << 20;
+    cfg->record.rotate_interval_ms = 3600 * 1000;
+    cfg->record.buffer = (size_t)8 << 20;
+    cfg->record.sample = 1;
+    cfg->max_body = (size_t)8 << 20;
+    cfg->drain_timeout_ms = 10000;
+    cfg->client_timeout_ms = 30000;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    cfg->workers = cores < 1 ? 1 : cores > ATC_MAX_WORKERS ? ATC_MAX_WORKERS : (unsigned)cores;
+    cfg->health = (struct atc_health_config){
+        .enabled = true,
+        .live = {.enabled = true, .path = strdup("/health"), .interval_ms = 2000, .timeout_ms = 1000},
+        .ready = {.enabled = true, .path = strdup("/v1/models"), .interval_ms = 2000, .timeout_ms = 1000},
+        .deep = {.enabled = true,
+                 .path = strdup("/v1/chat/completions"),
+                 .interval_ms = 60000,
+                 .timeout_ms = 30000},
+        .scrape = {.enabled = true, .path = strdup("/metrics"), .interval_ms = 1000, .timeout_ms = 1000},
+        .failure_threshold = 3,
+        .recovery_threshold = 2,
+        .fast_interval_ms = 500,
+        .down_interval_ms = 2000,
+        .jitter = 0.1,
+        .eject = {.consecutive_errors = 5, .base_time_ms = 30000, .max_time_ms = 300000, .max_share = 0.5},
+        .panic = ATC_PANIC_ROUTE_ALL,
+        .slow_start_ms = 10000,
+    };
+    if (!cfg->health.live.path || !cfg->health.ready.path || !cfg->health.deep.path ||
+        !cfg->health.scrape.path || !cfg->path || !cfg->dir || !cfg->listen_host || !cfg->admin_host ||
+        !cfg->policy.entry || !cfg->record.dir || !cfg->record.prefix) {
+        atc_config_free(cfg);
+        return NULL;
+    }
+    return cfg;
+}
+
+static void syntax_error(struct parse *p, const yaml_parser_t *y)
+{
+    if (y->error == YAML_MEMORY_ERROR) {
+        p->oom = true;
+        return;
+    }
+    if (y->context)
+        report(p, y->problem_mark, NULL, "YAML syntax error: %s (%s at %zu:%zu)",
+               y->problem ? y->problem : "unexpected input", y->context, y->context_mark.line + 1,
+               y->context_mark.column + 1);
+    else
+        report(p, y->problem_mark, NULL, "YAML syntax error: %s",
+               y->problem ? y->problem : "unreadable input");
+}
+
+static int by_position(const void *a, const void *b)
+{
+    const struct error *x = a, *y = b;
+
+    if (x->line != y->line)
+        return x->line < y->line ? -1 : 1;
+    if (x->col != y->col)
+        return x->col < y->col ? -1 : 1;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* Hands over the config, or joins the sorted errors into one owned string and frees the config. */
+static int finish(struct parse *p, struct atc_config **out, char **errors)
+{
+    size_t total = 1, o = 0;
+    char *all;
+
+    if (p->oom)
+        push_error(p, SIZE_MAX, 0, format("%s: out of memory", p->name));
+    if (p->nerrors == 0 && !p->oom) {
+        *out = p->cfg;
+        return 0;
+    }
+    qsort(p->errors, p->nerrors, sizeof *p->errors, by_position);
+    for (size_t i = 0; i < p->nerrors; i++)
+        total += strlen(p->errors[i].text) + 1;
+    if ((all = malloc(total)))
+        all[0] = '\0';
+    for (size_t i = 0; i < p->nerrors; i++) {
+        if (all)
+            o += (size_t)snprintf(all + o, total - o, "%s%s", i ? "\n" : "", p->errors[i].text);
+        free(p->errors[i].text);
+    }
+    *errors = all;
+    atc_config_free(p->cfg);
+    p->cfg = NULL;
+    return -1;
+}
+
+static void parse_stream(struct parse *p, yaml_parser_t *parser, yaml_document_t *doc)
+{
+    yaml_node_t *root = yaml_document_get_root_node(doc);
+    yaml_document_t extra;
+
+    p->doc = doc;
+    if (!root) {
+        report(p, (yaml_mark_t){0}, NULL, "the file is empty (at least one model is required)");
+        return;
+    }
+    parse_root(p, root);
+    /* A second document is almost always a stray '---'; ignoring it would silently drop settings. */
+    if (!yaml_parser_load(parser, &extra)) {
+        syntax_error(p, parser);
+        return;
+    }
+    if ((root = yaml_document_get_root_node(&extra)))
+        report(p, root->start_mark, NULL, "only one YAML document per file is supported");
+    yaml_document_delete(&extra);
+}
+
+int atc_config_parse(const char *text, size_t len, const char *name, const char *dir, struct atc_config **out,
+                     char **errors)
+{
+    struct parse p = {.name = name ? name : "<config>"};
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    bool loaded = false;
+    int rc;
+
+    *out = NULL;
+    *errors = NULL;
+    if (!yaml_parser_initialize(&parser)) {
+        *errors = strdup("out of memory");
+        return -1;
+    }
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+    if (!(p.cfg = config_new(p.name, dir)))
+        p.oom = true;
+    else if (!(loaded = yaml_parser_load(&parser, &doc)))
+        syntax_error(&p, &parser);
+    else
+        parse_stream(&p, &parser, &doc);
+    rc = finish(&p, out, errors);
+    if (loaded)
+        yaml_document_delete(&doc);
+    yaml_parser_delete(&parser);
+    free(p.errors);
+    free(p.models.v);
+    free(p.ids.v);
+    return rc;
+}
+
+int atc_config_load(const char *path, struct atc_config **out, char **errors)
+{
+    FILE *f;
+    char *text = NULL, *dir = NULL, *slash;
+    size_t len = 0, cap = 0, n;
+    int rc = -1;
+
+    *out = NULL;
+    *errors = NULL;
+    if (!(f = fopen(path, "rb"))) {
+        *errors = format("%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    do {
+        if (cap - len < 4096) {
+            char *t = realloc(text, cap = cap ? cap * 2 : 16384);
+            if (!t) {
+                *errors = format("%s: out of memory", path);
+                goto error;
+            }
+            text = t;
+        }
+        len += n = fread(text + len, 1, cap - len, f);
+    } while (n > 0);
+    if (ferror(f)) {
+        *errors = format("%s: cannot read: %s", path, strerror(errno));
+        goto error;
+    }
+    slash = strrchr(path, '/');
+    dir = !slash ? strdup(".") : slash == path ? strdup("/") : strndup(path, (size_t)(slash - path));
+    if (!dir) {
+        *errors = format("%s: out of memory", path);
+        goto error;
+    }
+    rc = atc_config_parse(text, len, path, dir, out, errors);
+error:
+    fclose(f);
+    free(text);
+    free(dir);
+    return rc;
+}
+
+static void free_strv(char **v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
+void atc_config_free(struct atc_config *cfg)
+{
+    if (!cfg)
+        return;
+    for (size_t i = 0; i < cfg->nmodels; i++) {
+        struct atc_model_config *m = &cfg->models[i];
+        for (size_t j = 0; j < m->nendpoints; j++) {
+            struct atc_endpoint_config *ep = &m->endpoints[j];
+            free(ep->id);
+            free(ep->url);
+            free(ep->host);
+            free(ep->model);
+            free(ep->version);
+            free_strv(ep->tags, ep->ntags);
+            health_dispose(&ep->health);
+        }
+        free(m->endpoints);
+        free(m->name);
+        health_dispose(&m->health);
+    }
+    health_dispose(&cfg->health);
+    free(cfg->models);
+    for (size_t i = 0; i < cfg->nsimulate; i++)
+        atc_sim_params_dispose(&cfg->simulate[i].params);
+    free(cfg->simulate);
+    free_strv(cfg->policy.path, cfg->policy.npath);
+    free(cfg->policy.entry);
+    free(cfg->record.dir);
+    free(cfg->record.prefix);
+    free(cfg->access_log);
+    free(cfg->admin_token);
+    for (size_t i = 0; i < cfg->admission.tenant_weights.n; i++)
+        free(cfg->admission.tenant_weights.names[i]);
+    free(cfg->admission.tenant_weights.names);
+    free(cfg->admission.tenant_weights.weights);
+    free(cfg->admin_host);
+    free(cfg->listen_host);
+    free(cfg->dir);
+    free(cfg->path);
+    free(cfg);
+}

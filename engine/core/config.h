@@ -1,0 +1,172 @@
+#ifndef ATC_CONFIG_H
+#define ATC_CONFIG_H
+
+#define ATC_MAX_WORKERS 16 /* workers: at most; each holds a Lua state and a pool per endpoint */
+
+/* The YAML configuration, parsed with libyaml into plain structs. The whole file is validated before
+ * anything is applied; every error is reported as "file:line:col: message". */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sim/sim.h"
+
+/* What atc does when every endpoint of a model is out (unhealthy or ejected; not draining or starting). */
+enum atc_panic_mode {
+    ATC_PANIC_ROUTE_ALL, /* "route_all": send traffic to all of them anyway (a check may be what is wrong) */
+    ATC_PANIC_FAIL,      /* "fail": answer 503 */
+};
+
+/* One kind of active probe of an endpoint. */
+struct atc_check_config {
+    bool enabled;
+    char *path;           /* request path, starting with '/' */
+    uint64_t interval_ms; /* between the end of one probe and the start of the next, while settled up */
+    uint64_t timeout_ms;  /* the whole probe: connect, answer and body */
+};
+
+/* health: at the top level, under a model and under an endpoint; each level starts from the one above
+ * and overrides what it sets. Defaults in config.c (config_new) and in the README. */
+struct atc_health_config {
+    bool enabled;                   /* active checks (live, ready, deep) at all */
+    struct atc_check_config live;   /* is the process answering: GET /health */
+    struct atc_check_config ready;  /* can it serve the model: GET /v1/models lists it */
+    struct atc_check_config deep;   /* can it generate: a real request with max_tokens 1 */
+    struct atc_check_config scrape; /* server load: GET /metrics (Prometheus text) */
+    unsigned failure_threshold;     /* consecutive failures that turn a check's verdict to failed */
+    unsigned recovery_threshold;    /* consecutive successes that turn it back */
+    uint64_t fast_interval_ms;      /* probe interval while a verdict is changing (or not known yet) */
+    uint64_t down_interval_ms;      /* probe interval while a verdict is settled failed */
+    double jitter;                  /* each wait is drawn in interval * [1 - jitter, 1 + jitter] */
+    struct {
+        unsigned consecutive_errors; /* passive: this many failed requests in a row eject; 0 = never */
+        uint64_t base_time_ms;       /* first ejection; the n-th lasts n times as long ... */
+        uint64_t max_time_ms;        /* ... up to this */
+        double max_share;            /* model-wide: at most this share of a model's endpoints ejected */
+    } eject;
+    unsigned panic;         /* model-wide: enum atc_panic_mode */
+    uint64_t slow_start_ms; /* an endpoint back in rotation ramps up its capacity over this; 0 = off */
+};
+
+struct atc_weights {
+    char **names;
+    unsigned *weights;
+    size_t n;
+};
+
+struct atc_endpoint_config {
+    char *id;
+    char *url;        /* as written: http://host:port */
+    char *host;       /* parsed from url */
+    uint16_t port;    /* parsed from url (default 80) */
+    char *model;      /* the name of the model entry it is listed under */
+    char *version;    /* optional, NULL if absent */
+    char **tags;      /* optional */
+    size_t ntags;
+    unsigned capacity; /* max concurrent requests (default 64, must be > 0) */
+    unsigned weight;   /* default 1 */
+    struct atc_health_config health; /* the model's, overridden by this endpoint's health: */
+    uint64_t token_budget; /* max prompt + max_tokens in flight; 0 = no limit */
+    unsigned max_server_queue; /* full while its scraped queue (requests waiting) reaches this; 0 = ignore */
+};
+
+struct atc_model_config {
+    char *name;
+    struct atc_endpoint_config *endpoints; /* may be empty when simulate: provides them */
+    size_t nendpoints;
+    struct atc_health_config health; /* the top level's, overridden by this model's health: */
+};
+
+struct atc_simulate_config {
+    struct atc_sim_params params; /* params.model is the model entry it adds endpoints to */
+    unsigned count;               /* how many simulated servers (default 1) */
+    unsigned capacity;            /* capacity of each resulting endpoint (default: params.max_seqs) */
+};
+
+struct atc_config {
+    char *path;        /* the file it was read from */
+    char *dir;         /* its directory: relative paths in the file are relative to it */
+    char *listen_host; /* listen: (default 127.0.0.1:8080) */
+    uint16_t listen_port;
+    char *admin_host;  /* admin: (default 127.0.0.1:8081); port 0 means pick a free one */
+    uint16_t admin_port;
+
+    struct {
+        char *entry;      /* policy.entry, resolved against dir (default scripts/policy.lua) */
+        char **path;      /* policy.path: extra module directories, resolved against dir */
+        size_t npath;
+        uint64_t budget_us; /* policy.budget (default 1ms) */
+        size_t memory;      /* policy.memory in bytes (default 64 MiB) */
+        bool jit;           /* policy.jit (default false) */
+        bool watch;         /* policy.watch: reload when a .lua file changes (default true) */
+        bool enabled;       /* the file has a policy: section; without one the C balancer routes */
+        unsigned rollback_after; /* policy.rollback_after: consecutive failures of a new version (default 20) */
+    } policy;
+
+    struct {
+        uint64_t connect_timeout_ms;    /* upstream.connect_timeout (default 2s) */
+        uint64_t first_byte_timeout_ms; /* upstream.first_byte_timeout (default 60s) */
+        uint64_t idle_timeout_ms;       /* upstream.idle_timeout: max gap between bytes (default 60s) */
+        unsigned tries;                 /* upstream.tries: attempts per request incl. the first (default 2) */
+        unsigned keepalive;             /* upstream.keepalive: idle connections kept per endpoint (default 32) */
+    } upstream;
+
+    struct {
+        unsigned queue;           /* admission.queue: waiting requests per model (default 1024; 0: 503 at once) */
+        uint64_t deadline_ms;     /* admission.deadline: default wait (default 30s) */
+        uint64_t max_deadline_ms; /* admission.max_deadline: the most x-atc-deadline may ask (default 120s) */
+        uint64_t aging_ms;        /* admission.aging: one priority level per this much waiting (default 10s) */
+        struct atc_weights tenant_weights; /* admission.tenant_weights: {tenant: weight}, others 1 */
+    } admission;
+
+    char *admin_token;         /* admin_token: when set, the admin API needs "Authorization: Bearer <it>" */
+    char *access_log;          /* access_log: a file (relative to dir) or "stderr"; NULL = off */
+
+    struct {
+        bool enabled;       /* the file has a record: section: live traffic is written to trace files */
+        char *dir;          /* record.dir: where, resolved against dir (default traces) */
+        char *prefix;       /* record.prefix: file names start with it (default atc; [A-Za-z0-9._-]) */
+        size_t rotate_size; /* record.rotate_size: a new file past this size (default 256 MiB) */
+        uint64_t rotate_interval_ms; /* record.rotate_interval: ... or after this long (default 1h) */
+        bool text;          /* record.text: store prompt text too (default false: block hashes only) */
+        size_t buffer;      /* record.buffer: records not yet written past this are dropped (default 8 MiB) */
+        double sample;      /* record.sample: share of requests recorded, 0..1 (default 1) */
+    } record;
+
+    size_t max_body;           /* max_body: request body limit (default 8 MiB) */
+    uint64_t drain_timeout_ms; /* drain_timeout: on SIGTERM, how long in-flight requests may finish (default 10s) */
+    uint64_t client_timeout_ms; /* client_timeout: reading a request from a client (default 30s) */
+    unsigned workers;           /* workers: threads serving clients (default: one per core, at most 16) */
+
+    struct atc_health_config health; /* health: the top-level settings */
+
+    struct atc_model_config *models;
+    size_t nmodels;
+    struct atc_simulate_config *simulate;
+    size_t nsimulate;
+};
+
+/** Reads and validates @p path. Returns 0 and an owned config in *out, or -1 and an owned,
+ * newline-separated list of every error ("file:line:col: message") in *errors. */
+int atc_config_load(const char *path, struct atc_config **out, char **errors);
+
+/** Same, from a buffer; @p name is used in error messages and @p dir to resolve relative paths. */
+int atc_config_parse(const char *text, size_t len, const char *name, const char *dir, struct atc_config **out,
+                     char **errors);
+
+/** Frees a config returned by the functions above; NULL is fine. */
+void atc_config_free(struct atc_config *cfg);
+
+/** "250ms", "2s", "1m", "1h", "1500us", "1.5s", plain integer = ms. Returns 0 and *ms, or -1. A duration
+ * below a millisecond rounds up ("1500us" is 2 ms), so a non-zero value never becomes 0. */
+int atc_parse_duration_ms(const char *s, uint64_t *ms);
+/** The same syntax in microseconds, for settings finer than a millisecond (policy.budget: "500us"). */
+int atc_parse_duration_us(const char *s, uint64_t *us);
+/** "8MiB", "512KiB", "1GiB", "64MB", "1.5GiB", plain integer = bytes (B, KB, MB, GB, TB: powers of 1000;
+ * KiB, MiB, GiB, TiB: powers of 1024; any case). Returns 0 and *bytes, or -1. */
+int atc_parse_size(const char *s, size_t *bytes);
+/** "host:port" (host may be empty = 127.0.0.1, or [v6]). Returns 0 and an owned *host, or -1. */
+int atc_parse_hostport(const char *s, char **host, uint16_t *port);
+
+#endif

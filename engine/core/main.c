@@ -1,0 +1,238 @@
+/* atc: the command line. Each command parses its own flags and returns the process's exit status. */
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+
+#include "core/cli.h"
+#include "core/config.h"
+#include "fleet/endpoint.h"
+#include "core/log.h"
+#include "policy/policy.h"
+#include "core/server.h"
+#include "core/worker.h"
+#include "trace/replay.h"
+#include "sim/sim_server.h"
+#include "trace/trace.h"
+
+static const char usage_main[] =
+    "usage: atc <command> [flags]\n"
+    "\n"
+    "Routes OpenAI-style requests to a fleet of LLM inference servers.\n"
+    "\n"
+    "commands:\n"
+    "  serve -c FILE    run the router described by FILE\n"
+    "  check -c FILE    validate FILE; print every error as file:line:col: message\n"
+    "  sim [flags]      run one simulated inference server (see atc sim --help)\n"
+    "  test [PATH...]   run policy unit tests in the sandbox (see atc test --help)\n"
+    "  trace ...        import public traces, statistics of a trace (see atc trace --help)\n"
+    "  replay ...       replay a trace through policies against a simulated fleet (atc replay --help)\n"
+    "  status           endpoints, load and policy version of a running atc\n"
+    "  reload           reload a running atc's policy (--config: and its YAML)\n"
+    "  drain ID         stop new traffic to an endpoint; enable ID undoes it\n"
+    "\n"
+    "  atc --version    print the version\n"
+    "  atc <command> --help\n";
+
+static const char usage_serve[] =
+    "usage: atc serve -c FILE [--ready-file PATH]\n"
+    "\n"
+    "Runs the router: the OpenAI-compatible front door on listen:, the admin API on admin:, and any\n"
+    "simulated servers under simulate:. SIGTERM or SIGINT stops accepting and lets in-flight requests\n"
+    "finish for up to drain_timeout, then exits 0.\n"
+    "\n"
+    "  -c, --config FILE     the YAML configuration (required)\n"
+    "      --ready-file PATH once listening and the first health checks are in (at most one check\n"
+    "                        timeout), write {\"listen\": \"host:port\", \"admin\": ..., \"pid\": N} to\n"
+    "                        PATH (useful with port 0, which picks a free port)\n"
+    "  -h, --help            this text\n";
+
+static const char usage_check[] =
+    "usage: atc check -c FILE\n"
+    "\n"
+    "Validates the configuration, and compiles and smoke-tests its policy; exits 0 when both are valid,\n"
+    "1 with every error otherwise.\n"
+    "\n"
+    "  -c, --config FILE     the YAML configuration (required)\n"
+    "  -h, --help            this text\n";
+
+struct cli_opts {
+    const char *config;
+    const char *ready_file;
+};
+
+/* Parses the flags shared by serve and check; returns -1 on error, 1 for --help, 0 to go on. */
+static int parse_opts(int argc, char **argv, const char *usage, struct cli_opts *o)
+{
+    static const struct option longopts[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"ready-file", required_argument, NULL, 'r'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "c:h", longopts, NULL)) != -1) {
+        switch (ch) {
+        case 'c':
+            o->config = optarg;
+            break;
+        case 'r':
+            o->ready_file = optarg;
+            break;
+        case 'h':
+            fputs(usage, stdout);
+            return 1;
+        default:
+            fputs(usage, stderr);
+            return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "atc %s: unexpected argument '%s'\n%s", argv[0], argv[optind], usage);
+        return -1;
+    }
+    if (o->config == NULL) {
+        fprintf(stderr, "atc %s: -c FILE is required\n%s", argv[0], usage);
+        return -1;
+    }
+    return 0;
+}
+
+static struct atc_config *load_config(const char *path)
+{
+    struct atc_config *cfg = NULL;
+    char *errors = NULL;
+    if (atc_config_load(path, &cfg, &errors) < 0) {
+        fprintf(stderr, "%s\n", errors != NULL ? errors : "cannot load config");
+        free(errors);
+        return NULL;
+    }
+    return cfg;
+}
+
+static int cmd_check(int argc, char **argv)
+{
+    struct cli_opts o = {0};
+    int rc = parse_opts(argc, argv, usage_check, &o);
+    if (rc != 0)
+        return rc > 0 ? 0 : 2;
+    struct atc_config *cfg = load_config(o.config);
+    if (cfg == NULL)
+        return 1;
+    size_t neps = 0;
+    for (size_t i = 0; i < cfg->nmodels; i++)
+        neps += cfg->models[i].nendpoints;
+    for (size_t i = 0; i < cfg->nsimulate; i++)
+        neps += cfg->simulate[i].count;
+    int rc_policy = 0;
+    if (cfg->policy.enabled) {
+        struct atc_endpoint_table *table = atc_endpoint_table_create(cfg);
+        struct atc_policy_settings ps = {
+            .entry = cfg->policy.entry,
+            .path = (const char *const *)cfg->policy.path,
+            .npath = cfg->policy.npath,
+            .stdlib_dir = atc_policy_stdlib_dir(),
+            .budget_us = cfg->policy.budget_us,
+            .memory = cfg->policy.memory,
+            .jit = cfg->policy.jit,
+        };
+        char *err = NULL;
+        struct atc_policy_runtime *rt =
+            table != NULL ? atc_policy_runtime_create(&ps, table, NULL, NULL, &err) : NULL;
+        if (rt == NULL) {
+            fprintf(stderr, "%s\n", err != NULL ? err : "cannot load the policy");
+            rc_policy = 1;
+        }
+        free(err);
+        atc_policy_runtime_destroy(rt);
+        atc_endpoint_table_destroy(table);
+    }
+    if (rc_policy == 0)
+        printf("%s: ok (%zu model(s), %zu endpoint(s)%s)\n", o.config, cfg->nmodels, neps,
+               cfg->policy.enabled ? ", policy compiled" : "");
+    atc_config_free(cfg);
+    return rc_policy;
+}
+
+struct ready_file {
+    struct atc_server *srv;
+    const char *path;
+    bool failed;
+};
+
+/* Once the first health checks are in, the endpoints that are up take traffic: say "ready" then. */
+static void on_ready(void *arg)
+{
+    struct ready_file *rf = arg;
+    if (atc_server_write_ready_file(rf->srv, rf->path) < 0) {
+        atc_error("cannot write ready file %s", rf->path);
+        rf->failed = true;
+        event_base_loopexit(rf->srv->base, NULL);
+    }
+}
+
+static int cmd_serve(int argc, char **argv)
+{
+    struct cli_opts o = {0};
+    int rc = parse_opts(argc, argv, usage_serve, &o);
+    if (rc != 0)
+        return rc > 0 ? 0 : 2;
+    struct atc_config *cfg = load_config(o.config);
+    if (cfg == NULL)
+        return 1;
+    struct event_base *base = atc_event_base_new();
+    if (base == NULL) {
+        atc_error("cannot create the event loop");
+        atc_config_free(cfg);
+        return 1;
+    }
+    const char *err = NULL;
+    struct atc_server *srv = atc_server_create(base, cfg, &err);
+    if (srv == NULL) {
+        atc_error("%s: %s", o.config, err);
+        event_base_free(base);
+        return 1;
+    }
+    struct ready_file rf = {.srv = srv, .path = o.ready_file};
+    if (o.ready_file != NULL)
+        atc_server_when_ready(srv, on_ready, &rf);
+    event_base_dispatch(base);
+    atc_info("stopped");
+    atc_server_destroy(srv);
+    event_base_free(base);
+    return rf.failed ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        fputs(usage_main, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
+        printf("atc %s\n", ATC_VERSION);
+        return 0;
+    }
+    if (strcmp(argv[1], "serve") == 0)
+        return cmd_serve(argc - 1, argv + 1);
+    if (strcmp(argv[1], "check") == 0)
+        return cmd_check(argc - 1, argv + 1);
+    if (strcmp(argv[1], "sim") == 0)
+        return atc_sim_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "test") == 0)
+        return atc_policy_test_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "trace") == 0)
+        return atc_trace_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "replay") == 0)
+        return atc_replay_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "status") == 0 || strcmp(argv[1], "reload") == 0 || strcmp(argv[1], "drain") == 0 ||
+        strcmp(argv[1], "enable") == 0)
+        return atc_cli_main(argc - 1, argv + 1);
+    fprintf(stderr, "atc: unknown command '%s'\n%s", argv[1], usage_main);
+    return 2;
+}

@@ -1,0 +1,921 @@
+#include "core/server.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <pthread.h>
+#include <netdb.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+
+#include "ops/access_log.h"
+#include "ops/admin.h"
+#include "fleet/admission.h"
+#include "fleet/affinity.h"
+#include "http/client_deadline.h"
+#include "core/config.h"
+#include "fleet/endpoint.h"
+#include "fleet/health.h"
+#include "http/http_front.h"
+#include "core/log.h"
+#include "ops/metrics.h"
+#include "policy/policy.h"
+#include "trace/recorder.h"
+#include "http/relay.h"
+#include "sim/sim_server.h"
+#include "http/upstream.h"
+#include "core/worker.h"
+
+/* Bodies between max_body and this get a proper OpenAI-style 413 from atc; beyond it evhttp stops
+ * reading at once (a bare 413 and a closed connection), so a hostile upload cannot fill memory. */
+#define HARD_BODY_FACTOR 4
+
+static void stop_sims(struct atc_server *srv)
+{
+    for (size_t i = 0; i < srv->nsims; i++)
+        atc_sim_server_stop(srv->sims[i]);
+    free(srv->sims);
+    srv->sims = NULL;
+    srv->nsims = 0;
+}
+
+/* Starts the simulated servers of simulate: on free loopback ports and adds each as an endpoint. */
+static void on_more_capacity(void *arg);
+
+static int start_sims(struct atc_server *srv, const char **err)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < srv->cfg->nsimulate; i++)
+        total += srv->cfg->simulate[i].count;
+    if (total == 0)
+        return 0;
+    if ((srv->sims = calloc(total, sizeof(*srv->sims))) == NULL) {
+        *err = "out of memory";
+        return -1;
+    }
+    for (size_t i = 0; i < srv->cfg->nsimulate; i++) {
+        const struct atc_simulate_config *sc = &srv->cfg->simulate[i];
+        for (unsigned k = 0; k < sc->count; k++) {
+            struct atc_sim_params p = sc->params;
+            p.seed = sc->params.seed + srv->nsims; /* each server draws differently, reproducibly */
+            struct atc_sim_server *sim = atc_sim_server_start(srv->base, &p, "127.0.0.1", 0, err);
+            if (sim == NULL)
+                return -1;
+            srv->sims[srv->nsims++] = sim;
+            char id[300];
+            struct atc_model *m = atc_endpoint_table_model(srv->table, p.model, strlen(p.model));
+            snprintf(id, sizeof(id), "%s-sim-%zu", p.model, m != NULL ? m->nendpoints + 1 : 1);
+            uint16_t port = atc_sim_server_port(sim);
+            struct atc_endpoint *sep = atc_endpoint_table_add(srv->table, p.model, id, "127.0.0.1", port,
+                                                              sc->capacity ? sc->capacity : p.max_seqs);
+            if (sep == NULL) {
+                *err = "cannot add a simulated endpoint";
+                return -1;
+            }
+            sep->simulated = true;
+            atc_info("simulated %s server %s on 127.0.0.1:%u", p.model, id, (unsigned)port);
+        }
+    }
+    return 0;
+}
+
+static uint16_t bound_port(evutil_socket_t fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) < 0)
+        return 0;
+    if (ss.ss_family == AF_INET6)
+        return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+}
+
+/* A listening socket with the kernel's largest accept queue: evhttp's own listens with 128, and a burst
+ * of thousands of clients (streams opening at once) overflows that, so some wait seconds to retry.
+ * With @p reuseport, every worker binds its own socket to the same port and the kernel spreads new
+ * connections over them. */
+static evutil_socket_t listen_socket(const char *host, uint16_t port, bool reuseport)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE},
+                    *res = NULL;
+    char service[8];
+    snprintf(service, sizeof(service), "%u", (unsigned)port);
+    if (getaddrinfo(host, service, &hints, &res) != 0 || res == NULL)
+        return -1;
+    evutil_socket_t fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+        (reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) < 0) ||
+        bind(fd, res->ai_addr, res->ai_addrlen) < 0 || listen(fd, SOMAXCONN) < 0) {
+        if (fd >= 0)
+            evutil_closesocket(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    return fd;
+}
+
+static const char *cannot_listen(const char *host, uint16_t port)
+{
+    static char msg[300];
+    snprintf(msg, sizeof(msg), "cannot listen on %s:%u: address in use or not available", host, (unsigned)port);
+    return msg;
+}
+
+/* An HTTP server on @p base accepting on @p fd (taken over, closed on failure). */
+static struct evhttp *http_on_socket(struct event_base *base, const struct atc_config *cfg, evutil_socket_t fd,
+                                     void (*handler)(struct evhttp_request *, void *), void *arg,
+                                     struct evhttp_bound_socket **listener,
+                                     struct atc_client_deadline **deadline, const char **err)
+{
+    struct evhttp *http = evhttp_new(base);
+    /* client_timeout bounds each request as a whole, not only the silence between two reads */
+    if (http == NULL ||
+        (*deadline = atc_client_deadline_attach(http, base, cfg->client_timeout_ms, handler, arg)) == NULL) {
+        if (http != NULL)
+            evhttp_free(http);
+        evutil_closesocket(fd);
+        *err = "out of memory";
+        return NULL;
+    }
+    evhttp_set_allowed_methods(http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD);
+    evhttp_set_max_headers_size(http, 64 * 1024);
+    uint64_t hard = (uint64_t)cfg->max_body * HARD_BODY_FACTOR;
+    evhttp_set_max_body_size(http, (ev_ssize_t)(hard < (1ull << 40) ? hard : (1ull << 40)));
+    struct timeval tv = {.tv_sec = (time_t)(cfg->client_timeout_ms / 1000),
+                         .tv_usec = (suseconds_t)(cfg->client_timeout_ms % 1000) * 1000};
+    evhttp_set_timeout_tv(http, &tv);
+    struct evhttp_bound_socket *b = evhttp_accept_socket_with_handle(http, fd);
+    if (b == NULL) {
+        evutil_closesocket(fd);
+        atc_client_deadline_destroy(*deadline);
+        *deadline = NULL;
+        evhttp_free(http);
+        *err = "out of memory";
+        return NULL;
+    }
+    if (listener != NULL)
+        *listener = b;
+    return http;
+}
+
+/* ---- workers ---- */
+
+static struct atc_worker *main_worker(struct atc_server *srv)
+{
+    return &srv->workers[0];
+}
+
+static struct atc_upstream_settings upstream_settings(const struct atc_config *cfg)
+{
+    return (struct atc_upstream_settings){
+        .connect_timeout_ms = cfg->upstream.connect_timeout_ms,
+        .first_byte_timeout_ms = cfg->upstream.first_byte_timeout_ms,
+        .idle_timeout_ms = cfg->upstream.idle_timeout_ms,
+        .keepalive = cfg->upstream.keepalive,
+    };
+}
+
+/* One pool per worker for the server at @p host:@p port (each worker keeps its own keep-alive
+ * connections), into @p pools[ATC_MAX_WORKERS]. */
+typedef struct atc_upstream_pool *worker_pools[ATC_MAX_WORKERS];
+
+static int create_pools(struct atc_server *srv, const char *host, uint16_t port, const struct atc_config *cfg,
+                        worker_pools pools, const char **err)
+{
+    struct atc_upstream_settings us = upstream_settings(cfg);
+    for (unsigned i = 0; i < srv->nworkers; i++)
+        if ((pools[i] = atc_upstream_pool_create(srv->workers[i].base, host, port, &us, err)) == NULL)
+            return -1;
+    return 0;
+}
+
+static void destroy_pools(worker_pools pools)
+{
+    for (unsigned i = 0; i < ATC_MAX_WORKERS; i++) {
+        atc_upstream_pool_destroy(pools[i]);
+        pools[i] = NULL;
+    }
+}
+
+void atc_server_queue_changed(struct atc_worker *w)
+{
+    if (w->admission != NULL)
+        atomic_store(&w->top_priority, atc_admission_top_priority(w->admission));
+}
+
+static void kick_admission(void *arg)
+{
+    struct atc_worker *w = arg;
+    atomic_store(&w->kick_posted, false);
+    atc_admission_kick(w->admission);
+    atc_server_queue_changed(w);
+}
+
+static void post_kick(struct atc_worker *w)
+{
+    if (!atomic_exchange(&w->kick_posted, true) && atc_worker_post(w, kick_admission, w) < 0)
+        atomic_store(&w->kick_posted, false);
+}
+
+/* Each worker has its own queue: the one holding the most urgent request gets the freed slot first (this
+ * one on a tie, at once; another through its mailbox), so priorities hold across workers. */
+void atc_server_capacity_freed(struct atc_worker *w)
+{
+    struct atc_server *srv = w->srv;
+    struct atc_worker *best = w;
+    int top = atomic_load(&w->top_priority);
+    for (unsigned i = 0; i < srv->nworkers; i++) {
+        int p = atomic_load(&srv->workers[i].top_priority);
+        if (p > top) {
+            best = &srv->workers[i];
+            top = p;
+        }
+    }
+    if (top < 0)
+        return; /* nobody waits */
+    if (best == w)
+        kick_admission(w);
+    else
+        post_kick(best);
+}
+
+/* An endpoint came back (or offers more room): requests waiting in admission queues may fit now. */
+static void on_more_capacity(void *arg)
+{
+    struct atc_server *srv = arg;
+    for (unsigned i = 0; i < srv->nworkers; i++)
+        post_kick(&srv->workers[i]); /* at once on the main thread's own worker */
+}
+
+struct observation {
+    struct atc_server *srv;
+    struct atc_endpoint *ep;
+    bool ok;
+};
+
+/* On the main thread. The endpoint may have left the table since (a reload) and even be freed: it is
+ * looked up by address, never read, unless it is still in the table. */
+static void observe_on_main(void *arg)
+{
+    struct observation *o = arg;
+    const struct atc_endpoint_table *t = o->srv->table;
+    for (size_t i = 0; i < t->nendpoints; i++)
+        if (t->endpoints[i] == o->ep && o->ep->health != NULL)
+            atc_health_observe(o->ep, o->ok);
+    free(o);
+}
+
+void atc_server_observe(struct atc_worker *w, struct atc_endpoint *ep, bool ok, bool had_errors)
+{
+    if (ep->health == NULL || (ok && !had_errors))
+        return; /* the common case costs nothing: only failures and the first success after them travel */
+    if (!w->threaded) {
+        atc_health_observe(ep, ok);
+        return;
+    }
+    struct observation *o = malloc(sizeof(*o));
+    if (o == NULL)
+        return;
+    *o = (struct observation){.srv = w->srv, .ep = ep, .ok = ok};
+    if (atc_worker_post(main_worker(w->srv), observe_on_main, o) < 0)
+        free(o);
+}
+
+size_t atc_server_policies(const struct atc_server *srv, struct atc_policy_runtime **out)
+{
+    size_t n = 0;
+    for (unsigned i = 0; i < srv->nworkers; i++)
+        if (srv->workers[i].policy != NULL) {
+            atc_policy_sync(srv->workers[i].policy);
+            out[n++] = srv->workers[i].policy;
+        }
+    return n;
+}
+
+void atc_server_totals(const struct atc_server *srv, struct atc_server_stats *st, unsigned *active)
+{
+    *st = (struct atc_server_stats){0};
+    *active = 0;
+    for (unsigned i = 0; i < srv->nworkers; i++) {
+        const struct atc_worker *w = &srv->workers[i];
+        st->requests_total += w->stats.requests_total;
+        st->responses_total += w->stats.responses_total;
+        st->client_gone_total += w->stats.client_gone_total;
+        st->retries_total += w->stats.retries_total;
+        st->upstream_errors_total += w->stats.upstream_errors_total;
+        *active += w->active;
+    }
+}
+
+/* ---- signals, drain ---- */
+
+static void on_sigusr1(evutil_socket_t sig, short what, void *arg)
+{
+    struct atc_server *srv = arg;
+    atc_workers_pause(srv);
+    for (unsigned i = 0; i < srv->nworkers; i++)
+        if (srv->workers[i].access_log != NULL)
+            atc_access_log_reopen(srv->workers[i].access_log);
+    atc_workers_resume(srv);
+}
+
+static void stop_all_loops(struct atc_server *srv)
+{
+    for (unsigned i = 1; i < srv->nworkers; i++)
+        atc_worker_exit_loop(&srv->workers[i]);
+    event_base_loopexit(srv->base, NULL);
+}
+
+static void on_drain_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    struct atc_server *srv = arg;
+    atc_warn("drain timeout: exiting with %u worker(s) still busy", srv->nworkers - srv->idle_workers);
+    stop_all_loops(srv);
+}
+
+/* On the main thread: one more worker has nothing in flight. */
+static void worker_idle(void *arg)
+{
+    struct atc_worker *w = arg;
+    struct atc_server *srv = w->srv;
+    if (++srv->idle_workers == srv->nworkers)
+        stop_all_loops(srv);
+}
+
+static void check_idle(struct atc_worker *w)
+{
+    if (!w->draining || w->active > 0 || w->idle_reported)
+        return;
+    w->idle_reported = true;
+    atc_worker_post(main_worker(w->srv), worker_idle, w);
+}
+
+/* On each worker's thread: stop accepting; connections already open get 503 + Connection: close. */
+static void drain_worker(void *arg)
+{
+    struct atc_worker *w = arg;
+    w->draining = true;
+    if (w->front_listener != NULL) {
+        evhttp_del_accept_socket(w->front, w->front_listener);
+        w->front_listener = NULL;
+    }
+    check_idle(w);
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    struct atc_server *srv = arg;
+    if (srv->draining) {
+        atc_warn("second signal: exiting now");
+        stop_all_loops(srv);
+        return;
+    }
+    atc_info("signal %d: draining", (int)sig);
+    atc_server_drain(srv);
+}
+
+void atc_server_drain(struct atc_server *srv)
+{
+    if (srv->draining)
+        return;
+    srv->draining = true;
+    struct timeval tv = {.tv_sec = (time_t)(srv->cfg->drain_timeout_ms / 1000),
+                         .tv_usec = (suseconds_t)(srv->cfg->drain_timeout_ms % 1000) * 1000};
+    srv->drain_timer = evtimer_new(srv->base, on_drain_timeout, srv);
+    event_add(srv->drain_timer, &tv);
+    for (unsigned i = 0; i < srv->nworkers; i++)
+        if (atc_worker_post(&srv->workers[i], drain_worker, &srv->workers[i]) < 0)
+            worker_idle(&srv->workers[i]); /* its loop has stopped already */
+}
+
+void atc_server_request_started(struct atc_worker *w)
+{
+    w->active++;
+}
+
+void atc_server_request_finished(struct atc_worker *w)
+{
+    w->active--;
+    check_idle(w);
+}
+
+/* ---- reloads ---- */
+
+static void on_sighup(evutil_socket_t sig, short what, void *arg)
+{
+    struct atc_server *srv = arg;
+    char *msg = NULL;
+    atc_info("SIGHUP: reloading the config%s", srv->cfg->policy.enabled ? " and the policy" : "");
+    atc_server_reload_config(srv, &msg); /* it reloads the policy too */
+    free(msg);
+}
+
+uint64_t atc_server_reload_policy(struct atc_server *srv, char **err)
+{
+    *err = NULL;
+    if (main_worker(srv)->policy == NULL) {
+        *err = strdup("no policy is configured");
+        return 0;
+    }
+    uint64_t version = atc_policy_reload(main_worker(srv)->policy, err);
+    if (version == 0 || srv->nworkers == 1)
+        return version;
+    /* It compiles: the same files load on every other worker (while they are parked: a few ms). */
+    atc_workers_pause(srv);
+    for (unsigned i = 1; i < srv->nworkers; i++) {
+        char *e = NULL;
+        if (atc_policy_reload(srv->workers[i].policy, &e) == 0)
+            atc_error("worker %u: the policy did not reload (%s); it keeps its previous version", i,
+                      e != NULL ? e : "?");
+        free(e);
+    }
+    atc_workers_resume(srv);
+    return version;
+}
+
+/* The policy files changed (inotify): every worker reloads. */
+static void on_policy_files_changed(void *arg)
+{
+    char *err = NULL;
+    atc_server_reload_policy(arg, &err);
+    free(err);
+}
+
+static bool str_differs(const char *a, const char *b)
+{
+    return (a == NULL) != (b == NULL) || (a != NULL && strcmp(a, b) != 0);
+}
+
+/* Settings read once at start: say so when a reload changes them. */
+static void warn_restart_only(const struct atc_config *o, const struct atc_config *n)
+{
+    const char *what = NULL;
+    if (str_differs(o->listen_host, n->listen_host) || o->listen_port != n->listen_port)
+        what = "listen";
+    else if (str_differs(o->admin_host, n->admin_host) || o->admin_port != n->admin_port)
+        what = "admin";
+    else if (o->workers != n->workers)
+        what = "workers";
+    else if (o->nsimulate != n->nsimulate)
+        what = "simulate";
+    else if (o->admission.queue != n->admission.queue ||
+             o->admission.deadline_ms != n->admission.deadline_ms ||
+             o->admission.aging_ms != n->admission.aging_ms)
+        what = "admission";
+    else if (str_differs(o->access_log, n->access_log))
+        what = "access_log";
+    else if (o->policy.enabled != n->policy.enabled)
+        what = "policy (added or removed)";
+    if (what != NULL)
+        atc_warn("config reload: the change to '%s' takes effect at the next restart", what);
+}
+
+static bool same_server(const struct atc_endpoint *ep, const struct atc_endpoint_config *ec,
+                        const char *model)
+{
+    return ep != NULL && !ep->simulated && ep->port == ec->port && strcmp(ep->host, ec->host) == 0 &&
+           strcmp(ep->model, model) == 0;
+}
+
+/* Frees the endpoints that left the config once nothing is in flight on them (@p all: at exit). Their
+ * pools hold connections on every worker's loop, so the workers are parked meanwhile. */
+static void free_retired(struct atc_server *srv, bool all)
+{
+    size_t kept = 0, freeing = 0;
+    for (size_t i = 0; i < srv->nretired; i++)
+        freeing += all || atomic_load(&srv->retired[i]->inflight) == 0;
+    if (freeing == 0)
+        return;
+    if (!all)
+        atc_workers_pause(srv);
+    for (size_t i = 0; i < srv->nretired; i++) {
+        struct atc_endpoint *ep = srv->retired[i];
+        if (all || atomic_load(&ep->inflight) == 0) {
+            destroy_pools(ep->pools);
+            atc_endpoint_free(ep);
+        } else {
+            srv->retired[kept++] = ep;
+        }
+    }
+    srv->nretired = kept;
+    if (!all)
+        atc_workers_resume(srv);
+}
+
+static void on_retire_tick(evutil_socket_t fd, short what, void *arg)
+{
+    free_retired(arg, false);
+}
+
+static void reload_failed(struct atc_server *srv, struct atc_config *ncfg, worker_pools *fresh, size_t nfresh)
+{
+    for (size_t i = 0; i < nfresh; i++)
+        destroy_pools(fresh[i]);
+    free(fresh);
+    atc_config_free(ncfg);
+    srv->config_reloads_failed++;
+}
+
+int atc_server_reload_config(struct atc_server *srv, char **errors)
+{
+    struct atc_config *ncfg = NULL;
+    *errors = NULL;
+    if (atc_config_load(srv->cfg->path, &ncfg, errors) < 0) {
+        atc_error("config reload failed, nothing changed:\n%s", *errors != NULL ? *errors : "");
+        srv->config_reloads_failed++;
+        return -1;
+    }
+    warn_restart_only(srv->cfg, ncfg);
+
+    /* Pools for new servers first: an address that does not resolve fails the reload before anything
+     * changed. fresh[k]: the pools of the config's k-th endpoint when it is new (else all NULL). */
+    size_t total = 0, added = 0;
+    for (size_t i = 0; i < ncfg->nmodels; i++)
+        total += ncfg->models[i].nendpoints;
+    worker_pools *fresh = calloc(total ? total : 1, sizeof(*fresh));
+    if (fresh == NULL) {
+        reload_failed(srv, ncfg, NULL, 0);
+        *errors = strdup("out of memory");
+        return -1;
+    }
+    for (size_t i = 0, k = 0; i < ncfg->nmodels; i++)
+        for (size_t j = 0; j < ncfg->models[i].nendpoints; j++, k++) {
+            const struct atc_endpoint_config *ec = &ncfg->models[i].endpoints[j];
+            if (same_server(atc_endpoint_table_find(srv->table, ec->id), ec, ncfg->models[i].name))
+                continue;
+            const char *err = NULL;
+            if (create_pools(srv, ec->host, ec->port, ncfg, fresh[k], &err) < 0) {
+                if (asprintf(errors, "%s: endpoint %s (%s): %s", ncfg->path, ec->id, ec->url, err) < 0)
+                    *errors = NULL;
+                reload_failed(srv, ncfg, fresh, total);
+                atc_error("config reload failed, nothing changed: %s", *errors != NULL ? *errors : "");
+                return -1;
+            }
+            added++;
+        }
+
+    /* Commit, with every worker parked: the new table keeps the servers that stayed (counters,
+     * connections, health), and each worker's policy is rebuilt against it. */
+    atc_workers_pause(srv);
+    struct atc_endpoint **gone = NULL;
+    size_t ngone = 0, before = srv->table->nendpoints;
+    struct atc_endpoint_table *t = atc_endpoint_table_rebuild(srv->table, ncfg, &gone, &ngone);
+    srv->table = t;
+    for (size_t i = 0, k = 0; i < ncfg->nmodels; i++)
+        for (size_t j = 0; j < ncfg->models[i].nendpoints; j++, k++)
+            if (fresh[k][0] != NULL)
+                memcpy(atc_endpoint_table_find(t, ncfg->models[i].endpoints[j].id)->pools, fresh[k],
+                       sizeof(fresh[k]));
+    free(fresh);
+    struct atc_endpoint **r = realloc(srv->retired, (srv->nretired + ngone + 1) * sizeof(*r));
+    if (r != NULL) {
+        srv->retired = r;
+        for (size_t i = 0; i < ngone; i++)
+            r[srv->nretired++] = gone[i];
+    }
+    free(gone);
+
+    const char *herr = NULL;
+    struct atc_health *h = atc_health_create(srv->base, t, ncfg, srv->health, &herr);
+    atc_health_destroy(srv->health);
+    srv->health = h;
+    if (h != NULL) {
+        atc_health_on_capacity(h, on_more_capacity, srv);
+    } else { /* should not happen with a valid config: route to everything rather than nothing */
+        atc_error("config reload: health checks could not restart (%s); every endpoint is routable", herr);
+        for (size_t i = 0; i < t->nendpoints; i++)
+            t->endpoints[i]->routable = true;
+    }
+    if (srv->prefix != NULL)
+        atc_prefix_index_clear(srv->prefix); /* it knows endpoints by their place in the table */
+    struct atc_config *old = srv->cfg;
+    srv->cfg = ncfg;
+    for (unsigned i = 0; i < srv->nworkers; i++) {
+        struct atc_worker *w = &srv->workers[i];
+        w->table = t;
+        w->cfg = ncfg;
+        char *perr = NULL;
+        if (w->policy != NULL && atc_policy_set_table(w->policy, t, &perr) == 0)
+            atc_error("config reload: the policy did not reload on worker %u (%s); the C balancer routes "
+                      "there until it does",
+                      i, perr != NULL ? perr : "?");
+        free(perr);
+    }
+    atc_workers_resume(srv);
+    atc_config_free(old);
+    srv->config_reloads_ok++;
+    if (asprintf(errors, "%zu endpoint(s): %zu added, %zu removed (draining), %zu kept", t->nendpoints, added,
+                 ngone, before - ngone) < 0)
+        *errors = NULL;
+    atc_info("config reloaded from %s: %s", ncfg->path, *errors != NULL ? *errors : "");
+    free_retired(srv, false);
+    return 0;
+}
+
+/* ---- start and stop ---- */
+
+/* Worker @p w's policy runtime, when the config has a policy: section. */
+static int start_policy(struct atc_worker *w, const char **err)
+{
+    struct atc_server *srv = w->srv;
+    const struct atc_config *cfg = srv->cfg;
+    if (!cfg->policy.enabled)
+        return 0;
+    struct atc_policy_settings ps = {
+        .entry = cfg->policy.entry,
+        .path = (const char *const *)cfg->policy.path,
+        .npath = cfg->policy.npath,
+        .stdlib_dir = atc_policy_stdlib_dir(),
+        .budget_us = cfg->policy.budget_us,
+        .memory = cfg->policy.memory,
+        .jit = cfg->policy.jit,
+        .rollback_after = cfg->policy.rollback_after,
+        .group = srv->nworkers > 1 ? &srv->policy_group : NULL,
+    };
+    char *msg = NULL;
+    w->policy = atc_policy_runtime_create(&ps, srv->table, srv->affinity, srv->prefix, &msg);
+    if (w->policy == NULL) {
+        static char buf[1024];
+        snprintf(buf, sizeof(buf), "policy: %s", msg != NULL ? msg : "cannot load");
+        free(msg);
+        *err = buf;
+        return -1;
+    }
+    /* One watch, on the main thread, reloads every worker's runtime. */
+    if (w->id == 0 && cfg->policy.watch &&
+        atc_policy_watch(w->policy, srv->base, on_policy_files_changed, srv) < 0)
+        atc_warn("cannot watch the policy's files; reload with SIGHUP or POST /admin/policy/reload");
+    return 0;
+}
+
+/* Everything of worker @p w but its thread: loop, policy, admission queue, access log, listener. */
+static int start_worker(struct atc_server *srv, struct atc_worker *w, const char *log_path,
+                        evutil_socket_t listen_fd, const char **err)
+{
+    const struct atc_config *cfg = srv->cfg;
+    w->cfg = srv->cfg;
+    w->table = srv->table;
+    if (start_policy(w, err) < 0)
+        return -1;
+    if (cfg->admission.queue > 0) {
+        struct atc_admission_settings as = {
+            .max_queue = cfg->admission.queue,
+            .deadline_ms = cfg->admission.deadline_ms,
+            .max_deadline_ms = cfg->admission.max_deadline_ms,
+            .aging_ms = cfg->admission.aging_ms,
+            .tenants = (const char *const *)cfg->admission.tenant_weights.names,
+            .weights = cfg->admission.tenant_weights.weights,
+            .ntenants = cfg->admission.tenant_weights.n,
+        };
+        if ((w->admission = atc_admission_create(w->base, &as, &atc_relay_admission)) == NULL) {
+            evutil_closesocket(listen_fd);
+            *err = "out of memory";
+            return -1;
+        }
+    }
+    if (log_path != NULL && (w->access_log = atc_access_log_open(w->base, log_path)) == NULL) {
+        static char msg[600];
+        snprintf(msg, sizeof(msg), "access_log %s: %s", cfg->access_log, strerror(errno));
+        evutil_closesocket(listen_fd);
+        *err = msg;
+        return -1;
+    }
+    w->front = http_on_socket(w->base, cfg, listen_fd, atc_http_front_handle, w, &w->front_listener,
+                              &w->front_deadline, err);
+    return w->front != NULL ? 0 : -1;
+}
+
+/* The front port, checked free without SO_REUSEPORT first: another process listening there with it
+ * would otherwise share our port silently. Port 0 picks a free one. Returns it, or 0. */
+static uint16_t claim_front_port(const struct atc_config *cfg)
+{
+    evutil_socket_t probe = listen_socket(cfg->listen_host, cfg->listen_port, false);
+    if (probe < 0)
+        return 0;
+    uint16_t port = bound_port(probe);
+    evutil_closesocket(probe);
+    return port;
+}
+
+static void free_worker(struct atc_worker *w)
+{
+    if (w->front != NULL)
+        evhttp_free(w->front);
+    atc_client_deadline_destroy(w->front_deadline); /* after evhttp_free: its connections are gone */
+    atc_admission_destroy(w->admission);
+    atc_access_log_close(w->access_log);
+    atc_policy_runtime_destroy(w->policy);
+}
+
+struct atc_server *atc_server_create(struct event_base *base, struct atc_config *cfg, const char **err)
+{
+    struct atc_server *srv = calloc(1, sizeof(*srv));
+    if (srv == NULL) {
+        atc_config_free(cfg);
+        *err = "out of memory";
+        return NULL;
+    }
+    srv->base = base;
+    srv->main_thread = pthread_self();
+    pthread_mutex_init(&srv->pause_mu, NULL);
+    pthread_cond_init(&srv->pause_cv, NULL);
+    srv->cfg = cfg;
+    srv->rng = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    if ((srv->workers = calloc(cfg->workers, sizeof(*srv->workers))) == NULL) {
+        *err = "out of memory";
+        goto error;
+    }
+    for (unsigned i = 0; i < cfg->workers; i++, srv->nworkers++) {
+        struct event_base *b = i == 0 ? base : atc_event_base_new();
+        srv->workers[i].wake_fd = -1;
+        if (b == NULL || atc_worker_init(&srv->workers[i], srv, i, b) < 0) {
+            if (b != NULL && b != base)
+                event_base_free(b);
+            *err = "cannot create a worker's event loop";
+            goto error;
+        }
+    }
+    if ((srv->table = atc_endpoint_table_create(cfg)) == NULL) {
+        *err = "out of memory";
+        goto error;
+    }
+    if (start_sims(srv, err) < 0)
+        goto error;
+    for (size_t i = 0; i < srv->table->nendpoints; i++) {
+        struct atc_endpoint *ep = srv->table->endpoints[i];
+        if (create_pools(srv, ep->host, ep->port, cfg, ep->pools, err) < 0) {
+            static char msg[400];
+            snprintf(msg, sizeof(msg), "endpoint %s (%s): %s", ep->id, ep->url, *err);
+            *err = msg;
+            goto error;
+        }
+    }
+    if ((srv->health = atc_health_create(base, srv->table, cfg, NULL, err)) == NULL)
+        goto error;
+    atc_health_on_capacity(srv->health, on_more_capacity, srv);
+    if ((srv->metrics = atc_metrics_create()) == NULL) {
+        *err = "out of memory";
+        goto error;
+    }
+    if (cfg->policy.enabled &&
+        ((srv->affinity = atc_affinity_create(0)) == NULL || (srv->prefix = atc_prefix_index_create(0)) == NULL)) {
+        *err = "out of memory";
+        goto error;
+    }
+    if (cfg->record.enabled) { /* trace recording: see recorder.h */
+        struct atc_recorder_settings rs = {
+            .dir = cfg->record.dir,
+            .prefix = cfg->record.prefix,
+            .rotate_size = cfg->record.rotate_size,
+            .rotate_interval_ms = cfg->record.rotate_interval_ms,
+            .text = cfg->record.text,
+            .buffer = cfg->record.buffer,
+            .sample = cfg->record.sample,
+        };
+        if ((srv->recorder = atc_recorder_create(&rs)) == NULL) {
+            *err = "cannot start the trace recorder";
+            goto error;
+        }
+    }
+    char log_path[4096];
+    if (cfg->access_log != NULL) /* "stderr", or a file relative to the config's directory */
+        snprintf(log_path, sizeof(log_path), "%s%s%s",
+                 cfg->access_log[0] == '/' || strcmp(cfg->access_log, "stderr") == 0 ? "" : cfg->dir,
+                 cfg->access_log[0] == '/' || strcmp(cfg->access_log, "stderr") == 0 ? "" : "/",
+                 cfg->access_log);
+    if ((srv->front_port = claim_front_port(cfg)) == 0) {
+        *err = cannot_listen(cfg->listen_host, cfg->listen_port);
+        goto error;
+    }
+    for (unsigned i = 0; i < srv->nworkers; i++) {
+        evutil_socket_t fd = listen_socket(cfg->listen_host, srv->front_port, srv->nworkers > 1);
+        if (fd < 0) {
+            *err = cannot_listen(cfg->listen_host, srv->front_port);
+            goto error;
+        }
+        if (start_worker(srv, &srv->workers[i], cfg->access_log != NULL ? log_path : NULL, fd, err) < 0)
+            goto error;
+    }
+    evutil_socket_t admin_fd = listen_socket(cfg->admin_host, cfg->admin_port, false);
+    if (admin_fd < 0) {
+        *err = cannot_listen(cfg->admin_host, cfg->admin_port);
+        goto error;
+    }
+    srv->admin_port = bound_port(admin_fd);
+    if ((srv->admin = http_on_socket(base, cfg, admin_fd, atc_admin_handle, srv, NULL, &srv->admin_deadline,
+                                     err)) == NULL)
+        goto error;
+    signal(SIGPIPE, SIG_IGN);
+    srv->sig_term = evsignal_new(base, SIGTERM, on_signal, srv);
+    srv->sig_int = evsignal_new(base, SIGINT, on_signal, srv);
+    srv->sig_hup = evsignal_new(base, SIGHUP, on_sighup, srv);
+    srv->retire_timer = event_new(base, -1, EV_PERSIST, on_retire_tick, srv);
+    struct timeval second = {1, 0};
+    event_add(srv->retire_timer, &second);
+    srv->sig_usr1 = evsignal_new(base, SIGUSR1, on_sigusr1, srv);
+    event_add(srv->sig_usr1, NULL);
+    event_add(srv->sig_term, NULL);
+    event_add(srv->sig_int, NULL);
+    event_add(srv->sig_hup, NULL);
+    atc_info("atc %s: %zu model(s), %zu endpoint(s); %u worker(s) listening on %s:%u, admin on %s:%u",
+             ATC_VERSION, srv->table->nmodels, srv->table->nendpoints, srv->nworkers, cfg->listen_host,
+             (unsigned)srv->front_port, cfg->admin_host, (unsigned)srv->admin_port);
+    /* Threads last, once the log has read its settings: signals are handled by the main thread's loop
+     * (libevent's signal pipe), and a thread started now inherits a mask without them. */
+    sigset_t handled, old;
+    sigemptyset(&handled);
+    sigaddset(&handled, SIGTERM);
+    sigaddset(&handled, SIGINT);
+    sigaddset(&handled, SIGHUP);
+    sigaddset(&handled, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &handled, &old);
+    for (unsigned i = 1; i < srv->nworkers; i++)
+        if (atc_worker_start(&srv->workers[i]) < 0) {
+            pthread_sigmask(SIG_SETMASK, &old, NULL);
+            *err = "cannot start a worker thread";
+            goto error;
+        }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return srv;
+error:
+    atc_server_destroy(srv);
+    return NULL;
+}
+
+void atc_server_when_ready(struct atc_server *srv, void (*cb)(void *arg), void *arg)
+{
+    atc_health_on_first_round(srv->health, cb, arg);
+}
+
+int atc_server_write_ready_file(const struct atc_server *srv, const char *path)
+{
+    char tmp[4096];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (f == NULL)
+        return -1;
+    fprintf(f, "{\"listen\": \"%s:%u\", \"admin\": \"%s:%u\", \"pid\": %d, \"workers\": %u}\n",
+            srv->cfg->listen_host, (unsigned)srv->front_port, srv->cfg->admin_host, (unsigned)srv->admin_port,
+            (int)getpid(), srv->nworkers);
+    if (fclose(f) != 0)
+        return -1;
+    return rename(tmp, path);
+}
+
+void atc_server_destroy(struct atc_server *srv)
+{
+    if (srv == NULL)
+        return;
+    for (unsigned i = 1; i < srv->nworkers; i++) /* threads first: nothing runs on their loops after */
+        atc_worker_join(&srv->workers[i]);
+    if (srv->sig_term != NULL)
+        event_free(srv->sig_term);
+    if (srv->sig_int != NULL)
+        event_free(srv->sig_int);
+    if (srv->sig_hup != NULL)
+        event_free(srv->sig_hup);
+    if (srv->retire_timer != NULL)
+        event_free(srv->retire_timer);
+    if (srv->sig_usr1 != NULL)
+        event_free(srv->sig_usr1);
+    if (srv->drain_timer != NULL)
+        event_free(srv->drain_timer);
+    for (unsigned i = 0; i < srv->nworkers; i++)
+        free_worker(&srv->workers[i]);
+    if (srv->admin != NULL)
+        evhttp_free(srv->admin);
+    atc_client_deadline_destroy(srv->admin_deadline);
+    atc_recorder_destroy(srv->recorder); /* writes what is still buffered */
+    atc_metrics_destroy(srv->metrics);
+    atc_affinity_destroy(srv->affinity);
+    atc_prefix_index_destroy(srv->prefix);
+    atc_health_destroy(srv->health); /* its probes use the table's endpoints */
+    if (srv->table != NULL) {
+        for (size_t i = 0; i < srv->table->nendpoints; i++)
+            destroy_pools(srv->table->endpoints[i]->pools);
+        atc_endpoint_table_destroy(srv->table);
+    }
+    free_retired(srv, true);
+    free(srv->retired);
+    stop_sims(srv);
+    for (unsigned i = 0; i < srv->nworkers; i++) {
+        struct atc_worker *w = &srv->workers[i];
+        atc_worker_free(w);
+        if (i > 0)
+            event_base_free(w->base);
+    }
+    free(srv->workers);
+    pthread_mutex_destroy(&srv->pause_mu);
+    pthread_cond_destroy(&srv->pause_cv);
+    atc_config_free(srv->cfg);
+    free(srv);
+}

@@ -1,0 +1,121 @@
+#ifndef ATC_SERVER_H
+#define ATC_SERVER_H
+
+/* One running router: its event loop, config, endpoint table, front and admin HTTP servers, and the
+ * simulated servers it started. Passed explicitly to every handler: there is no global server. */
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "policy/policy.h"
+
+struct event_base;
+struct event;
+struct evhttp;
+struct evhttp_bound_socket;
+struct evhttp_request;
+struct atc_config;
+struct atc_endpoint_table;
+struct atc_sim_server;
+struct atc_policy_runtime;
+struct atc_affinity;
+struct atc_prefix_index;
+struct atc_health;
+struct atc_recorder;
+struct atc_admission;
+struct atc_metrics;
+struct atc_access_log;
+struct atc_client_deadline;
+
+struct atc_server_stats {
+    uint64_t requests_total;    /* client requests accepted on the front routes */
+    uint64_t responses_total;   /* client requests answered (any status) */
+    uint64_t client_gone_total; /* clients that disconnected before their answer ended */
+    uint64_t retries_total;     /* attempts after the first */
+    uint64_t upstream_errors_total;
+};
+
+struct atc_worker;
+
+struct atc_server {
+    struct event_base *base; /* the main thread's loop: worker 0, health, admin, signals, simulated servers */
+    pthread_t main_thread;
+    struct atc_config *cfg; /* owned; workers hold the same pointer in w->cfg */
+    struct atc_endpoint_table *table;  /* shared by every worker (w->table); its counters are atomic */
+    struct atc_affinity *affinity;     /* engine-owned tables policies use; they survive reloads */
+    struct atc_prefix_index *prefix;   /* (shared by every worker's policy, each with its own lock) */
+    struct atc_health *health; /* checks, ejection, drain, load scrape (health.c): main thread only */
+    struct atc_recorder *recorder;     /* record: traffic to trace files; NULL without the section */
+    struct atc_metrics *metrics;       /* shared, locked */
+    struct atc_policy_group policy_group; /* ties the workers' policy runtimes: one record, one rollback */
+    struct atc_worker *workers;        /* [nworkers]; worker 0 runs on the main thread */
+    unsigned nworkers;
+    struct event *sig_usr1;
+    struct evhttp *admin;
+    struct atc_client_deadline *admin_deadline; /* client_timeout per request */
+    uint16_t front_port; /* as bound (config port 0 picks a free one) */
+    uint16_t admin_port;
+    struct atc_endpoint **retired; /* left the config; freed once nothing is in flight on them */
+    size_t nretired;
+    struct event *retire_timer;
+    uint64_t config_reloads_ok, config_reloads_failed;
+    struct atc_sim_server **sims;
+    size_t nsims;
+    struct event *sig_term, *sig_int, *sig_hup, *drain_timer;
+    bool draining;
+    unsigned idle_workers; /* while draining: workers with nothing left in flight */
+    uint64_t rng;
+
+    /* atc_workers_pause (worker.c) */
+    pthread_mutex_t pause_mu;
+    pthread_cond_t pause_cv;
+    unsigned parked, pause_depth;
+    bool paused;
+};
+
+/** Starts everything @p cfg describes on @p base (simulated servers first, so their endpoints exist).
+ * Takes ownership of @p cfg. Returns the server, or NULL with *err (static or owned by nothing). */
+struct atc_server *atc_server_create(struct event_base *base, struct atc_config *cfg, const char **err);
+
+/** Calls @p cb(@p arg) once from the loop when the first round of health checks has ended, so that
+ * endpoints that are up take traffic (at most one check timeout after start). */
+void atc_server_when_ready(struct atc_server *srv, void (*cb)(void *arg), void *arg);
+
+/** Writes {"listen": "...", "admin": "...", "pid": N} to @p path (atomically, via rename). */
+int atc_server_write_ready_file(const struct atc_server *srv, const char *path);
+
+/** Stops accepting and lets in-flight requests finish for up to the drain timeout, then exits the loop. */
+void atc_server_drain(struct atc_server *srv);
+
+/** Re-reads the config file: endpoints added, removed (they drain: in-flight requests finish) or changed
+ * without a restart. An invalid file changes nothing: returns -1 with every error in *errors (owned).
+ * Settings that need a restart (listen, admin, simulate, admission, access_log, record) are logged.
+ * Returns 0 and a summary in *errors ("+2 -1 endpoints"; owned) on success. */
+int atc_server_reload_config(struct atc_server *srv, char **errors);
+
+/** Frees the server (after its loop has stopped). */
+void atc_server_destroy(struct atc_server *srv);
+
+/* Hooks for the request path (http_front.c / relay.c), called on the worker's thread. */
+void atc_server_request_started(struct atc_worker *w);
+void atc_server_request_finished(struct atc_worker *w);
+/** Passes a request's outcome on @p ep to passive health checks (on the main thread). */
+void atc_server_observe(struct atc_worker *w, struct atc_endpoint *ep, bool ok, bool had_errors);
+/** A slot on some endpoint freed: the worker with the most urgent waiting request tries to place it. */
+void atc_server_capacity_freed(struct atc_worker *w);
+/** Worker @p w's admission queue changed: other workers read its top priority. */
+void atc_server_queue_changed(struct atc_worker *w);
+
+/* For the admin API (main thread). */
+/** Reloads the policy on every worker: worker 0's first; the others only if it compiled. Returns the
+ * new version, or 0 with an owned message in *err. */
+uint64_t atc_server_reload_policy(struct atc_server *srv, char **err);
+/** Every worker's policy runtime into @p out (room for ATC_MAX_WORKERS); 0 without a policy. Each is
+ * brought up to date with a rollback made elsewhere. Call with the workers paused. */
+size_t atc_server_policies(const struct atc_server *srv, struct atc_policy_runtime **out);
+/** Every worker's counters summed; call with the workers paused. */
+void atc_server_totals(const struct atc_server *srv, struct atc_server_stats *st, unsigned *active);
+
+#endif

@@ -1,0 +1,87 @@
+#ifndef ATC_WORKER_H
+#define ATC_WORKER_H
+
+/* A worker: one thread's event loop with its own front listener (SO_REUSEPORT), Lua policy runtime,
+ * admission queue, access log buffer and upstream pools (ep->pools[id]). Worker 0 runs on the main
+ * thread, which also owns health checks, the admin API, signals and reloads. The endpoint table, its
+ * atomic counters, the metrics and the affinity tables are shared.
+ *
+ * Another thread reaches a worker in one of two ways only: a task posted to its mailbox (runs on the
+ * worker's thread, later), or while every worker is parked (atc_workers_pause: the main thread may then
+ * read and change any worker's state; used for reloads and the admin API's totals, never per request). */
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/time.h>
+
+#include "core/server.h"
+
+struct event_base;
+struct event;
+struct worker_task;
+
+struct atc_worker {
+    struct atc_server *srv;
+    unsigned id;
+    struct event_base *base;
+    struct atc_config *cfg;           /* the config it serves with (swapped by reloads while parked) */
+    struct atc_endpoint_table *table; /* likewise */
+    struct atc_policy_runtime *policy; /* NULL without a policy: section */
+    struct atc_admission *admission;   /* NULL when admission.queue is 0 */
+    struct atc_access_log *access_log; /* this worker's buffer on the shared file; NULL without one */
+    struct evhttp *front;
+    struct evhttp_bound_socket *front_listener;
+    struct atc_client_deadline *front_deadline;
+    struct atc_server_stats stats;
+    unsigned active; /* client requests in progress on this worker */
+    bool draining;
+    bool idle_reported; /* draining, and told the main thread it has nothing left in flight */
+    uint64_t rng;
+    uint64_t next_id;
+    struct timeval watch_delay; /* when a relay starts watching its client for a hang-up (a common timeout) */
+
+    atomic_int top_priority; /* of the requests in its admission queue (-1: none): read by other workers */
+    atomic_bool kick_posted; /* a kick from another worker is on its way */
+
+    /* the mailbox */
+    pthread_t thread;
+    bool threaded; /* a thread of its own (every worker but 0) */
+    bool running;  /* its thread's loop has not returned (under the server's pause lock) */
+    bool joined;   /* its thread is gone (main thread only) */
+    int wake_fd;   /* eventfd the mailbox event reads */
+    struct event *wake;
+    pthread_mutex_t mu;
+    struct worker_task *tasks, **tail;
+    bool closed; /* no more tasks: the loop has stopped */
+};
+
+/** A new event base tuned for a proxy (the epoll changelist). NULL on failure. */
+struct event_base *atc_event_base_new(void);
+
+/** Sets up worker @p id of @p srv on @p base (its mailbox). 0, or -1 on failure. */
+int atc_worker_init(struct atc_worker *w, struct atc_server *srv, unsigned id, struct event_base *base);
+
+/** Starts the worker's own thread running its loop. 0, or -1. */
+int atc_worker_start(struct atc_worker *w);
+
+/** Makes the worker's loop return soon (safe from any thread). */
+void atc_worker_exit_loop(struct atc_worker *w);
+
+/** Stops a threaded worker's loop and waits for its thread (nothing runs on its loop afterwards). */
+void atc_worker_join(struct atc_worker *w);
+
+/** Frees the worker's mailbox (not its base, nor what start_worker made). */
+void atc_worker_free(struct atc_worker *w);
+
+/** Runs @p fn(@p arg) on @p w's thread soon (at once when called on it). Returns -1 when the worker has
+ * stopped or memory ran out: @p fn is then not called. Safe from any thread. */
+int atc_worker_post(struct atc_worker *w, void (*fn)(void *arg), void *arg);
+
+/** Parks every running threaded worker between two callbacks and returns once all are parked: the
+ * caller (the main thread) may then touch their state. Nests; the outermost atc_workers_resume ends it. */
+void atc_workers_pause(struct atc_server *srv);
+void atc_workers_resume(struct atc_server *srv);
+
+#endif

@@ -1,0 +1,300 @@
+#include "fleet/endpoint.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/config.h"
+
+/* Weight of a new TTFT sample: about the last ten requests dominate. */
+#define TTFT_EWMA_ALPHA 0.1
+
+static struct atc_endpoint *endpoint_new(const char *model, const char *id, const char *host, uint16_t port,
+                                         unsigned capacity)
+{
+    struct atc_endpoint *ep = calloc(1, sizeof(*ep));
+    if (ep == NULL)
+        return NULL;
+    ep->id = strdup(id);
+    ep->host = strdup(host);
+    ep->model = strdup(model);
+    size_t urllen = strlen(host) + 32;
+    ep->url = malloc(urllen);
+    if (ep->id == NULL || ep->host == NULL || ep->model == NULL || ep->url == NULL) {
+        free(ep->id);
+        free(ep->host);
+        free(ep->model);
+        free(ep->url);
+        free(ep);
+        return NULL;
+    }
+    snprintf(ep->url, urllen, "http://%s:%u", host, (unsigned)port);
+    ep->port = port;
+    ep->capacity = capacity;
+    ep->weight = 1;
+    ep->routable = true;
+    return ep;
+}
+
+static void endpoint_free(struct atc_endpoint *ep)
+{
+    free(ep->id);
+    free(ep->url);
+    free(ep->host);
+    free(ep->model);
+    free(ep->version);
+    for (size_t i = 0; i < ep->ntags; i++)
+        free(ep->tags[i]);
+    free(ep->tags);
+    free(ep);
+}
+
+static int model_append(struct atc_model *m, struct atc_endpoint *ep)
+{
+    struct atc_endpoint **eps = realloc(m->endpoints, (m->nendpoints + 1) * sizeof(*eps));
+    if (eps == NULL)
+        return -1;
+    eps[m->nendpoints++] = ep;
+    m->endpoints = eps;
+    return 0;
+}
+
+static int table_append(struct atc_endpoint_table *t, struct atc_model *m, struct atc_endpoint *ep)
+{
+    struct atc_endpoint **eps = realloc(t->endpoints, (t->nendpoints + 1) * sizeof(*eps));
+    if (eps == NULL)
+        return -1;
+    t->endpoints = eps;
+    if (model_append(m, ep) < 0)
+        return -1;
+    ep->index = (unsigned)t->nendpoints;
+    eps[t->nendpoints++] = ep;
+    return 0;
+}
+
+/* The settings of @p ec that may change in place (a config reload keeps the endpoint and its counters). */
+static int apply_config(struct atc_endpoint *ep, const struct atc_endpoint_config *ec)
+{
+    ep->capacity = ec->capacity;
+    ep->weight = ec->weight;
+    ep->token_budget = ec->token_budget;
+    ep->max_server_queue = ec->max_server_queue;
+    free(ep->version);
+    ep->version = NULL;
+    for (size_t i = 0; i < ep->ntags; i++)
+        free(ep->tags[i]);
+    free(ep->tags);
+    ep->tags = NULL;
+    ep->ntags = 0;
+    if (ec->version != NULL && (ep->version = strdup(ec->version)) == NULL)
+        return -1;
+    if (ec->ntags > 0) {
+        if ((ep->tags = calloc(ec->ntags, sizeof(char *))) == NULL)
+            return -1;
+        for (; ep->ntags < ec->ntags; ep->ntags++)
+            if ((ep->tags[ep->ntags] = strdup(ec->tags[ep->ntags])) == NULL)
+                return -1;
+    }
+    return 0;
+}
+
+struct atc_endpoint_table *atc_endpoint_table_create(const struct atc_config *cfg)
+{
+    struct atc_endpoint_table *t = calloc(1, sizeof(*t));
+    if (t == NULL)
+        return NULL;
+    t->models = calloc(cfg->nmodels ? cfg->nmodels : 1, sizeof(*t->models));
+    if (t->models == NULL)
+        goto error;
+    for (size_t i = 0; i < cfg->nmodels; i++) {
+        const struct atc_model_config *mc = &cfg->models[i];
+        struct atc_model *m = &t->models[t->nmodels++];
+        if ((m->name = strdup(mc->name)) == NULL)
+            goto error;
+        for (size_t j = 0; j < mc->nendpoints; j++) {
+            const struct atc_endpoint_config *ec = &mc->endpoints[j];
+            struct atc_endpoint *ep = endpoint_new(mc->name, ec->id, ec->host, ec->port, ec->capacity);
+            if (ep == NULL)
+                goto error;
+            if (apply_config(ep, ec) < 0 || table_append(t, m, ep) < 0) {
+                endpoint_free(ep);
+                goto error;
+            }
+        }
+    }
+    return t;
+error:
+    atc_endpoint_table_destroy(t);
+    return NULL;
+}
+
+struct atc_endpoint *atc_endpoint_table_add(struct atc_endpoint_table *t, const char *model, const char *id,
+                                            const char *host, uint16_t port, unsigned capacity)
+{
+    struct atc_model *m = atc_endpoint_table_model(t, model, strlen(model));
+    if (m == NULL)
+        return NULL;
+    struct atc_endpoint *ep = endpoint_new(model, id, host, port, capacity);
+    if (ep == NULL)
+        return NULL;
+    if (table_append(t, m, ep) < 0) {
+        endpoint_free(ep);
+        return NULL;
+    }
+    return ep;
+}
+
+/* Frees the table's arrays and model names, not its endpoints. */
+static void table_free_shell(struct atc_endpoint_table *t)
+{
+    for (size_t i = 0; i < t->nmodels; i++) {
+        free(t->models[i].name);
+        free(t->models[i].endpoints);
+    }
+    free(t->endpoints);
+    free(t->models);
+    free(t);
+}
+
+struct atc_endpoint_table *atc_endpoint_table_rebuild(struct atc_endpoint_table *old,
+                                                      const struct atc_config *cfg,
+                                                      struct atc_endpoint ***retired, size_t *nretired)
+{
+    struct atc_endpoint_table *t = calloc(1, sizeof(*t));
+    bool *moved = calloc(old->nendpoints ? old->nendpoints : 1, sizeof(bool));
+    struct atc_endpoint **gone = calloc(old->nendpoints ? old->nendpoints : 1, sizeof(*gone));
+    if (t == NULL || moved == NULL || gone == NULL ||
+        (t->models = calloc(cfg->nmodels ? cfg->nmodels : 1, sizeof(*t->models))) == NULL)
+        goto error;
+    for (size_t i = 0; i < cfg->nmodels; i++) {
+        const struct atc_model_config *mc = &cfg->models[i];
+        struct atc_model *m = &t->models[t->nmodels++];
+        if ((m->name = strdup(mc->name)) == NULL)
+            goto error;
+        for (size_t j = 0; j < mc->nendpoints; j++) {
+            const struct atc_endpoint_config *ec = &mc->endpoints[j];
+            /* Same id, model and address: the same server, which keeps its counters, pool and health. */
+            struct atc_endpoint *ep = atc_endpoint_table_find(old, ec->id);
+            if (ep != NULL && !ep->simulated && ep->port == ec->port && strcmp(ep->host, ec->host) == 0 &&
+                strcmp(ep->model, mc->name) == 0) {
+                moved[ep->index] = true;
+            } else if ((ep = endpoint_new(mc->name, ec->id, ec->host, ec->port, ec->capacity)) == NULL) {
+                goto error;
+            }
+            if (apply_config(ep, ec) < 0 || table_append(t, m, ep) < 0)
+                goto error; /* out of memory: the process is in no state to go on either way */
+        }
+        /* Simulated servers stay as they are (simulate: changes need a restart). */
+        struct atc_model *om = atc_endpoint_table_model(old, mc->name, strlen(mc->name));
+        for (size_t j = 0; om != NULL && j < om->nendpoints; j++) {
+            struct atc_endpoint *ep = om->endpoints[j];
+            if (ep->simulated) {
+                moved[ep->index] = true;
+                if (table_append(t, m, ep) < 0)
+                    goto error;
+            }
+        }
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < old->nendpoints; i++)
+        if (!moved[i]) {
+            old->endpoints[i]->routable = false;
+            gone[n++] = old->endpoints[i];
+        }
+    free(moved);
+    table_free_shell(old);
+    *retired = gone;
+    *nretired = n;
+    return t;
+error:
+    abort(); /* allocation failure halfway through moving endpoints: nothing consistent is left */
+}
+
+void atc_endpoint_free(struct atc_endpoint *ep)
+{
+    endpoint_free(ep);
+}
+
+void atc_endpoint_table_destroy(struct atc_endpoint_table *t)
+{
+    if (t == NULL)
+        return;
+    for (size_t i = 0; i < t->nendpoints; i++)
+        endpoint_free(t->endpoints[i]);
+    for (size_t i = 0; i < t->nmodels; i++) {
+        free(t->models[i].name);
+        free(t->models[i].endpoints);
+    }
+    free(t->endpoints);
+    free(t->models);
+    free(t);
+}
+
+struct atc_model *atc_endpoint_table_model(const struct atc_endpoint_table *t, const char *name, size_t len)
+{
+    for (size_t i = 0; i < t->nmodels; i++)
+        if (strlen(t->models[i].name) == len && memcmp(t->models[i].name, name, len) == 0)
+            return &t->models[i];
+    return NULL;
+}
+
+struct atc_endpoint *atc_endpoint_table_find(const struct atc_endpoint_table *t, const char *id)
+{
+    for (size_t i = 0; i < t->nendpoints; i++)
+        if (strcmp(t->endpoints[i]->id, id) == 0)
+            return t->endpoints[i];
+    return NULL;
+}
+
+void atc_endpoint_acquire(struct atc_endpoint *ep, uint64_t tokens)
+{
+    atomic_fetch_add_explicit(&ep->inflight, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&ep->inflight_tokens, tokens, memory_order_relaxed);
+}
+
+bool atc_endpoint_try_acquire(struct atc_endpoint *ep, uint64_t tokens)
+{
+    unsigned cur = atomic_load_explicit(&ep->inflight, memory_order_relaxed);
+    do {
+        /* available() with the count this exchange is based on (the token sum is checked, not reserved,
+         * in the same step: a budget can be passed by one request per worker at the same instant) */
+        if (!atc_endpoint_available_at(ep, cur, tokens))
+            return false;
+    } while (!atomic_compare_exchange_weak_explicit(&ep->inflight, &cur, cur + 1, memory_order_relaxed,
+                                                    memory_order_relaxed));
+    atomic_fetch_add_explicit(&ep->inflight_tokens, tokens, memory_order_relaxed);
+    return true;
+}
+
+void atc_endpoint_release(struct atc_endpoint *ep, uint64_t tokens)
+{
+    /* Saturate rather than wrap: a bookkeeping slip must not make an endpoint look infinitely busy. A CAS
+     * loop, since another worker may release (or acquire) between our load and our store. */
+    unsigned n = atomic_load_explicit(&ep->inflight, memory_order_relaxed);
+    while (n > 0 && !atomic_compare_exchange_weak_explicit(&ep->inflight, &n, n - 1, memory_order_relaxed,
+                                                           memory_order_relaxed))
+        ;
+    uint64_t t = atomic_load_explicit(&ep->inflight_tokens, memory_order_relaxed);
+    while (t > 0 &&
+           !atomic_compare_exchange_weak_explicit(&ep->inflight_tokens, &t, t >= tokens ? t - tokens : 0,
+                                                  memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
+void atc_endpoint_record(struct atc_endpoint *ep, bool ok, double ttft_ms)
+{
+    atomic_fetch_add_explicit(&ep->requests_total, 1, memory_order_relaxed);
+    if (!ok) {
+        atomic_fetch_add_explicit(&ep->errors_total, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&ep->consecutive_errors, 1, memory_order_relaxed);
+        return;
+    }
+    atomic_store_explicit(&ep->consecutive_errors, 0, memory_order_relaxed);
+    if (ttft_ms < 0)
+        return;
+    /* A load and a store, not a CAS loop: when two workers record at the same instant one sample is lost,
+     * which a moving average over about ten requests does not notice. */
+    double ewma = atomic_load_explicit(&ep->ttft_ewma_ms, memory_order_relaxed);
+    atomic_store_explicit(&ep->ttft_ewma_ms, ewma == 0 ? ttft_ms : ewma + TTFT_EWMA_ALPHA * (ttft_ms - ewma),
+                          memory_order_relaxed);
+}

@@ -1,0 +1,142 @@
+#ifndef ATC_ENDPOINT_H
+#define ATC_ENDPOINT_H
+
+/* The endpoint table: every configured (or simulated) server, grouped by model, with the live counters
+ * that routing reads.
+ *
+ * Threads: the table is shared by every worker thread, and health checks run on the main thread. The
+ * live counters and the fields health.c writes are C11 atomics, each consistent on its own but not with
+ * the others (a reader may see inflight already counted and inflight_tokens not yet): good enough for
+ * routing, which is a heuristic over values that change all the time anyway. Everything else (strings,
+ * capacity, weight, tags, the table's arrays) changes only in atc_endpoint_table_create/_add/_rebuild,
+ * which must not run while a worker reads the table. */
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/config.h"
+
+struct atc_config;
+struct atc_upstream_pool;
+struct atc_endpoint_health;
+
+struct atc_endpoint {
+    unsigned index; /* position in the table's endpoints[] */
+    char *id;
+    char *url;
+    char *host;
+    uint16_t port;
+    char *model;
+    char *version; /* NULL if none */
+    char **tags;
+    size_t ntags;
+    unsigned capacity;
+    unsigned weight;
+    uint64_t token_budget; /* 0 = none */
+    unsigned max_server_queue; /* full while the server reports this many waiting (scraped); 0 = ignore */
+
+    /* live counters, written by every worker (atomic) */
+    _Atomic unsigned inflight;        /* requests routed here and not finished */
+    _Atomic uint64_t inflight_tokens; /* their prompt estimate + max_tokens */
+    _Atomic double ttft_ewma_ms;      /* exponentially weighted time to first byte of the answer; 0 = none */
+    _Atomic uint64_t requests_total;  /* attempts sent */
+    _Atomic uint64_t errors_total;    /* connection failures, timeouts, 5xx */
+    _Atomic uint64_t consecutive_errors;
+    _Atomic bool routable;          /* false while drained or (later) unhealthy */
+    bool simulated;                 /* started by atc for simulate: (kept across config reloads) */
+    _Atomic unsigned server_queue;  /* server-reported: requests waiting (0 until reported; replay sets it) */
+    _Atomic double server_kv_usage; /* server-reported: share of KV cache in use, 0..1 (likewise) */
+
+    /* health.c owns these (main thread writes, workers read) */
+    _Atomic unsigned slow_start_limit;  /* while > 0 (ramping up after a return): at most this many */
+    struct atc_endpoint_health *health; /* state, last error, scraped load (health.h); NULL without checks */
+
+    struct atc_upstream_pool *pools[ATC_MAX_WORKERS]; /* each worker's keep-alive connections (upstream.c) */
+};
+
+struct atc_model {
+    char *name;
+    struct atc_endpoint **endpoints; /* borrowed from the table */
+    size_t nendpoints;
+};
+
+struct atc_endpoint_table {
+    struct atc_endpoint **endpoints;
+    size_t nendpoints;
+    struct atc_model *models;
+    size_t nmodels;
+};
+
+/** Builds the table from @p cfg's models (simulated endpoints are added with
+ * atc_endpoint_table_add). Returns an owned table or NULL on allocation failure. */
+struct atc_endpoint_table *atc_endpoint_table_create(const struct atc_config *cfg);
+
+/** Adds an endpoint to model @p model (which must exist). Copies every string. Returns it or NULL. */
+struct atc_endpoint *atc_endpoint_table_add(struct atc_endpoint_table *t, const char *model, const char *id,
+                                            const char *host, uint16_t port, unsigned capacity);
+
+/** A config reload: a new table from @p cfg that keeps the endpoint structs of @p old whose id, model
+ * and address are unchanged (their counters, pools and health go on; capacity, weight, token budget,
+ * version and tags are updated) and its simulated endpoints; frees @p old's shell. Endpoints of @p old
+ * that are not in the new table are returned in *retired (owned array; they are no longer routable and
+ * still belong to the caller, who frees them with atc_endpoint_free once nothing uses them). Endpoints
+ * new to the table have no pool yet. Aborts on allocation failure. */
+struct atc_endpoint_table *atc_endpoint_table_rebuild(struct atc_endpoint_table *old,
+                                                      const struct atc_config *cfg,
+                                                      struct atc_endpoint ***retired, size_t *nretired);
+
+/** Frees an endpoint that is in no table (not its pool). */
+void atc_endpoint_free(struct atc_endpoint *ep);
+
+/** Frees the table and its endpoints (not their pools: upstream.c frees those first). */
+void atc_endpoint_table_destroy(struct atc_endpoint_table *t);
+
+/** The model called @p name (length @p len), or NULL. */
+struct atc_model *atc_endpoint_table_model(const struct atc_endpoint_table *t, const char *name, size_t len);
+
+/** The endpoint with id @p id, or NULL. */
+struct atc_endpoint *atc_endpoint_table_find(const struct atc_endpoint_table *t, const char *id);
+
+/** The capacity offered now: the configured one, or less while slow-starting. Loads compare against it. */
+static inline unsigned atc_endpoint_capacity_now(const struct atc_endpoint *ep)
+{
+    /* One load: health.c may change the limit between two reads. */
+    unsigned limit = atomic_load_explicit(&ep->slow_start_limit, memory_order_relaxed);
+    return limit > 0 && limit < ep->capacity ? limit : ep->capacity;
+}
+
+/** True when @p ep, with @p inflight requests, may take one more of @p tokens (prompt estimate +
+ * max_tokens): it is routable, under the capacity it offers now, and under its token budget (an idle
+ * endpoint takes any request). */
+static inline bool atc_endpoint_available_at(const struct atc_endpoint *ep, unsigned inflight, uint64_t tokens)
+{
+    return atomic_load_explicit(&ep->routable, memory_order_relaxed) && inflight < atc_endpoint_capacity_now(ep) &&
+           (ep->token_budget == 0 || inflight == 0 ||
+            atomic_load_explicit(&ep->inflight_tokens, memory_order_relaxed) + tokens <= ep->token_budget) &&
+           (ep->max_server_queue == 0 ||
+            atomic_load_explicit(&ep->server_queue, memory_order_relaxed) < ep->max_server_queue);
+}
+
+/** The same, with its in-flight count now. */
+static inline bool atc_endpoint_available(const struct atc_endpoint *ep, uint64_t tokens)
+{
+    return atc_endpoint_available_at(ep, atomic_load_explicit(&ep->inflight, memory_order_relaxed), tokens);
+}
+
+/** Counts a request of @p tokens routed to @p ep. Any thread. */
+void atc_endpoint_acquire(struct atc_endpoint *ep, uint64_t tokens);
+/** Counts it only if @p ep is still available for it (atc_endpoint_available), as one atomic step on the
+ * in-flight count: two workers cannot both take an endpoint's last slot. False when it is full now. */
+bool atc_endpoint_try_acquire(struct atc_endpoint *ep, uint64_t tokens);
+/** Undoes atc_endpoint_acquire once the request is finished (any outcome). Any thread; both counters
+ * saturate at 0 rather than wrap. */
+void atc_endpoint_release(struct atc_endpoint *ep, uint64_t tokens);
+/** Records the outcome of one attempt in @p ep's counters: @p ok false for connection failures, timeouts
+ * and 5xx only; @p ttft_ms the time to the answer's first byte when ok (< 0 if unknown). Any thread.
+ * It does not tell health: the caller reports the same outcome to atc_health_observe (passive
+ * ejection), on the thread that runs health checks. */
+void atc_endpoint_record(struct atc_endpoint *ep, bool ok, double ttft_ms);
+
+#endif

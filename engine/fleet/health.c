@@ -1,0 +1,1478 @@
+/* Endpoint health (health.h): the check scheduler, passive ejection, panic mode, slow start, drain and
+ * the load scrape.
+ *
+ * Each endpoint has four probes (live, ready, deep, scrape), each a small state machine on two libevent
+ * timers: `timer` starts the next probe, `deadline` ends one that takes longer than its timeout. A probe
+ * is one HTTP request on the endpoint's own check pool (upstream.c), so checks never queue behind, or
+ * take connections from, real traffic. The next probe is timed from the end of the previous one, so a
+ * slow server is never probed twice at once.
+ *
+ * From the verdicts of the checks, the drain flag and the ejection, set_state derives the endpoint's
+ * state; update_model then derives, for the whole model, panic mode and each endpoint's `routable`.
+ * Those two functions are the only writers of routing-visible state, and the only places that log
+ * state changes. */
+
+#include "fleet/health.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+
+#define JSMN_STATIC
+#define JSMN_STRICT
+#include <jsmn.h>
+
+#include "fleet/balancer.h"
+#include "core/config.h"
+#include "fleet/endpoint.h"
+#include "http/http_util.h"
+#include "core/log.h"
+#include "ops/metrics.h"
+#include "fleet/prometheus.h"
+#include "http/upstream.h"
+
+/* Bodies kept per probe; a larger answer fails the probe (a models list or a metrics page that big is
+ * not what we asked for). Live and deep bodies are only looked at briefly. */
+#define READY_BODY_MAX (1u << 20)
+#define SCRAPE_BODY_MAX (8u << 20)
+#define OTHER_BODY_MAX (256u << 10)
+/* Slow start begins at this share of the capacity and grows linearly to all of it. */
+#define SLOW_START_FLOOR 0.1
+/* How often the slow-start limits are recomputed while some endpoint ramps up. */
+#define RAMP_TICK_MS 100
+#define CHECK_HEADERS "User-Agent: atc-health-check\r\n"
+
+enum probe_kind { PROBE_LIVE, PROBE_READY, PROBE_DEEP, PROBE_SCRAPE, NPROBES };
+
+static const char *const probe_names[NPROBES] = {"live", "ready", "deep", "scrape"};
+
+struct hep;
+
+struct probe {
+    struct hep *e;
+    enum probe_kind kind;
+    const struct atc_check_config *cfg;
+    bool enabled;
+    struct event *timer;          /* starts the next probe */
+    struct event *deadline;       /* ends the running probe */
+    struct atc_upstream_req *req; /* the running probe, NULL between probes */
+    struct evbuffer *body;
+    size_t body_max;
+    int status;
+    uint64_t started_ms;
+    enum atc_check_verdict verdict;
+    unsigned oks, fails; /* consecutive raw results */
+    bool first_pending;  /* counts towards the first round */
+};
+
+struct hmodel {
+    const char *name;
+    const struct atc_health_config *cfg; /* model-wide settings: panic, eject.max_share */
+    struct hep **eps;
+    size_t neps;
+    bool panic;
+    uint64_t panics_total;
+};
+
+/* One endpoint's health; `pub` is what ep->health points to. */
+struct hep {
+    struct atc_endpoint_health pub;
+    struct atc_health *h;
+    struct atc_endpoint *ep;
+    struct hmodel *model;
+    const struct atc_health_config *cfg;
+    struct atc_upstream_pool *pool;
+    struct probe probes[NPROBES];
+    char *deep_body;
+    size_t deep_len;
+    const char *deep_method;
+    bool drained;
+    bool ejected;
+    bool ever_healthy;
+    bool cap_logged; /* the ejection cap stopped an ejection; logged once per streak */
+    unsigned passive_fails;
+    unsigned ejections; /* the current streak, for the growing ejection time */
+    uint64_t eject_ms;  /* length of the current ejection */
+    uint64_t returned_ms;
+    uint64_t last_kick_ms;
+    uint64_t deep_started_ms;
+    struct event *eject_timer;
+    uint64_t ramp_start_ms; /* 0 = not ramping */
+    double prev_queries, prev_hits;
+    bool have_prev;
+    bool scrape_failing;
+    bool ready_unanswered; /* the last ready probe got no HTTP answer at all (refused, timed out) */
+    bool down_seen;        /* since (or just before) its ejection, the probes found it unreachable */
+};
+
+struct atc_health {
+    struct event_base *base;
+    struct atc_endpoint_table *table;
+    struct hep *eps;
+    size_t neps;
+    struct hmodel *models;
+    size_t nmodels;
+    struct event *ramp_timer;
+    struct event *first_ev;
+    void (*first_cb)(void *arg);
+    void *first_arg;
+    size_t first_pending;
+    bool first_done;
+    struct event *capacity_ev; /* tells on_capacity, from the loop, that there is more room */
+    void (*on_capacity)(void *arg);
+    void *on_capacity_arg;
+    uint64_t rng;
+    struct atc_health_stats stats;
+};
+
+static void set_state(struct hep *e, const char *reason);
+static void schedule(struct probe *pr, uint64_t delay_ms);
+
+static uint64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static uint64_t now_ms(void)
+{
+    return mono_us() / 1000u;
+}
+
+static struct timeval tv_ms(uint64_t ms)
+{
+    return (struct timeval){.tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000};
+}
+
+static struct hep *hep_of(const struct atc_endpoint *ep)
+{
+    /* ep->health is the first member of its struct hep */
+    return ep->health != NULL ? (struct hep *)(void *)ep->health : NULL;
+}
+
+const char *atc_health_state_name(enum atc_health_state state)
+{
+    switch (state) {
+    case ATC_HEALTH_STARTING:
+        return "starting";
+    case ATC_HEALTH_HEALTHY:
+        return "healthy";
+    case ATC_HEALTH_UNHEALTHY:
+        return "unhealthy";
+    case ATC_HEALTH_EJECTED:
+        return "ejected";
+    case ATC_HEALTH_DRAINING:
+        return "draining";
+    }
+    return "unknown";
+}
+
+static const char *verdict_name(enum atc_check_verdict v)
+{
+    return v == ATC_CHECK_OK ? "ok" : v == ATC_CHECK_FAILED ? "failed" : "unknown";
+}
+
+/* ---- state ---- */
+
+static bool is_out(enum atc_health_state s)
+{
+    return s == ATC_HEALTH_UNHEALTHY || s == ATC_HEALTH_EJECTED;
+}
+
+static enum atc_health_state derive_state(const struct hep *e)
+{
+    if (e->drained)
+        return ATC_HEALTH_DRAINING;
+    if (e->ejected)
+        return ATC_HEALTH_EJECTED;
+    if (e->pub.live == ATC_CHECK_FAILED || e->pub.deep == ATC_CHECK_FAILED)
+        return ATC_HEALTH_UNHEALTHY;
+    /* Not ready: "starting" while the server answers (it is loading), "unhealthy" when it does not,
+     * whichever of the live and ready checks notices first. */
+    if (e->pub.ready == ATC_CHECK_FAILED && e->ready_unanswered)
+        return ATC_HEALTH_UNHEALTHY;
+    if (e->pub.ready != ATC_CHECK_OK)
+        return ATC_HEALTH_STARTING;
+    return ATC_HEALTH_HEALTHY;
+}
+
+/* The share of its capacity a slow-starting endpoint is offered now (1 = all: the ramp is over). */
+static double ramp_share(const struct hep *e, uint64_t now)
+{
+    if (e->ramp_start_ms == 0 || e->cfg->slow_start_ms == 0)
+        return 1.0;
+    double x = (double)(now - e->ramp_start_ms) / (double)e->cfg->slow_start_ms;
+    return x >= 1.0 ? 1.0 : SLOW_START_FLOOR + (1.0 - SLOW_START_FLOOR) * x;
+}
+
+static void more_capacity(struct atc_health *h)
+{
+    if (h->on_capacity != NULL && !evtimer_pending(h->capacity_ev, NULL)) {
+        struct timeval zero = {0, 0};
+        evtimer_add(h->capacity_ev, &zero);
+    }
+}
+
+static void on_capacity_ev(evutil_socket_t fd, short what, void *arg)
+{
+    struct atc_health *h = arg;
+    if (h->on_capacity != NULL)
+        h->on_capacity(h->on_capacity_arg);
+}
+
+void atc_health_on_capacity(struct atc_health *h, void (*cb)(void *arg), void *arg)
+{
+    h->on_capacity = cb;
+    h->on_capacity_arg = arg;
+}
+
+/* Recomputes the slow-start limits; returns whether some endpoint still ramps. */
+static bool apply_ramps(struct atc_health *h)
+{
+    uint64_t now = now_ms();
+    bool more = false;
+    for (size_t i = 0; i < h->neps; i++) {
+        struct hep *e = &h->eps[i];
+        if (e->ramp_start_ms == 0)
+            continue;
+        double share = e->pub.state == ATC_HEALTH_HEALTHY ? ramp_share(e, now) : 1.0;
+        if (share >= 1.0) {
+            if (e->pub.state == ATC_HEALTH_HEALTHY) {
+                atc_info("endpoint %s: slow start over: full capacity (%u)", e->ep->id, e->ep->capacity);
+                more_capacity(h);
+            }
+            e->ramp_start_ms = 0;
+            e->ep->slow_start_limit = 0;
+            e->pub.slow_start = 1.0;
+            continue;
+        }
+        unsigned limit = (unsigned)(share * e->ep->capacity);
+        if (limit < 1)
+            limit = 1;
+        if (limit > e->ep->slow_start_limit && e->ep->slow_start_limit != 0)
+            more_capacity(h);
+        e->ep->slow_start_limit = limit;
+        e->pub.slow_start = share;
+        more = true;
+    }
+    return more;
+}
+
+static void on_ramp_tick(evutil_socket_t fd, short what, void *arg)
+{
+    struct atc_health *h = arg;
+    if (apply_ramps(h)) {
+        struct timeval tv = tv_ms(RAMP_TICK_MS);
+        evtimer_add(h->ramp_timer, &tv);
+    }
+}
+
+/* Panic mode and `routable` for every endpoint of @p m, from their states. */
+static void update_model(struct hmodel *m)
+{
+    struct atc_health *h = m->eps[0]->h;
+    size_t healthy = 0, out = 0, drained = 0;
+    for (size_t i = 0; i < m->neps; i++) {
+        healthy += m->eps[i]->pub.state == ATC_HEALTH_HEALTHY;
+        out += is_out(m->eps[i]->pub.state);
+        drained += m->eps[i]->pub.state == ATC_HEALTH_DRAINING;
+    }
+    /* Panic when every endpoint the operator has not drained is out: none healthy, none starting. */
+    bool panic = out > 0 && out + drained == m->neps;
+    if (panic != m->panic) {
+        m->panic = panic;
+        if (panic) {
+            m->panics_total++;
+            h->stats.panics_total++;
+            h->stats.models_in_panic++;
+            if (m->cfg->panic == ATC_PANIC_ROUTE_ALL)
+                atc_warn("model %s: no endpoint is healthy: panic mode, routing to all %zu that are out "
+                         "(health.panic: route_all)",
+                         m->name, out);
+            else
+                atc_warn(
+                    "model %s: no endpoint is healthy: panic mode, failing its requests (health.panic: fail)",
+                    m->name);
+        } else {
+            h->stats.models_in_panic--;
+            atc_info("model %s: panic mode over: %zu endpoint(s) healthy", m->name, healthy);
+        }
+    }
+    for (size_t i = 0; i < m->neps; i++) {
+        struct hep *e = m->eps[i];
+        bool was = e->ep->routable;
+        e->ep->routable = e->pub.state == ATC_HEALTH_HEALTHY ||
+                          (panic && m->cfg->panic == ATC_PANIC_ROUTE_ALL && is_out(e->pub.state));
+        if (e->ep->routable && !was)
+            more_capacity(h);
+    }
+}
+
+static void start_deep_now(struct hep *e);
+
+/* Derives the endpoint's state; on a change logs it with @p reason and updates the model. */
+static void set_state(struct hep *e, const char *reason)
+{
+    enum atc_health_state old = e->pub.state, s = derive_state(e);
+    struct atc_health *h = e->h;
+    if (s == old)
+        return;
+    uint64_t now = now_ms();
+    e->pub.state = s;
+    e->pub.state_changes++;
+    h->stats.state_changes_total++;
+    if (s == ATC_HEALTH_HEALTHY)
+        atc_info("endpoint %s: %s -> healthy: %s", e->ep->id, atc_health_state_name(old), reason);
+    else
+        atc_warn("endpoint %s: %s -> %s: %s", e->ep->id, atc_health_state_name(old), atc_health_state_name(s),
+                 reason);
+    if (s == ATC_HEALTH_HEALTHY) {
+        /* Back after a failure (not a first start, not the end of a drain): ramp up. */
+        if (e->ever_healthy && old != ATC_HEALTH_DRAINING && e->cfg->slow_start_ms > 0) {
+            e->ramp_start_ms = now > 0 ? now : 1;
+            bool idle = !evtimer_pending(h->ramp_timer, NULL);
+            apply_ramps(h);
+            if (idle) {
+                struct timeval tv = tv_ms(RAMP_TICK_MS);
+                evtimer_add(h->ramp_timer, &tv);
+            }
+        }
+        e->ever_healthy = true;
+        e->returned_ms = now;
+        e->cap_logged = false;
+        /* A server that answers probes may still be unable to generate: ask it once now. */
+        if (e->pub.deep == ATC_CHECK_OK)
+            start_deep_now(e);
+    } else if (e->ramp_start_ms != 0) {
+        e->ramp_start_ms = 0;
+        e->ep->slow_start_limit = 0;
+        e->pub.slow_start = 1.0;
+    }
+    update_model(e->model);
+}
+
+/* ---- probes ---- */
+
+static void record_error(struct hep *e, const struct probe *pr, const char *why)
+{
+    snprintf(e->pub.last_error, sizeof(e->pub.last_error), "%s check: %s %s: %s", probe_names[pr->kind],
+             pr->kind == PROBE_DEEP ? e->deep_method : "GET", pr->cfg->path, why);
+}
+
+static uint64_t jittered(struct atc_health *h, uint64_t ms, double jitter)
+{
+    if (ms == 0 || jitter <= 0)
+        return ms;
+    double u = (double)(atc_random_next(&h->rng) >> 11) / 9007199254740992.0; /* [0, 1) */
+    double d = (double)ms * (1.0 + jitter * (2.0 * u - 1.0));
+    return d < 1.0 ? 1 : (uint64_t)d;
+}
+
+static uint64_t min_u64(uint64_t a, uint64_t b)
+{
+    return a < b ? a : b;
+}
+
+/* The wait before the next probe: faster while the verdict is changing, the down interval while it
+ * is settled failed, else the check's interval. */
+static uint64_t next_interval(const struct probe *pr)
+{
+    const struct atc_health_config *c = pr->e->cfg;
+    uint64_t every = pr->cfg->interval_ms;
+    if (pr->kind == PROBE_SCRAPE)
+        return every;
+    if (pr->verdict == ATC_CHECK_UNKNOWN || (pr->verdict == ATC_CHECK_OK && pr->fails > 0) ||
+        (pr->verdict == ATC_CHECK_FAILED && pr->oks > 0) ||
+        (pr->kind == PROBE_LIVE && pr->e->ejected && pr->e->down_seen)) /* may lift the ejection */
+        return min_u64(c->fast_interval_ms, every);
+    if (pr->verdict == ATC_CHECK_FAILED)
+        return min_u64(c->down_interval_ms, every);
+    return every;
+}
+
+static void schedule(struct probe *pr, uint64_t delay_ms)
+{
+    struct timeval tv = tv_ms(jittered(pr->e->h, delay_ms, pr->e->cfg->jitter));
+    evtimer_add(pr->timer, &tv);
+}
+
+/* Runs @p pr from the loop as soon as possible, unless it is running. */
+static void kick(struct probe *pr)
+{
+    if (!pr->enabled || pr->req != NULL)
+        return;
+    struct timeval zero = {0, 0};
+    evtimer_add(pr->timer, &zero);
+}
+
+static void start_deep_now(struct hep *e)
+{
+    struct probe *pr = &e->probes[PROBE_DEEP];
+    uint64_t now = now_ms();
+    /* At most once per fast interval when triggered: a flapping server is not flooded with inference. */
+    if (!pr->enabled || pr->req != NULL ||
+        (e->deep_started_ms != 0 && now - e->deep_started_ms < e->cfg->fast_interval_ms))
+        return;
+    kick(pr);
+}
+
+/* Some sign that the server is gone (a failed request, a refused scrape or ready probe): probe its
+ * liveness now rather than at its next tick, at most once per fast interval. */
+static void suspect(struct hep *e)
+{
+    uint64_t now = now_ms();
+    if (e->pub.live != ATC_CHECK_OK || now - e->last_kick_ms < e->cfg->fast_interval_ms)
+        return;
+    e->last_kick_ms = now;
+    kick(&e->probes[PROBE_LIVE]);
+}
+
+static void first_round_step(struct atc_health *h)
+{
+    if (h->first_pending > 0 && --h->first_pending == 0 && h->first_cb != NULL && !h->first_done) {
+        struct timeval zero = {0, 0};
+        evtimer_add(h->first_ev, &zero);
+    }
+}
+
+/* Applies one raw result to a check's verdict; @p why is the failure (NULL on success). */
+static void check_result(struct probe *pr, bool ok, const char *why)
+{
+    struct hep *e = pr->e;
+    struct atc_health *h = e->h;
+    const struct atc_health_config *c = e->cfg;
+    enum atc_check_verdict old = pr->verdict;
+    char reason[320];
+
+    if (ok) {
+        pr->oks++;
+        pr->fails = 0;
+    } else {
+        pr->fails++;
+        pr->oks = 0;
+        record_error(e, pr, why);
+    }
+    reason[0] = '\0';
+    if (old == ATC_CHECK_UNKNOWN) { /* start-up grace: the first result counts at once */
+        pr->verdict = ok ? ATC_CHECK_OK : ATC_CHECK_FAILED;
+        snprintf(reason, sizeof(reason), "first %s check %s", probe_names[pr->kind],
+                 ok ? "passed" : "failed");
+    } else if (old == ATC_CHECK_OK && pr->fails >= c->failure_threshold) {
+        pr->verdict = ATC_CHECK_FAILED;
+        snprintf(reason, sizeof(reason), "%s check failed %u time%s in a row", probe_names[pr->kind],
+                 pr->fails, pr->fails == 1 ? "" : "s");
+    } else if (old == ATC_CHECK_FAILED && pr->oks >= c->recovery_threshold) {
+        pr->verdict = ATC_CHECK_OK;
+        snprintf(reason, sizeof(reason), "%s check passed %u time%s in a row", probe_names[pr->kind], pr->oks,
+                 pr->oks == 1 ? "" : "s");
+    }
+    /* An ejected server that the probes saw unreachable and then answering again (recovery_threshold
+     * times in a row) has restarted: its ejection is lifted. One that failed requests while it kept
+     * answering its probes (5xx, hangs) serves its time. */
+    if (e->ejected && (pr->kind == PROBE_LIVE || pr->kind == PROBE_READY)) {
+        if (!ok && (pr->kind == PROBE_LIVE || pr->status == 0))
+            e->down_seen = true;
+        else if (ok && pr->kind == PROBE_LIVE && e->down_seen && pr->oks >= c->recovery_threshold) {
+            event_del(e->eject_timer);
+            e->ejected = false;
+            e->ejections = 0;
+            snprintf(reason, sizeof(reason),
+                     "unreachable, then live check passed %u times in a row: ejection lifted", pr->oks);
+        }
+    }
+    if (!ok && reason[0] != '\0') {
+        size_t n = strlen(reason);
+        snprintf(reason + n, sizeof(reason) - n, " (%s)", e->pub.last_error);
+    }
+
+    unsigned worst = 0;
+    for (int k = PROBE_LIVE; k <= PROBE_DEEP; k++)
+        if (e->probes[k].fails > worst)
+            worst = e->probes[k].fails;
+    e->pub.consecutive_failures = worst;
+    if (pr->kind == PROBE_LIVE)
+        e->pub.live = pr->verdict;
+    else if (pr->kind == PROBE_READY)
+        e->pub.ready = pr->verdict;
+    else
+        e->pub.deep = pr->verdict;
+
+    if (pr->kind == PROBE_READY)
+        e->ready_unanswered = !ok && pr->status == 0;
+    if (pr->verdict != old)
+        atc_debug("endpoint %s: %s check %s -> %s", e->ep->id, probe_names[pr->kind], verdict_name(old),
+                  verdict_name(pr->verdict));
+    set_state(e, reason[0] != '\0' ? reason : e->pub.last_error);
+    /* A sign of life from a server that is out: check the other shallow probe now too, so that it
+     * comes back at the pace of the faster one. */
+    if (ok && pr->verdict == ATC_CHECK_FAILED && (pr->kind == PROBE_LIVE || pr->kind == PROBE_READY)) {
+        struct probe *other = &e->probes[pr->kind == PROBE_LIVE ? PROBE_READY : PROBE_LIVE];
+        if (other->verdict == ATC_CHECK_FAILED && other->oks == 0)
+            kick(other);
+    }
+    /* A shallow check that starts failing (or flaps) while the endpoint is up: ask for a real answer. */
+    if (!ok && pr->kind != PROBE_DEEP && pr->fails == 1 && e->pub.state == ATC_HEALTH_HEALTHY)
+        start_deep_now(e);
+    if (pr->first_pending) {
+        pr->first_pending = false;
+        first_round_step(h);
+    }
+}
+
+/* ---- what a good answer is ---- */
+
+/* Decodes the JSON string token @p t of @p js into @p out (at most @p size - 1 bytes, NUL-terminated).
+ * Returns -1 when it does not fit or has a bad escape. */
+static int json_string(const char *js, const jsmntok_t *t, char *out, size_t size)
+{
+    size_t o = 0;
+    for (int i = t->start; i < t->end; i++) {
+        unsigned c = (unsigned char)js[i];
+        if (c == '\\') {
+            if (++i >= t->end)
+                return -1;
+            switch (js[i]) {
+            case 'n':
+                c = '\n';
+                break;
+            case 't':
+                c = '\t';
+                break;
+            case 'r':
+                c = '\r';
+                break;
+            case 'b':
+                c = '\b';
+                break;
+            case 'f':
+                c = '\f';
+                break;
+            case 'u': {
+                if (i + 4 >= t->end)
+                    return -1;
+                unsigned cp = 0;
+                for (int k = 1; k <= 4; k++) {
+                    char x = js[i + k];
+                    cp = cp * 16 + (unsigned)(x >= '0' && x <= '9'   ? x - '0'
+                                              : x >= 'a' && x <= 'f' ? x - 'a' + 10
+                                              : x >= 'A' && x <= 'F' ? x - 'A' + 10
+                                                                     : 0);
+                }
+                i += 4;
+                char u8[3];
+                size_t n = 0;
+                if (cp < 0x80) {
+                    u8[n++] = (char)cp;
+                } else if (cp < 0x800) {
+                    u8[n++] = (char)(0xc0 | (cp >> 6));
+                    u8[n++] = (char)(0x80 | (cp & 0x3f));
+                } else {
+                    u8[n++] = (char)(0xe0 | (cp >> 12));
+                    u8[n++] = (char)(0x80 | ((cp >> 6) & 0x3f));
+                    u8[n++] = (char)(0x80 | (cp & 0x3f));
+                }
+                if (o + n >= size)
+                    return -1;
+                memcpy(out + o, u8, n);
+                o += n;
+                continue;
+            }
+            default:
+                c = (unsigned char)js[i]; /* \" \\ \/ */
+                break;
+            }
+        }
+        if (o + 1 >= size)
+            return -1;
+        out[o++] = (char)c;
+    }
+    out[o] = '\0';
+    return 0;
+}
+
+/* The index just past token @p i and everything inside it (tokens are in document order). */
+static int json_skip(const jsmntok_t *t, int n, int i)
+{
+    int k = i + 1;
+    while (k < n && t[k].start < t[i].end)
+        k++;
+    return k;
+}
+
+/* Tokenizes @p len bytes of @p js; returns the token count (> 0) and an owned array, or -1. */
+static int json_tokens(const char *js, size_t len, jsmntok_t **out)
+{
+    jsmn_parser p;
+    jsmn_init(&p);
+    int n = jsmn_parse(&p, js, len, NULL, 0);
+    if (n <= 0)
+        return -1;
+    jsmntok_t *t = malloc((size_t)n * sizeof(*t));
+    if (t == NULL)
+        return -1;
+    jsmn_init(&p);
+    if (jsmn_parse(&p, js, len, t, (unsigned)n) != n || t[0].type != JSMN_OBJECT) {
+        free(t);
+        return -1;
+    }
+    *out = t;
+    return n;
+}
+
+/* The value token of top-level key @p key of the object at token 0, or -1. */
+static int json_member(const char *js, const jsmntok_t *t, int n, const char *key)
+{
+    size_t klen = strlen(key);
+    for (int i = 1, k = 0; i < n && k < t[0].size; k++) {
+        int v = i + 1;
+        if (v >= n)
+            return -1;
+        if (t[i].type == JSMN_STRING && (size_t)(t[i].end - t[i].start) == klen &&
+            memcmp(js + t[i].start, key, klen) == 0)
+            return v;
+        i = json_skip(t, n, v);
+    }
+    return -1;
+}
+
+/* Whether an OpenAI model list ({"data": [{"id": ...}, ...]}) names @p model. NULL when it does, else
+ * why not. */
+static const char *models_list_has(const char *js, size_t len, const char *model)
+{
+    jsmntok_t *t;
+    int n = json_tokens(js, len, &t);
+    if (n < 0)
+        return "the answer is not a JSON object";
+    const char *why = "the model list does not name this endpoint's model";
+    int data = json_member(js, t, n, "data");
+    if (data < 0 || t[data].type != JSMN_ARRAY) {
+        why = "the answer has no 'data' list of models";
+        goto done;
+    }
+    for (int i = data + 1, k = 0; i < n && k < t[data].size; k++) {
+        if (t[i].type == JSMN_OBJECT) {
+            for (int j = i + 1, m = 0; j + 1 < n && m < t[i].size; m++) {
+                char id[512];
+                if (t[j].type == JSMN_STRING && t[j].end - t[j].start == 2 &&
+                    memcmp(js + t[j].start, "id", 2) == 0 && t[j + 1].type == JSMN_STRING &&
+                    json_string(js, &t[j + 1], id, sizeof(id)) == 0 && strcmp(id, model) == 0) {
+                    why = NULL;
+                    goto done;
+                }
+                j = json_skip(t, n, j + 1);
+            }
+        }
+        i = json_skip(t, n, i);
+    }
+done:
+    free(t);
+    return why;
+}
+
+/* A deep probe's answer: a JSON object with "choices" (completions) or "data" (embeddings). */
+static const char *inference_answer_ok(const char *js, size_t len)
+{
+    jsmntok_t *t;
+    int n = json_tokens(js, len, &t);
+    if (n < 0)
+        return "the answer is not a JSON object";
+    bool ok = json_member(js, t, n, "choices") >= 0 || json_member(js, t, n, "data") >= 0;
+    free(t);
+    return ok ? NULL : "the answer has neither 'choices' nor 'data'";
+}
+
+/* ---- the load scrape ---- */
+
+enum load_slot { L_RUNNING, L_WAITING, L_KV, L_QUERIES, L_HITS, L_HIT_RATE, NSLOTS };
+
+/* Metric names by server, for each slot. Gauges of a share are combined by max, counts by sum. */
+static const struct {
+    const char *name;
+    enum load_slot slot;
+} load_metrics[] = {
+    {"vllm:num_requests_running", L_RUNNING},
+    {"vllm:num_requests_waiting", L_WAITING},
+    {"vllm:kv_cache_usage_perc", L_KV},
+    {"vllm:gpu_cache_usage_perc", L_KV}, /* vLLM before 0.10 */
+    {"vllm:prefix_cache_queries_total", L_QUERIES},
+    {"vllm:prefix_cache_hits_total", L_HITS},
+    {"vllm:gpu_prefix_cache_hit_rate", L_HIT_RATE},
+    {"sglang:num_running_reqs", L_RUNNING},
+    {"sglang:num_queue_reqs", L_WAITING},
+    {"sglang:token_usage", L_KV},
+    {"sglang:cache_hit_rate", L_HIT_RATE},
+    {"tgi_batch_current_size", L_RUNNING},
+    {"tgi_queue_size", L_WAITING},
+    {"llamacpp:requests_processing", L_RUNNING},
+    {"llamacpp:requests_deferred", L_WAITING},
+    {"llamacpp:kv_cache_usage_ratio", L_KV},
+};
+
+struct load_acc {
+    const char *model;
+    double mine[NSLOTS], all[NSLOTS]; /* series labelled with this model / every series */
+    bool has_mine[NSLOTS], has_all[NSLOTS];
+};
+
+static void acc_add(double *v, bool *has, enum load_slot slot, double x)
+{
+    bool share = slot == L_KV || slot == L_HIT_RATE;
+    v[slot] = !*has ? x : share ? fmax(v[slot], x) : v[slot] + x;
+    *has = true;
+}
+
+static int on_load_sample(void *arg, const struct atc_prom_sample *s)
+{
+    struct load_acc *a = arg;
+    if (!isfinite(s->value))
+        return 0;
+    for (size_t i = 0; i < sizeof(load_metrics) / sizeof(load_metrics[0]); i++) {
+        if (!atc_prom_name_is(s, load_metrics[i].name))
+            continue;
+        enum load_slot slot = load_metrics[i].slot;
+        acc_add(a->all, &a->has_all[slot], slot, s->value);
+        if (atc_prom_label_is(s, "model_name", a->model))
+            acc_add(a->mine, &a->has_mine[slot], slot, s->value);
+        break;
+    }
+    return 0;
+}
+
+/* A server may serve several models (and label each series): this endpoint's model's series when there
+ * are any, else all of them. NaN when the page has none. */
+static double acc_get(const struct load_acc *a, enum load_slot slot)
+{
+    return a->has_mine[slot] ? a->mine[slot] : a->has_all[slot] ? a->all[slot] : NAN;
+}
+
+static void scrape_failed(struct hep *e, const char *why)
+{
+    struct atc_server_load *l = &e->pub.load;
+    l->scrape_errors_total++;
+    e->h->stats.scrape_errors_total++;
+    snprintf(l->last_error, sizeof(l->last_error), "GET %s: %s", e->probes[PROBE_SCRAPE].cfg->path, why);
+    if (!e->scrape_failing)
+        atc_warn("endpoint %s: load scrape failed: %s (the last values are kept)", e->ep->id, l->last_error);
+    e->scrape_failing = true;
+}
+
+static void scrape_page(struct hep *e, const char *page, size_t len)
+{
+    struct load_acc a = {.model = e->ep->model};
+    struct atc_prom_error perr = {0};
+    if (atc_prom_parse(page, len, on_load_sample, &a, &perr) != 0) {
+        char why[128];
+        snprintf(why, sizeof(why), "malformed metrics page: line %zu: %s", perr.line, perr.msg);
+        scrape_failed(e, why);
+        return;
+    }
+    struct atc_server_load *l = &e->pub.load;
+    l->running = acc_get(&a, L_RUNNING);
+    l->waiting = acc_get(&a, L_WAITING);
+    l->kv_usage = acc_get(&a, L_KV);
+    double q = acc_get(&a, L_QUERIES), hits = acc_get(&a, L_HITS), rate = acc_get(&a, L_HIT_RATE);
+    if (!isnan(rate)) {
+        l->prefix_hit_rate = rate;
+    } else if (!isnan(q) && !isnan(hits)) {
+        /* Counters: the rate since the last scrape (a restart resets them: start again). */
+        if (e->have_prev && q > e->prev_queries && hits >= e->prev_hits)
+            l->prefix_hit_rate = (hits - e->prev_hits) / (q - e->prev_queries);
+        e->prev_queries = q;
+        e->prev_hits = hits;
+        e->have_prev = true;
+    }
+    /* What routing reads (replay fills the same fields from its simulated servers). */
+    e->ep->server_queue =
+        isfinite(l->waiting) && l->waiting > 0 ? (unsigned)lround(fmin(l->waiting, 1e9)) : 0;
+    e->ep->server_kv_usage = isfinite(l->kv_usage) ? l->kv_usage : 0;
+    l->scraped_ms = (double)mono_us() / 1000.0;
+    if (e->scrape_failing)
+        atc_info("endpoint %s: load scrape works again", e->ep->id);
+    e->scrape_failing = false;
+}
+
+/* ---- running a probe ---- */
+
+/* Ends the running probe. @p unreachable: it never reached a server (refused, reset, closed before an
+ * answer), which is the live check's business: a deep probe then counts neither way. */
+static void probe_end(struct probe *pr, bool ok, const char *why, bool unreachable)
+{
+    struct hep *e = pr->e;
+    struct atc_health *h = e->h;
+    event_del(pr->deadline);
+    pr->req = NULL;
+    e->pub.last_check_ms = (double)mono_us() / 1000.0;
+    if (pr->kind == PROBE_DEEP && unreachable) {
+        atc_debug("endpoint %s: deep probe did not reach the server: %s", e->ep->id, why);
+    } else if (pr->kind == PROBE_SCRAPE) {
+        e->pub.load.scrapes_total++;
+        h->stats.scrapes_total++;
+        if (ok)
+            scrape_page(e, (const char *)evbuffer_pullup(pr->body, -1), evbuffer_get_length(pr->body));
+        else
+            scrape_failed(e, why);
+    } else {
+        h->stats.probes_total++;
+        h->stats.probe_failures_total += !ok;
+        check_result(pr, ok, why);
+    }
+    if (!ok && pr->status == 0 && pr->kind != PROBE_LIVE)
+        suspect(e); /* no HTTP answer at all */
+    evbuffer_drain(pr->body, evbuffer_get_length(pr->body));
+    schedule(pr, next_interval(pr));
+}
+
+static void on_probe_headers(void *arg, const struct atc_upstream_response *resp)
+{
+    struct probe *pr = arg;
+    pr->status = resp->status;
+}
+
+static void on_probe_body(void *arg, struct evbuffer *data)
+{
+    struct probe *pr = arg;
+    if (evbuffer_get_length(pr->body) + evbuffer_get_length(data) > pr->body_max) {
+        evbuffer_drain(data, evbuffer_get_length(data));
+        atc_upstream_cancel(pr->req); /* no more callbacks: end the probe here */
+        probe_end(pr, false, "the answer is too large", false);
+        return;
+    }
+    evbuffer_add_buffer(pr->body, data);
+}
+
+static void on_probe_done(void *arg)
+{
+    struct probe *pr = arg;
+    struct hep *e = pr->e;
+    char why[200];
+    const char *bad = NULL;
+    const char *body = (const char *)evbuffer_pullup(pr->body, -1);
+    size_t len = evbuffer_get_length(pr->body);
+    int st = pr->status;
+
+    switch (pr->kind) {
+    case PROBE_LIVE:
+        /* Any answer but a server error means the process is up. A 503 from a server that is not ready
+         * (loading its model) is the ready check's business, not a liveness failure; from one that is
+         * ready it is the server saying it is broken. */
+        if (st >= 500 && !(st == 503 && e->pub.ready != ATC_CHECK_OK))
+            bad = "";
+        break;
+    case PROBE_READY:
+        if (st < 200 || st > 299)
+            bad = "";
+        else {
+            size_t plen = strlen(pr->cfg->path);
+            /* An OpenAI model list must name the model; another ready path just has to answer 2xx. */
+            if (plen >= 7 && strcmp(pr->cfg->path + plen - 7, "/models") == 0)
+                bad = models_list_has(body != NULL ? body : "", len, e->ep->model);
+        }
+        break;
+    case PROBE_DEEP:
+        bad = st < 200 || st > 299 ? "" : inference_answer_ok(body != NULL ? body : "", len);
+        break;
+    case PROBE_SCRAPE:
+        if (st != 200)
+            bad = "";
+        break;
+    case NPROBES:
+        break;
+    }
+    if (bad != NULL && bad[0] == '\0') {
+        snprintf(why, sizeof(why), "answered %d", st);
+        bad = why;
+    } else if (bad != NULL && pr->kind == PROBE_READY && strstr(bad, "model list") != NULL) {
+        snprintf(why, sizeof(why), "%s ('%s'): not ready", bad, e->ep->model);
+        bad = why;
+    }
+    probe_end(pr, bad == NULL, bad, false);
+}
+
+static void on_probe_error(void *arg, enum atc_upstream_error err, bool got_response)
+{
+    struct probe *pr = arg;
+    /* A timeout means the server took the request and did not answer: a real failure of any check. */
+    probe_end(pr, false, atc_upstream_strerror(err),
+              !got_response && (err == ATC_UPSTREAM_ERR_CONNECT || err == ATC_UPSTREAM_ERR_CONNECT_TIMEOUT ||
+                                err == ATC_UPSTREAM_ERR_CLOSED));
+}
+
+static const struct atc_upstream_callbacks probe_cb = {
+    .on_headers = on_probe_headers,
+    .on_body = on_probe_body,
+    .on_done = on_probe_done,
+    .on_error = on_probe_error,
+};
+
+static void on_probe_deadline(evutil_socket_t fd, short what, void *arg)
+{
+    struct probe *pr = arg;
+    char why[64];
+    if (pr->req == NULL)
+        return;
+    atc_upstream_cancel(pr->req);
+    snprintf(why, sizeof(why), "no answer within %llums", (unsigned long long)pr->cfg->timeout_ms);
+    probe_end(pr, false, why, false);
+}
+
+static void on_probe_timer(evutil_socket_t fd, short what, void *arg)
+{
+    struct probe *pr = arg;
+    struct hep *e = pr->e;
+    if (pr->req != NULL)
+        return;
+    /* A deep probe only means something on a server that is up and ready. */
+    if (pr->kind == PROBE_DEEP && (e->pub.live == ATC_CHECK_FAILED || e->pub.ready != ATC_CHECK_OK)) {
+        schedule(pr, next_interval(pr));
+        return;
+    }
+    const char *method = "GET", *body = NULL;
+    size_t len = 0;
+    if (pr->kind == PROBE_DEEP) {
+        method = e->deep_method;
+        body = e->deep_body;
+        len = e->deep_len;
+        e->deep_started_ms = now_ms();
+    }
+    pr->status = 0;
+    pr->started_ms = now_ms();
+    pr->req = atc_upstream_send(e->pool, method, pr->cfg->path, CHECK_HEADERS, body, len, &probe_cb, pr);
+    if (pr->req == NULL) {
+        probe_end(pr, false, "out of memory", false);
+        return;
+    }
+    struct timeval tv = tv_ms(pr->cfg->timeout_ms);
+    evtimer_add(pr->deadline, &tv);
+}
+
+/* ---- passive checks ---- */
+
+static void on_eject_over(evutil_socket_t fd, short what, void *arg)
+{
+    struct hep *e = arg;
+    char reason[96];
+    e->ejected = false;
+    snprintf(reason, sizeof(reason), "ejection over after %.1fs", (double)e->eject_ms / 1000.0);
+    set_state(e, reason);
+}
+
+void atc_health_observe(struct atc_endpoint *ep, bool ok)
+{
+    struct hep *e = hep_of(ep);
+    if (e == NULL)
+        return;
+    if (ok) {
+        e->passive_fails = 0;
+        e->cap_logged = false;
+        return;
+    }
+    e->passive_fails++;
+    const struct atc_health_config *c = e->cfg;
+    uint64_t now = now_ms();
+    suspect(e); /* real traffic failing */
+    if (c->eject.consecutive_errors == 0 || e->passive_fails < c->eject.consecutive_errors ||
+        e->pub.state != ATC_HEALTH_HEALTHY)
+        return;
+    struct hmodel *m = e->model;
+    size_t ejected = 0;
+    for (size_t i = 0; i < m->neps; i++)
+        ejected += m->eps[i]->ejected;
+    size_t allowed = (size_t)floor(m->cfg->eject.max_share * (double)m->neps + 1e-9);
+    if (ejected + 1 > allowed) {
+        if (!e->cap_logged)
+            atc_warn("endpoint %s: %u requests in a row failed, but it stays: %zu of the %zu endpoints of %s "
+                     "are ejected already (health.eject.max_share %.2f)",
+                     ep->id, e->passive_fails, ejected, m->neps, m->name, m->cfg->eject.max_share);
+        e->cap_logged = true;
+        return;
+    }
+    if (e->returned_ms != 0 && now - e->returned_ms >= c->eject.max_time_ms)
+        e->ejections = 0; /* well behaved for a long while: start the growth again */
+    e->ejections++;
+    uint64_t t = c->eject.base_time_ms * e->ejections;
+    e->eject_ms =
+        t < c->eject.max_time_ms && t / e->ejections == c->eject.base_time_ms ? t : c->eject.max_time_ms;
+    e->ejected = true;
+    e->down_seen =
+        e->probes[PROBE_LIVE].fails > 0 || (e->probes[PROBE_READY].fails > 0 && e->ready_unanswered);
+    e->pub.ejections_total++;
+    e->h->stats.ejections_total++;
+    snprintf(e->pub.last_error, sizeof(e->pub.last_error),
+             "ejected for %.1fs: %u requests in a row failed (connection failures, timeouts or 5xx)",
+             (double)e->eject_ms / 1000.0, e->passive_fails);
+    unsigned fails = e->passive_fails;
+    e->passive_fails = 0;
+    struct timeval tv = tv_ms(e->eject_ms);
+    evtimer_add(e->eject_timer, &tv);
+    char reason[160];
+    snprintf(reason, sizeof(reason), "%u requests in a row failed: ejected for %.1fs (ejection %u)", fails,
+             (double)e->eject_ms / 1000.0, e->ejections);
+    set_state(e, reason);
+    /* Whether it can generate at all decides if it is unhealthy beyond this ejection. */
+    start_deep_now(e);
+}
+
+/* ---- admin ---- */
+
+void atc_health_set_drained(struct atc_health *h, struct atc_endpoint *ep, bool drain)
+{
+    struct hep *e = hep_of(ep);
+    if (e == NULL || e->drained == drain)
+        return;
+    e->drained = drain;
+    set_state(e, drain ? "drained by the admin API" : "enabled by the admin API");
+}
+
+/* ---- start and stop ---- */
+
+static void on_first_round(evutil_socket_t fd, short what, void *arg)
+{
+    struct atc_health *h = arg;
+    if (h->first_done || h->first_cb == NULL)
+        return;
+    h->first_done = true;
+    h->first_cb(h->first_arg);
+}
+
+void atc_health_on_first_round(struct atc_health *h, void (*cb)(void *arg), void *arg)
+{
+    h->first_cb = cb;
+    h->first_arg = arg;
+    if (h->first_pending == 0) {
+        struct timeval zero = {0, 0};
+        evtimer_add(h->first_ev, &zero);
+    }
+}
+
+/* The settings for @p ep: its own, else its model's (simulated endpoints), else the top level's. */
+static const struct atc_health_config *config_for(const struct atc_config *cfg, const struct atc_endpoint *ep,
+                                                  const struct atc_health_config **model_cfg)
+{
+    *model_cfg = &cfg->health;
+    for (size_t i = 0; i < cfg->nmodels; i++) {
+        const struct atc_model_config *m = &cfg->models[i];
+        if (strcmp(m->name, ep->model) != 0)
+            continue;
+        *model_cfg = &m->health;
+        for (size_t j = 0; j < m->nendpoints; j++)
+            if (strcmp(m->endpoints[j].id, ep->id) == 0)
+                return &m->endpoints[j].health;
+        return &m->health;
+    }
+    return &cfg->health;
+}
+
+/* The request of a deep probe, by the kind of path: chat, embeddings, else a completion. */
+static int make_deep_body(struct hep *e)
+{
+    const char *path = e->cfg->deep.path;
+    struct evbuffer *b = evbuffer_new();
+    if (b == NULL)
+        return -1;
+    evbuffer_add_printf(b, "{\"model\":\"");
+    atc_json_escape(b, e->ep->model, strlen(e->ep->model));
+    if (strstr(path, "chat") != NULL)
+        evbuffer_add_printf(b, "\",\"messages\":[{\"role\":\"user\",\"content\":\"ping\"}],\"max_tokens\":1,"
+                               "\"stream\":false}");
+    else if (strstr(path, "embeddings") != NULL)
+        evbuffer_add_printf(b, "\",\"input\":\"ping\"}");
+    else
+        evbuffer_add_printf(b, "\",\"prompt\":\"ping\",\"max_tokens\":1,\"stream\":false}");
+    e->deep_len = evbuffer_get_length(b);
+    e->deep_body = malloc(e->deep_len);
+    if (e->deep_body != NULL)
+        evbuffer_remove(b, e->deep_body, e->deep_len);
+    evbuffer_free(b);
+    e->deep_method = "POST";
+    return e->deep_body != NULL ? 0 : -1;
+}
+
+static int hep_init(struct atc_health *h, struct hep *e, struct atc_endpoint *ep,
+                    const struct atc_config *cfg, const char **err)
+{
+    const struct atc_health_config *mc;
+    e->h = h;
+    e->ep = ep;
+    e->cfg = config_for(cfg, ep, &mc);
+    e->pub.state = ATC_HEALTH_STARTING;
+    e->pub.live = e->pub.ready = ATC_CHECK_UNKNOWN;
+    e->pub.deep = ATC_CHECK_OK;
+    e->pub.slow_start = 1.0;
+    e->pub.load.running = e->pub.load.waiting = e->pub.load.kv_usage = e->pub.load.prefix_hit_rate = NAN;
+    if ((e->eject_timer = evtimer_new(h->base, on_eject_over, e)) == NULL || make_deep_body(e) < 0)
+        goto oom;
+    const struct atc_check_config *checks[NPROBES] = {&e->cfg->live, &e->cfg->ready, &e->cfg->deep,
+                                                      &e->cfg->scrape};
+    static const size_t body_max[NPROBES] = {OTHER_BODY_MAX, READY_BODY_MAX, OTHER_BODY_MAX, SCRAPE_BODY_MAX};
+    uint64_t longest = 1;
+    for (int k = 0; k < NPROBES; k++) {
+        struct probe *pr = &e->probes[k];
+        pr->e = e;
+        pr->kind = (enum probe_kind)k;
+        pr->cfg = checks[k];
+        pr->enabled = checks[k]->enabled && (k == PROBE_SCRAPE || e->cfg->enabled);
+        pr->verdict = k == PROBE_DEEP ? ATC_CHECK_OK : ATC_CHECK_UNKNOWN;
+        pr->body_max = body_max[k];
+        if (!pr->enabled) {
+            pr->verdict = ATC_CHECK_OK;
+            continue;
+        }
+        if ((pr->timer = evtimer_new(h->base, on_probe_timer, pr)) == NULL ||
+            (pr->deadline = evtimer_new(h->base, on_probe_deadline, pr)) == NULL ||
+            (pr->body = evbuffer_new()) == NULL)
+            goto oom;
+        if (checks[k]->timeout_ms > longest)
+            longest = checks[k]->timeout_ms;
+    }
+    e->pub.live = e->probes[PROBE_LIVE].verdict;
+    e->pub.ready = e->probes[PROBE_READY].verdict;
+    /* Its own pool: probes never wait behind real traffic, nor take its warm connections. The
+     * deadline timer enforces each probe's timeout; the pool's are only a backstop. */
+    struct atc_upstream_settings us = {
+        .connect_timeout_ms = longest,
+        .first_byte_timeout_ms = longest,
+        .idle_timeout_ms = longest,
+        .keepalive = NPROBES,
+    };
+    if ((e->pool = atc_upstream_pool_create(h->base, ep->host, ep->port, &us, err)) == NULL)
+        return -1;
+    return 0;
+oom:
+    *err = "out of memory";
+    return -1;
+}
+
+/* A config reload: an endpoint that stays keeps what its checks found, so it keeps serving. */
+static void carry_over(struct hep *e, const struct atc_health *previous)
+{
+    for (size_t i = 0; previous != NULL && i < previous->neps; i++) {
+        const struct hep *o = &previous->eps[i];
+        if (o->ep != e->ep)
+            continue;
+        e->pub.live = o->pub.live;
+        e->pub.ready = o->pub.ready;
+        e->pub.deep = o->pub.deep;
+        e->pub.load = o->pub.load;
+        e->pub.last_check_ms = o->pub.last_check_ms;
+        e->drained = o->drained;
+        e->ever_healthy = o->ever_healthy;
+        e->ready_unanswered = o->ready_unanswered;
+        return;
+    }
+}
+
+struct atc_health *atc_health_create(struct event_base *base, struct atc_endpoint_table *table,
+                                     const struct atc_config *cfg, const struct atc_health *previous,
+                                     const char **err)
+{
+    struct atc_health *h = calloc(1, sizeof(*h));
+    if (h == NULL) {
+        *err = "out of memory";
+        return NULL;
+    }
+    h->base = base;
+    h->table = table;
+    h->rng = mono_us() ^ ((uint64_t)getpid() << 32);
+    h->neps = table->nendpoints;
+    h->nmodels = table->nmodels;
+    h->eps = calloc(h->neps ? h->neps : 1, sizeof(*h->eps));
+    h->models = calloc(h->nmodels ? h->nmodels : 1, sizeof(*h->models));
+    h->ramp_timer = evtimer_new(base, on_ramp_tick, h);
+    h->first_ev = evtimer_new(base, on_first_round, h);
+    h->capacity_ev = evtimer_new(base, on_capacity_ev, h);
+    if (h->eps == NULL || h->models == NULL || h->ramp_timer == NULL || h->first_ev == NULL ||
+        h->capacity_ev == NULL) {
+        *err = "out of memory";
+        goto error;
+    }
+    for (size_t i = 0; i < h->neps; i++)
+        if (hep_init(h, &h->eps[i], table->endpoints[i], cfg, err) < 0)
+            goto error;
+    for (size_t i = 0; i < h->nmodels; i++) {
+        struct atc_model *tm = &table->models[i];
+        struct hmodel *m = &h->models[i];
+        m->name = tm->name;
+        m->cfg = &cfg->health;
+        for (size_t j = 0; j < cfg->nmodels; j++)
+            if (strcmp(cfg->models[j].name, tm->name) == 0)
+                m->cfg = &cfg->models[j].health;
+        if ((m->eps = calloc(tm->nendpoints ? tm->nendpoints : 1, sizeof(*m->eps))) == NULL) {
+            *err = "out of memory";
+            goto error;
+        }
+        for (size_t j = 0; j < tm->nendpoints; j++) {
+            struct hep *e = &h->eps[tm->endpoints[j]->index];
+            e->model = m;
+            m->eps[m->neps++] = e;
+        }
+    }
+    /* Publish, then derive every state (endpoints without active checks are healthy at once), then
+     * start the first probes. */
+    for (size_t i = 0; i < h->neps; i++) {
+        struct hep *e = &h->eps[i];
+        e->ep->health = &e->pub;
+        e->ep->routable = false;
+        e->ep->slow_start_limit = 0;
+    }
+    for (size_t i = 0; i < h->neps; i++) {
+        struct hep *e = &h->eps[i];
+        if (e->model == NULL)
+            continue;
+        e->pub.state = ATC_HEALTH_STARTING;
+        carry_over(e, previous);
+        enum atc_health_state s = derive_state(e);
+        if (s != ATC_HEALTH_STARTING) {
+            e->pub.state = s;
+            if (s == ATC_HEALTH_HEALTHY) {
+                e->ever_healthy = true;
+                e->returned_ms = now_ms();
+            }
+        }
+    }
+    for (size_t i = 0; i < h->nmodels; i++)
+        if (h->models[i].neps > 0)
+            update_model(&h->models[i]);
+    for (size_t i = 0; i < h->neps; i++) {
+        struct hep *e = &h->eps[i];
+        for (int k = 0; k < NPROBES; k++) {
+            struct probe *pr = &e->probes[k];
+            if (!pr->enabled)
+                continue;
+            if (k == PROBE_LIVE || k == PROBE_READY) {
+                pr->first_pending = true;
+                h->first_pending++;
+            }
+            if (k == PROBE_DEEP)
+                schedule(pr, pr->cfg->interval_ms); /* and at once when it first turns healthy */
+            else
+                kick(pr); /* start-up: check at once */
+        }
+    }
+    return h;
+error:
+    atc_health_destroy(h);
+    return NULL;
+}
+
+void atc_health_destroy(struct atc_health *h)
+{
+    if (h == NULL)
+        return;
+    for (size_t i = 0; i < h->neps; i++) {
+        struct hep *e = &h->eps[i];
+        for (int k = 0; k < NPROBES; k++) {
+            struct probe *pr = &e->probes[k];
+            if (pr->req != NULL)
+                atc_upstream_cancel(pr->req);
+            if (pr->timer != NULL)
+                event_free(pr->timer);
+            if (pr->deadline != NULL)
+                event_free(pr->deadline);
+            if (pr->body != NULL)
+                evbuffer_free(pr->body);
+        }
+        if (e->eject_timer != NULL)
+            event_free(e->eject_timer);
+        atc_upstream_pool_destroy(e->pool);
+        free(e->deep_body);
+        if (e->ep != NULL && e->ep->health == &e->pub) {
+            e->ep->health = NULL;
+            e->ep->slow_start_limit = 0;
+        }
+    }
+    for (size_t i = 0; i < h->nmodels; i++)
+        free(h->models[i].eps);
+    if (h->ramp_timer != NULL)
+        event_free(h->ramp_timer);
+    if (h->first_ev != NULL)
+        event_free(h->first_ev);
+    if (h->capacity_ev != NULL)
+        event_free(h->capacity_ev);
+    free(h->eps);
+    free(h->models);
+    free(h);
+}
+
+/* ---- reports ---- */
+
+static void json_number(struct evbuffer *out, const char *key, double v)
+{
+    if (isfinite(v))
+        evbuffer_add_printf(out, ",\"%s\":%.6g", key, v);
+    else
+        evbuffer_add_printf(out, ",\"%s\":null", key);
+}
+
+static void json_text(struct evbuffer *out, const char *key, const char *s)
+{
+    if (s == NULL || s[0] == '\0') {
+        evbuffer_add_printf(out, ",\"%s\":null", key);
+        return;
+    }
+    evbuffer_add_printf(out, ",\"%s\":\"", key);
+    atc_json_escape(out, s, strlen(s));
+    evbuffer_add(out, "\"", 1);
+}
+
+static void json_verdict(struct evbuffer *out, const char *key, enum atc_check_verdict v)
+{
+    evbuffer_add_printf(out, ",\"%s\":%s", key,
+                        v == ATC_CHECK_OK       ? "true"
+                        : v == ATC_CHECK_FAILED ? "false"
+                                                : "null");
+}
+
+void atc_health_endpoint_json(const struct atc_endpoint *ep, struct evbuffer *out)
+{
+    const struct hep *e = hep_of(ep);
+    if (e == NULL)
+        return;
+    const struct atc_endpoint_health *p = &e->pub;
+    double now = (double)mono_us() / 1000.0;
+    evbuffer_add_printf(out, ",\"state\":\"%s\"", atc_health_state_name(p->state));
+    json_verdict(out, "live", p->live);
+    json_verdict(out, "ready", p->ready);
+    json_verdict(out, "deep", p->deep);
+    evbuffer_add_printf(out, ",\"consecutive_failures\":%u", p->consecutive_failures);
+    json_text(out, "last_error", p->last_error);
+    json_number(out, "last_check_age_ms", p->last_check_ms > 0 ? now - p->last_check_ms : NAN);
+    evbuffer_add_printf(out, ",\"state_changes\":%llu,\"ejections\":%llu",
+                        (unsigned long long)p->state_changes, (unsigned long long)p->ejections_total);
+    json_number(out, "slow_start", p->slow_start);
+    evbuffer_add_printf(out, ",\"load\":{");
+    evbuffer_add_printf(out, "\"scrapes_total\":%llu,\"scrape_errors_total\":%llu",
+                        (unsigned long long)p->load.scrapes_total,
+                        (unsigned long long)p->load.scrape_errors_total);
+    json_number(out, "running", p->load.running);
+    json_number(out, "waiting", p->load.waiting);
+    json_number(out, "kv_usage", p->load.kv_usage);
+    json_number(out, "prefix_hit_rate", p->load.prefix_hit_rate);
+    json_number(out, "age_ms", p->load.scraped_ms > 0 ? now - p->load.scraped_ms : NAN);
+    json_text(out, "last_error", p->load.last_error);
+    evbuffer_add(out, "}", 1);
+}
+
+void atc_health_status_json(const struct atc_health *h, struct evbuffer *out)
+{
+    evbuffer_add_printf(out, "{\"models\":[");
+    for (size_t i = 0; i < h->nmodels; i++) {
+        const struct hmodel *m = &h->models[i];
+        evbuffer_add_printf(out, "%s{\"name\":\"", i ? "," : "");
+        atc_json_escape(out, m->name, strlen(m->name));
+        evbuffer_add_printf(
+            out, "\",\"panic\":%s,\"panic_mode\":\"%s\",\"panics_total\":%llu}", m->panic ? "true" : "false",
+            m->cfg->panic == ATC_PANIC_FAIL ? "fail" : "route_all", (unsigned long long)m->panics_total);
+    }
+    const struct atc_health_stats *s = &h->stats;
+    evbuffer_add_printf(out,
+                        "],\"probes_total\":%llu,\"probe_failures_total\":%llu,\"state_changes_total\":%llu,"
+                        "\"ejections_total\":%llu,\"panics_total\":%llu,\"models_in_panic\":%zu,"
+                        "\"scrapes_total\":%llu,\"scrape_errors_total\":%llu}",
+                        (unsigned long long)s->probes_total, (unsigned long long)s->probe_failures_total,
+                        (unsigned long long)s->state_changes_total, (unsigned long long)s->ejections_total,
+                        (unsigned long long)s->panics_total, s->models_in_panic,
+                        (unsigned long long)s->scrapes_total, (unsigned long long)s->scrape_errors_total);
+}
+
+static void metric_help(struct evbuffer *out, const char *name, const char *type, const char *text)
+{
+    evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, type);
+}
+
+static void metric_endpoint(struct evbuffer *out, const char *name, const struct hep *e, const char *extra,
+                            double v)
+{
+    evbuffer_add_printf(out, "%s{model=\"", name);
+    atc_metrics_label(out, e->ep->model);
+    evbuffer_add(out, "\",endpoint=\"", 12);
+    atc_metrics_label(out, e->ep->id);
+    evbuffer_add_printf(out, "\"%s} ", extra);
+    if (isnan(v))
+        evbuffer_add(out, "NaN\n", 4);
+    else
+        evbuffer_add_printf(out, "%.9g\n", v);
+}
+
+void atc_health_metrics(const struct atc_health *h, struct evbuffer *out)
+{
+    static const enum atc_health_state states[] = {ATC_HEALTH_STARTING, ATC_HEALTH_HEALTHY,
+                                                   ATC_HEALTH_UNHEALTHY, ATC_HEALTH_EJECTED,
+                                                   ATC_HEALTH_DRAINING};
+    metric_help(
+        out, "atc_endpoint_health_state", "gauge",
+        "1 for the endpoint's health state (starting, healthy, unhealthy, ejected, draining), else 0.");
+    for (size_t i = 0; i < h->neps; i++)
+        for (size_t k = 0; k < sizeof(states) / sizeof(states[0]); k++) {
+            char extra[40];
+            snprintf(extra, sizeof(extra), ",state=\"%s\"", atc_health_state_name(states[k]));
+            metric_endpoint(out, "atc_endpoint_health_state", &h->eps[i], extra,
+                            h->eps[i].pub.state == states[k]);
+        }
+    static const struct {
+        const char *name, *type, *help;
+    } m[] = {
+        {"atc_endpoint_check_consecutive_failures", "gauge",
+         "The longest current run of failed probes of one check."},
+        {"atc_endpoint_state_changes_total", "counter", "Health state changes of the endpoint."},
+        {"atc_endpoint_ejections_total", "counter", "Ejections of the endpoint by failures of real traffic."},
+        {"atc_endpoint_slow_start_ratio", "gauge",
+         "Share of its capacity the endpoint is offered (1 unless ramping up)."},
+        {"atc_endpoint_server_running_requests", "gauge",
+         "Requests the server reports running (its /metrics)."},
+        {"atc_endpoint_server_waiting_requests", "gauge",
+         "Requests the server reports queued (its /metrics)."},
+        {"atc_endpoint_server_kv_cache_usage_ratio", "gauge",
+         "KV cache share in use, as the server reports it."},
+        {"atc_endpoint_server_prefix_cache_hit_ratio", "gauge",
+         "Prefix cache hits per prompt token queried, between two scrapes."},
+        {"atc_endpoint_scrapes_total", "counter", "Scrapes of the server's /metrics."},
+        {"atc_endpoint_scrape_errors_total", "counter", "Failed scrapes and malformed metrics pages."},
+    };
+    for (size_t k = 0; k < sizeof(m) / sizeof(m[0]); k++) {
+        metric_help(out, m[k].name, m[k].type, m[k].help);
+        for (size_t i = 0; i < h->neps; i++) {
+            const struct atc_endpoint_health *p = &h->eps[i].pub;
+            double v[] = {p->consecutive_failures,
+                          (double)p->state_changes,
+                          (double)p->ejections_total,
+                          p->slow_start,
+                          p->load.running,
+                          p->load.waiting,
+                          p->load.kv_usage,
+                          p->load.prefix_hit_rate,
+                          (double)p->load.scrapes_total,
+                          (double)p->load.scrape_errors_total};
+            metric_endpoint(out, m[k].name, &h->eps[i], "", v[k]);
+        }
+    }
+    metric_help(out, "atc_model_panic", "gauge", "1 while no endpoint of the model is healthy (panic mode).");
+    for (size_t i = 0; i < h->nmodels; i++) {
+        evbuffer_add(out, "atc_model_panic{model=\"", 23);
+        atc_metrics_label(out, h->models[i].name);
+        evbuffer_add_printf(out, "\"} %d\n", h->models[i].panic ? 1 : 0);
+    }
+    metric_help(out, "atc_model_panics_total", "counter", "Times the model entered panic mode.");
+    for (size_t i = 0; i < h->nmodels; i++) {
+        evbuffer_add(out, "atc_model_panics_total{model=\"", 30);
+        atc_metrics_label(out, h->models[i].name);
+        evbuffer_add_printf(out, "\"} %llu\n", (unsigned long long)h->models[i].panics_total);
+    }
+    metric_help(out, "atc_health_probes_total", "counter", "Active health probes (live, ready, deep) run.");
+    evbuffer_add_printf(out, "atc_health_probes_total %llu\n", (unsigned long long)h->stats.probes_total);
+    metric_help(out, "atc_health_probe_failures_total", "counter", "Active health probes that failed.");
+    evbuffer_add_printf(out, "atc_health_probe_failures_total %llu\n",
+                        (unsigned long long)h->stats.probe_failures_total);
+}
+
+void atc_health_stats(const struct atc_health *h, struct atc_health_stats *out)
+{
+    *out = h->stats;
+}

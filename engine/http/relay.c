@@ -1,0 +1,863 @@
+#include "http/relay.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/event_struct.h>
+#include <event2/http.h>
+
+#include "fleet/admission.h"
+#include "fleet/balancer.h"
+#include "core/config.h"
+#include "fleet/endpoint.h"
+#include "http/http_util.h"
+#include "ops/access_log.h"
+#include "core/log.h"
+#include "ops/metrics.h"
+#include "policy/policy.h"
+#include "trace/recorder.h"
+#include "core/server.h"
+#include "trace/trace.h"
+#include "http/upstream.h"
+#include "core/worker.h"
+
+/* Above this many bytes waiting for a slow client, stop reading from the server until they drain. */
+#define CLIENT_HIGH_WATERMARK (256 * 1024)
+/* A non-streamed answer larger than this is a server fault, not something to hold in memory. */
+#define MAX_BUFFERED_RESPONSE (64u * 1024 * 1024)
+/* Output tokens assumed for accounting when a request sets no max_tokens. */
+#define DEFAULT_OUTPUT_TOKENS 256
+#define MAX_TRIES 8
+
+struct relay {
+    struct atc_worker *w; /* the worker (thread) it runs on */
+    struct evhttp_request *client;
+    struct evhttp_connection *client_conn;
+    /* Notices a client that hangs up while we wait for the server; armed only once the answer takes
+     * the worker's watch_delay (most small answers come sooner; arming costs two epoll_ctl calls). */
+    struct event watch, watch_delay;
+    struct atc_features *f;
+    const char *path;
+    const char *body;
+    size_t bodylen;
+    int priority;
+    char tenant[64];
+    char session[256];
+    char id[80];
+    char extra_headers[160];
+
+    struct atc_route_request rreq; /* what the policy sees */
+    struct atc_queue_item qi;      /* while waiting for capacity */
+    uint64_t policy_version;
+    char *rewritten; /* the body with "model" set to the endpoint's, when a policy mapped an alias */
+    size_t rewritten_len;
+
+    struct atc_endpoint *ep; /* holds one in-flight slot while set */
+    uint64_t tokens;
+    struct atc_endpoint *tried[MAX_TRIES];
+    unsigned ntried;
+    struct atc_upstream_req *up;
+    enum atc_upstream_error last_error;
+    bool had_error;
+
+    int status;
+    bool streaming;     /* relaying the body as it arrives */
+    bool event_stream;  /* and it is SSE */
+    bool reply_started; /* the status line went to the client: no more retries */
+    bool paused;
+    bool flushing; /* answered; held until the client has the last byte (only while draining) */
+    struct evbuffer *buffered;
+    uint64_t t_attempt_us;
+
+    /* what the access log and the metrics say about it */
+    uint64_t t_start_us, t_first_us; /* arrival; the answer's first byte from the server (0: none) */
+    uint64_t bytes, sse_events;
+    bool after_newline;    /* the last byte relayed was '\n': an SSE event may end with the next one */
+    unsigned sse_line_len; /* bytes of the current SSE line seen so far */
+    char sse_head[8];      /* its first bytes: enough to tell a field from garbage */
+    int client_status;     /* as the client saw it; 499 when it left first */
+    char error[512];
+    struct atc_record_marks marks; /* what trace recording notes about the answer (record:) */
+};
+
+static void attempt(struct relay *r, struct atc_endpoint *ep);
+static void end_broken_stream(struct relay *r, enum atc_upstream_error err);
+static struct atc_endpoint *next_endpoint(struct relay *r);
+static void record_finished(struct relay *r);
+
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static void release_endpoint(struct relay *r)
+{
+    if (r->ep == NULL)
+        return;
+    atc_endpoint_release(r->ep, r->tokens);
+    r->ep = NULL;
+    atc_server_capacity_freed(r->w); /* a slot freed: the most urgent waiting request may take it */
+}
+
+/* The outcome of the attempt on r->ep: its counters, and passive health checks (on the main thread). */
+static void record_outcome(struct relay *r, bool ok, double ttft_ms)
+{
+    bool had_errors = r->ep->consecutive_errors > 0;
+    atc_endpoint_record(r->ep, ok, ttft_ms);
+    atc_server_observe(r->w, r->ep, ok, had_errors);
+}
+
+/* One request's line in the access log and its share of the metrics. */
+static void account(struct relay *r)
+{
+    struct atc_worker *w = r->w;
+    const char *endpoint = r->ntried > 0 ? r->tried[r->ntried - 1]->id : NULL;
+    double ttft_ms = r->t_first_us ? (double)(r->t_first_us - r->t_start_us) / 1000.0 : -1;
+    double total_ms = (double)(now_us() - r->t_start_us) / 1000.0;
+    unsigned retries = r->ntried > 1 ? r->ntried - 1 : 0;
+    struct atc_request_metrics m = {
+        .model = r->f->model,
+        .endpoint = endpoint,
+        .status = r->client_status,
+        .priority = r->priority,
+        .ttft_s = ttft_ms >= 0 ? ttft_ms / 1000.0 : -1,
+        .total_s = total_ms / 1000.0,
+        .retries = retries,
+        .bytes = r->bytes,
+        .sse_events = r->sse_events,
+    };
+    atc_metrics_request(w->srv->metrics, &m);
+    if (w->access_log == NULL)
+        return;
+    struct atc_access_record rec = {
+        .id = r->id,
+        .model = r->f->model,
+        .tenant = r->tenant,
+        .session = r->session,
+        .endpoint = endpoint,
+        .error = r->error,
+        .priority = r->priority,
+        .status = r->client_status,
+        .policy_version = r->policy_version,
+        .stream = r->f->stream,
+        .ttft_ms = ttft_ms,
+        .total_ms = total_ms,
+        .prompt_tokens = r->f->prompt_tokens,
+        .max_tokens = r->f->max_tokens,
+        .retries = retries,
+        .bytes = r->bytes,
+        .sse_events = r->sse_events,
+    };
+    atc_access_log_request(w->access_log, &rec);
+}
+
+static void stop_watching(struct relay *r)
+{
+    event_del(&r->watch_delay);
+    event_del(&r->watch);
+}
+
+/* The relay is over: the client has its answer (or is gone). Frees the relay, not the client request. */
+static void relay_free(struct relay *r)
+{
+    account(r);
+    record_finished(r);
+    if (r->qi.queued)
+        atc_admission_remove(r->w->admission, &r->qi);
+    atc_server_queue_changed(r->w); /* it left the queue now, or earlier (placed, expired) */
+    release_endpoint(r);
+    stop_watching(r);
+    if (r->client_conn != NULL)
+        evhttp_connection_set_closecb(r->client_conn, NULL, NULL);
+    if (r->buffered != NULL)
+        evbuffer_free(r->buffered);
+    free(r->f);
+    free(r->rewritten);
+    atc_server_request_finished(r->w);
+    free(r);
+}
+
+static struct evbuffer *client_output(const struct relay *r)
+{
+    return bufferevent_get_output(evhttp_connection_get_bufferevent(r->client_conn));
+}
+
+static void on_client_flushed(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
+{
+    struct relay *r = arg;
+    if (evbuffer_get_length(buf) > 0)
+        return;
+    evbuffer_remove_cb(buf, on_client_flushed, r);
+    relay_free(r);
+}
+
+/* The answer is handed to evhttp. While draining, the process must not exit before the client has it,
+ * so the relay (and the server's count of active requests) lives until the bytes are written. */
+static void relay_done(struct relay *r)
+{
+    release_endpoint(r);
+    stop_watching(r);
+    if (r->w->draining && r->client_conn != NULL && evbuffer_get_length(client_output(r)) > 0) {
+        r->flushing = true;
+        evbuffer_add_cb(client_output(r), on_client_flushed, r);
+        return;
+    }
+    relay_free(r);
+}
+
+static void add_reply_headers(struct relay *r)
+{
+    struct evkeyvalq *h = evhttp_request_get_output_headers(r->client);
+    if (r->ntried > 0)
+        evhttp_add_header(h, "x-atc-endpoint", r->tried[r->ntried - 1]->id);
+    evhttp_add_header(h, "x-request-id", r->id);
+    if (r->w->policy != NULL) {
+        char v[24];
+        snprintf(v, sizeof(v), "%llu", (unsigned long long)r->policy_version);
+        evhttp_add_header(h, "x-atc-policy-version", v);
+    }
+    if (r->w->draining)
+        evhttp_add_header(h, "Connection", "close");
+}
+
+static void reply_error(struct relay *r, int status, const char *type, const char *code, const char *message,
+                        int retry_after)
+{
+    add_reply_headers(r);
+    atc_http_send_error(r->client, status, type, code, message, retry_after);
+    r->w->stats.responses_total++;
+    r->client_status = status;
+    snprintf(r->error, sizeof(r->error), "%s", message);
+    relay_done(r);
+}
+
+/* The client hung up: stop the server's work at once and free its slot. */
+static void client_gone(struct relay *r)
+{
+    r->w->stats.client_gone_total++;
+    r->client_status = 499;
+    snprintf(r->error, sizeof(r->error), "client disconnected");
+    if (r->up != NULL) {
+        atc_upstream_cancel(r->up);
+        r->up = NULL;
+    }
+    atc_debug("request %s: client disconnected", r->id);
+    relay_free(r);
+}
+
+/* evhttp noticed the hang-up while writing. The request is detached from its (dying) connection when
+ * we had not finished it, and then it is ours to free. */
+static void on_client_close(struct evhttp_connection *conn, void *arg)
+{
+    struct relay *r = arg;
+    struct evhttp_request *client = r->client;
+    if (r->flushing) { /* answered already: the request is evhttp's, only the relay is left */
+        evbuffer_remove_cb(client_output(r), on_client_flushed, r);
+        r->client_conn = NULL;
+        relay_free(r);
+        return;
+    }
+    r->client_conn = NULL; /* being freed by evhttp */
+    client_gone(r);
+    if (evhttp_request_get_connection(client) == NULL)
+        evhttp_request_free(client);
+}
+
+/* evhttp does not read from a client while its request is being handled, so a hang-up before we write
+ * would go unnoticed until the server answers. Peek at the socket instead. */
+static void on_client_readable(evutil_socket_t fd, short what, void *arg)
+{
+    struct relay *r = arg;
+    char byte;
+    ssize_t n = recv(fd, &byte, 1, MSG_PEEK);
+    if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR))) {
+        /* A pipelined request (or junk): evhttp reads it after this answer; stop watching. */
+        event_del(&r->watch);
+        return;
+    }
+    struct evhttp_connection *conn = r->client_conn;
+    evhttp_connection_set_closecb(conn, NULL, NULL);
+    r->client_conn = NULL;
+    client_gone(r);
+    evhttp_connection_free(conn); /* frees the client request too */
+}
+
+static void on_watch_delay(evutil_socket_t fd, short what, void *arg)
+{
+    struct relay *r = arg;
+    event_add(&r->watch, NULL);
+}
+
+static int error_status(enum atc_upstream_error err)
+{
+    return atc_upstream_is_timeout(err) ? 504 : 502;
+}
+
+/* No attempt can go on: answer with what the last failure was. */
+static void give_up(struct relay *r)
+{
+    char msg[256];
+    if (!r->had_error) {
+        reply_error(r, 503, "server_error", "no_endpoint_available",
+                    "no endpoint of this model can take the request now; retry later", 1);
+        return;
+    }
+    struct atc_endpoint *last = r->tried[r->ntried - 1];
+    snprintf(msg, sizeof(msg), "upstream %s: %s", last->id, atc_upstream_strerror(r->last_error));
+    int status = error_status(r->last_error);
+    reply_error(r, status, status == 504 ? "timeout" : "upstream_error", NULL, msg, 0);
+}
+
+enum choice {
+    CHOSEN,   /* an endpoint */
+    ANSWERED, /* the client got its answer (a policy's reject, an unknown model) */
+    WAIT,     /* no room now: the first attempt waits in the admission queue */
+    NONE,     /* no endpoint for a retry */
+};
+
+/* The endpoint for the next attempt: the policy's choice, else the C balancer's. Endpoints already
+ * tried are never chosen again; on a retry, a verdict or a full fleet means the last failure stands. */
+static enum choice decide(struct relay *r, struct atc_endpoint **ep)
+{
+    struct atc_worker *w = r->w;
+    bool first = r->ntried == 0;
+    r->rreq.attempt = r->ntried + 1;
+    r->rreq.tried = r->tried;
+    r->rreq.ntried = r->ntried;
+    if (w->policy != NULL) {
+        struct atc_decision d;
+        uint64_t t0 = now_us();
+        atc_policy_route(w->policy, &r->rreq, &d);
+        atc_metrics_decision(w->srv->metrics, (double)(now_us() - t0) / 1e6,
+                             d.kind == ATC_DECISION_FALLBACK ? d.reason : NULL);
+        r->policy_version = d.version;
+        r->marks.decision = (int)d.kind; /* the last decision is the one that routed it */
+        switch (d.kind) {
+        case ATC_DECISION_ENDPOINT:
+            *ep = d.endpoint;
+            return CHOSEN;
+        case ATC_DECISION_QUEUE:
+            return first ? WAIT : NONE;
+        case ATC_DECISION_REJECT:
+            if (!first)
+                return NONE;
+            reply_error(r, d.status, d.status < 500 ? "invalid_request_error" : "server_error",
+                        "rejected_by_policy", d.message, d.status == 429 || d.status == 503 ? 1 : 0);
+            return ANSWERED;
+        case ATC_DECISION_FALLBACK:
+            break;
+        }
+    }
+    /* Looked up now rather than kept: a config reload may change the table while a request waits. */
+    const struct atc_model *model = atc_endpoint_table_model(w->table, r->f->model, strlen(r->f->model));
+    if (model == NULL) {
+        if (!first)
+            return NONE;
+        char msg[400];
+        snprintf(msg, sizeof(msg), "The model '%s' does not exist; GET /v1/models lists the models served",
+                 r->f->model);
+        reply_error(r, 404, "invalid_request_error", "model_not_found", msg, 0);
+        return ANSWERED;
+    }
+    *ep = atc_balancer_pick(model, &w->rng, r->tried, r->ntried, r->tokens);
+    if (*ep != NULL)
+        return CHOSEN;
+    return first ? WAIT : NONE;
+}
+
+/* The decision, with the chosen endpoint's slot taken (r->tokens counted). Another worker can take the
+ * last slot between the decision and this: then the fleet changed, and it is decided again. */
+static enum choice choose(struct relay *r, struct atc_endpoint **ep)
+{
+    for (int round = 0; round < 3; round++) {
+        enum choice c = decide(r, ep);
+        if (c != CHOSEN || atc_endpoint_try_acquire(*ep, r->tokens))
+            return c;
+    }
+    return r->ntried == 0 ? WAIT : NONE;
+}
+
+/* Another endpoint to try, if the request may be tried again: nothing reached the client yet, and
+ * tries are left. */
+static struct atc_endpoint *next_endpoint(struct relay *r)
+{
+    struct atc_endpoint *ep = NULL;
+    if (r->reply_started || r->ntried >= r->w->cfg->upstream.tries || r->ntried >= MAX_TRIES)
+        return NULL;
+    return choose(r, &ep) == CHOSEN ? ep : NULL;
+}
+
+/* The body to send to @p ep: the client's, or a copy with "model" replaced when the policy routed an
+ * alias (say "auto") to an endpoint of another model. */
+static int body_for(struct relay *r, const struct atc_endpoint *ep, const char **body, size_t *len)
+{
+    const struct atc_features *f = r->f;
+    if (!f->has_model || strcmp(ep->model, f->model) == 0) {
+        *body = r->body;
+        *len = r->bodylen;
+        return 0;
+    }
+    struct evbuffer *b = evbuffer_new();
+    if (b == NULL)
+        return -1;
+    evbuffer_add(b, r->body, f->model_start);
+    atc_json_escape(b, ep->model, strlen(ep->model));
+    evbuffer_add(b, r->body + f->model_end, r->bodylen - f->model_end);
+    free(r->rewritten);
+    r->rewritten_len = evbuffer_get_length(b);
+    r->rewritten = malloc(r->rewritten_len ? r->rewritten_len : 1);
+    if (r->rewritten != NULL)
+        evbuffer_remove(b, r->rewritten, r->rewritten_len);
+    evbuffer_free(b);
+    *body = r->rewritten;
+    *len = r->rewritten_len;
+    return r->rewritten != NULL ? 0 : -1;
+}
+
+static void on_chunk_sent(struct evhttp_connection *conn, void *arg)
+{
+    struct relay *r = arg;
+    if (r->paused && r->up != NULL) {
+        r->paused = false;
+        atc_upstream_resume(r->up);
+    }
+}
+
+static size_t client_backlog(const struct relay *r)
+{
+    return r->client_conn != NULL ? evbuffer_get_length(client_output(r)) : 0;
+}
+
+static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
+{
+    struct relay *r = arg;
+    double ttft_ms = (double)(now_us() - r->t_attempt_us) / 1000.0;
+    struct atc_endpoint *next;
+    if (resp->status >= 500 && (next = next_endpoint(r)) != NULL) {
+        /* The server failed before anything reached the client: another endpoint may do better. */
+        record_outcome(r, false, -1);
+        atc_warn("request %s: upstream %s answered %d, retrying on %s", r->id, r->ep->id, resp->status,
+                 next->id);
+        atc_upstream_cancel(r->up);
+        r->up = NULL;
+        release_endpoint(r);
+        r->w->stats.retries_total++;
+        attempt(r, next);
+        return;
+    }
+    record_outcome(r, resp->status < 500, resp->status < 500 ? ttft_ms : -1);
+    r->status = resp->status;
+    r->t_first_us = now_us();
+    r->event_stream = resp->event_stream;
+    r->streaming = resp->event_stream || resp->content_length < 0 ||
+                   (uint64_t)resp->content_length > MAX_BUFFERED_RESPONSE;
+    struct evkeyvalq *h = evhttp_request_get_output_headers(r->client);
+    evhttp_add_header(h, "Content-Type",
+                      resp->content_type != NULL ? resp->content_type : "application/json");
+    if (r->streaming) {
+        if (r->event_stream)
+            evhttp_add_header(h, "Cache-Control", "no-cache");
+        add_reply_headers(r);
+        r->reply_started = true;
+        evhttp_send_reply_start(r->client, r->status, atc_http_reason(r->status));
+    } else if (r->buffered == NULL) {
+        r->buffered = evbuffer_new();
+    } else {
+        evbuffer_drain(r->buffered, evbuffer_get_length(r->buffered));
+    }
+}
+
+/* SSE events end with an empty line: count the "\n\n"s, left to right, each '\n' ending at most one,
+ * also when a chunk boundary splits one. after_newline: the stream so far ends with a '\n' that did
+ * not end an event (so "\n\n" | "\n" is one event, as "\n\n\n" in one piece is). */
+static void count_events(struct relay *r, struct evbuffer *data, size_t len)
+{
+    struct evbuffer_ptr p;
+    size_t from = 0, end = 0; /* end: just past the last '\n' that ended an event */
+    if (r->after_newline && len > 0) {
+        char first;
+        evbuffer_copyout(data, &first, 1);
+        if (first == '\n') {
+            r->sse_events++;
+            from = end = 1;
+        }
+    }
+    evbuffer_ptr_set(data, &p, from, EVBUFFER_PTR_SET);
+    while ((p = evbuffer_search(data, "\n\n", 2, &p)).pos >= 0) {
+        r->sse_events++;
+        end = (size_t)p.pos + 2;
+        evbuffer_ptr_set(data, &p, 2, EVBUFFER_PTR_ADD);
+    }
+    if (len > 0) {
+        struct evbuffer_ptr last;
+        char c;
+        evbuffer_ptr_set(data, &last, len - 1, EVBUFFER_PTR_SET);
+        evbuffer_copyout_from(data, &last, &c, 1);
+        r->after_newline = c == '\n' && end != len;
+    }
+}
+
+/* Whether the start of an SSE line (@p n bytes of it, the whole line when @p complete) can be what an
+ * inference server sends: a field (data, event, id, retry) or a comment. */
+static bool sse_line_ok(const char *head, size_t n, bool complete)
+{
+    static const char *const fields[] = {"data", "event", "id", "retry"};
+    if (n == 0 || head[0] == ':')
+        return true;
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        size_t f = strlen(fields[i]);
+        if (n > f && memcmp(head, fields[i], f) == 0 && head[f] == ':')
+            return true;
+        if (n == f && complete && memcmp(head, fields[i], f) == 0)
+            return true;
+        if (n < f + 1 && !complete && memcmp(head, fields[i], n) == 0)
+            return true; /* too early to tell */
+    }
+    return false;
+}
+
+/* Checks the framing of an event stream as it arrives: every line is a field or a comment. */
+static bool sse_well_formed(struct relay *r, struct evbuffer *data)
+{
+    struct evbuffer_iovec vec[16];
+    struct evbuffer_ptr pos;
+    evbuffer_ptr_set(data, &pos, 0, EVBUFFER_PTR_SET);
+    for (;;) {
+        int n = evbuffer_peek(data, -1, &pos, vec, 16);
+        if (n <= 0)
+            return true;
+        size_t seen = 0;
+        for (int i = 0; i < n && i < 16; i++) {
+            const char *p = vec[i].iov_base;
+            for (size_t k = 0; k < vec[i].iov_len; k++) {
+                char c = p[k];
+                if (c == '\n') {
+                    if (!sse_line_ok(r->sse_head, r->sse_line_len < 8 ? r->sse_line_len : 8, true))
+                        return false;
+                    r->sse_line_len = 0;
+                } else if (c != '\r') {
+                    if (r->sse_line_len < sizeof(r->sse_head))
+                        r->sse_head[r->sse_line_len] = c;
+                    if (++r->sse_line_len == sizeof(r->sse_head) && !sse_line_ok(r->sse_head, 8, false))
+                        return false;
+                }
+            }
+            seen += vec[i].iov_len;
+        }
+        if (n <= 16)
+            return true;
+        evbuffer_ptr_set(data, &pos, seen, EVBUFFER_PTR_ADD);
+    }
+}
+
+static void on_up_body(void *arg, struct evbuffer *data)
+{
+    struct relay *r = arg;
+    size_t len = evbuffer_get_length(data);
+    r->bytes += len;
+    if (r->w->srv->recorder != NULL)
+        atc_record_marks_observe(&r->marks, data, r->streaming, now_us());
+    if (!r->streaming) {
+        evbuffer_add_buffer(r->buffered, data);
+        return;
+    }
+    if (r->event_stream && !sse_well_formed(r, data)) {
+        /* Not server-sent events: the server is broken. It counts against it, and the client's stream
+         * ends with an error event rather than with garbage. */
+        evbuffer_drain(data, len);
+        r->w->stats.upstream_errors_total++;
+        record_outcome(r, false, -1);
+        atc_warn("request %s: upstream %s: %s", r->id, r->ep->id,
+                 atc_upstream_strerror(ATC_UPSTREAM_ERR_BAD_STREAM));
+        atc_upstream_cancel(r->up);
+        r->up = NULL;
+        release_endpoint(r);
+        end_broken_stream(r, ATC_UPSTREAM_ERR_BAD_STREAM);
+        return;
+    }
+    if (r->event_stream)
+        count_events(r, data, len);
+    evhttp_send_reply_chunk_with_cb(r->client, data, on_chunk_sent, r);
+    if (!r->paused && client_backlog(r) > CLIENT_HIGH_WATERMARK) {
+        r->paused = true;
+        atc_upstream_pause(r->up);
+    }
+}
+
+static void on_up_done(void *arg)
+{
+    struct relay *r = arg;
+    r->up = NULL;
+    r->w->stats.responses_total++;
+    r->client_status = r->status;
+    if (r->streaming) {
+        evhttp_send_reply_end(r->client);
+    } else {
+        add_reply_headers(r);
+        evhttp_send_reply(r->client, r->status, atc_http_reason(r->status), r->buffered);
+    }
+    relay_done(r);
+}
+
+/* An SSE stream that breaks after it started still ends with a well-formed event, so that a client
+ * sees an error rather than a stream that merely stops. */
+static void end_broken_stream(struct relay *r, enum atc_upstream_error err)
+{
+    r->w->stats.responses_total++;
+    r->client_status = r->status;
+    snprintf(r->error, sizeof(r->error), "upstream %s: %s after the answer started",
+             r->tried[r->ntried - 1]->id, atc_upstream_strerror(err));
+    if (!r->event_stream) {
+        /* No in-band way to say so: cut the connection, so the client sees a truncated answer rather
+         * than a short one that looks complete. */
+        struct evhttp_connection *conn = r->client_conn;
+        evhttp_connection_set_closecb(conn, NULL, NULL);
+        r->client_conn = NULL;
+        relay_free(r);
+        evhttp_connection_free(conn); /* and the client request with it */
+        return;
+    }
+    struct evbuffer *ev = evbuffer_new();
+    if (ev != NULL) {
+        evbuffer_add_printf(ev,
+                            "data: {\"error\":{\"message\":\"upstream %s: %s\",\"type\":\"%s\","
+                            "\"param\":null,\"code\":%d}}\n\n",
+                            r->tried[r->ntried - 1]->id, atc_upstream_strerror(err),
+                            atc_upstream_is_timeout(err) ? "timeout" : "upstream_error", error_status(err));
+        evhttp_send_reply_chunk(r->client, ev);
+        evbuffer_free(ev);
+    }
+    evhttp_send_reply_end(r->client);
+    relay_done(r);
+}
+
+static void on_up_error(void *arg, enum atc_upstream_error err, bool got_response)
+{
+    struct relay *r = arg;
+    r->up = NULL;
+    r->w->stats.upstream_errors_total++;
+    record_outcome(r, false, -1);
+    atc_warn("request %s: upstream %s: %s", r->id, r->ep->id, atc_upstream_strerror(err));
+    release_endpoint(r);
+    r->last_error = err;
+    r->had_error = true;
+    if (r->reply_started) {
+        end_broken_stream(r, err);
+        return;
+    }
+    struct atc_endpoint *next = next_endpoint(r);
+    if (next == NULL) {
+        give_up(r);
+        return;
+    }
+    r->w->stats.retries_total++;
+    attempt(r, next);
+}
+
+static const struct atc_upstream_callbacks upstream_cb = {
+    .on_headers = on_up_headers,
+    .on_body = on_up_body,
+    .on_done = on_up_done,
+    .on_error = on_up_error,
+};
+
+/* Sends the request to @p ep. */
+static void attempt(struct relay *r, struct atc_endpoint *ep)
+{
+    const char *body;
+    size_t len;
+    r->ep = ep;
+    r->tried[r->ntried++] = ep;
+    /* its slot was taken by choose() */
+    if (r->w->policy != NULL)
+        atc_policy_routed(r->w->policy, &r->rreq, ep);
+    r->t_attempt_us = now_us();
+    r->up = body_for(r, ep, &body, &len) == 0
+                ? atc_upstream_send(ep->pools[r->w->id], "POST", r->path, r->extra_headers, body, len, &upstream_cb, r)
+                : NULL;
+    if (r->up == NULL) {
+        release_endpoint(r);
+        reply_error(r, 500, "server_error", NULL, "out of memory", 0);
+    }
+}
+
+/* ---- waiting for capacity (admission.c calls these) ---- */
+
+/* The fleet has no room for the first attempt: wait in the admission queue, or be told at once. */
+static void wait_for_capacity(struct relay *r, uint64_t deadline_ms)
+{
+    struct atc_admission *adm = r->w->admission;
+    if (adm == NULL) {
+        give_up(r); /* 503 + Retry-After */
+        return;
+    }
+    snprintf(r->qi.model, sizeof(r->qi.model), "%s", r->f->model);
+    snprintf(r->qi.tenant, sizeof(r->qi.tenant), "%s", r->tenant);
+    r->qi.priority = r->priority;
+    r->qi.owner = r;
+    int rc = atc_admission_enqueue(adm, &r->qi, deadline_ms);
+    atc_server_queue_changed(r->w);
+    if (rc < 0)
+        reply_error(r, 429, "rate_limit_error", "queue_full",
+                    "too many requests are waiting for this model; retry later",
+                    atc_admission_retry_after(adm));
+}
+
+static bool on_queue_try_place(void *owner)
+{
+    struct relay *r = owner;
+    struct atc_endpoint *ep = NULL;
+    switch (choose(r, &ep)) {
+    case CHOSEN:
+        attempt(r, ep);
+        return true;
+    case ANSWERED:
+        return true;
+    case WAIT:
+    case NONE:
+        break;
+    }
+    return false;
+}
+
+static void on_queue_expired(void *owner, uint64_t waited_ms)
+{
+    struct relay *r = owner;
+    char msg[160];
+    snprintf(msg, sizeof(msg),
+             "no capacity for this request within its deadline (waited %llu ms); retry later",
+             (unsigned long long)waited_ms);
+    reply_error(r, 503, "server_error", "queue_timeout", msg, atc_admission_retry_after(r->w->admission));
+}
+
+const struct atc_admission_callbacks atc_relay_admission = {
+    .try_place = on_queue_try_place,
+    .expired = on_queue_expired,
+};
+
+static const char *client_header(void *ctx, const char *name)
+{
+    struct relay *r = ctx;
+    return evhttp_find_header(evhttp_request_get_input_headers(r->client), name);
+}
+
+static void copy_str(char *dst, size_t size, const char *src)
+{
+    snprintf(dst, size, "%s", src != NULL ? src : "");
+}
+
+void atc_relay_start(struct atc_worker *w, struct evhttp_request *client,
+                     const struct atc_request_info *info)
+{
+    struct relay *r = calloc(1, sizeof(*r));
+    if (r == NULL) {
+        free(info->features);
+        atc_http_send_error(client, 500, "server_error", NULL, "out of memory", 0);
+        return;
+    }
+    atc_server_request_started(w);
+    r->w = w;
+    r->t_start_us = now_us();
+    atc_record_marks_init(&r->marks);
+    r->client = client;
+    r->client_conn = evhttp_request_get_connection(client);
+    r->f = info->features;
+    r->path = info->path;
+    r->body = info->body;
+    r->bodylen = info->bodylen;
+    r->priority = info->priority;
+    copy_str(r->tenant, sizeof(r->tenant), info->tenant);
+    copy_str(r->session, sizeof(r->session), info->session);
+    copy_str(r->id, sizeof(r->id), info->request_id);
+    snprintf(r->extra_headers, sizeof(r->extra_headers), "x-request-id: %s\r\n", r->id);
+    r->tokens =
+        r->f->prompt_tokens + (uint64_t)(r->f->max_tokens >= 0 ? r->f->max_tokens : DEFAULT_OUTPUT_TOKENS);
+
+    evhttp_connection_set_closecb(r->client_conn, on_client_close, r);
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(r->client_conn);
+    event_assign(&r->watch, w->base, bufferevent_getfd(bev), EV_READ | EV_PERSIST, on_client_readable, r);
+    evtimer_assign(&r->watch_delay, w->base, on_watch_delay, r);
+    event_add(&r->watch_delay, &w->watch_delay);
+    r->rreq = (struct atc_route_request){
+        .id = r->id,
+        .path = r->path,
+        .kind = info->kind,
+        .features = r->f,
+        .priority = r->priority,
+        .tenant = r->tenant,
+        .session = r->session,
+        .header = client_header,
+        .tokens = r->tokens,
+        .header_ctx = r,
+    };
+    struct atc_endpoint *ep = NULL;
+    switch (choose(r, &ep)) {
+    case CHOSEN:
+        if (w->admission != NULL)
+            atc_admission_count_direct(w->admission);
+        attempt(r, ep);
+        break;
+    case WAIT:
+        wait_for_capacity(r, info->deadline_ms);
+        break;
+    case ANSWERED:
+        break;
+    case NONE:
+        give_up(r);
+        break;
+    }
+}
+
+/* ---- trace recording (record:) ----
+ * Called once per request, at its end (relay_free, beside the access log's account), answered or
+ * abandoned. Hands a small record to the recorder, which never blocks the loop. */
+static void record_finished(struct relay *r)
+{
+    struct atc_recorder *rec = r->w->srv->recorder;
+    if (rec == NULL)
+        return;
+    static const char *const decisions[] = {"endpoint", "queue", "reject", "fallback"};
+    const struct atc_features *f = r->f;
+    uint64_t now = now_us();
+    struct atc_trace_record t;
+    atc_trace_record_init(&t);
+    t.id = r->id;
+    t.model = f->model;
+    t.kind = r->rreq.kind;
+    t.prompt_tokens = f->prompt_tokens;
+    t.max_tokens = f->max_tokens;
+    t.output_tokens = atc_record_marks_output_tokens(&r->marks, r->rreq.kind == ATC_KIND_CHAT);
+    t.priority = r->priority;
+    t.tenant = r->tenant;
+    t.session = r->session;
+    t.stream = f->stream;
+    t.blocks = f->blocks;
+    t.nblocks = f->nblocks;
+    t.block_tokens = f->nblocks > 0 ? ATC_PREFIX_BLOCK_BYTES / 4 : 0;
+    /* The prompt points into the client's body, which is gone once a drain's last bytes are flushed. */
+    if (atc_recorder_text(rec) && f->prompt != NULL && !r->flushing) {
+        t.prompt = f->prompt;
+        t.prompt_len = f->prompt_len;
+    }
+    t.endpoint = r->ntried > 0 ? r->tried[r->ntried - 1]->id : NULL;
+    t.policy_version = r->policy_version;
+    t.decision = r->marks.decision >= 0 && r->marks.decision <= 3 ? decisions[r->marks.decision] : "balancer";
+    t.attempts = r->ntried;
+    t.status = r->client_status != 0 ? r->client_status : r->status;
+    if (r->marks.first_byte_us != 0)
+        t.ttft_ms = (double)(r->marks.first_byte_us - r->t_start_us) / 1000.0;
+    t.total_ms = (double)(now - r->t_start_us) / 1000.0;
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    uint64_t wall_us = (uint64_t)wall.tv_sec * 1000000u + (uint64_t)wall.tv_nsec / 1000u;
+    atc_recorder_add(rec, &t, wall_us - (now - r->t_start_us));
+}

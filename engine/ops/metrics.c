@@ -1,0 +1,337 @@
+#include "ops/metrics.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <xxhash.h>
+
+#include "fleet/admission.h"
+#include "fleet/endpoint.h"
+#include "fleet/health.h"
+#include "policy/policy.h"
+#include "core/server.h"
+#include "http/upstream.h"
+#include "core/worker.h"
+
+static const double latency_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+static const double decision_bounds[] = {1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5,
+                                         1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3};
+#define NELEMS(a) (sizeof(a) / sizeof((a)[0]))
+
+/* One label set: requests by (model, endpoint, status, priority) and latencies by (model, endpoint).
+ * Series are few (models x endpoints x statuses), so a chained hash of small structs does. */
+struct series {
+    char model[128], endpoint[128];
+    int status, priority; /* -1 for the latency series */
+    uint64_t requests;
+    struct atc_histogram ttft, total;
+    struct series *next;
+};
+
+#define NBUCKETS 256
+
+/* One per process, fed by every worker: the mutex covers all of it (series, histograms, counters). A
+ * request takes it once, for a hash lookup and a few additions. */
+struct atc_metrics {
+    pthread_mutex_t mu;
+    struct series *buckets[NBUCKETS];
+    struct atc_histogram decision;
+    uint64_t fallbacks[8];
+    uint64_t retries, client_gone, bytes, sse_events;
+};
+
+static const char *const fallback_reasons[] = {"error", "budget", "memory", "invalid return"};
+
+void atc_histogram_init(struct atc_histogram *h, const double *bounds, unsigned nbounds)
+{
+    memset(h, 0, sizeof(*h));
+    h->bounds = bounds;
+    h->nbounds = nbounds;
+}
+
+void atc_histogram_observe(struct atc_histogram *h, double value)
+{
+    unsigned b = 0;
+    while (b < h->nbounds && value > h->bounds[b])
+        b++;
+    h->counts[b]++;
+    h->count++;
+    h->sum += value;
+}
+
+void atc_histogram_render(const struct atc_histogram *h, struct evbuffer *out, const char *name,
+                          const char *labels)
+{
+    uint64_t cumulative = 0;
+    for (unsigned b = 0; b < h->nbounds; b++) {
+        cumulative += h->counts[b];
+        evbuffer_add_printf(out, "%s_bucket{%sle=\"%g\"} %llu\n", name, labels, h->bounds[b],
+                            (unsigned long long)cumulative);
+    }
+    evbuffer_add_printf(out, "%s_bucket{%sle=\"+Inf\"} %llu\n", name, labels, (unsigned long long)h->count);
+    /* _sum and _count carry the same labels, without the trailing comma */
+    int n = (int)strlen(labels);
+    if (n == 0)
+        evbuffer_add_printf(out, "%s_sum %.9g\n%s_count %llu\n", name, h->sum, name,
+                            (unsigned long long)h->count);
+    else
+        evbuffer_add_printf(out, "%s_sum{%.*s} %.9g\n%s_count{%.*s} %llu\n", name, n - 1, labels, h->sum,
+                            name, n - 1, labels, (unsigned long long)h->count);
+}
+
+void atc_metrics_label(struct evbuffer *out, const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '\\' || *s == '"')
+            evbuffer_add_printf(out, "\\%c", *s);
+        else if (*s == '\n')
+            evbuffer_add(out, "\\n", 2);
+        else
+            evbuffer_add(out, s, 1);
+    }
+}
+
+struct atc_metrics *atc_metrics_create(void)
+{
+    struct atc_metrics *m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return NULL;
+    if (pthread_mutex_init(&m->mu, NULL) != 0) {
+        free(m);
+        return NULL;
+    }
+    atc_histogram_init(&m->decision, decision_bounds, NELEMS(decision_bounds));
+    return m;
+}
+
+void atc_metrics_destroy(struct atc_metrics *m)
+{
+    if (m == NULL)
+        return;
+    for (size_t i = 0; i < NBUCKETS; i++) {
+        while (m->buckets[i] != NULL) {
+            struct series *s = m->buckets[i];
+            m->buckets[i] = s->next;
+            free(s);
+        }
+    }
+    pthread_mutex_destroy(&m->mu);
+    free(m);
+}
+
+static struct series *series_of(struct atc_metrics *m, const char *model, const char *endpoint, int status,
+                                int priority)
+{
+    char key[300];
+    int n = snprintf(key, sizeof(key), "%s|%s|%d|%d", model, endpoint, status, priority);
+    size_t b = XXH3_64bits(key, (size_t)(n > 0 ? n : 0)) % NBUCKETS;
+    for (struct series *s = m->buckets[b]; s != NULL; s = s->next)
+        if (s->status == status && s->priority == priority && strcmp(s->model, model) == 0 &&
+            strcmp(s->endpoint, endpoint) == 0)
+            return s;
+    struct series *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return NULL;
+    snprintf(s->model, sizeof(s->model), "%s", model);
+    snprintf(s->endpoint, sizeof(s->endpoint), "%s", endpoint);
+    s->status = status;
+    s->priority = priority;
+    atc_histogram_init(&s->ttft, latency_bounds, NELEMS(latency_bounds));
+    atc_histogram_init(&s->total, latency_bounds, NELEMS(latency_bounds));
+    s->next = m->buckets[b];
+    m->buckets[b] = s;
+    return s;
+}
+
+void atc_metrics_request(struct atc_metrics *m, const struct atc_request_metrics *r)
+{
+    const char *endpoint = r->endpoint != NULL ? r->endpoint : "";
+    pthread_mutex_lock(&m->mu);
+    struct series *count = series_of(m, r->model, endpoint, r->status, r->priority);
+    if (count != NULL)
+        count->requests++;
+    struct series *lat = series_of(m, r->model, endpoint, -1, -1);
+    if (lat != NULL) {
+        if (r->ttft_s >= 0)
+            atc_histogram_observe(&lat->ttft, r->ttft_s);
+        atc_histogram_observe(&lat->total, r->total_s);
+    }
+    m->retries += r->retries;
+    m->client_gone += r->status == 499;
+    m->bytes += r->bytes;
+    m->sse_events += r->sse_events;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void atc_metrics_decision(struct atc_metrics *m, double seconds, const char *fallback_reason)
+{
+    pthread_mutex_lock(&m->mu);
+    atc_histogram_observe(&m->decision, seconds);
+    for (size_t i = 0; fallback_reason != NULL && i < NELEMS(fallback_reasons); i++)
+        if (strcmp(fallback_reason, fallback_reasons[i]) == 0)
+            m->fallbacks[i]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+static void help(struct evbuffer *out, const char *name, const char *type, const char *text)
+{
+    evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, type);
+}
+
+static void endpoint_labels(struct evbuffer *out, const struct atc_endpoint *ep)
+{
+    evbuffer_add(out, "{model=\"", 8);
+    atc_metrics_label(out, ep->model);
+    evbuffer_add(out, "\",endpoint=\"", 12);
+    atc_metrics_label(out, ep->id);
+    evbuffer_add(out, "\"}", 2);
+}
+
+static void render_endpoints(const struct atc_server *srv, struct evbuffer *out)
+{
+    const struct atc_endpoint_table *t = srv->table;
+    static const struct {
+        const char *name, *type, *help;
+    } gauges[] = {
+        {"atc_endpoint_inflight_requests", "gauge", "Requests in flight to the endpoint."},
+        {"atc_endpoint_inflight_tokens", "gauge",
+         "Prompt estimate plus max_tokens of the requests in flight."},
+        {"atc_endpoint_capacity_requests", "gauge", "Configured capacity (max concurrent requests)."},
+        {"atc_endpoint_routable", "gauge", "1 when the endpoint may get new requests."},
+        {"atc_endpoint_ttft_ewma_seconds", "gauge",
+         "Moving average of the time to the first byte of answers."},
+        {"atc_endpoint_attempts_total", "counter", "Upstream attempts sent to the endpoint."},
+        {"atc_endpoint_errors_total", "counter",
+         "Connection failures, timeouts and 5xx answers from the endpoint."},
+        {"atc_endpoint_idle_connections", "gauge", "Idle keep-alive connections to the endpoint."},
+    };
+    for (size_t g = 0; g < NELEMS(gauges); g++) {
+        help(out, gauges[g].name, gauges[g].type, gauges[g].help);
+        for (size_t i = 0; i < t->nendpoints; i++) {
+            const struct atc_endpoint *ep = t->endpoints[i];
+            double v = 0;
+            switch (g) {
+            case 0:
+                v = ep->inflight;
+                break;
+            case 1:
+                v = (double)ep->inflight_tokens;
+                break;
+            case 2:
+                v = ep->capacity;
+                break;
+            case 3:
+                v = ep->routable;
+                break;
+            case 4:
+                v = ep->ttft_ewma_ms / 1000.0;
+                break;
+            case 5:
+                v = (double)ep->requests_total;
+                break;
+            case 6:
+                v = (double)ep->errors_total;
+                break;
+            case 7:
+                v = 0;
+                for (unsigned w = 0; w < srv->nworkers; w++)
+                    v += ep->pools[w] != NULL ? (double)atc_upstream_pool_idle(ep->pools[w]) : 0;
+                break;
+            }
+            evbuffer_add_printf(out, "%s", gauges[g].name);
+            endpoint_labels(out, ep);
+            evbuffer_add_printf(out, " %.9g\n", v);
+        }
+    }
+}
+
+void atc_metrics_render(struct atc_metrics *m, const struct atc_server *srv, struct evbuffer *out)
+{
+    /* Workers wait for the lock while m's series are rendered: a scrape's worth of printf, every few
+     * seconds. The server's own tables are read after it is released. */
+    pthread_mutex_lock(&m->mu);
+    help(out, "atc_requests_total", "counter",
+         "Client requests answered, by model, endpoint (empty if none), status (499: client left) and "
+         "priority.");
+    for (size_t b = 0; b < NBUCKETS; b++)
+        for (const struct series *s = m->buckets[b]; s != NULL; s = s->next) {
+            if (s->status < 0)
+                continue;
+            evbuffer_add(out, "atc_requests_total{model=\"", 26);
+            atc_metrics_label(out, s->model);
+            evbuffer_add(out, "\",endpoint=\"", 12);
+            atc_metrics_label(out, s->endpoint);
+            evbuffer_add_printf(out, "\",status=\"%d\",priority=\"%d\"} %llu\n", s->status, s->priority,
+                                (unsigned long long)s->requests);
+        }
+    static const char *const hist_names[] = {"atc_request_ttft_seconds", "atc_request_duration_seconds"};
+    static const char *const hist_help[] = {
+        "Time from the request to the first byte of the server's answer.",
+        "Time from the request to the end of the answer relayed to the client.",
+    };
+    for (int k = 0; k < 2; k++) {
+        help(out, hist_names[k], "histogram", hist_help[k]);
+        for (size_t b = 0; b < NBUCKETS; b++)
+            for (const struct series *s = m->buckets[b]; s != NULL; s = s->next) {
+                if (s->status >= 0)
+                    continue;
+                struct evbuffer *labels = evbuffer_new();
+                evbuffer_add(labels, "model=\"", 7);
+                atc_metrics_label(labels, s->model);
+                evbuffer_add(labels, "\",endpoint=\"", 12);
+                atc_metrics_label(labels, s->endpoint);
+                evbuffer_add(labels, "\",", 3);
+                atc_histogram_render(k == 0 ? &s->ttft : &s->total, out, hist_names[k],
+                                     (const char *)evbuffer_pullup(labels, -1));
+                evbuffer_free(labels);
+            }
+    }
+
+    help(out, "atc_policy_decision_seconds", "histogram",
+         "Time of one routing decision (policy or C balancer).");
+    atc_histogram_render(&m->decision, out, "atc_policy_decision_seconds", "");
+    help(out, "atc_policy_fallbacks_total", "counter",
+         "Decisions the C balancer made because the policy failed, by reason.");
+    for (size_t i = 0; i < NELEMS(fallback_reasons); i++)
+        evbuffer_add_printf(out, "atc_policy_fallbacks_total{reason=\"%s\"} %llu\n", fallback_reasons[i],
+                            (unsigned long long)m->fallbacks[i]);
+    const uint64_t retries = m->retries, client_gone = m->client_gone, bytes = m->bytes,
+                   sse_events = m->sse_events;
+    pthread_mutex_unlock(&m->mu);
+    struct atc_policy_runtime *rts[ATC_MAX_WORKERS];
+    size_t nrts = atc_server_policies(srv, rts);
+    if (nrts > 0)
+        atc_policy_metrics(rts, nrts, out);
+
+    help(out, "atc_retries_total", "counter", "Upstream attempts after the first, on another endpoint.");
+    evbuffer_add_printf(out, "atc_retries_total %llu\n", (unsigned long long)retries);
+    help(out, "atc_client_disconnects_total", "counter", "Clients that left before their answer ended.");
+    evbuffer_add_printf(out, "atc_client_disconnects_total %llu\n", (unsigned long long)client_gone);
+    help(out, "atc_relayed_bytes_total", "counter", "Body bytes of answers relayed to clients.");
+    evbuffer_add_printf(out, "atc_relayed_bytes_total %llu\n", (unsigned long long)bytes);
+    help(out, "atc_relayed_sse_events_total", "counter", "Server-sent events relayed to clients.");
+    evbuffer_add_printf(out, "atc_relayed_sse_events_total %llu\n", (unsigned long long)sse_events);
+    help(out, "atc_active_requests", "gauge", "Client requests in progress (waiting, routed or relaying).");
+    struct atc_server_stats totals;
+    unsigned active;
+    atc_server_totals(srv, &totals, &active);
+    evbuffer_add_printf(out, "atc_active_requests %u\n", active);
+    help(out, "atc_worker_requests_total", "counter", "Client requests accepted, by worker thread.");
+    for (unsigned i = 0; i < srv->nworkers; i++)
+        evbuffer_add_printf(out, "atc_worker_requests_total{worker=\"%u\"} %llu\n", i,
+                            (unsigned long long)srv->workers[i].stats.requests_total);
+
+    render_endpoints(srv, out);
+    if (srv->health != NULL)
+        atc_health_metrics(srv->health, out);
+    struct atc_admission *adms[ATC_MAX_WORKERS];
+    size_t nadm = 0;
+    for (unsigned i = 0; i < srv->nworkers; i++)
+        if (srv->workers[i].admission != NULL)
+            adms[nadm++] = srv->workers[i].admission;
+    if (nadm > 0)
+        atc_admission_metrics(adms, nadm, out);
+}

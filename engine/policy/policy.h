@@ -1,0 +1,177 @@
+#ifndef ATC_POLICY_H
+#define ATC_POLICY_H
+
+/* The policy runtime: the operator's Lua policy, sandboxed, run within a time budget per decision,
+ * hot-reloaded in versions.
+ *
+ * The contract, as seen from Lua (see README "Writing a policy"):
+ *
+ *   policy.entry returns  function route(req, fleet)  or  { route = fn, init = fn(fleet) }.
+ *
+ *   req (read-only, valid only during its decision):
+ *     req.id, req.model, req.kind ("chat" | "completion" | "embedding"), req.path, req.priority (0-9),
+ *     req.tenant, req.session ("" when absent), req.stream (bool), req.prompt_tokens (estimate),
+ *     req.max_tokens (nil when absent), req.attempt (1 for the first try; >1 when retrying: endpoints
+ *     already tried are then not available), req.blocks (number of prefix blocks), req.block_tokens
+ *     (tokens one block covers: 64 live, the trace's under replay), req.tools (the body has a non-empty
+ *     "tools" array), req:header(name)
+ *   fleet:
+ *     fleet:endpoints(model) -> array of endpoints of that model (a new table each call; {} if none)
+ *     fleet:all() -> every endpoint;  fleet:models() -> model names;  fleet:endpoint(id) -> ep | nil
+ *   endpoint (read-only view of the live table):
+ *     ep.id, ep.model, ep.version (nil if none), ep.tags (array), ep:has_tag(t), ep.weight, ep.capacity,
+ *     ep.inflight, ep.inflight_tokens, ep.load (inflight / capacity), ep.available (routable, has room,
+ *     not already tried by this request), ep.health ("healthy" | "draining" ...), ep.queue and
+ *     ep.kv_usage (server-reported, 0 until scraped), ep.ttft_ewma (ms, 0 before any sample),
+ *     ep:prefix_overlap(req) (leading prefix blocks of req recently routed to ep)
+ *   atc (host functions):
+ *     atc.queue([reason]) and atc.reject(status, message): verdicts to return instead of an endpoint
+ *     atc.random() -> [0,1);  atc.random(n) -> 1..n  (seedable, from the host)
+ *     atc.now() -> milliseconds (monotonic; virtual time under replay)
+ *     atc.hash(s) -> integer (XXH3, 52 bits)
+ *     atc.log(...) -> a rate-limited log line with the script's file:line
+ *     atc.least_loaded(eps), atc.p2c(eps), atc.rendezvous(eps, key) -> ep | nil   (fast C balancers,
+ *       considering only available endpoints; rendezvous is weighted highest-random-weight)
+ *     atc.affinity.get(key) -> endpoint id | nil;  atc.affinity.set(key, ep_or_id [, ttl_ms]);
+ *     atc.affinity.del(key)    (a bounded LRU table owned by C: it survives reloads)
+ *
+ *   route returns an endpoint (or its id), or a verdict. An error, a budget overrun, running out of
+ *   memory, or any other return value never fails the request: the engine routes it with the built-in
+ *   C balancer, counts it against the policy version, and logs it (rate-limited) with file:line.
+ */
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "http/request_features.h"
+
+struct atc_endpoint;
+struct atc_endpoint_table;
+struct atc_affinity;
+struct atc_prefix_index;
+
+/* Shared by the runtimes of every worker (each worker has its own, loaded from the same files): a new
+ * version's run of failed decisions counts process-wide, and a rollback on one worker rolls back the
+ * others at their next decision. Zeroed by the owner; atomic. */
+struct atc_policy_group {
+    atomic_uint streak;              /* failed decisions in a row, on any worker */
+    atomic_uint_least64_t rolled_back; /* the latest version rolled back (0: none) */
+};
+
+struct atc_policy_settings {
+    const char *entry;       /* the entry file */
+    const char *const *path; /* extra module directories */
+    size_t npath;
+    const char *stdlib_dir;  /* stdlib/ */
+    uint64_t budget_us;      /* CPU time per decision */
+    size_t memory;           /* bytes per Lua state */
+    bool jit;                /* trusted: JIT on, budget checked only after the call */
+    unsigned rollback_after; /* consecutive failures of a new version before rolling back (0 = never) */
+    struct atc_policy_group *group; /* NULL: this runtime alone (replay, tests, one worker) */
+    /* Replay: the clock atc.now() reads (milliseconds; NULL: the monotonic clock) and the seed of
+     * atc.random() (0: random), in force from the first load on, its smoke test included. */
+    double (*now_ms)(void *ctx);
+    void *now_ctx;
+    uint64_t seed;
+};
+
+/* What a decision asks for. */
+enum atc_decision_kind {
+    ATC_DECISION_ENDPOINT, /* route to .endpoint */
+    ATC_DECISION_QUEUE,    /* wait for capacity (until admission lands: 503 + Retry-After) */
+    ATC_DECISION_REJECT,   /* answer .status with .message */
+    ATC_DECISION_FALLBACK, /* the policy failed or gave nonsense: use the C balancer (.reason says why) */
+};
+
+struct atc_decision {
+    enum atc_decision_kind kind;
+    struct atc_endpoint *endpoint;
+    int status;
+    char message[256];
+    const char *reason; /* static: "error", "budget", "memory", "invalid return", "no policy" */
+    uint64_t version;   /* the policy version that decided */
+};
+
+/* What the engine knows about a request, for the decision. */
+struct atc_route_request {
+    const char *id;
+    const char *path;
+    enum atc_request_kind kind;
+    const struct atc_features *features;
+    int priority;
+    const char *tenant;
+    const char *session;
+    unsigned attempt;
+    uint64_t tokens;                   /* prompt estimate + max_tokens (or a default): for token budgets */
+    struct atc_endpoint *const *tried; /* endpoints already tried (not available) */
+    size_t ntried;
+    /* For req:header(name): returns the header's value or NULL. */
+    const char *(*header)(void *ctx, const char *name);
+    void *header_ctx;
+    uint32_t block_tokens; /* tokens per prefix block; 0: ATC_PREFIX_BLOCK_BYTES / 4 (live requests) */
+};
+
+struct event_base;
+struct evbuffer;
+struct atc_policy_runtime;
+
+/** Loads the first version of the policy described by @p s (strings are copied). @p table, @p affinity
+ * and @p prefix are borrowed and must outlive the runtime (affinity and prefix may be NULL). Starts the
+ * budget watchdog thread. Returns the runtime, or NULL with an owned message in *err (file:line). */
+struct atc_policy_runtime *atc_policy_runtime_create(const struct atc_policy_settings *s,
+                                                     struct atc_endpoint_table *table,
+                                                     struct atc_affinity *affinity,
+                                                     struct atc_prefix_index *prefix, char **err);
+void atc_policy_runtime_destroy(struct atc_policy_runtime *rt);
+
+/** Decides where @p req goes. Always fills @p out (ATC_DECISION_FALLBACK when the policy failed; the
+ * failure is counted and logged). Never calls back into the engine. */
+void atc_policy_route(struct atc_policy_runtime *rt, const struct atc_route_request *req,
+                      struct atc_decision *out);
+
+/** Tells the runtime which endpoint a request finally went to (feeds the prefix index). */
+void atc_policy_routed(struct atc_policy_runtime *rt, const struct atc_route_request *req,
+                       const struct atc_endpoint *ep);
+
+/** Compiles a new version in a fresh state, checks the contract, runs it on synthetic requests within
+ * budget, and swaps it in. Returns the new version number, or 0 with an owned message in *err (the
+ * version serving traffic is unchanged). */
+uint64_t atc_policy_reload(struct atc_policy_runtime *rt, char **err);
+
+/** The endpoint table changed (a config reload): every Lua state is rebuilt against @p table (views
+ * know endpoints by their place in the table). Returns the new version, or 0 with *err: until a reload
+ * succeeds, the C balancer routes (the old states no longer match the table). */
+uint64_t atc_policy_set_table(struct atc_policy_runtime *rt, struct atc_endpoint_table *table, char **err);
+
+/** Applies a rollback another worker of its group made (the admin API calls it before reporting). */
+void atc_policy_sync(struct atc_policy_runtime *rt);
+
+/** The version currently deciding. */
+uint64_t atc_policy_version(const struct atc_policy_runtime *rt);
+
+/** Appends the state of the runtimes @p rts (one per worker; the first one's version, entry and
+ * reloads; decision counters summed) as a JSON object: version, loaded_at, last_error, per-version
+ * counters. */
+void atc_policy_status_json(struct atc_policy_runtime *const *rts, size_t n, struct evbuffer *out);
+
+/** Appends their Prometheus metrics (version, reloads, per-version failure counters), likewise. */
+void atc_policy_metrics(struct atc_policy_runtime *const *rts, size_t n, struct evbuffer *out);
+
+/** Reloads when a .lua file in the policy's directories changes (inotify, debounced), or calls
+ * @p on_change(@p arg) instead when it is set (the server reloads every worker's runtime). 0 or -1. */
+int atc_policy_watch(struct atc_policy_runtime *rt, struct event_base *base, void (*on_change)(void *arg),
+                     void *arg);
+
+/** Sets the clock atc.now() reads (milliseconds) and the seed of atc.random(); for replay and tests. */
+void atc_policy_set_clock(struct atc_policy_runtime *rt, double (*now_ms)(void *ctx), void *ctx);
+void atc_policy_seed(struct atc_policy_runtime *rt, uint64_t seed);
+
+/** Where stdlib/ is: $ATC_STDLIB, else the source tree atc was built from, else the install prefix. */
+const char *atc_policy_stdlib_dir(void);
+
+/** `atc test [-c FILE] [--budget DURATION] TEST.lua...`: runs policy unit tests in the sandbox. */
+int atc_policy_test_main(int argc, char **argv);
+
+#endif

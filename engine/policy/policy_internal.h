@@ -1,0 +1,118 @@
+#ifndef ATC_POLICY_INTERNAL_H
+#define ATC_POLICY_INTERNAL_H
+
+/* Shared by policy.c (runtime: states, sandbox, budget, versions, reload) and policy_api.c (what a
+ * policy sees: req, fleet, endpoints, the atc table). Not for other subsystems. */
+
+#include <lua.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "policy/policy.h"
+
+struct policy_counters {
+    uint64_t decisions; /* calls of route */
+    uint64_t errors;    /* runtime errors */
+    uint64_t overruns;  /* budget exceeded */
+    uint64_t oom;       /* memory cap hit */
+    uint64_t invalid;   /* returned something that is not a usable endpoint or verdict */
+};
+
+/* One loaded version of the policy: its own Lua state. */
+struct policy_version {
+    struct atc_policy_runtime *rt;
+    lua_State *L;
+    uint64_t version;
+    double loaded_at; /* unix seconds */
+    size_t mem_used, mem_limit;
+    bool mem_refused; /* the allocator said no during the current call */
+    int route_ref;    /* registry ref of route(req, fleet) */
+    int req_ref;      /* the one req userdata, pointed at the current request during a decision */
+    int fleet_ref;
+    int endpoints_ref; /* registry table: endpoint index + 1 -> its view (stable identity) */
+    struct {
+        const void *view; /* a view table's address */
+        unsigned index;
+    } * view_slots; /* view -> endpoint index, open addressing */
+    size_t view_mask;
+    struct policy_counters c;
+    unsigned consecutive_failures;
+    uint64_t successes;
+
+    /* The decision in progress (NULL between decisions: a req kept by the script is then dead). */
+    const struct atc_route_request *req;
+    uint16_t *overlaps; /* per endpoint, computed on the first ep:prefix_overlap of a decision */
+    bool overlaps_ready;
+    double log_window_start; /* atc.log rate limit */
+    unsigned log_count;
+};
+
+struct atc_policy_runtime {
+    struct atc_policy_settings s; /* strings owned */
+    struct atc_endpoint_table *table;
+    struct atc_affinity *affinity;
+    struct atc_prefix_index *prefix;
+    struct policy_version *current;
+    struct policy_version *last_good; /* kept while current is on probation; may equal NULL */
+    uint64_t next_version;
+    char *last_error;
+    double last_reload_at;
+    uint64_t reloads_ok, reloads_failed, rollbacks, fallbacks;
+    uint64_t rng;
+    double (*now_ms)(void *ctx);
+    void *now_ctx;
+    struct watchdog *watchdog;
+    struct event *watch_event; /* inotify */
+    struct event *watch_debounce;
+    void (*on_change)(void *arg); /* what a change of the files does (atc_policy_watch) */
+    void *on_change_arg;
+    int inotify_fd;
+    bool test_mode; /* atc test: no endpoint table */
+    bool stale;     /* the table changed and no version matches it yet: the C balancer routes */
+    lua_CFunction test_replay; /* atc test: installed as atc.replay (upvalue 1: the version) */
+};
+
+/* A verdict returned by atc.queue() / atc.reject(). */
+struct policy_verdict {
+    enum atc_decision_kind kind;
+    int status;
+    char message[256];
+};
+
+#define POLICY_MT_VERDICT "atc.verdict"
+#define POLICY_MT_REQ "atc.req"
+#define POLICY_MT_FLEET "atc.fleet"
+
+/** policy_api.c: installs req, fleet, endpoint metatables and the atc table into the sandbox globals
+ * table at the top of the stack; creates the persistent req / fleet userdata. */
+void policy_api_open(struct policy_version *v);
+
+/** policy_api.c: the endpoint behind the value at @p idx (an endpoint userdata or an id string), or NULL. */
+struct atc_endpoint *policy_api_to_endpoint(struct policy_version *v, int idx);
+
+/** policy_api.c: the endpoint index of the view at @p idx, or -1 when it is not an endpoint view. */
+int policy_api_view_index(struct policy_version *v, int idx);
+
+/** policy_api.c: true when @p ep may take this request (routable, room, not tried). */
+bool policy_api_available(const struct policy_version *v, const struct atc_endpoint *ep);
+
+/** policy.c: milliseconds of the runtime's clock. */
+double policy_now_ms(const struct atc_policy_runtime *rt);
+
+/* policy.c, for the `atc test` runner (policy_test.c): */
+
+/** A runtime with no version loaded yet (strings of @p s copied), its watchdog running. NULL: no memory. */
+struct atc_policy_runtime *policy_runtime_new(const struct atc_policy_settings *s);
+/** A fresh state with the sandbox; in test mode nothing else, otherwise the entry loaded and checked.
+ * NULL with an owned message in *err. */
+struct policy_version *policy_version_create(struct atc_policy_runtime *rt, char **err);
+void policy_version_free(struct policy_version *v);
+/** Loads a Lua source file as a sandboxed chunk; pushes it, or an error message. 0 / -1. */
+int policy_load_chunk(lua_State *L, const char *path);
+/** lua_pcall of the function below its @p nargs arguments with message handler @p errfunc (0: none),
+ * within @p budget_us; returns the Lua status and says why in *why ("budget", "memory", "error"). One
+ * result (or the message) is left on the stack. */
+int policy_protected_call(struct policy_version *v, int nargs, uint64_t budget_us, int errfunc, const char **why);
+
+#endif

@@ -1,0 +1,30 @@
+/* Defaults of the simulated server's knobs (sim.h). Kept apart from sim.c so the config parser can
+ * build simulate: entries without pulling in the simulator itself. */
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim/sim.h"
+
+void atc_sim_params_init(struct atc_sim_params *p)
+{
+    /* One Llama-3-8B-class model on one H100 under vLLM: see DESIGN.md "The simulated server". */
+    *p = (struct atc_sim_params){
+        .model = strdup("llama-3-8b"),
+        .max_seqs = 64,
+        .prefill_tps = 15000,
+        .decode_ms = 12,
+        .kv_blocks = 25000,
+        .error_rate = 0,
+        .hang_rate = 0,
+        .not_ready_for_ms = 0,
+        .die_after = 0,
+        .seed = 1,
+    };
+}
+
+void atc_sim_params_dispose(struct atc_sim_params *p)
+{
+    free(p->model);
+    p->model = NULL;
+}

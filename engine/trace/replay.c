@@ -1,0 +1,1061 @@
+/* Replay in virtual time (replay.h): the event loop, the simulated fleet, the policy's decisions and
+ * what they cost; and `atc replay`. Reports are in replay_report.c, wall-time replay in replay_live.c. */
+
+#include "trace/replay.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fleet/affinity.h"
+#include "fleet/balancer.h"
+#include "core/config.h"
+#include "fleet/endpoint.h"
+#include "core/log.h"
+#include "sim/sim.h"
+#include "trace/trace.h"
+
+#define DEFAULT_SAMPLES 240
+/* A decision is stopped only at this many times its budget (and at least KILL_MIN_US): on a busy
+ * machine a decision can be descheduled past its budget, and a replay's decisions must not depend on
+ * the machine. Overruns are counted on the decision's own CPU time instead. */
+#define KILL_FACTOR 100
+#define KILL_MIN_US 100000
+#define DEFAULT_OUTPUT_TOKENS 256 /* accounted for a request without max_tokens, as relay.c does */
+
+enum req_state { RS_PENDING, RS_QUEUED, RS_RUNNING, RS_DONE, RS_REJECTED };
+
+struct rp_req {
+    uint64_t queued_at;
+    uint64_t tokens; /* counted in its endpoint's inflight_tokens while running */
+    int ep;
+    uint8_t state;
+    unsigned decisions;
+};
+
+struct rp_endpoint {
+    struct replay *rp;
+    struct atc_endpoint *ep;
+    struct atc_sim *sim;
+    uint64_t requests;
+};
+
+struct outage_event {
+    uint64_t at_us;
+    unsigned ep;
+    bool routable;
+};
+
+struct replay {
+    const struct atc_trace *trace;
+    size_t n;
+    const struct atc_replay_options *o;
+    struct atc_replay_result *res;
+    struct atc_endpoint_table *table;
+    struct rp_endpoint *eps;
+    size_t neps;
+    struct atc_policy_runtime *rt;
+    uint64_t budget_ns; /* CPU time a decision may use */
+    struct atc_affinity *affinity;
+    struct atc_prefix_index *prefix;
+    uint64_t now;
+    uint64_t rng;
+    struct rp_req *reqs;
+    size_t *queue; /* FIFO of record indices: a ring of n slots */
+    size_t qhead, qlen;
+    double *waits; /* ms each request that left the queue for an endpoint waited in it */
+    size_t nwaits;
+    bool drain; /* something finished or came back: try the queue */
+    struct outage_event *outages;
+    size_t noutages, next_outage;
+    uint64_t last_completion;
+
+    struct atc_features f;
+    struct atc_route_request rreq;
+    char id[40];
+
+    size_t samples_cap;
+    double imbalance_sum;
+    size_t imbalance_n;
+};
+
+static double virtual_now_ms(void *ctx)
+{
+    const struct replay *rp = ctx;
+    return (double)rp->now / 1000.0;
+}
+
+static uint64_t cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static double wall_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* ---- the fleet ---- */
+
+static int add_server(struct replay *rp, struct atc_endpoint *ep, const struct atc_sim_params *params,
+                      uint64_t seed);
+
+static void on_token(void *ctx, const struct atc_sim_token *tok);
+
+/* The endpoint table of @p cfg plus its simulated servers, each endpoint with its model. */
+static int build_fleet(struct replay *rp, const struct atc_config *cfg, char **err)
+{
+    rp->table = atc_endpoint_table_create(cfg);
+    if (rp->table == NULL)
+        goto oom;
+    size_t total = rp->table->nendpoints;
+    for (size_t i = 0; i < cfg->nsimulate; i++)
+        total += cfg->simulate[i].count;
+    if (total == 0) {
+        *err = strdup("the fleet has no endpoints");
+        return -1;
+    }
+    if ((rp->eps = calloc(total, sizeof(*rp->eps))) == NULL)
+        goto oom;
+    uint64_t seed = rp->o->seed ? rp->o->seed : 1;
+    /* Endpoints of real servers are simulated with the default server model. */
+    size_t configured = rp->table->nendpoints;
+    for (size_t i = 0; i < configured; i++) {
+        struct atc_sim_params p;
+        atc_sim_params_init(&p);
+        int rc = add_server(rp, rp->table->endpoints[i], &p, seed * 1000003u + i);
+        atc_sim_params_dispose(&p);
+        if (rc < 0)
+            goto oom;
+    }
+    for (size_t i = 0; i < cfg->nsimulate; i++) {
+        const struct atc_simulate_config *sc = &cfg->simulate[i];
+        for (unsigned k = 0; k < sc->count; k++) {
+            char id[300];
+            struct atc_model *m =
+                atc_endpoint_table_model(rp->table, sc->params.model, strlen(sc->params.model));
+            snprintf(id, sizeof(id), "%s-sim-%zu", sc->params.model, m != NULL ? m->nendpoints + 1 : 1);
+            struct atc_endpoint *ep =
+                atc_endpoint_table_add(rp->table, sc->params.model, id, "127.0.0.1", 0,
+                                       sc->capacity ? sc->capacity : sc->params.max_seqs);
+            if (ep == NULL || add_server(rp, ep, &sc->params,
+                                         (sc->params.seed + rp->neps) ^ (seed * 0x9E3779B97F4A7C15ull)) < 0)
+                goto oom;
+        }
+    }
+    return 0;
+oom:
+    *err = strdup("out of memory building the fleet");
+    return -1;
+}
+
+static int add_server(struct replay *rp, struct atc_endpoint *ep, const struct atc_sim_params *params,
+                      uint64_t seed)
+{
+    struct rp_endpoint *e = &rp->eps[rp->neps];
+    struct atc_sim_params p = *params;
+    p.seed = seed;
+    e->rp = rp;
+    e->ep = ep;
+    e->sim = atc_sim_create(&p, on_token, e);
+    if (e->sim == NULL)
+        return -1;
+    rp->neps++;
+    return 0;
+}
+
+static struct rp_endpoint *endpoint_of(struct replay *rp, const struct atc_endpoint *ep)
+{
+    return &rp->eps[ep->index];
+}
+
+/* ---- requests ---- */
+
+static void queue_push(struct replay *rp, size_t i)
+{
+    rp->queue[(rp->qhead + rp->qlen) % rp->n] = i;
+    rp->qlen++;
+}
+
+static void queue_pop(struct replay *rp)
+{
+    rp->qhead = (rp->qhead + 1) % rp->n;
+    rp->qlen--;
+}
+
+/* Starts request @p i on @p ep now. */
+static void dispatch(struct replay *rp, size_t i, struct atc_endpoint *ep)
+{
+    const struct atc_trace_record *r = &rp->trace->records[i];
+    struct rp_req *q = &rp->reqs[i];
+    struct rp_endpoint *e = endpoint_of(rp, ep);
+    int64_t out = r->output_tokens > 0 ? r->output_tokens : r->max_tokens;
+    q->tokens = r->prompt_tokens + (uint64_t)(r->max_tokens >= 0 ? r->max_tokens : DEFAULT_OUTPUT_TOKENS);
+    q->ep = (int)ep->index;
+    q->state = RS_RUNNING;
+    atc_endpoint_acquire(ep, q->tokens);
+    if (rp->rt != NULL)
+        atc_policy_routed(rp->rt, &rp->rreq, ep); /* the prefix index learns where these blocks went */
+    struct atc_sim_request sr = {
+        .prompt_tokens = r->prompt_tokens,
+        .max_tokens = out >= 0 ? out : -1,
+        .blocks = r->blocks,
+        .nblocks = r->nblocks,
+        .block_tokens = r->block_tokens,
+    };
+    if (atc_sim_submit(e->sim, rp->now, &sr, (void *)(uintptr_t)(i + 1), NULL) == 0) {
+        /* out of memory in the model: the request is lost, not the replay */
+        atc_endpoint_release(ep, q->tokens);
+        q->state = RS_REJECTED;
+        rp->res->rejected++;
+        return;
+    }
+    e->requests++;
+    rp->res->endpoint[i] = (int)ep->index;
+}
+
+static void on_token(void *ctx, const struct atc_sim_token *tok)
+{
+    struct rp_endpoint *e = ctx;
+    struct replay *rp = e->rp;
+    size_t i = (size_t)(uintptr_t)tok->user - 1;
+    const struct atc_trace_record *r = &rp->trace->records[i];
+    struct atc_replay_result *res = rp->res;
+    if (tok->index == 0) {
+        res->ttft_ms[i] = (double)(tok->at_us - r->at_us) / 1000.0;
+        atc_endpoint_record(e->ep, true, res->ttft_ms[i]);
+    }
+    if (!tok->last)
+        return;
+    res->e2e_ms[i] = (double)(tok->at_us - r->at_us) / 1000.0;
+    res->output_tokens += tok->index + 1;
+    res->completed++;
+    rp->reqs[i].state = RS_DONE;
+    atc_endpoint_release(e->ep, rp->reqs[i].tokens);
+    if (tok->at_us > rp->last_completion)
+        rp->last_completion = tok->at_us;
+    rp->drain = true;
+}
+
+static const char *no_header(void *ctx, const char *name)
+{
+    return NULL;
+}
+
+static const char *const kind_paths[] = {
+    [ATC_KIND_CHAT] = "/v1/chat/completions",
+    [ATC_KIND_COMPLETION] = "/v1/completions",
+    [ATC_KIND_EMBEDDING] = "/v1/embeddings",
+};
+
+/* What the policy sees of record @p i: its features and the route request. */
+static void prepare(struct replay *rp, size_t i)
+{
+    const struct atc_trace_record *r = &rp->trace->records[i];
+    struct atc_features *f = &rp->f;
+    const char *model = rp->o->model != NULL ? rp->o->model : r->model;
+    snprintf(f->model, sizeof(f->model), "%s", model);
+    f->has_model = true;
+    f->stream = r->stream;
+    f->has_tools = false;
+    f->max_tokens = r->max_tokens;
+    snprintf(f->user, sizeof(f->user), "%s", r->session);
+    f->prompt = NULL;
+    f->prompt_len = 0;
+    f->prompt_tokens = r->prompt_tokens;
+    f->nblocks = r->nblocks < ATC_PREFIX_BLOCKS_MAX ? r->nblocks : ATC_PREFIX_BLOCKS_MAX;
+    if (f->nblocks > 0)
+        memcpy(f->blocks, r->blocks, f->nblocks * sizeof(uint64_t));
+    if (r->id != NULL)
+        snprintf(rp->id, sizeof(rp->id), "%s", r->id);
+    else
+        snprintf(rp->id, sizeof(rp->id), "r%zu", i + 1);
+    rp->rreq = (struct atc_route_request){
+        .id = rp->id,
+        .path = kind_paths[r->kind],
+        .kind = r->kind,
+        .features = f,
+        .priority = r->priority,
+        .tenant = r->tenant,
+        .session = r->session,
+        .attempt = 1,
+        .header = no_header,
+        .block_tokens = r->block_tokens,
+        .tokens = r->prompt_tokens + (uint64_t)(r->max_tokens >= 0 ? r->max_tokens : DEFAULT_OUTPUT_TOKENS),
+    };
+    /* What a server would report now (health scraping reads the same from real servers). */
+    for (size_t k = 0; k < rp->neps; k++) {
+        struct atc_sim_stats st;
+        atc_sim_stats(rp->eps[k].sim, &st);
+        rp->eps[k].ep->server_queue = st.waiting;
+        rp->eps[k].ep->server_kv_usage = st.kv_usage;
+    }
+}
+
+enum outcome { DISPATCHED, QUEUED, REJECTED };
+
+/* Decides where request @p i goes now and acts on it. */
+static enum outcome decide(struct replay *rp, size_t i)
+{
+    struct rp_req *q = &rp->reqs[i];
+    struct atc_replay_result *res = rp->res;
+    struct atc_decision d;
+    prepare(rp, i);
+    uint64_t cpu = cpu_ns();
+    if (rp->rt != NULL) {
+        atc_policy_route(rp->rt, &rp->rreq, &d);
+    } else { /* no policy: the built-in balancer decides, as atc serve without a policy: section */
+        memset(&d, 0, sizeof(d));
+        d.kind = ATC_DECISION_FALLBACK;
+    }
+    cpu = cpu_ns() - cpu;
+    q->decisions++;
+    res->decisions++;
+    struct atc_endpoint *ep = NULL;
+    enum outcome result;
+    bool stopped = d.kind == ATC_DECISION_FALLBACK && d.reason != NULL && strcmp(d.reason, "budget") == 0;
+    if (cpu > rp->budget_ns || stopped)
+        res->budget_overruns++;
+    if (d.kind == ATC_DECISION_FALLBACK) {
+        if (rp->rt != NULL) {
+            res->fallbacks++;
+            if (!stopped)
+                res->policy_errors++;
+        }
+        const struct atc_model *m = atc_endpoint_table_model(rp->table, rp->f.model, strlen(rp->f.model));
+        if (m == NULL) {
+            d.kind = ATC_DECISION_REJECT;
+            d.status = 404;
+        } else {
+            ep = atc_balancer_pick(m, &rp->rng, NULL, 0, rp->rreq.tokens);
+        }
+    } else if (d.kind == ATC_DECISION_ENDPOINT) {
+        ep = d.endpoint;
+    }
+    if (rp->o->on_decision != NULL) {
+        struct atc_replay_decision rd = {
+            .record = i,
+            .at_us = rp->now,
+            .attempt = q->decisions,
+            .kind = d.kind,
+            .reason = d.reason,
+            .endpoint = ep,
+            .inflight = ep != NULL ? ep->inflight : 0,
+            .capacity = ep != NULL ? ep->capacity : 0,
+            .status = d.status,
+            .table = rp->table,
+        };
+        rp->o->on_decision(rp->o->ctx, &rd);
+    }
+    if (ep != NULL) {
+        dispatch(rp, i, ep);
+        result = DISPATCHED;
+    } else if (d.kind == ATC_DECISION_REJECT) {
+        q->state = RS_REJECTED;
+        res->rejected++;
+        result = REJECTED;
+    } else { /* a queue verdict, or a fallback with nothing available */
+        result = QUEUED;
+    }
+    return result;
+}
+
+static void arrive(struct replay *rp, size_t i)
+{
+    if (decide(rp, i) != QUEUED)
+        return;
+    rp->reqs[i].state = RS_QUEUED;
+    rp->reqs[i].queued_at = rp->now;
+    rp->res->queued++;
+    queue_push(rp, i);
+}
+
+/* Decides the queue's head again while it gets somewhere: FIFO, nobody overtakes the head. */
+static void drain_queue(struct replay *rp)
+{
+    rp->drain = false;
+    while (rp->qlen > 0) {
+        size_t i = rp->queue[rp->qhead];
+        enum outcome oc = decide(rp, i);
+        if (oc == QUEUED)
+            return;
+        if (oc == DISPATCHED)
+            rp->waits[rp->nwaits++] = (double)(rp->now - rp->reqs[i].queued_at) / 1000.0;
+        queue_pop(rp);
+    }
+}
+
+/* ---- samples: load over time ---- */
+
+static void take_sample(struct replay *rp, uint64_t at)
+{
+    struct atc_replay_result *res = rp->res;
+    if (res->nsamples == rp->samples_cap) {
+        size_t cap = rp->samples_cap ? rp->samples_cap * 2 : 256;
+        double *t = realloc(res->sample_s, cap * sizeof(double));
+        if (t != NULL)
+            res->sample_s = t;
+        unsigned *v = realloc(res->sample_inflight, cap * rp->neps * sizeof(unsigned));
+        if (v != NULL)
+            res->sample_inflight = v;
+        if (t == NULL || v == NULL)
+            return;
+        rp->samples_cap = cap;
+    }
+    unsigned *row = res->sample_inflight + res->nsamples * rp->neps, max = 0, total = 0;
+    for (size_t k = 0; k < rp->neps; k++) {
+        row[k] = rp->eps[k].ep->inflight;
+        total += row[k];
+        max = row[k] > max ? row[k] : max;
+    }
+    res->sample_s[res->nsamples++] = (double)at / 1e6;
+    if (total > 0) {
+        double ratio = (double)max / ((double)total / (double)rp->neps);
+        rp->imbalance_sum += ratio;
+        rp->imbalance_n++;
+        if (ratio > res->imbalance_max)
+            res->imbalance_max = ratio;
+    }
+}
+
+/* ---- the run ---- */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+void atc_replay_sort(double *v, size_t n)
+{
+    qsort(v, n, sizeof(double), cmp_double);
+}
+
+double atc_replay_percentile(const double *v, size_t n, double p)
+{
+    if (n == 0)
+        return 0;
+    size_t k = (size_t)ceil(p / 100.0 * (double)n);
+    return v[k > 0 ? k - 1 : 0];
+}
+
+static int by_time(const void *a, const void *b)
+{
+    const struct outage_event *x = a, *y = b;
+    return x->at_us < y->at_us ? -1 : x->at_us > y->at_us ? 1 : (int)x->routable - (int)y->routable;
+}
+
+static int plan_outages(struct replay *rp, char **err)
+{
+    const struct atc_replay_options *o = rp->o;
+    if (o->noutages == 0)
+        return 0;
+    if ((rp->outages = calloc(o->noutages * 2, sizeof(*rp->outages))) == NULL) {
+        *err = strdup("out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < o->noutages; i++) {
+        const struct atc_endpoint *ep = atc_endpoint_table_find(rp->table, o->outages[i].endpoint);
+        if (ep == NULL) {
+            if (asprintf(err, "outage of unknown endpoint '%s'", o->outages[i].endpoint) < 0)
+                *err = NULL;
+            return -1;
+        }
+        rp->outages[rp->noutages++] = (struct outage_event){o->outages[i].from_us, ep->index, false};
+        rp->outages[rp->noutages++] = (struct outage_event){o->outages[i].to_us, ep->index, true};
+    }
+    qsort(rp->outages, rp->noutages, sizeof(*rp->outages), by_time);
+    return 0;
+}
+
+static void progress(const struct replay *rp, const char *name, size_t done, int *shown)
+{
+    int pct_done = rp->n ? (int)(100 * done / rp->n) : 100;
+    if (pct_done == *shown)
+        return;
+    *shown = pct_done;
+    char bar[41];
+    int full = pct_done * 40 / 100;
+    for (int k = 0; k < 40; k++)
+        bar[k] = k < full ? '=' : k == full ? '>' : ' ';
+    bar[40] = '\0';
+    fprintf(stderr, "\r  %-28.28s [%s] %3d%%", name, bar, pct_done);
+    if (pct_done == 100)
+        fputs("\r\033[K", stderr);
+    fflush(stderr);
+}
+
+static void loop(struct replay *rp, const char *name)
+{
+    size_t next = 0;
+    int shown = -1;
+    uint64_t last_arrival = rp->n ? rp->trace->records[rp->n - 1].at_us : 0;
+    uint64_t interval = last_arrival / (rp->o->samples ? rp->o->samples : DEFAULT_SAMPLES);
+    uint64_t next_sample = 0;
+    if (interval < 1000)
+        interval = 1000;
+    for (;;) {
+        uint64_t t_arr = next < rp->n ? rp->trace->records[next].at_us : UINT64_MAX;
+        uint64_t t_out = rp->next_outage < rp->noutages ? rp->outages[rp->next_outage].at_us : UINT64_MAX;
+        uint64_t t_sim = UINT64_MAX;
+        for (size_t k = 0; k < rp->neps; k++) {
+            uint64_t t = atc_sim_next_event_us(rp->eps[k].sim);
+            t_sim = t < t_sim ? t : t_sim;
+        }
+        uint64_t t = t_arr < t_out ? t_arr : t_out;
+        t = t_sim < t ? t_sim : t;
+        if (t == UINT64_MAX)
+            break;
+        while (next_sample <= t) {
+            take_sample(rp, next_sample);
+            next_sample += interval;
+        }
+        rp->now = t;
+        /* At one instant: arrivals first (so requests arriving together are batched together), then
+         * outages, then the servers' iterations. */
+        if (t_arr == t) {
+            arrive(rp, next++);
+            if (rp->o->progress)
+                progress(rp, name, next, &shown);
+            continue;
+        }
+        if (t_out == t) {
+            const struct outage_event *ev = &rp->outages[rp->next_outage++];
+            rp->eps[ev->ep].ep->routable = ev->routable;
+            if (ev->routable)
+                rp->drain = true;
+        } else {
+            for (size_t k = 0; k < rp->neps; k++)
+                if (atc_sim_next_event_us(rp->eps[k].sim) <= t)
+                    atc_sim_advance(rp->eps[k].sim, t);
+        }
+        if (rp->drain)
+            drain_queue(rp);
+    }
+    take_sample(rp, rp->now);
+    if (rp->o->progress && shown != 100)
+        progress(rp, name, rp->n, &shown);
+}
+
+static void summarize(struct replay *rp)
+{
+    struct atc_replay_result *res = rp->res;
+    double *v = malloc((rp->n ? rp->n : 1) * sizeof(double));
+    size_t n = 0;
+    if (v == NULL)
+        return;
+    double sum = 0;
+    for (size_t i = 0; i < rp->n; i++)
+        if (!isnan(res->ttft_ms[i])) {
+            v[n++] = res->ttft_ms[i];
+            sum += res->ttft_ms[i];
+        }
+    atc_replay_sort(v, n);
+    res->ttft_p50_ms = atc_replay_percentile(v, n, 50);
+    res->ttft_p90_ms = atc_replay_percentile(v, n, 90);
+    res->ttft_p99_ms = atc_replay_percentile(v, n, 99);
+    res->ttft_mean_ms = n ? sum / (double)n : 0;
+    n = 0;
+    for (size_t i = 0; i < rp->n; i++)
+        if (!isnan(res->e2e_ms[i]))
+            v[n++] = res->e2e_ms[i];
+    atc_replay_sort(v, n);
+    res->e2e_p50_ms = atc_replay_percentile(v, n, 50);
+    res->e2e_p99_ms = atc_replay_percentile(v, n, 99);
+    /* Queue waits: arrival to dispatch of the requests that waited (the server's own queue is part of
+     * their ttft, not of this). */
+    atc_replay_sort(rp->waits, rp->nwaits);
+    res->queue_wait_p50_ms = atc_replay_percentile(rp->waits, rp->nwaits, 50);
+    res->queue_wait_p99_ms = atc_replay_percentile(rp->waits, rp->nwaits, 99);
+    res->queue_wait_max_ms = rp->nwaits ? rp->waits[rp->nwaits - 1] : 0;
+    free(v);
+
+    uint64_t first = rp->n ? rp->trace->records[0].at_us : 0;
+    res->duration_s = rp->last_completion > first ? (double)(rp->last_completion - first) / 1e6 : 0;
+    res->throughput_rps = res->duration_s > 0 ? (double)res->completed / res->duration_s : 0;
+    res->output_tps = res->duration_s > 0 ? (double)res->output_tokens / res->duration_s : 0;
+    for (size_t k = 0; k < rp->neps; k++) {
+        struct atc_sim_stats st;
+        atc_sim_stats(rp->eps[k].sim, &st);
+        struct atc_replay_endpoint_result *er = &res->endpoints[k];
+        er->requests = rp->eps[k].requests;
+        er->prefix_blocks = st.prefix_blocks;
+        er->prefix_block_hits = st.prefix_block_hits;
+        er->preemptions = st.preemptions;
+        res->prefix_blocks += st.prefix_blocks;
+        res->prefix_block_hits += st.prefix_block_hits;
+        res->preemptions += st.preemptions;
+    }
+    res->cache_hit_rate =
+        res->prefix_blocks ? (double)res->prefix_block_hits / (double)res->prefix_blocks : 0;
+    res->imbalance = rp->imbalance_n ? rp->imbalance_sum / (double)rp->imbalance_n : 1.0;
+    if (res->imbalance_max < 1.0)
+        res->imbalance_max = 1.0;
+}
+
+static void replay_dispose(struct replay *rp)
+{
+    atc_policy_runtime_destroy(rp->rt);
+    for (size_t k = 0; k < rp->neps; k++)
+        atc_sim_destroy(rp->eps[k].sim);
+    free(rp->eps);
+    atc_endpoint_table_destroy(rp->table);
+    atc_affinity_destroy(rp->affinity);
+    atc_prefix_index_destroy(rp->prefix);
+    free(rp->reqs);
+    free(rp->queue);
+    free(rp->waits);
+    free(rp->outages);
+}
+
+int atc_replay_run(const struct atc_config *cfg, const struct atc_trace *trace, const char *entry,
+                   const char *name, const struct atc_replay_options *o, struct atc_replay_result *out,
+                   char **err)
+{
+    struct replay rp = {.trace = trace, .o = o, .res = out};
+    double started = wall_now();
+    *err = NULL;
+    memset(out, 0, sizeof(*out));
+    rp.n = o->limit && o->limit < trace->n ? o->limit : trace->n;
+    rp.rng = o->seed ? o->seed : 1;
+    out->name = strdup(name);
+    out->entry = strdup(entry != NULL ? entry : "(built-in balancer)");
+    out->requests = rp.n;
+    out->ttft_ms = malloc((rp.n ? rp.n : 1) * sizeof(double));
+    out->e2e_ms = malloc((rp.n ? rp.n : 1) * sizeof(double));
+    out->endpoint = malloc((rp.n ? rp.n : 1) * sizeof(int));
+    rp.reqs = calloc(rp.n ? rp.n : 1, sizeof(*rp.reqs));
+    rp.queue = malloc((rp.n ? rp.n : 1) * sizeof(size_t));
+    rp.waits = malloc((rp.n ? rp.n : 1) * sizeof(double));
+    rp.affinity = atc_affinity_create(0);
+    rp.prefix = atc_prefix_index_create(0);
+    if (out->name == NULL || out->entry == NULL || out->ttft_ms == NULL || out->e2e_ms == NULL ||
+        out->endpoint == NULL || rp.reqs == NULL || rp.queue == NULL || rp.waits == NULL ||
+        rp.affinity == NULL || rp.prefix == NULL) {
+        *err = strdup("out of memory");
+        goto error;
+    }
+    for (size_t i = 0; i < rp.n; i++) {
+        out->ttft_ms[i] = out->e2e_ms[i] = NAN;
+        out->endpoint[i] = -1;
+    }
+    if (build_fleet(&rp, cfg, err) < 0 || plan_outages(&rp, err) < 0)
+        goto error;
+    if ((out->endpoints = calloc(rp.neps, sizeof(*out->endpoints))) == NULL) {
+        *err = strdup("out of memory");
+        goto error;
+    }
+    out->nendpoints = rp.neps;
+    for (size_t k = 0; k < rp.neps; k++)
+        out->endpoints[k].id = strdup(rp.eps[k].ep->id);
+
+    uint64_t budget_us = o->budget_us ? o->budget_us : cfg->policy.budget_us;
+    rp.budget_ns = budget_us * 1000;
+    struct atc_policy_settings ps = {
+        .entry = entry,
+        .path = o->nmodule_path ? o->module_path : (const char *const *)cfg->policy.path,
+        .npath = o->nmodule_path ? o->nmodule_path : cfg->policy.npath,
+        .stdlib_dir = atc_policy_stdlib_dir(),
+        .budget_us = budget_us * KILL_FACTOR > KILL_MIN_US ? budget_us * KILL_FACTOR : KILL_MIN_US,
+        .now_ms = virtual_now_ms,
+        .now_ctx = &rp,
+        .seed = o->seed ? o->seed : 1,
+        .memory = cfg->policy.memory,
+        .jit = cfg->policy.jit,
+    };
+    char *perr = NULL;
+    if (entry != NULL &&
+        (rp.rt = atc_policy_runtime_create(&ps, rp.table, rp.affinity, rp.prefix, &perr)) == NULL) {
+        if (asprintf(err, "policy %s: %s", name, perr != NULL ? perr : "cannot load") < 0)
+            *err = NULL;
+        free(perr);
+        goto error;
+    }
+
+    loop(&rp, name);
+
+    /* Requests still queued when nothing was left to free capacity never ran. */
+    out->unserved = rp.qlen;
+    summarize(&rp);
+    out->wall_s = wall_now() - started;
+    replay_dispose(&rp);
+    return 0;
+error:
+    replay_dispose(&rp);
+    atc_replay_result_dispose(out);
+    return -1;
+}
+
+void atc_replay_result_dispose(struct atc_replay_result *r)
+{
+    free(r->name);
+    free(r->entry);
+    free(r->ttft_ms);
+    free(r->e2e_ms);
+    free(r->endpoint);
+    for (size_t k = 0; k < r->nendpoints; k++)
+        free(r->endpoints[k].id);
+    free(r->endpoints);
+    free(r->sample_s);
+    free(r->sample_inflight);
+    memset(r, 0, sizeof(*r));
+}
+
+/* ---- atc replay ---- */
+
+static const char usage_replay[] =
+    "usage: atc replay -c FLEET.yaml --trace FILE [--policy P] [--vs P2 ...] [flags]\n"
+    "       atc replay --speed X --trace FILE (--target HOST:PORT | -c CONFIG) [flags]\n"
+    "\n"
+    "Replays a trace through one or more policies against a simulated fleet, in virtual time: each\n"
+    "simulate: entry and each endpoint of FLEET.yaml becomes a simulated server (the `atc sim` model:\n"
+    "batching, prefill/decode timing, a prefix KV cache with eviction), and the policy decides in the\n"
+    "production sandbox, seeing the simulated fleet's load. Prints one row per policy: time to first\n"
+    "token, end-to-end latency, throughput, prefix cache hit rate, load imbalance, queue waits and policy\n"
+    "failures. Deterministic for a seed.\n"
+    "\n"
+    "  -c, --config FILE     the fleet; its policy: section gives the default policy, budget, memory and\n"
+    "                        module path\n"
+    "  -t, --trace FILE      an atc trace, or a Mooncake, Azure or JSON-lines file (imported on the fly)\n"
+    "  -p, --policy P        the policy to replay (default: the config's policy.entry, or builtin without\n"
+    "                        a policy: section): a .lua file, the name of one in examples/policies/\n"
+    "                        (round_robin, least_loaded, sglang_cache_aware, llmd_weighted, dynamo_kv),\n"
+    "                        or builtin (atc's C balancer); NAME=P names its row\n"
+    "      --vs P            another policy to compare, the same way (repeatable)\n"
+    "      --seed N          seeds atc.random(), the fallback balancer and drawn output lengths (default 1)\n"
+    "      --model NAME      send every request to this model (imported traces name llama-3-8b)\n"
+    "      --limit N         replay only the first N requests\n"
+    "      --budget DURATION CPU time a decision may use (default: the config's policy.budget); one\n"
+    "                        that uses more counts as an overrun, and is stopped (routed by the built-in\n"
+    "                        balancer) at 100 times that, so a busy machine does not change decisions\n"
+    "      --format FORMAT   the trace's format when not an atc trace: mooncake, azure, jsonl (default:\n"
+    "                        by content and name)\n"
+    "      --json            print JSON ({\"policies\": [...]}) instead of the table\n"
+    "      --html FILE       also write a self-contained HTML report (TTFT distribution per policy, load\n"
+    "                        per endpoint over time)\n"
+    "      --no-progress     no progress bar (shown only when stderr is a terminal)\n"
+    "\n"
+    "  wall-time replay against a running atc (also the benchmarks' load generator):\n"
+    "      --speed X         send requests X times faster than the trace's arrivals (1 = as recorded);\n"
+    "                        prompts are synthesized from the block hashes, so shared prefixes are\n"
+    "                        shared bytes; streams, and measures what clients see\n"
+    "      --target HOST:PORT  atc's front door (default: -c CONFIG's listen:)\n"
+    "      --max-inflight N  requests open at once (default 1024)\n"
+    "      --timeout DURATION  per request (default 300s)\n"
+    "  -h, --help            this text\n";
+
+#define MAX_POLICIES 16
+
+struct policy_arg {
+    char name[128];
+    char path[4096];
+};
+
+static bool is_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* "FILE", "NAME" (examples/policies/NAME.lua, here or in the source tree), "builtin" (the C balancer:
+ * an empty path) or "LABEL=any of those". */
+static int resolve_policy(const char *arg, struct policy_arg *p)
+{
+    const char *eq = strchr(arg, '=');
+    const char *spec = eq != NULL ? eq + 1 : arg;
+    if (strcmp(spec, "builtin") == 0) {
+        p->path[0] = '\0';
+        snprintf(p->name, sizeof(p->name), "%.*s", eq != NULL ? (int)(eq - arg) : 7,
+                 eq != NULL ? arg : "builtin");
+        return 0;
+    }
+    char source[4096];
+    snprintf(source, sizeof(source), "%s", ATC_SOURCE_STDLIB);
+    char *slash = strrchr(source, '/');
+    if (slash != NULL)
+        *slash = '\0';
+    if (is_file(spec))
+        snprintf(p->path, sizeof(p->path), "%s", spec);
+    else if (snprintf(p->path, sizeof(p->path), "examples/policies/%s.lua", spec) > 0 && is_file(p->path))
+        ;
+    else if (snprintf(p->path, sizeof(p->path), "%s/examples/policies/%s.lua", source, spec) > 0 &&
+             is_file(p->path))
+        ;
+    else
+        return -1;
+    if (eq != NULL) {
+        snprintf(p->name, sizeof(p->name), "%.*s", (int)(eq - arg), arg);
+        return 0;
+    }
+    /* The file's stem; "scripts/policy" for an entry called policy.lua. */
+    const char *base = strrchr(p->path, '/');
+    base = base != NULL ? base + 1 : p->path;
+    size_t len = strlen(base);
+    if (len > 4 && strcmp(base + len - 4, ".lua") == 0)
+        len -= 4;
+    if (len == 6 && memcmp(base, "policy", 6) == 0 && base != p->path) {
+        const char *dir = base - 1, *start = dir;
+        while (start > p->path && start[-1] != '/')
+            start--;
+        snprintf(p->name, sizeof(p->name), "%.*s/policy", (int)(dir - start), start);
+    } else {
+        snprintf(p->name, sizeof(p->name), "%.*s", (int)len, base);
+    }
+    return 0;
+}
+
+int atc_replay_main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"trace", required_argument, NULL, 't'},
+        {"policy", required_argument, NULL, 'p'},
+        {"vs", required_argument, NULL, 'v'},
+        {"seed", required_argument, NULL, 's'},
+        {"model", required_argument, NULL, 'm'},
+        {"limit", required_argument, NULL, 'l'},
+        {"budget", required_argument, NULL, 'b'},
+        {"format", required_argument, NULL, 'f'},
+        {"json", no_argument, NULL, 'j'},
+        {"html", required_argument, NULL, 'H'},
+        {"no-progress", no_argument, NULL, 'n'},
+        {"speed", required_argument, NULL, 'S'},
+        {"target", required_argument, NULL, 'T'},
+        {"max-inflight", required_argument, NULL, 'M'},
+        {"timeout", required_argument, NULL, 'o'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *config = NULL, *trace_path = NULL, *html = NULL, *target = NULL;
+    const char *policy_args[MAX_POLICIES];
+    size_t npolicies = 0;
+    bool json = false, no_progress = false, have_policy = false;
+    struct atc_replay_options o = {.seed = 1};
+    struct atc_trace_import_options io = {0};
+    struct atc_replay_live_options lo = {0};
+    char *end;
+    int ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "c:t:p:h", longopts, NULL)) != -1) {
+        switch (ch) {
+        case 'c':
+            config = optarg;
+            break;
+        case 't':
+            trace_path = optarg;
+            break;
+        case 'p':
+        case 'v':
+            if (npolicies == MAX_POLICIES - 1) {
+                fprintf(stderr, "atc replay: at most %d policies\n", MAX_POLICIES);
+                return 2;
+            }
+            if (ch == 'p') {
+                if (have_policy) {
+                    fprintf(stderr, "atc replay: one --policy; compare others with --vs\n");
+                    return 2;
+                }
+                have_policy = true;
+                memmove(policy_args + 1, policy_args, npolicies * sizeof(*policy_args));
+                policy_args[0] = optarg;
+                npolicies++;
+            } else {
+                policy_args[npolicies++] = optarg;
+            }
+            break;
+        case 's':
+            o.seed = strtoull(optarg, &end, 10);
+            if (*end != '\0' || *optarg == '\0') {
+                fprintf(stderr, "atc replay: --seed must be a whole number\n");
+                return 2;
+            }
+            break;
+        case 'm':
+            o.model = lo.model = optarg;
+            break;
+        case 'l':
+            o.limit = lo.limit = strtoul(optarg, &end, 10);
+            if (*end != '\0' || o.limit == 0) {
+                fprintf(stderr, "atc replay: --limit must be a whole number > 0\n");
+                return 2;
+            }
+            break;
+        case 'b':
+            if (atc_parse_duration_us(optarg, &o.budget_us) < 0 || o.budget_us == 0) {
+                fprintf(stderr, "atc replay: invalid --budget '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'f':
+            if (atc_trace_format_parse(optarg, &io.format) < 0) {
+                fprintf(stderr, "atc replay: unknown --format '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'j':
+            json = true;
+            break;
+        case 'H':
+            html = optarg;
+            break;
+        case 'n':
+            no_progress = true;
+            break;
+        case 'S':
+            lo.speed = strtod(optarg, &end);
+            if (*end != '\0' || !(lo.speed > 0)) {
+                fprintf(stderr, "atc replay: --speed must be a number > 0\n");
+                return 2;
+            }
+            break;
+        case 'T':
+            target = optarg;
+            break;
+        case 'M':
+            lo.max_inflight = (unsigned)strtoul(optarg, &end, 10);
+            if (*end != '\0' || lo.max_inflight == 0) {
+                fprintf(stderr, "atc replay: --max-inflight must be a whole number > 0\n");
+                return 2;
+            }
+            break;
+        case 'o':
+            if (atc_parse_duration_ms(optarg, &lo.timeout_ms) < 0 || lo.timeout_ms == 0) {
+                fprintf(stderr, "atc replay: invalid --timeout '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'h':
+            fputs(usage_replay, stdout);
+            return 0;
+        default:
+            fputs(usage_replay, stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "atc replay: unexpected argument '%s'\n%s", argv[optind], usage_replay);
+        return 2;
+    }
+    if (trace_path == NULL || (config == NULL && (lo.speed == 0 || target == NULL))) {
+        fprintf(stderr, "atc replay: %s is required\n%s", trace_path == NULL ? "--trace FILE" : "-c FILE",
+                usage_replay);
+        return 2;
+    }
+    if (lo.speed == 0 && target != NULL) {
+        fprintf(stderr, "atc replay: --target goes with --speed (a wall-time replay)\n");
+        return 2;
+    }
+    if (getenv("ATC_LOG") == NULL)
+        atc_log_set_level(ATC_LOG_WARN); /* the policy runtime's "loaded" lines would clutter the table */
+
+    struct atc_config *cfg = NULL;
+    char *errors = NULL;
+    if (config != NULL && atc_config_load(config, &cfg, &errors) < 0) {
+        fprintf(stderr, "%s\n", errors != NULL ? errors : "cannot load the config");
+        free(errors);
+        return 1;
+    }
+    struct atc_trace *trace = NULL;
+    size_t bad = 0;
+    io.errors = stderr;
+    char *err = NULL;
+    if (atc_trace_load(trace_path, &io, &trace, &bad, &err) < 0) {
+        fprintf(stderr, "%s\n", err != NULL ? err : "cannot load the trace");
+        free(err);
+        atc_config_free(cfg);
+        return 1;
+    }
+    if (bad > 0)
+        fprintf(stderr, "%s: %zu malformed line(s) skipped\n", trace_path, bad);
+    bool progress = !no_progress && !json && isatty(STDERR_FILENO);
+    o.progress = lo.progress = progress;
+    int rc = 0;
+    struct atc_replay_result results[MAX_POLICIES];
+    size_t nresults = 0;
+    char title[8192];
+
+    if (lo.speed > 0) {
+        char *host = NULL;
+        if (target != NULL) {
+            if (atc_parse_hostport(target, &host, &lo.port) < 0) {
+                fprintf(stderr, "atc replay: --target: expected HOST:PORT, got '%s'\n", target);
+                rc = 2;
+                goto done;
+            }
+        } else {
+            host = strdup(cfg->listen_host);
+            lo.port = cfg->listen_port;
+        }
+        lo.host = host;
+        snprintf(title, sizeof(title), "%s: %zu requests at %gx speed against atc at %s:%u", trace_path,
+                 o.limit && o.limit < trace->n ? o.limit : trace->n, lo.speed, host, (unsigned)lo.port);
+        if (atc_replay_live(trace, &lo, &results[0], &err) < 0) {
+            fprintf(stderr, "atc replay: %s\n", err != NULL ? err : "failed");
+            free(err);
+            free(host);
+            rc = 1;
+            goto done;
+        }
+        free(host);
+        nresults = 1;
+    } else {
+        if (!have_policy) { /* the config's policy first, then the --vs ones */
+            memmove(policy_args + 1, policy_args, npolicies * sizeof(*policy_args));
+            policy_args[0] = cfg->policy.enabled ? cfg->policy.entry : "builtin"; /* as atc serve would */
+            npolicies++;
+        }
+        struct policy_arg pa;
+        for (size_t i = 0; i < npolicies; i++) {
+            if (resolve_policy(policy_args[i], &pa) < 0) {
+                fprintf(stderr, "atc replay: no policy '%s' (a .lua file, or a name in examples/policies/)\n",
+                        policy_args[i]);
+                rc = 2;
+                goto done;
+            }
+            if (atc_replay_run(cfg, trace, pa.path[0] != '\0' ? pa.path : NULL, pa.name, &o,
+                               &results[nresults], &err) < 0) {
+                fprintf(stderr, "atc replay: %s\n", err != NULL ? err : "failed");
+                free(err);
+                err = NULL;
+                rc = 1;
+                goto done;
+            }
+            nresults++;
+        }
+        size_t neps = results[0].nendpoints;
+        snprintf(title, sizeof(title), "%s: %zu requests over %.1f s; fleet %s: %zu endpoints; seed %llu",
+                 trace_path, results[0].requests,
+                 results[0].requests ? (double)trace->records[results[0].requests - 1].at_us / 1e6 : 0.0,
+                 config, neps, (unsigned long long)o.seed);
+    }
+    if (json)
+        atc_replay_report_json(stdout, trace_path, config, o.seed, results, nresults);
+    else
+        atc_replay_report_table(stdout, title, results, nresults);
+    if (html != NULL && atc_replay_report_html(html, title, results, nresults, &err) < 0) {
+        fprintf(stderr, "atc replay: %s\n", err != NULL ? err : "cannot write the report");
+        free(err);
+        rc = 1;
+    }
+    for (size_t i = 0; i < nresults; i++)
+        if (results[i].rejected == results[i].requests && results[i].requests > 0)
+            fprintf(stderr,
+                    "atc replay: %s rejected every request: does the fleet serve the trace's model? "
+                    "(--model NAME sends them all to one)\n",
+                    results[i].name);
+done:
+    for (size_t i = 0; i < nresults; i++)
+        atc_replay_result_dispose(&results[i]);
+    atc_trace_free(trace);
+    atc_config_free(cfg);
+    return rc;
+}

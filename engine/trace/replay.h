@@ -1,0 +1,156 @@
+#ifndef ATC_REPLAY_H
+#define ATC_REPLAY_H
+
+/* Replay: a trace's requests routed by a policy to a simulated fleet, in virtual time.
+ *
+ * The fleet comes from a config: every simulate: entry becomes `count` simulated servers (ids
+ * <model>-sim-N, as under `atc serve`), and every endpoint listed under models: is simulated with the
+ * default server model (sim.h). Each server is the same model `atc sim` runs: continuous batching,
+ * prefill/decode timing, a batching limit and a per-server prefix KV cache with eviction. Requests carry
+ * the trace's prefix block hashes with the trace's block size, so shared prefixes hit that cache.
+ *
+ * Time is virtual: the replay jumps from event to event (an arrival, the end of a server's iteration),
+ * so a trace of an hour replays in seconds. The policy runs in the production runtime (sandbox,
+ * budget), with atc.now() reading virtual time and atc.random() seeded; it sees the simulated fleet's
+ * in-flight counts, server queues and KV usage as they are at that virtual moment. A queue verdict
+ * waits in a FIFO queue in front of the fleet and is decided again whenever a request finishes; a
+ * failed decision falls back to the built-in C balancer, as live. The same trace, fleet, policy and seed
+ * give the same results: a decision's budget is checked on its own CPU time and it is stopped only at
+ * 100 times its budget, so a busy machine's preemptions do not change what the policy decides. */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "policy/policy.h"
+
+struct atc_config;
+struct atc_trace;
+struct atc_endpoint;
+struct atc_endpoint_table;
+struct lua_State;
+
+/* An endpoint out of routing (as when drained or unhealthy) from from_us to to_us of virtual time;
+ * its requests in flight finish. */
+struct atc_replay_outage {
+    const char *endpoint;
+    uint64_t from_us, to_us;
+};
+
+/* One decision, as reported to on_decision. */
+struct atc_replay_decision {
+    size_t record;    /* index in the trace */
+    uint64_t at_us;   /* virtual time of the decision */
+    unsigned attempt; /* 1 on arrival; more when decided again from the queue */
+    enum atc_decision_kind kind;
+    const char *reason;                  /* fallbacks: why the policy failed */
+    const struct atc_endpoint *endpoint; /* where it went (policy or fallback balancer), or NULL */
+    unsigned inflight;                   /* that endpoint's requests in flight before this one */
+    unsigned capacity;
+    int status;                             /* rejections */
+    const struct atc_endpoint_table *table; /* the fleet as it is at this moment */
+};
+
+struct atc_replay_options {
+    uint64_t seed;                  /* atc.random(), the C balancer and drawn output lengths (0: 1) */
+    const char *model;              /* send every request to this model (NULL: the trace's) */
+    size_t limit;                   /* replay only the first N requests (0: all) */
+    uint64_t budget_us;             /* CPU time per decision (0: the config's policy.budget) */
+    bool progress;                  /* a progress bar on stderr */
+    unsigned samples;               /* load samples over the trace's duration (0: 240) */
+    const char *const *module_path; /* extra module directories (policy.path of the config otherwise) */
+    size_t nmodule_path;
+    const struct atc_replay_outage *outages;
+    size_t noutages;
+    void (*on_decision)(void *ctx, const struct atc_replay_decision *d);
+    void *ctx;
+};
+
+struct atc_replay_endpoint_result {
+    char *id;
+    uint64_t requests;      /* dispatched to it */
+    uint64_t prefix_blocks; /* looked up in its KV cache, and found */
+    uint64_t prefix_block_hits;
+    uint64_t preemptions;
+};
+
+struct atc_replay_result {
+    char *name;                                     /* of the policy */
+    char *entry;                                    /* its file */
+    size_t requests, completed, rejected, unserved; /* unserved: still queued when nothing was left */
+    size_t queued;                                  /* requests that waited in the queue */
+    uint64_t decisions, fallbacks, policy_errors;
+    uint64_t budget_overruns; /* decisions that used more CPU than the budget (or were stopped) */
+    double ttft_p50_ms, ttft_p90_ms, ttft_p99_ms, ttft_mean_ms;
+    double e2e_p50_ms, e2e_p99_ms;
+    double queue_wait_p50_ms, queue_wait_p99_ms, queue_wait_max_ms; /* over the requests that waited */
+    double duration_s; /* first arrival to last completion, virtual */
+    double throughput_rps, output_tps;
+    uint64_t output_tokens, prefix_blocks, prefix_block_hits, preemptions;
+    double cache_hit_rate; /* prefix blocks found in the server's cache / prefix blocks requested */
+    double imbalance;      /* mean over time of max / mean in-flight across endpoints (1 = even) */
+    double imbalance_max;
+    double wall_s; /* real time the replay took (not deterministic: kept out of --json) */
+    bool live;     /* --speed: measured at the client; the fleet's cache and load are unknown */
+
+    /* per request (index = trace record); NaN when the request did not complete */
+    double *ttft_ms, *e2e_ms;
+    int *endpoint; /* index into endpoints, -1 when it never ran */
+
+    struct atc_replay_endpoint_result *endpoints;
+    size_t nendpoints;
+    /* load over time: nsamples rows of nendpoints in-flight counts */
+    double *sample_s;
+    unsigned *sample_inflight;
+    size_t nsamples;
+};
+
+/** Replays @p trace through the policy in @p entry (NULL: the built-in C balancer; named @p name in
+ * reports) against the fleet of @p cfg. Returns 0 and fills @p out (free with atc_replay_result_dispose), or
+ * -1 with an owned message in *err (the policy does not load, the fleet is empty, out of memory). Calls
+ * on_decision for every decision, in order. */
+int atc_replay_run(const struct atc_config *cfg, const struct atc_trace *trace, const char *entry,
+                   const char *name, const struct atc_replay_options *o, struct atc_replay_result *out,
+                   char **err);
+
+void atc_replay_result_dispose(struct atc_replay_result *r);
+
+/** replay_report.c: the comparison as a terminal table, as JSON (the `policies` array), and as a
+ * self-contained HTML page with SVG charts. @p title names the trace and the fleet. */
+void atc_replay_report_table(FILE *out, const char *title, const struct atc_replay_result *r, size_t n);
+void atc_replay_report_json(FILE *out, const char *trace, const char *fleet, uint64_t seed,
+                            const struct atc_replay_result *r, size_t n);
+int atc_replay_report_html(const char *path, const char *title, const struct atc_replay_result *r, size_t n,
+                           char **err);
+
+/* `atc replay --speed X`: the trace sent to a running atc in wall time. */
+struct atc_replay_live_options {
+    const char *host; /* atc's front door */
+    uint16_t port;
+    double speed;      /* 2 = twice as fast as recorded */
+    const char *model; /* NULL: the trace's */
+    size_t limit;
+    unsigned max_inflight; /* requests open at once (0: 1024); more wait, and their wait counts */
+    uint64_t timeout_ms;   /* per request (0: 300 s) */
+    bool progress;
+};
+
+/** replay_live.c: sends @p t's requests (prompt text synthesized from the block hashes, so shared
+ * prefixes are shared bytes) and measures what clients see. Fills the latency, throughput and count
+ * fields of @p out (not the fleet's: cache hits and load are the servers'). 0, or -1 with *err. */
+int atc_replay_live(const struct atc_trace *t, const struct atc_replay_live_options *o,
+                    struct atc_replay_result *out, char **err);
+
+/** replay_lua.c: atc.replay(opts) for `atc test` (upvalue 1: the policy version running the test). */
+int atc_replay_lua(struct lua_State *L);
+
+/** `atc replay ...`; returns the exit status. */
+int atc_replay_main(int argc, char **argv);
+
+/** Sorts @p v ascending, for atc_replay_percentile. */
+void atc_replay_sort(double *v, size_t n);
+/** The @p p-th percentile (nearest rank) of the @p n sorted values @p v; 0 when there are none. */
+double atc_replay_percentile(const double *v, size_t n, double p);
+
+#endif

@@ -1,0 +1,374 @@
+/* atc.replay(opts) for `atc test` (t.replay in stdlib/atc/test.lua): a trace replayed through a policy
+ * against a simulated fleet, returning every decision to the test so it can assert invariants. */
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <lauxlib.h>
+
+#include "core/config.h"
+#include "fleet/endpoint.h"
+#include "policy/policy_internal.h"
+#include "trace/replay.h"
+#include "trace/trace.h"
+
+#define MAX_OUTAGES 64
+
+struct recorded {
+    size_t record;
+    double at_ms;
+    unsigned attempt;
+    enum atc_decision_kind kind;
+    const char *reason;
+    int endpoint; /* index, -1: none */
+    unsigned inflight, capacity;
+    int status;
+};
+
+struct collector {
+    struct recorded *v;
+    size_t n, cap;
+    bool snapshots;
+    unsigned *snap; /* per decision: neps x (inflight, capacity, routable) */
+    size_t neps;
+    bool oom;
+};
+
+static void on_decision(void *ctx, const struct atc_replay_decision *d)
+{
+    struct collector *c = ctx;
+    if (c->oom)
+        return;
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 1024;
+        struct recorded *v = realloc(c->v, cap * sizeof(*v));
+        unsigned *snap =
+            c->snapshots ? realloc(c->snap, cap * d->table->nendpoints * 3 * sizeof(unsigned)) : NULL;
+        if (v != NULL)
+            c->v = v;
+        if (snap != NULL)
+            c->snap = snap;
+        if (v == NULL || (c->snapshots && snap == NULL)) {
+            c->oom = true;
+            return;
+        }
+        c->cap = cap;
+    }
+    c->v[c->n] = (struct recorded){
+        .record = d->record,
+        .at_ms = (double)d->at_us / 1000.0,
+        .attempt = d->attempt,
+        .kind = d->kind,
+        .reason = d->reason,
+        .endpoint = d->endpoint != NULL ? (int)d->endpoint->index : -1,
+        .inflight = d->inflight,
+        .capacity = d->capacity,
+        .status = d->status,
+    };
+    if (c->snapshots) {
+        c->neps = d->table->nendpoints;
+        unsigned *row = c->snap + c->n * c->neps * 3;
+        for (size_t k = 0; k < c->neps; k++) {
+            const struct atc_endpoint *ep = d->table->endpoints[k];
+            row[3 * k] = ep->inflight;
+            row[3 * k + 1] = ep->capacity;
+            row[3 * k + 2] = ep->routable;
+        }
+    }
+    c->n++;
+}
+
+/* Appends "  key: value" for a scalar at the top of the stack (key at -2); -1 when it is not one. */
+static int yaml_scalar(lua_State *L, luaL_Buffer *b)
+{
+    const char *key = lua_tostring(L, -2);
+    if (lua_type(L, -2) != LUA_TSTRING || strspn(key, "abcdefghijklmnopqrstuvwxyz_0123456789") != strlen(key))
+        return -1;
+    luaL_addstring(b, "    ");
+    luaL_addstring(b, key);
+    luaL_addstring(b, ": ");
+    switch (lua_type(L, -1)) {
+    case LUA_TNUMBER: {
+        char num[64];
+        snprintf(num, sizeof(num), "%.17g", lua_tonumber(L, -1));
+        luaL_addstring(b, num);
+        break;
+    }
+    case LUA_TBOOLEAN:
+        luaL_addstring(b, lua_toboolean(L, -1) ? "true" : "false");
+        break;
+    case LUA_TSTRING: {
+        const char *s = lua_tostring(L, -1);
+        luaL_addchar(b, '"');
+        for (; *s; s++) {
+            if (*s == '"' || *s == '\\')
+                luaL_addchar(b, '\\');
+            if ((unsigned char)*s >= 0x20)
+                luaL_addchar(b, *s);
+        }
+        luaL_addchar(b, '"');
+        break;
+    }
+    default:
+        return -1;
+    }
+    luaL_addchar(b, '\n');
+    return 0;
+}
+
+/* A fleet given as a list of simulate: entries ({model = "m", count = 3, max_seqs = 8, ...}), as the
+ * YAML the config parser validates. Pushes the text. */
+static void fleet_yaml(lua_State *L, int list)
+{
+    luaL_Buffer b;
+    int n = (int)lua_objlen(L, list);
+    if (n == 0)
+        luaL_error(L, "t.replay: fleet: a non-empty list of simulated servers expected");
+    luaL_buffinit(L, &b);
+    luaL_addstring(&b, "models:\n");
+    for (int i = 1; i <= n; i++) { /* each model once */
+        lua_rawgeti(L, list, i);
+        if (!lua_istable(L, -1))
+            luaL_error(L, "t.replay: fleet[%d]: a table expected", i);
+        lua_getfield(L, -1, "model");
+        const char *model = lua_tostring(L, -1);
+        if (model == NULL)
+            luaL_error(L, "t.replay: fleet[%d]: model (a string) expected", i);
+        bool seen = false;
+        for (int j = 1; j < i && !seen; j++) {
+            lua_rawgeti(L, list, j);
+            lua_getfield(L, -1, "model");
+            seen = strcmp(lua_tostring(L, -1), model) == 0;
+            lua_pop(L, 2);
+        }
+        if (!seen) {
+            luaL_addstring(&b, "  - name: \"");
+            luaL_addstring(&b, model);
+            luaL_addstring(&b, "\"\n");
+        }
+        lua_pop(L, 2);
+    }
+    luaL_addstring(&b, "simulate:\n");
+    for (int i = 1; i <= n; i++) {
+        lua_rawgeti(L, list, i);
+        luaL_addstring(&b, "  -\n");
+        lua_pushnil(L);
+        while (lua_next(L, -2) != 0) {
+            if (yaml_scalar(L, &b) < 0)
+                luaL_error(L,
+                           "t.replay: fleet[%d]: '%s' must be a simple key with a number, string or boolean",
+                           i, lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?");
+            lua_pop(L, 1);
+        }
+        lua_pop(L, 1);
+    }
+    luaL_pushresult(&b);
+}
+
+static double opt_number(lua_State *L, int t, const char *key, double dflt)
+{
+    lua_getfield(L, t, key);
+    double v = lua_isnil(L, -1) ? dflt : luaL_checknumber(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+static const char *kind_name(enum atc_decision_kind k)
+{
+    switch (k) {
+    case ATC_DECISION_ENDPOINT:
+        return "endpoint";
+    case ATC_DECISION_QUEUE:
+        return "queue";
+    case ATC_DECISION_REJECT:
+        return "reject";
+    case ATC_DECISION_FALLBACK:
+        return "fallback";
+    }
+    return "?";
+}
+
+static void set_number(lua_State *L, const char *key, double v)
+{
+    lua_pushnumber(L, v);
+    lua_setfield(L, -2, key);
+}
+
+static void set_string(lua_State *L, const char *key, const char *v)
+{
+    if (v == NULL)
+        return;
+    lua_pushstring(L, v);
+    lua_setfield(L, -2, key);
+}
+
+int atc_replay_lua(struct lua_State *L)
+{
+    struct policy_version *v = lua_touserdata(L, lua_upvalueindex(1));
+    luaL_checktype(L, 1, LUA_TTABLE);
+    lua_settop(L, 1);
+
+    /* Everything is read and checked first: a Lua error must not leak what is allocated below. */
+    lua_getfield(L, 1, "trace");
+    const char *trace_path = luaL_checkstring(L, -1); /* kept alive at index 2 */
+    lua_getfield(L, 1, "policy");
+    const char *entry = lua_isnil(L, -1) ? v->rt->s.entry : luaL_checkstring(L, -1); /* index 3 */
+    lua_getfield(L, 1, "model");
+    const char *model = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1); /* index 4 */
+    lua_getfield(L, 1, "fleet");                                           /* index 5 */
+    const char *fleet_path = NULL;
+    if (lua_istable(L, 5))
+        fleet_yaml(L, 5); /* index 6 */
+    else
+        fleet_path = luaL_checkstring(L, 5);
+    const char *fleet_text = fleet_path == NULL ? lua_tostring(L, 6) : NULL;
+    lua_getfield(L, 1, "snapshots");
+    bool snapshots = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    struct atc_replay_options o = {
+        .seed = (uint64_t)opt_number(L, 1, "seed", 1),
+        .limit = (size_t)opt_number(L, 1, "limit", 0),
+        .model = model,
+        .module_path = v->rt->s.path,
+        .nmodule_path = v->rt->s.npath,
+    };
+    struct atc_replay_outage outages[MAX_OUTAGES];
+    lua_getfield(L, 1, "outages");
+    int top = lua_gettop(L);
+    if (!lua_isnil(L, top)) {
+        luaL_checktype(L, top, LUA_TTABLE);
+        int n = (int)lua_objlen(L, top);
+        if (n > MAX_OUTAGES)
+            return luaL_error(L, "t.replay: at most %d outages", MAX_OUTAGES);
+        for (int i = 1; i <= n; i++) {
+            lua_rawgeti(L, top, i); /* stays on the stack: keeps the endpoint string alive */
+            if (!lua_istable(L, -1))
+                return luaL_error(
+                    L, "t.replay: outages[%d]: {endpoint = ID, from_ms = T, to_ms = T} expected", i);
+            lua_getfield(L, -1, "endpoint");
+            outages[i - 1].endpoint = luaL_checkstring(L, -1);
+            lua_pop(L, 1);
+            double from = opt_number(L, lua_gettop(L), "from_ms", 0),
+                   to = opt_number(L, lua_gettop(L), "to_ms", 1e15);
+            if (from < 0 || to < from)
+                return luaL_error(L, "t.replay: outages[%d]: need 0 <= from_ms <= to_ms", i);
+            outages[i - 1].from_us = (uint64_t)(from * 1000);
+            outages[i - 1].to_us = (uint64_t)(to * 1000);
+        }
+        o.outages = outages;
+        o.noutages = (size_t)n;
+    }
+
+    struct atc_config *cfg = NULL;
+    char *err = NULL;
+    if (fleet_path != NULL
+            ? atc_config_load(fleet_path, &cfg, &err) < 0
+            : atc_config_parse(fleet_text, strlen(fleet_text), "t.replay fleet", ".", &cfg, &err) < 0) {
+        lua_pushfstring(L, "t.replay: %s", err != NULL ? err : "bad fleet");
+        free(err);
+        return lua_error(L);
+    }
+    struct atc_trace *trace = NULL;
+    struct atc_trace_import_options io = {0};
+    if (atc_trace_load(trace_path, &io, &trace, NULL, &err) < 0) {
+        atc_config_free(cfg);
+        lua_pushfstring(L, "t.replay: %s", err != NULL ? err : "cannot load the trace");
+        free(err);
+        return lua_error(L);
+    }
+    struct collector c = {.snapshots = snapshots};
+    o.on_decision = on_decision;
+    o.ctx = &c;
+    struct atc_replay_result res;
+    int rc = atc_replay_run(cfg, trace, entry, "test", &o, &res, &err);
+    atc_config_free(cfg);
+    if (rc < 0 || c.oom) {
+        if (rc == 0)
+            atc_replay_result_dispose(&res);
+        atc_trace_free(trace);
+        free(c.v);
+        free(c.snap);
+        lua_pushfstring(L, "t.replay: %s", rc < 0 && err != NULL ? err : "out of memory");
+        free(err);
+        return lua_error(L);
+    }
+
+    /* Build the results; running out of Lua memory here longjmps, so C memory is freed first by copying
+     * what the tables need into a userdata-free form: everything below only reads res, trace and c. */
+    lua_createtable(L, (int)c.n, 0);
+    int decisions = lua_gettop(L);
+    size_t *last = calloc(res.requests ? res.requests : 1, sizeof(size_t)); /* last decision of a record */
+    for (size_t k = 0; k < c.n; k++) {
+        const struct recorded *d = &c.v[k];
+        const struct atc_trace_record *r = &trace->records[d->record];
+        lua_createtable(L, 0, 16);
+        set_number(L, "record", (double)d->record + 1);
+        set_string(L, "id", r->id);
+        set_number(L, "at_ms", d->at_ms);
+        set_number(L, "attempt", d->attempt);
+        set_string(L, "kind", kind_name(d->kind));
+        if (d->endpoint >= 0) {
+            set_string(L, "endpoint", res.endpoints[d->endpoint].id);
+            set_number(L, "inflight", d->inflight);
+            set_number(L, "capacity", d->capacity);
+        }
+        set_string(L, "model", model != NULL ? model : r->model);
+        set_string(L, "session", r->session);
+        set_string(L, "tenant", r->tenant);
+        set_number(L, "priority", r->priority);
+        set_number(L, "prompt_tokens", r->prompt_tokens);
+        set_string(L, "reason", d->reason);
+        if (d->status != 0)
+            set_number(L, "status", d->status);
+        if (c.snapshots) {
+            lua_createtable(L, 0, (int)c.neps);
+            const unsigned *row = c.snap + k * c.neps * 3;
+            for (size_t e = 0; e < c.neps && e < res.nendpoints; e++) {
+                lua_createtable(L, 0, 3);
+                set_number(L, "inflight", row[3 * e]);
+                set_number(L, "capacity", row[3 * e + 1]);
+                lua_pushboolean(L, row[3 * e + 2]);
+                lua_setfield(L, -2, "routable");
+                lua_setfield(L, -2, res.endpoints[e].id);
+            }
+            lua_setfield(L, -2, "fleet");
+        }
+        lua_rawseti(L, decisions, (int)k + 1);
+        if (last != NULL)
+            last[d->record] = k + 1;
+    }
+    for (size_t i = 0; last != NULL && i < res.requests; i++) {
+        if (last[i] == 0 || res.ttft_ms[i] != res.ttft_ms[i]) /* no decision, or did not complete */
+            continue;
+        lua_rawgeti(L, decisions, (int)last[i]);
+        set_number(L, "ttft_ms", res.ttft_ms[i]);
+        set_number(L, "e2e_ms", res.e2e_ms[i]);
+        lua_pop(L, 1);
+    }
+    free(last);
+    lua_createtable(L, 0, 24);
+    set_number(L, "requests", (double)res.requests);
+    set_number(L, "completed", (double)res.completed);
+    set_number(L, "rejected", (double)res.rejected);
+    set_number(L, "unserved", (double)res.unserved);
+    set_number(L, "queued", (double)res.queued);
+    set_number(L, "decisions", (double)res.decisions);
+    set_number(L, "fallbacks", (double)res.fallbacks);
+    set_number(L, "policy_errors", (double)res.policy_errors);
+    set_number(L, "budget_overruns", (double)res.budget_overruns);
+    set_number(L, "ttft_p50_ms", res.ttft_p50_ms);
+    set_number(L, "ttft_p90_ms", res.ttft_p90_ms);
+    set_number(L, "ttft_p99_ms", res.ttft_p99_ms);
+    set_number(L, "e2e_p50_ms", res.e2e_p50_ms);
+    set_number(L, "e2e_p99_ms", res.e2e_p99_ms);
+    set_number(L, "throughput_rps", res.throughput_rps);
+    set_number(L, "output_tps", res.output_tps);
+    set_number(L, "cache_hit_rate", res.cache_hit_rate);
+    set_number(L, "imbalance", res.imbalance);
+    set_number(L, "queue_wait_p99_ms", res.queue_wait_p99_ms);
+    atc_replay_result_dispose(&res);
+    atc_trace_free(trace);
+    free(c.v);
+    free(c.snap);
+    return 2;
+}

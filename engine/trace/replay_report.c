@@ -1,0 +1,325 @@
+/* Replay reports (replay.h): the terminal table, JSON, and a self-contained HTML page whose charts are
+ * inline SVG (no script, no network). */
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trace/replay.h"
+
+static void fmt_ms(char *buf, size_t size, double ms)
+{
+    if (ms >= 100000)
+        snprintf(buf, size, "%.0fs", ms / 1000);
+    else if (ms >= 10000)
+        snprintf(buf, size, "%.1fs", ms / 1000);
+    else
+        snprintf(buf, size, "%.0f", ms);
+}
+
+void atc_replay_report_table(FILE *out, const char *title, const struct atc_replay_result *r, size_t n)
+{
+    fprintf(out, "%s\n\n", title);
+    fprintf(out, "%-22s %8s %8s %8s %8s %8s %7s %9s %6s %6s %14s %7s\n", "policy", "ttft p50", "p90", "p99",
+            "e2e p50", "p99", "req/s", "out tok/s", "cache", "imbal", "queued (p99)", "errors");
+    for (size_t i = 0; i < n; i++) {
+        const struct atc_replay_result *x = &r[i];
+        char a[16], b[16], c[16], d[16], e[16], q[48], w[16];
+        fmt_ms(a, sizeof(a), x->ttft_p50_ms);
+        fmt_ms(b, sizeof(b), x->ttft_p90_ms);
+        fmt_ms(c, sizeof(c), x->ttft_p99_ms);
+        fmt_ms(d, sizeof(d), x->e2e_p50_ms);
+        fmt_ms(e, sizeof(e), x->e2e_p99_ms);
+        fmt_ms(w, sizeof(w), x->queue_wait_p99_ms);
+        if (x->queued > 0)
+            snprintf(q, sizeof(q), "%zu (%s)", x->queued, w);
+        else
+            snprintf(q, sizeof(q), "0");
+        char cache[16], imbal[16];
+        snprintf(cache, sizeof(cache), x->live ? "-" : "%.1f%%", 100 * x->cache_hit_rate);
+        snprintf(imbal, sizeof(imbal), x->live ? "-" : "%.2f", x->imbalance);
+        fprintf(out, "%-22.22s %8s %8s %8s %8s %8s %7.2f %9.0f %6s %6s %14s %7llu\n", x->name, a, b, c, d, e,
+                x->throughput_rps, x->output_tps, cache, imbal, q,
+                (unsigned long long)(x->policy_errors + x->budget_overruns));
+    }
+    fputs("\nlatencies in ms (s where marked); cache: prefix blocks found in the server's KV cache / blocks "
+          "requested;\nimbal: mean over time of max / mean requests in flight per endpoint; queued: requests "
+          "that waited for\ncapacity in front of the fleet (p99 of their wait); errors: policy failures and "
+          "budget overruns\n(those requests went to the built-in balancer).\n",
+          out);
+    for (size_t i = 0; i < n; i++) {
+        const struct atc_replay_result *x = &r[i];
+        if (x->rejected || x->unserved || x->completed != x->requests)
+            fprintf(out, "%s: %zu of %zu requests completed (%zu rejected, %zu never left the queue)\n",
+                    x->name, x->completed, x->requests, x->rejected, x->unserved);
+        if (x->budget_overruns)
+            fprintf(out, "%s: %llu budget overruns\n", x->name, (unsigned long long)x->budget_overruns);
+    }
+    fprintf(out, "replayed in");
+    for (size_t i = 0; i < n; i++)
+        fprintf(out, "%s %s %.2f s", i ? "," : "", r[i].name, r[i].wall_s);
+    fputs(" (wall clock)\n", out);
+}
+
+static void json_str(FILE *out, const char *s)
+{
+    fputc('"', out);
+    for (; s != NULL && *s; s++) {
+        if (*s == '"' || *s == '\\')
+            fprintf(out, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            fprintf(out, "\\u%04x", (unsigned char)*s);
+        else
+            fputc(*s, out);
+    }
+    fputc('"', out);
+}
+
+/* Numbers rounded to the microsecond / 4 decimals, so the same run prints the same text. */
+void atc_replay_report_json(FILE *out, const char *trace, const char *fleet, uint64_t seed,
+                            const struct atc_replay_result *r, size_t n)
+{
+    fputs("{\"trace\":", out);
+    json_str(out, trace);
+    fputs(",\"fleet\":", out);
+    if (fleet != NULL)
+        json_str(out, fleet);
+    else
+        fputs("null", out);
+    fprintf(out, ",\"seed\":%llu,\"policies\":[", (unsigned long long)seed);
+    for (size_t i = 0; i < n; i++) {
+        const struct atc_replay_result *x = &r[i];
+        /* A live replay measures at the client: the fleet's cache and load are not known there. */
+        char cache[32], imbal[32], imbal_max[32];
+        snprintf(cache, sizeof(cache), x->live ? "null" : "%.4f", x->cache_hit_rate);
+        snprintf(imbal, sizeof(imbal), x->live ? "null" : "%.4f", x->imbalance);
+        snprintf(imbal_max, sizeof(imbal_max), x->live ? "null" : "%.4f", x->imbalance_max);
+        fputs(i ? ",\n{\"name\":" : "\n{\"name\":", out);
+        json_str(out, x->name);
+        fputs(",\"entry\":", out);
+        json_str(out, x->entry);
+        fprintf(out,
+                ",\"requests\":%zu,\"completed\":%zu,\"rejected\":%zu,\"unserved\":%zu,"
+                "\"ttft_p50_ms\":%.3f,\"ttft_p90_ms\":%.3f,\"ttft_p99_ms\":%.3f,\"ttft_mean_ms\":%.3f,"
+                "\"e2e_p50_ms\":%.3f,\"e2e_p99_ms\":%.3f,\"throughput_rps\":%.4f,\"output_tps\":%.4f,"
+                "\"output_tokens\":%llu,\"duration_s\":%.6f,\"cache_hit_rate\":%s,\"prefix_blocks\":%llu,"
+                "\"prefix_block_hits\":%llu,\"imbalance\":%s,\"imbalance_max\":%s,\"queued\":%zu,"
+                "\"queue_wait_p50_ms\":%.3f,\"queue_wait_p99_ms\":%.3f,\"queue_wait_max_ms\":%.3f,"
+                "\"decisions\":%llu,\"fallbacks\":%llu,\"policy_errors\":%llu,\"budget_overruns\":%llu,"
+                "\"preemptions\":%llu,\"endpoints\":[",
+                x->requests, x->completed, x->rejected, x->unserved, x->ttft_p50_ms, x->ttft_p90_ms,
+                x->ttft_p99_ms, x->ttft_mean_ms, x->e2e_p50_ms, x->e2e_p99_ms, x->throughput_rps,
+                x->output_tps, (unsigned long long)x->output_tokens, x->duration_s, cache,
+                (unsigned long long)x->prefix_blocks, (unsigned long long)x->prefix_block_hits, imbal,
+                imbal_max, x->queued, x->queue_wait_p50_ms, x->queue_wait_p99_ms, x->queue_wait_max_ms,
+                (unsigned long long)x->decisions, (unsigned long long)x->fallbacks,
+                (unsigned long long)x->policy_errors, (unsigned long long)x->budget_overruns,
+                (unsigned long long)x->preemptions);
+        for (size_t k = 0; k < x->nendpoints; k++) {
+            const struct atc_replay_endpoint_result *e = &x->endpoints[k];
+            fputs(k ? ",{\"id\":" : "{\"id\":", out);
+            json_str(out, e->id);
+            fprintf(out, ",\"requests\":%llu,\"cache_hit_rate\":%.4f,\"preemptions\":%llu}",
+                    (unsigned long long)e->requests,
+                    e->prefix_blocks ? (double)e->prefix_block_hits / (double)e->prefix_blocks : 0.0,
+                    (unsigned long long)e->preemptions);
+        }
+        fputs("]}", out);
+    }
+    fputs("\n]}\n", out);
+}
+
+/* ---- HTML ---- */
+
+static const char *const palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                                      "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+#define NCOLORS (sizeof(palette) / sizeof(palette[0]))
+
+static void html_text(FILE *out, const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '<')
+            fputs("&lt;", out);
+        else if (*s == '>')
+            fputs("&gt;", out);
+        else if (*s == '&')
+            fputs("&amp;", out);
+        else if (*s == '"')
+            fputs("&quot;", out);
+        else
+            fputc(*s, out);
+    }
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+#define W 860
+#define H 300
+#define ML 60 /* margins */
+#define MR 20
+#define MT 20
+#define MB 40
+
+/* The TTFT distribution of each policy as a CDF, on a log scale of milliseconds. */
+static void chart_ttft(FILE *out, const struct atc_replay_result *r, size_t n)
+{
+    double lo = HUGE_VAL, hi = 0;
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; k < r[i].requests; k++)
+            if (!isnan(r[i].ttft_ms[k])) {
+                double v = r[i].ttft_ms[k] > 1 ? r[i].ttft_ms[k] : 1;
+                lo = v < lo ? v : lo;
+                hi = v > hi ? v : hi;
+            }
+    if (!(hi > 0)) {
+        fputs("<p>no request completed.</p>\n", out);
+        return;
+    }
+    double llo = floor(log10(lo)), lhi = ceil(log10(hi));
+    if (lhi <= llo)
+        lhi = llo + 1;
+    fprintf(out,
+            "<svg width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" xmlns=\"http://www.w3.org/2000/svg\">\n",
+            W, H, W, H);
+    fprintf(out, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#999\"/>\n", ML,
+            MT, W - ML - MR, H - MT - MB);
+    for (double d = llo; d <= lhi; d++) {
+        double x = ML + (d - llo) / (lhi - llo) * (W - ML - MR);
+        fprintf(out, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#ddd\"/>", x, MT, x, H - MB);
+        fprintf(out, "<text x=\"%.1f\" y=\"%d\" font-size=\"11\" text-anchor=\"%s\">%g ms</text>\n", x,
+                H - MB + 15, d == lhi ? "end" : "middle", pow(10, d));
+    }
+    for (int q = 0; q <= 4; q++) {
+        double y = MT + (1 - q / 4.0) * (H - MT - MB);
+        fprintf(out, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#eee\"/>", ML, y, W - MR, y);
+        fprintf(out, "<text x=\"%d\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\">%d%%</text>\n", ML - 5,
+                y + 4, q * 25);
+    }
+    for (size_t i = 0; i < n; i++) {
+        double *v = malloc((r[i].requests ? r[i].requests : 1) * sizeof(double));
+        size_t m = 0;
+        if (v == NULL)
+            continue;
+        for (size_t k = 0; k < r[i].requests; k++)
+            if (!isnan(r[i].ttft_ms[k]))
+                v[m++] = r[i].ttft_ms[k] > 1 ? r[i].ttft_ms[k] : 1;
+        qsort(v, m, sizeof(double), cmp_double);
+        fprintf(out, "<polyline fill=\"none\" stroke-width=\"1.5\" stroke=\"%s\" points=\"",
+                palette[i % NCOLORS]);
+        size_t step = m > 400 ? m / 400 : 1; /* a few hundred points draw the same curve */
+        for (size_t k = 0; k < m; k += step) {
+            double x = ML + (log10(v[k]) - llo) / (lhi - llo) * (W - ML - MR);
+            double y = MT + (1 - (double)(k + 1) / (double)m) * (H - MT - MB);
+            fprintf(out, "%.1f,%.1f ", x, y);
+        }
+        if (m > 0)
+            fprintf(out, "%.1f,%d", ML + (log10(v[m - 1]) - llo) / (lhi - llo) * (W - ML - MR), MT);
+        fputs("\"/>\n", out);
+        fprintf(out, "<text x=\"%d\" y=\"%zu\" font-size=\"12\" fill=\"%s\">", ML + 10, MT + 16 + 15 * i,
+                palette[i % NCOLORS]);
+        html_text(out, r[i].name);
+        fputs("</text>\n", out);
+        free(v);
+    }
+    fputs("</svg>\n", out);
+}
+
+/* Requests in flight per endpoint over (virtual) time for one policy. */
+static void chart_load(FILE *out, const struct atc_replay_result *r)
+{
+    if (r->nsamples == 0 || r->nendpoints == 0)
+        return;
+    unsigned hi = 1;
+    for (size_t s = 0; s < r->nsamples * r->nendpoints; s++)
+        hi = r->sample_inflight[s] > hi ? r->sample_inflight[s] : hi;
+    double t0 = r->sample_s[0], t1 = r->sample_s[r->nsamples - 1];
+    if (t1 <= t0)
+        t1 = t0 + 1;
+    fprintf(out,
+            "<svg width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" xmlns=\"http://www.w3.org/2000/svg\">\n",
+            W, H, W, H);
+    fprintf(out, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#999\"/>\n", ML,
+            MT, W - ML - MR, H - MT - MB);
+    for (int q = 0; q <= 4; q++) {
+        double y = MT + (1 - q / 4.0) * (H - MT - MB);
+        fprintf(out, "<text x=\"%d\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\">%.0f</text>\n", ML - 5,
+                y + 4, hi * q / 4.0);
+        double x = ML + q / 4.0 * (W - ML - MR);
+        fprintf(out, "<text x=\"%.1f\" y=\"%d\" font-size=\"11\" text-anchor=\"middle\">%.0f s</text>\n", x,
+                H - MB + 15, t0 + (t1 - t0) * q / 4.0);
+    }
+    for (size_t k = 0; k < r->nendpoints; k++) {
+        fprintf(out, "<polyline fill=\"none\" stroke-width=\"1\" stroke=\"%s\" points=\"",
+                palette[k % NCOLORS]);
+        for (size_t s = 0; s < r->nsamples; s++) {
+            double x = ML + (r->sample_s[s] - t0) / (t1 - t0) * (W - ML - MR);
+            double y = MT + (1 - (double)r->sample_inflight[s * r->nendpoints + k] / hi) * (H - MT - MB);
+            fprintf(out, "%.1f,%.1f ", x, y);
+        }
+        fputs("\"/>\n", out);
+        if (k < 16) {
+            fprintf(out, "<text x=\"%zu\" y=\"%d\" font-size=\"11\" fill=\"%s\">", ML + 8 + 130 * (k % 6),
+                    MT + 14 + 13 * (int)(k / 6), palette[k % NCOLORS]);
+            html_text(out, r->endpoints[k].id);
+            fputs("</text>\n", out);
+        }
+    }
+    fputs("</svg>\n", out);
+}
+
+int atc_replay_report_html(const char *path, const char *title, const struct atc_replay_result *r, size_t n,
+                           char **err)
+{
+    FILE *out = fopen(path, "w");
+    if (out == NULL) {
+        if (asprintf(err, "%s: cannot create: %s", path, strerror(errno)) < 0)
+            *err = NULL;
+        return -1;
+    }
+    fputs("<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>atc replay</title>\n"
+          "<style>body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse}"
+          "td,th{padding:4px 10px;border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child"
+          "{text-align:left}h2{margin-top:2em}</style></head><body>\n<h1>atc replay</h1>\n<p>",
+          out);
+    html_text(out, title);
+    fputs(
+        "</p>\n<table><tr><th>policy</th><th>requests</th><th>TTFT p50</th><th>p90</th><th>p99</th>"
+        "<th>e2e p50</th><th>p99</th><th>req/s</th><th>output tok/s</th><th>cache hit</th><th>imbalance</th>"
+        "<th>queued</th><th>policy errors</th><th>budget overruns</th></tr>\n",
+        out);
+    for (size_t i = 0; i < n; i++) {
+        const struct atc_replay_result *x = &r[i];
+        fprintf(out, "<tr><td style=\"color:%s\">", palette[i % NCOLORS]);
+        html_text(out, x->name);
+        fprintf(out,
+                "</td><td>%zu</td><td>%.0f ms</td><td>%.0f ms</td><td>%.0f ms</td><td>%.0f ms</td><td>%.0f "
+                "ms</td>"
+                "<td>%.2f</td><td>%.0f</td><td>%.1f%%</td><td>%.2f</td><td>%zu</td><td>%llu</td><td>%llu</"
+                "td></tr>\n",
+                x->requests, x->ttft_p50_ms, x->ttft_p90_ms, x->ttft_p99_ms, x->e2e_p50_ms, x->e2e_p99_ms,
+                x->throughput_rps, x->output_tps, 100 * x->cache_hit_rate, x->imbalance, x->queued,
+                (unsigned long long)x->policy_errors, (unsigned long long)x->budget_overruns);
+    }
+    fputs("</table>\n<h2>Time to first token (share of requests at or below)</h2>\n", out);
+    chart_ttft(out, r, n);
+    for (size_t i = 0; i < n; i++) {
+        if (r[i].nsamples == 0)
+            continue;
+        fputs("<h2>Requests in flight per endpoint: ", out);
+        html_text(out, r[i].name);
+        fputs("</h2>\n", out);
+        chart_load(out, &r[i]);
+    }
+    fputs("</body></html>\n", out);
+    if (fclose(out) != 0) {
+        if (asprintf(err, "%s: %s", path, strerror(errno)) < 0)
+            *err = NULL;
+        return -1;
+    }
+    return 0;
+}

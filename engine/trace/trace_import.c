@@ -1,0 +1,614 @@
+/* Importers of public traces (and of `atc trace dump`'s JSON lines) into atc traces.
+ *
+ *  - Mooncake (kvcache-ai/Mooncake, FAST'25): JSON lines {"timestamp": ms, "input_length": tokens,
+ *    "output_length": tokens, "hash_ids": [...]}, one id per 512-token prompt block; two requests share
+ *    a prefix as far as their leading ids agree. Ids are chained into 64-bit block hashes (trace.h).
+ *  - Azure LLM inference traces (Azure/AzurePublicDataset, Splitwise ISCA'24): CSV with a header
+ *    TIMESTAMP,ContextTokens,GeneratedTokens; timestamps "2023-11-16 18:17:03.9799600" (UTC). No prefix
+ *    information.
+ *  - jsonl: one record per line with the keys of the atc trace format (what `atc trace dump` prints);
+ *    Mooncake's keys are understood there too.
+ *
+ * A malformed line is reported as PATH:LINE: reason and skipped; too many of them fail the import. */
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#define JSMN_STATIC
+#define JSMN_STRICT
+#include <jsmn.h>
+
+#include "trace/trace.h"
+
+#define DEFAULT_MODEL "llama-3-8b"
+#define DEFAULT_MOONCAKE_BLOCK_TOKENS 512
+#define DEFAULT_MAX_ERRORS 100
+#define SHOWN_ERRORS 20 /* malformed lines reported one by one; the rest are counted */
+
+struct importer {
+    const char *path;
+    const struct atc_trace_import_options *o;
+    struct atc_trace *t;
+    size_t line;
+    size_t bad;
+    char why[160];
+    jsmntok_t *toks;
+    unsigned ntoks;
+    uint64_t *blocks;
+    size_t blocks_cap;
+    char *strings; /* unescaped strings of the current line */
+    size_t strings_cap, strings_used;
+};
+
+static int fail_line(struct importer *im, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static int fail_line(struct importer *im, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(im->why, sizeof(im->why), fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* ---- JSON lines ---- */
+
+static bool tok_is(const char *js, const jsmntok_t *t, const char *s)
+{
+    size_t n = strlen(s);
+    return t->type == JSMN_STRING && (size_t)(t->end - t->start) == n && memcmp(js + t->start, s, n) == 0;
+}
+
+/* Tokens in the value starting at @p i, everything nested in it included (jsmn makes an object's keys
+ * its children, and each key's value the key's one child). */
+static int skip(const jsmntok_t *toks, int ntok, int i)
+{
+    /* Iterative, and never past the last token: a line of a million '[' must not recurse a million
+     * deep, and jsmn's sizes are not to be trusted beyond the tokens it wrote. */
+    int j = i;
+    for (long pending = 1; pending > 0 && j < ntok; j++)
+        pending += toks[j].size - 1;
+    return j - i;
+}
+
+static bool tok_number(const char *js, const jsmntok_t *t, double *out)
+{
+    char buf[64], *end;
+    size_t n = (size_t)(t->end - t->start);
+    if (t->type != JSMN_PRIMITIVE || n == 0 || n >= sizeof(buf))
+        return false;
+    char c = js[t->start];
+    if (c != '-' && !isdigit((unsigned char)c))
+        return false;
+    memcpy(buf, js + t->start, n);
+    buf[n] = '\0';
+    errno = 0;
+    *out = strtod(buf, &end);
+    return *end == '\0' && errno == 0 && isfinite(*out);
+}
+
+/* A whole number in [0, max]: exact for integers up to 2^64 - 1 (block hashes), written without a
+ * fraction or exponent. */
+static bool tok_uint(const char *js, const jsmntok_t *t, uint64_t max, uint64_t *out)
+{
+    size_t n = (size_t)(t->end - t->start);
+    if (t->type != JSMN_PRIMITIVE || n == 0 || n > 20)
+        return false;
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = js[t->start + (int)i];
+        if (!isdigit((unsigned char)c) || v > (UINT64_MAX - (uint64_t)(c - '0')) / 10)
+            return false;
+        v = v * 10 + (uint64_t)(c - '0');
+    }
+    if (v > max)
+        return false;
+    *out = v;
+    return true;
+}
+
+static int hexval(char c)
+{
+    return isdigit((unsigned char)c) ? c - '0' : (tolower((unsigned char)c) - 'a' + 10);
+}
+
+/* The unescaped string of token @p t, in the line's string buffer (\uXXXX beyond ASCII becomes UTF-8;
+ * surrogate pairs are kept as two 3-byte sequences, which is fine for ids and names). */
+static const char *tok_string(struct importer *im, const char *js, const jsmntok_t *t, size_t *len)
+{
+    size_t n = (size_t)(t->end - t->start);
+    if (t->type != JSMN_STRING)
+        return NULL;
+    if (im->strings_used + n * 3 + 1 > im->strings_cap)
+        return NULL; /* sized per line in import_jsonl_line: cannot happen */
+    char *out = im->strings + im->strings_used, *o = out;
+    const char *s = js + t->start, *end = s + n;
+    while (s < end) {
+        if (*s != '\\') {
+            *o++ = *s++;
+            continue;
+        }
+        s++;
+        switch (*s) {
+        case 'n':
+            *o++ = '\n';
+            break;
+        case 't':
+            *o++ = '\t';
+            break;
+        case 'r':
+            *o++ = '\r';
+            break;
+        case 'b':
+            *o++ = '\b';
+            break;
+        case 'f':
+            *o++ = '\f';
+            break;
+        case 'u': {
+            unsigned cp = 0;
+            for (int i = 1; i <= 4; i++)
+                cp = cp * 16 + (unsigned)hexval(s[i]);
+            s += 4;
+            if (cp < 0x80) {
+                *o++ = (char)cp;
+            } else if (cp < 0x800) {
+                *o++ = (char)(0xc0 | cp >> 6);
+                *o++ = (char)(0x80 | (cp & 0x3f));
+            } else {
+                *o++ = (char)(0xe0 | cp >> 12);
+                *o++ = (char)(0x80 | ((cp >> 6) & 0x3f));
+                *o++ = (char)(0x80 | (cp & 0x3f));
+            }
+            break;
+        }
+        default:
+            *o++ = *s;
+            break; /* \" \\ \/ */
+        }
+        s++;
+    }
+    *o = '\0';
+    im->strings_used += (size_t)(o - out) + 1;
+    *len = (size_t)(o - out);
+    return out;
+}
+
+static int put_blocks(struct importer *im, size_t n)
+{
+    if (n > ATC_TRACE_BLOCKS_MAX)
+        return fail_line(im, "more than %d prefix blocks", ATC_TRACE_BLOCKS_MAX);
+    if (n > im->blocks_cap) {
+        uint64_t *b = realloc(im->blocks, n * sizeof(uint64_t));
+        if (b == NULL)
+            return fail_line(im, "out of memory");
+        im->blocks = b;
+        im->blocks_cap = n;
+    }
+    return 0;
+}
+
+/* Reads an array of whole numbers at token @p i into im->blocks; chained when @p chain. */
+static int get_blocks(struct importer *im, const char *js, int i, const char *key, bool chain, size_t *n)
+{
+    const jsmntok_t *a = &im->toks[i];
+    if (a->type != JSMN_ARRAY)
+        return fail_line(im, "'%s' must be an array of whole numbers", key);
+    if (put_blocks(im, (size_t)a->size) < 0)
+        return -1;
+    uint64_t prev = 0;
+    for (int k = 0; k < a->size; k++) {
+        uint64_t id;
+        if (!tok_uint(js, &im->toks[i + 1 + k], UINT64_MAX, &id))
+            return fail_line(im, "'%s' must be an array of whole numbers (item %d is not)", key, k + 1);
+        im->blocks[k] = chain ? (prev = atc_trace_chain(prev, id)) : id;
+    }
+    *n = (size_t)a->size;
+    return 0;
+}
+
+/* True when brackets outside strings nest deeper than @p max. jsmn closes a bracket by scanning back
+ * over the tokens, so a line of 300,000 '[' took it 25 s: a trace line is an object of flat values. */
+static bool too_deep(const char *js, size_t len, int max)
+{
+    int depth = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < len; i++) {
+        char c = js[i];
+        if (in_string) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_string = false;
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '{' || c == '[') {
+            if (++depth > max)
+                return true;
+        } else if (c == '}' || c == ']') {
+            depth--;
+        }
+    }
+    return false;
+}
+
+static int import_json_line(struct importer *im, const char *js, size_t len, bool mooncake)
+{
+    jsmn_parser p;
+    if (too_deep(js, len, 64))
+        return fail_line(im, "JSON nested too deeply");
+    jsmn_init(&p);
+    int ntok = jsmn_parse(&p, js, len, NULL, 0);
+    if (ntok < 0)
+        return fail_line(im, "invalid JSON");
+    if ((unsigned)ntok > im->ntoks) {
+        jsmntok_t *t = realloc(im->toks, (size_t)ntok * sizeof(*t));
+        if (t == NULL)
+            return fail_line(im, "out of memory");
+        im->toks = t;
+        im->ntoks = (unsigned)ntok;
+    }
+    jsmn_init(&p);
+    if (jsmn_parse(&p, js, len, im->toks, im->ntoks) < 0)
+        return fail_line(im, "invalid JSON");
+    if (ntok == 0 || im->toks[0].type != JSMN_OBJECT)
+        return fail_line(im, "expected a JSON object");
+    if (skip(im->toks, ntok, 0) != ntok || (size_t)im->toks[0].end != len)
+        return fail_line(im, "expected one JSON object on the line");
+    if (len * 3 + 1 > im->strings_cap) {
+        char *s = realloc(im->strings, len * 3 + 1);
+        if (s == NULL)
+            return fail_line(im, "out of memory");
+        im->strings = s;
+        im->strings_cap = len * 3 + 1;
+    }
+    im->strings_used = 0;
+
+    struct atc_trace_record r;
+    atc_trace_record_init(&r);
+    r.model = im->o->model != NULL ? im->o->model : DEFAULT_MODEL;
+    bool have_time = false, have_in = false, have_out = false, have_hash = false;
+    uint64_t block_tokens = 0;
+    for (int i = 1; i < ntok;) {
+        /* jsmn takes {"id"} (a key without a value): there must be a value token after each key */
+        if (im->toks[i].type != JSMN_STRING || im->toks[i].size != 1 || i + 1 >= ntok)
+            return fail_line(im, "expected \"key\": value pairs");
+        const jsmntok_t *k = &im->toks[i], *v = &im->toks[i + 1];
+        int vi = i + 1;
+        i += skip(im->toks, ntok, i);
+        uint64_t u;
+        double d;
+        size_t slen;
+        const char *s;
+        if (tok_is(js, k, "timestamp") || tok_is(js, k, "at_ms")) {
+            if (!tok_number(js, v, &d) || d < 0 || d > 1e15)
+                return fail_line(im, "'%.*s' must be a number of milliseconds >= 0", k->end - k->start,
+                                 js + k->start);
+            r.at_us = (uint64_t)llround(d * 1000.0);
+            have_time = true;
+        } else if (tok_is(js, k, "at_us")) {
+            if (!tok_uint(js, v, UINT64_MAX, &r.at_us))
+                return fail_line(im, "'at_us' must be a whole number >= 0");
+            have_time = true;
+        } else if (tok_is(js, k, "input_length") || tok_is(js, k, "prompt_tokens")) {
+            if (!tok_uint(js, v, UINT32_MAX, &u))
+                return fail_line(im, "'%.*s' must be a whole number >= 0", k->end - k->start, js + k->start);
+            r.prompt_tokens = (uint32_t)u;
+            have_in = true;
+        } else if (tok_is(js, k, "output_length")) {
+            if (!tok_uint(js, v, INT64_MAX, &u))
+                return fail_line(im, "'output_length' must be a whole number >= 0");
+            /* The answer had this many tokens, so the client allowed at least that many. */
+            r.output_tokens = r.max_tokens = (int64_t)u;
+            have_out = true;
+        } else if (tok_is(js, k, "output_tokens") || tok_is(js, k, "max_tokens")) {
+            if (!tok_uint(js, v, INT64_MAX, &u))
+                return fail_line(im, "'%.*s' must be a whole number >= 0", k->end - k->start, js + k->start);
+            *(tok_is(js, k, "max_tokens") ? &r.max_tokens : &r.output_tokens) = (int64_t)u;
+        } else if (tok_is(js, k, "hash_ids")) {
+            if (get_blocks(im, js, vi, "hash_ids", true, &r.nblocks) < 0)
+                return -1;
+            have_hash = true;
+            if (block_tokens == 0)
+                block_tokens = im->o->block_tokens ? im->o->block_tokens : DEFAULT_MOONCAKE_BLOCK_TOKENS;
+        } else if (tok_is(js, k, "blocks")) {
+            if (get_blocks(im, js, vi, "blocks", false, &r.nblocks) < 0)
+                return -1;
+        } else if (tok_is(js, k, "block_tokens")) {
+            if (!tok_uint(js, v, UINT32_MAX, &block_tokens) || block_tokens == 0)
+                return fail_line(im, "'block_tokens' must be a whole number > 0");
+        } else if (tok_is(js, k, "priority")) {
+            if (!tok_uint(js, v, 9, &u))
+                return fail_line(im, "'priority' must be a whole number from 0 to 9");
+            r.priority = (int)u;
+        } else if (tok_is(js, k, "stream")) {
+            if (v->type != JSMN_PRIMITIVE || (js[v->start] != 't' && js[v->start] != 'f'))
+                return fail_line(im, "'stream' must be true or false");
+            r.stream = js[v->start] == 't';
+        } else if (tok_is(js, k, "status")) {
+            if (!tok_uint(js, v, 999, &u))
+                return fail_line(im, "'status' must be an HTTP status");
+            r.status = (int)u;
+        } else if (tok_is(js, k, "attempts")) {
+            if (!tok_uint(js, v, 1000, &u))
+                return fail_line(im, "'attempts' must be a whole number");
+            r.attempts = (unsigned)u;
+        } else if (tok_is(js, k, "policy_version")) {
+            if (!tok_uint(js, v, UINT64_MAX, &r.policy_version))
+                return fail_line(im, "'policy_version' must be a whole number");
+        } else if (tok_is(js, k, "ttft_ms") || tok_is(js, k, "total_ms")) {
+            if (!tok_number(js, v, &d) || d < 0)
+                return fail_line(im, "'%.*s' must be a number >= 0", k->end - k->start, js + k->start);
+            *(tok_is(js, k, "ttft_ms") ? &r.ttft_ms : &r.total_ms) = d;
+        } else if (tok_is(js, k, "model") || tok_is(js, k, "id") || tok_is(js, k, "kind") ||
+                   tok_is(js, k, "tenant") || tok_is(js, k, "session") || tok_is(js, k, "prompt") ||
+                   tok_is(js, k, "endpoint") || tok_is(js, k, "decision")) {
+            if ((s = tok_string(im, js, v, &slen)) == NULL)
+                return fail_line(im, "'%.*s' must be a string", k->end - k->start, js + k->start);
+            if (tok_is(js, k, "model"))
+                r.model = s;
+            else if (tok_is(js, k, "id"))
+                r.id = s;
+            else if (tok_is(js, k, "tenant"))
+                r.tenant = s;
+            else if (tok_is(js, k, "session"))
+                r.session = s;
+            else if (tok_is(js, k, "endpoint"))
+                r.endpoint = s;
+            else if (tok_is(js, k, "decision"))
+                r.decision = s;
+            else if (tok_is(js, k, "prompt")) {
+                r.prompt = s;
+                r.prompt_len = slen;
+            } else if (strcmp(s, "chat") == 0)
+                r.kind = ATC_KIND_CHAT;
+            else if (strcmp(s, "completion") == 0)
+                r.kind = ATC_KIND_COMPLETION;
+            else if (strcmp(s, "embedding") == 0)
+                r.kind = ATC_KIND_EMBEDDING;
+            else
+                return fail_line(im, "'kind' must be chat, completion or embedding");
+        }
+        /* other keys: ignored, so traces with extra columns import */
+    }
+    if (mooncake) {
+        const char *missing = !have_time   ? "timestamp"
+                              : !have_in   ? "input_length"
+                              : !have_out  ? "output_length"
+                              : !have_hash ? "hash_ids"
+                                           : NULL;
+        if (missing != NULL)
+            return fail_line(im,
+                             "missing '%s' (a Mooncake line has timestamp, input_length, output_length "
+                             "and hash_ids)",
+                             missing);
+    } else if (!have_time) {
+        return fail_line(im, "missing 'at_us' (or 'timestamp' / 'at_ms' in milliseconds)");
+    }
+    if (r.nblocks > 0 && block_tokens == 0)
+        return fail_line(im, "'blocks' needs 'block_tokens'");
+    r.block_tokens = r.nblocks > 0 ? (uint32_t)block_tokens : 0;
+    r.blocks = im->blocks;
+    if (atc_trace_append(im->t, &r) < 0)
+        return fail_line(im, "out of memory");
+    return 0;
+}
+
+/* ---- Azure CSV ---- */
+
+struct csv_columns {
+    int time, context, generated, n;
+};
+
+/* Splits @p line at commas into at most @p max fields (no quoting: these files have none). */
+static int split_csv(char *line, char **fields, int max)
+{
+    int n = 0;
+    for (char *p = line;; p++) {
+        if (n < max)
+            fields[n] = p;
+        n++;
+        p = strchr(p, ',');
+        if (p == NULL)
+            break;
+        *p = '\0';
+    }
+    return n;
+}
+
+static char *trim(char *s)
+{
+    while (isspace((unsigned char)*s))
+        s++;
+    size_t n = strlen(s);
+    while (n > 0 && isspace((unsigned char)s[n - 1]))
+        s[--n] = '\0';
+    return s;
+}
+
+/* "2023-11-16 18:17:03.9799600" (UTC) -> microseconds since the epoch. */
+static int parse_timestamp(const char *s, uint64_t *us)
+{
+    int y, mo, d, h, mi, sec, consumed = 0;
+    if (sscanf(s, "%4d-%2d-%2d%*[ T]%2d:%2d:%2d%n", &y, &mo, &d, &h, &mi, &sec, &consumed) != 6 ||
+        consumed == 0)
+        return -1;
+    if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || sec > 60 || y < 1970)
+        return -1;
+    const char *p = s + consumed;
+    uint64_t frac = 0, scale = 1000000;
+    if (*p == '.') {
+        p++;
+        if (!isdigit((unsigned char)*p))
+            return -1;
+        for (; isdigit((unsigned char)*p); p++) {
+            if (scale > 1) {
+                scale /= 10;
+                frac += (uint64_t)(*p - '0') * scale;
+            }
+        }
+    }
+    if (*p == 'Z')
+        p++;
+    if (*p != '\0')
+        return -1;
+    struct tm tm = {
+        .tm_year = y - 1900, .tm_mon = mo - 1, .tm_mday = d, .tm_hour = h, .tm_min = mi, .tm_sec = sec};
+    time_t t = timegm(&tm);
+    if (t < 0)
+        return -1;
+    *us = (uint64_t)t * 1000000u + frac;
+    return 0;
+}
+
+static int azure_header(struct importer *im, char *line, struct csv_columns *c)
+{
+    char *fields[16];
+    int n = split_csv(line, fields, 16);
+    *c = (struct csv_columns){-1, -1, -1, n};
+    for (int i = 0; i < n && i < 16; i++) {
+        const char *f = trim(fields[i]);
+        if (strcasecmp(f, "TIMESTAMP") == 0)
+            c->time = i;
+        else if (strcasecmp(f, "ContextTokens") == 0)
+            c->context = i;
+        else if (strcasecmp(f, "GeneratedTokens") == 0)
+            c->generated = i;
+    }
+    if (c->time < 0 || c->context < 0 || c->generated < 0)
+        return fail_line(im, "expected a header line with the columns TIMESTAMP, ContextTokens and "
+                             "GeneratedTokens");
+    return 0;
+}
+
+static int import_csv_line(struct importer *im, char *line, const struct csv_columns *c)
+{
+    char *fields[16];
+    int n = split_csv(line, fields, 16);
+    if (n != c->n)
+        return fail_line(im, "expected %d comma-separated fields, got %d", c->n, n);
+    struct atc_trace_record r;
+    atc_trace_record_init(&r);
+    r.model = im->o->model != NULL ? im->o->model : DEFAULT_MODEL;
+    uint64_t us, u;
+    char *end;
+    if (parse_timestamp(trim(fields[c->time]), &us) < 0)
+        return fail_line(im, "TIMESTAMP: expected YYYY-MM-DD HH:MM:SS[.fraction], got '%.40s'",
+                         fields[c->time]);
+    const char *ctx = trim(fields[c->context]), *gen = trim(fields[c->generated]);
+    errno = 0;
+    u = strtoull(ctx, &end, 10);
+    if (!isdigit((unsigned char)*ctx) || *end != '\0' || errno != 0 || u > UINT32_MAX)
+        return fail_line(im, "ContextTokens: expected a whole number, got '%.40s'", ctx);
+    r.prompt_tokens = (uint32_t)u;
+    errno = 0;
+    u = strtoull(gen, &end, 10);
+    if (!isdigit((unsigned char)*gen) || *end != '\0' || errno != 0 || u > INT64_MAX)
+        return fail_line(im, "GeneratedTokens: expected a whole number, got '%.40s'", gen);
+    r.output_tokens = r.max_tokens = (int64_t)u;
+    r.at_us = us; /* wall clock for now: made relative once every line is read */
+    if (atc_trace_append(im->t, &r) < 0)
+        return fail_line(im, "out of memory");
+    return 0;
+}
+
+/* ---- the line loop ---- */
+
+int atc_trace_import_text(const char *path, const struct atc_trace_import_options *o, struct atc_trace *t,
+                          size_t *bad_lines, char **err)
+{
+    struct importer im = {.path = path, .o = o, .t = t};
+    size_t max_errors = o->max_errors ? o->max_errors : DEFAULT_MAX_ERRORS;
+    enum atc_trace_format format = o->format;
+    struct csv_columns cols = {0};
+    bool have_header = false;
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        if (asprintf(err, "%s: cannot open: %s", path, strerror(errno)) < 0)
+            *err = NULL;
+        return -1;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int rc = 0;
+    while ((len = getline(&line, &cap, f)) >= 0) {
+        im.line++;
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+            line[--len] = '\0';
+        size_t lead = strspn(line, " \t");
+        if ((size_t)len == lead)
+            continue;                 /* blank lines are not records */
+        if (format == ATC_TRACE_AUTO) /* decided by the first line: Mooncake's has input_length */
+            format = strstr(line, "\"input_length\"") != NULL ? ATC_TRACE_MOONCAKE : ATC_TRACE_JSONL;
+        int ok;
+        if (format == ATC_TRACE_AZURE) {
+            if (!have_header) {
+                ok = azure_header(&im, line, &cols);
+                if (ok < 0) {
+                    if (o->errors != NULL)
+                        fprintf(o->errors, "%s:%zu: %s\n", path, im.line, im.why);
+                    if (asprintf(err, "%s:%zu: %s", path, im.line, im.why) < 0)
+                        *err = NULL;
+                    rc = -1;
+                    break;
+                }
+                have_header = true;
+                continue;
+            }
+            ok = import_csv_line(&im, line, &cols);
+        } else {
+            ok = import_json_line(&im, line + lead, (size_t)len - lead, format == ATC_TRACE_MOONCAKE);
+        }
+        if (ok < 0) {
+            im.bad++;
+            if (o->errors != NULL && im.bad <= SHOWN_ERRORS)
+                fprintf(o->errors, "%s:%zu: %s\n", path, im.line, im.why);
+            if (im.bad > max_errors) {
+                if (asprintf(err, "%s: more than %zu malformed lines, giving up at line %zu", path,
+                             max_errors, im.line) < 0)
+                    *err = NULL;
+                rc = -1;
+                break;
+            }
+        }
+    }
+    if (format == ATC_TRACE_AZURE && t->n > 0) { /* times relative to the first request, kept in the header */
+        uint64_t first = UINT64_MAX;
+        for (size_t i = 0; i < t->n; i++)
+            first = t->records[i].at_us < first ? t->records[i].at_us : first;
+        for (size_t i = 0; i < t->n; i++)
+            t->records[i].at_us -= first;
+        t->header.start_unix_us = first;
+    }
+    if (o->errors != NULL && im.bad > SHOWN_ERRORS)
+        fprintf(o->errors, "%s: %zu more malformed lines not shown\n", path, im.bad - SHOWN_ERRORS);
+    if (rc == 0 && ferror(f)) {
+        if (asprintf(err, "%s: read error: %s", path, strerror(errno)) < 0)
+            *err = NULL;
+        rc = -1;
+    }
+    if (rc == 0 && format == ATC_TRACE_AZURE && !have_header) {
+        if (asprintf(err, "%s: empty (no header line)", path) < 0)
+            *err = NULL;
+        rc = -1;
+    }
+    fclose(f);
+    free(line);
+    free(im.toks);
+    free(im.blocks);
+    free(im.strings);
+    snprintf(t->header.source, sizeof(t->header.source), "%s",
+             format == ATC_TRACE_AZURE      ? "azure"
+             : format == ATC_TRACE_MOONCAKE ? "mooncake"
+                                            : "jsonl");
+    *bad_lines = im.bad;
+    return rc;
+}
