@@ -11,6 +11,7 @@
 #include "http/http_util.h"
 #include "core/log.h"
 #include "ops/metrics.h"
+#include "core/clock.h"
 
 /* Deadlines are checked, and capacity retried, this often even when nothing is released. */
 #define TICK_MS 50
@@ -49,13 +50,6 @@ struct atc_admission {
     uint64_t wait_counts[NBUCKETS + 1];
     uint64_t wait_sum_ms;
 };
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 static struct model_queue *queue_of(struct atc_admission *adm, const char *model, bool create)
 {
@@ -148,7 +142,7 @@ static void count_wait(struct atc_admission *adm, uint64_t waited)
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     struct atc_admission *adm = arg;
-    uint64_t now = now_ms();
+    uint64_t now = atc_mono_ms();
     for (struct model_queue *q = adm->queues; q != NULL; q = q->next) {
         struct atc_queue_item *it, *next;
         for (it = TAILQ_FIRST(&q->items); it != NULL; it = next) {
@@ -217,7 +211,7 @@ int atc_admission_enqueue(struct atc_admission *adm, struct atc_queue_item *item
         adm->shed_full++;
         return -1;
     }
-    uint64_t now = now_ms();
+    uint64_t now = atc_mono_ms();
     if (deadline_ms == 0)
         deadline_ms = adm->s.deadline_ms;
     if (deadline_ms > adm->s.max_deadline_ms)
@@ -261,7 +255,7 @@ void atc_admission_kick(struct atc_admission *adm)
     adm->kicking = true;
     do {
         adm->kick_again = false;
-        uint64_t now = now_ms();
+        uint64_t now = atc_mono_ms();
         for (struct model_queue *q = adm->queues; q != NULL; q = q->next) {
             struct atc_queue_item *it;
             while ((it = best_item(adm, q, now)) != NULL) {
@@ -293,7 +287,7 @@ int atc_admission_top_priority(const struct atc_admission *adm)
     int top = -1;
     if (adm == NULL || adm->waiting == 0)
         return top;
-    uint64_t now = now_ms();
+    uint64_t now = atc_mono_ms();
     for (const struct model_queue *q = adm->queues; q != NULL && top < MAX_PRIORITY; q = q->next) {
         const struct atc_queue_item *it;
         TAILQ_FOREACH(it, &q->items, link)
@@ -427,7 +421,7 @@ void atc_admission_metrics(struct atc_admission *const *adms, size_t n, struct e
     evbuffer_add_printf(
         out, "# HELP atc_queue_waiting_requests Requests waiting for capacity, by model and priority.\n"
              "# TYPE atc_queue_waiting_requests gauge\n");
-    each_model(adms, n, now_ms(), model_metrics, out);
+    each_model(adms, n, atc_mono_ms(), model_metrics, out);
     struct counter_sum c;
     sum_counters(adms, n, &c);
     evbuffer_add_printf(out,
@@ -481,7 +475,7 @@ void atc_admission_status_json(struct atc_admission *const *adms, size_t n, stru
     sum_counters(adms, n, &c);
     evbuffer_add_printf(out, "{\"waiting\":%zu,\"models\":[", c.waiting);
     struct json_models j = {out, true};
-    each_model(adms, n, now_ms(), model_json, &j);
+    each_model(adms, n, atc_mono_ms(), model_json, &j);
     evbuffer_add_printf(
         out,
         "],\"admitted_direct\":%llu,\"admitted_queued\":%llu,\"shed_queue_full\":%llu,"

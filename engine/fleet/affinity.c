@@ -1,6 +1,7 @@
 /* The session affinity table and the prefix index: see affinity.h. */
 
 #include "fleet/affinity.h"
+#include "core/clock.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -18,9 +19,8 @@ static uint64_t random_seed(const void *salt)
     uint64_t seed;
     if (getrandom(&seed, sizeof(seed), GRND_NONBLOCK) == (ssize_t)sizeof(seed))
         return seed;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return XXH3_64bits_withSeed(&ts, sizeof(ts), (uint64_t)(uintptr_t)salt);
+    uint64_t now = atc_mono_ns();
+    return XXH3_64bits_withSeed(&now, sizeof(now), (uint64_t)(uintptr_t)salt);
 }
 
 /* ---- Session affinity table ----

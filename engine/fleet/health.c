@@ -37,6 +37,7 @@
 #include "ops/metrics.h"
 #include "fleet/prometheus.h"
 #include "http/upstream.h"
+#include "core/clock.h"
 
 /* Bodies kept per probe; a larger answer fails the probe (a models list or a metrics page that big is
  * not what we asked for). Live and deep bodies are only looked at briefly. */
@@ -135,18 +136,6 @@ struct atc_health {
 static void set_state(struct hep *e, const char *reason);
 static void schedule(struct probe *pr, uint64_t delay_ms);
 
-static uint64_t mono_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
-static uint64_t now_ms(void)
-{
-    return mono_us() / 1000u;
-}
-
 static struct timeval tv_ms(uint64_t ms)
 {
     return (struct timeval){.tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000};
@@ -237,7 +226,7 @@ void atc_health_on_capacity(struct atc_health *h, void (*cb)(void *arg), void *a
 /* Recomputes the slow-start limits; returns whether some endpoint still ramps. */
 static bool apply_ramps(struct atc_health *h)
 {
-    uint64_t now = now_ms();
+    uint64_t now = atc_mono_ms();
     bool more = false;
     for (size_t i = 0; i < h->neps; i++) {
         struct hep *e = &h->eps[i];
@@ -325,7 +314,7 @@ static void set_state(struct hep *e, const char *reason)
     struct atc_health *h = e->h;
     if (s == old)
         return;
-    uint64_t now = now_ms();
+    uint64_t now = atc_mono_ms();
     e->pub.state = s;
     e->pub.state_changes++;
     h->stats.state_changes_total++;
@@ -416,7 +405,7 @@ static void kick(struct probe *pr)
 static void start_deep_now(struct hep *e)
 {
     struct probe *pr = &e->probes[PROBE_DEEP];
-    uint64_t now = now_ms();
+    uint64_t now = atc_mono_ms();
     /* At most once per fast interval when triggered: a flapping server is not flooded with inference. */
     if (!pr->enabled || pr->req != NULL ||
         (e->deep_started_ms != 0 && now - e->deep_started_ms < e->cfg->fast_interval_ms))
@@ -428,7 +417,7 @@ static void start_deep_now(struct hep *e)
  * liveness now rather than at its next tick, at most once per fast interval. */
 static void suspect(struct hep *e)
 {
-    uint64_t now = now_ms();
+    uint64_t now = atc_mono_ms();
     if (e->pub.live != ATC_CHECK_OK || now - e->last_kick_ms < e->cfg->fast_interval_ms)
         return;
     e->last_kick_ms = now;
@@ -793,7 +782,7 @@ static void scrape_page(struct hep *e, const char *page, size_t len)
     e->ep->server_queue =
         isfinite(l->waiting) && l->waiting > 0 ? (unsigned)lround(fmin(l->waiting, 1e9)) : 0;
     e->ep->server_kv_usage = isfinite(l->kv_usage) ? l->kv_usage : 0;
-    l->scraped_ms = (double)mono_us() / 1000.0;
+    l->scraped_ms = (double)atc_mono_us() / 1000.0;
     if (e->scrape_failing)
         atc_info("endpoint %s: load scrape works again", e->ep->id);
     e->scrape_failing = false;
@@ -809,7 +798,7 @@ static void probe_end(struct probe *pr, bool ok, const char *why, bool unreachab
     struct atc_health *h = e->h;
     event_del(pr->deadline);
     pr->req = NULL;
-    e->pub.last_check_ms = (double)mono_us() / 1000.0;
+    e->pub.last_check_ms = (double)atc_mono_us() / 1000.0;
     if (pr->kind == PROBE_DEEP && unreachable) {
         atc_debug("endpoint %s: deep probe did not reach the server: %s", e->ep->id, why);
     } else if (pr->kind == PROBE_SCRAPE) {
@@ -940,10 +929,10 @@ static void on_probe_timer(evutil_socket_t fd, short what, void *arg)
         method = e->deep_method;
         body = e->deep_body;
         len = e->deep_len;
-        e->deep_started_ms = now_ms();
+        e->deep_started_ms = atc_mono_ms();
     }
     pr->status = 0;
-    pr->started_ms = now_ms();
+    pr->started_ms = atc_mono_ms();
     pr->req = atc_upstream_send(e->pool, method, pr->cfg->path, CHECK_HEADERS, body, len, &probe_cb, pr);
     if (pr->req == NULL) {
         probe_end(pr, false, "out of memory", false);
@@ -976,7 +965,7 @@ void atc_health_observe(struct atc_endpoint *ep, bool ok)
     }
     e->passive_fails++;
     const struct atc_health_config *c = e->cfg;
-    uint64_t now = now_ms();
+    uint64_t now = atc_mono_ms();
     suspect(e); /* real traffic failing */
     if (c->eject.consecutive_errors == 0 || e->passive_fails < c->eject.consecutive_errors ||
         e->pub.state != ATC_HEALTH_HEALTHY)
@@ -1180,7 +1169,7 @@ struct atc_health *atc_health_create(struct event_base *base, struct atc_endpoin
     }
     h->base = base;
     h->table = table;
-    h->rng = mono_us() ^ ((uint64_t)getpid() << 32);
+    h->rng = atc_mono_us() ^ ((uint64_t)getpid() << 32);
     h->neps = table->nendpoints;
     h->nmodels = table->nmodels;
     h->eps = calloc(h->neps ? h->neps : 1, sizeof(*h->eps));
@@ -1233,7 +1222,7 @@ struct atc_health *atc_health_create(struct event_base *base, struct atc_endpoin
             e->pub.state = s;
             if (s == ATC_HEALTH_HEALTHY) {
                 e->ever_healthy = true;
-                e->returned_ms = now_ms();
+                e->returned_ms = atc_mono_ms();
             }
         }
     }
@@ -1336,7 +1325,7 @@ void atc_health_endpoint_json(const struct atc_endpoint *ep, struct evbuffer *ou
     if (e == NULL)
         return;
     const struct atc_endpoint_health *p = &e->pub;
-    double now = (double)mono_us() / 1000.0;
+    double now = (double)atc_mono_us() / 1000.0;
     evbuffer_add_printf(out, ",\"state\":\"%s\"", atc_health_state_name(p->state));
     json_verdict(out, "live", p->live);
     json_verdict(out, "ready", p->ready);

@@ -27,6 +27,7 @@
 #include "trace/trace.h"
 #include "http/upstream.h"
 #include "core/worker.h"
+#include "core/clock.h"
 
 /* Above this many bytes waiting for a slow client, stop reading from the server until they drain. */
 #define CLIENT_HIGH_WATERMARK (256 * 1024)
@@ -92,13 +93,6 @@ static void end_broken_stream(struct relay *r, enum atc_upstream_error err);
 static struct atc_endpoint *next_endpoint(struct relay *r);
 static void record_finished(struct relay *r);
 
-static uint64_t now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 static void release_endpoint(struct relay *r)
 {
     if (r->ep == NULL)
@@ -122,7 +116,7 @@ static void account(struct relay *r)
     struct atc_worker *w = r->w;
     const char *endpoint = r->ntried > 0 ? r->tried[r->ntried - 1]->id : NULL;
     double ttft_ms = r->t_first_us ? (double)(r->t_first_us - r->t_start_us) / 1000.0 : -1;
-    double total_ms = (double)(now_us() - r->t_start_us) / 1000.0;
+    double total_ms = (double)(atc_mono_us() - r->t_start_us) / 1000.0;
     unsigned retries = r->ntried > 1 ? r->ntried - 1 : 0;
     struct atc_request_metrics m = {
         .model = r->f->model,
@@ -335,9 +329,9 @@ static enum choice decide(struct relay *r, struct atc_endpoint **ep)
     r->rreq.ntried = r->ntried;
     if (w->policy != NULL) {
         struct atc_decision d;
-        uint64_t t0 = now_us();
+        uint64_t t0 = atc_mono_us();
         atc_policy_route(w->policy, &r->rreq, &d);
-        atc_metrics_decision(w->srv->metrics, (double)(now_us() - t0) / 1e6,
+        atc_metrics_decision(w->srv->metrics, (double)(atc_mono_us() - t0) / 1e6,
                              d.kind == ATC_DECISION_FALLBACK ? d.reason : NULL);
         r->policy_version = d.version;
         r->marks.decision = (int)d.kind; /* the last decision is the one that routed it */
@@ -440,7 +434,7 @@ static size_t client_backlog(const struct relay *r)
 static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
 {
     struct relay *r = arg;
-    double ttft_ms = (double)(now_us() - r->t_attempt_us) / 1000.0;
+    double ttft_ms = (double)(atc_mono_us() - r->t_attempt_us) / 1000.0;
     struct atc_endpoint *next;
     if (resp->status >= 500 && (next = next_endpoint(r)) != NULL) {
         /* The server failed before anything reached the client: another endpoint may do better. */
@@ -456,7 +450,7 @@ static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
     }
     record_outcome(r, resp->status < 500, resp->status < 500 ? ttft_ms : -1);
     r->status = resp->status;
-    r->t_first_us = now_us();
+    r->t_first_us = atc_mono_us();
     r->event_stream = resp->event_stream;
     r->streaming = resp->event_stream || resp->content_length < 0 ||
                    (uint64_t)resp->content_length > MAX_BUFFERED_RESPONSE;
@@ -565,7 +559,7 @@ static void on_up_body(void *arg, struct evbuffer *data)
     size_t len = evbuffer_get_length(data);
     r->bytes += len;
     if (r->w->srv->recorder != NULL)
-        atc_record_marks_observe(&r->marks, data, r->streaming, now_us());
+        atc_record_marks_observe(&r->marks, data, r->streaming, atc_mono_us());
     if (!r->streaming) {
         evbuffer_add_buffer(r->buffered, data);
         return;
@@ -680,7 +674,7 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
     /* its slot was taken by choose() */
     if (r->w->policy != NULL)
         atc_policy_routed(r->w->policy, &r->rreq, ep);
-    r->t_attempt_us = now_us();
+    r->t_attempt_us = atc_mono_us();
     r->up = body_for(r, ep, &body, &len) == 0
                 ? atc_upstream_send(ep->pools[r->w->id], "POST", r->path, r->extra_headers, body, len, &upstream_cb, r)
                 : NULL;
@@ -766,7 +760,7 @@ void atc_relay_start(struct atc_worker *w, struct evhttp_request *client,
     }
     atc_server_request_started(w);
     r->w = w;
-    r->t_start_us = now_us();
+    r->t_start_us = atc_mono_us();
     atc_record_marks_init(&r->marks);
     r->client = client;
     r->client_conn = evhttp_request_get_connection(client);
@@ -827,7 +821,7 @@ static void record_finished(struct relay *r)
         return;
     static const char *const decisions[] = {"endpoint", "queue", "reject", "fallback"};
     const struct atc_features *f = r->f;
-    uint64_t now = now_us();
+    uint64_t now = atc_mono_us();
     struct atc_trace_record t;
     atc_trace_record_init(&t);
     t.id = r->id;
@@ -856,8 +850,5 @@ static void record_finished(struct relay *r)
     if (r->marks.first_byte_us != 0)
         t.ttft_ms = (double)(r->marks.first_byte_us - r->t_start_us) / 1000.0;
     t.total_ms = (double)(now - r->t_start_us) / 1000.0;
-    struct timespec wall;
-    clock_gettime(CLOCK_REALTIME, &wall);
-    uint64_t wall_us = (uint64_t)wall.tv_sec * 1000000u + (uint64_t)wall.tv_nsec / 1000u;
-    atc_recorder_add(rec, &t, wall_us - (now - r->t_start_us));
+    atc_recorder_add(rec, &t, atc_wall_us() - (now - r->t_start_us));
 }

@@ -26,6 +26,7 @@
 #include "http/http_util.h"
 #include "core/log.h"
 #include "policy/policy_internal.h"
+#include "core/clock.h"
 
 #define BUDGET_ERROR "policy budget exceeded"
 /* A new version is on probation (and can be rolled back) until it has made this many good decisions. */
@@ -38,23 +39,9 @@
 #define PATTERN_SUBJECT_MAX (64 * 1024)
 #define MODULE_NAME_MAX 128
 
-static double wall_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static double default_now_ms(void *ctx)
 {
-    return (double)mono_ns() / 1e6;
+    return (double)atc_mono_ns() / 1e6;
 }
 
 double policy_now_ms(const struct atc_policy_runtime *rt)
@@ -114,7 +101,7 @@ static void *watchdog_main(void *arg)
             }
         } else {
             idle_ticks = 0;
-            if (d != DEADLINE_KILLED && mono_ns() >= d) {
+            if (d != DEADLINE_KILLED && atc_mono_ns() >= d) {
                 uint64_t expected = d;
                 if (atomic_compare_exchange_strong(&w->deadline_ns, &expected, DEADLINE_KILLED)) {
                     lua_sethook(atomic_load(&w->L), kill_hook, LUA_MASKCOUNT | LUA_MASKCALL | LUA_MASKRET, 1);
@@ -169,7 +156,7 @@ static void budget_begin(struct watchdog *w, lua_State *L, uint64_t budget_us)
 {
     atomic_store(&w->L, L);
     atomic_store(&w->armed, false);
-    atomic_store(&w->deadline_ns, mono_ns() + budget_us * 1000);
+    atomic_store(&w->deadline_ns, atc_mono_ns() + budget_us * 1000);
     if (atomic_load(&w->sleeping)) {
         pthread_mutex_lock(&w->mu);
         pthread_cond_signal(&w->cv);
@@ -615,7 +602,7 @@ struct policy_version *policy_version_create(struct atc_policy_runtime *rt, char
     v->rt = rt;
     v->version = rt->next_version + 1; /* what it will be if it loads: init() logs show it */
     v->mem_limit = rt->s.memory;
-    v->loaded_at = wall_now();
+    v->loaded_at = atc_wall_s();
     v->L = lua_newstate(policy_alloc, v);
     if (v->L == NULL)
         goto oom;
@@ -872,7 +859,7 @@ uint64_t atc_policy_reload(struct atc_policy_runtime *rt, char **err)
         policy_version_free(v);
         v = NULL;
     }
-    rt->last_reload_at = wall_now();
+    rt->last_reload_at = atc_wall_s();
     if (v == NULL) {
         if (*err == NULL)
             *err = strdup("reload failed");
@@ -963,7 +950,7 @@ struct atc_policy_runtime *policy_runtime_new(const struct atc_policy_settings *
             paths[i] = strdup(s->path[i]);
         rt->s.path = (const char *const *)paths;
     }
-    rt->rng = s->seed != 0 ? s->seed : 0x2545F4914F6CDD1Dull ^ (uint64_t)mono_ns();
+    rt->rng = s->seed != 0 ? s->seed : 0x2545F4914F6CDD1Dull ^ (uint64_t)atc_mono_ns();
     rt->now_ms = s->now_ms != NULL ? s->now_ms : default_now_ms;
     rt->now_ctx = s->now_ctx;
     rt->inotify_fd = -1;
@@ -996,7 +983,7 @@ struct atc_policy_runtime *atc_policy_runtime_create(const struct atc_policy_set
     }
     v->version = ++rt->next_version;
     rt->current = v;
-    rt->last_reload_at = wall_now();
+    rt->last_reload_at = atc_wall_s();
     atc_info("policy v%llu loaded from %s", (unsigned long long)v->version, rt->s.entry);
     return rt;
 }

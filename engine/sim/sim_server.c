@@ -32,6 +32,7 @@
 #include "core/config.h"
 #include "core/log.h"
 #include "http/request_features.h"
+#include "core/clock.h"
 
 #define BLOCK_TOKENS (ATC_PREFIX_BLOCK_BYTES / 4) /* request_features estimates 4 bytes per token */
 #define MAX_BODY (32u << 20)
@@ -80,16 +81,9 @@ static const char *const words[] = {
     "to",     "answer", "with",  "words", "that",  "mean",   "little", "but",    "arrive", "on",    "time",
 };
 
-static uint64_t mono_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 static uint64_t now_us(const struct atc_sim_server *srv)
 {
-    return mono_us() - srv->t0;
+    return atc_mono_us() - srv->t0;
 }
 
 static bool is_ready(const struct atc_sim_server *srv)
@@ -633,7 +627,7 @@ struct atc_sim_server *atc_sim_server_start(struct event_base *base, const struc
     srv->p = *p;
     srv->p.model = strdup(p->model ? p->model : "llama-3-8b");
     srv->rng = p->seed ^ 0x5eed5eed5eed5eedULL; /* a stream apart from the model's */
-    srv->t0 = mono_us();
+    srv->t0 = atc_mono_us();
     if (!srv->p.model || !(srv->sim = atc_sim_create(&srv->p, on_token, srv)) ||
         !(srv->timer = evtimer_new(base, on_timer, srv)) || !(srv->die_ev = evtimer_new(base, on_die, srv)) ||
         !(srv->http = evhttp_new(base)))

@@ -18,6 +18,7 @@
 
 #include "core/log.h"
 #include "trace/trace.h"
+#include "core/clock.h"
 
 #define WRITE_INTERVAL_MS 200   /* the writer takes the buffer at least this often */
 #define WAKE_BYTES (256 * 1024) /* ... and as soon as this much is waiting */
@@ -46,13 +47,6 @@ struct atc_recorder {
 
     _Atomic uint64_t recorded, written, dropped, sampled_out, write_errors, files, bytes;
 };
-
-static uint64_t realtime_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
 
 /* ---- the writer thread ---- */
 
@@ -138,7 +132,7 @@ static int open_file(struct atc_recorder *rec, uint64_t lost_if_failed)
         .version = ATC_TRACE_VERSION, .text = rec->s.text, .start_unix_us = rec->start_unix_us};
     snprintf(h.source, sizeof(h.source), "record");
     snprintf(h.atc_version, sizeof(h.atc_version), "%s", ATC_VERSION);
-    h.created = (double)realtime_us() / 1e6;
+    h.created = (double)atc_wall_us() / 1e6;
     struct atc_trace_buf b = {0};
     if (atc_trace_encode_header(&b, &h) < 0 || write_all(rec->fd, b.data, b.len) < 0) {
         int err = b.data == NULL ? ENOMEM : errno;
@@ -150,7 +144,7 @@ static int open_file(struct atc_recorder *rec, uint64_t lost_if_failed)
     }
     rec->last_open_failure = 0;
     rec->file_bytes = b.len;
-    rec->file_opened_us = realtime_us();
+    rec->file_opened_us = atc_wall_us();
     atomic_fetch_add(&rec->files, 1);
     atomic_fetch_add(&rec->bytes, b.len);
     free(b.data);
@@ -164,7 +158,7 @@ static void write_batch(struct atc_recorder *rec, const struct atc_trace_buf *ba
     if (batch->len == 0)
         return;
     if (rec->fd >= 0 && (rec->file_bytes + batch->len > rec->s.rotate_size ||
-                         realtime_us() - rec->file_opened_us >= rec->s.rotate_interval_ms * 1000))
+                         atc_wall_us() - rec->file_opened_us >= rec->s.rotate_interval_ms * 1000))
         close_file(rec);
     if (rec->fd < 0 && open_file(rec, records) < 0)
         return;
@@ -225,7 +219,7 @@ struct atc_recorder *atc_recorder_create(const struct atc_recorder_settings *s)
     rec->s.dir = strdup(s->dir);
     rec->s.prefix = strdup(s->prefix);
     rec->fd = -1;
-    rec->start_unix_us = realtime_us();
+    rec->start_unix_us = atc_wall_us();
     atomic_init(&rec->rng, rec->start_unix_us);
     if (rec->s.dir == NULL || rec->s.prefix == NULL) {
         free((char *)rec->s.dir);

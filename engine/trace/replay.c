@@ -19,6 +19,7 @@
 #include "core/log.h"
 #include "sim/sim.h"
 #include "trace/trace.h"
+#include "core/clock.h"
 
 #define DEFAULT_SAMPLES 240
 /* A decision is stopped only at this many times its budget (and at least KILL_MIN_US): on a busy
@@ -88,20 +89,6 @@ static double virtual_now_ms(void *ctx)
 {
     const struct replay *rp = ctx;
     return (double)rp->now / 1000.0;
-}
-
-static uint64_t cpu_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static double wall_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 /* ---- the fleet ---- */
@@ -310,14 +297,14 @@ static enum outcome decide(struct replay *rp, size_t i)
     struct atc_replay_result *res = rp->res;
     struct atc_decision d;
     prepare(rp, i);
-    uint64_t cpu = cpu_ns();
+    uint64_t cpu = atc_thread_cpu_ns();
     if (rp->rt != NULL) {
         atc_policy_route(rp->rt, &rp->rreq, &d);
     } else { /* no policy: the built-in balancer decides, as atc serve without a policy: section */
         memset(&d, 0, sizeof(d));
         d.kind = ATC_DECISION_FALLBACK;
     }
-    cpu = cpu_ns() - cpu;
+    cpu = atc_thread_cpu_ns() - cpu;
     q->decisions++;
     res->decisions++;
     struct atc_endpoint *ep = NULL;
@@ -622,7 +609,7 @@ int atc_replay_run(const struct atc_config *cfg, const struct atc_trace *trace, 
                    char **err)
 {
     struct replay rp = {.trace = trace, .o = o, .res = out};
-    double started = wall_now();
+    double started = (double)atc_mono_ns() / 1e9;
     *err = NULL;
     memset(out, 0, sizeof(*out));
     rp.n = o->limit && o->limit < trace->n ? o->limit : trace->n;
@@ -686,7 +673,7 @@ int atc_replay_run(const struct atc_config *cfg, const struct atc_trace *trace, 
     /* Requests still queued when nothing was left to free capacity never ran. */
     out->unserved = rp.qlen;
     summarize(&rp);
-    out->wall_s = wall_now() - started;
+    out->wall_s = (double)atc_mono_ns() / 1e9 - started;
     replay_dispose(&rp);
     return 0;
 error:

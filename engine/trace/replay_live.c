@@ -20,6 +20,7 @@
 #include "trace/recorder.h"
 #include "trace/replay.h"
 #include "trace/trace.h"
+#include "core/clock.h"
 
 #define DEFAULT_MAX_INFLIGHT 1024
 #define DEFAULT_TIMEOUT_MS (300 * 1000)
@@ -47,13 +48,6 @@ struct live {
     int shown;
     uint64_t last_done_us;
 };
-
-static uint64_t mono_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
 
 static uint64_t splitmix(uint64_t *s)
 {
@@ -143,7 +137,7 @@ static void free_conn(evutil_socket_t fd, short what, void *arg)
 static void on_chunk(struct evhttp_request *req, void *arg)
 {
     struct live_req *q = arg;
-    atc_record_marks_observe(&q->marks, evhttp_request_get_input_buffer(req), true, mono_us());
+    atc_record_marks_observe(&q->marks, evhttp_request_get_input_buffer(req), true, atc_mono_us());
     evbuffer_drain(evhttp_request_get_input_buffer(req),
                    evbuffer_get_length(evhttp_request_get_input_buffer(req)));
 }
@@ -153,7 +147,7 @@ static void on_done(struct evhttp_request *req, void *arg)
     struct live_req *q = arg;
     struct live *lv = q->lv;
     struct atc_replay_result *res = lv->res;
-    uint64_t now = mono_us();
+    uint64_t now = atc_mono_us();
     int status = req != NULL ? evhttp_request_get_response_code(req) : 0;
     if (req != NULL && evbuffer_get_length(evhttp_request_get_input_buffer(req)) > 0)
         on_chunk(req, q);
@@ -183,7 +177,7 @@ static void send_one(struct live *lv, size_t i)
     struct live_req *q = &lv->reqs[i];
     q->lv = lv;
     q->index = i;
-    q->sent_us = mono_us();
+    q->sent_us = atc_mono_us();
     atc_record_marks_init(&q->marks);
     const struct atc_trace_record *r = &lv->trace->records[i];
     q->conn = evhttp_connection_base_new(lv->base, NULL, lv->o->host, lv->o->port);
@@ -221,7 +215,7 @@ static void send_one(struct live *lv, size_t i)
 static void schedule(struct live *lv)
 {
     unsigned max = lv->o->max_inflight ? lv->o->max_inflight : DEFAULT_MAX_INFLIGHT;
-    uint64_t now = mono_us();
+    uint64_t now = atc_mono_us();
     while (lv->next < lv->n && lv->inflight < max) {
         struct live_req *q = &lv->reqs[lv->next];
         if (q->due_us > now)
@@ -262,7 +256,7 @@ int atc_replay_live(const struct atc_trace *t, const struct atc_replay_live_opti
         *err = strdup("out of memory");
         goto error;
     }
-    lv.start_us = mono_us() + 10000;
+    lv.start_us = atc_mono_us() + 10000;
     for (size_t i = 0; i < lv.n; i++) {
         out->ttft_ms[i] = out->e2e_ms[i] = NAN;
         out->endpoint[i] = -1;
@@ -300,7 +294,7 @@ int atc_replay_live(const struct atc_trace *t, const struct atc_replay_live_opti
     out->throughput_rps = out->duration_s > 0 ? (double)out->completed / out->duration_s : 0;
     out->output_tps = out->duration_s > 0 ? (double)out->output_tokens / out->duration_s : 0;
     out->live = true;
-    out->wall_s = (double)(mono_us() - lv.start_us) / 1e6;
+    out->wall_s = (double)(atc_mono_us() - lv.start_us) / 1e6;
     event_free(lv.timer);
     event_base_free(lv.base);
     free(lv.reqs);

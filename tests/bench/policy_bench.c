@@ -22,15 +22,6 @@ static double pct(const uint64_t *sorted, size_t n, double q)
     return (double)sorted[(size_t)(q * (double)(n - 1))] / 1000.0;
 }
 
-/* CPU time of this thread: unlike wall time, it leaves out the time the thread was preempted, which on a
- * shared machine decides the wall-clock tail. */
-static uint64_t thread_cpu_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static const char *bench_header(void *ctx, const char *name)
 {
     return NULL;
@@ -126,14 +117,14 @@ int main(int argc, char **argv)
             .header = bench_header,
         };
         struct atc_decision d;
-        uint64_t c0 = thread_cpu_ns();
-        uint64_t t0 = mono_ns();
+        uint64_t c0 = atc_thread_cpu_ns();
+        uint64_t t0 = atc_mono_ns();
         atc_policy_route(rt, &req, &d);
-        uint64_t t1 = mono_ns();
-        uint64_t c1 = thread_cpu_ns();
-        t1 = mono_ns();
+        uint64_t t1 = atc_mono_ns();
+        uint64_t c1 = atc_thread_cpu_ns();
+        t1 = atc_mono_ns();
         atc_balancer_pick(&table->models[0], &rng, NULL, 0, 8448);
-        uint64_t t2 = mono_ns();
+        uint64_t t2 = atc_mono_ns();
         if (i < WARMUP)
             continue;
         lat[i - WARMUP] = t1 - t0;
@@ -148,12 +139,12 @@ int main(int argc, char **argv)
     /* The budget machinery alone: what every decision pays to be stoppable. */
     struct watchdog *w = rt->watchdog;
     size_t reps = 2000000;
-    uint64_t t0 = mono_ns();
+    uint64_t t0 = atc_mono_ns();
     for (size_t i = 0; i < reps; i++) {
         budget_begin(w, rt->current->L, 1000);
         budget_end(w, rt->current->L);
     }
-    double budget_ns = (double)(mono_ns() - t0) / (double)reps;
+    double budget_ns = (double)(atc_mono_ns() - t0) / (double)reps;
 
     if (json) {
         printf("ATC-BENCH {\"entry\": \"%s\", \"jit\": %s, \"endpoints\": %zu, \"prompt_tokens\": %zu, "

@@ -95,9 +95,9 @@ static ssize_t peek(int fd, char *buf, size_t len)
 /* Turns the loop until @p cond holds; false after the deadline. */
 #define RUN_UNTIL(fx, cond)                                                                                  \
     ({                                                                                                       \
-        uint64_t end_ = mono_us() + DEADLINE_US;                                                             \
+        uint64_t end_ = atc_mono_us() + DEADLINE_US;                                                             \
         bool ok_;                                                                                            \
-        while (!(ok_ = (cond)) && mono_us() < end_) {                                                        \
+        while (!(ok_ = (cond)) && atc_mono_us() < end_) {                                                        \
             event_base_loop((fx)->base, EVLOOP_NONBLOCK);                                                    \
             usleep(500);                                                                                     \
         }                                                                                                    \
@@ -217,8 +217,8 @@ static void test_error_and_hang_rates(void **state)
     start(fx);
     fd = post(fx, "{\"messages\":[],\"max_tokens\":2}");
     assert_true(RUN_UNTIL(fx, held(fx) == 1));
-    uint64_t end = mono_us() + 200000;
-    assert_true(RUN_UNTIL(fx, mono_us() > end));
+    uint64_t end = atc_mono_us() + 200000;
+    assert_true(RUN_UNTIL(fx, atc_mono_us() > end));
     assert_int_equal(peek(fd, buf, sizeof(buf)), -1); /* no answer, and the connection is open */
     assert_int_equal(stats(fx).running, 0);           /* it never reached the model */
     close(fd);

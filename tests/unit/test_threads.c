@@ -22,6 +22,7 @@
 
 #include <event2/buffer.h>
 
+#include "core/clock.h"
 #include "fleet/affinity.h"
 #include "core/config.h"
 #include "fleet/endpoint.h"
@@ -31,13 +32,6 @@
 #include "trace/trace.h"
 
 #define HAMMER_NS 200000000 /* each hammer runs about 0.2 s */
-
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static uint64_t mix(uint64_t x)
 {
@@ -87,10 +81,10 @@ static bool names_key(const char *id, size_t n, unsigned k)
 static void *affinity_hammer(void *p)
 {
     struct affinity_arg *a = p;
-    uint64_t until = mono_ns() + HAMMER_NS;
+    uint64_t until = atc_mono_ns() + HAMMER_NS;
     char key[32], id[ATC_AFFINITY_ID_MAX + 1], got[ATC_AFFINITY_ID_MAX + 1];
     for (uint64_t i = 0;; i++) {
-        if ((i & 255) == 0 && mono_ns() >= until)
+        if ((i & 255) == 0 && atc_mono_ns() >= until)
             break;
         uint64_t r = mix(i << 1 | a->thread);
         /* A key of this thread's own in the big table (never evicted): reads back what was just set. */
@@ -166,13 +160,13 @@ struct prefix_arg {
 static void *prefix_hammer(void *p)
 {
     struct prefix_arg *a = p;
-    uint64_t until = mono_ns() + HAMMER_NS;
+    uint64_t until = atc_mono_ns() + HAMMER_NS;
     uint64_t blocks[CHAIN];
     uint16_t out[2];
     /* Without rotation, the index holds 500,000 blocks: stop before that many are inserted in all. */
     uint64_t max_chains = a->rotating ? UINT64_MAX : 500000 / CHAIN / 2 - 1;
     for (uint64_t i = 0; i < max_chains; i++) {
-        if ((i & 255) == 0 && mono_ns() >= until)
+        if ((i & 255) == 0 && atc_mono_ns() >= until)
             break;
         /* Chains of this thread only: its blocks never belong to the other endpoint. */
         for (size_t k = 0; k < CHAIN; k++)
