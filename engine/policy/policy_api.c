@@ -164,6 +164,175 @@ static int ep_prefix_overlap(lua_State *L)
     return 1;
 }
 
+/* ---- routing signals (fleet/signals.h) ---- */
+
+static double field_number(lua_State *L, int idx, const char *name, double dflt);
+
+/* The signals' clock: the runtime's (virtual time under replay), as the relay's and the replay's. */
+static uint64_t signals_now_us(const struct policy_version *v)
+{
+    return (uint64_t)(policy_now_ms(v->rt) * 1000.0);
+}
+
+static const struct atc_signal_params *signal_params(const struct policy_version *v)
+{
+    return &v->rt->table->signals;
+}
+
+/* The current request's prompt tokens that @p ep would still have to prefill. */
+static uint64_t uncached_at(lua_State *L, struct policy_version *v, const struct atc_endpoint *ep)
+{
+    const struct atc_route_request *req = current_req(L, v);
+    uint32_t bt = req->block_tokens ? req->block_tokens : ATC_PREFIX_BLOCK_BYTES / 4;
+    return atc_signals_uncached(req->features->prompt_tokens, endpoint_overlap(L, v, ep), bt);
+}
+
+/* ep:predict_ttft(req): ms to the first token of req if it were sent to ep now. */
+static int ep_predict_ttft(lua_State *L)
+{
+    struct policy_version *v = version_of(L);
+    const struct atc_endpoint *ep = check_view(L, v, 1);
+    luaL_checkudata(L, 2, POLICY_MT_REQ);
+    lua_pushnumber(L, atc_signals_predict_ttft_ms(&ep->sig, signal_params(v), uncached_at(L, v, ep)));
+    return 1;
+}
+
+/* The signal fields of an endpoint view; 0 when @p k is not one. Scraped values are nil until the
+ * server's metrics were read once. */
+static int push_signal(lua_State *L, struct policy_version *v, const struct atc_endpoint *ep, const char *k,
+                       size_t len)
+{
+    const struct atc_signals *s = &ep->sig;
+    const struct atc_signal_params *p = signal_params(v);
+#define IS(name) (len == sizeof(name) - 1 && memcmp(k, name, sizeof(name) - 1) == 0)
+    if (IS("prefill_tokens"))
+        lua_pushnumber(L, (double)atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed));
+    else if (IS("prefilling"))
+        lua_pushinteger(L, (lua_Integer)atomic_load_explicit(&s->prefilling, memory_order_relaxed));
+    else if (IS("decoding"))
+        lua_pushinteger(L, (lua_Integer)atomic_load_explicit(&s->decoding, memory_order_relaxed));
+    else if (IS("recent_tokens"))
+        lua_pushnumber(L, atc_signals_recent(s, p, signals_now_us(v)));
+    else if (IS("prefill_rate"))
+        lua_pushnumber(L, atc_signals_prefill_tps(s, p));
+    else if (IS("itl"))
+        lua_pushnumber(L, atc_signals_itl_ms(s, p));
+    else if (IS("running") || IS("prefix_hit_rate") || IS("kv_usage") || IS("queue") || IS("scrape_age")) {
+        uint64_t at = atomic_load_explicit(&s->scraped_at_us, memory_order_acquire);
+        double x = NAN;
+        if (at == 0)
+            x = NAN;
+        else if (IS("running"))
+            x = s->scraped_running;
+        else if (IS("prefix_hit_rate"))
+            x = s->scraped_prefix_hit_rate;
+        else if (IS("kv_usage"))
+            x = s->scraped_kv_usage;
+        else if (IS("queue"))
+            x = s->scraped_waiting;
+        else {
+            uint64_t now = signals_now_us(v);
+            x = now > at ? (double)(now - at) / 1000.0 : 0;
+        }
+        if (isfinite(x))
+            lua_pushnumber(L, x);
+        else
+            lua_pushnil(L);
+    } else
+        return 0;
+#undef IS
+    return 1;
+}
+
+/* atc.fastest(pool, req [, opts]): the available endpoint of pool where req would get its first token
+ * soonest, and that cost in ms; nil when none is available. The cost of ep is
+ *   ep:predict_ttft(req) + opts.recent * (ep.recent_tokens / ep.prefill_rate, in ms)
+ *                        + opts.decode * ep.decoding * ep.itl
+ * (opts.recent and opts.decode default to 0): the recent work spreads traffic that arrives one request
+ * at a time, the decode term weighs the batch the request would join. opts.skip: an endpoint never
+ * chosen. Ties go to the endpoint with less recent work, then the lower in-flight share. The loop runs in
+ * C: at 512 endpoints a decision stays in microseconds. */
+static int atc_fastest(lua_State *L)
+{
+    struct policy_version *v = version_of(L);
+    luaL_checktype(L, 1, LUA_TTABLE);
+    luaL_checkudata(L, 2, POLICY_MT_REQ);
+    double w_recent = 0, w_decode = 0, w_uncached = 1;
+    bool pooled = false;
+    if (!lua_isnoneornil(L, 3)) {
+        luaL_checktype(L, 3, LUA_TTABLE);
+        w_recent = field_number(L, 3, "recent", 0);
+        w_decode = field_number(L, 3, "decode", 0);
+        w_uncached = field_number(L, 3, "uncached", 1);
+        lua_getfield(L, 3, "pooled");
+        pooled = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+        lua_getfield(L, 3, "skip");
+    } else {
+        lua_pushnil(L);
+    }
+    int skip = lua_gettop(L);
+    const struct atc_signal_params *p = signal_params(v);
+    uint64_t now = signals_now_us(v);
+    int n = (int)lua_objlen(L, 1), best = 0;
+    double best_cost = 0, best_ttft = 0, best_recent = 0, best_load = 0;
+    double pool_tps = 0, pool_itl = 0;
+    if (pooled) { /* every endpoint at the pool's mean speeds: compare the work queued, not noisy rates */
+        int m = 0;
+        for (int i = 1; i <= n; i++) {
+            lua_rawgeti(L, 1, i);
+            int index = policy_api_view_index(v, -1);
+            lua_pop(L, 1);
+            const struct atc_endpoint *ep = index >= 0 ? endpoint_at(v, (unsigned)index) : NULL;
+            if (ep == NULL)
+                continue;
+            pool_tps += atc_signals_prefill_tps(&ep->sig, p);
+            pool_itl += atc_signals_itl_ms(&ep->sig, p);
+            m++;
+        }
+        pool_tps = m ? pool_tps / m : p->prefill_tps;
+        pool_itl = m ? pool_itl / m : (double)p->itl_us / 1000.0;
+    }
+    for (int i = 1; i <= n; i++) {
+        lua_rawgeti(L, 1, i);
+        int index = policy_api_view_index(v, -1);
+        bool skipped = lua_rawequal(L, -1, skip);
+        lua_pop(L, 1);
+        const struct atc_endpoint *ep = index >= 0 ? endpoint_at(v, (unsigned)index) : NULL;
+        if (ep == NULL)
+            return luaL_error(L, "atc.fastest: element %d is not an endpoint", i);
+        if (skipped || !policy_api_available(v, ep))
+            continue;
+        const struct atc_signals *s = &ep->sig;
+        double tps = pooled ? pool_tps : atc_signals_prefill_tps(s, p);
+        double itl = pooled ? pool_itl : atc_signals_itl_ms(s, p);
+        uint64_t uncached = uncached_at(L, v, ep);
+        double queued = (double)atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed);
+        double ttft = (queued + (double)uncached) * 1000.0 / tps + itl;
+        double recent = atc_signals_recent(s, p, now);
+        unsigned cap = atc_endpoint_capacity_now(ep);
+        double load = cap ? (double)ep->inflight / cap : 1.0;
+        double cost = ttft + (w_uncached - 1) * (double)uncached * 1000.0 / tps + w_recent * recent * 1000.0 / tps +
+                      w_decode * (double)atomic_load_explicit(&s->decoding, memory_order_relaxed) * itl;
+        if (best == 0 || cost < best_cost ||
+            (cost == best_cost && (recent < best_recent || (recent == best_recent && load < best_load)))) {
+            best = i;
+            best_cost = cost;
+            best_ttft = ttft;
+            best_recent = recent;
+            best_load = load;
+        }
+    }
+    if (best == 0) {
+        lua_pushnil(L);
+        return 1;
+    }
+    lua_rawgeti(L, 1, best);
+    lua_pushnumber(L, best_cost);
+    lua_pushnumber(L, best_ttft);
+    return 3;
+}
+
 static void push_opt_string(lua_State *L, const char *s)
 {
     if (s != NULL)
@@ -190,6 +359,8 @@ static int ep_live(lua_State *L)
         lua_pushnil(L);
         return 1;
     }
+    if (push_signal(L, v, ep, k, len))
+        return 1;
     /* The common reads first; first letter and length tell them apart. */
     switch (k[0]) {
     case 'a':
@@ -969,6 +1140,9 @@ void policy_api_open(struct policy_version *v)
     lua_pushlightuserdata(L, v);
     lua_pushcclosure(L, ep_prefix_overlap, 1);
     int prefix_overlap = lua_gettop(L);
+    lua_pushlightuserdata(L, v);
+    lua_pushcclosure(L, ep_predict_ttft, 1);
+    int predict_ttft = lua_gettop(L);
     for (size_t i = 0; i < n; i++) {
         const struct atc_endpoint *ep = v->rt->table->endpoints[i];
         lua_newtable(L);          /* the view */
@@ -989,6 +1163,8 @@ void policy_api_open(struct policy_version *v)
         lua_setfield(L, -2, "has_tag");
         lua_pushvalue(L, prefix_overlap);
         lua_setfield(L, -2, "prefix_overlap");
+        lua_pushvalue(L, predict_ttft);
+        lua_setfield(L, -2, "predict_ttft");
         lua_pushlightuserdata(L, (void *)&view_index_key);
         lua_pushinteger(L, (lua_Integer)i);
         lua_rawset(L, -3);
@@ -1056,6 +1232,7 @@ void policy_api_open(struct policy_version *v)
     set_closure(L, v, "rendezvous", atc_rendezvous);
     set_closure(L, v, "prefix_pick", atc_prefix_pick);
     set_closure(L, v, "cheapest", atc_cheapest);
+    set_closure(L, v, "fastest", atc_fastest);
     if (v->rt->test_replay != NULL) /* atc test only: t.replay(...) runs a trace through a policy */
         set_closure(L, v, "replay", v->rt->test_replay);
     lua_newtable(L);

@@ -28,7 +28,7 @@ return function(req, fleet)
     local ep = pool[i]
     if ep.available then
       cands[#cands + 1] = ep
-      local q = ep.queue
+      local q = ep.queue or 0
       if q < qmin then qmin = q end
       if q > qmax then qmax = q end
     end
@@ -39,8 +39,8 @@ return function(req, fleet)
   local best, best_score, ties = nil, -math.huge, 0
   for i = 1, #cands do
     local ep = cands[i]
-    local queue = qmax == qmin and 1 or (qmax - ep.queue) / (qmax - qmin)
-    local kv = 1 - ep.kv_usage
+    local queue = qmax == qmin and 1 or (qmax - (ep.queue or 0)) / (qmax - qmin)
+    local kv = 1 - (ep.kv_usage or 0)
     local prefix = req.blocks > 0 and ep:prefix_overlap(req) / req.blocks or 0
     local score = W_QUEUE * queue + W_KV * kv + W_PREFIX * prefix
     if score > best_score then
