@@ -245,13 +245,16 @@ static int push_signal(lua_State *L, struct policy_version *v, const struct atc_
 }
 
 /* atc.fastest(pool, req [, opts]): the available endpoint of pool where req would get its first token
- * soonest, and that cost in ms; nil when none is available. The cost of ep is
- *   ep:predict_ttft(req) + opts.recent * (ep.recent_tokens / ep.prefill_rate, in ms)
- *                        + opts.decode * ep.decoding * ep.itl
- * (opts.recent and opts.decode default to 0): the recent work spreads traffic that arrives one request
- * at a time, the decode term weighs the batch the request would join. opts.skip: an endpoint never
- * chosen. Ties go to the endpoint with less recent work, then the lower in-flight share. The loop runs in
- * C: at 512 endpoints a decision stays in microseconds. */
+ * soonest; returns it, its cost and its predicted TTFT (ms), or nil when none is available. The cost of
+ * ep, in ms:
+ *   (ep.prefill_tokens + opts.uncached * the request's uncached tokens there) / rate + itl
+ *   + opts.recent * ep.recent_tokens / rate + opts.decode * ep.decoding * itl
+ * with rate = ep.prefill_rate and itl = ep.itl, or with opts.pooled the means of the pool's (the same
+ * hardware's estimates compared, not their noise). opts.uncached (default 1: the predicted TTFT) above 1
+ * values the cache a request leaves behind; opts.recent (0) spreads traffic that arrives one request at
+ * a time; opts.decode (0) weighs the decode batch a request joins. opts.skip: an endpoint never chosen.
+ * Ties go to less recent work, then the lower in-flight share. The loop runs in C, so a decision at 512
+ * endpoints stays in microseconds. */
 static int atc_fastest(lua_State *L)
 {
     struct policy_version *v = version_of(L);
@@ -264,6 +267,7 @@ static int atc_fastest(lua_State *L)
         w_recent = field_number(L, 3, "recent", 0);
         w_decode = field_number(L, 3, "decode", 0);
         w_uncached = field_number(L, 3, "uncached", 1);
+
         lua_getfield(L, 3, "pooled");
         pooled = lua_toboolean(L, -1);
         lua_pop(L, 1);
