@@ -6,18 +6,11 @@
 
 #include <stdint.h>
 
+#include "core/histogram.h"
+
 struct evbuffer;
 struct atc_metrics;
 struct atc_server;
-
-/* Fixed histogram buckets, in seconds. */
-struct atc_histogram {
-    const double *bounds;
-    unsigned nbounds;
-    uint64_t counts[24]; /* per bucket, not cumulative; the last is +Inf */
-    uint64_t count;
-    double sum;
-};
 
 /* What one finished request contributes. */
 struct atc_request_metrics {
@@ -41,15 +34,5 @@ void atc_metrics_decision(struct atc_metrics *m, double seconds, const char *fal
 
 /** Renders every metric, including gauges read now from @p srv's tables, into @p out. */
 void atc_metrics_render(struct atc_metrics *m, const struct atc_server *srv, struct evbuffer *out);
-
-/** Histogram helpers, also for other subsystems' metrics. */
-void atc_histogram_init(struct atc_histogram *h, const double *bounds, unsigned nbounds);
-void atc_histogram_observe(struct atc_histogram *h, double value);
-/** Writes NAME_bucket/_sum/_count lines; @p labels is "" or `key="v",` pairs ending with a comma. */
-void atc_histogram_render(const struct atc_histogram *h, struct evbuffer *out, const char *name,
-                          const char *labels);
-
-/** Appends @p s to @p out escaped as a Prometheus label value. */
-void atc_metrics_label(struct evbuffer *out, const char *s);
 
 #endif
