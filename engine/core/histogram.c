@@ -41,7 +41,7 @@ void atc_histogram_render(const struct atc_histogram *h, struct evbuffer *out, c
                             name, n - 1, labels, (unsigned long long)h->count);
 }
 
-void atc_metrics_label(struct evbuffer *out, const char *s)
+void atc_histogram_label(struct evbuffer *out, const char *s)
 {
     for (; *s; s++) {
         if (*s == '\\' || *s == '"')

@@ -25,6 +25,6 @@ void atc_histogram_render(const struct atc_histogram *h, struct evbuffer *out, c
                           const char *labels);
 
 /** Appends @p s to @p out escaped as a Prometheus label value. */
-void atc_metrics_label(struct evbuffer *out, const char *s);
+void atc_histogram_label(struct evbuffer *out, const char *s);
 
 #endif

@@ -316,6 +316,19 @@ void atc_server_totals(const struct atc_server *srv, struct atc_server_stats *st
     }
 }
 
+void atc_server_metrics_sources(const struct atc_server *srv, struct atc_metrics_sources *src)
+{
+    *src = (struct atc_metrics_sources){.table = srv->table, .nworkers = srv->nworkers, .health = srv->health};
+    src->npolicies = atc_server_policies(srv, src->policies);
+    struct atc_server_stats totals;
+    atc_server_totals(srv, &totals, &src->active);
+    for (unsigned i = 0; i < srv->nworkers; i++) {
+        src->worker_requests[i] = srv->workers[i].stats.requests_total;
+        if (srv->workers[i].admission != NULL)
+            src->admissions[src->nadmissions++] = srv->workers[i].admission;
+    }
+}
+
 /* ---- signals, drain ---- */
 
 static void on_sigusr1(evutil_socket_t sig, short what, void *arg)

@@ -34,7 +34,7 @@
 #include "fleet/endpoint.h"
 #include "http/http_util.h"
 #include "core/log.h"
-#include "ops/metrics.h"
+#include "core/histogram.h"
 #include "fleet/prometheus.h"
 #include "http/upstream.h"
 #include "core/clock.h"
@@ -1380,9 +1380,9 @@ static void metric_endpoint(struct evbuffer *out, const char *name, const struct
                             double v)
 {
     evbuffer_add_printf(out, "%s{model=\"", name);
-    atc_metrics_label(out, e->ep->model);
+    atc_histogram_label(out, e->ep->model);
     evbuffer_add(out, "\",endpoint=\"", 12);
-    atc_metrics_label(out, e->ep->id);
+    atc_histogram_label(out, e->ep->id);
     evbuffer_add_printf(out, "\"%s} ", extra);
     if (isnan(v))
         evbuffer_add(out, "NaN\n", 4);
@@ -1445,13 +1445,13 @@ void atc_health_metrics(const struct atc_health *h, struct evbuffer *out)
     metric_help(out, "atc_model_panic", "gauge", "1 while no endpoint of the model is healthy (panic mode).");
     for (size_t i = 0; i < h->nmodels; i++) {
         evbuffer_add(out, "atc_model_panic{model=\"", 23);
-        atc_metrics_label(out, h->models[i].name);
+        atc_histogram_label(out, h->models[i].name);
         evbuffer_add_printf(out, "\"} %d\n", h->models[i].panic ? 1 : 0);
     }
     metric_help(out, "atc_model_panics_total", "counter", "Times the model entered panic mode.");
     for (size_t i = 0; i < h->nmodels; i++) {
         evbuffer_add(out, "atc_model_panics_total{model=\"", 30);
-        atc_metrics_label(out, h->models[i].name);
+        atc_histogram_label(out, h->models[i].name);
         evbuffer_add_printf(out, "\"} %llu\n", (unsigned long long)h->models[i].panics_total);
     }
     metric_help(out, "atc_health_probes_total", "counter", "Active health probes (live, ready, deep) run.");
