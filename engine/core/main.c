@@ -16,7 +16,7 @@
 #include "core/worker.h"
 #include "trace/replay.h"
 #include "sim/sim_server.h"
-#include "trace/trace.h"
+#include "trace/trace_cli.h"
 
 static const char usage_main[] =
     "usage: atc <command> [flags]\n"

@@ -19,6 +19,7 @@
 #include "core/log.h"
 #include "sim/sim.h"
 #include "trace/trace.h"
+#include "trace/trace_import.h"
 #include "core/clock.h"
 
 #define DEFAULT_SAMPLES 240

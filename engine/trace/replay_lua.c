@@ -11,6 +11,7 @@
 #include "policy/policy_internal.h"
 #include "trace/replay.h"
 #include "trace/trace.h"
+#include "trace/trace_import.h"
 
 #define MAX_OUTAGES 64
 

@@ -25,6 +25,11 @@
 #define JSMN_STRICT
 #include <jsmn.h>
 
+#include "trace/trace_import.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+
 #include "trace/trace.h"
 
 #define DEFAULT_MODEL "llama-3-8b"
@@ -611,4 +616,151 @@ int atc_trace_import_text(const char *path, const struct atc_trace_import_option
                                             : "jsonl");
     *bad_lines = im.bad;
     return rc;
+}
+
+int atc_trace_format_parse(const char *name, enum atc_trace_format *out)
+{
+    static const struct {
+        const char *name;
+        enum atc_trace_format f;
+    } names[] = {{"auto", ATC_TRACE_AUTO},         {"atc", ATC_TRACE_NATIVE},  {"native", ATC_TRACE_NATIVE},
+                 {"mooncake", ATC_TRACE_MOONCAKE}, {"azure", ATC_TRACE_AZURE}, {"jsonl", ATC_TRACE_JSONL}};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (strcmp(name, names[i].name) == 0) {
+            *out = names[i].f;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* An atc trace starts with a MessagePack map (fixmap 0x80-0x8f, map16 0xde, map32 0xdf); text traces
+ * start with '{' or a letter. */
+static bool looks_native(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return false;
+    int c = fgetc(f);
+    fclose(f);
+    return (c >= 0x80 && c <= 0x8f) || c == 0xde || c == 0xdf;
+}
+
+static int load_native(const char *path, struct atc_trace *t, char **err)
+{
+    struct atc_trace_reader *rd = atc_trace_open(path, &t->header, err);
+    if (rd == NULL)
+        return -1;
+    struct atc_trace_record r;
+    int rc;
+    while ((rc = atc_trace_read(rd, &r, err)) > 0) {
+        if (atc_trace_append(t, &r) < 0) {
+            *err = strdup("out of memory");
+            rc = -1;
+            break;
+        }
+    }
+    atc_trace_close(rd);
+    return rc;
+}
+
+static int by_string(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Every *.atct file of directory @p dir, one after another (a recording's rotated files share one
+ * time base, and atc_trace_normalize orders the records). */
+static int load_dir(const char *dir, struct atc_trace *t, char **err)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL) {
+        if (asprintf(err, "%s: %s", dir, strerror(errno)) < 0)
+            *err = NULL;
+        return -1;
+    }
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    int rc = 0;
+    while ((e = readdir(d)) != NULL) {
+        size_t len = strlen(e->d_name);
+        if (len < 6 || strcmp(e->d_name + len - 5, ".atct") != 0 || e->d_name[0] == '.')
+            continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            char **v = realloc(names, cap * sizeof(*v));
+            if (v == NULL) {
+                rc = -1;
+                break;
+            }
+            names = v;
+        }
+        if (asprintf(&names[n], "%s/%s", dir, e->d_name) < 0) {
+            rc = -1;
+            break;
+        }
+        n++;
+    }
+    closedir(d);
+    if (rc < 0)
+        *err = strdup("out of memory");
+    else if (n == 0 && asprintf(err, "%s: no .atct files in this directory", dir) >= 0)
+        rc = -1;
+    if (n > 0)
+        qsort(names, n, sizeof(*names), by_string);
+    struct atc_trace_header first = t->header;
+    for (size_t i = 0; i < n; i++) {
+        if (rc == 0 && load_native(names[i], t, err) < 0)
+            rc = -1;
+        if (i == 0)
+            first = t->header;
+        free(names[i]);
+    }
+    t->header = first;
+    free(names);
+    return rc;
+}
+
+int atc_trace_load(const char *path, const struct atc_trace_import_options *o, struct atc_trace **out,
+                   size_t *bad_lines, char **err)
+{
+    struct atc_trace_import_options opts = o != NULL ? *o : (struct atc_trace_import_options){0};
+    size_t bad = 0;
+    *out = NULL;
+    *err = NULL;
+    if (opts.format == ATC_TRACE_AUTO) {
+        size_t len = strlen(path);
+        if (looks_native(path))
+            opts.format = ATC_TRACE_NATIVE;
+        else if (len > 4 && strcasecmp(path + len - 4, ".csv") == 0)
+            opts.format = ATC_TRACE_AZURE;
+        /* else JSON lines: Mooncake's or ours, told apart by the first line (trace_import.c) */
+    }
+    struct atc_trace *t = atc_trace_new("");
+    if (t == NULL) {
+        *err = strdup("out of memory");
+        return -1;
+    }
+    struct stat st;
+    int rc;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        rc = load_dir(path, t, err);
+    else if (opts.format == ATC_TRACE_NATIVE)
+        rc = load_native(path, t, err);
+    else
+        rc = atc_trace_import_text(path, &opts, t, &bad, err);
+    if (bad_lines != NULL)
+        *bad_lines = bad;
+    if (rc < 0) {
+        atc_trace_free(t);
+        return -1;
+    }
+    if (atc_trace_normalize(t) < 0) {
+        atc_trace_free(t);
+        *err = strdup("out of memory");
+        return -1;
+    }
+    *out = t;
+    return 0;
 }

@@ -30,6 +30,7 @@
 #include "trace/recorder.h"
 #include "core/server.h"
 #include "trace/trace.h"
+#include "trace/trace_import.h"
 
 #define HAMMER_NS 200000000 /* each hammer runs about 0.2 s */
 

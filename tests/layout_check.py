@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Layout check for engine/ (STYLE.md "Layout"): dependencies point down and files stay small.
+
+Parses every `#include "dir/name.h"` in engine/**/*.c and *.h, folds each file onto its stem
+(engine/fleet/endpoint.c and endpoint.h are one node, "fleet/endpoint"), and fails when
+  - the stem graph has a cycle (two subsystems that include each other, directly or through others),
+  - a file is longer than MAX_LINES,
+  - an include does not name its folder or names a header that does not exist.
+Usage: tests/layout_check.py [ENGINE_DIR]   (default: engine/ beside this tests/ directory)
+"""
+import os
+import re
+import sys
+
+MAX_LINES = 1200
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "engine")
+    root = os.path.normpath(root)
+    problems = []
+    edges = {}  # stem -> {stem: "file:line" of the first include that made the edge}
+    nfiles = 0
+    for dirpath, _, names in os.walk(root):
+        for name in sorted(names):
+            if not name.endswith((".c", ".h")):
+                continue
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, root)
+            stem = os.path.splitext(rel)[0]
+            edges.setdefault(stem, {})
+            nfiles += 1
+            with open(path, encoding="utf-8", errors="replace") as f:
+                lines = f.readlines()
+            if len(lines) > MAX_LINES:
+                problems.append("%s: %d lines (limit %d)" % (rel, len(lines), MAX_LINES))
+            for lineno, line in enumerate(lines, 1):
+                m = INCLUDE.match(line)
+                if not m:
+                    continue
+                target = m.group(1)
+                where = "%s:%d" % (rel, lineno)
+                if "/" not in target:
+                    problems.append('%s: #include "%s" does not name its folder' % (where, target))
+                    continue
+                if not os.path.exists(os.path.join(root, target)):
+                    problems.append('%s: #include "%s": no such file under engine/' % (where, target))
+                    continue
+                dep = os.path.splitext(target)[0]
+                if dep != stem:
+                    edges[stem].setdefault(dep, where)
+    for cycle in find_cycles(edges):
+        path = " -> ".join(cycle + [cycle[0]])
+        hops = ", ".join(edges[a][b] for a, b in zip(cycle, cycle[1:] + cycle[:1]))
+        problems.append("include circle: %s (%s)" % (path, hops))
+    nedges = sum(len(v) for v in edges.values())
+    for p in problems:
+        print("layout: " + p)
+    print("layout: %d files, %d stems, %d include edges, %d problem(s)"
+          % (nfiles, len(edges), nedges, len(problems)))
+    return 1 if problems else 0
+
+
+def find_cycles(edges):
+    """One cycle per strongly connected component with more than one stem (Tarjan)."""
+    index, low, stack, on_stack, comps = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, {})):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(set(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    cycles = []
+    for comp in comps:
+        start = min(comp)
+        # shortest path back to start inside the component (BFS), so the message is short
+        prev, frontier, found = {start: None}, [start], None
+        while frontier and found is None:
+            nxt = []
+            for v in frontier:
+                for w in sorted(edges.get(v, {})):
+                    if w not in comp:
+                        continue
+                    if w == start:
+                        found = v
+                        break
+                    if w not in prev:
+                        prev[w] = v
+                        nxt.append(w)
+                if found is not None:
+                    break
+            frontier = nxt
+        cycle, v = [], found
+        while v is not None:
+            cycle.append(v)
+            v = prev[v]
+        cycles.append(list(reversed(cycle)))
+    return sorted(cycles)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
