@@ -14,7 +14,7 @@
 #include "policy/policy.h"
 #include "core/server.h"
 #include "core/worker.h"
-#include "trace/replay.h"
+#include "trace/replay_cli.h"
 #include "sim/sim_server.h"
 #include "trace/trace_cli.h"
 

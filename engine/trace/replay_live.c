@@ -19,6 +19,7 @@
 
 #include "trace/recorder.h"
 #include "trace/replay.h"
+#include "trace/replay_live.h"
 #include "trace/trace.h"
 #include "core/clock.h"
 

@@ -10,6 +10,7 @@
 #include "fleet/endpoint.h"
 #include "policy/policy_internal.h"
 #include "trace/replay.h"
+#include "trace/replay_lua.h"
 #include "trace/trace.h"
 #include "trace/trace_import.h"
 
