@@ -15,7 +15,7 @@
 #include "core/server.h"
 #include "core/worker.h"
 #include "trace/replay_cli.h"
-#include "sim/sim_server.h"
+#include "sim/sim_cli.h"
 #include "trace/trace_cli.h"
 
 static const char usage_main[] =
