@@ -17,6 +17,7 @@
 #include <jsmn.h>
 
 #include "core/config.h"
+#include "core/config_value.h"
 
 static const char usage_admin[] =
     "usage: atc status  [-c FILE | --admin HOST:PORT] [--token TOKEN]\n"
@@ -311,7 +312,7 @@ int atc_cli_main(int argc, char **argv)
     if (admin != NULL) {
         char *host = NULL;
         uint16_t port;
-        if (atc_parse_hostport(admin, &host, &port) < 0 || port == 0) {
+        if (atc_parse_hostport(admin, &host, &port, NULL) < 0 || port == 0) {
             fprintf(stderr, "atc: invalid --admin '%s' (want HOST:PORT)\n", admin);
             return 2;
         }

@@ -18,6 +18,7 @@
 #include <yaml.h>
 
 #include "core/config.h"
+#include "core/config_value.h"
 
 /* Per-endpoint ceilings: far above any real server, low enough that sums over a fleet cannot overflow. */
 #define CAPACITY_MAX 1000000u
@@ -182,204 +183,6 @@ static const char *describe(const yaml_node_t *n, char *buf, size_t size)
     buf[o++] = '\'';
     buf[o] = '\0';
     return buf;
-}
-
-/* ---- the value syntaxes, shared by the atc_parse_* functions and the YAML walk ---- */
-
-struct unit {
-    const char *name;
-    uint64_t scale;
-};
-
-static const struct unit duration_units[] = {
-    {"us", 1}, {"ms", 1000}, {"s", 1000000}, {"m", 60000000}, {"h", 3600000000}, {NULL, 0},
-};
-
-static const struct unit size_units[] = {{"b", 1},
-                                         {"kb", 1000},
-                                         {"mb", 1000000},
-                                         {"gb", 1000000000},
-                                         {"tb", 1000000000000},
-                                         {"kib", 1ull << 10},
-                                         {"mib", 1ull << 20},
-                                         {"gib", 1ull << 30},
-                                         {"tib", 1ull << 40},
-                                         {NULL, 0}};
-
-/* "<digits>[.<digits>][ ]<unit>" → value * unit scale; a bare number uses @p plain. Only six decimals
- * count, which keeps frac * scale inside 64 bits for every unit above. */
-static int parse_scaled(const char *s, const struct unit *units, uint64_t plain, uint64_t *out)
-{
-    uint64_t whole = 0, frac = 0, frac_scale = 1, scale = plain, v;
-    const struct unit *u;
-
-    if (!isdigit((unsigned char)*s))
-        return -1;
-    for (; isdigit((unsigned char)*s); s++) {
-        unsigned d = (unsigned)(*s - '0');
-        if (whole > (UINT64_MAX - d) / 10)
-            return -1;
-        whole = whole * 10 + d;
-    }
-    if (*s == '.') {
-        if (!isdigit((unsigned char)*++s))
-            return -1;
-        for (; isdigit((unsigned char)*s); s++) {
-            if (frac_scale < 1000000) {
-                frac = frac * 10 + (uint64_t)(*s - '0');
-                frac_scale *= 10;
-            }
-        }
-    }
-    while (*s == ' ')
-        s++;
-    if (*s) {
-        for (u = units; u->name && strcasecmp(s, u->name); u++)
-            ;
-        if (!u->name)
-            return -1;
-        scale = u->scale;
-    }
-    if (whole > UINT64_MAX / scale)
-        return -1;
-    v = whole * scale;
-    if (v > UINT64_MAX - frac * scale / frac_scale)
-        return -1;
-    *out = v + frac * scale / frac_scale;
-    return 0;
-}
-
-int atc_parse_duration_us(const char *s, uint64_t *us)
-{
-    return parse_scaled(s, duration_units, 1000, us);
-}
-
-int atc_parse_duration_ms(const char *s, uint64_t *ms)
-{
-    uint64_t us;
-
-    if (atc_parse_duration_us(s, &us) < 0)
-        return -1;
-    *ms = us / 1000 + (us % 1000 != 0);
-    return 0;
-}
-
-int atc_parse_size(const char *s, size_t *bytes)
-{
-    uint64_t v;
-
-    if (parse_scaled(s, size_units, 1, &v) < 0 || v > SIZE_MAX)
-        return -1;
-    *bytes = (size_t)v;
-    return 0;
-}
-
-/* Splits "host:port", "[v6]:port", "host" or "[v6]" (URLs may leave the port out). *host is owned and
- * NULL when empty, *port -1 when absent. Returns NULL, or what is wrong. */
-static const char *split_hostport(const char *s, size_t len, char **host, long *port)
-{
-    const char *end = s + len, *h = s, *hend, *c, *colon = NULL;
-    long v = 0;
-
-    *host = NULL;
-    *port = -1;
-    if (len > 0 && s[0] == '[') {
-        if (!(hend = memchr(++h, ']', len - 1)))
-            return "missing ']' after the IPv6 address";
-        if (hend == h || strspn(h, "0123456789abcdefABCDEF:.") < (size_t)(hend - h))
-            return "bad IPv6 address";
-        if (hend + 1 < end && hend[1] != ':')
-            return "expected ':' after ']'";
-        colon = hend + 1 < end ? hend + 1 : NULL;
-    } else {
-        for (c = s; c < end; c++) {
-            if (*c == ':' && colon)
-                return "an IPv6 address must be written in brackets, as in [::1]:8080";
-            if (*c == ':')
-                colon = c;
-            else if (!colon && !isalnum((unsigned char)*c) && *c != '.' && *c != '-' && *c != '_')
-                return "bad character in the host name";
-        }
-        hend = colon ? colon : end;
-    }
-    if (colon) {
-        if (colon + 1 == end)
-            return "missing port number after ':'";
-        for (c = colon + 1; c < end; c++) {
-            if (!isdigit((unsigned char)*c) || (v = v * 10 + (*c - '0')) > 65535)
-                return "the port must be a number from 0 to 65535";
-        }
-        *port = v;
-    }
-    if (hend > h && !(*host = strndup(h, (size_t)(hend - h))))
-        return "out of memory";
-    return NULL;
-}
-
-static const char *parse_hostport(const char *s, char **host, uint16_t *port)
-{
-    const char *why;
-    char *h;
-    long pt;
-
-    if ((why = split_hostport(s, strlen(s), &h, &pt)))
-        return why;
-    if (pt < 0) {
-        free(h);
-        return "missing ':port' (expected host:port such as 127.0.0.1:8080 or [::1]:8080)";
-    }
-    if (!h && !(h = strdup("127.0.0.1")))
-        return "out of memory";
-    *host = h;
-    *port = (uint16_t)pt;
-    return NULL;
-}
-
-int atc_parse_hostport(const char *s, char **host, uint16_t *port)
-{
-    return parse_hostport(s, host, port) ? -1 : 0;
-}
-
-/* "http://host[:port][/]" → host and port (default 80). A base path is refused rather than ignored:
- * atc forwards the client's request path unchanged, so "/v1" here would silently not apply. */
-static const char *parse_url(const char *s, char **host, uint16_t *port)
-{
-    const char *auth = s + 7, *end, *why;
-    char *h;
-    long pt;
-
-    if (!strncasecmp(s, "https://", 8))
-        return "https is not supported, use http:// (atc speaks plain HTTP to upstream servers; terminate "
-               "TLS "
-               "next to the server)";
-    if (strncasecmp(s, "http://", 7))
-        return "expected a URL of the form http://host:port";
-    end = auth + strcspn(auth, "/?#");
-    if (*end && strcmp(end, "/"))
-        return "a path, query or fragment is not supported (atc forwards the client's request path)";
-    if (memchr(auth, '@', (size_t)(end - auth)))
-        return "user info in the URL is not supported";
-    if ((why = split_hostport(auth, (size_t)(end - auth), &h, &pt)))
-        return why;
-    if (!h)
-        return "missing host";
-    if (pt == 0) {
-        free(h);
-        return "the port must be from 1 to 65535";
-    }
-    *host = h;
-    *port = pt < 0 ? 80 : (uint16_t)pt;
-    return NULL;
-}
-
-/* A relative path in the file is relative to the file, not to wherever atc was started. */
-static char *resolve(const char *dir, const char *path)
-{
-    size_t n = strlen(dir);
-
-    if (path[0] == '/' || n == 0)
-        return strdup(path);
-    return format("%s%s%s", dir, dir[n - 1] == '/' ? "" : "/", path);
 }
 
 /* ---- the schema: one table of fields per mapping ---- */
@@ -737,7 +540,7 @@ static const char *set_value(struct parse *p, const struct field *f, const char 
     case F_PATH:
         if (!*s)
             return "must not be empty";
-        set_str(p, (char **)at, f->kind == F_PATH ? resolve(p->cfg->dir, s) : strdup(s));
+        set_str(p, (char **)at, f->kind == F_PATH ? atc_config_path(p->cfg->dir, s) : strdup(s));
         return NULL;
     case F_BOOL:
         if (!is_true(s) && !is_false(s))
@@ -789,7 +592,7 @@ static const char *set_value(struct parse *p, const struct field *f, const char 
         return NULL;
     case F_HOSTPORT:
         /* port 0 is fine here: listen/admin on "pick a free port" (tests, several instances) */
-        if ((why = parse_hostport(s, &host, (uint16_t *)((char *)base + f->aux))))
+        if (atc_parse_hostport(s, &host, (uint16_t *)((char *)base + f->aux), &why) < 0)
             return why;
         set_str(p, (char **)at, host);
         return NULL;
@@ -814,7 +617,7 @@ static const char *set_value(struct parse *p, const struct field *f, const char 
         return buf;
     }
     case F_URL:
-        if ((why = parse_url(s, &host, &ep->port)))
+        if (atc_parse_url(s, &host, &ep->port, &why) < 0)
             return why;
         set_str(p, &ep->host, host);
         set_str(p, &ep->url, strdup(s));
@@ -1191,7 +994,7 @@ static struct atc_config *config_new(const char *name, const char *dir)
     cfg->listen_port = 8080;
     cfg->admin_host = strdup("127.0.0.1");
     cfg->admin_port = 8081;
-    cfg->policy.entry = cfg->dir ? resolve(cfg->dir, "scripts/policy.lua") : NULL;
+    cfg->policy.entry = cfg->dir ? atc_config_path(cfg->dir, "scripts/policy.lua") : NULL;
     cfg->policy.budget_us = 1000;
     cfg->policy.memory = (size_t)64 << 20;
     cfg->policy.rollback_after = 20;
@@ -1205,7 +1008,7 @@ static struct atc_config *config_new(const char *name, const char *dir)
     cfg->upstream.idle_timeout_ms = 60000;
     cfg->upstream.tries = 2;
     cfg->upstream.keepalive = 32;
-    cfg->record.dir = cfg->dir ? resolve(cfg->dir, "traces") : NULL;
+    cfg->record.dir = cfg->dir ? atc_config_path(cfg->dir, "traces") : NULL;
     cfg->record.prefix = strdup("atc");
     cfg->record.rotate_size = (size_t)256 << 20;
     cfg->record.rotate_interval_ms = 3600 * 1000;

@@ -21,6 +21,7 @@
 
 #include "fleet/affinity.h"
 #include "core/config.h"
+#include "core/config_value.h"
 #include "core/log.h"
 #include "policy/policy_internal.h"
 #include "trace/replay.h"

@@ -15,6 +15,7 @@
 #include <event2/event.h>
 
 #include "core/config.h"
+#include "core/config_value.h"
 #include "core/log.h"
 #include "sim/sim.h"
 #include "sim/sim_server.h"
@@ -235,7 +236,7 @@ int atc_sim_main(int argc, char **argv)
         m.status = 2;
         goto out;
     }
-    if (atc_parse_hostport(listen ? listen : "127.0.0.1:9001", &host, &port) < 0) {
+    if (atc_parse_hostport(listen ? listen : "127.0.0.1:9001", &host, &port, NULL) < 0) {
         fprintf(stderr, "atc sim: --listen %s: expected HOST:PORT\n", listen);
         m.status = 2;
         goto out;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "core/config.h"
+#include "core/config_value.h"
 #include "core/log.h"
 #include "trace/replay.h"
 #include "trace/replay_live.h"
@@ -293,7 +294,7 @@ int atc_replay_main(int argc, char **argv)
     if (lo.speed > 0) {
         char *host = NULL;
         if (target != NULL) {
-            if (atc_parse_hostport(target, &host, &lo.port) < 0) {
+            if (atc_parse_hostport(target, &host, &lo.port, NULL) < 0) {
                 fprintf(stderr, "atc replay: --target: expected HOST:PORT, got '%s'\n", target);
                 rc = 2;
                 goto done;
