@@ -13,6 +13,21 @@ import re
 import sys
 
 MAX_LINES = 1200
+
+# Known exceptions, each with why it is still here. The check fails on anything not listed; an entry
+# that no longer matches is reported so that it can be deleted.
+KNOWN_CIRCLES = {
+    # The composition root and the workers it runs: server.c creates workers, fronts, relays and the
+    # admin API, and they call back into it (request hooks, pause, reloads) through core/server.h.
+    # Breaking it means moving the request hooks and the pause into core/worker.c (issue 18, open).
+    frozenset(["core/server", "core/worker", "http/http_front", "http/relay", "ops/admin"]),
+    # policy_internal.h is policy.c's private header; policy.c is being split (issue 18, open).
+    frozenset(["policy/policy", "policy/policy_internal"]),
+}
+KNOWN_LONG = {
+    "policy/policy.c",  # being split into watchdog, sandbox and versions (issue 18, open)
+    "fleet/health.c",   # issue 18, open
+}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 
@@ -20,7 +35,7 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "engine")
     root = os.path.normpath(root)
-    problems = []
+    problems, notes, seen_long = [], [], set()
     edges = {}  # stem -> {stem: "file:line" of the first include that made the edge}
     nfiles = 0
     for dirpath, _, names in os.walk(root):
@@ -35,7 +50,11 @@ def main():
             with open(path, encoding="utf-8", errors="replace") as f:
                 lines = f.readlines()
             if len(lines) > MAX_LINES:
-                problems.append("%s: %d lines (limit %d)" % (rel, len(lines), MAX_LINES))
+                msg = "%s: %d lines (limit %d)" % (rel, len(lines), MAX_LINES)
+                (notes if rel in KNOWN_LONG else problems).append(msg + (" [known]" if rel in KNOWN_LONG else ""))
+                seen_long.add(rel)
+            if name.endswith(".c") and stem != "core/main" and not os.path.exists(path[:-2] + ".h"):
+                notes.append("%s: no header of the same stem" % rel)
             for lineno, line in enumerate(lines, 1):
                 m = INCLUDE.match(line)
                 if not m:
@@ -51,20 +70,32 @@ def main():
                 dep = os.path.splitext(target)[0]
                 if dep != stem:
                     edges[stem].setdefault(dep, where)
-    for cycle in find_cycles(edges):
+    seen_circles = set()
+    for comp, cycle in find_cycles(edges):
         path = " -> ".join(cycle + [cycle[0]])
         hops = ", ".join(edges[a][b] for a, b in zip(cycle, cycle[1:] + cycle[:1]))
-        problems.append("include circle: %s (%s)" % (path, hops))
+        msg = "include circle among %s: %s (%s)" % (", ".join(sorted(comp)), path, hops)
+        if frozenset(comp) in KNOWN_CIRCLES:
+            notes.append(msg + " [known]")
+            seen_circles.add(frozenset(comp))
+        else:
+            problems.append(msg)
+    for comp in KNOWN_CIRCLES - seen_circles:
+        notes.append("known circle among %s is gone: delete it from KNOWN_CIRCLES" % ", ".join(sorted(comp)))
+    for rel in KNOWN_LONG - seen_long:
+        notes.append("%s is no longer over %d lines: delete it from KNOWN_LONG" % (rel, MAX_LINES))
     nedges = sum(len(v) for v in edges.values())
     for p in problems:
-        print("layout: " + p)
-    print("layout: %d files, %d stems, %d include edges, %d problem(s)"
-          % (nfiles, len(edges), nedges, len(problems)))
+        print("layout: error: " + p)
+    for n in notes:
+        print("layout: note: " + n)
+    print("layout: %d files, %d stems, %d include edges, %d problem(s), %d note(s)"
+          % (nfiles, len(edges), nedges, len(problems), len(notes)))
     return 1 if problems else 0
 
 
 def find_cycles(edges):
-    """One cycle per strongly connected component with more than one stem (Tarjan)."""
+    """(component, one cycle through it) per strongly connected component of several stems (Tarjan)."""
     index, low, stack, on_stack, comps = {}, {}, [], set(), []
     counter = [0]
 
@@ -118,8 +149,8 @@ def find_cycles(edges):
         while v is not None:
             cycle.append(v)
             v = prev[v]
-        cycles.append(list(reversed(cycle)))
-    return sorted(cycles)
+        cycles.append((comp, list(reversed(cycle))))
+    return sorted(cycles, key=lambda c: sorted(c[0]))
 
 
 if __name__ == "__main__":
