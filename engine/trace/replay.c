@@ -530,38 +530,43 @@ static void loop(struct replay *rp, const char *name)
         progress(rp, name, rp->n, &shown);
 }
 
+void atc_replay_latencies(struct atc_replay_result *r, size_t n)
+{
+    double *v = malloc((n ? n : 1) * sizeof(double));
+    size_t m = 0;
+    double sum = 0;
+    if (v == NULL)
+        return;
+    for (size_t i = 0; i < n; i++)
+        if (!isnan(r->ttft_ms[i])) {
+            v[m++] = r->ttft_ms[i];
+            sum += r->ttft_ms[i];
+        }
+    atc_replay_sort(v, m);
+    r->ttft_p50_ms = atc_replay_percentile(v, m, 50);
+    r->ttft_p90_ms = atc_replay_percentile(v, m, 90);
+    r->ttft_p99_ms = atc_replay_percentile(v, m, 99);
+    r->ttft_mean_ms = m ? sum / (double)m : 0;
+    m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isnan(r->e2e_ms[i]))
+            v[m++] = r->e2e_ms[i];
+    atc_replay_sort(v, m);
+    r->e2e_p50_ms = atc_replay_percentile(v, m, 50);
+    r->e2e_p99_ms = atc_replay_percentile(v, m, 99);
+    free(v);
+}
+
 static void summarize(struct replay *rp)
 {
     struct atc_replay_result *res = rp->res;
-    double *v = malloc((rp->n ? rp->n : 1) * sizeof(double));
-    size_t n = 0;
-    if (v == NULL)
-        return;
-    double sum = 0;
-    for (size_t i = 0; i < rp->n; i++)
-        if (!isnan(res->ttft_ms[i])) {
-            v[n++] = res->ttft_ms[i];
-            sum += res->ttft_ms[i];
-        }
-    atc_replay_sort(v, n);
-    res->ttft_p50_ms = atc_replay_percentile(v, n, 50);
-    res->ttft_p90_ms = atc_replay_percentile(v, n, 90);
-    res->ttft_p99_ms = atc_replay_percentile(v, n, 99);
-    res->ttft_mean_ms = n ? sum / (double)n : 0;
-    n = 0;
-    for (size_t i = 0; i < rp->n; i++)
-        if (!isnan(res->e2e_ms[i]))
-            v[n++] = res->e2e_ms[i];
-    atc_replay_sort(v, n);
-    res->e2e_p50_ms = atc_replay_percentile(v, n, 50);
-    res->e2e_p99_ms = atc_replay_percentile(v, n, 99);
+    atc_replay_latencies(res, rp->n);
     /* Queue waits: arrival to dispatch of the requests that waited (the server's own queue is part of
      * their ttft, not of this). */
     atc_replay_sort(rp->waits, rp->nwaits);
     res->queue_wait_p50_ms = atc_replay_percentile(rp->waits, rp->nwaits, 50);
     res->queue_wait_p99_ms = atc_replay_percentile(rp->waits, rp->nwaits, 99);
     res->queue_wait_max_ms = rp->nwaits ? rp->waits[rp->nwaits - 1] : 0;
-    free(v);
 
     uint64_t first = rp->n ? rp->trace->records[0].at_us : 0;
     res->duration_s = rp->last_completion > first ? (double)(rp->last_completion - first) / 1e6 : 0;

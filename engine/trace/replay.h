@@ -115,6 +115,9 @@ int atc_replay_run(const struct atc_config *cfg, const struct atc_trace *trace, 
 
 void atc_replay_result_dispose(struct atc_replay_result *r);
 
+/** Fills @p r's TTFT and end-to-end percentiles (and the TTFT mean) from r->ttft_ms and r->e2e_ms[0..n)
+ * (NaN: did not complete). Leaves them as they are when out of memory. */
+void atc_replay_latencies(struct atc_replay_result *r, size_t n);
 /** Sorts @p v ascending, for atc_replay_percentile. */
 void atc_replay_sort(double *v, size_t n);
 /** The @p p-th percentile (nearest rank) of the @p n sorted values @p v; 0 when there are none. */
