@@ -42,7 +42,9 @@ struct atc_metrics {
     uint64_t retries, client_gone, bytes, sse_events;
 };
 
-static const char *const fallback_reasons[] = {"error", "budget", "memory", "invalid return"};
+/* atc_policy_fallback_* (interned: compared by pointer), in the order of m->fallbacks */
+static const char *const fallback_reasons[] = {atc_policy_fallback_error, atc_policy_fallback_budget,
+                                               atc_policy_fallback_memory, atc_policy_fallback_invalid};
 
 struct atc_metrics *atc_metrics_create(void)
 {
@@ -121,7 +123,7 @@ void atc_metrics_decision(struct atc_metrics *m, double seconds, const char *fal
     pthread_mutex_lock(&m->mu);
     atc_histogram_observe(&m->decision, seconds);
     for (size_t i = 0; fallback_reason != NULL && i < NELEMS(fallback_reasons); i++)
-        if (strcmp(fallback_reason, fallback_reasons[i]) == 0)
+        if (fallback_reason == fallback_reasons[i])
             m->fallbacks[i]++;
     pthread_mutex_unlock(&m->mu);
 }

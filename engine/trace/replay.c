@@ -306,7 +306,7 @@ static enum outcome decide(struct replay *rp, size_t i)
     res->decisions++;
     struct atc_endpoint *ep = NULL;
     enum outcome result;
-    bool stopped = d.kind == ATC_DECISION_FALLBACK && d.reason != NULL && strcmp(d.reason, "budget") == 0;
+    bool stopped = d.kind == ATC_DECISION_FALLBACK && d.reason == atc_policy_fallback_budget;
     if (cpu > rp->budget_ns || stopped)
         res->budget_overruns++;
     if (d.kind == ATC_DECISION_FALLBACK) {

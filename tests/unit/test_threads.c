@@ -331,7 +331,7 @@ static void *metrics_hammer(void *p)
                                         .total_s = 0.2,
                                         .bytes = 10};
         atc_metrics_request(m, &r);
-        atc_metrics_decision(m, 2e-5, i % 10 == 0 ? "budget" : NULL);
+        atc_metrics_decision(m, 2e-5, i % 10 == 0 ? atc_policy_fallback_budget : NULL);
     }
     return NULL;
 }
