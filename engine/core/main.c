@@ -14,9 +14,9 @@
 #include "policy/policy.h"
 #include "core/server.h"
 #include "core/worker.h"
-#include "trace/replay.h"
-#include "sim/sim_server.h"
-#include "trace/trace.h"
+#include "trace/replay_cli.h"
+#include "sim/sim_cli.h"
+#include "trace/trace_cli.h"
 
 static const char usage_main[] =
     "usage: atc <command> [flags]\n"

@@ -316,6 +316,19 @@ void atc_server_totals(const struct atc_server *srv, struct atc_server_stats *st
     }
 }
 
+void atc_server_metrics_sources(const struct atc_server *srv, struct atc_metrics_sources *src)
+{
+    *src = (struct atc_metrics_sources){.table = srv->table, .nworkers = srv->nworkers, .health = srv->health};
+    src->npolicies = atc_server_policies(srv, src->policies);
+    struct atc_server_stats totals;
+    atc_server_totals(srv, &totals, &src->active);
+    for (unsigned i = 0; i < srv->nworkers; i++) {
+        src->worker_requests[i] = srv->workers[i].stats.requests_total;
+        if (srv->workers[i].admission != NULL)
+            src->admissions[src->nadmissions++] = srv->workers[i].admission;
+    }
+}
+
 /* ---- signals, drain ---- */
 
 static void on_sigusr1(evutil_socket_t sig, short what, void *arg)
@@ -479,13 +492,6 @@ static void warn_restart_only(const struct atc_config *o, const struct atc_confi
         atc_warn("config reload: the change to '%s' takes effect at the next restart", what);
 }
 
-static bool same_server(const struct atc_endpoint *ep, const struct atc_endpoint_config *ec,
-                        const char *model)
-{
-    return ep != NULL && !ep->simulated && ep->port == ec->port && strcmp(ep->host, ec->host) == 0 &&
-           strcmp(ep->model, model) == 0;
-}
-
 /* Frees the endpoints that left the config once nothing is in flight on them (@p all: at exit). Their
  * pools hold connections on every worker's loop, so the workers are parked meanwhile. */
 static void free_retired(struct atc_server *srv, bool all)
@@ -550,7 +556,7 @@ int atc_server_reload_config(struct atc_server *srv, char **errors)
     for (size_t i = 0, k = 0; i < ncfg->nmodels; i++)
         for (size_t j = 0; j < ncfg->models[i].nendpoints; j++, k++) {
             const struct atc_endpoint_config *ec = &ncfg->models[i].endpoints[j];
-            if (same_server(atc_endpoint_table_find(srv->table, ec->id), ec, ncfg->models[i].name))
+            if (atc_endpoint_same_server(atc_endpoint_table_find(srv->table, ec->id), ec, ncfg->models[i].name))
                 continue;
             const char *err = NULL;
             if (create_pools(srv, ec->host, ec->port, ncfg, fresh[k], &err) < 0) {

@@ -26,6 +26,7 @@ struct atc_health;
 struct atc_recorder;
 struct atc_admission;
 struct atc_metrics;
+struct atc_metrics_sources;
 struct atc_access_log;
 struct atc_client_deadline;
 
@@ -115,6 +116,9 @@ uint64_t atc_server_reload_policy(struct atc_server *srv, char **err);
 /** Every worker's policy runtime into @p out (room for ATC_MAX_WORKERS); 0 without a policy. Each is
  * brought up to date with a rollback made elsewhere. Call with the workers paused. */
 size_t atc_server_policies(const struct atc_server *srv, struct atc_policy_runtime **out);
+/** Fills @p src with what /metrics shows of the workers, the endpoint table, health and the policies
+ * (borrowed from @p srv until the workers resume); call with the workers paused. */
+void atc_server_metrics_sources(const struct atc_server *srv, struct atc_metrics_sources *src);
 /** Every worker's counters summed; call with the workers paused. */
 void atc_server_totals(const struct atc_server *srv, struct atc_server_stats *st, unsigned *active);
 

@@ -28,6 +28,11 @@
 #include "policy/policy_internal.h"
 #include "core/clock.h"
 
+const char atc_policy_fallback_error[] = "error";
+const char atc_policy_fallback_budget[] = "budget";
+const char atc_policy_fallback_memory[] = "memory";
+const char atc_policy_fallback_invalid[] = "invalid return";
+
 #define BUDGET_ERROR "policy budget exceeded"
 /* A new version is on probation (and can be rolled back) until it has made this many good decisions. */
 #define PROBATION_SUCCESSES 100
@@ -572,16 +577,16 @@ int policy_protected_call(struct policy_version *v, int nargs, uint64_t budget_u
     int status = lua_pcall(L, nargs, 1, errfunc);
     bool overran = budget_end(w, L);
     if (overran) {
-        *why = "budget";
+        *why = atc_policy_fallback_budget;
         if (status == 0) { /* finished right as the watchdog fired: still an overrun */
             lua_pop(L, 1);
             lua_pushliteral(L, BUDGET_ERROR);
             status = LUA_ERRRUN;
         }
     } else if (status == LUA_ERRMEM || (status != 0 && v->mem_refused)) {
-        *why = "memory";
+        *why = atc_policy_fallback_memory;
     } else {
-        *why = "error";
+        *why = atc_policy_fallback_error;
     }
     if (status != 0 && !lua_isstring(L, -1)) {
         lua_pop(L, 1);
@@ -757,16 +762,16 @@ static bool decide(struct policy_version *v, const struct atc_route_request *req
     bool ok = false;
     if (status != 0) {
         snprintf(errbuf, errsize, "%s", lua_tostring(L, -1));
-        if (strcmp(*why, "budget") == 0)
+        if (*why == atc_policy_fallback_budget)
             v->c.overruns++;
-        else if (strcmp(*why, "memory") == 0)
+        else if (*why == atc_policy_fallback_memory)
             v->c.oom++;
         else
             v->c.errors++;
     } else if (interpret(v, out)) {
         ok = true;
     } else {
-        *why = "invalid return";
+        *why = atc_policy_fallback_invalid;
         describe_invalid(L, errbuf, errsize, v->rt->s.entry);
         v->c.invalid++;
     }
@@ -784,7 +789,7 @@ void atc_policy_route(struct atc_policy_runtime *rt, const struct atc_route_requ
     out->version = v->version;
     if (rt->stale) {
         out->kind = ATC_DECISION_FALLBACK;
-        out->reason = "error";
+        out->reason = atc_policy_fallback_error;
         rt->fallbacks++;
         return;
     }
@@ -841,7 +846,7 @@ static int smoke_test(struct atc_policy_runtime *rt, struct policy_version *v, c
             char msg[512];
             const char *why = NULL;
             if (!decide(v, &req, rt->s.budget_us * INIT_BUDGET_FACTOR, &d, msg, sizeof(msg), &why) &&
-                strcmp(why, "invalid return") != 0) {
+                why != atc_policy_fallback_invalid) {
                 if (asprintf(err, "%s (on a test request for model '%s')", msg, f.model) < 0)
                     *err = NULL;
                 return -1;

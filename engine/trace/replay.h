@@ -29,7 +29,6 @@ struct atc_config;
 struct atc_trace;
 struct atc_endpoint;
 struct atc_endpoint_table;
-struct lua_State;
 
 /* An endpoint out of routing (as when drained or unhealthy) from from_us to to_us of virtual time;
  * its requests in flight finish. */
@@ -116,38 +115,9 @@ int atc_replay_run(const struct atc_config *cfg, const struct atc_trace *trace, 
 
 void atc_replay_result_dispose(struct atc_replay_result *r);
 
-/** replay_report.c: the comparison as a terminal table, as JSON (the `policies` array), and as a
- * self-contained HTML page with SVG charts. @p title names the trace and the fleet. */
-void atc_replay_report_table(FILE *out, const char *title, const struct atc_replay_result *r, size_t n);
-void atc_replay_report_json(FILE *out, const char *trace, const char *fleet, uint64_t seed,
-                            const struct atc_replay_result *r, size_t n);
-int atc_replay_report_html(const char *path, const char *title, const struct atc_replay_result *r, size_t n,
-                           char **err);
-
-/* `atc replay --speed X`: the trace sent to a running atc in wall time. */
-struct atc_replay_live_options {
-    const char *host; /* atc's front door */
-    uint16_t port;
-    double speed;      /* 2 = twice as fast as recorded */
-    const char *model; /* NULL: the trace's */
-    size_t limit;
-    unsigned max_inflight; /* requests open at once (0: 1024); more wait, and their wait counts */
-    uint64_t timeout_ms;   /* per request (0: 300 s) */
-    bool progress;
-};
-
-/** replay_live.c: sends @p t's requests (prompt text synthesized from the block hashes, so shared
- * prefixes are shared bytes) and measures what clients see. Fills the latency, throughput and count
- * fields of @p out (not the fleet's: cache hits and load are the servers'). 0, or -1 with *err. */
-int atc_replay_live(const struct atc_trace *t, const struct atc_replay_live_options *o,
-                    struct atc_replay_result *out, char **err);
-
-/** replay_lua.c: atc.replay(opts) for `atc test` (upvalue 1: the policy version running the test). */
-int atc_replay_lua(struct lua_State *L);
-
-/** `atc replay ...`; returns the exit status. */
-int atc_replay_main(int argc, char **argv);
-
+/** Fills @p r's TTFT and end-to-end percentiles (and the TTFT mean) from r->ttft_ms and r->e2e_ms[0..n)
+ * (NaN: did not complete). Leaves them as they are when out of memory. */
+void atc_replay_latencies(struct atc_replay_result *r, size_t n);
 /** Sorts @p v ascending, for atc_replay_percentile. */
 void atc_replay_sort(double *v, size_t n);
 /** The @p p-th percentile (nearest rank) of the @p n sorted values @p v; 0 when there are none. */

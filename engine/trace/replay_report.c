@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "trace/replay.h"
+#include "trace/replay_report.h"
 
 static void fmt_ms(char *buf, size_t size, double ms)
 {
