@@ -42,6 +42,7 @@ struct rp_endpoint {
     struct atc_endpoint *ep;
     struct atc_sim *sim;
     uint64_t requests;
+    uint64_t tokens; /* prompt + output tokens of the requests sent to it */
     uint64_t next_us; /* its model's next event, the key of its place in the heap */
     size_t heap_pos;
     uint64_t scraped_queries, scraped_hits; /* its prefix cache counters at the previous scrape */
@@ -275,6 +276,7 @@ static void dispatch(struct replay *rp, size_t i, struct atc_endpoint *ep)
         return;
     }
     e->requests++;
+    e->tokens += r->prompt_tokens + (uint64_t)(out >= 0 ? out : 0);
     rp->res->endpoint[i] = (int)ep->index;
     server_changed(rp, ep->index);
 }
@@ -652,6 +654,12 @@ static void summarize(struct replay *rp)
     res->cache_hit_rate =
         res->prefix_blocks ? (double)res->prefix_block_hits / (double)res->prefix_blocks : 0;
     res->imbalance = rp->imbalance_n ? rp->imbalance_sum / (double)rp->imbalance_n : 1.0;
+    uint64_t most = 0, all = 0;
+    for (size_t k = 0; k < rp->neps; k++) {
+        most = rp->eps[k].tokens > most ? rp->eps[k].tokens : most;
+        all += rp->eps[k].tokens;
+    }
+    res->work_imbalance = all > 0 ? (double)most * (double)rp->neps / (double)all : 1.0;
     if (res->imbalance_max < 1.0)
         res->imbalance_max = 1.0;
 }

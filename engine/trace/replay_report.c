@@ -105,7 +105,8 @@ void atc_replay_report_json(FILE *out, const char *trace, const char *fleet, uin
                 "\"ttft_p50_ms\":%.3f,\"ttft_p90_ms\":%.3f,\"ttft_p99_ms\":%.3f,\"ttft_mean_ms\":%.3f,"
                 "\"e2e_p50_ms\":%.3f,\"e2e_p99_ms\":%.3f,\"throughput_rps\":%.4f,\"output_tps\":%.4f,"
                 "\"output_tokens\":%llu,\"duration_s\":%.6f,\"cache_hit_rate\":%s,\"prefix_blocks\":%llu,"
-                "\"prefix_block_hits\":%llu,\"imbalance\":%s,\"imbalance_max\":%s,\"queued\":%zu,"
+                "\"prefix_block_hits\":%llu,\"imbalance\":%s,\"imbalance_max\":%s,\"work_imbalance\":%.4f,"
+                "\"queued\":%zu,"
                 "\"queue_wait_p50_ms\":%.3f,\"queue_wait_p99_ms\":%.3f,\"queue_wait_max_ms\":%.3f,"
                 "\"decisions\":%llu,\"fallbacks\":%llu,\"policy_errors\":%llu,\"budget_overruns\":%llu,"
                 "\"preemptions\":%llu,\"endpoints\":[",
@@ -113,7 +114,7 @@ void atc_replay_report_json(FILE *out, const char *trace, const char *fleet, uin
                 x->ttft_p99_ms, x->ttft_mean_ms, x->e2e_p50_ms, x->e2e_p99_ms, x->throughput_rps,
                 x->output_tps, (unsigned long long)x->output_tokens, x->duration_s, cache,
                 (unsigned long long)x->prefix_blocks, (unsigned long long)x->prefix_block_hits, imbal,
-                imbal_max, x->queued, x->queue_wait_p50_ms, x->queue_wait_p99_ms, x->queue_wait_max_ms,
+                imbal_max, x->work_imbalance, x->queued, x->queue_wait_p50_ms, x->queue_wait_p99_ms, x->queue_wait_max_ms,
                 (unsigned long long)x->decisions, (unsigned long long)x->fallbacks,
                 (unsigned long long)x->policy_errors, (unsigned long long)x->budget_overruns,
                 (unsigned long long)x->preemptions);
