@@ -279,24 +279,10 @@ static int atc_fastest(lua_State *L)
     const struct atc_signal_params *p = signal_params(v);
     uint64_t now = signals_now_us(v);
     int n = (int)lua_objlen(L, 1), best = 0;
-    double best_cost = 0, best_ttft = 0, best_recent = 0, best_load = 0;
+    /* One pass finds the endpoints behind the views (NULL: not a candidate) and the pool's mean speeds;
+     * the array is a userdata, so a Lua error leaks nothing. */
+    const struct atc_endpoint **eps = lua_newuserdata(L, (size_t)(n > 0 ? n : 1) * sizeof(*eps));
     double pool_tps = 0, pool_itl = 0;
-    if (pooled) { /* every endpoint at the pool's mean speeds: compare the work queued, not noisy rates */
-        int m = 0;
-        for (int i = 1; i <= n; i++) {
-            lua_rawgeti(L, 1, i);
-            int index = policy_api_view_index(v, -1);
-            lua_pop(L, 1);
-            const struct atc_endpoint *ep = index >= 0 ? endpoint_at(v, (unsigned)index) : NULL;
-            if (ep == NULL)
-                continue;
-            pool_tps += atc_signals_prefill_tps(&ep->sig, p);
-            pool_itl += atc_signals_itl_ms(&ep->sig, p);
-            m++;
-        }
-        pool_tps = m ? pool_tps / m : p->prefill_tps;
-        pool_itl = m ? pool_itl / m : (double)p->itl_us / 1000.0;
-    }
     for (int i = 1; i <= n; i++) {
         lua_rawgeti(L, 1, i);
         int index = policy_api_view_index(v, -1);
@@ -305,7 +291,20 @@ static int atc_fastest(lua_State *L)
         const struct atc_endpoint *ep = index >= 0 ? endpoint_at(v, (unsigned)index) : NULL;
         if (ep == NULL)
             return luaL_error(L, "atc.fastest: element %d is not an endpoint", i);
-        if (skipped || !policy_api_available(v, ep))
+        if (pooled) {
+            pool_tps += atc_signals_prefill_tps(&ep->sig, p);
+            pool_itl += atc_signals_itl_ms(&ep->sig, p);
+        }
+        eps[i - 1] = skipped || !policy_api_available(v, ep) ? NULL : ep;
+    }
+    if (pooled) { /* every endpoint at the pool's mean speeds: compare the work queued, not noisy rates */
+        pool_tps = n ? pool_tps / n : p->prefill_tps;
+        pool_itl = n ? pool_itl / n : (double)p->itl_us / 1000.0;
+    }
+    double best_cost = 0, best_ttft = 0, best_recent = 0, best_load = 0;
+    for (int i = 1; i <= n; i++) {
+        const struct atc_endpoint *ep = eps[i - 1];
+        if (ep == NULL)
             continue;
         const struct atc_signals *s = &ep->sig;
         double tps = pooled ? pool_tps : atc_signals_prefill_tps(s, p);
@@ -313,13 +312,21 @@ static int atc_fastest(lua_State *L)
         uint64_t uncached = uncached_at(L, v, ep);
         double queued = (double)atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed);
         double ttft = (queued + (double)uncached) * 1000.0 / tps + itl;
-        double recent = atc_signals_recent(s, p, now);
+        double recent = w_recent > 0 ? atc_signals_recent(s, p, now) : -1; /* -1: not read yet */
         unsigned cap = atc_endpoint_capacity_now(ep);
         double load = cap ? (double)ep->inflight / cap : 1.0;
-        double cost = ttft + (w_uncached - 1) * (double)uncached * 1000.0 / tps + w_recent * recent * 1000.0 / tps +
+        double cost = ttft + (w_uncached - 1) * (double)uncached * 1000.0 / tps +
+                      (w_recent > 0 ? w_recent * recent * 1000.0 / tps : 0) +
                       w_decode * (double)atomic_load_explicit(&s->decoding, memory_order_relaxed) * itl;
-        if (best == 0 || cost < best_cost ||
-            (cost == best_cost && (recent < best_recent || (recent == best_recent && load < best_load)))) {
+        bool better = best == 0 || cost < best_cost;
+        if (!better && cost == best_cost) { /* a tie: less recent work, then the lighter */
+            if (recent < 0)
+                recent = atc_signals_recent(s, p, now);
+            if (best_recent < 0)
+                best_recent = atc_signals_recent(&eps[best - 1]->sig, p, now);
+            better = recent < best_recent || (recent == best_recent && load < best_load);
+        }
+        if (better) {
             best = i;
             best_cost = cost;
             best_ttft = ttft;

@@ -37,14 +37,19 @@ struct rp_req {
     unsigned decisions;
 };
 
+/* A server's next event, kept with its index so that a sift reads only the heap's own array. */
+struct heap_entry {
+    uint64_t key; /* its model's next event (atc_sim_next_event_us) */
+    size_t ep;
+};
+
 struct rp_endpoint {
     struct replay *rp;
     struct atc_endpoint *ep;
     struct atc_sim *sim;
     uint64_t requests;
     uint64_t tokens; /* prompt + output tokens of the requests sent to it */
-    uint64_t next_us; /* its model's next event, the key of its place in the heap */
-    size_t heap_pos;
+    size_t heap_pos; /* its place in the heap */
     uint64_t scraped_queries, scraped_hits; /* its prefix cache counters at the previous scrape */
 };
 
@@ -62,7 +67,7 @@ struct replay {
     struct atc_endpoint_table *table;
     struct rp_endpoint *eps;
     size_t neps;
-    size_t *heap; /* endpoint indices, a binary min-heap on eps[].next_us: the next event in O(log n) */
+    struct heap_entry *heap; /* a binary min-heap of the servers on their next event */
     struct atc_policy_runtime *rt;
     uint64_t budget_ns; /* CPU time a decision may use */
     struct atc_affinity *affinity;
@@ -114,7 +119,7 @@ static int build_fleet(struct replay *rp, const struct atc_config *cfg, char **e
         *err = strdup("the fleet has no endpoints");
         return -1;
     }
-    if ((rp->eps = calloc(total, sizeof(*rp->eps))) == NULL || (rp->heap = calloc(total, sizeof(size_t))) == NULL)
+    if ((rp->eps = calloc(total, sizeof(*rp->eps))) == NULL || (rp->heap = calloc(total, sizeof(*rp->heap))) == NULL)
         goto oom;
     uint64_t seed = rp->o->seed ? rp->o->seed : 1;
     /* Endpoints of real servers are simulated with the default server model. */
@@ -159,9 +164,8 @@ static int add_server(struct replay *rp, struct atc_endpoint *ep, const struct a
     e->sim = atc_sim_create(&p, on_token, e);
     if (e->sim == NULL)
         return -1;
-    e->next_us = UINT64_MAX;
     e->heap_pos = rp->neps;
-    rp->heap[rp->neps] = rp->neps;
+    rp->heap[rp->neps] = (struct heap_entry){.key = UINT64_MAX, .ep = rp->neps};
     rp->neps++;
     return 0;
 }
@@ -176,22 +180,23 @@ static struct rp_endpoint *endpoint_of(struct replay *rp, const struct atc_endpo
 
 static void heap_swap(struct replay *rp, size_t a, size_t b)
 {
-    size_t ea = rp->heap[a], eb = rp->heap[b];
-    rp->heap[a] = eb;
+    struct heap_entry ea = rp->heap[a];
+    rp->heap[a] = rp->heap[b];
     rp->heap[b] = ea;
-    rp->eps[eb].heap_pos = a;
-    rp->eps[ea].heap_pos = b;
+    rp->eps[rp->heap[a].ep].heap_pos = a;
+    rp->eps[rp->heap[b].ep].heap_pos = b;
 }
 
 static uint64_t heap_key(const struct replay *rp, size_t pos)
 {
-    return rp->eps[rp->heap[pos]].next_us;
+    return rp->heap[pos].key;
 }
 
-/* Restores the heap after eps[k].next_us changed. */
-static void heap_fix(struct replay *rp, size_t k)
+/* Sets server k's next event to @p key and restores the heap. */
+static void heap_fix(struct replay *rp, size_t k, uint64_t key)
 {
     size_t i = rp->eps[k].heap_pos;
+    rp->heap[i].key = key;
     while (i > 0 && heap_key(rp, (i - 1) / 2) > heap_key(rp, i)) {
         heap_swap(rp, i, (i - 1) / 2);
         i = (i - 1) / 2;
@@ -227,8 +232,7 @@ static void server_changed(struct replay *rp, size_t k)
     e->ep->server_queue = st.waiting;
     e->ep->server_kv_usage = st.kv_usage;
     atc_signals_scraped(&e->ep->sig, st.running, st.waiting, st.kv_usage, hit_rate, rp->now);
-    e->next_us = atc_sim_next_event_us(e->sim);
-    heap_fix(rp, k);
+    heap_fix(rp, k, atc_sim_next_event_us(e->sim));
 }
 
 /* ---- requests ---- */
@@ -584,7 +588,7 @@ static void loop(struct replay *rp, const char *name)
                 rp->drain = true;
         } else {
             while (heap_key(rp, 0) <= t) {
-                size_t k = rp->heap[0];
+                size_t k = rp->heap[0].ep;
                 atc_sim_advance(rp->eps[k].sim, t);
                 server_changed(rp, k);
             }

@@ -85,7 +85,8 @@ int atc_replay_grid_run(struct atc_config *cfg, struct atc_trace *trace, struct 
             uint64_t kv;
             fleet_capacity(cfg, &capacity, &kv);
             c->offered_load = capacity > 0 ? tps / capacity : 0;
-            c->ideal_hit_rate = atc_trace_pooled_lru_hit_rate(trace, kv);
+            /* (a single cell's report does not show it) */
+            c->ideal_hit_rate = nspeeds * nservers > 1 ? atc_trace_pooled_lru_hit_rate(trace, kv) : 0;
             if ((c->results = calloc(g->npolicies, sizeof(*c->results))) == NULL) {
                 *err = strdup("out of memory");
                 goto error;
