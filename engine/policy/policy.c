@@ -12,7 +12,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <event2/event.h>
 #include <lauxlib.h>
 
 #include "core/clock.h"
@@ -21,6 +20,7 @@
 #include "fleet/endpoint.h"
 #include "policy/policy_internal.h"
 #include "policy/version.h"
+#include "policy/watch.h"
 #include "policy/watchdog.h"
 
 /* A new version is on probation (and can be rolled back) until it has made this many good decisions. */
@@ -375,12 +375,7 @@ void atc_policy_runtime_destroy(struct atc_policy_runtime *rt)
 {
     if (rt == NULL)
         return;
-    if (rt->watch_event != NULL)
-        event_free(rt->watch_event);
-    if (rt->watch_debounce != NULL)
-        event_free(rt->watch_debounce);
-    if (rt->inotify_fd >= 0)
-        close(rt->inotify_fd);
+    policy_watch_stop(rt);
     policy_version_free(rt->current);
     policy_version_free(rt->last_good);
     policy_watchdog_stop(rt->watchdog);

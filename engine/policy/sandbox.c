@@ -23,8 +23,6 @@
 #define PATTERN_SUBJECT_MAX (64 * 1024)
 #define MODULE_NAME_MAX 128
 
-/* ---- memory ---- */
-
 void *policy_sandbox_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
 {
     struct policy_version *v = ud;

@@ -15,8 +15,6 @@
 #include "policy/sandbox.h"
 #include "policy/watchdog.h"
 
-/* ---- versions ---- */
-
 void policy_version_free(struct policy_version *v)
 {
     if (v == NULL)

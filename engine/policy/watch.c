@@ -16,8 +16,6 @@
 #include "policy/policy_internal.h"
 #include "policy/sandbox.h"
 
-/* ---- file watching ---- */
-
 static void on_watch_debounced(evutil_socket_t fd, short what, void *arg)
 {
     struct atc_policy_runtime *rt = arg;
@@ -51,6 +49,18 @@ static void on_inotify(evutil_socket_t fd, short what, void *arg)
         struct timeval tv = {0, 100000};
         event_add(rt->watch_debounce, &tv);
     }
+}
+
+void policy_watch_stop(struct atc_policy_runtime *rt)
+{
+    if (rt->watch_event != NULL)
+        event_free(rt->watch_event);
+    if (rt->watch_debounce != NULL)
+        event_free(rt->watch_debounce);
+    if (rt->inotify_fd >= 0)
+        close(rt->inotify_fd);
+    rt->watch_event = rt->watch_debounce = NULL;
+    rt->inotify_fd = -1;
 }
 
 int atc_policy_watch(struct atc_policy_runtime *rt, struct event_base *base, void (*on_change)(void *arg),

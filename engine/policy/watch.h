@@ -8,4 +8,8 @@
 
 #include "policy/policy.h"
 
+/** Removes the watch of @p rt, if any (its events and inotify descriptor); on the thread of its event
+ * base, before the base is freed. */
+void policy_watch_stop(struct atc_policy_runtime *rt);
+
 #endif

@@ -10,9 +10,7 @@
 
 #include "core/clock.h"
 
-/* ---- the budget watchdog ----
- *
- * Count hooks cost on every instruction, so none is set on the normal path. A decision publishes its
+/* Count hooks cost on every instruction, so none is set on the normal path. A decision publishes its
  * deadline in an atomic; a watchdog thread that ticks while decisions flow arms a count hook on the
  * state only when a deadline has passed. The hook then raises on every instruction until the decision
  * returns, so pcall cannot swallow it. Arming races with the decision's end, so both sides claim the
