@@ -105,17 +105,19 @@ double policy_now_ms(const struct atc_policy_runtime *rt);
 
 /* policy.c, version.c and sandbox.c, also for the `atc test` runner (policy_test.c): */
 
-/** policy.c: a runtime with no version loaded yet (strings of @p s copied), its watchdog running. NULL: no memory. */
+/** policy.c: a runtime with no version loaded yet (strings of @p s copied), its watchdog running. NULL: no
+ * memory. */
 struct atc_policy_runtime *policy_runtime_new(const struct atc_policy_settings *s);
-/** version.c: a fresh state with the sandbox; in test mode nothing else, otherwise the entry loaded and checked.
- * NULL with an owned message in *err. */
+/** version.c: a fresh state with the sandbox; in test mode nothing else, otherwise the entry loaded and
+ * checked. NULL with an owned message in *err. */
 struct policy_version *policy_version_create(struct atc_policy_runtime *rt, char **err);
 void policy_version_free(struct policy_version *v);
 /** sandbox.c: loads a Lua source file as a sandboxed chunk; pushes it, or an error message. 0 / -1. */
 int policy_load_chunk(lua_State *L, const char *path);
-/** version.c: lua_pcall of the function below its @p nargs arguments with message handler @p errfunc (0: none),
- * within @p budget_us; returns the Lua status and says why in *why ("budget", "memory", "error"). One
+/** version.c: lua_pcall of the function below its @p nargs arguments with message handler @p errfunc (0:
+ * none), within @p budget_us; returns the Lua status and says why in *why ("budget", "memory", "error"). One
  * result (or the message) is left on the stack. */
-int policy_protected_call(struct policy_version *v, int nargs, uint64_t budget_us, int errfunc, const char **why);
+int policy_protected_call(struct policy_version *v, int nargs, uint64_t budget_us, int errfunc,
+                          const char **why);
 
 #endif

@@ -300,22 +300,45 @@ static char *read_file(const char *path, size_t *len)
     return buf;
 }
 
-/* Loads a Lua source file (text only) as a sandboxed chunk; pushes it, or an error message. 0 / -1. */
-int policy_load_chunk(lua_State *L, const char *path)
+/* Where load_protected leaves the chunk for policy_load_chunk (a registry key). */
+static const char chunk_key;
+
+/* lua_cpcall: loads the file whose path is argument 1 (a light userdata), stores the chunk under chunk_key.
+ * The source is freed before anything that can raise. */
+static int load_protected(lua_State *L)
 {
+    const char *path = lua_touserdata(L, 1);
     size_t len;
     char *src = read_file(path, &len);
     if (src == NULL) {
         lua_pushfstring(L, "cannot read %s: %s", path, strerror(errno));
-        return -1;
+        return lua_error(L);
     }
     char chunkname[PATH_MAX + 2];
     snprintf(chunkname, sizeof(chunkname), "@%s", path);
     int rc = luaL_loadbufferx(L, src, len, chunkname, "t");
     free(src);
     if (rc != 0)
-        return -1;
+        return lua_error(L);
     set_chunk_env(L);
+    lua_pushlightuserdata(L, (void *)&chunk_key);
+    lua_insert(L, -2);
+    lua_rawset(L, LUA_REGISTRYINDEX);
+    return 0;
+}
+
+/* Loads a Lua source file (text only) as a sandboxed chunk; pushes it, or an error message. 0 / -1.
+ * Safe outside a protected call: what allocates runs under lua_cpcall, and taking the chunk out of
+ * the registry slot it was stored in allocates nothing (the key is already there). */
+int policy_load_chunk(lua_State *L, const char *path)
+{
+    if (lua_cpcall(L, load_protected, (void *)path) != 0)
+        return -1;
+    lua_pushlightuserdata(L, (void *)&chunk_key);
+    lua_rawget(L, LUA_REGISTRYINDEX);
+    lua_pushlightuserdata(L, (void *)&chunk_key);
+    lua_pushnil(L);
+    lua_rawset(L, LUA_REGISTRYINDEX);
     return 0;
 }
 

@@ -25,6 +25,7 @@ void policy_sandbox_open(struct policy_version *v);
 /** The directories require searches, in order: the entry's own, stdlib, then policy.path. Fills
  * @p dirs (at most @p max) with borrowed strings; @p entry_dir (PATH_MAX bytes) holds the first one.
  * Returns how many. */
-size_t policy_module_dirs(const struct atc_policy_runtime *rt, const char **dirs, char *entry_dir, size_t max);
+size_t policy_module_dirs(const struct atc_policy_runtime *rt, const char **dirs, char *entry_dir,
+                          size_t max);
 
 #endif
