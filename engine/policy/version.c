@@ -3,6 +3,7 @@
 
 #include "policy/version.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,10 +161,14 @@ struct policy_version *policy_version_create(struct atc_policy_runtime *rt, char
     size_t nendpoints = rt->table != NULL ? rt->table->nendpoints : 0;
     if ((v->overlaps = calloc(nendpoints ? nendpoints : 1, sizeof(uint16_t))) == NULL)
         goto oom;
+    /* LuaJIT's lua_newstate crashes when an allocation fails half-way (measured: a cap of 8KiB), so
+     * the cap is applied after it. */
+    v->mem_limit = SIZE_MAX;
     v->L = lua_newstate(policy_sandbox_alloc, v);
-    if (v->L == NULL) {
-        if (!v->mem_refused)
-            goto oom;
+    v->mem_limit = rt->s.memory;
+    if (v->L == NULL)
+        goto oom;
+    if (v->mem_used > v->mem_limit) {
         char cap[32];
         format_size(cap, sizeof(cap), v->mem_limit);
         if (asprintf(err, "policy.memory %s is too small to create a Lua state", cap) < 0)
