@@ -56,7 +56,8 @@ static int rethrow_if_fatal(lua_State *L, struct policy_version *v, int status)
         lua_pushliteral(L, POLICY_BUDGET_ERROR); /* whatever a handler made of it */
         return lua_error(L);
     }
-    if (status == LUA_ERRMEM)
+    /* Also a memory error the runtime caught and raised again (lua_cpcall in require, atc.replay). */
+    if (status == LUA_ERRMEM || (status != 0 && v->mem_refused))
         return lua_error(L);
     return 0;
 }
