@@ -4,7 +4,7 @@
 /* The policy runtime: the operator's Lua policy, sandboxed, run within a time budget per decision,
  * hot-reloaded in versions.
  *
- * The contract, as seen from Lua (see README "Writing a policy"):
+ * The contract, as seen from Lua (see README "Routing policies"):
  *
  *   policy.entry returns  function route(req, fleet)  or  { route = fn, init = fn(fleet) }.
  *
@@ -90,7 +90,8 @@ struct atc_decision {
     struct atc_endpoint *endpoint;
     int status;
     char message[256];
-    const char *reason; /* static: "error", "budget", "memory", "invalid return", "no policy" */
+    const char *reason; /* static: "error" (also: no version matches the table yet), "budget", "memory",
+                         * "invalid return" */
     uint64_t version;   /* the policy version that decided */
 };
 
