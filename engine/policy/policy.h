@@ -4,7 +4,7 @@
 /* The policy runtime: the operator's Lua policy, sandboxed, run within a time budget per decision,
  * hot-reloaded in versions.
  *
- * The contract, as seen from Lua (see README "Writing a policy"):
+ * The contract, as seen from Lua (see README "Routing policies"):
  *
  *   policy.entry returns  function route(req, fleet)  or  { route = fn, init = fn(fleet) }.
  *
@@ -65,7 +65,7 @@ struct atc_policy_settings {
     const char *const *path; /* extra module directories */
     size_t npath;
     const char *stdlib_dir;  /* stdlib/ */
-    uint64_t budget_us;      /* CPU time per decision */
+    uint64_t budget_us;      /* wall-clock time per decision (the watchdog stops it after 1-2x) */
     size_t memory;           /* bytes per Lua state */
     bool jit;                /* trusted: JIT on, budget checked only after the call */
     unsigned rollback_after; /* consecutive failures of a new version before rolling back (0 = never) */
@@ -80,7 +80,7 @@ struct atc_policy_settings {
 /* What a decision asks for. */
 enum atc_decision_kind {
     ATC_DECISION_ENDPOINT, /* route to .endpoint */
-    ATC_DECISION_QUEUE,    /* wait for capacity (until admission lands: 503 + Retry-After) */
+    ATC_DECISION_QUEUE,    /* wait in the admission queue for capacity (a retry: give up) */
     ATC_DECISION_REJECT,   /* answer .status with .message */
     ATC_DECISION_FALLBACK, /* the policy failed or gave nonsense: use the C balancer (.reason says why) */
 };
@@ -90,7 +90,8 @@ struct atc_decision {
     struct atc_endpoint *endpoint;
     int status;
     char message[256];
-    const char *reason; /* static: "error", "budget", "memory", "invalid return", "no policy" */
+    const char *reason; /* static: "error" (also: no version matches the table yet), "budget", "memory",
+                         * "invalid return" */
     uint64_t version;   /* the policy version that decided */
 };
 

@@ -1,8 +1,11 @@
 #ifndef ATC_POLICY_INTERNAL_H
 #define ATC_POLICY_INTERNAL_H
 
-/* Shared by policy.c (runtime: states, sandbox, budget, versions, reload) and policy_api.c (what a
- * policy sees: req, fleet, endpoints, the atc table). Not for other subsystems. */
+/* Shared by the files of the policy runtime (policy.c: versions, decisions, reload; version.c: one
+ * version's state; sandbox.c; watchdog.c; status.c; watch.c), policy_api.c (what a policy sees: req,
+ * fleet, endpoints, the atc table) and policy_test.c (`atc test`). Not for other subsystems. Every
+ * field here is touched only by the thread that owns the runtime (its worker; the main thread for
+ * atc check, atc test and replay), or by another thread while that worker is parked (admin, reload). */
 
 #include <lua.h>
 #include <stdatomic.h>
@@ -100,19 +103,21 @@ bool policy_api_available(const struct policy_version *v, const struct atc_endpo
 /** policy.c: milliseconds of the runtime's clock. */
 double policy_now_ms(const struct atc_policy_runtime *rt);
 
-/* policy.c, for the `atc test` runner (policy_test.c): */
+/* policy.c, version.c and sandbox.c, also for the `atc test` runner (policy_test.c): */
 
-/** A runtime with no version loaded yet (strings of @p s copied), its watchdog running. NULL: no memory. */
+/** policy.c: a runtime with no version loaded yet (strings of @p s copied), its watchdog running. NULL: no
+ * memory. */
 struct atc_policy_runtime *policy_runtime_new(const struct atc_policy_settings *s);
-/** A fresh state with the sandbox; in test mode nothing else, otherwise the entry loaded and checked.
- * NULL with an owned message in *err. */
+/** version.c: a fresh state with the sandbox; in test mode nothing else, otherwise the entry loaded and
+ * checked. NULL with an owned message in *err. */
 struct policy_version *policy_version_create(struct atc_policy_runtime *rt, char **err);
 void policy_version_free(struct policy_version *v);
-/** Loads a Lua source file as a sandboxed chunk; pushes it, or an error message. 0 / -1. */
+/** sandbox.c: loads a Lua source file as a sandboxed chunk; pushes it, or an error message. 0 / -1. */
 int policy_load_chunk(lua_State *L, const char *path);
-/** lua_pcall of the function below its @p nargs arguments with message handler @p errfunc (0: none),
- * within @p budget_us; returns the Lua status and says why in *why ("budget", "memory", "error"). One
+/** version.c: lua_pcall of the function below its @p nargs arguments with message handler @p errfunc (0:
+ * none), within @p budget_us; returns the Lua status and says why in *why ("budget", "memory", "error"). One
  * result (or the message) is left on the stack. */
-int policy_protected_call(struct policy_version *v, int nargs, uint64_t budget_us, int errfunc, const char **why);
+int policy_protected_call(struct policy_version *v, int nargs, uint64_t budget_us, int errfunc,
+                          const char **why);
 
 #endif
