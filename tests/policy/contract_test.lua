@@ -281,6 +281,12 @@ t.test("the shipped policy decides on the engine's views", function()
   local d = t.route({ endpoints = fleet, body = { model = "nope", messages = {} } }, policy)
   t.expect(d.kind).to_be("reject")
   t.expect(d.status).to_be(404)
+  -- auto: a tool call (req.tools, parsed from the body) goes to the large model, a plain chat to the small
+  local sizes = { { id = "big", model = "llama-3-70b" }, { id = "small", model = "qwen-2.5-1.5b" } }
+  local ask = { model = "auto", messages = { { role = "user", content = "hi" } } }
+  t.expect(t.route({ endpoints = sizes, body = ask }, policy).endpoint).to_be("small")
+  ask.tools = { { type = "function", ["function"] = { name = "f" } } }
+  t.expect(t.route({ endpoints = sizes, body = ask }, policy).endpoint).to_be("big")
 end)
 
 t.test("mocks: atc.testing's requests and endpoints have exactly the contract's fields", function()
