@@ -762,9 +762,11 @@ static int atc_prefix_pick(lua_State *L)
         for (size_t i = 0; k != NULL && i < sizeof(known) / sizeof(known[0]) && !ok; i++)
             ok = strcmp(k, known[i]) == 0;
         if (!ok)
-            return luaL_error(L, "atc.prefix_pick: unknown option '%s'", k != NULL ? k : luaL_typename(L, -2));
+            return luaL_error(L, "atc.prefix_pick: unknown option '%s'",
+                              k != NULL ? k : luaL_typename(L, -2));
     }
-    double min_blocks = opt_number(L, 3, "min_blocks", 1, 0), abs_gap = opt_number(L, 3, "balance_abs", HUGE_VAL, 0),
+    double min_blocks = opt_number(L, 3, "min_blocks", 1, 0),
+           abs_gap = opt_number(L, 3, "balance_abs", HUGE_VAL, 0),
            rel = opt_number(L, 3, "balance_rel", 0, 0), load_weight = opt_number(L, 3, "load_weight", 0, 0);
     lua_getfield(L, 3, "skip"); /* index 4 */
     double prompt = 0, block_tokens = 0;

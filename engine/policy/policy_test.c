@@ -721,7 +721,8 @@ static int print_contract(void)
     }
     lua_getfield(L, -1, "markdown");
     if (policy_protected_call(v, 0, s.budget_us, 0, &why) != 0 || !lua_isstring(L, -1)) {
-        fprintf(stderr, "atc test: %s: markdown(): %s\n", path, lua_isstring(L, -1) ? lua_tostring(L, -1) : "no text");
+        fprintf(stderr, "atc test: %s: markdown(): %s\n", path,
+                lua_isstring(L, -1) ? lua_tostring(L, -1) : "no text");
         goto done;
     }
     fputs(lua_tostring(L, -1), stdout);
