@@ -300,7 +300,8 @@ static void build_table(lua_State *L, struct route_scratch *x, int eps)
     size_t n = lua_objlen(L, eps);
     x->ecs = check_alloc(L, calloc(n ? n : 1, sizeof(*x->ecs)));
     x->models = check_alloc(L, calloc(n ? n : 1, sizeof(*x->models)));
-    for (size_t i = 0; i < n; i++, x->neps++) {
+    for (size_t i = 0; i < n; i++) {
+        x->neps = i + 1; /* counted before it is filled: scratch_free frees what a raise left half-done */
         lua_rawgeti(L, eps, (int)i + 1);
         int e = lua_gettop(L);
         luaL_checktype(L, e, LUA_TTABLE);
@@ -336,9 +337,9 @@ static void build_table(lua_State *L, struct route_scratch *x, int eps)
         while (m < x->nmodels && strcmp(x->models[m].name, model) != 0)
             m++;
         if (m == x->nmodels) {
+            x->nmodels++;
             x->models[m].name = dup_checked(L, model);
             x->models[m].endpoints = check_alloc(L, calloc(n, sizeof(struct atc_endpoint_config)));
-            x->nmodels++;
         }
         struct atc_model_config *mc = &x->models[m];
         mc->endpoints[mc->nendpoints++] = *ec; /* a shallow copy: the strings stay x->ecs[i]'s */
@@ -443,7 +444,11 @@ static int test_route(lua_State *L)
     set_live(L, x, eps);
     x->f = check_alloc(L, malloc(sizeof(*x->f)));
     x->prefix = check_alloc(L, atc_prefix_index_create(1 << 16));
-    x->rt = check_alloc(L, policy_runtime_new(&v->rt->s));
+    struct atc_policy_settings settings = v->rt->s;
+    double budget_ms = spec_number(L, 1, "budget_ms", 0); /* a decision's budget (default: the test's) */
+    if (budget_ms > 0)
+        settings.budget_us = (uint64_t)(budget_ms * 1000);
+    x->rt = check_alloc(L, policy_runtime_new(&settings));
     x->rt->test_mode = true;
     x->rt->table = x->table;
     x->rt->prefix = x->prefix;
@@ -482,8 +487,9 @@ static int test_route(lua_State *L)
                 luaL_error(L, "t.route: headers must map names to strings");
             if (x->nheaders == ROUTE_HEADERS_MAX)
                 luaL_error(L, "t.route: more than %d headers", ROUTE_HEADERS_MAX);
-            x->hname[x->nheaders] = dup_checked(L, lua_tostring(L, -2));
-            x->hvalue[x->nheaders++] = check_alloc(L, strdup(lua_tostring(L, -1)));
+            size_t h = x->nheaders++;
+            x->hname[h] = dup_checked(L, lua_tostring(L, -2));
+            x->hvalue[h] = dup_checked(L, lua_tostring(L, -1));
         }
     }
     lua_pop(L, 1);

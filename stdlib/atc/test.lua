@@ -34,7 +34,8 @@
 --                  kv_usage, prefix_hit_rate (the scraped values; absent: never scraped)}, ... }
 --   body = a JSON string or a table (t.json encodes it), path ("/v1/chat/completions"),
 --   headers = { name = value }, id, tried = { endpoint ids already tried }, attempt (#tried + 1),
---   block_tokens (0: live), seed (of atc.random, 1),
+--   block_tokens (0: live), seed (of atc.random, 1), budget_ms (the decision's budget; default the
+--   test's, --budget),
 --   routed = { {endpoint = id, body = ..., path = ...}, ... }: earlier requests routed there (the
 --            prefix index learns their blocks, so ep:prefix_overlap(req) answers as in production),
 --   allow_error = true: return a failed decision instead of raising its error.

@@ -320,3 +320,21 @@ t.test("mocks: atc.testing's requests and endpoints have exactly the contract's 
   t.expect(function() t.request { sesion = "x" } end).to_raise("'sesion' is not a field a policy sees")
   t.expect(function() fleet:set("a", { queue = 1 }) end).to_raise("'queue' is not a field a policy sees")
 end)
+
+t.test("t.route refuses what atc refuses, and a decision keeps its budget", function()
+  local eps = { { id = "a", tags = { "x" }, version = "v" }, { id = "b" } }
+  local ok = '{"model":"m","messages":[]}'
+  local function none() return atc.queue() end
+  t.expect(function() t.route({ endpoints = eps, body = "{not json" }, none) end).to_raise("400")
+  t.expect(function() t.route({ endpoints = eps, body = '{"messages":[]}' }, none) end).to_raise("no model")
+  t.expect(function() t.route({ endpoints = { { id = "a" }, { id = "a" } }, body = ok }, none) end).to_raise("duplicate")
+  t.expect(function() t.route({ endpoints = eps, body = ok, tried = { "zz" } }, none) end).to_raise("no endpoint 'zz'")
+  t.expect(function() t.route({ endpoints = { { id = "a", capacity = "x" } }, body = ok }, none) end).to_raise("must be a number")
+  t.expect(function() t.route({ endpoints = eps, body = ok, headers = { ["x-atc-priority"] = "high" } }, none) end).to_raise("digit")
+  t.expect(function()
+    t.route({ endpoints = eps, body = ok }, function() return t.route({ endpoints = eps, body = ok }, none) end)
+  end).to_raise("inside a decision")
+  local d = t.route({ endpoints = eps, body = ok, allow_error = true, budget_ms = 5 }, function() while true do end end)
+  t.expect(d.kind).to_be("fallback")
+  t.expect(d.reason).to_be("budget")
+end)
