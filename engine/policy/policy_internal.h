@@ -74,6 +74,7 @@ struct atc_policy_runtime {
     bool test_mode; /* atc test: no endpoint table */
     bool stale;     /* the table changed and no version matches it yet: the C balancer routes */
     lua_CFunction test_replay; /* atc test: installed as atc.replay (upvalue 1: the version) */
+    lua_CFunction test_route;  /* atc test: installed as atc.test_route (upvalue 1: the version) */
 };
 
 /* A verdict returned by atc.queue() / atc.reject(). */
@@ -90,6 +91,10 @@ struct policy_verdict {
 /** policy_api.c: installs req, fleet, endpoint metatables and the atc table into the sandbox globals
  * table at the top of the stack; creates the persistent req / fleet userdata. */
 void policy_api_open(struct policy_version *v);
+
+/** policy_api.c: rebuilds the endpoint views of @p v for v->rt->table (views made before no longer
+ * resolve). May raise a Lua error (out of memory) before it changes anything. */
+void policy_api_set_table(struct policy_version *v);
 
 /** policy_api.c: the endpoint behind the value at @p idx (an endpoint userdata or an id string), or NULL. */
 struct atc_endpoint *policy_api_to_endpoint(struct policy_version *v, int idx);
