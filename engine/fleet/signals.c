@@ -62,6 +62,11 @@ static void recent_add(struct atc_signals *s, const struct atc_signal_params *p,
                                                   memory_order_relaxed));
 }
 
+void atc_signals_recent_set(struct atc_signals *s, double tokens, uint64_t now_us)
+{
+    atomic_store_explicit(&s->recent, pack((float)tokens, (uint32_t)(now_us / 1000u)), memory_order_relaxed);
+}
+
 double atc_signals_recent(const struct atc_signals *s, const struct atc_signal_params *p, uint64_t now_us)
 {
     return unpack_at(atomic_load_explicit(&s->recent, memory_order_relaxed), p, (uint32_t)(now_us / 1000u));

@@ -96,6 +96,8 @@ void atc_signals_done(struct atc_signals *s, struct atc_signal_ticket *t, uint64
 void atc_signals_scraped(struct atc_signals *s, double running, double waiting, double kv_usage,
                          double prefix_hit_rate, uint64_t now_us);
 
+/** Sets recent_tokens to @p tokens as of @p now_us (a reset; `atc test` endpoint specs). */
+void atc_signals_recent_set(struct atc_signals *s, double tokens, uint64_t now_us);
 /** recent_tokens as of @p now_us. */
 double atc_signals_recent(const struct atc_signals *s, const struct atc_signal_params *p, uint64_t now_us);
 /** The prefill rate (tokens/s) and ITL (ms): observed, or the priors. */

@@ -197,8 +197,10 @@ static int ep_predict_ttft(lua_State *L)
     return 1;
 }
 
-/* The signal fields of an endpoint view; 0 when @p k is not one. Scraped values are nil until the
- * server's metrics were read once. */
+/* The signal fields of an endpoint view; 0 when @p k is not one. The server's own load (running,
+ * server_queue, kv_usage, prefix_hit_rate) is what the last scrape of its /metrics said (health.c), or what
+ * the simulated server reports (replay); nil until the first scrape, and for what the server does not
+ * report. */
 static int push_signal(lua_State *L, struct policy_version *v, const struct atc_endpoint *ep, const char *k,
                        size_t len)
 {
@@ -217,7 +219,7 @@ static int push_signal(lua_State *L, struct policy_version *v, const struct atc_
         lua_pushnumber(L, atc_signals_prefill_tps(s, p));
     else if (IS("itl"))
         lua_pushnumber(L, atc_signals_itl_ms(s, p));
-    else if (IS("running") || IS("prefix_hit_rate") || IS("kv_usage") || IS("queue") || IS("scrape_age")) {
+    else if (IS("running") || IS("prefix_hit_rate") || IS("kv_usage") || IS("server_queue") || IS("scrape_age")) {
         uint64_t at = atomic_load_explicit(&s->scraped_at_us, memory_order_acquire);
         double x = NAN;
         if (at == 0)
@@ -228,7 +230,7 @@ static int push_signal(lua_State *L, struct policy_version *v, const struct atc_
             x = s->scraped_prefix_hit_rate;
         else if (IS("kv_usage"))
             x = s->scraped_kv_usage;
-        else if (IS("queue"))
+        else if (IS("server_queue"))
             x = s->scraped_waiting;
         else {
             uint64_t now = signals_now_us(v);
@@ -444,30 +446,6 @@ static int ep_live(lua_State *L)
             return 1;
         }
         break;
-    case 's':
-    case 'k':
-    case 'r':
-    case 'p': {
-        /* The server's own load. With health checks, the last scrape of its /metrics (NaN: never
-         * reported, so nil); without (replay), what the simulated server reports, always known. */
-        const struct atc_server_load *ld = ep->health != NULL ? &ep->health->load : NULL;
-        double x;
-        if (len == 12 && memcmp(k, "server_queue", 12) == 0)
-            x = ld != NULL ? ld->waiting : (double)ep->server_queue;
-        else if (len == 8 && memcmp(k, "kv_usage", 8) == 0)
-            x = ld != NULL ? ld->kv_usage : ep->server_kv_usage;
-        else if (len == 7 && memcmp(k, "running", 7) == 0)
-            x = ld != NULL ? ld->running : NAN;
-        else if (len == 15 && memcmp(k, "prefix_hit_rate", 15) == 0)
-            x = ld != NULL ? ld->prefix_hit_rate : NAN;
-        else
-            break;
-        if (isfinite(x))
-            lua_pushnumber(L, x);
-        else
-            lua_pushnil(L);
-        return 1;
-    }
     case 'c':
         if (len == 20 && memcmp(k, "consecutive_failures", 20) == 0) {
             lua_pushinteger(L, ep->health != NULL ? (lua_Integer)ep->health->consecutive_failures : 0);
@@ -1009,66 +987,6 @@ static int atc_prefix_pick(lua_State *L)
     return 1;
 }
 
-/* atc.cheapest(pool, load_weight [, queued, stamps, now_ms, drain_per_ms, queued_weight]): the available
- * endpoints of pool with the lowest cost = load_weight * ep.inflight_tokens + queued_weight * the work
- * queued there, as a new array (several when they tie; empty when none is available). The work queued on
- * ep is queued[ep] (a number) as of stamps[ep] (ms), drained at drain_per_ms since: atc.work's estimate,
- * computed here so that a decision does not loop over the fleet in Lua. */
-static int atc_cheapest(lua_State *L)
-{
-    struct policy_version *v = version_of(L);
-    luaL_checktype(L, 1, LUA_TTABLE);
-    double load_weight = luaL_checknumber(L, 2), best = HUGE_VAL;
-    bool queued = !lua_isnoneornil(L, 3);
-    double now = 0, rate = 0, queued_weight = 0;
-    if (queued) {
-        luaL_checktype(L, 3, LUA_TTABLE);
-        luaL_checktype(L, 4, LUA_TTABLE);
-        now = luaL_checknumber(L, 5);
-        rate = luaL_checknumber(L, 6);
-        queued_weight = luaL_checknumber(L, 7);
-    }
-    int n = (int)lua_objlen(L, 1), ntied = 0;
-    lua_createtable(L, 4, 0);
-    int out = lua_gettop(L);
-    for (int i = 1; i <= n; i++) {
-        struct candidate c;
-        read_candidate(L, v, 1, i, &c);
-        if (!c.available)
-            continue;
-        lua_rawgeti(L, 1, i);
-        double cost = load_weight * c.tokens;
-        if (queued) {
-            lua_pushvalue(L, -1);
-            lua_rawget(L, 3);
-            double w = lua_tonumber(L, -1);
-            lua_pop(L, 1);
-            if (w > 0) {
-                lua_pushvalue(L, -1);
-                lua_rawget(L, 4);
-                double since = lua_tonumber(L, -1);
-                lua_pop(L, 1);
-                w -= (now > since ? now - since : 0) * rate;
-                cost += queued_weight * (w > 0 ? w : 0);
-            }
-        }
-        if (ntied == 0 || cost < best) {
-            for (int k = ntied; k > 1; k--) { /* drop the old ties */
-                lua_pushnil(L);
-                lua_rawseti(L, out, k);
-            }
-            best = cost;
-            ntied = 1;
-            lua_rawseti(L, out, 1);
-        } else if (cost == best) {
-            lua_rawseti(L, out, ++ntied);
-        } else {
-            lua_pop(L, 1);
-        }
-    }
-    return 1;
-}
-
 /* ---- affinity ---- */
 
 static const char *affinity_target(lua_State *L, struct policy_version *v, int idx)
@@ -1319,7 +1237,6 @@ void policy_api_open(struct policy_version *v)
     set_closure(L, v, "p2c", atc_p2c);
     set_closure(L, v, "rendezvous", atc_rendezvous);
     set_closure(L, v, "prefix_pick", atc_prefix_pick);
-    set_closure(L, v, "cheapest", atc_cheapest);
     set_closure(L, v, "fastest", atc_fastest);
     if (v->rt->test_replay != NULL) /* atc test only: t.replay(...) runs a trace through a policy */
         set_closure(L, v, "replay", v->rt->test_replay);
