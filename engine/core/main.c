@@ -190,10 +190,11 @@ static int cmd_serve(int argc, char **argv)
         atc_config_free(cfg);
         return 1;
     }
-    const char *err = NULL;
+    char *err = NULL;
     struct atc_server *srv = atc_server_create(base, cfg, &err);
     if (srv == NULL) {
-        atc_error("%s: %s", o.config, err);
+        atc_error("%s: %s", o.config, err != NULL ? err : "out of memory");
+        free(err);
         event_base_free(base);
         return 1;
     }

@@ -77,8 +77,9 @@ struct atc_server {
 };
 
 /** Starts everything @p cfg describes on @p base (simulated servers first, so their endpoints exist).
- * Takes ownership of @p cfg. Returns the server, or NULL with *err (static or owned by nothing). */
-struct atc_server *atc_server_create(struct event_base *base, struct atc_config *cfg, const char **err);
+ * Takes ownership of @p cfg. Returns the server, or NULL with an owned message in *err (NULL when out of
+ * memory). */
+struct atc_server *atc_server_create(struct event_base *base, struct atc_config *cfg, char **err);
 
 /** Calls @p cb(@p arg) once from the loop when the first round of health checks has ended, so that
  * endpoints that are up take traffic (at most one check timeout after start). */

@@ -57,7 +57,7 @@ static inline struct atc_server *fuzz_server_start(struct event_base *base)
         fprintf(stderr, "fuzz config: %s\n", errors);
         abort();
     }
-    const char *err = NULL;
+    char *err = NULL;
     struct atc_server *srv = atc_server_create(base, cfg, &err);
     if (srv == NULL) {
         fprintf(stderr, "fuzz server: %s\n", err);
