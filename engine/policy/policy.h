@@ -65,7 +65,7 @@ struct atc_policy_settings {
     const char *const *path; /* extra module directories */
     size_t npath;
     const char *stdlib_dir;  /* stdlib/ */
-    uint64_t budget_us;      /* CPU time per decision */
+    uint64_t budget_us;      /* wall-clock time a decision may take (the watchdog's deadline) */
     size_t memory;           /* bytes per Lua state */
     bool jit;                /* trusted: JIT on, budget checked only after the call */
     unsigned rollback_after; /* consecutive failures of a new version before rolling back (0 = never) */
@@ -80,7 +80,7 @@ struct atc_policy_settings {
 /* What a decision asks for. */
 enum atc_decision_kind {
     ATC_DECISION_ENDPOINT, /* route to .endpoint */
-    ATC_DECISION_QUEUE,    /* wait for capacity (until admission lands: 503 + Retry-After) */
+    ATC_DECISION_QUEUE,    /* wait for capacity in the admission queue (503 + Retry-After without one) */
     ATC_DECISION_REJECT,   /* answer .status with .message */
     ATC_DECISION_FALLBACK, /* the policy failed or gave nonsense: use the C balancer (.reason says why) */
 };

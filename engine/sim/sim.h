@@ -5,7 +5,7 @@
  * cache, with no I/O. Time is passed in by the caller (microseconds), so the same model runs behind
  * real sockets (sim_server.c, wall-clock timers) and in virtual-time replay.
  *
- * The model, aimed at one Llama-3-8B-class model on one H100 under vLLM (see DESIGN.md):
+ * The model, aimed at one Llama-3-8B-class model on one H100 under vLLM:
  *
  * - The engine runs in iterations, like vLLM's scheduler steps. An iteration starts when the previous
  *   one ends (or when a request arrives at an idle engine). It first schedules one decode token for
@@ -34,7 +34,7 @@
  * - Output length is the request's own (max_tokens) or a draw, uniform in [output_min, output_max],
  *   from the model's seeded PRNG: the same seed and the same submissions give the same timings.
  *
- * Defaults, and why (DESIGN.md's calibration for an 8B model on one H100):
+ * Defaults, and why (the calibration for an 8B model on one H100):
  *   prefill_tps 15000      the middle of the 10-20k prompt tokens/s measured for such a setup
  *   decode_ms 12, x2.2     12 ms per token alone, 26.4 ms at a batch of 64 or more (measured 25-30)
  *   decode_batch_sat 64    where the decode step stops growing; also max_seqs, so a full batch is the

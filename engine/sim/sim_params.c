@@ -8,7 +8,8 @@
 
 void atc_sim_params_init(struct atc_sim_params *p)
 {
-    /* One Llama-3-8B-class model on one H100 under vLLM: see DESIGN.md "The simulated server". */
+    /* One Llama-3-8B-class model on one H100 under vLLM: sim.h, "Defaults, and why", says where each
+     * number comes from. */
     *p = (struct atc_sim_params){
         .model = strdup("llama-3-8b"),
         .max_seqs = 64,
