@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "sim/sim.h"
+#include "sim/sim_params.h"
 
 /* What atc does when every endpoint of a model is out (unhealthy or ejected; not draining or starting). */
 enum atc_panic_mode {

@@ -1,10 +1,10 @@
-/* Defaults of the simulated server's knobs (sim.h). Kept apart from sim.c so the config parser can
+/* Defaults of the simulated server's knobs (sim_params.h). Kept apart from sim.c so the config parser can
  * build simulate: entries without pulling in the simulator itself. */
+
+#include "sim/sim_params.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-#include "sim/sim.h"
 
 void atc_sim_params_init(struct atc_sim_params *p)
 {
