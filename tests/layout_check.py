@@ -17,10 +17,11 @@ MAX_LINES = 1200
 # Known exceptions, each with why it is still here. The check fails on anything not listed; an entry
 # that no longer matches is reported so that it can be deleted.
 KNOWN_CIRCLES = {
-    # The composition root and the workers it runs: server.c creates workers, fronts, relays and the
-    # admin API, and they call back into it (request hooks, pause, reloads) through core/server.h.
-    # Breaking it means moving the request hooks and the pause into core/worker.c (issue 18, open).
-    frozenset(["core/server", "core/worker", "http/http_front", "http/relay", "ops/admin"]),
+    # The composition root and the workers it runs: server.c starts the workers, their fronts and
+    # relays, and they call back into it through core/server.h (the request hooks, atc_server_observe,
+    # atc_server_capacity_freed) while worker.c's pause reads the server's fields. Breaking it means
+    # moving the hooks and the pause state into core/worker.c (issue 18, open).
+    frozenset(["core/server", "core/worker", "http/http_front", "http/relay"]),
     # policy_internal.h is policy.c's private header; policy.c is being split (issue 18, open).
     frozenset(["policy/policy", "policy/policy_internal"]),
 }

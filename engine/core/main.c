@@ -11,6 +11,7 @@
 #include "core/config.h"
 #include "fleet/endpoint.h"
 #include "core/log.h"
+#include "ops/admin.h"
 #include "policy/policy.h"
 #include "core/server.h"
 #include "core/worker.h"
@@ -191,7 +192,7 @@ static int cmd_serve(int argc, char **argv)
         return 1;
     }
     char *err = NULL;
-    struct atc_server *srv = atc_server_create(base, cfg, &err);
+    struct atc_server *srv = atc_server_create(base, cfg, atc_admin_handle, &err);
     if (srv == NULL) {
         atc_error("%s: %s", o.config, err != NULL ? err : "out of memory");
         free(err);

@@ -18,7 +18,6 @@
 #include <event2/http.h>
 
 #include "ops/access_log.h"
-#include "ops/admin.h"
 #include "fleet/admission.h"
 #include "fleet/affinity.h"
 #include "http/client_deadline.h"
@@ -731,7 +730,8 @@ static void free_worker(struct atc_worker *w)
     atc_policy_runtime_destroy(w->policy);
 }
 
-struct atc_server *atc_server_create(struct event_base *base, struct atc_config *cfg, char **err)
+struct atc_server *atc_server_create(struct event_base *base, struct atc_config *cfg,
+                                     void (*admin_handle)(struct evhttp_request *req, void *srv), char **err)
 {
     const char *why = NULL; /* the static reason of a step that failed */
     *err = NULL;
@@ -830,7 +830,7 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
         goto error;
     }
     srv->admin_port = bound_port(admin_fd);
-    if ((srv->admin = http_on_socket(base, cfg, admin_fd, atc_admin_handle, srv, NULL, &srv->admin_deadline,
+    if ((srv->admin = http_on_socket(base, cfg, admin_fd, admin_handle, srv, NULL, &srv->admin_deadline,
                                      &why)) == NULL) {
         fail(err, "%s", why);
         goto error;

@@ -13,6 +13,7 @@
 #include "fleet/endpoint.h"
 #include "fuzz.h"
 #include "core/log.h"
+#include "ops/admin.h"
 #include "core/server.h"
 #include "core/worker.h"
 
@@ -58,7 +59,7 @@ static inline struct atc_server *fuzz_server_start(struct event_base *base)
         abort();
     }
     char *err = NULL;
-    struct atc_server *srv = atc_server_create(base, cfg, &err);
+    struct atc_server *srv = atc_server_create(base, cfg, atc_admin_handle, &err);
     if (srv == NULL) {
         fprintf(stderr, "fuzz server: %s\n", err);
         abort();
