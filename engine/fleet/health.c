@@ -25,16 +25,13 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 
-#define JSMN_STATIC
-#define JSMN_STRICT
-#include <jsmn.h>
-
 #include "fleet/balancer.h"
 #include "core/config.h"
+#include "core/json.h"
 #include "fleet/endpoint.h"
 #include "http/http_util.h"
 #include "core/log.h"
-#include "ops/metrics.h"
+#include "core/histogram.h"
 #include "fleet/prometheus.h"
 #include "http/upstream.h"
 #include "core/clock.h"
@@ -518,164 +515,45 @@ static void check_result(struct probe *pr, bool ok, const char *why)
 
 /* ---- what a good answer is ---- */
 
-/* Decodes the JSON string token @p t of @p js into @p out (at most @p size - 1 bytes, NUL-terminated).
- * Returns -1 when it does not fit or has a bad escape. */
-static int json_string(const char *js, const jsmntok_t *t, char *out, size_t size)
-{
-    size_t o = 0;
-    for (int i = t->start; i < t->end; i++) {
-        unsigned c = (unsigned char)js[i];
-        if (c == '\\') {
-            if (++i >= t->end)
-                return -1;
-            switch (js[i]) {
-            case 'n':
-                c = '\n';
-                break;
-            case 't':
-                c = '\t';
-                break;
-            case 'r':
-                c = '\r';
-                break;
-            case 'b':
-                c = '\b';
-                break;
-            case 'f':
-                c = '\f';
-                break;
-            case 'u': {
-                if (i + 4 >= t->end)
-                    return -1;
-                unsigned cp = 0;
-                for (int k = 1; k <= 4; k++) {
-                    char x = js[i + k];
-                    cp = cp * 16 + (unsigned)(x >= '0' && x <= '9'   ? x - '0'
-                                              : x >= 'a' && x <= 'f' ? x - 'a' + 10
-                                              : x >= 'A' && x <= 'F' ? x - 'A' + 10
-                                                                     : 0);
-                }
-                i += 4;
-                char u8[3];
-                size_t n = 0;
-                if (cp < 0x80) {
-                    u8[n++] = (char)cp;
-                } else if (cp < 0x800) {
-                    u8[n++] = (char)(0xc0 | (cp >> 6));
-                    u8[n++] = (char)(0x80 | (cp & 0x3f));
-                } else {
-                    u8[n++] = (char)(0xe0 | (cp >> 12));
-                    u8[n++] = (char)(0x80 | ((cp >> 6) & 0x3f));
-                    u8[n++] = (char)(0x80 | (cp & 0x3f));
-                }
-                if (o + n >= size)
-                    return -1;
-                memcpy(out + o, u8, n);
-                o += n;
-                continue;
-            }
-            default:
-                c = (unsigned char)js[i]; /* \" \\ \/ */
-                break;
-            }
-        }
-        if (o + 1 >= size)
-            return -1;
-        out[o++] = (char)c;
-    }
-    out[o] = '\0';
-    return 0;
-}
-
-/* The index just past token @p i and everything inside it (tokens are in document order). */
-static int json_skip(const jsmntok_t *t, int n, int i)
-{
-    int k = i + 1;
-    while (k < n && t[k].start < t[i].end)
-        k++;
-    return k;
-}
-
-/* Tokenizes @p len bytes of @p js; returns the token count (> 0) and an owned array, or -1. */
-static int json_tokens(const char *js, size_t len, jsmntok_t **out)
-{
-    jsmn_parser p;
-    jsmn_init(&p);
-    int n = jsmn_parse(&p, js, len, NULL, 0);
-    if (n <= 0)
-        return -1;
-    jsmntok_t *t = malloc((size_t)n * sizeof(*t));
-    if (t == NULL)
-        return -1;
-    jsmn_init(&p);
-    if (jsmn_parse(&p, js, len, t, (unsigned)n) != n || t[0].type != JSMN_OBJECT) {
-        free(t);
-        return -1;
-    }
-    *out = t;
-    return n;
-}
-
-/* The value token of top-level key @p key of the object at token 0, or -1. */
-static int json_member(const char *js, const jsmntok_t *t, int n, const char *key)
-{
-    size_t klen = strlen(key);
-    for (int i = 1, k = 0; i < n && k < t[0].size; k++) {
-        int v = i + 1;
-        if (v >= n)
-            return -1;
-        if (t[i].type == JSMN_STRING && (size_t)(t[i].end - t[i].start) == klen &&
-            memcmp(js + t[i].start, key, klen) == 0)
-            return v;
-        i = json_skip(t, n, v);
-    }
-    return -1;
-}
-
 /* Whether an OpenAI model list ({"data": [{"id": ...}, ...]}) names @p model. NULL when it does, else
  * why not. */
 static const char *models_list_has(const char *js, size_t len, const char *model)
 {
-    jsmntok_t *t;
-    int n = json_tokens(js, len, &t);
-    if (n < 0)
-        return "the answer is not a JSON object";
+    struct atc_json j = {0};
     const char *why = "the model list does not name this endpoint's model";
-    int data = json_member(js, t, n, "data");
-    if (data < 0 || t[data].type != JSMN_ARRAY) {
+    if (atc_json_parse(&j, js, len, NULL) < 0 || atc_json_type(&j, 0) != ATC_JSON_OBJECT) {
+        why = "the answer is not a JSON object";
+        goto done;
+    }
+    int data = atc_json_get(&j, 0, "data");
+    if (atc_json_type(&j, data) != ATC_JSON_ARRAY) {
         why = "the answer has no 'data' list of models";
         goto done;
     }
-    for (int i = data + 1, k = 0; i < n && k < t[data].size; k++) {
-        if (t[i].type == JSMN_OBJECT) {
-            for (int j = i + 1, m = 0; j + 1 < n && m < t[i].size; m++) {
-                char id[512];
-                if (t[j].type == JSMN_STRING && t[j].end - t[j].start == 2 &&
-                    memcmp(js + t[j].start, "id", 2) == 0 && t[j + 1].type == JSMN_STRING &&
-                    json_string(js, &t[j + 1], id, sizeof(id)) == 0 && strcmp(id, model) == 0) {
-                    why = NULL;
-                    goto done;
-                }
-                j = json_skip(t, n, j + 1);
-            }
+    for (int i = data + 1, k = 0; k < atc_json_count(&j, data); k++, i = atc_json_next(&j, i)) {
+        char id[512];
+        if (atc_json_string(&j, atc_json_get(&j, i, "id"), id, sizeof(id), NULL) == 0 &&
+            strcmp(id, model) == 0) {
+            why = NULL;
+            goto done;
         }
-        i = json_skip(t, n, i);
     }
 done:
-    free(t);
+    atc_json_dispose(&j);
     return why;
 }
 
 /* A deep probe's answer: a JSON object with "choices" (completions) or "data" (embeddings). */
 static const char *inference_answer_ok(const char *js, size_t len)
 {
-    jsmntok_t *t;
-    int n = json_tokens(js, len, &t);
-    if (n < 0)
-        return "the answer is not a JSON object";
-    bool ok = json_member(js, t, n, "choices") >= 0 || json_member(js, t, n, "data") >= 0;
-    free(t);
-    return ok ? NULL : "the answer has neither 'choices' nor 'data'";
+    struct atc_json j = {0};
+    const char *why = NULL;
+    if (atc_json_parse(&j, js, len, NULL) < 0 || atc_json_type(&j, 0) != ATC_JSON_OBJECT)
+        why = "the answer is not a JSON object";
+    else if (atc_json_get(&j, 0, "choices") < 0 && atc_json_get(&j, 0, "data") < 0)
+        why = "the answer has neither 'choices' nor 'data'";
+    atc_json_dispose(&j);
+    return why;
 }
 
 /* ---- the load scrape ---- */
@@ -1380,9 +1258,9 @@ static void metric_endpoint(struct evbuffer *out, const char *name, const struct
                             double v)
 {
     evbuffer_add_printf(out, "%s{model=\"", name);
-    atc_metrics_label(out, e->ep->model);
+    atc_histogram_label(out, e->ep->model);
     evbuffer_add(out, "\",endpoint=\"", 12);
-    atc_metrics_label(out, e->ep->id);
+    atc_histogram_label(out, e->ep->id);
     evbuffer_add_printf(out, "\"%s} ", extra);
     if (isnan(v))
         evbuffer_add(out, "NaN\n", 4);
@@ -1445,13 +1323,13 @@ void atc_health_metrics(const struct atc_health *h, struct evbuffer *out)
     metric_help(out, "atc_model_panic", "gauge", "1 while no endpoint of the model is healthy (panic mode).");
     for (size_t i = 0; i < h->nmodels; i++) {
         evbuffer_add(out, "atc_model_panic{model=\"", 23);
-        atc_metrics_label(out, h->models[i].name);
+        atc_histogram_label(out, h->models[i].name);
         evbuffer_add_printf(out, "\"} %d\n", h->models[i].panic ? 1 : 0);
     }
     metric_help(out, "atc_model_panics_total", "counter", "Times the model entered panic mode.");
     for (size_t i = 0; i < h->nmodels; i++) {
         evbuffer_add(out, "atc_model_panics_total{model=\"", 30);
-        atc_metrics_label(out, h->models[i].name);
+        atc_histogram_label(out, h->models[i].name);
         evbuffer_add_printf(out, "\"} %llu\n", (unsigned long long)h->models[i].panics_total);
     }
     metric_help(out, "atc_health_probes_total", "counter", "Active health probes (live, ready, deep) run.");

@@ -23,6 +23,11 @@
 #include "policy/watch.h"
 #include "policy/watchdog.h"
 
+const char atc_policy_fallback_error[] = "error";
+const char atc_policy_fallback_budget[] = "budget";
+const char atc_policy_fallback_memory[] = "memory";
+const char atc_policy_fallback_invalid[] = "invalid return";
+
 /* A new version is on probation (and can be rolled back) until it has made this many good decisions. */
 #define PROBATION_SUCCESSES 100
 
@@ -140,16 +145,16 @@ static bool decide(struct policy_version *v, const struct atc_route_request *req
     bool ok = false;
     if (status != 0) {
         snprintf(errbuf, errsize, "%s", lua_tostring(L, -1));
-        if (strcmp(*why, "budget") == 0)
+        if (*why == atc_policy_fallback_budget)
             v->c.overruns++;
-        else if (strcmp(*why, "memory") == 0)
+        else if (*why == atc_policy_fallback_memory)
             v->c.oom++;
         else
             v->c.errors++;
     } else if (interpret(v, out)) {
         ok = true;
     } else {
-        *why = "invalid return";
+        *why = atc_policy_fallback_invalid;
         describe_invalid(L, errbuf, errsize, v->rt->s.entry);
         v->c.invalid++;
     }
@@ -167,7 +172,7 @@ void atc_policy_route(struct atc_policy_runtime *rt, const struct atc_route_requ
     out->version = v->version;
     if (rt->stale) {
         out->kind = ATC_DECISION_FALLBACK;
-        out->reason = "error";
+        out->reason = atc_policy_fallback_error;
         rt->fallbacks++;
         return;
     }
@@ -223,7 +228,7 @@ static int smoke_test(struct atc_policy_runtime *rt, struct policy_version *v, c
             char msg[512];
             const char *why = NULL;
             if (!decide(v, &req, rt->s.budget_us * POLICY_INIT_BUDGET_FACTOR, &d, msg, sizeof(msg), &why) &&
-                strcmp(why, "invalid return") != 0) {
+                why != atc_policy_fallback_invalid) {
                 if (asprintf(err, "%s (on a test request for model '%s')", msg, f.model) < 0)
                     *err = NULL;
                 return -1;

@@ -59,13 +59,20 @@ enum atc_decision_kind {
     ATC_DECISION_FALLBACK, /* the policy failed or gave nonsense: use the C balancer (.reason says why) */
 };
 
+/* Why a decision fell back to the C balancer: interned strings, compared by pointer
+ * (d.reason == atc_policy_fallback_budget), printable as they are ("budget"). */
+extern const char atc_policy_fallback_error[];   /* the policy raised an error */
+extern const char atc_policy_fallback_budget[];  /* it ran past its time budget and was stopped */
+extern const char atc_policy_fallback_memory[];  /* it ran out of its memory cap */
+extern const char atc_policy_fallback_invalid[]; /* it returned something that is not a decision */
+
 struct atc_decision {
     enum atc_decision_kind kind;
     struct atc_endpoint *endpoint;
     int status;
     char message[256];
-    const char *reason; /* static: "error" (also: no version matches the table yet), "budget", "memory",
-                         * "invalid return" */
+    const char *reason; /* fallbacks: one of atc_policy_fallback_* (compare by pointer; _error also when
+                         * no version matches the table yet), else NULL */
     uint64_t version;   /* the policy version that decided */
 };
 

@@ -21,6 +21,7 @@
 #include <lauxlib.h>
 
 #include "core/config.h"
+#include "core/config_value.h"
 #include "core/log.h"
 #include "fleet/affinity.h"
 #include "fleet/endpoint.h"
@@ -28,6 +29,7 @@
 #include "http/request_features.h"
 #include "policy/policy_internal.h"
 #include "trace/replay.h"
+#include "trace/replay_lua.h"
 
 static const char usage_test[] =
     "usage: atc test [-c FILE] [--scripts DIR] [--budget DURATION] [--filter TEXT] [-v] [PATH...]\n"
@@ -150,7 +152,7 @@ static void run_one(struct runner *r, struct policy_version *v, const char *file
     if (policy_protected_call(v, 0, r->rt->s.budget_us, handler, &why) != 0) {
         const char *m = lua_tostring(L, -1);
         const char *tab = m != NULL ? strchr(m, '\t') : NULL;
-        if (strcmp(why, "budget") == 0 || tab == NULL) /* stopped: the message is the runtime's */
+        if (why == atc_policy_fallback_budget || tab == NULL) /* stopped: the message is the runtime's */
             printf("FAIL %s: %s: %s\n", file, name, m != NULL ? m : "error");
         else
             printf("FAIL %.*s%s: %s\n", (int)(tab - m), m, name, tab + 1);

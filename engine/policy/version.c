@@ -36,7 +36,8 @@ void policy_version_free(struct policy_version *v)
 }
 
 /* Calls the function at -2 - nargs with budget @p budget_us; returns the Lua status, 0 when fine,
- * and says why in *why ("budget", "memory", "error"). The result or message is left at -1. */
+ * and says why in *why (atc_policy_fallback_budget, _memory or _error). The result or message is left
+ * at -1. */
 int policy_protected_call(struct policy_version *v, int nargs, uint64_t budget_us, int errfunc,
                           const char **why)
 {
@@ -47,16 +48,16 @@ int policy_protected_call(struct policy_version *v, int nargs, uint64_t budget_u
     int status = lua_pcall(L, nargs, 1, errfunc);
     bool overran = policy_budget_end(w, L);
     if (overran) {
-        *why = "budget";
+        *why = atc_policy_fallback_budget;
         if (status == 0) { /* finished right as the watchdog fired: still an overrun */
             lua_pop(L, 1);
             lua_pushliteral(L, POLICY_BUDGET_ERROR);
             status = LUA_ERRRUN;
         }
     } else if (status == LUA_ERRMEM || (status != 0 && v->mem_refused)) {
-        *why = "memory";
+        *why = atc_policy_fallback_memory;
     } else {
-        *why = "error";
+        *why = atc_policy_fallback_error;
     }
     if (status != 0 && !lua_isstring(L, -1)) {
         lua_pop(L, 1);

@@ -11,7 +11,9 @@
 #include "fleet/endpoint.h"
 #include "policy/policy_internal.h"
 #include "trace/replay.h"
+#include "trace/replay_lua.h"
 #include "trace/trace.h"
+#include "trace/trace_import.h"
 
 #define MAX_OUTAGES 64
 

@@ -24,6 +24,7 @@
 #include "fleet/endpoint.h"
 #include "policy/policy_internal.h"
 #include "trace/replay.h"
+#include "trace/replay_lua.h"
 
 static char tmpdir[] = "/tmp/atc-test-policy-memory-XXXXXX";
 
