@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #include "fleet/signals.h"
-#include "sim/sim.h"
+#include "sim/sim_params.h"
 
 /* What atc does when every endpoint of a model is out (unhealthy or ejected; not draining or starting). */
 enum atc_panic_mode {

@@ -11,6 +11,7 @@
 #include "core/config.h"
 #include "fleet/endpoint.h"
 #include "core/log.h"
+#include "ops/admin.h"
 #include "policy/policy.h"
 #include "core/server.h"
 #include "core/worker.h"
@@ -190,10 +191,11 @@ static int cmd_serve(int argc, char **argv)
         atc_config_free(cfg);
         return 1;
     }
-    const char *err = NULL;
-    struct atc_server *srv = atc_server_create(base, cfg, &err);
+    char *err = NULL;
+    struct atc_server *srv = atc_server_create(base, cfg, atc_admin_handle, &err);
     if (srv == NULL) {
-        atc_error("%s: %s", o.config, err);
+        atc_error("%s: %s", o.config, err != NULL ? err : "out of memory");
+        free(err);
         event_base_free(base);
         return 1;
     }

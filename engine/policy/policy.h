@@ -71,8 +71,8 @@ struct atc_decision {
     struct atc_endpoint *endpoint;
     int status;
     char message[256];
-    const char *reason; /* fallbacks: one of atc_policy_fallback_* (compare by pointer; error also when no
-                         * version matches the table yet), else NULL */
+    const char *reason; /* fallbacks: one of atc_policy_fallback_* (compare by pointer; _error also when
+                         * no version matches the table yet), else NULL */
     uint64_t version;   /* the policy version that decided */
 };
 

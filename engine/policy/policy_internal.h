@@ -120,8 +120,8 @@ void policy_version_free(struct policy_version *v);
 /** sandbox.c: loads a Lua source file as a sandboxed chunk; pushes it, or an error message. 0 / -1. */
 int policy_load_chunk(lua_State *L, const char *path);
 /** version.c: lua_pcall of the function below its @p nargs arguments with message handler @p errfunc (0:
- * none), within @p budget_us; returns the Lua status and says why in *why ("budget", "memory", "error"). One
- * result (or the message) is left on the stack. */
+ * none), within @p budget_us; returns the Lua status and says why in *why (atc_policy_fallback_budget,
+ * _memory or _error). One result (or the message) is left on the stack. */
 int policy_protected_call(struct policy_version *v, int nargs, uint64_t budget_us, int errfunc,
                           const char **why);
 

@@ -36,7 +36,8 @@ void policy_version_free(struct policy_version *v)
 }
 
 /* Calls the function at -2 - nargs with budget @p budget_us; returns the Lua status, 0 when fine,
- * and says why in *why ("budget", "memory", "error"). The result or message is left at -1. */
+ * and says why in *why (atc_policy_fallback_budget, _memory or _error). The result or message is left
+ * at -1. */
 int policy_protected_call(struct policy_version *v, int nargs, uint64_t budget_us, int errfunc,
                           const char **why)
 {

@@ -21,7 +21,7 @@
 #define DEFAULT_SAMPLES 240
 /* A decision is stopped only at this many times its budget (and at least KILL_MIN_US): on a busy
  * machine a decision can be descheduled past its budget, and a replay's decisions must not depend on
- * the machine. Overruns are counted on the decision's own CPU time instead. */
+ * the machine. Overruns are counted on the decision's own CPU time instead (the stop is wall-clock). */
 #define KILL_FACTOR 100
 #define KILL_MIN_US 100000
 #define DEFAULT_OUTPUT_TOKENS 256 /* accounted for a request without max_tokens, as relay.c does */
@@ -69,7 +69,7 @@ struct replay {
     size_t neps;
     struct heap_entry *heap; /* a binary min-heap of the servers on their next event */
     struct atc_policy_runtime *rt;
-    uint64_t budget_ns; /* CPU time a decision may use */
+    uint64_t budget_ns; /* CPU time a decision may use before it counts as an overrun */
     struct atc_affinity *affinity;
     struct atc_prefix_index *prefix;
     uint64_t now;

@@ -15,8 +15,9 @@
  * in-flight counts, server queues and KV usage as they are at that virtual moment. A queue verdict
  * waits in a FIFO queue in front of the fleet and is decided again whenever a request finishes; a
  * failed decision falls back to the built-in C balancer, as live. The same trace, fleet, policy and seed
- * give the same results: a decision's budget is checked on its own CPU time and it is stopped only at
- * 100 times its budget, so a busy machine's preemptions do not change what the policy decides. */
+ * give the same results: an overrun is counted on the decision's own CPU time, and the (wall-clock)
+ * watchdog stops a decision only at 100 times its budget, so a busy machine's preemptions do not change
+ * what the policy decides. */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -55,7 +56,7 @@ struct atc_replay_options {
     uint64_t seed;                  /* atc.random(), the C balancer and drawn output lengths (0: 1) */
     const char *model;              /* send every request to this model (NULL: the trace's) */
     size_t limit;                   /* replay only the first N requests (0: all) */
-    uint64_t budget_us;             /* CPU time per decision (0: the config's policy.budget) */
+    uint64_t budget_us;             /* per decision, on its CPU time (0: the config's policy.budget) */
     bool progress;                  /* a progress bar on stderr */
     unsigned samples;               /* load samples over the trace's duration (0: 240) */
     const char *const *module_path; /* extra module directories (policy.path of the config otherwise) */
