@@ -306,7 +306,9 @@ static uint64_t signals_now_us(const struct policy_version *v)
 
 static const struct atc_signal_params *signal_params(const struct policy_version *v)
 {
-    return &v->rt->table->signals;
+    /* `atc test` runs unit tests without an endpoint table: the defaults then */
+    static const struct atc_signal_params defaults = {.prefill_tps = 15000, .itl_us = 12000, .recent_half_life_ms = 2000};
+    return v->rt->table != NULL ? &v->rt->table->signals : &defaults;
 }
 
 /* The current request's prompt tokens that @p ep would still have to prefill. */
@@ -387,11 +389,68 @@ int policy_pick_push_signal(lua_State *L, struct policy_version *v, const struct
  * a time; opts.decode (0) weighs the decode batch a request joins. opts.skip: an endpoint never chosen.
  * Ties go to less recent work, then the lower in-flight share. The loop runs in C, so a decision at 512
  * endpoints stays in microseconds. */
+/* One element of atc.fastest's pool, read once: from the engine's endpoint behind a view, or from an
+ * atc.testing mock's fields (ep = NULL), so a policy's unit tests can use it too. */
+struct fast_cand {
+    const struct atc_endpoint *ep;
+    bool usable; /* available, not skipped */
+    double queued, uncached, tps, itl, decoding, recent, load; /* recent < 0: not read yet */
+};
+
+static void read_fast_cand(lua_State *L, struct policy_version *v, int el, struct fast_cand *c, uint64_t now)
+{
+    const struct atc_signal_params *p = signal_params(v);
+    int index = policy_api_view_index(v, el);
+    const struct atc_endpoint *ep = index >= 0 ? policy_api_endpoint_at(v, (unsigned)index) : NULL;
+    c->ep = ep;
+    c->recent = -1;
+    if (ep != NULL) {
+        const struct atc_signals *s = &ep->sig;
+        c->usable = policy_api_available(v, ep);
+        c->queued = (double)atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed);
+        c->uncached = (double)uncached_at(L, v, ep);
+        c->tps = atc_signals_prefill_tps(s, p);
+        c->itl = atc_signals_itl_ms(s, p);
+        c->decoding = (double)atomic_load_explicit(&s->decoding, memory_order_relaxed);
+        unsigned cap = atc_endpoint_capacity_now(ep);
+        c->load = cap ? (double)ep->inflight / cap : 1.0;
+        return;
+    }
+    if (!lua_istable(L, el))
+        luaL_error(L, "atc.fastest: pool element is not an endpoint");
+    double inflight = field_number(L, el, "inflight", 0), capacity = field_number(L, el, "capacity", 1);
+    lua_getfield(L, el, "available");
+    c->usable = lua_isnil(L, -1) ? inflight < capacity : lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    c->queued = field_number(L, el, "prefill_tokens", 0);
+    c->tps = field_number(L, el, "prefill_rate", p->prefill_tps);
+    c->itl = field_number(L, el, "itl", (double)p->itl_us / 1000.0);
+    c->decoding = field_number(L, el, "decoding", 0);
+    c->recent = field_number(L, el, "recent_tokens", 0);
+    c->load = capacity > 0 ? inflight / capacity : 1.0;
+    double prompt = field_number(L, 2, "prompt_tokens", 0), bt = field_number(L, 2, "block_tokens", 64);
+    lua_getfield(L, el, "prefix_overlap");
+    lua_pushvalue(L, el);
+    lua_pushvalue(L, 2);
+    lua_call(L, 2, 1);
+    double uncached = prompt - lua_tonumber(L, -1) * bt;
+    lua_pop(L, 1);
+    c->uncached = uncached > 1 ? uncached : 1;
+    (void)now;
+}
+
+static double fast_recent(struct fast_cand *c, const struct atc_signal_params *p, uint64_t now)
+{
+    if (c->recent < 0)
+        c->recent = atc_signals_recent(&c->ep->sig, p, now);
+    return c->recent;
+}
+
 int policy_pick_fastest(lua_State *L)
 {
     struct policy_version *v = policy_api_version(L);
     luaL_checktype(L, 1, LUA_TTABLE);
-    luaL_checkudata(L, 2, POLICY_MT_REQ);
+    luaL_checkany(L, 2);
     double w_recent = 0, w_decode = 0, w_uncached = 1;
     bool pooled = false;
     if (!lua_isnoneornil(L, 3)) {
@@ -399,7 +458,6 @@ int policy_pick_fastest(lua_State *L)
         w_recent = field_number(L, 3, "recent", 0);
         w_decode = field_number(L, 3, "decode", 0);
         w_uncached = field_number(L, 3, "uncached", 1);
-
         lua_getfield(L, 3, "pooled");
         pooled = lua_toboolean(L, -1);
         lua_pop(L, 1);
@@ -411,59 +469,43 @@ int policy_pick_fastest(lua_State *L)
     const struct atc_signal_params *p = signal_params(v);
     uint64_t now = signals_now_us(v);
     int n = (int)lua_objlen(L, 1), best = 0;
-    /* One pass finds the endpoints behind the views (NULL: not a candidate) and the pool's mean speeds;
-     * the array is a userdata, so a Lua error leaks nothing. */
-    const struct atc_endpoint **eps = lua_newuserdata(L, (size_t)(n > 0 ? n : 1) * sizeof(*eps));
+    /* One pass reads every element (a userdata array: a Lua error leaks nothing) and the pool's mean
+     * speeds; the next finds the cheapest. */
+    struct fast_cand *c = lua_newuserdata(L, (size_t)(n > 0 ? n : 1) * sizeof(*c));
     double pool_tps = 0, pool_itl = 0;
     for (int i = 1; i <= n; i++) {
         lua_rawgeti(L, 1, i);
-        int index = policy_api_view_index(v, -1);
-        bool skipped = lua_rawequal(L, -1, skip);
+        read_fast_cand(L, v, lua_gettop(L), &c[i - 1], now);
+        c[i - 1].usable = c[i - 1].usable && !lua_rawequal(L, -1, skip);
         lua_pop(L, 1);
-        const struct atc_endpoint *ep = index >= 0 ? policy_api_endpoint_at(v, (unsigned)index) : NULL;
-        if (ep == NULL)
-            return luaL_error(L, "atc.fastest: element %d is not an endpoint", i);
-        if (pooled) {
-            pool_tps += atc_signals_prefill_tps(&ep->sig, p);
-            pool_itl += atc_signals_itl_ms(&ep->sig, p);
+        pool_tps += c[i - 1].tps;
+        pool_itl += c[i - 1].itl;
+    }
+    if (pooled && n > 0) { /* every endpoint at the pool's mean speeds: compare the work queued, not noisy rates */
+        for (int i = 0; i < n; i++) {
+            c[i].tps = pool_tps / n;
+            c[i].itl = pool_itl / n;
         }
-        eps[i - 1] = skipped || !policy_api_available(v, ep) ? NULL : ep;
     }
-    if (pooled) { /* every endpoint at the pool's mean speeds: compare the work queued, not noisy rates */
-        pool_tps = n ? pool_tps / n : p->prefill_tps;
-        pool_itl = n ? pool_itl / n : (double)p->itl_us / 1000.0;
-    }
-    double best_cost = 0, best_ttft = 0, best_recent = 0, best_load = 0;
+    double best_cost = 0, best_ttft = 0;
     for (int i = 1; i <= n; i++) {
-        const struct atc_endpoint *ep = eps[i - 1];
-        if (ep == NULL)
+        struct fast_cand *x = &c[i - 1];
+        if (!x->usable)
             continue;
-        const struct atc_signals *s = &ep->sig;
-        double tps = pooled ? pool_tps : atc_signals_prefill_tps(s, p);
-        double itl = pooled ? pool_itl : atc_signals_itl_ms(s, p);
-        uint64_t uncached = uncached_at(L, v, ep);
-        double queued = (double)atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed);
-        double ttft = (queued + (double)uncached) * 1000.0 / tps + itl;
-        double recent = w_recent > 0 ? atc_signals_recent(s, p, now) : -1; /* -1: not read yet */
-        unsigned cap = atc_endpoint_capacity_now(ep);
-        double load = cap ? (double)ep->inflight / cap : 1.0;
-        double cost = ttft + (w_uncached - 1) * (double)uncached * 1000.0 / tps +
-                      (w_recent > 0 ? w_recent * recent * 1000.0 / tps : 0) +
-                      w_decode * (double)atomic_load_explicit(&s->decoding, memory_order_relaxed) * itl;
+        double ttft = (x->queued + x->uncached) * 1000.0 / x->tps + x->itl;
+        double cost = ttft + (w_uncached - 1) * x->uncached * 1000.0 / x->tps +
+                      (w_recent > 0 ? w_recent * fast_recent(x, p, now) * 1000.0 / x->tps : 0) +
+                      w_decode * x->decoding * x->itl;
         bool better = best == 0 || cost < best_cost;
         if (!better && cost == best_cost) { /* a tie: less recent work, then the lighter */
-            if (recent < 0)
-                recent = atc_signals_recent(s, p, now);
-            if (best_recent < 0)
-                best_recent = atc_signals_recent(&eps[best - 1]->sig, p, now);
-            better = recent < best_recent || (recent == best_recent && load < best_load);
+            struct fast_cand *b = &c[best - 1];
+            double r = fast_recent(x, p, now), rb = fast_recent(b, p, now);
+            better = r < rb || (r == rb && x->load < b->load);
         }
         if (better) {
             best = i;
             best_cost = cost;
             best_ttft = ttft;
-            best_recent = recent;
-            best_load = load;
         }
     }
     if (best == 0) {
