@@ -13,7 +13,8 @@
 -- Rule, per worker, in KV blocks of block_size tokens (lowest wins):
 --   raw_prefill = (active_prefill_tokens + max(isl, cached_tokens)) / block_size
 --   adjusted    = max(0, raw_prefill - overlap_score_credit * overlap_blocks)
---   decode      = active_decode_blocks + the request's full blocks (potential_decode_blocks)
+--   decode      = active_decode_blocks + the request's full blocks not already among them
+--                 (potential_decode_blocks = active_decode_blocks + additional_active_blocks)
 --   logit       = prefill_load_scale * adjusted + decode + decode_active_request_weight * active_requests
 --   active_prefill_tokens: the uncached prompt tokens of the worker's requests that have not produced
 --   their first token (no decay: router_prefill_load_model "none"); active_decode_blocks: the prompt
@@ -29,8 +30,12 @@
 -- isl = req.prompt_tokens; block_size = req.block_tokens. active_decode_blocks = ep.inflight_tokens /
 -- block_size: atc does not count the prompt tokens in flight apart from their max_tokens, so this
 -- counts each request's output budget too (small beside the prompts of chat and Mooncake traffic), and
--- it does not deduplicate prompt blocks that requests in flight share, as Dynamo does with
--- router_assume_kv_reuse; to stay consistent the request's own blocks are not deduplicated either.
+-- it cannot deduplicate the prompt blocks that requests in flight share, as Dynamo does
+-- (router_assume_kv_reuse true): where traffic shares prefixes this term reads higher than Dynamo's.
+-- The request's own blocks are deduplicated as Dynamo does, against the overlap: additional blocks =
+-- max(0, floor(isl / block_size) - overlap_blocks). Dynamo counts only blocks of requests still in
+-- flight there; atc's index also remembers finished ones, which matters at light load, where this term
+-- is small anyway.
 -- Not modelled: the router's own queue (router_queue_threshold, a fraction of the engines'
 -- max_num_batched_tokens); atc skips endpoints without room and queues when none has any.
 
@@ -50,7 +55,7 @@ function M.logit(ep, req)
   local cached = overlap * bs
   local raw_prefill = (ep.prefill_tokens + math.max(isl, cached)) / bs
   local adjusted = math.max(0, raw_prefill - OVERLAP_SCORE_CREDIT * overlap)
-  local decode = ep.inflight_tokens / bs + math.floor(isl / bs)
+  local decode = ep.inflight_tokens / bs + math.max(0, math.floor(isl / bs) - overlap)
   return PREFILL_LOAD_SCALE * adjusted + decode + DECODE_ACTIVE_REQUEST_WEIGHT * ep.inflight
 end
 

@@ -24,33 +24,37 @@ end
 
 t.test("dynamo: the logit is prefill blocks (active + the prompt, minus overlap) plus decode blocks", function()
   -- 4096-token prompt in 512-token blocks: 8 blocks.
-  --   a: (2048 + 4096) / 512 - 6 = 6 prefill, 10240 / 512 + 8 = 28 decode: 34
+  --   a: (2048 + 4096) / 512 - 6 = 6 prefill, 10240 / 512 + (8 - 6) = 22 decode: 28
   --   b: (0 + 4096) / 512 - 0 = 8 prefill, 14336 / 512 + 8 = 36 decode: 44
   local f = fleet {
     { id = "a", overlap = 6, prefill_tokens = 2048, inflight_tokens = 10240, inflight = 2 },
     { id = "b", overlap = 0, inflight_tokens = 14336, inflight = 3 },
   }
   local req = t.request { prompt_tokens = 4096, block_tokens = 512 }
-  t.expect(dynamo.logit(f:endpoint("a"), req)).to_be(34)
+  t.expect(dynamo.logit(f:endpoint("a"), req)).to_be(28)
   t.expect(dynamo.logit(f:endpoint("b"), req)).to_be(44)
   t.expect(dynamo.route(req, f)).to_be_endpoint("a")
 end)
 
 t.test("dynamo: a prefill backlog outweighs the overlap credit", function()
-  -- a's backlog of 8192 uncached tokens: (8192 + 4096) / 512 - 6 = 18, + 28 = 46 > b's 44
+  -- a's backlog of 12288 uncached tokens: (12288 + 4096) / 512 - 6 = 26, + 22 = 48 > b's 44
   local f = fleet {
-    { id = "a", overlap = 6, prefill_tokens = 8192, inflight_tokens = 10240 },
+    { id = "a", overlap = 6, prefill_tokens = 12288, inflight_tokens = 10240 },
     { id = "b", overlap = 0, inflight_tokens = 14336 },
   }
   local req = t.request { prompt_tokens = 4096, block_tokens = 512 }
-  t.expect(dynamo.logit(f:endpoint("a"), req)).to_be(46)
+  t.expect(dynamo.logit(f:endpoint("a"), req)).to_be(48)
   t.expect(dynamo.route(req, f)).to_be_endpoint("b")
 end)
 
 t.test("dynamo: an overlap past the prompt's end credits no more than the prompt", function()
-  -- 4000 tokens, 8 overlap blocks = 4096 cached: raw (0 + 4096) / 512 = 8, adjusted 0; decode 0 + 7
+  -- 4000 tokens, 8 overlap blocks = 4096 cached: raw (0 + 4096) / 512 = 8, adjusted 0; decode 0 + 0
+  -- (its 7 full blocks are all among the overlap); with a request in flight, 1024 / 512 = 2
   local f = fleet { { id = "a", overlap = 8 } }
-  t.expect(dynamo.logit(f:endpoint("a"), t.request { prompt_tokens = 4000, block_tokens = 512 })).to_be(7)
+  local req = t.request { prompt_tokens = 4000, block_tokens = 512 }
+  t.expect(dynamo.logit(f:endpoint("a"), req)).to_be(0)
+  f:set("a", { inflight = 1, inflight_tokens = 1024 })
+  t.expect(dynamo.logit(f:endpoint("a"), req)).to_be(2)
 end)
 
 t.test("dynamo: ties are broken at random, full endpoints are skipped, none with room queues", function()
