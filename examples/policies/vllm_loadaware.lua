@@ -3,7 +3,8 @@
 --
 -- Source (vllm-project/production-stack): src/vllm_router/routers/routing_logic.py, LoadAwareRouter
 -- (select_url, relative_loads, score_endpoint, fallback_url) and RoutingInterface._qps_routing, added by
--- PR #1035 (merged 2026-08-09); src/vllm_router/stats/request_stats.py (the in-flight counts and QPS);
+-- PR #1035 (merged 2026-08-09; read from the PR's branch, as the main-branch snapshot at hand predates
+-- the merge); src/vllm_router/stats/request_stats.py (the in-flight counts and QPS);
 -- src/vllm_router/parsers/parser.py (--request-stats-window 60, --session-key unset).
 --
 -- Rule: every endpoint is scored
