@@ -43,6 +43,8 @@ static const char usage_replay[] =
     "      --seed N          seeds atc.random(), the fallback balancer and drawn output lengths (default 1)\n"
     "      --model NAME      send every request to this model (imported traces name llama-3-8b)\n"
     "      --limit N         replay only the first N requests\n"
+    "      --from N          leave out the first N requests (the rest start at time 0): with --limit,\n"
+    "                        any part of a trace, e.g. its second half to check knobs fitted on the first\n"
     "      --budget DURATION CPU time a decision may use (default: the config's policy.budget); one\n"
     "                        that uses more counts as an overrun, and the watchdog stops it (wall clock;\n"
     "                        routed by the built-in balancer) only at 100 times that, so a busy machine\n"
@@ -168,6 +170,7 @@ int atc_replay_main(int argc, char **argv)
         {"no-progress", no_argument, NULL, 'n'},
         {"speed", required_argument, NULL, 'S'},
         {"servers", required_argument, NULL, 'N'},
+        {"from", required_argument, NULL, 'F'},
         {"live", no_argument, NULL, 'L'},
         {"target", required_argument, NULL, 'T'},
         {"max-inflight", required_argument, NULL, 'M'},
@@ -182,6 +185,7 @@ int atc_replay_main(int argc, char **argv)
     double speeds[MAX_CELLS], server_list[MAX_CELLS];
     unsigned servers[MAX_CELLS];
     int nspeeds = 0, nservers = 0;
+    size_t from = 0;
     struct atc_replay_options o = {.seed = 1};
     struct atc_trace_import_options io = {0};
     struct atc_replay_live_options lo = {0};
@@ -273,6 +277,13 @@ int atc_replay_main(int argc, char **argv)
         case 'L':
             live = true;
             break;
+        case 'F':
+            from = strtoul(optarg, &end, 10);
+            if (*end != '\0' || *optarg == '\0') {
+                fprintf(stderr, "atc replay: --from must be a whole number\n");
+                return 2;
+            }
+            break;
         case 'T':
             target = optarg;
             live = true;
@@ -336,6 +347,19 @@ int atc_replay_main(int argc, char **argv)
     }
     if (bad > 0)
         fprintf(stderr, "%s: %zu malformed line(s) skipped\n", trace_path, bad);
+    if (from > 0) { /* the records from `from` on, as if the trace began there */
+        if (from >= trace->n) {
+            fprintf(stderr, "atc replay: --from %zu: the trace has %zu requests\n", from, trace->n);
+            atc_trace_free(trace);
+            atc_config_free(cfg);
+            return 2;
+        }
+        memmove(trace->records, trace->records + from, (trace->n - from) * sizeof(*trace->records));
+        trace->n -= from;
+        uint64_t t0 = trace->records[0].at_us;
+        for (size_t i = 0; i < trace->n; i++)
+            trace->records[i].at_us -= t0;
+    }
     bool progress = !no_progress && !json && isatty(STDERR_FILENO);
     o.progress = lo.progress = progress;
     int rc = 0;

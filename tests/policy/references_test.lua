@@ -102,9 +102,9 @@ t.test("llmd: 2 * queue + 2 * (1 - kv) + 3 * prefix, the queue scaled between mi
   -- queues 4, 0, 2: queue scores 0, 1, 0.5; prefix of a = 2 * 64 / 1024 = 0.125
   --   a: 0 + 2 * 0.5 + 3 * 0.125 = 1.375; b: 2 + 2 * 0.1 = 2.2; c: 1 + 2 * 0.8 = 2.6
   local f = t.fleet {
-    { id = "a", queue = 4, kv_usage = 0.5, overlap = 2 },
-    { id = "b", queue = 0, kv_usage = 0.9 },
-    { id = "c", queue = 2, kv_usage = 0.2 },
+    { id = "a", server_queue = 4, kv_usage = 0.5, overlap = 2 },
+    { id = "b", server_queue = 0, kv_usage = 0.9 },
+    { id = "c", server_queue = 2, kv_usage = 0.2 },
   }
   local req = t.request { prompt_tokens = 1024, block_tokens = 64 }
   t.expect(llmd.prefix_score(f:endpoint("a"), req)).to_be(0.125)
@@ -124,7 +124,7 @@ t.test("llmd: the prefix index looks at the first 4096 tokens only", function()
 end)
 
 t.test("llmd: servers not scraped yet read as an empty queue and an empty cache", function()
-  local f = t.fleet { { id = "a" }, { id = "b", queue = 3, kv_usage = 0.1 } }
+  local f = t.fleet { { id = "a" }, { id = "b", server_queue = 3, kv_usage = 0.1 } }
   local a = f:endpoint("a")
   a.queue, a.kv_usage = nil, nil -- as the engine shows them before the first scrape
   -- a: 2 * 1 + 2 * 1 = 4; b: 0 + 2 * 0.9 = 1.8
