@@ -9,17 +9,22 @@ local verdict = require "atc.verdict"
 
 -- Knobs ------------------------------------------------------------------------------------------------
 local HIGH_PRIORITY = 5 -- req.priority (0-9, header x-atc-priority) above this is urgent
--- A prompt token that is not cached where the request goes costs CACHE_WEIGHT tokens of queue: the
--- prefill now, and the cache it leaves on a server that did not hold it. With 1 (urgent requests), a
--- prompt leaves its cache for an endpoint whose queue is shorter by more than the cached tokens; with
--- 1.5 it stays unless the queue there is longer by 1.5 times its uncached part elsewhere. Fitted on the
--- first half of Mooncake's synthetic trace (README, "Routing"): 1.5 kept the most hits at 0.8-1.0 of
--- the fleet's prefill capacity (TTFT p90 0.91x of 1.0 at 2x speed on 8 servers) and changed nothing
--- at light load; 2 and more gave hits back to queues again near saturation.
+-- The cost of an endpoint, in milliseconds of its prefill (at the pool's observed rate):
+--   the prompt tokens queued there (ep.prefill_tokens: sent, first token not back)
+--   + CACHE_WEIGHT x this request's tokens not cached there: their prefill now, and the cache they leave
+--     on a server that did not hold them (urgent requests count them once: the soonest first token)
+--   + DECODE_WEIGHT x one decode step per request decoding there (a new request slows every step of the
+--     batch it joins).
+-- Fitted on the first half of Mooncake's synthetic trace only (`atc replay -c examples/replay/mooncake.yaml
+-- --trace mooncake_synthetic.jsonl --limit 1996 --speed 1,2,2.5,4 --servers 8,16,32`, README "Routing"):
+-- below 0.5 of the fleet's prefill capacity every weighting tied (TTFT p90 within 3%: the floor is the
+-- prefill of the long prompts); at 0.77-0.96 CACHE_WEIGHT 1.5 gave the lowest TTFT p90 (2x/8 servers:
+-- 2945 ms against 3103 at 1 and 3218 at 2; 2.5x/8: 6213 against 6713 and 6328). DECODE_WEIGHT 0.1 is a tie-breaker: on the Azure code trace (no
+-- prefixes, requests one at a time) it cut e2e p99 by 9% and left TTFT as it was.
+-- Not weighed: the tokens held by requests in flight (ep.inflight_tokens). Counting them as Dynamo does
+-- helped by 3-7% at 0.6-0.8 of capacity, and past saturation gave cache hits away for balance, the
+-- collapse "tokens in flight" caused in the policy this one replaced (README, "Routing").
 local CACHE_WEIGHT = 1.5
--- Each request decoding there costs DECODE_WEIGHT of a token step: a new request slows every step of the
--- batch it joins. A tie-breaker, too small to move a prompt from its cache: on the Azure code trace
--- (prompts without prefixes, one at a time) 0.1 cut e2e p99 by 9% and left TTFT as it was.
 local DECODE_WEIGHT = 0.1
 ----------------------------------------------------------------------------------------------------------
 
@@ -28,8 +33,8 @@ M.HIGH_PRIORITY, M.CACHE_WEIGHT = HIGH_PRIORITY, CACHE_WEIGHT
 
 -- Every endpoint at the pool's mean observed rates: the servers of one pool run the same model on the
 -- same hardware, and comparing each one's noisy estimate of the same speed moved traffic for nothing
--- (replayed on the first half of the synthetic trace, per-endpoint rates cost 8 points of cache hits
--- at light load, 30% -> 22%, and 15% of TTFT p90).
+-- (the same first-half grid: per-endpoint rates cost 9 points of cache hits at 1x/32 servers, 31% ->
+-- 22%, 16% of TTFT p90 there and 23% at 2x/8). A pool of unlike servers: split it by tags (capability).
 M.COST = { pooled = true, uncached = CACHE_WEIGHT, decode = DECODE_WEIGHT }
 M.URGENT = { pooled = true, uncached = 1, decode = DECODE_WEIGHT }
 

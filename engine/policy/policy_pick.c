@@ -428,6 +428,7 @@ static void read_fast_cand(lua_State *L, struct policy_version *v, int el, struc
     c->decoding = field_number(L, el, "decoding", 0);
     c->recent = field_number(L, el, "recent_tokens", 0);
     c->load = capacity > 0 ? inflight / capacity : 1.0;
+
     double prompt = field_number(L, 2, "prompt_tokens", 0), bt = field_number(L, 2, "block_tokens", 64);
     lua_getfield(L, el, "prefix_overlap");
     lua_pushvalue(L, el);
@@ -455,6 +456,7 @@ int policy_pick_fastest(lua_State *L)
     bool pooled = false;
     if (!lua_isnoneornil(L, 3)) {
         luaL_checktype(L, 3, LUA_TTABLE);
+
         w_recent = field_number(L, 3, "recent", 0);
         w_decode = field_number(L, 3, "decode", 0);
         w_uncached = field_number(L, 3, "uncached", 1);

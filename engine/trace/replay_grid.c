@@ -86,7 +86,7 @@ int atc_replay_grid_run(struct atc_config *cfg, struct atc_trace *trace, struct 
             fleet_capacity(cfg, &capacity, &kv);
             c->offered_load = capacity > 0 ? tps / capacity : 0;
             /* (a single cell's report does not show it) */
-            c->ideal_hit_rate = nspeeds * nservers > 1 ? atc_trace_pooled_lru_hit_rate(trace, kv) : 0;
+            c->ideal_hit_rate = nspeeds * nservers > 1 ? atc_trace_pooled_lru_hit_rate(trace, o->limit, kv) : 0;
             if ((c->results = calloc(g->npolicies, sizeof(*c->results))) == NULL) {
                 *err = strdup("out of memory");
                 goto error;

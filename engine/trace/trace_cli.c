@@ -344,7 +344,7 @@ static void print_text(FILE *out, const char *path, const struct atc_trace *t, c
         for (size_t i = 0; i < sizeof(servers) / sizeof(servers[0]); i++) {
             uint64_t room = (uint64_t)servers[i] * sp.kv_blocks * ATC_SIM_KV_BLOCK_TOKENS;
             fprintf(out, "%s %u servers %.1f%%", i ? "," : "", servers[i],
-                    100.0 * atc_trace_pooled_lru_hit_rate(t, room));
+                    100.0 * atc_trace_pooled_lru_hit_rate(t, 0, room));
         }
         fprintf(out, " (the hit rate of one LRU cache as large as N servers' KV caches of %uk tokens: the "
                      "most routing can reach)\n",

@@ -142,12 +142,13 @@ static int insert(struct lru *c, uint64_t block, uint32_t cost)
     return 0;
 }
 
-double atc_trace_pooled_lru_hit_rate(const struct atc_trace *t, uint64_t capacity_tokens)
+double atc_trace_pooled_lru_hit_rate(const struct atc_trace *t, size_t limit, uint64_t capacity_tokens)
 {
+    size_t n = limit > 0 && limit < t->n ? limit : t->n;
     struct lru c = {.free_list = NONE, .head = NONE, .tail = NONE, .capacity = capacity_tokens};
     uint64_t blocks = 0, hits = 0;
     int rc = grow_slots(&c);
-    for (size_t i = 0; i < t->n && rc == 0; i++) {
+    for (size_t i = 0; i < n && rc == 0; i++) {
         const struct atc_trace_record *r = &t->records[i];
         uint32_t bt = r->block_tokens ? r->block_tokens : ATC_SIM_KV_BLOCK_TOKENS;
         uint32_t cost = (bt + ATC_SIM_KV_BLOCK_TOKENS - 1) / ATC_SIM_KV_BLOCK_TOKENS * ATC_SIM_KV_BLOCK_TOKENS;
@@ -156,10 +157,10 @@ double atc_trace_pooled_lru_hit_rate(const struct atc_trace *t, uint64_t capacit
             blocks++;
             size_t s = find_slot(&c, r->blocks[k]);
             if (c.slots[s] != NONE) {
-                uint32_t n = c.slots[s];
+                uint32_t node = c.slots[s];
                 hits += leading;
-                unlink_node(&c, n);
-                push_front(&c, n);
+                unlink_node(&c, node);
+                push_front(&c, node);
             } else {
                 leading = false;
                 rc = insert(&c, r->blocks[k], cost);

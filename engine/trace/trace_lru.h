@@ -8,13 +8,14 @@
  * No routing policy can beat it, so `atc trace stats` and the replay grid report it beside the hit rate
  * a policy reached. */
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct atc_trace;
 
-/** The share of @p t's prefix blocks found in a pooled LRU cache of @p capacity_tokens tokens (each block
- * costs its record's block_tokens, rounded up to the simulated server's 16-token KV blocks); 0 when the
- * trace has no prefix blocks, -1 when memory runs out. */
-double atc_trace_pooled_lru_hit_rate(const struct atc_trace *t, uint64_t capacity_tokens);
+/** The share of the prefix blocks of @p t's first @p limit requests (0: all) found in a pooled LRU cache of
+ * @p capacity_tokens tokens (each block costs its record's block_tokens, rounded up to the simulated
+ * server's 16-token KV blocks); 0 when they have no prefix blocks, -1 when memory runs out. */
+double atc_trace_pooled_lru_hit_rate(const struct atc_trace *t, size_t limit, uint64_t capacity_tokens);
 
 #endif
