@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "core/config.h"
+#include "fleet/signals.h"
 
 struct atc_config;
 struct atc_upstream_pool;
@@ -48,6 +49,7 @@ struct atc_endpoint {
     bool simulated;                 /* started by atc for simulate: (kept across config reloads) */
     _Atomic unsigned server_queue;  /* server-reported: requests waiting (0 until reported; replay sets it) */
     _Atomic double server_kv_usage; /* server-reported: share of KV cache in use, 0..1 (likewise) */
+    struct atc_signals sig;         /* what the engine observes of its work (signals.h) */
 
     /* health.c owns these (main thread writes, workers read) */
     _Atomic unsigned slow_start_limit;  /* while > 0 (ramping up after a return): at most this many */
@@ -67,6 +69,7 @@ struct atc_endpoint_table {
     size_t nendpoints;
     struct atc_model *models;
     size_t nmodels;
+    struct atc_signal_params signals; /* priors and time constants of every endpoint's signals */
 };
 
 /** Builds the table from @p cfg's models (simulated endpoints are added with

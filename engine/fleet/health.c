@@ -661,6 +661,7 @@ static void scrape_page(struct hep *e, const char *page, size_t len)
         isfinite(l->waiting) && l->waiting > 0 ? (unsigned)lround(fmin(l->waiting, 1e9)) : 0;
     e->ep->server_kv_usage = isfinite(l->kv_usage) ? l->kv_usage : 0;
     l->scraped_ms = (double)atc_mono_us() / 1000.0;
+    atc_signals_scraped(&e->ep->sig, l->running, l->waiting, l->kv_usage, l->prefix_hit_rate, atc_mono_us());
     if (e->scrape_failing)
         atc_info("endpoint %s: load scrape works again", e->ep->id);
     e->scrape_failing = false;
