@@ -181,7 +181,8 @@ class ImportTest(AtcTestCase):
                             (["trace", "import", "--help"], ["--format", "--model", "--block-tokens", "-o"]),
                             (["trace", "stats", "--help"], ["--json"]),
                             (["replay", "--help"], ["--trace", "--policy", "--vs", "--seed", "--json", "--html",
-                                                    "--speed", "--target", "--limit", "--model", "--budget"]),
+                                                    "--speed", "--servers", "--from", "--live", "--target", "--limit", "--model",
+                                                    "--budget"]),
                             (["test", "--help"], ["--filter", "--scripts", "PATH"])):
             code, out, _ = atc(*args)
             self.assertEqual(code, 0, args)
@@ -232,6 +233,42 @@ class ReplayTest(AtcTestCase):
         self.assertEqual(page.count("<svg"), 3, "a TTFT chart, and load over time per policy")
         self.assertNotIn("<script", page)
         self.assertNotIn("http://", page.replace("http://www.w3.org/2000/svg", ""))
+
+    def test_grid_of_speeds_and_fleet_sizes(self):
+        fleet = self.fleet()
+        args = ["replay", "-c", fleet, "--trace", FIXTURE, "--vs", "round_robin", "--speed", "1,4",
+                "--servers", "2,4", "--no-progress"]
+        code, out, err = atc(*args, "--json")
+        self.assertEqual(code, 0, err)
+        grid = json.loads(out)
+        cells = [(c["speed"], c["servers"]) for c in grid["cells"]]
+        self.assertEqual(cells, [(1, 2), (1, 4), (4, 2), (4, 4)])
+        for c in grid["cells"]:
+            self.assertEqual([p["name"] for p in c["policies"]], ["scripts/policy", "round_robin"])
+            self.assertEqual(len(c["policies"][0]["endpoints"]), c["servers"], "--servers sized the fleet")
+            for p in c["policies"]:
+                self.assertEqual(p["completed"], 274)
+                self.assertLessEqual(p["cache_hit_rate"], c["ideal_hit_rate"] + 1e-9, "the bound holds")
+        load = {(c["speed"], c["servers"]): c["offered_load"] for c in grid["cells"]}
+        self.assertAlmostEqual(load[(4, 2)], 4 * load[(1, 2)], delta=0.001, msg="4x the traffic")
+        self.assertAlmostEqual(load[(1, 2)], 2 * load[(1, 4)], delta=0.001, msg="half the servers")
+        again = atc(*args, "--json")[1]
+        self.assertEqual(again, out, "the same grid gives byte-identical JSON")
+        code, table, err = atc(*args, "--html", os.path.join(self.tmp.name, "grid.html"))
+        self.assertEqual(code, 0, err)
+        self.assertIn("speed / servers", table)
+        self.assertIn("4x / 2", table)
+        with open(os.path.join(self.tmp.name, "grid.html")) as f:
+            self.assertIn("<table>", f.read())
+
+    def test_from_and_limit_take_a_part_of_the_trace(self):
+        code, out, err = atc("replay", "-c", self.fleet(), "--trace", FIXTURE, "--from", "200", "--json",
+                             "--no-progress")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(json.loads(out)["policies"][0]["requests"], 74)
+        code, _, err = atc("replay", "-c", self.fleet(), "--trace", FIXTURE, "--from", "274")
+        self.assertEqual(code, 2)
+        self.assertIn("the trace has 274 requests", err)
 
     def test_bad_arguments(self):
         code, _, err = atc("replay", "--trace", FIXTURE)
