@@ -40,7 +40,6 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
     struct worker_task *t = w->tasks;
     w->tasks = NULL;
     w->tail = &w->tasks;
-    atomic_init(&w->top_priority, -1);
     pthread_mutex_unlock(&w->mu);
     while (t != NULL) {
         struct worker_task *next = t->next;
@@ -56,6 +55,10 @@ int atc_worker_init(struct atc_worker *w, struct atc_server *srv, unsigned id, s
     w->id = id;
     w->base = base;
     w->tail = &w->tasks;
+    /* Nothing waits yet. Set here once, and afterwards only by atc_server_queue_changed on this worker's
+     * thread: a mailbox wake (a park, an observation, a kick) says nothing about the queue. */
+    atomic_init(&w->top_priority, -1);
+    atomic_init(&w->kick_posted, false);
     w->next_id = (uint64_t)id << 48; /* request ids stay unique across workers */
     w->rng = srv->rng ^ ((uint64_t)id * 0x9e3779b97f4a7c15ull);
     pthread_mutex_init(&w->mu, NULL);

@@ -42,8 +42,13 @@ struct atc_worker {
     uint64_t next_id;
     struct timeval watch_delay; /* when a relay starts watching its client for a hang-up (a common timeout) */
 
-    atomic_int top_priority; /* of the requests in its admission queue (-1: none): read by other workers */
-    atomic_bool kick_posted; /* a kick from another worker is on its way */
+    /* Cross-worker handoff of freed slots (server.c). top_priority: the highest priority waiting in its
+     * admission queue, -1 when none; written only on its own thread (atc_server_queue_changed, after
+     * every change to the queue), read by any worker with a plain atomic load when a slot frees. A
+     * mailbox wake does not touch it. kick_posted: set by the worker that posts a kick, cleared by the
+     * kick on this worker's thread (an atomic exchange, so only one kick is in the mailbox at a time). */
+    atomic_int top_priority;
+    atomic_bool kick_posted;
 
     /* the mailbox */
     pthread_t thread;
