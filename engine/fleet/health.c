@@ -15,6 +15,7 @@
 #include "fleet/health.h"
 
 #include <math.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,9 +83,18 @@ struct hmodel {
     uint64_t panics_total;
 };
 
-/* One endpoint's health; `pub` is what ep->health points to. */
+/* One endpoint's health. `pub` is what ep->health points to, the part workers read (health.h); every
+ * other field is the main thread's alone. state and last_error are kept here too, and copied to pub
+ * when they change (publish_state, set_last_error): the main thread reads its own copies. */
 struct hep {
     struct atc_endpoint_health pub;
+    enum atc_health_state state;
+    enum atc_check_verdict live, ready, deep;   /* deep starts OK: it can only take an endpoint out */
+    char last_error[ATC_HEALTH_TEXT_WORDS * 8]; /* the last failed probe or ejection, with why; "" if none */
+    uint64_t state_changes;
+    uint64_t ejections_total;
+    double slow_start; /* share of its capacity offered now: 1 unless ramping up */
+    struct atc_server_load load;
     struct atc_health *h;
     struct atc_endpoint *ep;
     struct hmodel *model;
@@ -147,6 +157,75 @@ static struct hep *hep_of(const struct atc_endpoint *ep)
     return ep->health != NULL ? (struct hep *)(void *)ep->health : NULL;
 }
 
+/* ---- what the workers read ---- */
+
+static void publish_state(struct hep *e, enum atc_health_state s)
+{
+    e->state = s;
+    atomic_store_explicit(&e->pub.state, (int)s, memory_order_relaxed);
+}
+
+/* The two values of the scraped load that policies read. */
+static void publish_load(struct hep *e)
+{
+    atomic_store_explicit(&e->pub.running, e->load.running, memory_order_relaxed);
+    atomic_store_explicit(&e->pub.prefix_hit_rate, e->load.prefix_hit_rate, memory_order_relaxed);
+}
+
+/* The seqlock's one writer. The release fence orders the odd seq before the words; the release store of
+ * the even seq orders the words before it. */
+void atc_health_text_set(struct atc_health_text *t, const char *s)
+{
+    unsigned seq = atomic_load_explicit(&t->seq, memory_order_relaxed);
+    atomic_store_explicit(&t->seq, seq + 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    size_t len = strlen(s), n = 0;
+    for (size_t w = 0; w < ATC_HEALTH_TEXT_WORDS; w++) {
+        char bytes[8] = {0};
+        for (size_t k = 0; k < 8 && n < len && n < ATC_HEALTH_TEXT_WORDS * 8 - 1; k++)
+            bytes[k] = s[n++];
+        uint64_t word;
+        memcpy(&word, bytes, 8);
+        atomic_store_explicit(&t->words[w], word, memory_order_relaxed);
+    }
+    atomic_store_explicit(&t->seq, seq + 2, memory_order_release);
+}
+
+size_t atc_health_text_get(const struct atc_health_text *t, char *out, size_t size)
+{
+    char copy[ATC_HEALTH_TEXT_WORDS * 8];
+    unsigned before, after, tries = 0;
+    do { /* the writer holds seq odd for the time of a 192-byte copy, once per failed probe at most */
+        if (tries++ > 0 && tries % 64 == 0)
+            sched_yield(); /* the writer was preempted halfway: let it finish */
+        before = atomic_load_explicit(&t->seq, memory_order_acquire);
+        for (size_t w = 0; w < ATC_HEALTH_TEXT_WORDS; w++) {
+            uint64_t word = atomic_load_explicit(&t->words[w], memory_order_relaxed);
+            memcpy(copy + 8 * w, &word, 8);
+        }
+        atomic_thread_fence(memory_order_acquire);
+        after = atomic_load_explicit(&t->seq, memory_order_relaxed);
+    } while ((before & 1) != 0 || before != after);
+    copy[sizeof(copy) - 1] = '\0';
+    size_t len = strnlen(copy, sizeof(copy));
+    if (len >= size)
+        len = size - 1;
+    memcpy(out, copy, len);
+    out[len] = '\0';
+    return len;
+}
+
+/* Sets the endpoint's last error (printf-style) and publishes it. */
+static void set_last_error(struct hep *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_last_error(struct hep *e, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->last_error, sizeof(e->last_error), fmt, ap);
+    va_end(ap);
+    atc_health_text_set(&e->pub.last_error, e->last_error);
+}
+
 const char *atc_health_state_name(enum atc_health_state state)
 {
     switch (state) {
@@ -182,13 +261,13 @@ static enum atc_health_state derive_state(const struct hep *e)
         return ATC_HEALTH_DRAINING;
     if (e->ejected)
         return ATC_HEALTH_EJECTED;
-    if (e->pub.live == ATC_CHECK_FAILED || e->pub.deep == ATC_CHECK_FAILED)
+    if (e->live == ATC_CHECK_FAILED || e->deep == ATC_CHECK_FAILED)
         return ATC_HEALTH_UNHEALTHY;
     /* Not ready: "starting" while the server answers (it is loading), "unhealthy" when it does not,
      * whichever of the live and ready checks notices first. */
-    if (e->pub.ready == ATC_CHECK_FAILED && e->ready_unanswered)
+    if (e->ready == ATC_CHECK_FAILED && e->ready_unanswered)
         return ATC_HEALTH_UNHEALTHY;
-    if (e->pub.ready != ATC_CHECK_OK)
+    if (e->ready != ATC_CHECK_OK)
         return ATC_HEALTH_STARTING;
     return ATC_HEALTH_HEALTHY;
 }
@@ -232,24 +311,25 @@ static bool apply_ramps(struct atc_health *h)
         struct hep *e = &h->eps[i];
         if (e->ramp_start_ms == 0)
             continue;
-        double share = e->pub.state == ATC_HEALTH_HEALTHY ? ramp_share(e, now) : 1.0;
+        double share = e->state == ATC_HEALTH_HEALTHY ? ramp_share(e, now) : 1.0;
         if (share >= 1.0) {
-            if (e->pub.state == ATC_HEALTH_HEALTHY) {
+            if (e->state == ATC_HEALTH_HEALTHY) {
                 atc_info("endpoint %s: slow start over: full capacity (%u)", e->ep->id, e->ep->capacity);
                 more_capacity(h);
             }
             e->ramp_start_ms = 0;
-            e->ep->slow_start_limit = 0;
-            e->pub.slow_start = 1.0;
+            atomic_store_explicit(&e->ep->slow_start_limit, 0, memory_order_relaxed);
+            e->slow_start = 1.0;
             continue;
         }
         unsigned limit = (unsigned)(share * e->ep->capacity);
         if (limit < 1)
             limit = 1;
-        if (limit > e->ep->slow_start_limit && e->ep->slow_start_limit != 0)
+        unsigned was = atomic_load_explicit(&e->ep->slow_start_limit, memory_order_relaxed);
+        if (limit > was && was != 0)
             more_capacity(h);
-        e->ep->slow_start_limit = limit;
-        e->pub.slow_start = share;
+        atomic_store_explicit(&e->ep->slow_start_limit, limit, memory_order_relaxed);
+        e->slow_start = share;
         more = true;
     }
     return more;
@@ -270,9 +350,9 @@ static void update_model(struct hmodel *m)
     struct atc_health *h = m->eps[0]->h;
     size_t healthy = 0, out = 0, drained = 0;
     for (size_t i = 0; i < m->neps; i++) {
-        healthy += m->eps[i]->pub.state == ATC_HEALTH_HEALTHY;
-        out += is_out(m->eps[i]->pub.state);
-        drained += m->eps[i]->pub.state == ATC_HEALTH_DRAINING;
+        healthy += m->eps[i]->state == ATC_HEALTH_HEALTHY;
+        out += is_out(m->eps[i]->state);
+        drained += m->eps[i]->state == ATC_HEALTH_DRAINING;
     }
     /* Panic when every endpoint the operator has not drained is out: none healthy, none starting. */
     bool panic = out > 0 && out + drained == m->neps;
@@ -297,10 +377,11 @@ static void update_model(struct hmodel *m)
     }
     for (size_t i = 0; i < m->neps; i++) {
         struct hep *e = m->eps[i];
-        bool was = e->ep->routable;
-        e->ep->routable = e->pub.state == ATC_HEALTH_HEALTHY ||
-                          (panic && m->cfg->panic == ATC_PANIC_ROUTE_ALL && is_out(e->pub.state));
-        if (e->ep->routable && !was)
+        bool was = atomic_load_explicit(&e->ep->routable, memory_order_relaxed);
+        bool now = e->state == ATC_HEALTH_HEALTHY ||
+                   (panic && m->cfg->panic == ATC_PANIC_ROUTE_ALL && is_out(e->state));
+        atomic_store_explicit(&e->ep->routable, now, memory_order_relaxed);
+        if (now && !was)
             more_capacity(h);
     }
 }
@@ -310,13 +391,13 @@ static void start_deep_now(struct hep *e);
 /* Derives the endpoint's state; on a change logs it with @p reason and updates the model. */
 static void set_state(struct hep *e, const char *reason)
 {
-    enum atc_health_state old = e->pub.state, s = derive_state(e);
+    enum atc_health_state old = e->state, s = derive_state(e);
     struct atc_health *h = e->h;
     if (s == old)
         return;
     uint64_t now = atc_mono_ms();
-    e->pub.state = s;
-    e->pub.state_changes++;
+    publish_state(e, s);
+    e->state_changes++;
     h->stats.state_changes_total++;
     if (s == ATC_HEALTH_HEALTHY)
         atc_info("endpoint %s: %s -> healthy: %s", e->ep->id, atc_health_state_name(old), reason);
@@ -338,12 +419,12 @@ static void set_state(struct hep *e, const char *reason)
         e->returned_ms = now;
         e->cap_logged = false;
         /* A server that answers probes may still be unable to generate: ask it once now. */
-        if (e->pub.deep == ATC_CHECK_OK)
+        if (e->deep == ATC_CHECK_OK)
             start_deep_now(e);
     } else if (e->ramp_start_ms != 0) {
         e->ramp_start_ms = 0;
-        e->ep->slow_start_limit = 0;
-        e->pub.slow_start = 1.0;
+        atomic_store_explicit(&e->ep->slow_start_limit, 0, memory_order_relaxed);
+        e->slow_start = 1.0;
     }
     update_model(e->model);
 }
@@ -352,8 +433,8 @@ static void set_state(struct hep *e, const char *reason)
 
 static void record_error(struct hep *e, const struct probe *pr, const char *why)
 {
-    snprintf(e->pub.last_error, sizeof(e->pub.last_error), "%s check: %s %s: %s", probe_names[pr->kind],
-             pr->kind == PROBE_DEEP ? e->deep_method : "GET", pr->cfg->path, why);
+    set_last_error(e, "%s check: %s %s: %s", probe_names[pr->kind],
+                   pr->kind == PROBE_DEEP ? e->deep_method : "GET", pr->cfg->path, why);
 }
 
 static uint64_t jittered(struct atc_health *h, uint64_t ms, double jitter)
@@ -418,7 +499,7 @@ static void start_deep_now(struct hep *e)
 static void suspect(struct hep *e)
 {
     uint64_t now = atc_mono_ms();
-    if (e->pub.live != ATC_CHECK_OK || now - e->last_kick_ms < e->cfg->fast_interval_ms)
+    if (e->live != ATC_CHECK_OK || now - e->last_kick_ms < e->cfg->fast_interval_ms)
         return;
     e->last_kick_ms = now;
     kick(&e->probes[PROBE_LIVE]);
@@ -479,27 +560,27 @@ static void check_result(struct probe *pr, bool ok, const char *why)
     }
     if (!ok && reason[0] != '\0') {
         size_t n = strlen(reason);
-        snprintf(reason + n, sizeof(reason) - n, " (%s)", e->pub.last_error);
+        snprintf(reason + n, sizeof(reason) - n, " (%s)", e->last_error);
     }
 
     unsigned worst = 0;
     for (int k = PROBE_LIVE; k <= PROBE_DEEP; k++)
         if (e->probes[k].fails > worst)
             worst = e->probes[k].fails;
-    e->pub.consecutive_failures = worst;
+    atomic_store_explicit(&e->pub.consecutive_failures, worst, memory_order_relaxed);
     if (pr->kind == PROBE_LIVE)
-        e->pub.live = pr->verdict;
+        e->live = pr->verdict;
     else if (pr->kind == PROBE_READY)
-        e->pub.ready = pr->verdict;
+        e->ready = pr->verdict;
     else
-        e->pub.deep = pr->verdict;
+        e->deep = pr->verdict;
 
     if (pr->kind == PROBE_READY)
         e->ready_unanswered = !ok && pr->status == 0;
     if (pr->verdict != old)
         atc_debug("endpoint %s: %s check %s -> %s", e->ep->id, probe_names[pr->kind], verdict_name(old),
                   verdict_name(pr->verdict));
-    set_state(e, reason[0] != '\0' ? reason : e->pub.last_error);
+    set_state(e, reason[0] != '\0' ? reason : e->last_error);
     /* A sign of life from a server that is out: check the other shallow probe now too, so that it
      * comes back at the pace of the faster one. */
     if (ok && pr->verdict == ATC_CHECK_FAILED && (pr->kind == PROBE_LIVE || pr->kind == PROBE_READY)) {
@@ -508,7 +589,7 @@ static void check_result(struct probe *pr, bool ok, const char *why)
             kick(other);
     }
     /* A shallow check that starts failing (or flaps) while the endpoint is up: ask for a real answer. */
-    if (!ok && pr->kind != PROBE_DEEP && pr->fails == 1 && e->pub.state == ATC_HEALTH_HEALTHY)
+    if (!ok && pr->kind != PROBE_DEEP && pr->fails == 1 && e->state == ATC_HEALTH_HEALTHY)
         start_deep_now(e);
     if (pr->first_pending) {
         pr->first_pending = false;
@@ -744,7 +825,7 @@ static double acc_get(const struct load_acc *a, enum load_slot slot)
 
 static void scrape_failed(struct hep *e, const char *why)
 {
-    struct atc_server_load *l = &e->pub.load;
+    struct atc_server_load *l = &e->load;
     l->scrape_errors_total++;
     e->h->stats.scrape_errors_total++;
     snprintf(l->last_error, sizeof(l->last_error), "GET %s: %s", e->probes[PROBE_SCRAPE].cfg->path, why);
@@ -763,7 +844,7 @@ static void scrape_page(struct hep *e, const char *page, size_t len)
         scrape_failed(e, why);
         return;
     }
-    struct atc_server_load *l = &e->pub.load;
+    struct atc_server_load *l = &e->load;
     l->running = acc_get(&a, L_RUNNING);
     l->waiting = acc_get(&a, L_WAITING);
     l->kv_usage = acc_get(&a, L_KV);
@@ -778,10 +859,14 @@ static void scrape_page(struct hep *e, const char *page, size_t len)
         e->prev_hits = hits;
         e->have_prev = true;
     }
+    publish_load(e);
     /* What routing reads (replay fills the same fields from its simulated servers). */
-    e->ep->server_queue =
-        isfinite(l->waiting) && l->waiting > 0 ? (unsigned)lround(fmin(l->waiting, 1e9)) : 0;
-    e->ep->server_kv_usage = isfinite(l->kv_usage) ? l->kv_usage : 0;
+    atomic_store_explicit(&e->ep->server_queue,
+                          isfinite(l->waiting) && l->waiting > 0 ? (unsigned)lround(fmin(l->waiting, 1e9))
+                                                                 : 0,
+                          memory_order_relaxed);
+    atomic_store_explicit(&e->ep->server_kv_usage, isfinite(l->kv_usage) ? l->kv_usage : 0,
+                          memory_order_relaxed);
     l->scraped_ms = (double)atc_mono_us() / 1000.0;
     if (e->scrape_failing)
         atc_info("endpoint %s: load scrape works again", e->ep->id);
@@ -798,11 +883,11 @@ static void probe_end(struct probe *pr, bool ok, const char *why, bool unreachab
     struct atc_health *h = e->h;
     event_del(pr->deadline);
     pr->req = NULL;
-    e->pub.last_check_ms = (double)atc_mono_us() / 1000.0;
+    atomic_store_explicit(&e->pub.last_check_ms, (double)atc_mono_us() / 1000.0, memory_order_relaxed);
     if (pr->kind == PROBE_DEEP && unreachable) {
         atc_debug("endpoint %s: deep probe did not reach the server: %s", e->ep->id, why);
     } else if (pr->kind == PROBE_SCRAPE) {
-        e->pub.load.scrapes_total++;
+        e->load.scrapes_total++;
         h->stats.scrapes_total++;
         if (ok)
             scrape_page(e, (const char *)evbuffer_pullup(pr->body, -1), evbuffer_get_length(pr->body));
@@ -852,7 +937,7 @@ static void on_probe_done(void *arg)
         /* Any answer but a server error means the process is up. A 503 from a server that is not ready
          * (loading its model) is the ready check's business, not a liveness failure; from one that is
          * ready it is the server saying it is broken. */
-        if (st >= 500 && !(st == 503 && e->pub.ready != ATC_CHECK_OK))
+        if (st >= 500 && !(st == 503 && e->ready != ATC_CHECK_OK))
             bad = "";
         break;
     case PROBE_READY:
@@ -919,7 +1004,7 @@ static void on_probe_timer(evutil_socket_t fd, short what, void *arg)
     if (pr->req != NULL)
         return;
     /* A deep probe only means something on a server that is up and ready. */
-    if (pr->kind == PROBE_DEEP && (e->pub.live == ATC_CHECK_FAILED || e->pub.ready != ATC_CHECK_OK)) {
+    if (pr->kind == PROBE_DEEP && (e->live == ATC_CHECK_FAILED || e->ready != ATC_CHECK_OK)) {
         schedule(pr, next_interval(pr));
         return;
     }
@@ -968,7 +1053,7 @@ void atc_health_observe(struct atc_endpoint *ep, bool ok)
     uint64_t now = atc_mono_ms();
     suspect(e); /* real traffic failing */
     if (c->eject.consecutive_errors == 0 || e->passive_fails < c->eject.consecutive_errors ||
-        e->pub.state != ATC_HEALTH_HEALTHY)
+        e->state != ATC_HEALTH_HEALTHY)
         return;
     struct hmodel *m = e->model;
     size_t ejected = 0;
@@ -992,11 +1077,10 @@ void atc_health_observe(struct atc_endpoint *ep, bool ok)
     e->ejected = true;
     e->down_seen =
         e->probes[PROBE_LIVE].fails > 0 || (e->probes[PROBE_READY].fails > 0 && e->ready_unanswered);
-    e->pub.ejections_total++;
+    e->ejections_total++;
     e->h->stats.ejections_total++;
-    snprintf(e->pub.last_error, sizeof(e->pub.last_error),
-             "ejected for %.1fs: %u requests in a row failed (connection failures, timeouts or 5xx)",
-             (double)e->eject_ms / 1000.0, e->passive_fails);
+    set_last_error(e, "ejected for %.1fs: %u requests in a row failed (connection failures, timeouts or 5xx)",
+                   (double)e->eject_ms / 1000.0, e->passive_fails);
     unsigned fails = e->passive_fails;
     e->passive_fails = 0;
     struct timeval tv = tv_ms(e->eject_ms);
@@ -1091,11 +1175,12 @@ static int hep_init(struct atc_health *h, struct hep *e, struct atc_endpoint *ep
     e->h = h;
     e->ep = ep;
     e->cfg = config_for(cfg, ep, &mc);
-    e->pub.state = ATC_HEALTH_STARTING;
-    e->pub.live = e->pub.ready = ATC_CHECK_UNKNOWN;
-    e->pub.deep = ATC_CHECK_OK;
-    e->pub.slow_start = 1.0;
-    e->pub.load.running = e->pub.load.waiting = e->pub.load.kv_usage = e->pub.load.prefix_hit_rate = NAN;
+    publish_state(e, ATC_HEALTH_STARTING);
+    e->live = e->ready = ATC_CHECK_UNKNOWN;
+    e->deep = ATC_CHECK_OK;
+    e->slow_start = 1.0;
+    e->load.running = e->load.waiting = e->load.kv_usage = e->load.prefix_hit_rate = NAN;
+    publish_load(e);
     if ((e->eject_timer = evtimer_new(h->base, on_eject_over, e)) == NULL || make_deep_body(e) < 0)
         goto oom;
     const struct atc_check_config *checks[NPROBES] = {&e->cfg->live, &e->cfg->ready, &e->cfg->deep,
@@ -1121,8 +1206,8 @@ static int hep_init(struct atc_health *h, struct hep *e, struct atc_endpoint *ep
         if (checks[k]->timeout_ms > longest)
             longest = checks[k]->timeout_ms;
     }
-    e->pub.live = e->probes[PROBE_LIVE].verdict;
-    e->pub.ready = e->probes[PROBE_READY].verdict;
+    e->live = e->probes[PROBE_LIVE].verdict;
+    e->ready = e->probes[PROBE_READY].verdict;
     /* Its own pool: probes never wait behind real traffic, nor take its warm connections. The
      * deadline timer enforces each probe's timeout; the pool's are only a backstop. */
     struct atc_upstream_settings us = {
@@ -1146,11 +1231,14 @@ static void carry_over(struct hep *e, const struct atc_health *previous)
         const struct hep *o = &previous->eps[i];
         if (o->ep != e->ep)
             continue;
-        e->pub.live = o->pub.live;
-        e->pub.ready = o->pub.ready;
-        e->pub.deep = o->pub.deep;
-        e->pub.load = o->pub.load;
-        e->pub.last_check_ms = o->pub.last_check_ms;
+        e->live = o->live;
+        e->ready = o->ready;
+        e->deep = o->deep;
+        e->load = o->load;
+        atomic_store_explicit(&e->pub.last_check_ms,
+                              atomic_load_explicit(&o->pub.last_check_ms, memory_order_relaxed),
+                              memory_order_relaxed);
+        publish_load(e);
         e->drained = o->drained;
         e->ever_healthy = o->ever_healthy;
         e->ready_unanswered = o->ready_unanswered;
@@ -1207,19 +1295,19 @@ struct atc_health *atc_health_create(struct event_base *base, struct atc_endpoin
      * start the first probes. */
     for (size_t i = 0; i < h->neps; i++) {
         struct hep *e = &h->eps[i];
-        e->ep->health = &e->pub;
-        e->ep->routable = false;
-        e->ep->slow_start_limit = 0;
+        e->ep->health = &e->pub; /* (the workers are parked, or not started yet) */
+        atomic_store_explicit(&e->ep->routable, false, memory_order_relaxed);
+        atomic_store_explicit(&e->ep->slow_start_limit, 0, memory_order_relaxed);
     }
     for (size_t i = 0; i < h->neps; i++) {
         struct hep *e = &h->eps[i];
         if (e->model == NULL)
             continue;
-        e->pub.state = ATC_HEALTH_STARTING;
+        publish_state(e, ATC_HEALTH_STARTING);
         carry_over(e, previous);
         enum atc_health_state s = derive_state(e);
         if (s != ATC_HEALTH_STARTING) {
-            e->pub.state = s;
+            publish_state(e, s);
             if (s == ATC_HEALTH_HEALTHY) {
                 e->ever_healthy = true;
                 e->returned_ms = atc_mono_ms();
@@ -1274,7 +1362,7 @@ void atc_health_destroy(struct atc_health *h)
         free(e->deep_body);
         if (e->ep != NULL && e->ep->health == &e->pub) {
             e->ep->health = NULL;
-            e->ep->slow_start_limit = 0;
+            atomic_store_explicit(&e->ep->slow_start_limit, 0, memory_order_relaxed);
         }
     }
     for (size_t i = 0; i < h->nmodels; i++)
@@ -1324,15 +1412,17 @@ void atc_health_endpoint_json(const struct atc_endpoint *ep, struct evbuffer *ou
     const struct hep *e = hep_of(ep);
     if (e == NULL)
         return;
-    const struct atc_endpoint_health *p = &e->pub;
+    const struct hep *p = e;
     double now = (double)atc_mono_us() / 1000.0;
     evbuffer_add_printf(out, ",\"state\":\"%s\"", atc_health_state_name(p->state));
     json_verdict(out, "live", p->live);
     json_verdict(out, "ready", p->ready);
     json_verdict(out, "deep", p->deep);
-    evbuffer_add_printf(out, ",\"consecutive_failures\":%u", p->consecutive_failures);
+    evbuffer_add_printf(out, ",\"consecutive_failures\":%u",
+                        atomic_load_explicit(&p->pub.consecutive_failures, memory_order_relaxed));
     json_text(out, "last_error", p->last_error);
-    json_number(out, "last_check_age_ms", p->last_check_ms > 0 ? now - p->last_check_ms : NAN);
+    double checked = atomic_load_explicit(&p->pub.last_check_ms, memory_order_relaxed);
+    json_number(out, "last_check_age_ms", checked > 0 ? now - checked : NAN);
     evbuffer_add_printf(out, ",\"state_changes\":%llu,\"ejections\":%llu",
                         (unsigned long long)p->state_changes, (unsigned long long)p->ejections_total);
     json_number(out, "slow_start", p->slow_start);
@@ -1403,7 +1493,7 @@ void atc_health_metrics(const struct atc_health *h, struct evbuffer *out)
             char extra[40];
             snprintf(extra, sizeof(extra), ",state=\"%s\"", atc_health_state_name(states[k]));
             metric_endpoint(out, "atc_endpoint_health_state", &h->eps[i], extra,
-                            h->eps[i].pub.state == states[k]);
+                            h->eps[i].state == states[k]);
         }
     static const struct {
         const char *name, *type, *help;
@@ -1428,8 +1518,8 @@ void atc_health_metrics(const struct atc_health *h, struct evbuffer *out)
     for (size_t k = 0; k < sizeof(m) / sizeof(m[0]); k++) {
         metric_help(out, m[k].name, m[k].type, m[k].help);
         for (size_t i = 0; i < h->neps; i++) {
-            const struct atc_endpoint_health *p = &h->eps[i].pub;
-            double v[] = {p->consecutive_failures,
+            const struct hep *p = &h->eps[i];
+            double v[] = {atomic_load_explicit(&p->pub.consecutive_failures, memory_order_relaxed),
                           (double)p->state_changes,
                           (double)p->ejections_total,
                           p->slow_start,

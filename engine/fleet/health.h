@@ -17,10 +17,21 @@
  * - A scrape of each server's /metrics (Prometheus text; vLLM, SGLang, TGI and llama.cpp names) into
  *   the endpoint's load.
  *
- * It owns each endpoint's `routable` and `slow_start_limit` and keeps its state in ep->health. Single
- * threaded: everything runs on the event loop that routes. Every state change is logged, one line
- * with the reason. */
+ * It owns each endpoint's `routable` and `slow_start_limit` and keeps its state in ep->health. Every
+ * probe, timer and admin call runs on the main thread's event loop; every state change is logged, one
+ * line with the reason.
+ *
+ * Threads: health.c runs on the main thread only, and is the only writer of everything here. Workers
+ * read struct atc_endpoint_health (the policy API, while health writes it) and ep->routable and
+ * ep->slow_start_limit (the balancer; endpoint.h): each of those fields is an atomic, read and written
+ * relaxed (each value is consistent on its own, not with the others: routing is a heuristic over values
+ * that change all the time), and the one text, last_error, is a seqlock (struct atc_health_text). The
+ * pointer ep->health itself changes only in atc_health_create and _destroy, which run before the worker
+ * threads start, after they stop, or with every worker parked (a config reload, atc_workers_pause).
+ * Everything else (verdicts, counters, the scraped load but the two values policies read) stays in
+ * health.c, where only the main thread touches it. */
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -43,7 +54,8 @@ enum atc_health_state {
 /* A check's verdict. */
 enum atc_check_verdict { ATC_CHECK_UNKNOWN = -1, ATC_CHECK_FAILED = 0, ATC_CHECK_OK = 1 };
 
-/* The load a server reports on its /metrics page. Unknown values are NaN. */
+/* The load a server reports on its /metrics page. Unknown values are NaN. Main thread only (health.c
+ * publishes running and prefix_hit_rate to the workers in struct atc_endpoint_health). */
 struct atc_server_load {
     double running;  /* requests being generated */
     double waiting;  /* requests queued in the server */
@@ -56,18 +68,47 @@ struct atc_server_load {
     char last_error[160];         /* "" if none */
 };
 
-/* What everyone may read about an endpoint's health (ep->health). */
-struct atc_endpoint_health {
-    enum atc_health_state state;
-    enum atc_check_verdict live, ready, deep; /* deep starts OK: it can only take an endpoint out */
-    unsigned consecutive_failures;            /* the longest current run of failed probes of one check */
-    char last_error[192];                     /* the last failed probe or ejection, with why; "" if none */
-    double last_check_ms; /* monotonic ms (atc.now()'s clock) of the last probe; 0 = none */
-    uint64_t state_changes;
-    uint64_t ejections_total;
-    double slow_start; /* share of its capacity offered now: 1 unless ramping up */
-    struct atc_server_load load;
+/* A short text that one thread rewrites while others read it: a seqlock over relaxed atomic words. The
+ * writer makes seq odd, stores the words, makes seq even again (release); a reader copies the words and
+ * tries again while seq was odd or changed under it. Every access is atomic, so a reader gets the old
+ * text or the new one, never a mix, and never blocks the writer. */
+#define ATC_HEALTH_TEXT_WORDS 24 /* 192 bytes, the NUL included */
+struct atc_health_text {
+    _Atomic unsigned seq;
+    _Atomic uint64_t words[ATC_HEALTH_TEXT_WORDS];
 };
+
+/* What other threads may read about an endpoint's health (ep->health): written by the main thread
+ * (health.c), read by any thread, every field on its own (see the top of this file). */
+struct atc_endpoint_health {
+    _Atomic int state;                     /* enum atc_health_state: atc_health_state_of */
+    _Atomic unsigned consecutive_failures; /* the longest current run of failed probes of one check */
+    _Atomic double last_check_ms;          /* monotonic ms (atc.now()'s clock) of the last probe; 0 = none */
+    _Atomic double running;                /* the last scrape's requests being generated; NaN = not known */
+    _Atomic double prefix_hit_rate;        /* its prefix cache hit rate, 0..1; NaN = not known */
+    struct atc_health_text
+        last_error; /* the last failed probe or ejection, with why: atc_health_last_error */
+};
+
+/** The state of @p h (relaxed: it may change at once after). Any thread. */
+static inline enum atc_health_state atc_health_state_of(const struct atc_endpoint_health *h)
+{
+    return (enum atc_health_state)atomic_load_explicit(&h->state, memory_order_relaxed);
+}
+
+/** Sets @p t to @p s (cut to ATC_HEALTH_TEXT_WORDS * 8 - 1 bytes). One writer thread at a time (for
+ * ep->health, the main thread); readers may read meanwhile. */
+void atc_health_text_set(struct atc_health_text *t, const char *s);
+
+/** Copies @p t into @p out (@p size > 0 bytes, NUL-terminated, cut to fit) and returns the length copied;
+ * 0 and "" when it is empty. Any thread; never blocks the writer (it tries again while one writes). */
+size_t atc_health_text_get(const struct atc_health_text *t, char *out, size_t size);
+
+/** @p h's last error, as atc_health_text_get. Any thread. */
+static inline size_t atc_health_last_error(const struct atc_endpoint_health *h, char *out, size_t size)
+{
+    return atc_health_text_get(&h->last_error, out, size);
+}
 
 struct atc_health_stats {
     uint64_t probes_total;

@@ -10,6 +10,7 @@ import time
 import unittest
 
 from harness import AtcTestCase, chat, request, stream_events, wait_for
+from test_health import Stub
 
 BASE = """
 listen: 127.0.0.1:0
@@ -281,6 +282,68 @@ simulate:
             for group in conns.values():
                 for c in group:
                     c.close()
+
+    def test_policies_on_both_workers_read_health_while_the_main_thread_writes_it(self):
+        # A server whose live check flips on every probe (every 5 ms): the main thread rewrites its state,
+        # last error, failure count, check time and scraped load all the time, while the policy on each
+        # worker reads all of them for every request. Under the TSan build (tests/run) a plain field
+        # written while read is a reported race; here the values read must also make sense.
+        flappy = Stub({"/health": lambda n: (500 if n % 2 else 200, ""),
+                       "/metrics": lambda n: (200, f"vllm:num_requests_running {n % 7}\n")})
+        self.addCleanup(flappy.stop)
+        path = os.path.join(self.tmp.name, "policy.lua")
+        with open(path, "w") as f:
+            f.write("""
+local seen = {}
+return function(req, fleet)
+  for _, ep in ipairs(fleet:endpoints("flappy")) do
+    local e, c, h, n = ep.last_error, ep.last_check, ep.health, ep.consecutive_failures
+    local r, p, q, kv = ep.running, ep.prefix_hit_rate, ep.queue, ep.kv_usage
+    assert(e == nil or (type(e) == "string" and #e > 0 and #e < 200), "last_error: " .. tostring(e))
+    assert(c == nil or c > 0, "last_check")
+    assert(h == "healthy" or h == "unhealthy" or h == "starting", "health: " .. tostring(h))
+    assert(n >= 0 and n < 100 and r >= 0 and r < 7, "counts")
+  end
+  return fleet:endpoints(req.model)[1]
+end
+""")
+        atc = self.start_atc(f"""
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+workers: 2
+policy:
+  entry: policy.lua
+  watch: false
+health:
+  failure_threshold: 1
+  recovery_threshold: 1
+  fast_interval: 5ms
+  down_interval: 5ms
+  live: {{interval: 5ms, timeout: 500ms}}
+  ready: {{interval: 5ms, timeout: 500ms}}
+  scrape: {{interval: 5ms, timeout: 500ms}}
+models:
+  - name: llama-3-8b
+  - name: flappy
+    endpoints:
+      - {{id: flappy, url: "{flappy.url}"}}
+simulate:
+  - model: llama-3-8b
+    count: 1
+    decode_ms: 0
+""")
+        wait_for(lambda: flappy.count("/health") > 20, what="flappy checked")
+        deadline = time.monotonic() + 1.5
+        results = parallel(8, lambda i: [chat(atc.port, max_tokens=1)[0]
+                                         for _ in iter(lambda: time.monotonic() < deadline, False)])
+        statuses = [s for r in results for s in (r if isinstance(r, list) else [r])]
+        self.assertGreater(len(statuses), 50)
+        self.assertEqual(set(statuses), {200}, statuses[:3])
+        doc = admin_json(atc, "/admin/endpoints")
+        self.assertTrue(all(w["requests_total"] > 0 for w in doc["workers"]), doc["workers"])
+        self.assertGreater(atc.endpoints()["flappy"]["state_changes"], 10)
+        _, _, metrics = request("127.0.0.1", atc.admin_port, "GET", "/metrics")
+        self.assertIn('atc_policy_fallbacks_total{reason="error"} 0\n', metrics.decode())
 
     def test_drain_lets_streams_on_every_worker_finish(self):
         atc = self.start(decode_ms=50)

@@ -154,8 +154,10 @@ static void test_ejection_needs_consecutive_failures_and_is_capped(void **state)
     outcome(f->ep[0], false, -1);
     assert_int_equal(f->ep[0]->health->state, ATC_HEALTH_EJECTED);
     assert_false(f->ep[0]->routable);
-    assert_int_equal(f->ep[0]->health->ejections_total, 1);
-    assert_non_null(strstr(f->ep[0]->health->last_error, "ejected for 3600.0s: 2 requests in a row failed"));
+    assert_int_equal(hep_of(f->ep[0])->ejections_total, 1);
+    char err[200];
+    assert_true(atc_health_last_error(f->ep[0]->health, err, sizeof(err)) > 0);
+    assert_non_null(strstr(err, "ejected for 3600.0s: 2 requests in a row failed"));
     /* 50% of 3 endpoints, rounded down: one ejected at a time. */
     outcome(f->ep[1], false, -1);
     outcome(f->ep[1], false, -1);
@@ -193,7 +195,7 @@ static void test_drain_and_panic(void **state)
     assert_int_equal(f->ep[0]->health->state, ATC_HEALTH_EJECTED);
     /* Mark b out by hand (as its live check would): with a ejected and c drained, nothing is healthy. */
     struct hep *b = hep_of(f->ep[1]);
-    b->pub.live = ATC_CHECK_FAILED;
+    b->live = ATC_CHECK_FAILED;
     set_state(b, "test");
     assert_int_equal(f->ep[1]->health->state, ATC_HEALTH_UNHEALTHY);
     struct atc_health_stats st;
@@ -211,6 +213,29 @@ static void test_drain_and_panic(void **state)
     assert_false(f->ep[1]->routable);
     assert_true(f->ep[2]->routable);
     assert_int_equal(st.state_changes_total, 4);
+}
+
+/* The text the workers read: what was set, cut to fit either side, "" before anything was set. */
+static void test_last_error_text(void **state)
+{
+    struct atc_endpoint_health pub = {0};
+    char out[ATC_HEALTH_TEXT_WORDS * 8 + 16], small[6];
+    assert_int_equal(atc_health_last_error(&pub, out, sizeof(out)), 0);
+    assert_string_equal(out, "");
+    atc_health_text_set(&pub.last_error, "live check: GET /health: answered 500");
+    assert_int_equal(atc_health_last_error(&pub, out, sizeof(out)), 37);
+    assert_string_equal(out, "live check: GET /health: answered 500");
+    assert_int_equal(atc_health_last_error(&pub, small, sizeof(small)), 5);
+    assert_string_equal(small, "live ");
+    char longer[400];
+    memset(longer, 'x', sizeof(longer) - 1);
+    longer[sizeof(longer) - 1] = '\0';
+    assert_int_equal(
+        atc_health_last_error((atc_health_text_set(&pub.last_error, longer), &pub), out, sizeof(out)),
+        ATC_HEALTH_TEXT_WORDS * 8 - 1);
+    atc_health_text_set(&pub.last_error, "short");
+    assert_string_equal((atc_health_last_error(&pub, out, sizeof(out)), out), "short"); /* no tail left */
+    assert_int_equal(atomic_load(&pub.last_error.seq) % 2, 0);
 }
 
 static void test_json(void **state)
@@ -238,6 +263,7 @@ int main(void)
         cmocka_unit_test(test_inference_answer),
         cmocka_unit_test(test_load_from_a_page),
         cmocka_unit_test(test_jitter_and_ramp),
+        cmocka_unit_test(test_last_error_text),
         cmocka_unit_test_setup_teardown(test_without_checks_endpoints_are_healthy_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ejection_needs_consecutive_failures_and_is_capped, setup,
                                         teardown),

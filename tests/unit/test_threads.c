@@ -26,6 +26,7 @@
 #include "fleet/affinity.h"
 #include "core/config.h"
 #include "fleet/endpoint.h"
+#include "fleet/health.h"
 #include "ops/metrics.h"
 #include "trace/recorder.h"
 #include "core/server.h"
@@ -313,6 +314,68 @@ static void test_try_acquire_never_passes_capacity(void **state)
     atc_endpoint_table_destroy(t);
 }
 
+/* ---- health text (ep->health's last error) ---- */
+
+/* Two texts of different lengths and letters: a torn read (part of one, part of the other, or a tail
+ * left over from the longer one) matches neither. */
+#define TEXT_A "live check: GET /health: answered 500"
+#define TEXT_B                                                                                               \
+    "ejected for 3.0s: 5 requests in a row failed (connection failures, timeouts or 5xx) ##########"
+
+struct text_arg {
+    bool writer;
+    struct atc_health_text *t;
+    _Atomic bool *stop;
+    uint64_t ops, bad;
+};
+
+static void *text_writer(void *p)
+{
+    struct text_arg *a = p;
+    uint64_t until = atc_mono_ns() + HAMMER_NS;
+    for (uint64_t i = 0; atc_mono_ns() < until; i++, a->ops++) {
+        atc_health_text_set(a->t, i % 2 ? TEXT_A : TEXT_B);
+        /* Health writes once per probe at most; back to back writes would starve the reader, which
+         * retries while a write is under way. A pause still lets most reads overlap a write. */
+        for (volatile int k = 0; k < 200; k++)
+            ;
+    }
+    atomic_store(a->stop, true);
+    return NULL;
+}
+
+static void *text_reader(void *p)
+{
+    struct text_arg *a = p;
+    char out[ATC_HEALTH_TEXT_WORDS * 8];
+    while (!atomic_load(a->stop)) {
+        size_t n = atc_health_text_get(a->t, out, sizeof(out));
+        a->bad += !(n == 0 && out[0] == '\0') && !(n == strlen(TEXT_A) && strcmp(out, TEXT_A) == 0) &&
+                  !(n == strlen(TEXT_B) && strcmp(out, TEXT_B) == 0);
+        a->ops++;
+    }
+    return NULL;
+}
+
+static void *text_hammer(void *p)
+{
+    struct text_arg *a = p;
+    return a->writer ? text_writer(p) : text_reader(p);
+}
+
+static void test_health_text_read_while_written(void **state)
+{
+    static struct atc_health_text t; /* zero: "" */
+    _Atomic bool stop = false;
+    struct text_arg args[2] = {{true, &t, &stop, 0, 0}, {false, &t, &stop, 0, 0}};
+    run_two(text_hammer, args, sizeof(args[0]));
+    assert_true(args[0].ops > 1000);
+    assert_true(args[1].ops > 100);
+    assert_int_equal(args[1].bad, 0);
+    char out[8];
+    assert_int_equal(atc_health_text_get(&t, out, sizeof(out)), 7); /* cut to fit */
+}
+
 /* ---- metrics ---- */
 
 #define METRIC_REQUESTS 200000
@@ -484,6 +547,7 @@ int main(void)
         cmocka_unit_test(test_prefix_index_rotating_under_two_threads),
         cmocka_unit_test(test_endpoint_counters_from_two_threads),
         cmocka_unit_test(test_try_acquire_never_passes_capacity),
+        cmocka_unit_test(test_health_text_read_while_written),
         cmocka_unit_test(test_metrics_from_two_threads),
         cmocka_unit_test_setup_teardown(test_recorder_from_two_threads, make_dir, remove_dir),
     };
