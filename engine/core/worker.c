@@ -16,6 +16,11 @@ struct worker_task {
     struct worker_task *next;
 };
 
+/* The worker whose loop runs on this thread, NULL on threads of no worker: set by worker_main, and for
+ * worker 0 by atc_worker_init on the main thread. Asking it reads no field another thread writes (a
+ * worker's `thread` is stored by pthread_create in the main thread, possibly after other workers run). */
+static _Thread_local const struct atc_worker *this_worker;
+
 struct event_base *atc_event_base_new(void)
 {
     /* The changelist folds the add/remove pairs of read and write interest that a proxy makes on every
@@ -67,6 +72,8 @@ int atc_worker_init(struct atc_worker *w, struct atc_server *srv, unsigned id, s
     struct timeval delay = {0, 20 * 1000};
     const struct timeval *common = event_base_init_common_timeout(base, &delay);
     w->watch_delay = common != NULL ? *common : delay;
+    if (id == 0)
+        this_worker = w; /* worker 0 runs on the thread that sets the workers up */
     w->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (w->wake_fd < 0)
         return -1;
@@ -77,6 +84,7 @@ int atc_worker_init(struct atc_worker *w, struct atc_server *srv, unsigned id, s
 static void *worker_main(void *arg)
 {
     struct atc_worker *w = arg;
+    this_worker = w;
     event_base_loop(w->base, EVLOOP_NO_EXIT_ON_EMPTY);
     pthread_mutex_lock(&w->mu);
     w->closed = true;
@@ -135,7 +143,7 @@ void atc_worker_free(struct atc_worker *w)
 
 static bool on_own_thread(const struct atc_worker *w)
 {
-    return pthread_equal(pthread_self(), w->threaded ? w->thread : w->srv->main_thread);
+    return this_worker == w;
 }
 
 int atc_worker_post(struct atc_worker *w, void (*fn)(void *arg), void *arg)

@@ -22,12 +22,14 @@ struct event_base;
 struct event;
 struct worker_task;
 
+/* Threads: unless a field says otherwise, it is the worker's own: touched on its thread, or by the main
+ * thread while the worker is parked (atc_workers_pause) or before its thread starts / after it joined. */
 struct atc_worker {
     struct atc_server *srv;
     unsigned id;
     struct event_base *base;
-    struct atc_config *cfg;           /* the config it serves with (swapped by reloads while parked) */
-    struct atc_endpoint_table *table; /* likewise */
+    struct atc_config *cfg;            /* the config it serves with (swapped by reloads while parked) */
+    struct atc_endpoint_table *table;  /* likewise */
     struct atc_policy_runtime *policy; /* NULL without a policy: section */
     struct atc_admission *admission;   /* NULL when admission.queue is 0 */
     struct atc_access_log *access_log; /* this worker's buffer on the shared file; NULL without one */
@@ -51,15 +53,15 @@ struct atc_worker {
     atomic_bool kick_posted;
 
     /* the mailbox */
-    pthread_t thread;
-    bool threaded; /* a thread of its own (every worker but 0) */
-    bool running;  /* its thread's loop has not returned (under the server's pause lock) */
-    bool joined;   /* its thread is gone (main thread only) */
-    int wake_fd;   /* eventfd the mailbox event reads */
+    pthread_t thread; /* main thread only (pthread_create, pthread_join) */
+    bool threaded;    /* a thread of its own (every worker but 0); set before it starts, never cleared */
+    bool running;     /* its thread's loop has not returned (under the server's pause lock) */
+    bool joined;      /* its thread is gone (main thread only) */
+    int wake_fd;      /* eventfd the mailbox event reads; any thread writes to it (atc_worker_post) */
     struct event *wake;
     pthread_mutex_t mu;
-    struct worker_task *tasks, **tail;
-    bool closed; /* no more tasks: the loop has stopped */
+    struct worker_task *tasks, **tail; /* (mu) */
+    bool closed;                       /* no more tasks: the loop has stopped (mu) */
 };
 
 /** A new event base tuned for a proxy (the epoll changelist). NULL on failure. */
