@@ -54,6 +54,31 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+static void run_deferred(struct atc_worker *w)
+{
+    struct atc_deferred *d = w->deferred;
+    w->deferred = NULL;
+    while (d != NULL) {
+        struct atc_deferred *next = d->next;
+        d->fn(d);
+        d = next;
+    }
+}
+
+static void on_deferred(evutil_socket_t fd, short what, void *arg)
+{
+    run_deferred(arg);
+}
+
+void atc_worker_defer(struct atc_worker *w, struct atc_deferred *d, void (*fn)(struct atc_deferred *d))
+{
+    d->fn = fn;
+    d->next = w->deferred;
+    if (w->deferred == NULL)
+        event_active(w->defer_ev, EV_TIMEOUT, 1); /* runs after the callbacks of this loop turn */
+    w->deferred = d;
+}
+
 int atc_worker_init(struct atc_worker *w, struct atc_server *srv, unsigned id, struct event_base *base)
 {
     w->srv = srv;
@@ -76,6 +101,8 @@ int atc_worker_init(struct atc_worker *w, struct atc_server *srv, unsigned id, s
         this_worker = w; /* worker 0 runs on the thread that sets the workers up */
     w->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (w->wake_fd < 0)
+        return -1;
+    if ((w->defer_ev = event_new(base, -1, 0, on_deferred, w)) == NULL)
         return -1;
     w->wake = event_new(base, w->wake_fd, EV_READ | EV_PERSIST, on_wake, w);
     return w->wake != NULL && event_add(w->wake, NULL) == 0 ? 0 : -1;
@@ -132,6 +159,10 @@ void atc_worker_join(struct atc_worker *w)
 
 void atc_worker_free(struct atc_worker *w)
 {
+    run_deferred(w); /* ended after its loop's last turn (connections closed at exit) */
+    if (w->defer_ev != NULL)
+        event_free(w->defer_ev);
+    w->defer_ev = NULL;
     if (w->wake != NULL)
         event_free(w->wake);
     w->wake = NULL;

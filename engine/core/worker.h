@@ -22,6 +22,14 @@ struct event_base;
 struct event;
 struct worker_task;
 
+/* An object that must outlive the callback that ended it (STYLE: never free an object while a callback
+ * further up the stack still uses it; defer to the loop) embeds one of these and is handed to
+ * atc_worker_defer. */
+struct atc_deferred {
+    struct atc_deferred *next;
+    void (*fn)(struct atc_deferred *d);
+};
+
 /* Threads: unless a field says otherwise, it is the worker's own: touched on its thread, or by the main
  * thread while the worker is parked (atc_workers_pause) or before its thread starts / after it joined. */
 struct atc_worker {
@@ -43,6 +51,8 @@ struct atc_worker {
     uint64_t rng;
     uint64_t next_id;
     struct timeval watch_delay; /* when a relay starts watching its client for a hang-up (a common timeout) */
+    struct atc_deferred *deferred; /* atc_worker_defer's list, run by defer_ev */
+    struct event *defer_ev;
 
     /* Cross-worker handoff of freed slots (server.c). top_priority: the highest priority waiting in its
      * admission queue, -1 when none; written only on its own thread (atc_server_queue_changed, after
@@ -79,7 +89,12 @@ void atc_worker_exit_loop(struct atc_worker *w);
 /** Stops a threaded worker's loop and waits for its thread (nothing runs on its loop afterwards). */
 void atc_worker_join(struct atc_worker *w);
 
-/** Frees the worker's mailbox (not its base, nor what start_worker made). */
+/** Calls @p fn(@p d) from @p w's loop once the current callback has returned (or from atc_worker_free,
+ * if the loop does not run again). On @p w's own thread; costs no system call. */
+void atc_worker_defer(struct atc_worker *w, struct atc_deferred *d, void (*fn)(struct atc_deferred *d));
+
+/** Runs what is still deferred, then frees the worker's mailbox (not its base, nor what start_worker
+ * made). */
 void atc_worker_free(struct atc_worker *w);
 
 /** Runs @p fn(@p arg) on @p w's thread soon (at once when called on it). Returns -1 when the worker has
