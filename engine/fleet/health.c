@@ -34,7 +34,6 @@
 #include "http/http_util.h"
 #include "core/log.h"
 #include "ops/metrics.h"
-#include "fleet/prometheus.h"
 #include "http/upstream.h"
 #include "core/clock.h"
 
@@ -114,8 +113,7 @@ struct hep {
     uint64_t deep_started_ms;
     struct event *eject_timer;
     uint64_t ramp_start_ms; /* 0 = not ramping */
-    double prev_queries, prev_hits;
-    bool have_prev;
+    struct atc_load_counters prefix_counters;
     bool scrape_failing;
     bool ready_unanswered; /* the last ready probe got no HTTP answer at all (refused, timed out) */
     bool down_seen;        /* since (or just before) its ejection, the probes found it unreachable */
@@ -608,29 +606,12 @@ static void scrape_failed(struct hep *e, const char *why)
 
 static void scrape_page(struct hep *e, const char *page, size_t len)
 {
-    struct load_acc a = {.model = e->ep->model};
-    struct atc_prom_error perr = {0};
-    if (atc_prom_parse(page, len, on_load_sample, &a, &perr) != 0) {
-        char why[128];
-        snprintf(why, sizeof(why), "malformed metrics page: line %zu: %s", perr.line, perr.msg);
+    char why[128];
+    if (atc_load_scrape_page(e->ep->model, page, len, &e->load, &e->prefix_counters, why, sizeof(why)) < 0) {
         scrape_failed(e, why);
         return;
     }
     struct atc_server_load *l = &e->load;
-    l->running = acc_get(&a, L_RUNNING);
-    l->waiting = acc_get(&a, L_WAITING);
-    l->kv_usage = acc_get(&a, L_KV);
-    double q = acc_get(&a, L_QUERIES), hits = acc_get(&a, L_HITS), rate = acc_get(&a, L_HIT_RATE);
-    if (!isnan(rate)) {
-        l->prefix_hit_rate = rate;
-    } else if (!isnan(q) && !isnan(hits)) {
-        /* Counters: the rate since the last scrape (a restart resets them: start again). */
-        if (e->have_prev && q > e->prev_queries && hits >= e->prev_hits)
-            l->prefix_hit_rate = (hits - e->prev_hits) / (q - e->prev_queries);
-        e->prev_queries = q;
-        e->prev_hits = hits;
-        e->have_prev = true;
-    }
     publish_load(e);
     /* What routing reads (replay fills the same fields from its simulated servers). */
     atomic_store_explicit(&e->ep->server_queue,
@@ -719,11 +700,11 @@ static void on_probe_done(void *arg)
             size_t plen = strlen(pr->cfg->path);
             /* An OpenAI model list must name the model; another ready path just has to answer 2xx. */
             if (plen >= 7 && strcmp(pr->cfg->path + plen - 7, "/models") == 0)
-                bad = models_list_has(body != NULL ? body : "", len, e->ep->model);
+                bad = atc_probe_answer_lists_model(body != NULL ? body : "", len, e->ep->model);
         }
         break;
     case PROBE_DEEP:
-        bad = st < 200 || st > 299 ? "" : inference_answer_ok(body != NULL ? body : "", len);
+        bad = st < 200 || st > 299 ? "" : atc_probe_answer_inference(body != NULL ? body : "", len);
         break;
     case PROBE_SCRAPE:
         if (st != 200)

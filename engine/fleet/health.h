@@ -36,6 +36,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fleet/load_scrape.h"
+
 struct event_base;
 struct evbuffer;
 struct atc_config;
@@ -53,20 +55,6 @@ enum atc_health_state {
 
 /* A check's verdict. */
 enum atc_check_verdict { ATC_CHECK_UNKNOWN = -1, ATC_CHECK_FAILED = 0, ATC_CHECK_OK = 1 };
-
-/* The load a server reports on its /metrics page. Unknown values are NaN. Main thread only (health.c
- * publishes running and prefix_hit_rate to the workers in struct atc_endpoint_health). */
-struct atc_server_load {
-    double running;  /* requests being generated */
-    double waiting;  /* requests queued in the server */
-    double kv_usage; /* share of the KV cache in use, 0..1 */
-    double
-        prefix_hit_rate; /* share of prompt tokens found in the prefix cache, between the last two scrapes */
-    double scraped_ms;   /* monotonic ms of the last good scrape; 0 = none yet */
-    uint64_t scrapes_total;
-    uint64_t scrape_errors_total; /* failed requests and malformed pages */
-    char last_error[160];         /* "" if none */
-};
 
 /* A short text that one thread rewrites while others read it: a seqlock over relaxed atomic words. The
  * writer makes seq odd, stores the words, makes seq even again (release); a reader copies the words and

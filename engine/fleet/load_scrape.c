@@ -5,8 +5,17 @@
 
 #include <math.h>
 #include <stdbool.h>
+#include <stdio.h>
 
 #include "fleet/prometheus.h"
+
+enum load_slot { L_RUNNING, L_WAITING, L_KV, L_QUERIES, L_HITS, L_HIT_RATE, NSLOTS };
+
+struct load_acc {
+    const char *model;
+    double mine[NSLOTS], all[NSLOTS]; /* series labelled with this model / every series */
+    bool has_mine[NSLOTS], has_all[NSLOTS];
+};
 
 /* Metric names by server, for each slot. Gauges of a share are combined by max, counts by sum. */
 static const struct {
@@ -38,7 +47,7 @@ static void acc_add(double *v, bool *has, enum load_slot slot, double x)
     *has = true;
 }
 
-int on_load_sample(void *arg, const struct atc_prom_sample *s)
+static int on_load_sample(void *arg, const struct atc_prom_sample *s)
 {
     struct load_acc *a = arg;
     if (!isfinite(s->value))
@@ -57,7 +66,33 @@ int on_load_sample(void *arg, const struct atc_prom_sample *s)
 
 /* A server may serve several models (and label each series): this endpoint's model's series when there
  * are any, else all of them. NaN when the page has none. */
-double acc_get(const struct load_acc *a, enum load_slot slot)
+static double acc_get(const struct load_acc *a, enum load_slot slot)
 {
     return a->has_mine[slot] ? a->mine[slot] : a->has_all[slot] ? a->all[slot] : NAN;
+}
+
+int atc_load_scrape_page(const char *model, const char *page, size_t len, struct atc_server_load *load,
+                         struct atc_load_counters *prev, char *why, size_t size)
+{
+    struct load_acc a = {.model = model};
+    struct atc_prom_error perr = {0};
+    if (atc_prom_parse(page, len, on_load_sample, &a, &perr) != 0) {
+        snprintf(why, size, "malformed metrics page: line %zu: %s", perr.line, perr.msg);
+        return -1;
+    }
+    load->running = acc_get(&a, L_RUNNING);
+    load->waiting = acc_get(&a, L_WAITING);
+    load->kv_usage = acc_get(&a, L_KV);
+    double q = acc_get(&a, L_QUERIES), hits = acc_get(&a, L_HITS), rate = acc_get(&a, L_HIT_RATE);
+    if (!isnan(rate)) {
+        load->prefix_hit_rate = rate;
+    } else if (!isnan(q) && !isnan(hits)) {
+        /* Counters: the rate since the last scrape (a restart resets them: start again). */
+        if (prev->have && q > prev->queries && hits >= prev->hits)
+            load->prefix_hit_rate = (hits - prev->hits) / (q - prev->queries);
+        prev->queries = q;
+        prev->hits = hits;
+        prev->have = true;
+    }
+    return 0;
 }

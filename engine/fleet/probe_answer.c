@@ -127,7 +127,7 @@ static int json_member(const char *js, const jsmntok_t *t, int n, const char *ke
 
 /* Whether an OpenAI model list ({"data": [{"id": ...}, ...]}) names @p model. NULL when it does, else
  * why not. */
-const char *models_list_has(const char *js, size_t len, const char *model)
+const char *atc_probe_answer_lists_model(const char *js, size_t len, const char *model)
 {
     jsmntok_t *t;
     int n = json_tokens(js, len, &t);
@@ -160,7 +160,7 @@ done:
 }
 
 /* A deep probe's answer: a JSON object with "choices" (completions) or "data" (embeddings). */
-const char *inference_answer_ok(const char *js, size_t len)
+const char *atc_probe_answer_inference(const char *js, size_t len)
 {
     jsmntok_t *t;
     int n = json_tokens(js, len, &t);

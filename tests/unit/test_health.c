@@ -15,30 +15,30 @@ static void test_models_list(void **state)
     const char *vllm =
         "{\"object\":\"list\",\"data\":[{\"id\":\"other\",\"object\":\"model\",\"permission\":[{\"id\":"
         "\"llama-3-8b\"}]},{\"object\":\"model\",\"meta\":{\"id\":\"x\"},\"id\":\"llama-3-8b\"}]}";
-    assert_null(models_list_has(vllm, strlen(vllm), "llama-3-8b"));
-    assert_non_null(models_list_has(vllm, strlen(vllm), "x"));         /* nested, not a model's own id */
-    assert_non_null(models_list_has(vllm, strlen(vllm), "llama-3-8")); /* whole names only */
+    assert_null(atc_probe_answer_lists_model(vllm, strlen(vllm), "llama-3-8b"));
+    assert_non_null(atc_probe_answer_lists_model(vllm, strlen(vllm), "x")); /* nested, not a model's own id */
+    assert_non_null(atc_probe_answer_lists_model(vllm, strlen(vllm), "llama-3-8")); /* whole names only */
     const char *escaped = "{\"data\":[{\"id\":\"meta-llama\\/Llama-3 \\u00e9\\\"q\\\"\"}]}";
-    assert_null(models_list_has(escaped, strlen(escaped), "meta-llama/Llama-3 \xc3\xa9\"q\""));
+    assert_null(atc_probe_answer_lists_model(escaped, strlen(escaped), "meta-llama/Llama-3 \xc3\xa9\"q\""));
     const char *loading = "{\"object\":\"list\",\"data\":[]}";
-    assert_string_equal(models_list_has(loading, strlen(loading), "m"),
+    assert_string_equal(atc_probe_answer_lists_model(loading, strlen(loading), "m"),
                         "the model list does not name this endpoint's model");
-    assert_string_equal(models_list_has("{\"models\":[]}", 13, "m"),
+    assert_string_equal(atc_probe_answer_lists_model("{\"models\":[]}", 13, "m"),
                         "the answer has no 'data' list of models");
-    assert_string_equal(models_list_has("OK", 2, "m"), "the answer is not a JSON object");
-    assert_string_equal(models_list_has("[1]", 3, "m"), "the answer is not a JSON object");
-    assert_string_equal(models_list_has("", 0, "m"), "the answer is not a JSON object");
+    assert_string_equal(atc_probe_answer_lists_model("OK", 2, "m"), "the answer is not a JSON object");
+    assert_string_equal(atc_probe_answer_lists_model("[1]", 3, "m"), "the answer is not a JSON object");
+    assert_string_equal(atc_probe_answer_lists_model("", 0, "m"), "the answer is not a JSON object");
     const char *truncated = "{\"data\":[{\"id\":\"m\"";
-    assert_non_null(models_list_has(truncated, strlen(truncated), "m"));
+    assert_non_null(atc_probe_answer_lists_model(truncated, strlen(truncated), "m"));
 }
 
 static void test_inference_answer(void **state)
 {
     const char *chat = "{\"id\":\"c\",\"choices\":[{\"message\":{\"content\":\"hi\"}}]}";
-    assert_null(inference_answer_ok(chat, strlen(chat)));
-    assert_null(inference_answer_ok("{\"data\":[{\"embedding\":[0.1]}]}", 31));
-    assert_non_null(inference_answer_ok("{\"error\":{\"message\":\"x\"}}", 25));
-    assert_non_null(inference_answer_ok("<html>", 6));
+    assert_null(atc_probe_answer_inference(chat, strlen(chat)));
+    assert_null(atc_probe_answer_inference("{\"data\":[{\"embedding\":[0.1]}]}", 31));
+    assert_non_null(atc_probe_answer_inference("{\"error\":{\"message\":\"x\"}}", 25));
+    assert_non_null(atc_probe_answer_inference("<html>", 6));
 }
 
 static void test_load_from_a_page(void **state)
@@ -52,13 +52,26 @@ static void test_load_from_a_page(void **state)
                        "vllm:kv_cache_usage_perc{model_name=\"m\",engine=\"0\"} 0.25\n"
                        "vllm:kv_cache_usage_perc{model_name=\"m\",engine=\"1\"} 0.5\n"
                        "sglang:cache_hit_rate 0.75\n";
-    struct load_acc a = {.model = "m"};
-    assert_int_equal(atc_prom_parse(page, strlen(page), on_load_sample, &a, NULL), 0);
-    assert_true(acc_get(&a, L_RUNNING) == 7); /* this model's series, summed */
-    assert_true(acc_get(&a, L_WAITING) == 2); /* no model label: every series; NaN skipped */
-    assert_true(acc_get(&a, L_KV) == 0.5);    /* a share: the fullest engine */
-    assert_true(acc_get(&a, L_HIT_RATE) == 0.75);
-    assert_true(isnan(acc_get(&a, L_QUERIES))); /* absent */
+    struct atc_server_load load = {.prefix_hit_rate = NAN};
+    struct atc_load_counters prev = {0};
+    char why[128];
+    assert_int_equal(atc_load_scrape_page("m", page, strlen(page), &load, &prev, why, sizeof(why)), 0);
+    assert_true(load.running == 7);    /* this model's series, summed */
+    assert_true(load.waiting == 2);    /* no model label: every series; NaN skipped */
+    assert_true(load.kv_usage == 0.5); /* a share: the fullest engine */
+    assert_true(load.prefix_hit_rate == 0.75);
+    assert_false(prev.have); /* no prefix cache counters on the page */
+    /* vLLM's counters: the hit rate between two pages; a restart (counters going back) starts over */
+    const char *p1 = "vllm:prefix_cache_queries_total 100\nvllm:prefix_cache_hits_total 40\n";
+    const char *p2 = "vllm:prefix_cache_queries_total 300\nvllm:prefix_cache_hits_total 190\n";
+    assert_int_equal(atc_load_scrape_page("m", p1, strlen(p1), &load, &prev, why, sizeof(why)), 0);
+    assert_true(load.prefix_hit_rate == 0.75 && isnan(load.running)); /* kept: one page tells no rate */
+    assert_int_equal(atc_load_scrape_page("m", p2, strlen(p2), &load, &prev, why, sizeof(why)), 0);
+    assert_true(fabs(load.prefix_hit_rate - 0.75) < 1e-9); /* 150 of 200 */
+    assert_int_equal(atc_load_scrape_page("m", p1, strlen(p1), &load, &prev, why, sizeof(why)), 0);
+    assert_true(fabs(load.prefix_hit_rate - 0.75) < 1e-9 && prev.queries == 100);
+    assert_int_equal(atc_load_scrape_page("m", "x{", 2, &load, &prev, why, sizeof(why)), -1);
+    assert_non_null(strstr(why, "malformed metrics page: line 1"));
 }
 
 static void test_jitter_and_ramp(void **state)
