@@ -140,6 +140,39 @@ void atc_health_observe(struct atc_endpoint *ep, bool ok);
 /** "healthy", "unhealthy", "ejected", "draining" or "starting". */
 const char *atc_health_state_name(enum atc_health_state state);
 
+/* What the reports show of an endpoint's health: a copy (atc_health_view_endpoint). */
+struct atc_health_view {
+    const char *id, *model; /* borrowed from the endpoint */
+    enum atc_health_state state;
+    enum atc_check_verdict live, ready, deep;
+    unsigned consecutive_failures;
+    char last_error[ATC_HEALTH_TEXT_WORDS * 8]; /* "" if none */
+    double last_check_ms;                       /* 0 = none */
+    uint64_t state_changes, ejections_total;
+    double slow_start; /* share of its capacity offered now: 1 unless ramping up */
+    struct atc_server_load load;
+};
+
+/* And of a model's (atc_health_view_model). */
+struct atc_health_model_view {
+    const char *name; /* borrowed */
+    bool panic;       /* now */
+    bool panic_fails; /* health.panic: fail (else route_all) */
+    uint64_t panics_total;
+};
+
+/** Copies @p ep's health into @p v; false (and @p v untouched) for an endpoint without health. Main
+ * thread. */
+bool atc_health_view_endpoint(const struct atc_endpoint *ep, struct atc_health_view *v);
+
+/** The endpoints @p h checks, by index 0 .. atc_health_nendpoints - 1 (borrowed). */
+size_t atc_health_nendpoints(const struct atc_health *h);
+const struct atc_endpoint *atc_health_endpoint_at(const struct atc_health *h, size_t i);
+
+/** Its models, by index 0 .. atc_health_nmodels - 1, into @p v. Main thread. */
+size_t atc_health_nmodels(const struct atc_health *h);
+void atc_health_view_model(const struct atc_health *h, size_t i, struct atc_health_model_view *v);
+
 /** Appends the health fields of @p ep as JSON object members, each preceded by a comma
  * (,"state":"healthy",...,"load":{...}); nothing for an endpoint without health. */
 void atc_health_endpoint_json(const struct atc_endpoint *ep, struct evbuffer *out);
