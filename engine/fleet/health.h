@@ -173,17 +173,6 @@ const struct atc_endpoint *atc_health_endpoint_at(const struct atc_health *h, si
 size_t atc_health_nmodels(const struct atc_health *h);
 void atc_health_view_model(const struct atc_health *h, size_t i, struct atc_health_model_view *v);
 
-/** Appends the health fields of @p ep as JSON object members, each preceded by a comma
- * (,"state":"healthy",...,"load":{...}); nothing for an endpoint without health. */
-void atc_health_endpoint_json(const struct atc_endpoint *ep, struct evbuffer *out);
-
-/** Appends {"models":[{"name","panic","panics_total"}...],"state_changes_total",...} for @p h. */
-void atc_health_status_json(const struct atc_health *h, struct evbuffer *out);
-
-/** Appends the Prometheus metrics of health: each endpoint's state, check failures, ejections and
- * scraped load, each model's panic mode, and the probe and scrape counters. */
-void atc_health_metrics(const struct atc_health *h, struct evbuffer *out);
-
 /** Counters for a metrics page. */
 void atc_health_stats(const struct atc_health *h, struct atc_health_stats *out);
 

@@ -11,6 +11,7 @@
 #include "fleet/admission.h"
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
+#include "fleet/health_report.h"
 #include "policy/policy.h"
 #include "core/server.h"
 #include "http/upstream.h"

@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include "../../engine/fleet/health.c"
+#include "fleet/health_report.h"
 
 static void test_models_list(void **state)
 {
