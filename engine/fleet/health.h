@@ -36,6 +36,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fleet/health_text.h"
 #include "fleet/load_scrape.h"
 
 struct event_base;
@@ -56,16 +57,6 @@ enum atc_health_state {
 /* A check's verdict. */
 enum atc_check_verdict { ATC_CHECK_UNKNOWN = -1, ATC_CHECK_FAILED = 0, ATC_CHECK_OK = 1 };
 
-/* A short text that one thread rewrites while others read it: a seqlock over relaxed atomic words. The
- * writer makes seq odd, stores the words, makes seq even again (release); a reader copies the words and
- * tries again while seq was odd or changed under it. Every access is atomic, so a reader gets the old
- * text or the new one, never a mix, and never blocks the writer. */
-#define ATC_HEALTH_TEXT_WORDS 24 /* 192 bytes, the NUL included */
-struct atc_health_text {
-    _Atomic unsigned seq;
-    _Atomic uint64_t words[ATC_HEALTH_TEXT_WORDS];
-};
-
 /* What other threads may read about an endpoint's health (ep->health): written by the main thread
  * (health.c), read by any thread, every field on its own (see the top of this file). */
 struct atc_endpoint_health {
@@ -83,14 +74,6 @@ static inline enum atc_health_state atc_health_state_of(const struct atc_endpoin
 {
     return (enum atc_health_state)atomic_load_explicit(&h->state, memory_order_relaxed);
 }
-
-/** Sets @p t to @p s (cut to ATC_HEALTH_TEXT_WORDS * 8 - 1 bytes). One writer thread at a time (for
- * ep->health, the main thread); readers may read meanwhile. */
-void atc_health_text_set(struct atc_health_text *t, const char *s);
-
-/** Copies @p t into @p out (@p size > 0 bytes, NUL-terminated, cut to fit) and returns the length copied;
- * 0 and "" when it is empty. Any thread; never blocks the writer (it tries again while one writes). */
-size_t atc_health_text_get(const struct atc_health_text *t, char *out, size_t size);
 
 /** @p h's last error, as atc_health_text_get. Any thread. */
 static inline size_t atc_health_last_error(const struct atc_endpoint_health *h, char *out, size_t size)
