@@ -1,5 +1,6 @@
 /* Endpoint health (health.h): the check scheduler, passive ejection, panic mode, slow start, drain and
- * the load scrape.
+ * the load scrape's probe. Beside it: probe_answer.c judges the probes' answers, load_scrape.c reads a
+ * metrics page, health_text.c is the seqlock of last_error, health_report.c shows it all.
  *
  * Each endpoint has four probes (live, ready, deep, scrape), each a small state machine on two libevent
  * timers: `timer` starts the next probe, `deadline` ends one that takes longer than its timeout. A probe

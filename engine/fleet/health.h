@@ -15,7 +15,8 @@
  * - Per model, panic mode when every endpoint is out; slow start for an endpoint back in rotation;
  *   drain and enable from the admin API.
  * - A scrape of each server's /metrics (Prometheus text; vLLM, SGLang, TGI and llama.cpp names) into
- *   the endpoint's load.
+ *   the endpoint's load (load_scrape.h reads the page).
+ * - Reports for the admin API and the metrics page in health_report.h, through the views below.
  *
  * It owns each endpoint's `routable` and `slow_start_limit` and keeps its state in ep->health. Every
  * probe, timer and admin call runs on the main thread's event loop; every state change is logged, one
