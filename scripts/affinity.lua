@@ -41,7 +41,13 @@ local function by_prefix(req, pool, skip)
     return nil
   end
   -- The loop over the pool runs in C: it is the hot part of a decision.
-  return atc.prefix_pick(pool, req, PREFIX_MIN_BLOCKS, BALANCE_ABS, BALANCE_REL, skip, LOAD_WEIGHT)
+  return atc.prefix_pick(pool, req, {
+    min_blocks = PREFIX_MIN_BLOCKS,
+    balance_abs = BALANCE_ABS,
+    balance_rel = BALANCE_REL,
+    skip = skip,
+    load_weight = LOAD_WEIGHT,
+  })
 end
 M.by_prefix = by_prefix
 
@@ -66,8 +72,8 @@ local function without(pool, ep)
 end
 
 local function by_session(req, pool)
-  local tenant = req.tenant
-  local key = (tenant ~= nil and tenant ~= "") and ("s:" .. tenant .. ":" .. req.session) or ("s::" .. req.session)
+  local tenant = req.tenant -- nil without x-atc-tenant
+  local key = "s:" .. (tenant or "") .. ":" .. req.session
   local id = atc.affinity.get(key)
   local old = id ~= nil and find(pool, id) or nil
   if old ~= nil and old.available then
@@ -80,7 +86,7 @@ local function by_session(req, pool)
   end
   local ep = by_prefix(req, pool, old)
   if ep == nil then
-    ep = hash.bounded(key, old and without(pool, old) or pool, SESSION_SPREAD) or old
+    ep = hash.bounded(old and without(pool, old) or pool, key, SESSION_SPREAD) or old
   end
   if ep ~= nil then
     atc.affinity.set(key, ep.id, SESSION_TTL_MS)
@@ -89,8 +95,7 @@ local function by_session(req, pool)
 end
 
 function M.pick(req, pool)
-  local session = req.session
-  if session ~= nil and session ~= "" then
+  if req.session ~= nil then -- nil: no x-atc-session and no `user` in the body
     return by_session(req, pool)
   end
   return by_prefix(req, pool)

@@ -192,7 +192,7 @@ local function split_versions(req, eps)
   if weights == nil then
     return eps
   end
-  local key = req.session ~= "" and req.session or req.id
+  local key = req.session or req.id
   local side = split.pick(key, weights) or STABLE
   if side ~= STABLE then
     local canary = of_version(eps, side)

@@ -13,10 +13,9 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-#define JSMN_STATIC
-#include <jsmn.h>
-
 #include "core/config.h"
+#include "core/config_value.h"
+#include "core/json.h"
 
 static const char usage_admin[] =
     "usage: atc status  [-c FILE | --admin HOST:PORT] [--token TOKEN]\n"
@@ -106,68 +105,28 @@ static int admin_call(const struct admin_target *t, const char *method, const ch
 
 /* ---- a few JSON lookups on the admin API's answers ---- */
 
-struct json {
-    const char *s;
-    jsmntok_t *t;
-    int n;
-};
-
-static int json_parse(struct json *j, const char *s)
+/* The text of the value at @p i as written ("-" when there is none), for a table cell. */
+static void json_text(const struct atc_json *j, int i, char *out, size_t size)
 {
-    jsmn_parser p;
-    j->s = s;
-    jsmn_init(&p);
-    j->n = jsmn_parse(&p, s, strlen(s), NULL, 0);
-    if (j->n <= 0 || (j->t = calloc((size_t)j->n, sizeof(jsmntok_t))) == NULL)
-        return -1;
-    jsmn_init(&p);
-    return jsmn_parse(&p, s, strlen(s), j->t, (unsigned)j->n) < 0 ? -1 : 0;
-}
-
-/* The index of the token after @p i and all its children. */
-static int json_skip(const struct json *j, int i)
-{
-    int end = i + 1;
-    for (int k = 0; k < j->t[i].size; k++)
-        end = json_skip(j, end);
-    return end;
-}
-
-/* The value of key @p key in the object at token @p obj, or -1. */
-static int json_get(const struct json *j, int obj, const char *key)
-{
-    if (obj < 0 || j->t[obj].type != JSMN_OBJECT)
-        return -1;
-    int i = obj + 1;
-    for (int k = 0; k < j->t[obj].size; k++) {
-        const jsmntok_t *kt = &j->t[i];
-        if ((size_t)(kt->end - kt->start) == strlen(key) && strncmp(j->s + kt->start, key, strlen(key)) == 0)
-            return i + 1;
-        i = json_skip(j, i + 1);
-    }
-    return -1;
-}
-
-static void json_text(const struct json *j, int i, char *out, size_t size)
-{
-    if (i < 0) {
+    size_t len;
+    const char *s = atc_json_raw(j, i, &len);
+    if (s == NULL)
         snprintf(out, size, "-");
-        return;
-    }
-    snprintf(out, size, "%.*s", j->t[i].end - j->t[i].start, j->s + j->t[i].start);
+    else
+        snprintf(out, size, "%.*s", (int)len, s);
 }
 
 /* The first string value of "message" in an OpenAI-style error body, or the body. */
 static void print_error(int status, const char *body)
 {
-    struct json j = {0};
+    struct atc_json j = {0};
     char msg[1024];
-    if (json_parse(&j, body) == 0)
-        json_text(&j, json_get(&j, json_get(&j, 0, "error"), "message"), msg, sizeof(msg));
-    else
+    if (atc_json_parse(&j, body, strlen(body), NULL) < 0 ||
+        atc_json_string(&j, atc_json_get(&j, atc_json_get(&j, 0, "error"), "message"), msg, sizeof(msg),
+                        NULL) < 0)
         snprintf(msg, sizeof(msg), "%s", body);
     fprintf(stderr, "atc: the admin API answered %d: %s\n", status, msg);
-    free(j.t);
+    atc_json_dispose(&j);
 }
 
 static int cmd_status(const struct admin_target *t)
@@ -180,50 +139,50 @@ static int cmd_status(const struct admin_target *t)
         free(body);
         return 1;
     }
-    struct json j = {0}, pj = {0};
-    if (json_parse(&j, body) < 0) {
+    struct atc_json j = {0}, pj = {0};
+    if (atc_json_parse(&j, body, strlen(body), NULL) < 0) {
         fprintf(stderr, "atc: cannot read the admin API's answer\n");
         free(body);
         return 1;
     }
     char version[32] = "-", errbuf[512] = "";
-    if (admin_call(t, "GET", "/admin/policy", &pol) == 200 && json_parse(&pj, pol) == 0) {
-        json_text(&pj, json_get(&pj, 0, "version"), version, sizeof(version));
-        int e = json_get(&pj, 0, "last_error");
-        if (e >= 0 && pj.t[e].type == JSMN_STRING)
-            json_text(&pj, e, errbuf, sizeof(errbuf));
+    if (admin_call(t, "GET", "/admin/policy", &pol) == 200 &&
+        atc_json_parse(&pj, pol, strlen(pol), NULL) == 0) {
+        json_text(&pj, atc_json_get(&pj, 0, "version"), version, sizeof(version));
+        if (atc_json_string(&pj, atc_json_get(&pj, 0, "last_error"), errbuf, sizeof(errbuf), NULL) < 0)
+            errbuf[0] = '\0';
     }
     printf("%-28s %-20s %-10s %9s %9s %9s %10s\n", "ENDPOINT", "MODEL", "STATE", "INFLIGHT", "CAPACITY",
            "ERRORS", "TTFT(ms)");
-    int eps = json_get(&j, 0, "endpoints");
-    for (int k = 0, i = eps + 1; eps >= 0 && k < j.t[eps].size; k++, i = json_skip(&j, i)) {
+    int eps = atc_json_get(&j, 0, "endpoints");
+    for (int k = 0, i = eps + 1; k < atc_json_count(&j, eps); k++, i = atc_json_next(&j, i)) {
         char id[128], model[128], state[32], inflight[16], capacity[16], errors[24], ttft[24];
-        json_text(&j, json_get(&j, i, "id"), id, sizeof(id));
-        json_text(&j, json_get(&j, i, "model"), model, sizeof(model));
-        int st = json_get(&j, i, "state");
+        json_text(&j, atc_json_get(&j, i, "id"), id, sizeof(id));
+        json_text(&j, atc_json_get(&j, i, "model"), model, sizeof(model));
+        int st = atc_json_get(&j, i, "state");
         if (st >= 0)
             json_text(&j, st, state, sizeof(state));
         else {
-            json_text(&j, json_get(&j, i, "routable"), state, sizeof(state));
+            json_text(&j, atc_json_get(&j, i, "routable"), state, sizeof(state));
             snprintf(state, sizeof(state), "%s", strcmp(state, "true") == 0 ? "healthy" : "draining");
         }
-        json_text(&j, json_get(&j, i, "inflight"), inflight, sizeof(inflight));
-        json_text(&j, json_get(&j, i, "capacity"), capacity, sizeof(capacity));
-        json_text(&j, json_get(&j, i, "errors_total"), errors, sizeof(errors));
-        json_text(&j, json_get(&j, i, "ttft_ewma_ms"), ttft, sizeof(ttft));
+        json_text(&j, atc_json_get(&j, i, "inflight"), inflight, sizeof(inflight));
+        json_text(&j, atc_json_get(&j, i, "capacity"), capacity, sizeof(capacity));
+        json_text(&j, atc_json_get(&j, i, "errors_total"), errors, sizeof(errors));
+        json_text(&j, atc_json_get(&j, i, "ttft_ewma_ms"), ttft, sizeof(ttft));
         printf("%-28s %-20s %-10s %9s %9s %9s %10s\n", id, model, state, inflight, capacity, errors, ttft);
     }
     char active[16], waiting[16] = "0";
-    json_text(&j, json_get(&j, 0, "active"), active, sizeof(active));
-    int q = json_get(&j, 0, "queues");
-    if (q >= 0 && j.t[q].type == JSMN_OBJECT)
-        json_text(&j, json_get(&j, q, "waiting"), waiting, sizeof(waiting));
+    json_text(&j, atc_json_get(&j, 0, "active"), active, sizeof(active));
+    int q = atc_json_get(&j, 0, "queues");
+    if (atc_json_type(&j, q) == ATC_JSON_OBJECT)
+        json_text(&j, atc_json_get(&j, q, "waiting"), waiting, sizeof(waiting));
     printf("\npolicy version %s; %s request(s) in progress, %s waiting for capacity\n", version, active,
            waiting);
     if (errbuf[0])
         printf("last policy error: %s\n", errbuf);
-    free(j.t);
-    free(pj.t);
+    atc_json_dispose(&j);
+    atc_json_dispose(&pj);
     free(body);
     free(pol);
     return 0;
@@ -311,7 +270,7 @@ int atc_cli_main(int argc, char **argv)
     if (admin != NULL) {
         char *host = NULL;
         uint16_t port;
-        if (atc_parse_hostport(admin, &host, &port) < 0 || port == 0) {
+        if (atc_parse_hostport(admin, &host, &port, NULL) < 0 || port == 0) {
             fprintf(stderr, "atc: invalid --admin '%s' (want HOST:PORT)\n", admin);
             return 2;
         }

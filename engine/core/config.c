@@ -18,17 +18,14 @@
 #include <yaml.h>
 
 #include "core/config.h"
+#include "core/config_errors.h"
+#include "core/config_value.h"
 
 /* Per-endpoint ceilings: far above any real server, low enough that sums over a fleet cannot overflow. */
 #define CAPACITY_MAX 1000000u
 #define WEIGHT_MAX 1000000u
 #define SIMULATE_COUNT_MAX 256u
 #define KEY_MAX 320 /* longest key path in a message ("models[3].endpoints[12].tags[0]"); longer is cut */
-
-struct error {
-    size_t line, col, seq; /* seq keeps errors at one position in the order they were found */
-    char *text;
-};
 
 /* Names declared so far, to report a duplicate together with where the first one is. */
 struct seen_list {
@@ -43,9 +40,7 @@ struct parse {
     yaml_document_t *doc;
     const char *name; /* the file name in messages */
     struct atc_config *cfg;
-    struct error *errors;
-    size_t nerrors, cap_errors;
-    bool oom;
+    struct atc_config_errors errs; /* what is wrong, in the order found */
     struct seen_list models, ids;
     bool endpoint_level; /* parsing an endpoint's health: (model-wide settings are refused) */
 };
@@ -61,8 +56,6 @@ struct map_iter {
 };
 
 static char *format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void report(struct parse *p, yaml_mark_t at, const char *key, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
 
 static char *format(const char *fmt, ...)
 {
@@ -81,305 +74,9 @@ static char *format(const char *fmt, ...)
     return s;
 }
 
-/* Messages quote keys and values from the file, and a quoted YAML key may hold a newline: escape
- * control characters so that each error stays on one line. Takes @p text, returns it or a new copy. */
-static char *escape_controls(char *text)
-{
-    size_t extra = 0, i, o;
-    char *out;
-
-    for (i = 0; text[i]; i++)
-        extra += (unsigned char)text[i] < 0x20 || text[i] == 0x7f ? 3 : 0;
-    if (extra == 0 || !(out = malloc(i + extra + 1)))
-        return text; /* (out of memory: the message keeps its raw bytes) */
-    for (i = 0, o = 0; text[i]; i++) {
-        unsigned char c = (unsigned char)text[i];
-        if (c < 0x20 || c == 0x7f)
-            o += (size_t)snprintf(out + o, 5, "\\x%02x", c);
-        else
-            out[o++] = (char)c;
-    }
-    out[o] = '\0';
-    free(text);
-    return out;
-}
-
-static void push_error(struct parse *p, size_t line, size_t col, char *text)
-{
-    if (text)
-        text = escape_controls(text);
-    if (!text) {
-        p->oom = true;
-        return;
-    }
-    if (p->nerrors == p->cap_errors) {
-        size_t cap = p->cap_errors ? p->cap_errors * 2 : 16;
-        struct error *v = realloc(p->errors, cap * sizeof *v);
-        if (!v) {
-            free(text);
-            p->oom = true;
-            return;
-        }
-        p->errors = v;
-        p->cap_errors = cap;
-    }
-    p->errors[p->nerrors] = (struct error){line, col, p->nerrors, text};
-    p->nerrors++;
-}
-
-/* Records "file:line:col: key 'key': message"; libyaml marks are 0-based, messages 1-based. */
-static void report(struct parse *p, yaml_mark_t at, const char *key, const char *fmt, ...)
-{
-    char msg[512];
-    va_list ap;
-    bool keyed = key && *key;
-
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    push_error(p, at.line + 1, at.column + 1,
-               format("%s:%zu:%zu: %s%s%s%s", p->name, at.line + 1, at.column + 1, keyed ? "key '" : "",
-                      keyed ? key : "", keyed ? "': " : "", msg));
-}
-
 static yaml_node_t *node(struct parse *p, int index)
 {
     return yaml_document_get_node(p->doc, index);
-}
-
-/* An empty value ("key:" with nothing after it) is a plain null scalar; it means "not set". */
-static bool is_null(const yaml_node_t *n)
-{
-    const char *s;
-
-    if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
-        return false;
-    s = (const char *)n->data.scalar.value;
-    return !*s || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") || !strcmp(s, "NULL");
-}
-
-/* How a node reads in a message: a scalar quoted (shortened, control characters hidden), else its kind. */
-static const char *describe(const yaml_node_t *n, char *buf, size_t size)
-{
-    const unsigned char *v;
-    size_t i, o = 0, len;
-
-    if (n->type == YAML_MAPPING_NODE)
-        return "a mapping";
-    if (n->type == YAML_SEQUENCE_NODE)
-        return "a list";
-    if (is_null(n))
-        return "nothing";
-    v = n->data.scalar.value;
-    len = n->data.scalar.length;
-    buf[o++] = '\'';
-    for (i = 0; i < len && o < size - 6; i++)
-        buf[o++] = v[i] < 0x20 || v[i] == 0x7f ? '?' : (char)v[i];
-    if (i < len) {
-        memcpy(buf + o, "...", 3);
-        o += 3;
-    }
-    buf[o++] = '\'';
-    buf[o] = '\0';
-    return buf;
-}
-
-/* ---- the value syntaxes, shared by the atc_parse_* functions and the YAML walk ---- */
-
-struct unit {
-    const char *name;
-    uint64_t scale;
-};
-
-static const struct unit duration_units[] = {
-    {"us", 1}, {"ms", 1000}, {"s", 1000000}, {"m", 60000000}, {"h", 3600000000}, {NULL, 0},
-};
-
-static const struct unit size_units[] = {{"b", 1},
-                                         {"kb", 1000},
-                                         {"mb", 1000000},
-                                         {"gb", 1000000000},
-                                         {"tb", 1000000000000},
-                                         {"kib", 1ull << 10},
-                                         {"mib", 1ull << 20},
-                                         {"gib", 1ull << 30},
-                                         {"tib", 1ull << 40},
-                                         {NULL, 0}};
-
-/* "<digits>[.<digits>][ ]<unit>" → value * unit scale; a bare number uses @p plain. Only six decimals
- * count, which keeps frac * scale inside 64 bits for every unit above. */
-static int parse_scaled(const char *s, const struct unit *units, uint64_t plain, uint64_t *out)
-{
-    uint64_t whole = 0, frac = 0, frac_scale = 1, scale = plain, v;
-    const struct unit *u;
-
-    if (!isdigit((unsigned char)*s))
-        return -1;
-    for (; isdigit((unsigned char)*s); s++) {
-        unsigned d = (unsigned)(*s - '0');
-        if (whole > (UINT64_MAX - d) / 10)
-            return -1;
-        whole = whole * 10 + d;
-    }
-    if (*s == '.') {
-        if (!isdigit((unsigned char)*++s))
-            return -1;
-        for (; isdigit((unsigned char)*s); s++) {
-            if (frac_scale < 1000000) {
-                frac = frac * 10 + (uint64_t)(*s - '0');
-                frac_scale *= 10;
-            }
-        }
-    }
-    while (*s == ' ')
-        s++;
-    if (*s) {
-        for (u = units; u->name && strcasecmp(s, u->name); u++)
-            ;
-        if (!u->name)
-            return -1;
-        scale = u->scale;
-    }
-    if (whole > UINT64_MAX / scale)
-        return -1;
-    v = whole * scale;
-    if (v > UINT64_MAX - frac * scale / frac_scale)
-        return -1;
-    *out = v + frac * scale / frac_scale;
-    return 0;
-}
-
-int atc_parse_duration_us(const char *s, uint64_t *us)
-{
-    return parse_scaled(s, duration_units, 1000, us);
-}
-
-int atc_parse_duration_ms(const char *s, uint64_t *ms)
-{
-    uint64_t us;
-
-    if (atc_parse_duration_us(s, &us) < 0)
-        return -1;
-    *ms = us / 1000 + (us % 1000 != 0);
-    return 0;
-}
-
-int atc_parse_size(const char *s, size_t *bytes)
-{
-    uint64_t v;
-
-    if (parse_scaled(s, size_units, 1, &v) < 0 || v > SIZE_MAX)
-        return -1;
-    *bytes = (size_t)v;
-    return 0;
-}
-
-/* Splits "host:port", "[v6]:port", "host" or "[v6]" (URLs may leave the port out). *host is owned and
- * NULL when empty, *port -1 when absent. Returns NULL, or what is wrong. */
-static const char *split_hostport(const char *s, size_t len, char **host, long *port)
-{
-    const char *end = s + len, *h = s, *hend, *c, *colon = NULL;
-    long v = 0;
-
-    *host = NULL;
-    *port = -1;
-    if (len > 0 && s[0] == '[') {
-        if (!(hend = memchr(++h, ']', len - 1)))
-            return "missing ']' after the IPv6 address";
-        if (hend == h || strspn(h, "0123456789abcdefABCDEF:.") < (size_t)(hend - h))
-            return "bad IPv6 address";
-        if (hend + 1 < end && hend[1] != ':')
-            return "expected ':' after ']'";
-        colon = hend + 1 < end ? hend + 1 : NULL;
-    } else {
-        for (c = s; c < end; c++) {
-            if (*c == ':' && colon)
-                return "an IPv6 address must be written in brackets, as in [::1]:8080";
-            if (*c == ':')
-                colon = c;
-            else if (!colon && !isalnum((unsigned char)*c) && *c != '.' && *c != '-' && *c != '_')
-                return "bad character in the host name";
-        }
-        hend = colon ? colon : end;
-    }
-    if (colon) {
-        if (colon + 1 == end)
-            return "missing port number after ':'";
-        for (c = colon + 1; c < end; c++) {
-            if (!isdigit((unsigned char)*c) || (v = v * 10 + (*c - '0')) > 65535)
-                return "the port must be a number from 0 to 65535";
-        }
-        *port = v;
-    }
-    if (hend > h && !(*host = strndup(h, (size_t)(hend - h))))
-        return "out of memory";
-    return NULL;
-}
-
-static const char *parse_hostport(const char *s, char **host, uint16_t *port)
-{
-    const char *why;
-    char *h;
-    long pt;
-
-    if ((why = split_hostport(s, strlen(s), &h, &pt)))
-        return why;
-    if (pt < 0) {
-        free(h);
-        return "missing ':port' (expected host:port such as 127.0.0.1:8080 or [::1]:8080)";
-    }
-    if (!h && !(h = strdup("127.0.0.1")))
-        return "out of memory";
-    *host = h;
-    *port = (uint16_t)pt;
-    return NULL;
-}
-
-int atc_parse_hostport(const char *s, char **host, uint16_t *port)
-{
-    return parse_hostport(s, host, port) ? -1 : 0;
-}
-
-/* "http://host[:port][/]" → host and port (default 80). A base path is refused rather than ignored:
- * atc forwards the client's request path unchanged, so "/v1" here would silently not apply. */
-static const char *parse_url(const char *s, char **host, uint16_t *port)
-{
-    const char *auth = s + 7, *end, *why;
-    char *h;
-    long pt;
-
-    if (!strncasecmp(s, "https://", 8))
-        return "https is not supported, use http:// (atc speaks plain HTTP to upstream servers; terminate "
-               "TLS "
-               "next to the server)";
-    if (strncasecmp(s, "http://", 7))
-        return "expected a URL of the form http://host:port";
-    end = auth + strcspn(auth, "/?#");
-    if (*end && strcmp(end, "/"))
-        return "a path, query or fragment is not supported (atc forwards the client's request path)";
-    if (memchr(auth, '@', (size_t)(end - auth)))
-        return "user info in the URL is not supported";
-    if ((why = split_hostport(auth, (size_t)(end - auth), &h, &pt)))
-        return why;
-    if (!h)
-        return "missing host";
-    if (pt == 0) {
-        free(h);
-        return "the port must be from 1 to 65535";
-    }
-    *host = h;
-    *port = pt < 0 ? 80 : (uint16_t)pt;
-    return NULL;
-}
-
-/* A relative path in the file is relative to the file, not to wherever atc was started. */
-static char *resolve(const char *dir, const char *path)
-{
-    size_t n = strlen(dir);
-
-    if (path[0] == '/' || n == 0)
-        return strdup(path);
-    return format("%s%s%s", dir, dir[n - 1] == '/' ? "" : "/", path);
 }
 
 /* ---- the schema: one table of fields per mapping ---- */
@@ -612,12 +309,13 @@ static const char *scalar(struct parse *p, const yaml_node_t *n, const char *key
 {
     char d[64];
 
-    if (n->type != YAML_SCALAR_NODE || is_null(n)) {
-        report(p, n->start_mark, key, "expected %s, got %s", what, describe(n, d, sizeof d));
+    if (n->type != YAML_SCALAR_NODE || atc_yaml_is_null(n)) {
+        atc_config_report(&p->errs, n->start_mark, key, "expected %s, got %s", what,
+                          atc_yaml_describe(n, d, sizeof d));
         return NULL;
     }
     if (strlen((const char *)n->data.scalar.value) != n->data.scalar.length) {
-        report(p, n->start_mark, key, "contains a NUL character");
+        atc_config_report(&p->errs, n->start_mark, key, "contains a NUL character");
         return NULL;
     }
     return (const char *)n->data.scalar.value;
@@ -633,7 +331,8 @@ static bool map_next(struct parse *p, struct map_iter *it)
         yaml_node_pair_t *q;
 
         if (k->type != YAML_SCALAR_NODE) {
-            report(p, k->start_mark, it->prefix, "expected a plain key, got %s", describe(k, d, sizeof d));
+            atc_config_report(&p->errs, k->start_mark, it->prefix, "expected a plain key, got %s",
+                              atc_yaml_describe(k, d, sizeof d));
             continue;
         }
         key = (const char *)k->data.scalar.value;
@@ -645,7 +344,8 @@ static bool map_next(struct parse *p, struct map_iter *it)
         }
         if (q < it->pair) {
             yaml_mark_t m = node(p, q->key)->start_mark;
-            report(p, k->start_mark, it->path, "duplicate key (first at %zu:%zu)", m.line + 1, m.column + 1);
+            atc_config_report(&p->errs, k->start_mark, it->path, "duplicate key (first at %zu:%zu)",
+                              m.line + 1, m.column + 1);
             continue;
         }
         it->key = key;
@@ -668,13 +368,14 @@ static void *alloc_items(struct parse *p, const yaml_node_t *n, const char *key,
 
     *count = 0;
     if (n->type != YAML_SEQUENCE_NODE) {
-        if (!is_null(n))
-            report(p, n->start_mark, key, "expected a list, got %s", describe(n, d, sizeof d));
+        if (!atc_yaml_is_null(n))
+            atc_config_report(&p->errs, n->start_mark, key, "expected a list, got %s",
+                              atc_yaml_describe(n, d, sizeof d));
         return NULL;
     }
     *items = n->data.sequence.items.start;
     if ((*count = (size_t)(n->data.sequence.items.top - *items)) > 0 && !(v = calloc(*count, size))) {
-        p->oom = true;
+        p->errs.oom = true;
         *count = 0;
     }
     return v;
@@ -702,7 +403,7 @@ static int parse_real(const char *s, double *out)
 static void set_str(struct parse *p, char **at, char *s)
 {
     if (!s) {
-        p->oom = true;
+        p->errs.oom = true;
         return;
     }
     free(*at);
@@ -737,7 +438,7 @@ static const char *set_value(struct parse *p, const struct field *f, const char 
     case F_PATH:
         if (!*s)
             return "must not be empty";
-        set_str(p, (char **)at, f->kind == F_PATH ? resolve(p->cfg->dir, s) : strdup(s));
+        set_str(p, (char **)at, f->kind == F_PATH ? atc_config_path(p->cfg->dir, s) : strdup(s));
         return NULL;
     case F_BOOL:
         if (!is_true(s) && !is_false(s))
@@ -789,7 +490,7 @@ static const char *set_value(struct parse *p, const struct field *f, const char 
         return NULL;
     case F_HOSTPORT:
         /* port 0 is fine here: listen/admin on "pick a free port" (tests, several instances) */
-        if ((why = parse_hostport(s, &host, (uint16_t *)((char *)base + f->aux))))
+        if (atc_parse_hostport(s, &host, (uint16_t *)((char *)base + f->aux), &why) < 0)
             return why;
         set_str(p, (char **)at, host);
         return NULL;
@@ -814,7 +515,7 @@ static const char *set_value(struct parse *p, const struct field *f, const char 
         return buf;
     }
     case F_URL:
-        if ((why = parse_url(s, &host, &ep->port)))
+        if (atc_parse_url(s, &host, &ep->port, &why) < 0)
             return why;
         set_str(p, &ep->host, host);
         set_str(p, &ep->url, strdup(s));
@@ -839,19 +540,19 @@ static int get_field(struct parse *p, const struct field *f, const yaml_node_t *
         return get_list(p, f, n, key, base);
     if (f->kind == F_WEIGHTS)
         return get_weights(p, f, (yaml_node_t *)n, key, base);
-    if (f->kind == F_OPTSTR && is_null(n))
+    if (f->kind == F_OPTSTR && atc_yaml_is_null(n))
         return 0;
     if (!(s = scalar(p, n, key, expected[f->kind])))
         return -1;
     if (!(why = set_value(p, f, s, base, buf, sizeof buf)))
         return 0;
-    describe(n, d, sizeof d);
+    atc_yaml_describe(n, d, sizeof d);
     if (*why)
-        report(p, n->start_mark, key, "%s (got %s)", why, d);
+        atc_config_report(&p->errs, n->start_mark, key, "%s (got %s)", why, d);
     else if (s[0] == '-' && f->kind != F_BOOL) /* the common mistake with numbers gets its own message */
-        report(p, n->start_mark, key, "must not be negative (got %s)", d);
+        atc_config_report(&p->errs, n->start_mark, key, "must not be negative (got %s)", d);
     else
-        report(p, n->start_mark, key, "expected %s, got %s", expected[f->kind], d);
+        atc_config_report(&p->errs, n->start_mark, key, "expected %s, got %s", expected[f->kind], d);
     return -1;
 }
 
@@ -882,18 +583,18 @@ static int get_weights(struct parse *p, const struct field *f, yaml_node_t *n, c
     char d[64];
     int rc = 0;
 
-    if (is_null(n))
+    if (atc_yaml_is_null(n))
         return 0;
     if (n->type != YAML_MAPPING_NODE) {
-        report(p, n->start_mark, key, "expected a mapping of names to weights, got %s",
-               describe(n, d, sizeof d));
+        atc_config_report(&p->errs, n->start_mark, key, "expected a mapping of names to weights, got %s",
+                          atc_yaml_describe(n, d, sizeof d));
         return -1;
     }
     size_t cap = (size_t)(n->data.mapping.pairs.top - n->data.mapping.pairs.start);
     w->names = calloc(cap ? cap : 1, sizeof *w->names);
     w->weights = calloc(cap ? cap : 1, sizeof *w->weights);
     if (!w->names || !w->weights) {
-        p->oom = true;
+        p->errs.oom = true;
         return -1;
     }
     it.map = n;
@@ -904,7 +605,7 @@ static int get_weights(struct parse *p, const struct field *f, yaml_node_t *n, c
             continue;
         }
         if (!(w->names[w->n] = strdup(it.key)))
-            p->oom = true;
+            p->errs.oom = true;
         else
             w->n++;
     }
@@ -919,7 +620,8 @@ static void unknown_key(struct parse *p, const struct map_iter *it, const struct
     list[0] = '\0';
     for (; fields->key && o < sizeof list; fields++)
         o += (size_t)snprintf(list + o, sizeof list - o, "%s%s", o ? ", " : "", fields->key);
-    report(p, it->keynode->start_mark, it->prefix, "unknown key '%s' (expected one of: %s)", it->key, list);
+    atc_config_report(&p->errs, it->keynode->start_mark, it->prefix, "unknown key '%s' (expected one of: %s)",
+                      it->key, list);
 }
 
 /* Fills @p base from mapping @p n as @p fields describe; nothing (null) is an empty mapping when @p null_ok.
@@ -934,9 +636,10 @@ static int parse_section(struct parse *p, yaml_node_t *n, const char *key, bool 
     char d[64];
 
     if (n->type != YAML_MAPPING_NODE) {
-        if (null_ok && is_null(n))
+        if (null_ok && atc_yaml_is_null(n))
             return 0;
-        report(p, n->start_mark, key, "expected a mapping, got %s", describe(n, d, sizeof d));
+        atc_config_report(&p->errs, n->start_mark, key, "expected a mapping, got %s",
+                          atc_yaml_describe(n, d, sizeof d));
         return -1;
     }
     it.map = n;
@@ -949,8 +652,9 @@ static int parse_section(struct parse *p, yaml_node_t *n, const char *key, bool 
             continue;
         }
         if (f->model_wide && p->endpoint_level) {
-            report(p, it.keynode->start_mark, it.path,
-                   "applies to a whole model: set it in the model's or the top-level health section");
+            atc_config_report(
+                &p->errs, it.keynode->start_mark, it.path,
+                "applies to a whole model: set it in the model's or the top-level health section");
             continue;
         }
         seen[f - fields] = it.value;
@@ -961,7 +665,7 @@ static int parse_section(struct parse *p, yaml_node_t *n, const char *key, bool 
     }
     for (f = fields; f->key; f++) {
         if (f->required && !seen[f - fields])
-            report(p, n->start_mark, key, "missing '%s'", f->key);
+            atc_config_report(&p->errs, n->start_mark, key, "missing '%s'", f->key);
     }
     if (found)
         memcpy(found, seen, sizeof seen);
@@ -983,8 +687,8 @@ static void check_unique(struct parse *p, struct seen_list *l, const char *name,
 {
     for (size_t i = 0; i < l->n; i++) {
         if (!strcmp(l->v[i].name, name)) {
-            report(p, n->start_mark, key, "duplicate %s '%s' (first declared at %zu:%zu)", what, name,
-                   l->v[i].mark.line + 1, l->v[i].mark.column + 1);
+            atc_config_report(&p->errs, n->start_mark, key, "duplicate %s '%s' (first declared at %zu:%zu)",
+                              what, name, l->v[i].mark.line + 1, l->v[i].mark.column + 1);
             return;
         }
     }
@@ -992,7 +696,7 @@ static void check_unique(struct parse *p, struct seen_list *l, const char *name,
         size_t cap = l->cap ? l->cap * 2 : 16;
         void *v = realloc(l->v, cap * sizeof *l->v);
         if (!v) {
-            p->oom = true;
+            p->errs.oom = true;
             return;
         }
         l->v = v;
@@ -1020,7 +724,7 @@ static void health_copy(struct parse *p, struct atc_health_config *dst, const st
         (src->ready.path && !(dst->ready.path = strdup(src->ready.path))) ||
         (src->deep.path && !(dst->deep.path = strdup(src->deep.path))) ||
         (src->scrape.path && !(dst->scrape.path = strdup(src->scrape.path))))
-        p->oom = true;
+        p->errs.oom = true;
 }
 
 /* A health: mapping @p n over @p h, which already holds the level above's settings. */
@@ -1030,9 +734,9 @@ static void parse_health(struct parse *p, yaml_node_t *n, const char *key, struc
     p->endpoint_level = endpoint_level;
     if (parse_section(p, n, key, true, health_fields, h, NULL) == 0 &&
         h->eject.base_time_ms > h->eject.max_time_ms)
-        report(p, n->start_mark, key,
-               "eject.base_time (%" PRIu64 "ms) must not exceed eject.max_time (%" PRIu64 "ms)",
-               h->eject.base_time_ms, h->eject.max_time_ms);
+        atc_config_report(&p->errs, n->start_mark, key,
+                          "eject.base_time (%" PRIu64 "ms) must not exceed eject.max_time (%" PRIu64 "ms)",
+                          h->eject.base_time_ms, h->eject.max_time_ms);
     p->endpoint_level = false;
 }
 
@@ -1054,7 +758,7 @@ static void parse_endpoint(struct parse *p, yaml_node_t *n, const char *key, str
         check_unique(p, &p->ids, ep->id, lookup(endpoint_fields, found, "id"), keyf(k, "%s.id", key),
                      "endpoint id");
     if (model && !(ep->model = strdup(model)))
-        p->oom = true;
+        p->errs.oom = true;
 }
 
 static void parse_model(struct parse *p, yaml_node_t *n, const char *key, struct atc_model_config *m)
@@ -1113,8 +817,9 @@ static void parse_simulate(struct parse *p, yaml_node_t *n, const char *key, str
     if (!lookup(simulate_fields, found, "capacity"))
         s->capacity = s->params.max_seqs;
     if (s->params.model && !is_declared(p->cfg, s->params.model))
-        report(p, lookup(simulate_fields, found, "model")->start_mark, keyf(k, "%s.model", key),
-               "no model named '%s' is declared under 'models'", s->params.model);
+        atc_config_report(&p->errs, lookup(simulate_fields, found, "model")->start_mark,
+                          keyf(k, "%s.model", key), "no model named '%s' is declared under 'models'",
+                          s->params.model);
 }
 
 /* record: (trace recording); its file name prefix becomes part of paths, so it is checked here. */
@@ -1129,7 +834,8 @@ static void parse_record(struct parse *p, yaml_node_t *n)
     if (prefix && p->cfg->record.prefix &&
         strspn(p->cfg->record.prefix, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") !=
             strlen(p->cfg->record.prefix))
-        report(p, prefix->start_mark, "record.prefix", "only letters, digits, '.', '_' and '-' may name files");
+        atc_config_report(&p->errs, prefix->start_mark, "record.prefix",
+                          "only letters, digits, '.', '_' and '-' may name files");
 }
 
 static void parse_root(struct parse *p, yaml_node_t *root)
@@ -1148,8 +854,8 @@ static void parse_root(struct parse *p, yaml_node_t *root)
     admin = lookup(root_fields, found, "admin");
     if (cfg->admin_port != 0 && cfg->admin_port == cfg->listen_port &&
         !strcmp(cfg->admin_host, cfg->listen_host))
-        report(p, (admin ? admin : lookup(root_fields, found, "listen"))->start_mark,
-               admin ? "admin" : "listen", "must differ from '%s'", admin ? "listen" : "admin");
+        atc_config_report(&p->errs, (admin ? admin : lookup(root_fields, found, "listen"))->start_mark,
+                          admin ? "admin" : "listen", "must differ from '%s'", admin ? "listen" : "admin");
 
     /* Models start from the top-level health settings, so those are read first. */
     if ((health = lookup(root_fields, found, "health")))
@@ -1157,10 +863,11 @@ static void parse_root(struct parse *p, yaml_node_t *root)
 
     /* simulate: names models, so it is read after them whatever their order in the file. */
     models = lookup(root_fields, found, "models");
-    if (!models || is_null(models) ||
+    if (!models || atc_yaml_is_null(models) ||
         (models->type == YAML_SEQUENCE_NODE &&
          models->data.sequence.items.top == models->data.sequence.items.start))
-        report(p, (models ? models : root)->start_mark, "models", "at least one model is required");
+        atc_config_report(&p->errs, (models ? models : root)->start_mark, "models",
+                          "at least one model is required");
     else
         cfg->models = alloc_items(p, models, "models", sizeof *cfg->models, &cfg->nmodels, &items);
     for (size_t i = 0; i < cfg->nmodels; i++)
@@ -1174,8 +881,9 @@ static void parse_root(struct parse *p, yaml_node_t *root)
     for (size_t i = 0; i < cfg->nmodels; i++) {
         const char *name = cfg->models[i].name;
         if (name && cfg->models[i].nendpoints == 0 && !is_simulated(cfg, name))
-            report(p, node(p, models->data.sequence.items.start[i])->start_mark, keyf(k, "models[%zu]", i),
-                   "model '%s' has no endpoints and no simulate entry provides any", name);
+            atc_config_report(&p->errs, node(p, models->data.sequence.items.start[i])->start_mark,
+                              keyf(k, "models[%zu]", i),
+                              "model '%s' has no endpoints and no simulate entry provides any", name);
     }
 }
 
@@ -1191,7 +899,7 @@ static struct atc_config *config_new(const char *name, const char *dir)
     cfg->listen_port = 8080;
     cfg->admin_host = strdup("127.0.0.1");
     cfg->admin_port = 8081;
-    cfg->policy.entry = cfg->dir ? resolve(cfg->dir, "scripts/policy.lua") : NULL;
+    cfg->policy.entry = cfg->dir ? atc_config_path(cfg->dir, "scripts/policy.lua") : NULL;
     cfg->policy.budget_us = 1000;
     cfg->policy.memory = (size_t)64 << 20;
     cfg->policy.rollback_after = 20;
@@ -1205,7 +913,7 @@ static struct atc_config *config_new(const char *name, const char *dir)
     cfg->upstream.idle_timeout_ms = 60000;
     cfg->upstream.tries = 2;
     cfg->upstream.keepalive = 32;
-    cfg->record.dir = cfg->dir ? resolve(cfg->dir, "traces") : NULL;
+    cfg->record.dir = cfg->dir ? atc_config_path(cfg->dir, "traces") : NULL;
     cfg->record.prefix = strdup("atc");
     cfg->record.rotate_size = (size_t)256 << 20;
     cfg->record.rotate_interval_ms = 3600 * 1000;
@@ -1243,55 +951,14 @@ static struct atc_config *config_new(const char *name, const char *dir)
     return cfg;
 }
 
-static void syntax_error(struct parse *p, const yaml_parser_t *y)
-{
-    if (y->error == YAML_MEMORY_ERROR) {
-        p->oom = true;
-        return;
-    }
-    if (y->context)
-        report(p, y->problem_mark, NULL, "YAML syntax error: %s (%s at %zu:%zu)",
-               y->problem ? y->problem : "unexpected input", y->context, y->context_mark.line + 1,
-               y->context_mark.column + 1);
-    else
-        report(p, y->problem_mark, NULL, "YAML syntax error: %s",
-               y->problem ? y->problem : "unreadable input");
-}
-
-static int by_position(const void *a, const void *b)
-{
-    const struct error *x = a, *y = b;
-
-    if (x->line != y->line)
-        return x->line < y->line ? -1 : 1;
-    if (x->col != y->col)
-        return x->col < y->col ? -1 : 1;
-    return x->seq < y->seq ? -1 : x->seq > y->seq;
-}
-
 /* Hands over the config, or joins the sorted errors into one owned string and frees the config. */
 static int finish(struct parse *p, struct atc_config **out, char **errors)
 {
-    size_t total = 1, o = 0;
-    char *all;
-
-    if (p->oom)
-        push_error(p, SIZE_MAX, 0, format("%s: out of memory", p->name));
-    if (p->nerrors == 0 && !p->oom) {
+    if (!atc_config_errors_any(&p->errs)) {
         *out = p->cfg;
         return 0;
     }
-    qsort(p->errors, p->nerrors, sizeof *p->errors, by_position);
-    for (size_t i = 0; i < p->nerrors; i++)
-        total += strlen(p->errors[i].text) + 1;
-    if ((all = malloc(total)))
-        all[0] = '\0';
-    for (size_t i = 0; i < p->nerrors; i++) {
-        if (all)
-            o += (size_t)snprintf(all + o, total - o, "%s%s", i ? "\n" : "", p->errors[i].text);
-        free(p->errors[i].text);
-    }
-    *errors = all;
+    *errors = atc_config_errors_join(&p->errs);
     atc_config_free(p->cfg);
     p->cfg = NULL;
     return -1;
@@ -1304,24 +971,25 @@ static void parse_stream(struct parse *p, yaml_parser_t *parser, yaml_document_t
 
     p->doc = doc;
     if (!root) {
-        report(p, (yaml_mark_t){0}, NULL, "the file is empty (at least one model is required)");
+        atc_config_report(&p->errs, (yaml_mark_t){0}, NULL,
+                          "the file is empty (at least one model is required)");
         return;
     }
     parse_root(p, root);
     /* A second document is almost always a stray '---'; ignoring it would silently drop settings. */
     if (!yaml_parser_load(parser, &extra)) {
-        syntax_error(p, parser);
+        atc_config_report_syntax(&p->errs, parser);
         return;
     }
     if ((root = yaml_document_get_root_node(&extra)))
-        report(p, root->start_mark, NULL, "only one YAML document per file is supported");
+        atc_config_report(&p->errs, root->start_mark, NULL, "only one YAML document per file is supported");
     yaml_document_delete(&extra);
 }
 
 int atc_config_parse(const char *text, size_t len, const char *name, const char *dir, struct atc_config **out,
                      char **errors)
 {
-    struct parse p = {.name = name ? name : "<config>"};
+    struct parse p = {.errs.name = name ? name : "<config>"};
     yaml_parser_t parser;
     yaml_document_t doc;
     bool loaded = false;
@@ -1334,17 +1002,16 @@ int atc_config_parse(const char *text, size_t len, const char *name, const char 
         return -1;
     }
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
-    if (!(p.cfg = config_new(p.name, dir)))
-        p.oom = true;
+    if (!(p.cfg = config_new(p.errs.name, dir)))
+        p.errs.oom = true;
     else if (!(loaded = yaml_parser_load(&parser, &doc)))
-        syntax_error(&p, &parser);
+        atc_config_report_syntax(&p.errs, &parser);
     else
         parse_stream(&p, &parser, &doc);
     rc = finish(&p, out, errors);
     if (loaded)
         yaml_document_delete(&doc);
     yaml_parser_delete(&parser);
-    free(p.errors);
     free(p.models.v);
     free(p.ids.v);
     return rc;

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "sim/sim.h"
+#include "sim/sim_params.h"
 
 /* What atc does when every endpoint of a model is out (unhealthy or ejected; not draining or starting). */
 enum atc_panic_mode {
@@ -157,16 +157,4 @@ int atc_config_parse(const char *text, size_t len, const char *name, const char 
 
 /** Frees a config returned by the functions above; NULL is fine. */
 void atc_config_free(struct atc_config *cfg);
-
-/** "250ms", "2s", "1m", "1h", "1500us", "1.5s", plain integer = ms. Returns 0 and *ms, or -1. A duration
- * below a millisecond rounds up ("1500us" is 2 ms), so a non-zero value never becomes 0. */
-int atc_parse_duration_ms(const char *s, uint64_t *ms);
-/** The same syntax in microseconds, for settings finer than a millisecond (policy.budget: "500us"). */
-int atc_parse_duration_us(const char *s, uint64_t *us);
-/** "8MiB", "512KiB", "1GiB", "64MB", "1.5GiB", plain integer = bytes (B, KB, MB, GB, TB: powers of 1000;
- * KiB, MiB, GiB, TiB: powers of 1024; any case). Returns 0 and *bytes, or -1. */
-int atc_parse_size(const char *s, size_t *bytes);
-/** "host:port" (host may be empty = 127.0.0.1, or [v6]). Returns 0 and an owned *host, or -1. */
-int atc_parse_hostport(const char *s, char **host, uint16_t *port);
-
 #endif

@@ -11,12 +11,13 @@
 #include "core/config.h"
 #include "fleet/endpoint.h"
 #include "core/log.h"
+#include "ops/admin.h"
 #include "policy/policy.h"
 #include "core/server.h"
 #include "core/worker.h"
-#include "trace/replay.h"
-#include "sim/sim_server.h"
-#include "trace/trace.h"
+#include "trace/replay_cli.h"
+#include "sim/sim_cli.h"
+#include "trace/trace_cli.h"
 
 static const char usage_main[] =
     "usage: atc <command> [flags]\n"
@@ -190,10 +191,11 @@ static int cmd_serve(int argc, char **argv)
         atc_config_free(cfg);
         return 1;
     }
-    const char *err = NULL;
-    struct atc_server *srv = atc_server_create(base, cfg, &err);
+    char *err = NULL;
+    struct atc_server *srv = atc_server_create(base, cfg, atc_admin_handle, &err);
     if (srv == NULL) {
-        atc_error("%s: %s", o.config, err);
+        atc_error("%s: %s", o.config, err != NULL ? err : "out of memory");
+        free(err);
         event_base_free(base);
         return 1;
     }

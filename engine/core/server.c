@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <netdb.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +18,6 @@
 #include <event2/http.h>
 
 #include "ops/access_log.h"
-#include "ops/admin.h"
 #include "fleet/admission.h"
 #include "fleet/affinity.h"
 #include "http/client_deadline.h"
@@ -123,17 +123,27 @@ static evutil_socket_t listen_socket(const char *host, uint16_t port, bool reuse
     return fd;
 }
 
-static const char *cannot_listen(const char *host, uint16_t port)
+/* Sets *err to an owned message (NULL when out of memory) and returns -1. */
+static int fail(char **err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(char **err, const char *fmt, ...)
 {
-    static char msg[300];
-    snprintf(msg, sizeof(msg), "cannot listen on %s:%u: address in use or not available", host, (unsigned)port);
-    return msg;
+    va_list ap;
+    va_start(ap, fmt);
+    if (vasprintf(err, fmt, ap) < 0)
+        *err = NULL;
+    va_end(ap);
+    return -1;
+}
+
+static int cannot_listen(char **err, const char *host, uint16_t port)
+{
+    return fail(err, "cannot listen on %s:%u: address in use or not available", host, (unsigned)port);
 }
 
 /* An HTTP server on @p base accepting on @p fd (taken over, closed on failure). */
-static struct evhttp *http_on_socket(struct event_base *base, const struct atc_config *cfg, evutil_socket_t fd,
-                                     void (*handler)(struct evhttp_request *, void *), void *arg,
-                                     struct evhttp_bound_socket **listener,
+static struct evhttp *http_on_socket(struct event_base *base, const struct atc_config *cfg,
+                                     evutil_socket_t fd, void (*handler)(struct evhttp_request *, void *),
+                                     void *arg, struct evhttp_bound_socket **listener,
                                      struct atc_client_deadline **deadline, const char **err)
 {
     struct evhttp *http = evhttp_new(base);
@@ -316,6 +326,20 @@ void atc_server_totals(const struct atc_server *srv, struct atc_server_stats *st
     }
 }
 
+void atc_server_metrics_sources(const struct atc_server *srv, struct atc_metrics_sources *src)
+{
+    *src =
+        (struct atc_metrics_sources){.table = srv->table, .nworkers = srv->nworkers, .health = srv->health};
+    src->npolicies = atc_server_policies(srv, src->policies);
+    struct atc_server_stats totals;
+    atc_server_totals(srv, &totals, &src->active);
+    for (unsigned i = 0; i < srv->nworkers; i++) {
+        src->worker_requests[i] = srv->workers[i].stats.requests_total;
+        if (srv->workers[i].admission != NULL)
+            src->admissions[src->nadmissions++] = srv->workers[i].admission;
+    }
+}
+
 /* ---- signals, drain ---- */
 
 static void on_sigusr1(evutil_socket_t sig, short what, void *arg)
@@ -479,13 +503,6 @@ static void warn_restart_only(const struct atc_config *o, const struct atc_confi
         atc_warn("config reload: the change to '%s' takes effect at the next restart", what);
 }
 
-static bool same_server(const struct atc_endpoint *ep, const struct atc_endpoint_config *ec,
-                        const char *model)
-{
-    return ep != NULL && !ep->simulated && ep->port == ec->port && strcmp(ep->host, ec->host) == 0 &&
-           strcmp(ep->model, model) == 0;
-}
-
 /* Frees the endpoints that left the config once nothing is in flight on them (@p all: at exit). Their
  * pools hold connections on every worker's loop, so the workers are parked meanwhile. */
 static void free_retired(struct atc_server *srv, bool all)
@@ -550,7 +567,8 @@ int atc_server_reload_config(struct atc_server *srv, char **errors)
     for (size_t i = 0, k = 0; i < ncfg->nmodels; i++)
         for (size_t j = 0; j < ncfg->models[i].nendpoints; j++, k++) {
             const struct atc_endpoint_config *ec = &ncfg->models[i].endpoints[j];
-            if (same_server(atc_endpoint_table_find(srv->table, ec->id), ec, ncfg->models[i].name))
+            if (atc_endpoint_same_server(atc_endpoint_table_find(srv->table, ec->id), ec,
+                                         ncfg->models[i].name))
                 continue;
             const char *err = NULL;
             if (create_pools(srv, ec->host, ec->port, ncfg, fresh[k], &err) < 0) {
@@ -624,7 +642,7 @@ int atc_server_reload_config(struct atc_server *srv, char **errors)
 /* ---- start and stop ---- */
 
 /* Worker @p w's policy runtime, when the config has a policy: section. */
-static int start_policy(struct atc_worker *w, const char **err)
+static int start_policy(struct atc_worker *w, char **err)
 {
     struct atc_server *srv = w->srv;
     const struct atc_config *cfg = srv->cfg;
@@ -644,10 +662,8 @@ static int start_policy(struct atc_worker *w, const char **err)
     char *msg = NULL;
     w->policy = atc_policy_runtime_create(&ps, srv->table, srv->affinity, srv->prefix, &msg);
     if (w->policy == NULL) {
-        static char buf[1024];
-        snprintf(buf, sizeof(buf), "policy: %s", msg != NULL ? msg : "cannot load");
+        fail(err, "policy: %s", msg != NULL ? msg : "cannot load");
         free(msg);
-        *err = buf;
         return -1;
     }
     /* One watch, on the main thread, reloads every worker's runtime. */
@@ -659,9 +675,10 @@ static int start_policy(struct atc_worker *w, const char **err)
 
 /* Everything of worker @p w but its thread: loop, policy, admission queue, access log, listener. */
 static int start_worker(struct atc_server *srv, struct atc_worker *w, const char *log_path,
-                        evutil_socket_t listen_fd, const char **err)
+                        evutil_socket_t listen_fd, char **err)
 {
     const struct atc_config *cfg = srv->cfg;
+    const char *why = NULL;
     w->cfg = srv->cfg;
     w->table = srv->table;
     if (start_policy(w, err) < 0)
@@ -678,20 +695,17 @@ static int start_worker(struct atc_server *srv, struct atc_worker *w, const char
         };
         if ((w->admission = atc_admission_create(w->base, &as, &atc_relay_admission)) == NULL) {
             evutil_closesocket(listen_fd);
-            *err = "out of memory";
-            return -1;
+            return fail(err, "out of memory");
         }
     }
     if (log_path != NULL && (w->access_log = atc_access_log_open(w->base, log_path)) == NULL) {
-        static char msg[600];
-        snprintf(msg, sizeof(msg), "access_log %s: %s", cfg->access_log, strerror(errno));
+        fail(err, "access_log %s: %s", cfg->access_log, strerror(errno));
         evutil_closesocket(listen_fd);
-        *err = msg;
         return -1;
     }
     w->front = http_on_socket(w->base, cfg, listen_fd, atc_http_front_handle, w, &w->front_listener,
-                              &w->front_deadline, err);
-    return w->front != NULL ? 0 : -1;
+                              &w->front_deadline, &why);
+    return w->front != NULL ? 0 : fail(err, "%s", why);
 }
 
 /* The front port, checked free without SO_REUSEPORT first: another process listening there with it
@@ -716,12 +730,15 @@ static void free_worker(struct atc_worker *w)
     atc_policy_runtime_destroy(w->policy);
 }
 
-struct atc_server *atc_server_create(struct event_base *base, struct atc_config *cfg, const char **err)
+struct atc_server *atc_server_create(struct event_base *base, struct atc_config *cfg,
+                                     void (*admin_handle)(struct evhttp_request *req, void *srv), char **err)
 {
+    const char *why = NULL; /* the static reason of a step that failed */
+    *err = NULL;
     struct atc_server *srv = calloc(1, sizeof(*srv));
     if (srv == NULL) {
         atc_config_free(cfg);
-        *err = "out of memory";
+        fail(err, "out of memory");
         return NULL;
     }
     srv->base = base;
@@ -731,7 +748,7 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
     srv->cfg = cfg;
     srv->rng = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     if ((srv->workers = calloc(cfg->workers, sizeof(*srv->workers))) == NULL) {
-        *err = "out of memory";
+        fail(err, "out of memory");
         goto error;
     }
     for (unsigned i = 0; i < cfg->workers; i++, srv->nworkers++) {
@@ -740,35 +757,37 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
         if (b == NULL || atc_worker_init(&srv->workers[i], srv, i, b) < 0) {
             if (b != NULL && b != base)
                 event_base_free(b);
-            *err = "cannot create a worker's event loop";
+            fail(err, "cannot create a worker's event loop");
             goto error;
         }
     }
     if ((srv->table = atc_endpoint_table_create(cfg)) == NULL) {
-        *err = "out of memory";
+        fail(err, "out of memory");
         goto error;
     }
-    if (start_sims(srv, err) < 0)
+    if (start_sims(srv, &why) < 0) {
+        fail(err, "%s", why);
         goto error;
+    }
     for (size_t i = 0; i < srv->table->nendpoints; i++) {
         struct atc_endpoint *ep = srv->table->endpoints[i];
-        if (create_pools(srv, ep->host, ep->port, cfg, ep->pools, err) < 0) {
-            static char msg[400];
-            snprintf(msg, sizeof(msg), "endpoint %s (%s): %s", ep->id, ep->url, *err);
-            *err = msg;
+        if (create_pools(srv, ep->host, ep->port, cfg, ep->pools, &why) < 0) {
+            fail(err, "endpoint %s (%s): %s", ep->id, ep->url, why);
             goto error;
         }
     }
-    if ((srv->health = atc_health_create(base, srv->table, cfg, NULL, err)) == NULL)
-        goto error;
-    atc_health_on_capacity(srv->health, on_more_capacity, srv);
-    if ((srv->metrics = atc_metrics_create()) == NULL) {
-        *err = "out of memory";
+    if ((srv->health = atc_health_create(base, srv->table, cfg, NULL, &why)) == NULL) {
+        fail(err, "%s", why);
         goto error;
     }
-    if (cfg->policy.enabled &&
-        ((srv->affinity = atc_affinity_create(0)) == NULL || (srv->prefix = atc_prefix_index_create(0)) == NULL)) {
-        *err = "out of memory";
+    atc_health_on_capacity(srv->health, on_more_capacity, srv);
+    if ((srv->metrics = atc_metrics_create()) == NULL) {
+        fail(err, "out of memory");
+        goto error;
+    }
+    if (cfg->policy.enabled && ((srv->affinity = atc_affinity_create(0)) == NULL ||
+                                (srv->prefix = atc_prefix_index_create(0)) == NULL)) {
+        fail(err, "out of memory");
         goto error;
     }
     if (cfg->record.enabled) { /* trace recording: see recorder.h */
@@ -782,7 +801,7 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
             .sample = cfg->record.sample,
         };
         if ((srv->recorder = atc_recorder_create(&rs)) == NULL) {
-            *err = "cannot start the trace recorder";
+            fail(err, "cannot start the trace recorder");
             goto error;
         }
     }
@@ -793,13 +812,13 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
                  cfg->access_log[0] == '/' || strcmp(cfg->access_log, "stderr") == 0 ? "" : "/",
                  cfg->access_log);
     if ((srv->front_port = claim_front_port(cfg)) == 0) {
-        *err = cannot_listen(cfg->listen_host, cfg->listen_port);
+        cannot_listen(err, cfg->listen_host, cfg->listen_port);
         goto error;
     }
     for (unsigned i = 0; i < srv->nworkers; i++) {
         evutil_socket_t fd = listen_socket(cfg->listen_host, srv->front_port, srv->nworkers > 1);
         if (fd < 0) {
-            *err = cannot_listen(cfg->listen_host, srv->front_port);
+            cannot_listen(err, cfg->listen_host, srv->front_port);
             goto error;
         }
         if (start_worker(srv, &srv->workers[i], cfg->access_log != NULL ? log_path : NULL, fd, err) < 0)
@@ -807,13 +826,15 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
     }
     evutil_socket_t admin_fd = listen_socket(cfg->admin_host, cfg->admin_port, false);
     if (admin_fd < 0) {
-        *err = cannot_listen(cfg->admin_host, cfg->admin_port);
+        cannot_listen(err, cfg->admin_host, cfg->admin_port);
         goto error;
     }
     srv->admin_port = bound_port(admin_fd);
-    if ((srv->admin = http_on_socket(base, cfg, admin_fd, atc_admin_handle, srv, NULL, &srv->admin_deadline,
-                                     err)) == NULL)
+    if ((srv->admin = http_on_socket(base, cfg, admin_fd, admin_handle, srv, NULL, &srv->admin_deadline,
+                                     &why)) == NULL) {
+        fail(err, "%s", why);
         goto error;
+    }
     signal(SIGPIPE, SIG_IGN);
     srv->sig_term = evsignal_new(base, SIGTERM, on_signal, srv);
     srv->sig_int = evsignal_new(base, SIGINT, on_signal, srv);
@@ -841,7 +862,7 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
     for (unsigned i = 1; i < srv->nworkers; i++)
         if (atc_worker_start(&srv->workers[i]) < 0) {
             pthread_sigmask(SIG_SETMASK, &old, NULL);
-            *err = "cannot start a worker thread";
+            fail(err, "cannot start a worker thread");
             goto error;
         }
     pthread_sigmask(SIG_SETMASK, &old, NULL);

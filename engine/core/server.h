@@ -26,6 +26,7 @@ struct atc_health;
 struct atc_recorder;
 struct atc_admission;
 struct atc_metrics;
+struct atc_metrics_sources;
 struct atc_access_log;
 struct atc_client_deadline;
 
@@ -42,20 +43,20 @@ struct atc_worker;
 struct atc_server {
     struct event_base *base; /* the main thread's loop: worker 0, health, admin, signals, simulated servers */
     pthread_t main_thread;
-    struct atc_config *cfg; /* owned; workers hold the same pointer in w->cfg */
-    struct atc_endpoint_table *table;  /* shared by every worker (w->table); its counters are atomic */
-    struct atc_affinity *affinity;     /* engine-owned tables policies use; they survive reloads */
-    struct atc_prefix_index *prefix;   /* (shared by every worker's policy, each with its own lock) */
-    struct atc_health *health; /* checks, ejection, drain, load scrape (health.c): main thread only */
-    struct atc_recorder *recorder;     /* record: traffic to trace files; NULL without the section */
-    struct atc_metrics *metrics;       /* shared, locked */
+    struct atc_config *cfg;           /* owned; workers hold the same pointer in w->cfg */
+    struct atc_endpoint_table *table; /* shared by every worker (w->table); its counters are atomic */
+    struct atc_affinity *affinity;    /* engine-owned tables policies use; they survive reloads */
+    struct atc_prefix_index *prefix;  /* (shared by every worker's policy, each with its own lock) */
+    struct atc_health *health;        /* checks, ejection, drain, load scrape (health.c): main thread only */
+    struct atc_recorder *recorder;    /* record: traffic to trace files; NULL without the section */
+    struct atc_metrics *metrics;      /* shared, locked */
     struct atc_policy_group policy_group; /* ties the workers' policy runtimes: one record, one rollback */
-    struct atc_worker *workers;        /* [nworkers]; worker 0 runs on the main thread */
+    struct atc_worker *workers;           /* [nworkers]; worker 0 runs on the main thread */
     unsigned nworkers;
     struct event *sig_usr1;
     struct evhttp *admin;
     struct atc_client_deadline *admin_deadline; /* client_timeout per request */
-    uint16_t front_port; /* as bound (config port 0 picks a free one) */
+    uint16_t front_port;                        /* as bound (config port 0 picks a free one) */
     uint16_t admin_port;
     struct atc_endpoint **retired; /* left the config; freed once nothing is in flight on them */
     size_t nretired;
@@ -76,8 +77,12 @@ struct atc_server {
 };
 
 /** Starts everything @p cfg describes on @p base (simulated servers first, so their endpoints exist).
- * Takes ownership of @p cfg. Returns the server, or NULL with *err (static or owned by nothing). */
-struct atc_server *atc_server_create(struct event_base *base, struct atc_config *cfg, const char **err);
+ * The admin listener's requests go to @p admin_handle(req, the server): ops/admin.c's atc_admin_handle,
+ * passed in by the caller so that the server does not include the admin API, which reads the server.
+ * Takes ownership of @p cfg. Returns the server, or NULL with an owned message in *err (NULL when out of
+ * memory). */
+struct atc_server *atc_server_create(struct event_base *base, struct atc_config *cfg,
+                                     void (*admin_handle)(struct evhttp_request *req, void *srv), char **err);
 
 /** Calls @p cb(@p arg) once from the loop when the first round of health checks has ended, so that
  * endpoints that are up take traffic (at most one check timeout after start). */
@@ -115,6 +120,9 @@ uint64_t atc_server_reload_policy(struct atc_server *srv, char **err);
 /** Every worker's policy runtime into @p out (room for ATC_MAX_WORKERS); 0 without a policy. Each is
  * brought up to date with a rollback made elsewhere. Call with the workers paused. */
 size_t atc_server_policies(const struct atc_server *srv, struct atc_policy_runtime **out);
+/** Fills @p src with what /metrics shows of the workers, the endpoint table, health and the policies
+ * (borrowed from @p srv until the workers resume); call with the workers paused. */
+void atc_server_metrics_sources(const struct atc_server *srv, struct atc_metrics_sources *src);
 /** Every worker's counters summed; call with the workers paused. */
 void atc_server_totals(const struct atc_server *srv, struct atc_server_stats *st, unsigned *active);
 

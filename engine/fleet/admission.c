@@ -10,7 +10,7 @@
 
 #include "http/http_util.h"
 #include "core/log.h"
-#include "ops/metrics.h"
+#include "core/histogram.h"
 #include "core/clock.h"
 
 /* Deadlines are checked, and capacity retried, this often even when nothing is released. */
@@ -411,7 +411,7 @@ static void model_metrics(const char *model, const struct queue_sum *sum, void *
     struct evbuffer *out = arg;
     for (int p = 0; p <= MAX_PRIORITY; p++) {
         evbuffer_add_printf(out, "atc_queue_waiting_requests{model=\"");
-        atc_metrics_label(out, model);
+        atc_histogram_label(out, model);
         evbuffer_add_printf(out, "\",priority=\"%d\"} %u\n", p, sum->by_prio[p]);
     }
 }

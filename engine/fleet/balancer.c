@@ -14,6 +14,37 @@ uint64_t atc_random_next(uint64_t *state)
     return x * 0x2545F4914F6CDD1Dull;
 }
 
+long atc_balancer_p2c(size_t n, uint64_t *rng, bool (*usable)(void *ctx, size_t i),
+                      bool (*lighter)(void *ctx, size_t a, size_t b), void *ctx)
+{
+    size_t nusable = 0;
+    for (size_t i = 0; i < n; i++)
+        nusable += usable(ctx, i);
+    if (nusable == 0)
+        return -1;
+    /* The k-th and l-th usable candidates (k != l when there are two or more). */
+    size_t k = (size_t)(atc_random_next(rng) % nusable);
+    size_t l = nusable > 1 ? (k + 1 + (size_t)(atc_random_next(rng) % (nusable - 1))) % nusable : k;
+    size_t first = 0, second = 0;
+    for (size_t i = 0, seen = 0; i < n; i++) {
+        if (!usable(ctx, i))
+            continue;
+        if (seen == k)
+            first = i;
+        if (seen == l)
+            second = i;
+        seen++;
+    }
+    return (long)(lighter(ctx, second, first) ? second : first);
+}
+
+struct pick_ctx {
+    const struct atc_model *m;
+    struct atc_endpoint *const *exclude;
+    size_t nexclude;
+    uint64_t tokens;
+};
+
 static bool is_candidate(const struct atc_endpoint *ep, struct atc_endpoint *const *exclude, size_t nexclude,
                          uint64_t tokens)
 {
@@ -25,10 +56,18 @@ static bool is_candidate(const struct atc_endpoint *ep, struct atc_endpoint *con
     return true;
 }
 
+static bool pick_usable(void *arg, size_t i)
+{
+    const struct pick_ctx *c = arg;
+    return is_candidate(c->m->endpoints[i], c->exclude, c->nexclude, c->tokens);
+}
+
 /* Load as a share of the capacity offered now (less while slow-starting), compared by
  * cross-multiplication to stay in integers. */
-static bool less_loaded(const struct atc_endpoint *a, const struct atc_endpoint *b)
+static bool pick_lighter(void *arg, size_t i, size_t j)
 {
+    const struct pick_ctx *c = arg;
+    const struct atc_endpoint *a = c->m->endpoints[i], *b = c->m->endpoints[j];
     return (uint64_t)a->inflight * atc_endpoint_capacity_now(b) <
            (uint64_t)b->inflight * atc_endpoint_capacity_now(a);
 }
@@ -36,25 +75,7 @@ static bool less_loaded(const struct atc_endpoint *a, const struct atc_endpoint 
 struct atc_endpoint *atc_balancer_pick(const struct atc_model *m, uint64_t *rng,
                                        struct atc_endpoint *const *exclude, size_t nexclude, uint64_t tokens)
 {
-    size_t n = 0;
-    for (size_t i = 0; i < m->nendpoints; i++)
-        n += is_candidate(m->endpoints[i], exclude, nexclude, tokens);
-    if (n == 0)
-        return NULL;
-
-    /* The k-th and l-th candidates (k != l when there are two or more). */
-    size_t k = (size_t)(atc_random_next(rng) % n);
-    size_t l = n > 1 ? (k + 1 + (size_t)(atc_random_next(rng) % (n - 1))) % n : k;
-    struct atc_endpoint *first = NULL, *second = NULL;
-    for (size_t i = 0, seen = 0; i < m->nendpoints; i++) {
-        struct atc_endpoint *ep = m->endpoints[i];
-        if (!is_candidate(ep, exclude, nexclude, tokens))
-            continue;
-        if (seen == k)
-            first = ep;
-        if (seen == l)
-            second = ep;
-        seen++;
-    }
-    return less_loaded(second, first) ? second : first;
+    struct pick_ctx c = {.m = m, .exclude = exclude, .nexclude = nexclude, .tokens = tokens};
+    long i = atc_balancer_p2c(m->nendpoints, rng, pick_usable, pick_lighter, &c);
+    return i < 0 ? NULL : m->endpoints[i];
 }

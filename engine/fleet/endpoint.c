@@ -175,8 +175,7 @@ struct atc_endpoint_table *atc_endpoint_table_rebuild(struct atc_endpoint_table 
             const struct atc_endpoint_config *ec = &mc->endpoints[j];
             /* Same id, model and address: the same server, which keeps its counters, pool and health. */
             struct atc_endpoint *ep = atc_endpoint_table_find(old, ec->id);
-            if (ep != NULL && !ep->simulated && ep->port == ec->port && strcmp(ep->host, ec->host) == 0 &&
-                strcmp(ep->model, mc->name) == 0) {
+            if (atc_endpoint_same_server(ep, ec, mc->name)) {
                 moved[ep->index] = true;
             } else if ((ep = endpoint_new(mc->name, ec->id, ec->host, ec->port, ec->capacity)) == NULL) {
                 goto error;
@@ -236,6 +235,13 @@ struct atc_model *atc_endpoint_table_model(const struct atc_endpoint_table *t, c
         if (strlen(t->models[i].name) == len && memcmp(t->models[i].name, name, len) == 0)
             return &t->models[i];
     return NULL;
+}
+
+bool atc_endpoint_same_server(const struct atc_endpoint *ep, const struct atc_endpoint_config *ec,
+                              const char *model)
+{
+    return ep != NULL && !ep->simulated && ep->port == ec->port && strcmp(ep->host, ec->host) == 0 &&
+           strcmp(ep->model, model) == 0;
 }
 
 struct atc_endpoint *atc_endpoint_table_find(const struct atc_endpoint_table *t, const char *id)

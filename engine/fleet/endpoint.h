@@ -107,6 +107,12 @@ struct atc_model *atc_endpoint_table_model(const struct atc_endpoint_table *t, c
 /** The endpoint with id @p id, or NULL. */
 struct atc_endpoint *atc_endpoint_table_find(const struct atc_endpoint_table *t, const char *id);
 
+/** True when @p ep (may be NULL) is the server @p ec of model @p model describes: a configured (not
+ * simulated) endpoint with the same address and model. A reload keeps such an endpoint as it is (its
+ * counters, pools and health); anything else is a new endpoint. */
+bool atc_endpoint_same_server(const struct atc_endpoint *ep, const struct atc_endpoint_config *ec,
+                              const char *model);
+
 /** The capacity offered now: the configured one, or less while slow-starting. Loads compare against it. */
 static inline unsigned atc_endpoint_capacity_now(const struct atc_endpoint *ep)
 {

@@ -160,10 +160,12 @@ static void publish_state(struct hep *e, enum atc_health_state s)
     atomic_store_explicit(&e->pub.state, (int)s, memory_order_relaxed);
 }
 
-/* The two values of the scraped load that policies read. */
+/* The values of the scraped load that policies read. */
 static void publish_load(struct hep *e)
 {
     atomic_store_explicit(&e->pub.running, e->load.running, memory_order_relaxed);
+    atomic_store_explicit(&e->pub.waiting, e->load.waiting, memory_order_relaxed);
+    atomic_store_explicit(&e->pub.kv_usage, e->load.kv_usage, memory_order_relaxed);
     atomic_store_explicit(&e->pub.prefix_hit_rate, e->load.prefix_hit_rate, memory_order_relaxed);
 }
 

@@ -11,9 +11,9 @@
 #include <event2/buffer.h>
 
 #include "core/clock.h"
+#include "core/histogram.h"
 #include "fleet/health.h"
 #include "http/http_util.h"
-#include "ops/metrics.h"
 
 static void json_number(struct evbuffer *out, const char *key, double v)
 {
@@ -104,9 +104,9 @@ static void metric_endpoint(struct evbuffer *out, const char *name, const struct
                             const char *extra, double v)
 {
     evbuffer_add_printf(out, "%s{model=\"", name);
-    atc_metrics_label(out, e->model);
+    atc_histogram_label(out, e->model);
     evbuffer_add(out, "\",endpoint=\"", 12);
-    atc_metrics_label(out, e->id);
+    atc_histogram_label(out, e->id);
     evbuffer_add_printf(out, "\"%s} ", extra);
     if (isnan(v))
         evbuffer_add(out, "NaN\n", 4);
@@ -177,14 +177,14 @@ void atc_health_metrics(const struct atc_health *h, struct evbuffer *out)
     for (size_t i = 0; i < atc_health_nmodels(h); i++) {
         atc_health_view_model(h, i, &mv);
         evbuffer_add(out, "atc_model_panic{model=\"", 23);
-        atc_metrics_label(out, mv.name);
+        atc_histogram_label(out, mv.name);
         evbuffer_add_printf(out, "\"} %d\n", mv.panic ? 1 : 0);
     }
     metric_help(out, "atc_model_panics_total", "counter", "Times the model entered panic mode.");
     for (size_t i = 0; i < atc_health_nmodels(h); i++) {
         atc_health_view_model(h, i, &mv);
         evbuffer_add(out, "atc_model_panics_total{model=\"", 30);
-        atc_metrics_label(out, mv.name);
+        atc_histogram_label(out, mv.name);
         evbuffer_add_printf(out, "\"} %llu\n", (unsigned long long)mv.panics_total);
     }
     struct atc_health_stats st;

@@ -8,6 +8,7 @@
 #include <event2/http.h>
 
 #include "core/config.h"
+#include "core/config_value.h"
 #include "ops/access_log.h"
 #include "fleet/endpoint.h"
 #include "http/http_util.h"

@@ -328,7 +328,9 @@ void atc_admin_handle(struct evhttp_request *req, void *arg)
     } else if (strcmp(path, "/metrics") == 0) {
         struct evbuffer *b = evbuffer_new();
         atc_workers_pause(srv); /* a consistent view of every worker, for the few ms it takes */
-        atc_metrics_render(srv->metrics, srv, b);
+        struct atc_metrics_sources src;
+        atc_server_metrics_sources(srv, &src);
+        atc_metrics_render(srv->metrics, &src, b);
         atc_workers_resume(srv);
         evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
                           "text/plain; version=0.0.4");

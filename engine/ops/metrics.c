@@ -8,14 +8,13 @@
 #include <event2/buffer.h>
 #include <xxhash.h>
 
+#include "core/histogram.h"
 #include "fleet/admission.h"
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
 #include "fleet/health_report.h"
-#include "policy/policy.h"
-#include "core/server.h"
 #include "http/upstream.h"
-#include "core/worker.h"
+#include "policy/policy.h"
 
 static const double latency_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
 static const double decision_bounds[] = {1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5,
@@ -44,56 +43,9 @@ struct atc_metrics {
     uint64_t retries, client_gone, bytes, sse_events;
 };
 
-static const char *const fallback_reasons[] = {"error", "budget", "memory", "invalid return"};
-
-void atc_histogram_init(struct atc_histogram *h, const double *bounds, unsigned nbounds)
-{
-    memset(h, 0, sizeof(*h));
-    h->bounds = bounds;
-    h->nbounds = nbounds;
-}
-
-void atc_histogram_observe(struct atc_histogram *h, double value)
-{
-    unsigned b = 0;
-    while (b < h->nbounds && value > h->bounds[b])
-        b++;
-    h->counts[b]++;
-    h->count++;
-    h->sum += value;
-}
-
-void atc_histogram_render(const struct atc_histogram *h, struct evbuffer *out, const char *name,
-                          const char *labels)
-{
-    uint64_t cumulative = 0;
-    for (unsigned b = 0; b < h->nbounds; b++) {
-        cumulative += h->counts[b];
-        evbuffer_add_printf(out, "%s_bucket{%sle=\"%g\"} %llu\n", name, labels, h->bounds[b],
-                            (unsigned long long)cumulative);
-    }
-    evbuffer_add_printf(out, "%s_bucket{%sle=\"+Inf\"} %llu\n", name, labels, (unsigned long long)h->count);
-    /* _sum and _count carry the same labels, without the trailing comma */
-    int n = (int)strlen(labels);
-    if (n == 0)
-        evbuffer_add_printf(out, "%s_sum %.9g\n%s_count %llu\n", name, h->sum, name,
-                            (unsigned long long)h->count);
-    else
-        evbuffer_add_printf(out, "%s_sum{%.*s} %.9g\n%s_count{%.*s} %llu\n", name, n - 1, labels, h->sum,
-                            name, n - 1, labels, (unsigned long long)h->count);
-}
-
-void atc_metrics_label(struct evbuffer *out, const char *s)
-{
-    for (; *s; s++) {
-        if (*s == '\\' || *s == '"')
-            evbuffer_add_printf(out, "\\%c", *s);
-        else if (*s == '\n')
-            evbuffer_add(out, "\\n", 2);
-        else
-            evbuffer_add(out, s, 1);
-    }
-}
+/* atc_policy_fallback_* (interned: compared by pointer), in the order of m->fallbacks */
+static const char *const fallback_reasons[] = {atc_policy_fallback_error, atc_policy_fallback_budget,
+                                               atc_policy_fallback_memory, atc_policy_fallback_invalid};
 
 struct atc_metrics *atc_metrics_create(void)
 {
@@ -172,7 +124,7 @@ void atc_metrics_decision(struct atc_metrics *m, double seconds, const char *fal
     pthread_mutex_lock(&m->mu);
     atc_histogram_observe(&m->decision, seconds);
     for (size_t i = 0; fallback_reason != NULL && i < NELEMS(fallback_reasons); i++)
-        if (strcmp(fallback_reason, fallback_reasons[i]) == 0)
+        if (fallback_reason == fallback_reasons[i])
             m->fallbacks[i]++;
     pthread_mutex_unlock(&m->mu);
 }
@@ -185,15 +137,15 @@ static void help(struct evbuffer *out, const char *name, const char *type, const
 static void endpoint_labels(struct evbuffer *out, const struct atc_endpoint *ep)
 {
     evbuffer_add(out, "{model=\"", 8);
-    atc_metrics_label(out, ep->model);
+    atc_histogram_label(out, ep->model);
     evbuffer_add(out, "\",endpoint=\"", 12);
-    atc_metrics_label(out, ep->id);
+    atc_histogram_label(out, ep->id);
     evbuffer_add(out, "\"}", 2);
 }
 
-static void render_endpoints(const struct atc_server *srv, struct evbuffer *out)
+static void render_endpoints(const struct atc_metrics_sources *src, struct evbuffer *out)
 {
-    const struct atc_endpoint_table *t = srv->table;
+    const struct atc_endpoint_table *t = src->table;
     static const struct {
         const char *name, *type, *help;
     } gauges[] = {
@@ -238,7 +190,7 @@ static void render_endpoints(const struct atc_server *srv, struct evbuffer *out)
                 break;
             case 7:
                 v = 0;
-                for (unsigned w = 0; w < srv->nworkers; w++)
+                for (unsigned w = 0; w < src->nworkers; w++)
                     v += ep->pools[w] != NULL ? (double)atc_upstream_pool_idle(ep->pools[w]) : 0;
                 break;
             }
@@ -249,10 +201,10 @@ static void render_endpoints(const struct atc_server *srv, struct evbuffer *out)
     }
 }
 
-void atc_metrics_render(struct atc_metrics *m, const struct atc_server *srv, struct evbuffer *out)
+void atc_metrics_render(struct atc_metrics *m, const struct atc_metrics_sources *src, struct evbuffer *out)
 {
     /* Workers wait for the lock while m's series are rendered: a scrape's worth of printf, every few
-     * seconds. The server's own tables are read after it is released. */
+     * seconds. The other subsystems' numbers are read after it is released. */
     pthread_mutex_lock(&m->mu);
     help(out, "atc_requests_total", "counter",
          "Client requests answered, by model, endpoint (empty if none), status (499: client left) and "
@@ -262,9 +214,9 @@ void atc_metrics_render(struct atc_metrics *m, const struct atc_server *srv, str
             if (s->status < 0)
                 continue;
             evbuffer_add(out, "atc_requests_total{model=\"", 26);
-            atc_metrics_label(out, s->model);
+            atc_histogram_label(out, s->model);
             evbuffer_add(out, "\",endpoint=\"", 12);
-            atc_metrics_label(out, s->endpoint);
+            atc_histogram_label(out, s->endpoint);
             evbuffer_add_printf(out, "\",status=\"%d\",priority=\"%d\"} %llu\n", s->status, s->priority,
                                 (unsigned long long)s->requests);
         }
@@ -281,9 +233,9 @@ void atc_metrics_render(struct atc_metrics *m, const struct atc_server *srv, str
                     continue;
                 struct evbuffer *labels = evbuffer_new();
                 evbuffer_add(labels, "model=\"", 7);
-                atc_metrics_label(labels, s->model);
+                atc_histogram_label(labels, s->model);
                 evbuffer_add(labels, "\",endpoint=\"", 12);
-                atc_metrics_label(labels, s->endpoint);
+                atc_histogram_label(labels, s->endpoint);
                 evbuffer_add(labels, "\",", 3);
                 atc_histogram_render(k == 0 ? &s->ttft : &s->total, out, hist_names[k],
                                      (const char *)evbuffer_pullup(labels, -1));
@@ -302,10 +254,8 @@ void atc_metrics_render(struct atc_metrics *m, const struct atc_server *srv, str
     const uint64_t retries = m->retries, client_gone = m->client_gone, bytes = m->bytes,
                    sse_events = m->sse_events;
     pthread_mutex_unlock(&m->mu);
-    struct atc_policy_runtime *rts[ATC_MAX_WORKERS];
-    size_t nrts = atc_server_policies(srv, rts);
-    if (nrts > 0)
-        atc_policy_metrics(rts, nrts, out);
+    if (src->npolicies > 0)
+        atc_policy_metrics(src->policies, src->npolicies, out);
 
     help(out, "atc_retries_total", "counter", "Upstream attempts after the first, on another endpoint.");
     evbuffer_add_printf(out, "atc_retries_total %llu\n", (unsigned long long)retries);
@@ -316,23 +266,16 @@ void atc_metrics_render(struct atc_metrics *m, const struct atc_server *srv, str
     help(out, "atc_relayed_sse_events_total", "counter", "Server-sent events relayed to clients.");
     evbuffer_add_printf(out, "atc_relayed_sse_events_total %llu\n", (unsigned long long)sse_events);
     help(out, "atc_active_requests", "gauge", "Client requests in progress (waiting, routed or relaying).");
-    struct atc_server_stats totals;
-    unsigned active;
-    atc_server_totals(srv, &totals, &active);
-    evbuffer_add_printf(out, "atc_active_requests %u\n", active);
+    evbuffer_add_printf(out, "atc_active_requests %u\n", src->active);
     help(out, "atc_worker_requests_total", "counter", "Client requests accepted, by worker thread.");
-    for (unsigned i = 0; i < srv->nworkers; i++)
+    for (unsigned i = 0; i < src->nworkers; i++)
         evbuffer_add_printf(out, "atc_worker_requests_total{worker=\"%u\"} %llu\n", i,
-                            (unsigned long long)srv->workers[i].stats.requests_total);
+                            (unsigned long long)src->worker_requests[i]);
 
-    render_endpoints(srv, out);
-    if (srv->health != NULL)
-        atc_health_metrics(srv->health, out);
-    struct atc_admission *adms[ATC_MAX_WORKERS];
-    size_t nadm = 0;
-    for (unsigned i = 0; i < srv->nworkers; i++)
-        if (srv->workers[i].admission != NULL)
-            adms[nadm++] = srv->workers[i].admission;
-    if (nadm > 0)
-        atc_admission_metrics(adms, nadm, out);
+    if (src->table != NULL)
+        render_endpoints(src, out);
+    if (src->health != NULL)
+        atc_health_metrics(src->health, out);
+    if (src->nadmissions > 0)
+        atc_admission_metrics(src->admissions, src->nadmissions, out);
 }

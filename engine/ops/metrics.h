@@ -4,19 +4,31 @@
 /* Prometheus metrics: counters and histograms the request path feeds, and the text exposition format
  * (version 0.0.4) rendered on scrape together with the gauges read from the live tables. */
 
+#include <stddef.h>
 #include <stdint.h>
+
+#include "core/config.h" /* ATC_MAX_WORKERS */
 
 struct evbuffer;
 struct atc_metrics;
-struct atc_server;
+struct atc_endpoint_table;
+struct atc_policy_runtime;
+struct atc_admission;
+struct atc_health;
 
-/* Fixed histogram buckets, in seconds. */
-struct atc_histogram {
-    const double *bounds;
-    unsigned nbounds;
-    uint64_t counts[24]; /* per bucket, not cumulative; the last is +Inf */
-    uint64_t count;
-    double sum;
+/* What a scrape shows besides the counters of this file, gathered by whoever holds the workers (the
+ * server, with every worker paused) and borrowed for the length of atc_metrics_render. metrics.c reads
+ * these through the owning subsystems' headers and knows nothing of the server or its workers. */
+struct atc_metrics_sources {
+    const struct atc_endpoint_table *table;
+    unsigned nworkers;                                    /* pools per endpoint (ep->pools[0..nworkers)) */
+    struct atc_policy_runtime *policies[ATC_MAX_WORKERS]; /* brought up to date; none without a policy */
+    size_t npolicies;
+    struct atc_admission *admissions[ATC_MAX_WORKERS]; /* the workers' that have a queue */
+    size_t nadmissions;
+    const struct atc_health *health;           /* NULL without health checks */
+    uint64_t worker_requests[ATC_MAX_WORKERS]; /* client requests accepted, by worker */
+    unsigned active;                           /* client requests in progress, all workers */
 };
 
 /* What one finished request contributes. */
@@ -25,10 +37,10 @@ struct atc_request_metrics {
     const char *endpoint; /* NULL when it never reached one */
     int status;           /* as the client saw it; 499 when the client left first */
     int priority;
-    double ttft_s;        /* < 0 when no answer started */
+    double ttft_s; /* < 0 when no answer started */
     double total_s;
     unsigned retries;
-    uint64_t bytes;       /* relayed to the client */
+    uint64_t bytes; /* relayed to the client */
     uint64_t sse_events;
 };
 
@@ -39,17 +51,8 @@ void atc_metrics_request(struct atc_metrics *m, const struct atc_request_metrics
 /** One policy decision: its latency and, when the C balancer had to step in, why (else NULL). */
 void atc_metrics_decision(struct atc_metrics *m, double seconds, const char *fallback_reason);
 
-/** Renders every metric, including gauges read now from @p srv's tables, into @p out. */
-void atc_metrics_render(struct atc_metrics *m, const struct atc_server *srv, struct evbuffer *out);
-
-/** Histogram helpers, also for other subsystems' metrics. */
-void atc_histogram_init(struct atc_histogram *h, const double *bounds, unsigned nbounds);
-void atc_histogram_observe(struct atc_histogram *h, double value);
-/** Writes NAME_bucket/_sum/_count lines; @p labels is "" or `key="v",` pairs ending with a comma. */
-void atc_histogram_render(const struct atc_histogram *h, struct evbuffer *out, const char *name,
-                          const char *labels);
-
-/** Appends @p s to @p out escaped as a Prometheus label value. */
-void atc_metrics_label(struct evbuffer *out, const char *s);
+/** Renders every metric into @p out: this file's counters, then the gauges and counters of @p src's
+ * subsystems (borrowed), read now. Takes m's lock only while its own series are written. */
+void atc_metrics_render(struct atc_metrics *m, const struct atc_metrics_sources *src, struct evbuffer *out);
 
 #endif

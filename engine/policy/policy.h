@@ -4,36 +4,10 @@
 /* The policy runtime: the operator's Lua policy, sandboxed, run within a time budget per decision,
  * hot-reloaded in versions.
  *
- * The contract, as seen from Lua (see README "Writing a policy"):
+ * The contract, as seen from Lua: stdlib/atc/contract.lua lists every field and function (type, unit,
+ * when nil), policy_api.c implements them, tests/policy/contract_test.lua checks them on these views.
  *
  *   policy.entry returns  function route(req, fleet)  or  { route = fn, init = fn(fleet) }.
- *
- *   req (read-only, valid only during its decision):
- *     req.id, req.model, req.kind ("chat" | "completion" | "embedding"), req.path, req.priority (0-9),
- *     req.tenant, req.session ("" when absent), req.stream (bool), req.prompt_tokens (estimate),
- *     req.max_tokens (nil when absent), req.attempt (1 for the first try; >1 when retrying: endpoints
- *     already tried are then not available), req.blocks (number of prefix blocks), req.block_tokens
- *     (tokens one block covers: 64 live, the trace's under replay), req.tools (the body has a non-empty
- *     "tools" array), req:header(name)
- *   fleet:
- *     fleet:endpoints(model) -> array of endpoints of that model (a new table each call; {} if none)
- *     fleet:all() -> every endpoint;  fleet:models() -> model names;  fleet:endpoint(id) -> ep | nil
- *   endpoint (read-only view of the live table):
- *     ep.id, ep.model, ep.version (nil if none), ep.tags (array), ep:has_tag(t), ep.weight, ep.capacity,
- *     ep.inflight, ep.inflight_tokens, ep.load (inflight / capacity), ep.available (routable, has room,
- *     not already tried by this request), ep.health ("healthy" | "draining" ...), ep.queue and
- *     ep.kv_usage (server-reported, 0 until scraped), ep.ttft_ewma (ms, 0 before any sample),
- *     ep:prefix_overlap(req) (leading prefix blocks of req recently routed to ep)
- *   atc (host functions):
- *     atc.queue([reason]) and atc.reject(status, message): verdicts to return instead of an endpoint
- *     atc.random() -> [0,1);  atc.random(n) -> 1..n  (seedable, from the host)
- *     atc.now() -> milliseconds (monotonic; virtual time under replay)
- *     atc.hash(s) -> integer (XXH3, 52 bits)
- *     atc.log(...) -> a rate-limited log line with the script's file:line
- *     atc.least_loaded(eps), atc.p2c(eps), atc.rendezvous(eps, key) -> ep | nil   (fast C balancers,
- *       considering only available endpoints; rendezvous is weighted highest-random-weight)
- *     atc.affinity.get(key) -> endpoint id | nil;  atc.affinity.set(key, ep_or_id [, ttl_ms]);
- *     atc.affinity.del(key)    (a bounded LRU table owned by C: it survives reloads)
  *
  *   route returns an endpoint (or its id), or a verdict. An error, a budget overrun, running out of
  *   memory, or any other return value never fails the request: the engine routes it with the built-in
@@ -65,7 +39,7 @@ struct atc_policy_settings {
     const char *const *path; /* extra module directories */
     size_t npath;
     const char *stdlib_dir;  /* stdlib/ */
-    uint64_t budget_us;      /* CPU time per decision */
+    uint64_t budget_us;      /* wall-clock time per decision (the watchdog stops it after 1-2x) */
     size_t memory;           /* bytes per Lua state */
     bool jit;                /* trusted: JIT on, budget checked only after the call */
     unsigned rollback_after; /* consecutive failures of a new version before rolling back (0 = never) */
@@ -80,17 +54,25 @@ struct atc_policy_settings {
 /* What a decision asks for. */
 enum atc_decision_kind {
     ATC_DECISION_ENDPOINT, /* route to .endpoint */
-    ATC_DECISION_QUEUE,    /* wait for capacity (until admission lands: 503 + Retry-After) */
+    ATC_DECISION_QUEUE,    /* wait in the admission queue for capacity (a retry: give up) */
     ATC_DECISION_REJECT,   /* answer .status with .message */
     ATC_DECISION_FALLBACK, /* the policy failed or gave nonsense: use the C balancer (.reason says why) */
 };
+
+/* Why a decision fell back to the C balancer: interned strings, compared by pointer
+ * (d.reason == atc_policy_fallback_budget), printable as they are ("budget"). */
+extern const char atc_policy_fallback_error[];   /* the policy raised an error */
+extern const char atc_policy_fallback_budget[];  /* it ran past its time budget and was stopped */
+extern const char atc_policy_fallback_memory[];  /* it ran out of its memory cap */
+extern const char atc_policy_fallback_invalid[]; /* it returned something that is not a decision */
 
 struct atc_decision {
     enum atc_decision_kind kind;
     struct atc_endpoint *endpoint;
     int status;
     char message[256];
-    const char *reason; /* static: "error", "budget", "memory", "invalid return", "no policy" */
+    const char *reason; /* fallbacks: one of atc_policy_fallback_* (compare by pointer; _error also when
+                         * no version matches the table yet), else NULL */
     uint64_t version;   /* the policy version that decided */
 };
 

@@ -172,6 +172,13 @@ static void push_opt_string(lua_State *L, const char *s)
         lua_pushnil(L);
 }
 
+/* A string, or nil when not known: NULL and "" both mean absent (the relay and replay keep an absent
+ * session or tenant as ""). */
+static void push_known_string(lua_State *L, const char *s)
+{
+    push_opt_string(L, s != NULL && s[0] != '\0' ? s : NULL);
+}
+
 /* An endpoint view is a table (static fields: id, model, version, capacity, weight, and the methods,
  * read at table speed) whose static part falls back to this function for the live fields. The view's
  * index is kept in the static table under a key no script can name. */
@@ -235,7 +242,11 @@ static int ep_live(lua_State *L)
         break;
     case 't':
         if (len == 9 && memcmp(k, "ttft_ewma", 9) == 0) {
-            lua_pushnumber(L, ep->ttft_ewma_ms);
+            double ttft = ep->ttft_ewma_ms;
+            if (ttft > 0) /* 0: no answer measured yet */
+                lua_pushnumber(L, ttft);
+            else
+                lua_pushnil(L);
             return 1;
         }
         if (len == 4 && memcmp(k, "tags", 4) == 0) {
@@ -255,30 +266,30 @@ static int ep_live(lua_State *L)
             return 1;
         }
         break;
-    case 'q':
-        if (len == 5 && memcmp(k, "queue", 5) == 0) {
-            lua_pushinteger(L, (lua_Integer)ep->server_queue); /* server-reported (replay: simulated) */
-            return 1;
-        }
-        break;
+    case 's':
     case 'k':
-        if (len == 8 && memcmp(k, "kv_usage", 8) == 0) {
-            lua_pushnumber(L, ep->server_kv_usage);
-            return 1;
-        }
-        break;
     case 'r':
     case 'p': {
-        /* More of the server's load, from the last scrape of its /metrics; 0 until (or unless) reported. */
+        /* The server's own load. With health checks, the last scrape of its /metrics (NaN: never
+         * reported, so nil), as health publishes it to the workers (atomics); without (replay), what the
+         * simulated server reports, always known. */
         const struct atc_endpoint_health *hl = ep->health;
-        double x = NAN;
-        if (len == 7 && memcmp(k, "running", 7) == 0)
+        double x;
+        if (len == 12 && memcmp(k, "server_queue", 12) == 0)
+            x = hl != NULL ? atomic_load_explicit(&hl->waiting, memory_order_relaxed)
+                           : (double)ep->server_queue;
+        else if (len == 8 && memcmp(k, "kv_usage", 8) == 0)
+            x = hl != NULL ? atomic_load_explicit(&hl->kv_usage, memory_order_relaxed) : ep->server_kv_usage;
+        else if (len == 7 && memcmp(k, "running", 7) == 0)
             x = hl != NULL ? atomic_load_explicit(&hl->running, memory_order_relaxed) : NAN;
         else if (len == 15 && memcmp(k, "prefix_hit_rate", 15) == 0)
             x = hl != NULL ? atomic_load_explicit(&hl->prefix_hit_rate, memory_order_relaxed) : NAN;
         else
             break;
-        lua_pushnumber(L, isfinite(x) ? x : 0);
+        if (isfinite(x))
+            lua_pushnumber(L, x);
+        else
+            lua_pushnil(L);
         return 1;
     }
     case 'c':
@@ -333,9 +344,9 @@ static int req_index(lua_State *L)
     else if (strcmp(k, "priority") == 0)
         lua_pushinteger(L, req->priority);
     else if (strcmp(k, "session") == 0)
-        lua_pushstring(L, req->session != NULL ? req->session : "");
+        push_known_string(L, req->session);
     else if (strcmp(k, "tenant") == 0)
-        lua_pushstring(L, req->tenant != NULL ? req->tenant : "");
+        push_known_string(L, req->tenant);
     else if (strcmp(k, "prompt_tokens") == 0)
         lua_pushinteger(L, (lua_Integer)f->prompt_tokens);
     else if (strcmp(k, "max_tokens") == 0) {
@@ -630,40 +641,38 @@ static int atc_least_loaded(lua_State *L)
     return 1;
 }
 
+struct p2c_ctx {
+    const struct candidate *c;
+};
+
+static bool p2c_usable(void *arg, size_t i)
+{
+    return ((const struct p2c_ctx *)arg)->c[i].available;
+}
+
+static bool p2c_lighter(void *arg, size_t i, size_t j)
+{
+    const struct p2c_ctx *x = arg;
+    return lighter(&x->c[i], &x->c[j]);
+}
+
+/* atc.p2c(eps): the built-in balancer's power of two choices (balancer.c) over eps, read once. */
 static int atc_p2c(lua_State *L)
 {
     struct policy_version *v = version_of(L);
     luaL_checktype(L, 1, LUA_TTABLE);
-    int n = (int)lua_objlen(L, 1), navail = 0;
-    struct candidate c;
-    for (int i = 1; i <= n; i++) {
-        read_candidate(L, v, 1, i, &c);
-        navail += c.available;
-    }
-    if (navail == 0) {
+    int n = (int)lua_objlen(L, 1);
+    struct candidate small[64];
+    /* A userdata for a large pool: collected by Lua, so nothing leaks if reading an element raises. */
+    struct candidate *c = n <= 64 ? small : lua_newuserdata(L, (size_t)n * sizeof(*c));
+    for (int i = 1; i <= n; i++)
+        read_candidate(L, v, 1, i, &c[i - 1]);
+    struct p2c_ctx x = {.c = c};
+    long pick = atc_balancer_p2c((size_t)n, &v->rt->rng, p2c_usable, p2c_lighter, &x);
+    if (pick < 0)
         lua_pushnil(L);
-        return 1;
-    }
-    /* The k-th and l-th available ones (distinct when there are two), the less loaded wins. */
-    int k = (int)(atc_random_next(&v->rt->rng) % (uint64_t)navail);
-    int l = navail > 1 ? (k + 1 + (int)(atc_random_next(&v->rt->rng) % (uint64_t)(navail - 1))) % navail : k;
-    int pick_k = 0, pick_l = 0;
-    struct candidate ck = {0}, cl = {0};
-    for (int i = 1, seen = 0; i <= n; i++) {
-        read_candidate(L, v, 1, i, &c);
-        if (!c.available)
-            continue;
-        if (seen == k) {
-            pick_k = i;
-            ck = c;
-        }
-        if (seen == l) {
-            pick_l = i;
-            cl = c;
-        }
-        seen++;
-    }
-    lua_rawgeti(L, 1, lighter(&cl, &ck) ? pick_l : pick_k);
+    else
+        lua_rawgeti(L, 1, (int)pick + 1);
     return 1;
 }
 
@@ -719,23 +728,57 @@ static int atc_rendezvous(lua_State *L)
     return 1;
 }
 
-/* atc.prefix_pick(pool, req, min_blocks, balance_abs, balance_rel [, skip [, load_weight]]): the hot
- * loop of prefix affinity, in C. nil when no available endpoint (but skip) has at least min_blocks of the
- * prompt's leading blocks, or when the pool is imbalanced (max - min in-flight > balance_abs and max >
- * balance_rel * min, as SGLang's cache-aware router). Otherwise, with load_weight 0 (the default), the
- * available endpoint with the longest overlap (ties: the lighter); with load_weight > 0, the one with the
- * lowest cost = prompt tokens it would still have to prefill (prompt_tokens - overlap * block_tokens) +
+/* Reads option @p name of the options table at @p idx: a number, @p dflt when absent; a Lua error
+ * (nothing is changed yet) when it is not a number or below @p min. */
+static double opt_number(lua_State *L, int idx, const char *name, double dflt, double min)
+{
+    lua_getfield(L, idx, name);
+    double x = dflt;
+    if (!lua_isnil(L, -1)) {
+        if (lua_type(L, -1) != LUA_TNUMBER)
+            luaL_error(L, "atc.prefix_pick: option '%s' must be a number", name);
+        x = lua_tonumber(L, -1);
+        if (x < min)
+            luaL_error(L, "atc.prefix_pick: option '%s' must be >= %f", name, min);
+    }
+    lua_pop(L, 1);
+    return x;
+}
+
+/* atc.prefix_pick(pool, req [, opts]): the hot loop of prefix affinity, in C. opts (all optional):
+ * min_blocks (1), balance_abs and balance_rel (no imbalance guard), skip (an endpoint never chosen),
+ * load_weight (0). nil when no available endpoint (but skip) has at least min_blocks of the prompt's
+ * leading blocks, or when the pool is imbalanced (max - min in-flight > balance_abs and max >
+ * balance_rel * min, as SGLang's cache-aware router). Otherwise, with load_weight 0, the available
+ * endpoint with the longest overlap (ties: the lighter); with load_weight > 0, the one with the lowest
+ * cost = prompt tokens it would still have to prefill (prompt_tokens - overlap * block_tokens) +
  * load_weight * its tokens in flight (ties: the lighter): a cache hit weighed against the work already
- * queued there. skip is never chosen. */
+ * queued there. */
 static int atc_prefix_pick(lua_State *L)
 {
+    static const char *const known[] = {"min_blocks", "balance_abs", "balance_rel", "skip", "load_weight"};
     struct policy_version *v = version_of(L);
     luaL_checktype(L, 1, LUA_TTABLE);
-    double min_blocks = luaL_checknumber(L, 3), abs_gap = luaL_checknumber(L, 4),
-           rel = luaL_checknumber(L, 5), load_weight = luaL_optnumber(L, 7, 0);
+    if (lua_isnoneornil(L, 3)) {
+        lua_settop(L, 2);
+        lua_newtable(L);
+    }
+    luaL_checktype(L, 3, LUA_TTABLE);
+    lua_settop(L, 3);
+    for (lua_pushnil(L); lua_next(L, 3) != 0; lua_pop(L, 1)) { /* a misspelt option is a bug: say so */
+        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
+        bool ok = false;
+        for (size_t i = 0; k != NULL && i < sizeof(known) / sizeof(known[0]) && !ok; i++)
+            ok = strcmp(k, known[i]) == 0;
+        if (!ok)
+            return luaL_error(L, "atc.prefix_pick: unknown option '%s'",
+                              k != NULL ? k : luaL_typename(L, -2));
+    }
+    double min_blocks = opt_number(L, 3, "min_blocks", 1, 0),
+           abs_gap = opt_number(L, 3, "balance_abs", HUGE_VAL, 0),
+           rel = opt_number(L, 3, "balance_rel", 0, 0), load_weight = opt_number(L, 3, "load_weight", 0, 0);
+    lua_getfield(L, 3, "skip"); /* index 4 */
     double prompt = 0, block_tokens = 0;
-    if (load_weight < 0)
-        return luaL_argerror(L, 7, "load_weight must be >= 0");
     if (load_weight > 0) { /* read through the request's own accessors: engine requests and test ones */
         lua_getfield(L, 2, "prompt_tokens");
         lua_getfield(L, 2, "block_tokens");
@@ -755,7 +798,7 @@ static int atc_prefix_pick(lua_State *L)
         const struct atc_endpoint *ep = index >= 0 ? endpoint_at(v, (unsigned)index) : NULL;
         lo = c.inflight < lo ? c.inflight : lo;
         hi = c.inflight > hi ? c.inflight : hi;
-        if (lua_rawequal(L, -1, 6)) {
+        if (lua_rawequal(L, -1, 4)) {
             lua_pop(L, 1);
             continue;
         }
@@ -952,19 +995,33 @@ static void make_readonly(lua_State *L)
     lua_remove(L, -2);
 }
 
-void policy_api_open(struct policy_version *v)
+/* Builds one view table per endpoint of v->rt->table (see ep_live) into a registry table, index + 1 ->
+ * view, and the view -> index lookup; replaces any previous ones. Raises only before it changes v. */
+static void open_views(struct policy_version *v)
 {
-    lua_State *L = v->L; /* the sandbox globals table is at -1 */
-
-    /* endpoints: one view table each, see ep_live */
+    lua_State *L = v->L;
     size_t n = v->rt->table != NULL ? v->rt->table->nendpoints : 0;
+    size_t mask = 15;
+    while (mask < 2 * n)
+        mask = mask * 2 + 1;
+    void *slots = calloc(mask + 1, sizeof(*v->view_slots));
+    uint16_t *overlaps = calloc(n ? n : 1, sizeof(*overlaps));
+    if (slots == NULL || overlaps == NULL) {
+        free(slots);
+        free(overlaps);
+        luaL_error(L, "out of memory");
+    }
+    free(v->view_slots);
+    v->view_slots = slots;
+    v->view_mask = mask;
+    free(v->overlaps);
+    v->overlaps = overlaps;
+    v->overlaps_ready = false;
+    if (v->endpoints_ref != 0 && v->endpoints_ref != LUA_NOREF)
+        luaL_unref(L, LUA_REGISTRYINDEX, v->endpoints_ref);
+
     lua_createtable(L, (int)n, 0); /* index + 1 -> view */
     int views = lua_gettop(L);
-    for (v->view_mask = 15; v->view_mask < 2 * n; v->view_mask = v->view_mask * 2 + 1)
-        ;
-    v->view_slots = calloc(v->view_mask + 1, sizeof(*v->view_slots));
-    if (v->view_slots == NULL)
-        luaL_error(L, "out of memory");
     lua_createtable(L, 0, 1); /* the static parts' metatable */
     lua_pushlightuserdata(L, v);
     lua_pushcclosure(L, ep_live, 1);
@@ -1015,6 +1072,31 @@ void policy_api_open(struct policy_version *v)
     }
     lua_settop(L, views);
     v->endpoints_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+/* The fleet userdata (its metatable made by policy_api_open). A new table gets a new one, as a new
+ * version would: a policy may cache per fleet what it built from the old table's views. */
+static void new_fleet(struct policy_version *v)
+{
+    lua_State *L = v->L;
+    lua_newuserdata(L, 1);
+    luaL_getmetatable(L, POLICY_MT_FLEET);
+    lua_setmetatable(L, -2);
+    if (v->fleet_ref != 0 && v->fleet_ref != LUA_NOREF)
+        luaL_unref(L, LUA_REGISTRYINDEX, v->fleet_ref);
+    v->fleet_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+void policy_api_set_table(struct policy_version *v)
+{
+    open_views(v);
+    new_fleet(v);
+}
+
+void policy_api_open(struct policy_version *v)
+{
+    lua_State *L = v->L; /* the sandbox globals table is at -1 */
+    open_views(v);
 
     /* req: one userdata, pointed at the request of the decision in progress */
     lua_pushlightuserdata(L, v);
@@ -1037,10 +1119,7 @@ void policy_api_open(struct policy_version *v)
     lua_pushboolean(L, 0);
     lua_setfield(L, -2, "__metatable");
     lua_pop(L, 1);
-    lua_newuserdata(L, 1);
-    luaL_getmetatable(L, POLICY_MT_FLEET);
-    lua_setmetatable(L, -2);
-    v->fleet_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    new_fleet(v);
 
     /* verdicts */
     new_metatable(L, v, POLICY_MT_VERDICT, verdict_index, 0);
@@ -1065,6 +1144,8 @@ void policy_api_open(struct policy_version *v)
     set_closure(L, v, "cheapest", atc_cheapest);
     if (v->rt->test_replay != NULL) /* atc test only: t.replay(...) runs a trace through a policy */
         set_closure(L, v, "replay", v->rt->test_replay);
+    if (v->rt->test_route != NULL) /* atc test only: t.route(...) runs a decision on real views */
+        set_closure(L, v, "test_route", v->rt->test_route);
     lua_newtable(L);
     set_closure(L, v, "get", affinity_get);
     set_closure(L, v, "set", affinity_set);

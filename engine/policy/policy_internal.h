@@ -1,8 +1,11 @@
 #ifndef ATC_POLICY_INTERNAL_H
 #define ATC_POLICY_INTERNAL_H
 
-/* Shared by policy.c (runtime: states, sandbox, budget, versions, reload) and policy_api.c (what a
- * policy sees: req, fleet, endpoints, the atc table). Not for other subsystems. */
+/* Shared by the files of the policy runtime (policy.c: versions, decisions, reload; version.c: one
+ * version's state; sandbox.c; watchdog.c; status.c; watch.c), policy_api.c (what a policy sees: req,
+ * fleet, endpoints, the atc table) and policy_test.c (`atc test`). Not for other subsystems. Every
+ * field here is touched only by the thread that owns the runtime (its worker; the main thread for
+ * atc check, atc test and replay), or by another thread while that worker is parked (admin, reload). */
 
 #include <lua.h>
 #include <stdatomic.h>
@@ -71,6 +74,7 @@ struct atc_policy_runtime {
     bool test_mode; /* atc test: no endpoint table */
     bool stale;     /* the table changed and no version matches it yet: the C balancer routes */
     lua_CFunction test_replay; /* atc test: installed as atc.replay (upvalue 1: the version) */
+    lua_CFunction test_route;  /* atc test: installed as atc.test_route (upvalue 1: the version) */
 };
 
 /* A verdict returned by atc.queue() / atc.reject(). */
@@ -88,6 +92,10 @@ struct policy_verdict {
  * table at the top of the stack; creates the persistent req / fleet userdata. */
 void policy_api_open(struct policy_version *v);
 
+/** policy_api.c: rebuilds the endpoint views of @p v for v->rt->table (views made before no longer
+ * resolve). May raise a Lua error (out of memory) before it changes anything. */
+void policy_api_set_table(struct policy_version *v);
+
 /** policy_api.c: the endpoint behind the value at @p idx (an endpoint userdata or an id string), or NULL. */
 struct atc_endpoint *policy_api_to_endpoint(struct policy_version *v, int idx);
 
@@ -100,19 +108,21 @@ bool policy_api_available(const struct policy_version *v, const struct atc_endpo
 /** policy.c: milliseconds of the runtime's clock. */
 double policy_now_ms(const struct atc_policy_runtime *rt);
 
-/* policy.c, for the `atc test` runner (policy_test.c): */
+/* policy.c, version.c and sandbox.c, also for the `atc test` runner (policy_test.c): */
 
-/** A runtime with no version loaded yet (strings of @p s copied), its watchdog running. NULL: no memory. */
+/** policy.c: a runtime with no version loaded yet (strings of @p s copied), its watchdog running. NULL: no
+ * memory. */
 struct atc_policy_runtime *policy_runtime_new(const struct atc_policy_settings *s);
-/** A fresh state with the sandbox; in test mode nothing else, otherwise the entry loaded and checked.
- * NULL with an owned message in *err. */
+/** version.c: a fresh state with the sandbox; in test mode nothing else, otherwise the entry loaded and
+ * checked. NULL with an owned message in *err. */
 struct policy_version *policy_version_create(struct atc_policy_runtime *rt, char **err);
 void policy_version_free(struct policy_version *v);
-/** Loads a Lua source file as a sandboxed chunk; pushes it, or an error message. 0 / -1. */
+/** sandbox.c: loads a Lua source file as a sandboxed chunk; pushes it, or an error message. 0 / -1. */
 int policy_load_chunk(lua_State *L, const char *path);
-/** lua_pcall of the function below its @p nargs arguments with message handler @p errfunc (0: none),
- * within @p budget_us; returns the Lua status and says why in *why ("budget", "memory", "error"). One
- * result (or the message) is left on the stack. */
-int policy_protected_call(struct policy_version *v, int nargs, uint64_t budget_us, int errfunc, const char **why);
+/** version.c: lua_pcall of the function below its @p nargs arguments with message handler @p errfunc (0:
+ * none), within @p budget_us; returns the Lua status and says why in *why (atc_policy_fallback_budget,
+ * _memory or _error). One result (or the message) is left on the stack. */
+int policy_protected_call(struct policy_version *v, int nargs, uint64_t budget_us, int errfunc,
+                          const char **why);
 
 #endif

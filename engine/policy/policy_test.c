@@ -12,6 +12,7 @@
 #include <dirent.h>
 #include <getopt.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,11 +20,16 @@
 
 #include <lauxlib.h>
 
-#include "fleet/affinity.h"
 #include "core/config.h"
+#include "core/config_value.h"
 #include "core/log.h"
+#include "fleet/affinity.h"
+#include "fleet/endpoint.h"
+#include "fleet/health.h"
+#include "http/request_features.h"
 #include "policy/policy_internal.h"
 #include "trace/replay.h"
+#include "trace/replay_lua.h"
 
 static const char usage_test[] =
     "usage: atc test [-c FILE] [--scripts DIR] [--budget DURATION] [--filter TEXT] [-v] [PATH...]\n"
@@ -41,6 +47,7 @@ static const char usage_test[] =
     "      --budget DURATION time limit per test (default 10s)\n"
     "      --filter TEXT     run only the tests whose name contains TEXT\n"
     "  -v, --verbose         also print a line per passing test\n"
+    "      --contract        print the policy contract (stdlib/atc/contract.lua) as markdown tables\n"
     "  -h, --help            this text\n";
 
 struct runner {
@@ -145,7 +152,7 @@ static void run_one(struct runner *r, struct policy_version *v, const char *file
     if (policy_protected_call(v, 0, r->rt->s.budget_us, handler, &why) != 0) {
         const char *m = lua_tostring(L, -1);
         const char *tab = m != NULL ? strchr(m, '\t') : NULL;
-        if (strcmp(why, "budget") == 0 || tab == NULL) /* stopped: the message is the runtime's */
+        if (why == atc_policy_fallback_budget || tab == NULL) /* stopped: the message is the runtime's */
             printf("FAIL %s: %s: %s\n", file, name, m != NULL ? m : "error");
         else
             printf("FAIL %.*s%s: %s\n", (int)(tab - m), m, name, tab + 1);
@@ -156,6 +163,448 @@ static void run_one(struct runner *r, struct policy_version *v, const char *file
         r->passed++;
     }
     lua_settop(L, handler - 1);
+}
+
+/* ---- t.route: one decision on the engine's own views ----
+ *
+ * atc.test_route(spec, route) builds what production builds for a request: an endpoint table (with
+ * each endpoint's live counters and health as spec says), a prefix index fed by earlier requests routed
+ * to endpoints, the request's features scanned from its body by request_features.c, and the route
+ * request as the relay assembles it; then it runs route(req, fleet) through atc_policy_route, the
+ * serving path, with the test's own state as the deciding version. The views a policy reads are
+ * therefore the C ones; stdlib/atc/test.lua documents the spec.
+ *
+ * Everything C allocates hangs off a userdata whose __gc frees it, so that a Lua error raised while
+ * reading the spec (a bad field) leaks nothing. */
+
+#define ROUTE_MT "atc.test_route"
+#define ROUTE_DEFAULT_OUTPUT_TOKENS 256 /* relay.c's, for a request without max_tokens */
+#define ROUTE_HEADERS_MAX 32
+
+struct route_scratch {
+    struct atc_model_config *models;
+    struct atc_endpoint_config *ecs;
+    size_t nmodels, neps;
+    struct atc_endpoint_table *table;
+    struct atc_endpoint_health *health; /* one per endpoint */
+    struct atc_prefix_index *prefix;
+    struct atc_policy_runtime *rt; /* the decision's runtime: its table, prefix index, watchdog */
+    struct atc_features *f;        /* the request's, and scratch for earlier routed ones */
+    char *body;
+    char *hname[ROUTE_HEADERS_MAX], *hvalue[ROUTE_HEADERS_MAX];
+    size_t nheaders;
+    struct atc_endpoint **tried;
+};
+
+static void scratch_free(struct route_scratch *x)
+{
+    for (size_t i = 0; x->ecs != NULL && i < x->neps; i++) {
+        free(x->ecs[i].id);
+        free(x->ecs[i].version);
+        for (size_t k = 0; k < x->ecs[i].ntags; k++)
+            free(x->ecs[i].tags[k]);
+        free(x->ecs[i].tags);
+    }
+    for (size_t i = 0; x->models != NULL && i < x->nmodels; i++) {
+        free(x->models[i].name);
+        free(x->models[i].endpoints);
+    }
+    free(x->models);
+    free(x->ecs);
+    if (x->rt != NULL) {
+        x->rt->current = NULL; /* the test's version: not the runtime's to free */
+        atc_policy_runtime_destroy(x->rt);
+    }
+    atc_endpoint_table_destroy(x->table);
+    free(x->health);
+    if (x->prefix != NULL)
+        atc_prefix_index_destroy(x->prefix);
+    free(x->f);
+    free(x->body);
+    for (size_t i = 0; i < x->nheaders; i++) {
+        free(x->hname[i]);
+        free(x->hvalue[i]);
+    }
+    free(x->tried);
+    memset(x, 0, sizeof(*x));
+}
+
+static int scratch_gc(lua_State *L)
+{
+    scratch_free(lua_touserdata(L, 1));
+    return 0;
+}
+
+static const char *route_header(void *ctx, const char *name)
+{
+    const struct route_scratch *x = ctx;
+    for (size_t i = 0; i < x->nheaders; i++)
+        if (strcasecmp(x->hname[i], name) == 0) /* as evhttp_find_header */
+            return x->hvalue[i];
+    return NULL;
+}
+
+static void *check_alloc(lua_State *L, void *p)
+{
+    if (p == NULL)
+        luaL_error(L, "t.route: out of memory");
+    return p;
+}
+
+static char *dup_checked(lua_State *L, const char *s)
+{
+    return s != NULL ? check_alloc(L, strdup(s)) : NULL;
+}
+
+/* Field @p name of the table at @p t: a number (or @p dflt when absent). */
+static double spec_number(lua_State *L, int t, const char *name, double dflt)
+{
+    lua_getfield(L, t, name);
+    double x = dflt;
+    if (!lua_isnil(L, -1)) {
+        if (lua_type(L, -1) != LUA_TNUMBER)
+            luaL_error(L, "t.route: '%s' must be a number", name);
+        x = lua_tonumber(L, -1);
+    }
+    lua_pop(L, 1);
+    return x;
+}
+
+/* Field @p name: a string (NULL when absent); it stays valid while the table holds it. */
+static const char *spec_string(lua_State *L, int t, const char *name)
+{
+    lua_getfield(L, t, name);
+    const char *s = NULL;
+    if (!lua_isnil(L, -1)) {
+        if (lua_type(L, -1) != LUA_TSTRING)
+            luaL_error(L, "t.route: '%s' must be a string", name);
+        s = lua_tostring(L, -1);
+    }
+    lua_pop(L, 1);
+    return s;
+}
+
+static enum atc_request_kind kind_of_path(lua_State *L, const char *path)
+{
+    if (strcmp(path, "/v1/chat/completions") == 0)
+        return ATC_KIND_CHAT;
+    if (strcmp(path, "/v1/completions") == 0)
+        return ATC_KIND_COMPLETION;
+    if (strcmp(path, "/v1/embeddings") == 0)
+        return ATC_KIND_EMBEDDING;
+    luaL_error(L, "t.route: path '%s' is not one atc serves", path);
+    return ATC_KIND_CHAT;
+}
+
+/* The endpoint table of spec.endpoints, as atc_endpoint_table_create builds it from a config. */
+static void build_table(lua_State *L, struct route_scratch *x, int eps)
+{
+    size_t n = lua_objlen(L, eps);
+    x->ecs = check_alloc(L, calloc(n ? n : 1, sizeof(*x->ecs)));
+    x->models = check_alloc(L, calloc(n ? n : 1, sizeof(*x->models)));
+    for (size_t i = 0; i < n; i++) {
+        x->neps = i + 1; /* counted before it is filled: scratch_free frees what a raise left half-done */
+        lua_rawgeti(L, eps, (int)i + 1);
+        int e = lua_gettop(L);
+        luaL_checktype(L, e, LUA_TTABLE);
+        struct atc_endpoint_config *ec = &x->ecs[i];
+        const char *id = spec_string(L, e, "id"), *model = spec_string(L, e, "model");
+        if (id == NULL)
+            luaL_error(L, "t.route: endpoint %d has no id", (int)i + 1);
+        for (size_t k = 0; k < i; k++)
+            if (strcmp(x->ecs[k].id, id) == 0)
+                luaL_error(L, "t.route: duplicate endpoint id '%s'", id);
+        ec->id = dup_checked(L, id);
+        ec->host = "127.0.0.1";
+        ec->port = (uint16_t)(1 + i);
+        ec->version = dup_checked(L, spec_string(L, e, "version"));
+        ec->capacity = (unsigned)spec_number(L, e, "capacity", 8);
+        ec->weight = (unsigned)spec_number(L, e, "weight", 1);
+        ec->token_budget = (uint64_t)spec_number(L, e, "token_budget", 0);
+        ec->max_server_queue = (unsigned)spec_number(L, e, "max_server_queue", 0);
+        lua_getfield(L, e, "tags");
+        if (lua_istable(L, -1)) {
+            size_t nt = lua_objlen(L, -1);
+            ec->tags = check_alloc(L, calloc(nt ? nt : 1, sizeof(char *)));
+            for (; ec->ntags < nt; ec->ntags++) {
+                lua_rawgeti(L, -1, (int)ec->ntags + 1);
+                ec->tags[ec->ntags] = dup_checked(L, luaL_checkstring(L, -1));
+                lua_pop(L, 1);
+            }
+        }
+        lua_pop(L, 1);
+        if (model == NULL)
+            model = "m";
+        size_t m = 0;
+        while (m < x->nmodels && strcmp(x->models[m].name, model) != 0)
+            m++;
+        if (m == x->nmodels) {
+            x->nmodels++;
+            x->models[m].name = dup_checked(L, model);
+            x->models[m].endpoints = check_alloc(L, calloc(n, sizeof(struct atc_endpoint_config)));
+        }
+        struct atc_model_config *mc = &x->models[m];
+        mc->endpoints[mc->nendpoints++] = *ec; /* a shallow copy: the strings stay x->ecs[i]'s */
+        lua_settop(L, e - 1);
+    }
+    struct atc_config cfg = {.models = x->models, .nmodels = x->nmodels};
+    x->table = check_alloc(L, atc_endpoint_table_create(&cfg));
+    x->health = check_alloc(L, calloc(n ? n : 1, sizeof(*x->health)));
+}
+
+static double nan_or(lua_State *L, int t, const char *name)
+{
+    return spec_number(L, t, name, NAN);
+}
+
+/* Each endpoint's live state, written where the engine writes it (counters, health.c's fields). */
+static void set_live(lua_State *L, struct route_scratch *x, int eps)
+{
+    for (size_t i = 0; i < x->neps; i++) {
+        lua_rawgeti(L, eps, (int)i + 1);
+        int e = lua_gettop(L);
+        struct atc_endpoint *ep = atc_endpoint_table_find(x->table, x->ecs[i].id);
+        ep->inflight = (unsigned)spec_number(L, e, "inflight", 0);
+        ep->inflight_tokens = (uint64_t)spec_number(L, e, "inflight_tokens", 0);
+        ep->ttft_ewma_ms = spec_number(L, e, "ttft_ewma", 0);
+        ep->errors_total = (uint64_t)spec_number(L, e, "errors", 0);
+        ep->slow_start_limit = (unsigned)spec_number(L, e, "slow_start_limit", 0);
+        lua_getfield(L, e, "health");
+        bool checked = !(lua_type(L, -1) == LUA_TBOOLEAN && !lua_toboolean(L, -1)); /* false: no health */
+        const char *state = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "healthy";
+        enum atc_health_state hs = ATC_HEALTH_HEALTHY;
+        bool found = false;
+        for (int k = ATC_HEALTH_STARTING; k <= ATC_HEALTH_DRAINING && !found; k++)
+            if (strcmp(atc_health_state_name((enum atc_health_state)k), state) == 0) {
+                hs = (enum atc_health_state)k;
+                found = true;
+            }
+        if (!found)
+            luaL_error(L, "t.route: endpoint '%s': unknown health '%s'", ep->id, state);
+        lua_pop(L, 1);
+        lua_getfield(L, e, "routable");
+        ep->routable = lua_isnil(L, -1) ? (!checked || hs == ATC_HEALTH_HEALTHY) : lua_toboolean(L, -1);
+        lua_pop(L, 1);
+        double queue = nan_or(L, e, "server_queue"), kv = nan_or(L, e, "kv_usage");
+        if (checked) {
+            struct atc_endpoint_health *h = &x->health[i];
+            h->state = (int)hs; /* (what health.c publishes to the workers: atomics, the text a seqlock) */
+            h->consecutive_failures = (unsigned)spec_number(L, e, "consecutive_failures", 0);
+            const char *last_error = spec_string(L, e, "last_error");
+            atc_health_text_set(&h->last_error, last_error != NULL ? last_error : "");
+            h->last_check_ms = spec_number(L, e, "last_check", 0);
+            h->running = nan_or(L, e, "running");
+            h->waiting = queue;
+            h->kv_usage = kv;
+            h->prefix_hit_rate = nan_or(L, e, "prefix_hit_rate");
+            ep->health = h;
+        }
+        /* What routing reads of the scrape (health.c), or what a simulated server reports (replay). */
+        ep->server_queue = isfinite(queue) && queue > 0 ? (unsigned)lround(queue) : 0;
+        ep->server_kv_usage = isfinite(kv) ? kv : 0;
+        lua_settop(L, e - 1);
+    }
+}
+
+/* Scans @p body as a request to @p path into x->f. */
+static void scan(lua_State *L, struct route_scratch *x, const char *path, const char *body, size_t len,
+                 enum atc_request_kind *kind)
+{
+    *kind = kind_of_path(L, path);
+    const char *err = NULL;
+    if (atc_features_scan(*kind, body, len, x->f, &err) < 0)
+        luaL_error(L, "t.route: the body is one atc answers with 400: %s", err);
+}
+
+static int set_table_protected(lua_State *L)
+{
+    policy_api_set_table(lua_touserdata(L, 1));
+    return 0;
+}
+
+static int test_route(lua_State *L)
+{
+    struct policy_version *v = lua_touserdata(L, lua_upvalueindex(1));
+    luaL_checktype(L, 1, LUA_TTABLE);
+    luaL_checktype(L, 2, LUA_TFUNCTION);
+    if (v->req != NULL)
+        return luaL_error(L, "t.route: not from inside a decision");
+    lua_settop(L, 2);
+    struct route_scratch *x = lua_newuserdata(L, sizeof(*x)); /* 3 */
+    memset(x, 0, sizeof(*x));
+    if (luaL_newmetatable(L, ROUTE_MT)) {
+        lua_pushcfunction(L, scratch_gc);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_setmetatable(L, 3);
+
+    lua_getfield(L, 1, "endpoints");
+    luaL_checktype(L, -1, LUA_TTABLE);
+    int eps = lua_gettop(L);
+    build_table(L, x, eps);
+    set_live(L, x, eps);
+    x->f = check_alloc(L, malloc(sizeof(*x->f)));
+    x->prefix = check_alloc(L, atc_prefix_index_create(1 << 16));
+    struct atc_policy_settings settings = v->rt->s;
+    double budget_ms = spec_number(L, 1, "budget_ms", 0); /* a decision's budget (default: the test's) */
+    if (budget_ms > 0)
+        settings.budget_us = (uint64_t)(budget_ms * 1000);
+    x->rt = check_alloc(L, policy_runtime_new(&settings));
+    x->rt->test_mode = true;
+    x->rt->table = x->table;
+    x->rt->prefix = x->prefix;
+    x->rt->affinity = v->rt->affinity; /* the run's: session pins last for the whole run, as documented */
+    x->rt->rng = (uint64_t)spec_number(L, 1, "seed", 1);
+
+    /* Earlier requests, routed where spec.routed says: the prefix index learns their blocks. */
+    lua_getfield(L, 1, "routed");
+    if (lua_istable(L, -1)) {
+        int routed = lua_gettop(L);
+        for (int i = 1; i <= (int)lua_objlen(L, routed); i++) {
+            lua_rawgeti(L, routed, i);
+            int r = lua_gettop(L);
+            luaL_checktype(L, r, LUA_TTABLE);
+            const char *id = spec_string(L, r, "endpoint"), *path = spec_string(L, r, "path");
+            lua_getfield(L, r, "body");
+            size_t len;
+            const char *body = luaL_checklstring(L, -1, &len);
+            struct atc_endpoint *ep = id != NULL ? atc_endpoint_table_find(x->table, id) : NULL;
+            if (ep == NULL)
+                luaL_error(L, "t.route: routed[%d]: no endpoint '%s'", i, id != NULL ? id : "(none)");
+            enum atc_request_kind kind;
+            scan(L, x, path != NULL ? path : "/v1/chat/completions", body, len, &kind);
+            struct atc_route_request earlier = {.features = x->f};
+            atc_policy_routed(x->rt, &earlier, ep);
+            lua_settop(L, routed);
+        }
+    }
+    lua_settop(L, eps);
+
+    /* The request, as http_front.c and relay.c make it. */
+    lua_getfield(L, 1, "headers");
+    if (lua_istable(L, -1)) {
+        for (lua_pushnil(L); lua_next(L, -2) != 0; lua_pop(L, 1)) {
+            if (lua_type(L, -2) != LUA_TSTRING || !lua_isstring(L, -1))
+                luaL_error(L, "t.route: headers must map names to strings");
+            if (x->nheaders == ROUTE_HEADERS_MAX)
+                luaL_error(L, "t.route: more than %d headers", ROUTE_HEADERS_MAX);
+            size_t h = x->nheaders++;
+            x->hname[h] = dup_checked(L, lua_tostring(L, -2));
+            x->hvalue[h] = dup_checked(L, lua_tostring(L, -1));
+        }
+    }
+    lua_pop(L, 1);
+    const char *path = spec_string(L, 1, "path");
+    if (path == NULL)
+        path = "/v1/chat/completions";
+    lua_getfield(L, 1, "body");
+    size_t len;
+    const char *body = luaL_checklstring(L, -1, &len);
+    x->body = check_alloc(L, malloc(len + 1)); /* the features borrow it; the spec may change meanwhile */
+    memcpy(x->body, body, len + 1);
+    lua_pop(L, 1);
+    enum atc_request_kind kind;
+    scan(L, x, path, x->body, len, &kind);
+    if (!x->f->has_model || x->f->model[0] == '\0')
+        luaL_error(L, "t.route: the body has no model (atc answers 400)");
+    const char *prio = route_header(x, "x-atc-priority");
+    if (prio != NULL && (prio[0] < '0' || prio[0] > '9' || prio[1] != '\0'))
+        luaL_error(L, "t.route: x-atc-priority must be a digit (atc answers 400)");
+    char id[64], tenant[128], session[ATC_FEATURES_NAME_MAX];
+    const char *given = route_header(x, "x-request-id"); /* http_front.c's request_id, but for its charset */
+    if (given == NULL || given[0] == '\0')
+        given = spec_string(L, 1, "id");
+    snprintf(id, sizeof(id), "%s", given != NULL ? given : "t-route");
+    const char *t = route_header(x, "x-atc-tenant"), *s = route_header(x, "x-atc-session");
+    snprintf(tenant, sizeof(tenant), "%s", t != NULL ? t : ""); /* relay.c's copy_str */
+    snprintf(session, sizeof(session), "%s", s != NULL ? s : x->f->user);
+
+    lua_getfield(L, 1, "tried");
+    size_t ntried = lua_istable(L, -1) ? lua_objlen(L, -1) : 0;
+    x->tried = check_alloc(L, calloc(ntried ? ntried : 1, sizeof(*x->tried)));
+    for (size_t i = 0; i < ntried; i++) {
+        lua_rawgeti(L, -1, (int)i + 1);
+        const char *tid = luaL_checkstring(L, -1);
+        if ((x->tried[i] = atc_endpoint_table_find(x->table, tid)) == NULL)
+            luaL_error(L, "t.route: tried: no endpoint '%s'", tid);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    struct atc_route_request rq = {
+        .id = id,
+        .path = path,
+        .kind = kind,
+        .features = x->f,
+        .priority = prio != NULL ? prio[0] - '0' : 0,
+        .tenant = tenant,
+        .session = session,
+        .attempt = (unsigned)spec_number(L, 1, "attempt", (double)ntried + 1),
+        .tokens = x->f->prompt_tokens +
+                  (uint64_t)(x->f->max_tokens >= 0 ? x->f->max_tokens : ROUTE_DEFAULT_OUTPUT_TOKENS),
+        .tried = x->tried,
+        .ntried = ntried,
+        .header = route_header,
+        .header_ctx = x,
+        .block_tokens = (uint32_t)spec_number(L, 1, "block_tokens", 0),
+    };
+
+    /* The decision, on the serving path, with this state deciding. Everything it needs is anchored in
+     * the registry: atc_policy_route clears this function's stack. */
+    lua_pushvalue(L, 3);
+    int scratch_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    struct atc_policy_runtime *own = v->rt;
+    int own_route = v->route_ref;
+    v->rt = x->rt;
+    if (lua_cpcall(L, set_table_protected, v) != 0) {
+        v->rt = own;
+        luaL_unref(L, LUA_REGISTRYINDEX, scratch_ref);
+        return lua_error(L);
+    }
+    lua_pushvalue(L, 2);
+    v->route_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    x->rt->current = v;
+    struct atc_decision d;
+    atc_policy_route(x->rt, &rq, &d);
+    x->rt->current = NULL;
+    luaL_unref(L, LUA_REGISTRYINDEX, v->route_ref);
+    v->route_ref = own_route;
+    v->rt = own;
+    int restored = lua_cpcall(L, set_table_protected, v); /* back to the runner's (empty) table */
+
+    static const char *const kinds[] = {"endpoint", "queue", "reject", "fallback"};
+    char endpoint[256] = "", error[512] = "";
+    if (d.kind == ATC_DECISION_ENDPOINT && d.endpoint != NULL)
+        snprintf(endpoint, sizeof(endpoint), "%s", d.endpoint->id);
+    if (d.kind == ATC_DECISION_FALLBACK && x->rt->last_error != NULL) /* what log_failure logged */
+        snprintf(error, sizeof(error), "%s", x->rt->last_error);
+    scratch_free(x);
+    luaL_unref(L, LUA_REGISTRYINDEX, scratch_ref);
+    if (restored != 0)
+        return lua_error(L);
+    lua_createtable(L, 0, 5);
+    lua_pushstring(L, kinds[d.kind]);
+    lua_setfield(L, -2, "kind");
+    if (endpoint[0] != '\0') {
+        lua_pushstring(L, endpoint);
+        lua_setfield(L, -2, "endpoint");
+    }
+    if (d.kind == ATC_DECISION_REJECT) {
+        lua_pushinteger(L, d.status);
+        lua_setfield(L, -2, "status");
+    }
+    if (d.kind == ATC_DECISION_QUEUE || d.kind == ATC_DECISION_REJECT) {
+        lua_pushstring(L, d.message);
+        lua_setfield(L, -2, "message");
+    }
+    if (d.reason != NULL) {
+        lua_pushstring(L, d.reason);
+        lua_setfield(L, -2, "reason");
+    }
+    if (error[0] != '\0') {
+        lua_pushstring(L, error);
+        lua_setfield(L, -2, "error");
+    }
+    return 1;
 }
 
 static bool wanted(const struct runner *r, const char *name)
@@ -248,6 +697,49 @@ static void run_file(struct runner *r, const char *file)
     policy_version_free(v);
 }
 
+/* `atc test --contract`: stdlib/atc/contract.lua's markdown(), run in the sandbox, on stdout. */
+static int print_contract(void)
+{
+    struct atc_policy_settings s = {
+        .stdlib_dir = atc_policy_stdlib_dir(),
+        .budget_us = 10 * 1000 * 1000,
+        .memory = (size_t)64 << 20,
+    };
+    struct atc_policy_runtime *rt = policy_runtime_new(&s);
+    if (rt == NULL)
+        return 1;
+    rt->test_mode = true;
+    char *err = NULL;
+    struct policy_version *v = policy_version_create(rt, &err);
+    int rc = 1;
+    if (v == NULL) {
+        fprintf(stderr, "atc test: %s\n", err);
+        free(err);
+        goto done;
+    }
+    char path[PATH_MAX];
+    snprintf(path, sizeof(path), "%s/atc/contract.lua", s.stdlib_dir);
+    const char *why;
+    lua_State *L = v->L;
+    if (policy_load_chunk(L, path) < 0 || policy_protected_call(v, 0, s.budget_us, 0, &why) != 0 ||
+        !lua_istable(L, -1)) {
+        fprintf(stderr, "atc test: %s: %s\n", path, lua_isstring(L, -1) ? lua_tostring(L, -1) : "no table");
+        goto done;
+    }
+    lua_getfield(L, -1, "markdown");
+    if (policy_protected_call(v, 0, s.budget_us, 0, &why) != 0 || !lua_isstring(L, -1)) {
+        fprintf(stderr, "atc test: %s: markdown(): %s\n", path,
+                lua_isstring(L, -1) ? lua_tostring(L, -1) : "no text");
+        goto done;
+    }
+    fputs(lua_tostring(L, -1), stdout);
+    rc = 0;
+done:
+    policy_version_free(v);
+    atc_policy_runtime_destroy(rt);
+    return rc;
+}
+
 int atc_policy_test_main(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -256,6 +748,7 @@ int atc_policy_test_main(int argc, char **argv)
         {"budget", required_argument, NULL, 'b'},
         {"filter", required_argument, NULL, 'f'},
         {"verbose", no_argument, NULL, 'v'},
+        {"contract", no_argument, NULL, 'C'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -284,6 +777,8 @@ int atc_policy_test_main(int argc, char **argv)
         case 'v':
             r.verbose = true;
             break;
+        case 'C':
+            return print_contract();
         case 'h':
             fputs(usage_test, stdout);
             return 0;
@@ -338,6 +833,7 @@ int atc_policy_test_main(int argc, char **argv)
         return 1;
     r.rt->test_mode = true;
     r.rt->test_replay = (lua_CFunction)atc_replay_lua;
+    r.rt->test_route = test_route;
     r.rt->affinity = atc_affinity_create(0);
     for (size_t i = 0; i < files.n; i++) {
         /* The test file's directory is searched last, for helpers kept beside the tests. */

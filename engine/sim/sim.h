@@ -5,7 +5,7 @@
  * cache, with no I/O. Time is passed in by the caller (microseconds), so the same model runs behind
  * real sockets (sim_server.c, wall-clock timers) and in virtual-time replay.
  *
- * The model, aimed at one Llama-3-8B-class model on one H100 under vLLM (see DESIGN.md):
+ * The model, aimed at one Llama-3-8B-class model on one H100 under vLLM:
  *
  * - The engine runs in iterations, like vLLM's scheduler steps. An iteration starts when the previous
  *   one ends (or when a request arrives at an idle engine). It first schedules one decode token for
@@ -34,7 +34,7 @@
  * - Output length is the request's own (max_tokens) or a draw, uniform in [output_min, output_max],
  *   from the model's seeded PRNG: the same seed and the same submissions give the same timings.
  *
- * Defaults, and why (DESIGN.md's calibration for an 8B model on one H100):
+ * Defaults, and why (the calibration for an 8B model on one H100):
  *   prefill_tps 15000      the middle of the 10-20k prompt tokens/s measured for such a setup
  *   decode_ms 12, x2.2     12 ms per token alone, 26.4 ms at a batch of 64 or more (measured 25-30)
  *   decode_batch_sat 64    where the decode step stops growing; also max_seqs, so a full batch is the
@@ -48,34 +48,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sim/sim_params.h"
+
 #define ATC_SIM_KV_BLOCK_TOKENS 16 /* tokens per KV block, as vLLM's default block size */
-
-/* Knobs, the same names on the command line (--max-seqs) and in YAML under simulate: (max_seqs).
- * For the fields after `seed`, 0 means "the default", so atc_sim_params_init need not know them. */
-struct atc_sim_params {
-    char *model;               /* model name served; owned (strdup'd), freed by atc_sim_params_dispose */
-    unsigned max_seqs;         /* sequences decoded at once; more wait in the queue (default 64) */
-    double prefill_tps;        /* prompt tokens per second of prefill (default 15000) */
-    double decode_ms;          /* ms per output token at batch size 1 (default 12) */
-    unsigned kv_blocks;        /* KV cache room in 16-token blocks (default 25000 = 400k tokens) */
-    double error_rate;         /* share of requests answered 500 (default 0) */
-    double hang_rate;          /* share of requests accepted and never answered (default 0) */
-    uint64_t not_ready_for_ms; /* not ready for the first N ms: /health 503, /v1/models empty (default 0) */
-    unsigned die_after;        /* die after this many requests, 0 = never; see sim_server.c */
-    uint64_t seed;             /* deterministic draws (default 1) */
-
-    /* Finer model knobs; 0 = default. */
-    double decode_batch_factor;  /* decode step at batch >= decode_batch_sat, in decode_ms (2.2) */
-    unsigned decode_batch_sat;   /* batch size where the decode step stops growing (64) */
-    unsigned max_batched_tokens; /* tokens per iteration, prefill is chunked to fit (8192, as vLLM) */
-    unsigned output_min;         /* output length drawn when a request has no max_tokens ... (16) */
-    unsigned output_max;         /* ... up to this many tokens (512) */
-};
-
-/** Fills @p p with the defaults above; p->model = strdup("llama-3-8b"). */
-void atc_sim_params_init(struct atc_sim_params *p);
-/** Frees what @p p owns. */
-void atc_sim_params_dispose(struct atc_sim_params *p);
 
 struct atc_sim;
 

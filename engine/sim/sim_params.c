@@ -1,14 +1,15 @@
-/* Defaults of the simulated server's knobs (sim.h). Kept apart from sim.c so the config parser can
+/* Defaults of the simulated server's knobs (sim_params.h). Kept apart from sim.c so the config parser can
  * build simulate: entries without pulling in the simulator itself. */
+
+#include "sim/sim_params.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "sim/sim.h"
-
 void atc_sim_params_init(struct atc_sim_params *p)
 {
-    /* One Llama-3-8B-class model on one H100 under vLLM: see DESIGN.md "The simulated server". */
+    /* One Llama-3-8B-class model on one H100 under vLLM: sim.h, "Defaults, and why", says where each
+     * number comes from. */
     *p = (struct atc_sim_params){
         .model = strdup("llama-3-8b"),
         .max_seqs = 64,

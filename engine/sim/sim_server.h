@@ -47,8 +47,4 @@ void atc_sim_server_set_on_death(struct atc_sim_server *s, void (*on_death)(void
  * frees the server. NULL is fine. Not from within a request handled by this server. */
 void atc_sim_server_stop(struct atc_sim_server *s);
 
-/** `atc sim [flags]`: a standalone simulated server; argv[0] is "sim". Returns the exit status:
- * 0 after SIGTERM/SIGINT, 1 when it died (die_after) or could not start, 2 on a usage error. */
-int atc_sim_main(int argc, char **argv);
-
 #endif

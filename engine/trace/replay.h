@@ -15,8 +15,9 @@
  * in-flight counts, server queues and KV usage as they are at that virtual moment. A queue verdict
  * waits in a FIFO queue in front of the fleet and is decided again whenever a request finishes; a
  * failed decision falls back to the built-in C balancer, as live. The same trace, fleet, policy and seed
- * give the same results: a decision's budget is checked on its own CPU time and it is stopped only at
- * 100 times its budget, so a busy machine's preemptions do not change what the policy decides. */
+ * give the same results: an overrun is counted on the decision's own CPU time, and the (wall-clock)
+ * watchdog stops a decision only at 100 times its budget, so a busy machine's preemptions do not change
+ * what the policy decides. */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -29,7 +30,6 @@ struct atc_config;
 struct atc_trace;
 struct atc_endpoint;
 struct atc_endpoint_table;
-struct lua_State;
 
 /* An endpoint out of routing (as when drained or unhealthy) from from_us to to_us of virtual time;
  * its requests in flight finish. */
@@ -56,7 +56,7 @@ struct atc_replay_options {
     uint64_t seed;                  /* atc.random(), the C balancer and drawn output lengths (0: 1) */
     const char *model;              /* send every request to this model (NULL: the trace's) */
     size_t limit;                   /* replay only the first N requests (0: all) */
-    uint64_t budget_us;             /* CPU time per decision (0: the config's policy.budget) */
+    uint64_t budget_us;             /* per decision, on its CPU time (0: the config's policy.budget) */
     bool progress;                  /* a progress bar on stderr */
     unsigned samples;               /* load samples over the trace's duration (0: 240) */
     const char *const *module_path; /* extra module directories (policy.path of the config otherwise) */
@@ -116,38 +116,9 @@ int atc_replay_run(const struct atc_config *cfg, const struct atc_trace *trace, 
 
 void atc_replay_result_dispose(struct atc_replay_result *r);
 
-/** replay_report.c: the comparison as a terminal table, as JSON (the `policies` array), and as a
- * self-contained HTML page with SVG charts. @p title names the trace and the fleet. */
-void atc_replay_report_table(FILE *out, const char *title, const struct atc_replay_result *r, size_t n);
-void atc_replay_report_json(FILE *out, const char *trace, const char *fleet, uint64_t seed,
-                            const struct atc_replay_result *r, size_t n);
-int atc_replay_report_html(const char *path, const char *title, const struct atc_replay_result *r, size_t n,
-                           char **err);
-
-/* `atc replay --speed X`: the trace sent to a running atc in wall time. */
-struct atc_replay_live_options {
-    const char *host; /* atc's front door */
-    uint16_t port;
-    double speed;      /* 2 = twice as fast as recorded */
-    const char *model; /* NULL: the trace's */
-    size_t limit;
-    unsigned max_inflight; /* requests open at once (0: 1024); more wait, and their wait counts */
-    uint64_t timeout_ms;   /* per request (0: 300 s) */
-    bool progress;
-};
-
-/** replay_live.c: sends @p t's requests (prompt text synthesized from the block hashes, so shared
- * prefixes are shared bytes) and measures what clients see. Fills the latency, throughput and count
- * fields of @p out (not the fleet's: cache hits and load are the servers'). 0, or -1 with *err. */
-int atc_replay_live(const struct atc_trace *t, const struct atc_replay_live_options *o,
-                    struct atc_replay_result *out, char **err);
-
-/** replay_lua.c: atc.replay(opts) for `atc test` (upvalue 1: the policy version running the test). */
-int atc_replay_lua(struct lua_State *L);
-
-/** `atc replay ...`; returns the exit status. */
-int atc_replay_main(int argc, char **argv);
-
+/** Fills @p r's TTFT and end-to-end percentiles (and the TTFT mean) from r->ttft_ms and r->e2e_ms[0..n)
+ * (NaN: did not complete). Leaves them as they are when out of memory. */
+void atc_replay_latencies(struct atc_replay_result *r, size_t n);
 /** Sorts @p v ascending, for atc_replay_percentile. */
 void atc_replay_sort(double *v, size_t n);
 /** The @p p-th percentile (nearest rank) of the @p n sorted values @p v; 0 when there are none. */

@@ -19,6 +19,7 @@
 
 #include "trace/recorder.h"
 #include "trace/replay.h"
+#include "trace/replay_live.h"
 #include "trace/trace.h"
 #include "core/clock.h"
 
@@ -267,29 +268,7 @@ int atc_replay_live(const struct atc_trace *t, const struct atc_replay_live_opti
         event_base_dispatch(lv.base);
     }
     /* The report: what clients saw. */
-    double *v = malloc((lv.n ? lv.n : 1) * sizeof(double));
-    size_t m = 0;
-    double sum = 0;
-    if (v != NULL) {
-        for (size_t i = 0; i < lv.n; i++)
-            if (!isnan(out->ttft_ms[i])) {
-                v[m++] = out->ttft_ms[i];
-                sum += out->ttft_ms[i];
-            }
-        atc_replay_sort(v, m);
-        out->ttft_p50_ms = atc_replay_percentile(v, m, 50);
-        out->ttft_p90_ms = atc_replay_percentile(v, m, 90);
-        out->ttft_p99_ms = atc_replay_percentile(v, m, 99);
-        out->ttft_mean_ms = m ? sum / (double)m : 0;
-        m = 0;
-        for (size_t i = 0; i < lv.n; i++)
-            if (!isnan(out->e2e_ms[i]))
-                v[m++] = out->e2e_ms[i];
-        atc_replay_sort(v, m);
-        out->e2e_p50_ms = atc_replay_percentile(v, m, 50);
-        out->e2e_p99_ms = atc_replay_percentile(v, m, 99);
-        free(v);
-    }
+    atc_replay_latencies(out, lv.n);
     out->duration_s = lv.last_done_us > lv.start_us ? (double)(lv.last_done_us - lv.start_us) / 1e6 : 0;
     out->throughput_rps = out->duration_s > 0 ? (double)out->completed / out->duration_s : 0;
     out->output_tps = out->duration_s > 0 ? (double)out->output_tokens / out->duration_s : 0;

@@ -1,6 +1,7 @@
 /* atc.replay(opts) for `atc test` (t.replay in stdlib/atc/test.lua): a trace replayed through a policy
  * against a simulated fleet, returning every decision to the test so it can assert invariants. */
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,7 +11,9 @@
 #include "fleet/endpoint.h"
 #include "policy/policy_internal.h"
 #include "trace/replay.h"
+#include "trace/replay_lua.h"
 #include "trace/trace.h"
+#include "trace/trace_import.h"
 
 #define MAX_OUTAGES 64
 
@@ -202,6 +205,30 @@ static void set_string(lua_State *L, const char *key, const char *v)
     lua_setfield(L, -2, key);
 }
 
+/* What push_results builds the tables from (owned by atc_replay_lua, which frees it afterwards). */
+struct results {
+    const struct collector *c;
+    struct atc_replay_result res;
+    const struct atc_trace *trace;
+    const char *model;
+    size_t *last; /* per record: its last decision + 1 (0: none) */
+};
+
+/* Where push_results leaves its tables (a registry key). */
+static const char results_key;
+
+static int push_results(lua_State *L);
+
+/* Raises "t.replay: MSG" after freeing @p msg (owned; NULL: @p dflt): the message is copied first, so
+ * nothing C owns is left behind by the longjmp. */
+static int raise_owned(lua_State *L, char *msg, const char *dflt)
+{
+    char buf[2048];
+    snprintf(buf, sizeof(buf), "t.replay: %s", msg != NULL ? msg : dflt);
+    free(msg);
+    return luaL_error(L, "%s", buf);
+}
+
 int atc_replay_lua(struct lua_State *L)
 {
     struct policy_version *v = lua_touserdata(L, lua_upvalueindex(1));
@@ -259,45 +286,69 @@ int atc_replay_lua(struct lua_State *L)
         o.noutages = (size_t)n;
     }
 
+    /* From here on C owns memory: nothing below raises until it is freed (collect, clean up, then
+     * raise). The result tables are built under lua_cpcall, and an error there is raised again only
+     * after the C side is freed. */
     struct atc_config *cfg = NULL;
     char *err = NULL;
     if (fleet_path != NULL
             ? atc_config_load(fleet_path, &cfg, &err) < 0
-            : atc_config_parse(fleet_text, strlen(fleet_text), "t.replay fleet", ".", &cfg, &err) < 0) {
-        lua_pushfstring(L, "t.replay: %s", err != NULL ? err : "bad fleet");
-        free(err);
-        return lua_error(L);
-    }
+            : atc_config_parse(fleet_text, strlen(fleet_text), "t.replay fleet", ".", &cfg, &err) < 0)
+        return raise_owned(L, err, "bad fleet");
     struct atc_trace *trace = NULL;
     struct atc_trace_import_options io = {0};
     if (atc_trace_load(trace_path, &io, &trace, NULL, &err) < 0) {
         atc_config_free(cfg);
-        lua_pushfstring(L, "t.replay: %s", err != NULL ? err : "cannot load the trace");
-        free(err);
-        return lua_error(L);
+        return raise_owned(L, err, "cannot load the trace");
     }
     struct collector c = {.snapshots = snapshots};
     o.on_decision = on_decision;
     o.ctx = &c;
-    struct atc_replay_result res;
-    int rc = atc_replay_run(cfg, trace, entry, "test", &o, &res, &err);
+    struct results r = {.c = &c, .trace = trace, .model = model};
+    int rc = atc_replay_run(cfg, trace, entry, "test", &o, &r.res, &err);
     atc_config_free(cfg);
-    if (rc < 0 || c.oom) {
-        if (rc == 0)
-            atc_replay_result_dispose(&res);
-        atc_trace_free(trace);
-        free(c.v);
-        free(c.snap);
-        lua_pushfstring(L, "t.replay: %s", rc < 0 && err != NULL ? err : "out of memory");
+    if (rc == 0) { /* err is the failure's only */
         free(err);
-        return lua_error(L);
+        err = NULL;
     }
+    if (rc == 0 && !c.oom)
+        r.last = calloc(r.res.requests ? r.res.requests : 1, sizeof(size_t));
+    int status = rc == 0 && !c.oom && r.last != NULL ? lua_cpcall(L, push_results, &r) : -1;
+    if (rc == 0)
+        atc_replay_result_dispose(&r.res);
+    atc_trace_free(trace);
+    free(c.v);
+    free(c.snap);
+    free(r.last);
+    if (status < 0)
+        return raise_owned(L, err, "out of memory");
+    /* push_results' message is at the top; a memory error stays fatal to pcall (mem_refused is set). */
+    if (status != 0)
+        return lua_error(L);
+    lua_pushlightuserdata(L, (void *)&results_key); /* taking them out of the registry allocates nothing */
+    lua_rawget(L, LUA_REGISTRYINDEX);
+    lua_pushlightuserdata(L, (void *)&results_key);
+    lua_pushnil(L);
+    lua_rawset(L, LUA_REGISTRYINDEX);
+    lua_rawgeti(L, -1, 1);
+    lua_rawgeti(L, -2, 2);
+    return 2;
+}
 
-    /* Build the results; running out of Lua memory here longjmps, so C memory is freed first by copying
-     * what the tables need into a userdata-free form: everything below only reads res, trace and c. */
+/* lua_cpcall with a struct results: builds the decisions and the summary from C memory the caller
+ * frees afterwards, and leaves them in the registry under results_key as {decisions, summary}. */
+static int push_results(lua_State *L)
+{
+    const struct results *rs = lua_touserdata(L, 1);
+    const struct collector c = *rs->c;
+    const struct atc_replay_result res = rs->res;
+    const struct atc_trace *trace = rs->trace;
+    const char *model = rs->model;
+    size_t *last = rs->last; /* last decision of a record */
+    lua_pushlightuserdata(L, (void *)&results_key);
+    lua_createtable(L, 2, 0);
     lua_createtable(L, (int)c.n, 0);
     int decisions = lua_gettop(L);
-    size_t *last = calloc(res.requests ? res.requests : 1, sizeof(size_t)); /* last decision of a record */
     for (size_t k = 0; k < c.n; k++) {
         const struct recorded *d = &c.v[k];
         const struct atc_trace_record *r = &trace->records[d->record];
@@ -334,10 +385,9 @@ int atc_replay_lua(struct lua_State *L)
             lua_setfield(L, -2, "fleet");
         }
         lua_rawseti(L, decisions, (int)k + 1);
-        if (last != NULL)
-            last[d->record] = k + 1;
+        last[d->record] = k + 1;
     }
-    for (size_t i = 0; last != NULL && i < res.requests; i++) {
+    for (size_t i = 0; i < res.requests; i++) {
         if (last[i] == 0 || res.ttft_ms[i] != res.ttft_ms[i]) /* no decision, or did not complete */
             continue;
         lua_rawgeti(L, decisions, (int)last[i]);
@@ -345,7 +395,7 @@ int atc_replay_lua(struct lua_State *L)
         set_number(L, "e2e_ms", res.e2e_ms[i]);
         lua_pop(L, 1);
     }
-    free(last);
+    lua_rawseti(L, -2, 1);
     lua_createtable(L, 0, 24);
     set_number(L, "requests", (double)res.requests);
     set_number(L, "completed", (double)res.completed);
@@ -366,9 +416,7 @@ int atc_replay_lua(struct lua_State *L)
     set_number(L, "cache_hit_rate", res.cache_hit_rate);
     set_number(L, "imbalance", res.imbalance);
     set_number(L, "queue_wait_p99_ms", res.queue_wait_p99_ms);
-    atc_replay_result_dispose(&res);
-    atc_trace_free(trace);
-    free(c.v);
-    free(c.snap);
-    return 2;
+    lua_rawseti(L, -2, 2);
+    lua_rawset(L, LUA_REGISTRYINDEX);
+    return 0;
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "trace/replay.h"
+#include "trace/replay_report.h"
 
 static void fmt_ms(char *buf, size_t size, double ms)
 {
@@ -166,6 +167,16 @@ static int cmp_double(const void *a, const void *b)
 #define MB 40
 
 /* The TTFT distribution of each policy as a CDF, on a log scale of milliseconds. */
+/* An SVG chart's start: the drawing of W x H and the frame of its plot area (margins ML, MR, MT, MB). */
+static void svg_frame(FILE *out)
+{
+    fprintf(out,
+            "<svg width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" xmlns=\"http://www.w3.org/2000/svg\">\n",
+            W, H, W, H);
+    fprintf(out, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#999\"/>\n", ML,
+            MT, W - ML - MR, H - MT - MB);
+}
+
 static void chart_ttft(FILE *out, const struct atc_replay_result *r, size_t n)
 {
     double lo = HUGE_VAL, hi = 0;
@@ -183,11 +194,7 @@ static void chart_ttft(FILE *out, const struct atc_replay_result *r, size_t n)
     double llo = floor(log10(lo)), lhi = ceil(log10(hi));
     if (lhi <= llo)
         lhi = llo + 1;
-    fprintf(out,
-            "<svg width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" xmlns=\"http://www.w3.org/2000/svg\">\n",
-            W, H, W, H);
-    fprintf(out, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#999\"/>\n", ML,
-            MT, W - ML - MR, H - MT - MB);
+    svg_frame(out);
     for (double d = llo; d <= lhi; d++) {
         double x = ML + (d - llo) / (lhi - llo) * (W - ML - MR);
         fprintf(out, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#ddd\"/>", x, MT, x, H - MB);
@@ -240,11 +247,7 @@ static void chart_load(FILE *out, const struct atc_replay_result *r)
     double t0 = r->sample_s[0], t1 = r->sample_s[r->nsamples - 1];
     if (t1 <= t0)
         t1 = t0 + 1;
-    fprintf(out,
-            "<svg width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" xmlns=\"http://www.w3.org/2000/svg\">\n",
-            W, H, W, H);
-    fprintf(out, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#999\"/>\n", ML,
-            MT, W - ML - MR, H - MT - MB);
+    svg_frame(out);
     for (int q = 0; q <= 4; q++) {
         double y = MT + (1 - q / 4.0) * (H - MT - MB);
         fprintf(out, "<text x=\"%d\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\">%.0f</text>\n", ML - 5,

@@ -135,49 +135,15 @@ int atc_trace_append(struct atc_trace *t, const struct atc_trace_record *r);
 int atc_trace_normalize(struct atc_trace *t);
 void atc_trace_free(struct atc_trace *t);
 
-/* What atc_trace_load and the importers read. */
-enum atc_trace_format {
-    ATC_TRACE_AUTO,     /* by content: an atc trace, else by the file name (.csv: azure, else jsonl) */
-    ATC_TRACE_NATIVE,   /* the format above */
-    ATC_TRACE_MOONCAKE, /* JSON lines: timestamp (ms), input_length, output_length, hash_ids */
-    ATC_TRACE_AZURE,    /* CSV: TIMESTAMP, ContextTokens, GeneratedTokens */
-    ATC_TRACE_JSONL,    /* JSON lines with this format's record keys (what `atc trace dump` prints) */
-};
-
-struct atc_trace_import_options {
-    enum atc_trace_format format;
-    const char *model;     /* model of records that name none (default "llama-3-8b") */
-    uint32_t block_tokens; /* tokens per Mooncake hash id (default 512) */
-    size_t max_errors;     /* give up after this many malformed lines (default 100; 0 = default) */
-    FILE *errors;          /* where malformed lines are reported as PATH:LINE: reason (NULL: not shown) */
-};
-
-/** Parses "mooncake", "azure", "jsonl", "atc" / "native", "auto"; -1 when unknown. */
-int atc_trace_format_parse(const char *name, enum atc_trace_format *out);
-
-/** Loads @p path whole. Malformed lines of text formats are reported (see options), counted in
- * *bad_lines (may be NULL) and skipped; more than max_errors of them, an unreadable file or a broken
- * atc trace fail the load. Records come out normalized (sorted, first at 0). Returns 0 and an owned
- * trace in *out, or -1 and an owned message in *err. */
-int atc_trace_load(const char *path, const struct atc_trace_import_options *o, struct atc_trace **out,
-                   size_t *bad_lines, char **err);
-
 /** Writes @p t to @p path (header, then every record). Returns 0, or -1 with an owned message. */
 int atc_trace_save(const struct atc_trace *t, const char *path, char **err);
 
 /** Writes @p r as one JSON object on one line (the keys of the format above). */
 void atc_trace_record_json(FILE *out, const struct atc_trace_record *r);
 
-/* ---- helpers shared with the importers (trace_import.c) ---- */
+/* ---- helpers for the importers (trace_import.c) ---- */
 
 /** The chained 64-bit hash for block @p id after the chain value @p prev (0 for the first block). */
 uint64_t atc_trace_chain(uint64_t prev, uint64_t id);
-
-/** Reads a text trace (mooncake, azure, jsonl) into @p t. Same contract as atc_trace_load. */
-int atc_trace_import_text(const char *path, const struct atc_trace_import_options *o, struct atc_trace *t,
-                          size_t *bad_lines, char **err);
-
-/** `atc trace import|stats|dump ...`; returns the exit status. */
-int atc_trace_main(int argc, char **argv);
 
 #endif

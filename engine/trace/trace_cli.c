@@ -1,5 +1,7 @@
 /* `atc trace import|stats|dump`: converting public traces, and what is in a trace. */
 
+#include "trace/trace_cli.h"
+
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -9,6 +11,7 @@
 #include <xxhash.h>
 
 #include "trace/trace.h"
+#include "trace/trace_import.h"
 
 static const char usage_trace[] =
     "usage: atc trace <import|stats|dump> ...\n"

@@ -9,8 +9,10 @@
 --   prefix:   matched prefix blocks / the request's prefix blocks, from an index of the blocks the
 --             scheduler sent to each server (approximate, like atc's);
 --   picker:   the highest weighted sum; ties broken at random.
--- Mapping onto atc: queue and kv_usage are what the servers report (under `atc replay`, the simulated
--- servers' own numbers), prefix is ep:prefix_overlap(req) / req.blocks. Endpoints without room are
+-- Mapping onto atc: queue and kv are ep.server_queue and ep.kv_usage, what the servers report (under
+-- `atc replay`, the simulated servers' own numbers; nil until a server is scraped, counted here as an
+-- empty queue and cache, as the scheduler does for a pod without metrics yet), prefix is
+-- ep:prefix_overlap(req) / req.blocks. Endpoints without room are
 -- filtered out first, as the scheduler's filters drop pods that cannot take the request.
 
 local verdict = require "atc.verdict"
@@ -28,7 +30,7 @@ return function(req, fleet)
     local ep = pool[i]
     if ep.available then
       cands[#cands + 1] = ep
-      local q = ep.queue
+      local q = ep.server_queue or 0
       if q < qmin then qmin = q end
       if q > qmax then qmax = q end
     end
@@ -39,8 +41,8 @@ return function(req, fleet)
   local best, best_score, ties = nil, -math.huge, 0
   for i = 1, #cands do
     local ep = cands[i]
-    local queue = qmax == qmin and 1 or (qmax - ep.queue) / (qmax - qmin)
-    local kv = 1 - ep.kv_usage
+    local queue = qmax == qmin and 1 or (qmax - (ep.server_queue or 0)) / (qmax - qmin)
+    local kv = 1 - (ep.kv_usage or 0)
     local prefix = req.blocks > 0 and ep:prefix_overlap(req) / req.blocks or 0
     local score = W_QUEUE * queue + W_KV * kv + W_PREFIX * prefix
     if score > best_score then

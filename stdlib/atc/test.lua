@@ -23,6 +23,27 @@
 -- Fake fleets and requests: t.fleet{...}, t.request{...}, t.endpoint{...} (see atc.testing), and the
 -- other helpers of atc.testing (t.tally, t.ids, t.show).
 --
+-- The engine's own views: t.route(spec, policy) runs one decision the way atc serves one, on a real
+-- endpoint table and a request parsed from a real body by the engine, through the same C path
+-- production uses (atc_policy_route), and returns the decision. policy is a function(req, fleet) or a
+-- module with .route. spec:
+--   endpoints = { {id, model ("m"), version, tags, weight, capacity (8), token_budget,
+--                  max_server_queue, inflight, inflight_tokens, ttft_ewma, errors, slow_start_limit,
+--                  health ("healthy"; false: no health checks, as under replay), routable (default:
+--                  healthy), consecutive_failures, last_error, last_check, running, server_queue,
+--                  kv_usage, prefix_hit_rate (the scraped values; absent: never scraped)}, ... }
+--   body = a JSON string or a table (t.json encodes it), path ("/v1/chat/completions"),
+--   headers = { name = value }, id, tried = { endpoint ids already tried }, attempt (#tried + 1),
+--   block_tokens (0: live), seed (of atc.random, 1), budget_ms (the decision's budget; default the
+--   test's, --budget),
+--   routed = { {endpoint = id, body = ..., path = ...}, ... }: earlier requests routed there (the
+--            prefix index learns their blocks, so ep:prefix_overlap(req) answers as in production),
+--   allow_error = true: return a failed decision instead of raising its error.
+-- The decision: { kind = "endpoint" | "queue" | "reject" | "fallback", endpoint (id), status, message,
+-- reason ("error", "budget", "memory", "invalid return"), error (the policy's error message) }. When the
+-- policy raised, t.route raises that error (a failed t.expect inside the policy fails the test) unless
+-- allow_error. Views handed to the policy are only valid during its decision.
+--
 -- Traces: t.replay{ trace = FILE, fleet = CONFIG.yaml or { {model = "m", count = 3, ...}, ... },
 -- [policy = FILE], [seed = 1], [limit = N], [model = NAME], [outages = {{endpoint, from_ms, to_ms}}],
 -- [snapshots = true] } replays a trace through a policy (default: the one under test) against a
@@ -179,6 +200,83 @@ function M.expect(actual, label)
   local e = expectation(actual, label, false)
   e.never = expectation(actual, label, true)
   return e
+end
+
+-- JSON text of a Lua value (object keys sorted, so the text is stable); for t.route bodies.
+local function json(v, out)
+  local ty = type(v)
+  if ty == "string" then
+    out[#out + 1] = '"' .. string.gsub(v, '[%c"\\]', function(c)
+      return string.format("\\u%04x", string.byte(c))
+    end) .. '"'
+  elseif ty == "number" then
+    out[#out + 1] = v == math.floor(v) and string.format("%d", v) or string.format("%.17g", v)
+  elseif ty == "boolean" then
+    out[#out + 1] = tostring(v)
+  elseif v == nil or v == M.null then
+    out[#out + 1] = "null"
+  elseif ty == "table" then
+    if #v > 0 or next(v) == nil and v ~= M.object then
+      out[#out + 1] = "["
+      for i = 1, #v do
+        if i > 1 then out[#out + 1] = "," end
+        json(v[i], out)
+      end
+      out[#out + 1] = "]"
+    else
+      local keys = {}
+      for k in pairs(v) do
+        keys[#keys + 1] = tostring(k)
+      end
+      table.sort(keys)
+      out[#out + 1] = "{"
+      for i, k in ipairs(keys) do
+        if i > 1 then out[#out + 1] = "," end
+        json(k, out)
+        out[#out + 1] = ":"
+        json(v[k], out)
+      end
+      out[#out + 1] = "}"
+    end
+  else
+    error("t.json: cannot encode a " .. ty, 3)
+  end
+  return out
+end
+
+M.null, M.object = {}, {} -- t.json: JSON null, and {} as an empty object rather than []
+
+function M.json(v)
+  return table.concat(json(v, {}))
+end
+
+function M.route(spec, policy)
+  if type(spec) ~= "table" then
+    error("t.route: a spec table expected", 2)
+  end
+  local route = type(policy) == "table" and policy.route or policy
+  if type(route) ~= "function" then
+    error("t.route: a policy (function(req, fleet) or a module with route) expected", 2)
+  end
+  local s = {}
+  for k, v in pairs(spec) do
+    s[k] = v
+  end
+  s.endpoints = spec.endpoints or {}
+  if type(spec.body) == "table" then
+    s.body = M.json(spec.body)
+  end
+  if type(spec.routed) == "table" then
+    s.routed = {}
+    for i, r in ipairs(spec.routed) do
+      s.routed[i] = { endpoint = r.endpoint, path = r.path, body = type(r.body) == "table" and M.json(r.body) or r.body }
+    end
+  end
+  local d = atc.test_route(s, route)
+  if d.error ~= nil and not spec.allow_error then
+    error(d.error, 0)
+  end
+  return d
 end
 
 -- Runs a trace through a policy against a simulated fleet (see the top of this file).

@@ -10,10 +10,10 @@
 --                          headers = { ["x-atc-tags"] = "small" } }
 --   t.is_endpoint(policy.route(req, fleet), "b")
 --
--- Mock endpoints are plain tables with the real fields and methods (id, model, version, tags,
--- has_tag, weight, capacity, inflight, inflight_tokens, load, available, health, queue, kv_usage,
--- ttft_ewma, prefix_overlap). Change them through the fleet (fleet:set, fleet:acquire,
--- fleet:release) so that load and available stay consistent.
+-- Mock endpoints and requests are plain tables with exactly the fields of stdlib/atc/contract.lua (the
+-- contract; what is not known yet is nil there too) and the real methods. Change endpoints through the
+-- fleet (fleet:set, fleet:acquire, fleet:release) so that load and available stay consistent. For the
+-- engine's own views instead of mocks, see t.route in atc.test.
 
 local verdict = require "atc.verdict"
 
@@ -210,6 +210,10 @@ function M.ids(eps)
 end
 
 -- mock endpoints and fleets -------------------------------------------------------------------------
+-- Built from atc.contract: a mock has exactly the contract's fields (spec values, else the contract's
+-- mock defaults, else nil: "not known yet"), so a mock cannot drift from what the engine provides.
+
+local contract = require "atc.contract"
 
 local function refresh(ep, spec)
   ep.load = ep.capacity > 0 and ep.inflight / ep.capacity or 1 -- as the engine reports it
@@ -226,35 +230,44 @@ local function has_tag(self, tag)
   return false
 end
 
--- One mock endpoint. spec: id (required), model ("m"), version (nil), tags ({}), weight (1),
--- capacity (8), inflight (0), inflight_tokens (0), health ("healthy"), available (false forces it
--- unavailable, as when drained or already tried), consecutive_failures (0), last_error (nil),
--- last_check (nil), running (0), queue (0), kv_usage (0), prefix_hit_rate (0), ttft_ewma (0), and overlap:
--- the blocks prefix_overlap(req) reports, a number or function(req) -> number (default 0).
+-- Spec keys that are not contract fields: what a mock needs to fake the engine.
+local ENDPOINT_EXTRA = { available = true, overlap = true }
+local REQUEST_EXTRA = { headers = true }
+
+-- Copies the contract's data fields of section key from spec (else their mock default) into out;
+-- a spec key that is neither a field nor in extra is an error (a typo, or a field renamed).
+local function from_contract(key, spec, extra, out, who)
+  for k in pairs(spec) do
+    local e = contract.entry(key, k)
+    if not extra[k] and (e == nil or e.kind == "method" or e.derived) then
+      error(who .. ": '" .. tostring(k) .. "' is not a field a policy sees (see stdlib/atc/contract.lua)", 3)
+    end
+  end
+  for _, e in ipairs(contract[key]) do
+    if e.kind ~= "method" and not e.derived then
+      local v = spec[e.name]
+      if v == nil then
+        v = e.mock
+        if type(v) == "table" then
+          v = {}
+        end
+      end
+      out[e.name] = v
+    end
+  end
+  return out
+end
+
+-- One mock endpoint. spec: id (required) and any field of contract.ep (defaults there: model "m",
+-- weight 1, capacity 8, inflight 0, health "healthy", ...; the nil_when fields default to nil), plus
+-- available (false forces it unavailable, as when drained or already tried) and overlap: the blocks
+-- prefix_overlap(req) reports, a number or function(req) -> number (default 0).
 function M.endpoint(spec)
   if type(spec) ~= "table" or type(spec.id) ~= "string" then
     error("testing.endpoint: spec with a string id expected", 2)
   end
-  local ep = {
-    id = spec.id,
-    model = spec.model or "m",
-    version = spec.version,
-    tags = spec.tags or {},
-    weight = spec.weight or 1,
-    capacity = spec.capacity or 8,
-    inflight = spec.inflight or 0,
-    inflight_tokens = spec.inflight_tokens or 0,
-    health = spec.health or "healthy",
-    consecutive_failures = spec.consecutive_failures or 0,
-    last_error = spec.last_error,
-    last_check = spec.last_check,
-    running = spec.running or 0,
-    queue = spec.queue or 0,
-    kv_usage = spec.kv_usage or 0,
-    prefix_hit_rate = spec.prefix_hit_rate or 0,
-    ttft_ewma = spec.ttft_ewma or 0,
-    has_tag = has_tag,
-  }
+  local ep = from_contract("ep", spec, ENDPOINT_EXTRA, {}, "testing.endpoint")
+  ep.has_tag = has_tag
   local own = { available = spec.available, overlap = spec.overlap or 0 }
   ep.prefix_overlap = function(_, req)
     local o = own.overlap
@@ -330,6 +343,10 @@ function M.fleet(specs)
       if k == "available" or k == "overlap" then
         ep._mock[k] = v
       else
+        local e = contract.entry("ep", k)
+        if e == nil or e.kind == "method" or e.derived then
+          error("testing.fleet:set: '" .. tostring(k) .. "' is not a field a policy sees (see stdlib/atc/contract.lua)", 2)
+        end
         ep[k] = v
       end
     end
@@ -375,10 +392,10 @@ end
 local PATHS = { chat = "/v1/chat/completions", completion = "/v1/completions", embedding = "/v1/embeddings" }
 local serial = 0
 
--- spec: id (generated), model ("m"), kind ("chat"), path, priority (0), tenant (""), session (""),
--- stream (false), prompt_tokens (100), max_tokens (nil), tools (false), attempt (1), block_tokens (64),
--- blocks (prompt_tokens / block_tokens),
--- headers (name -> value; names are case-insensitive, as in HTTP).
+-- spec: any field of contract.req (defaults there: model "m", kind "chat", priority 0, prompt_tokens
+-- 100, attempt 1, block_tokens 64, ...; tenant, session and max_tokens nil), with id generated, path
+-- from kind, blocks = prompt_tokens / block_tokens; plus headers (name -> value; names are
+-- case-insensitive, as in HTTP).
 function M.request(spec)
   spec = spec or {}
   serial = serial + 1
@@ -386,24 +403,10 @@ function M.request(spec)
   for k, v in pairs(spec.headers or {}) do
     headers[string.lower(k)] = tostring(v)
   end
-  local kind = spec.kind or "chat"
-  local prompt_tokens = spec.prompt_tokens or 100
-  local req = {
-    id = spec.id or ("req-" .. serial),
-    model = spec.model or "m",
-    kind = kind,
-    path = spec.path or PATHS[kind] or "/v1/chat/completions",
-    priority = spec.priority or 0,
-    tenant = spec.tenant or "",
-    session = spec.session or "",
-    stream = spec.stream or false,
-    prompt_tokens = prompt_tokens,
-    max_tokens = spec.max_tokens,
-    tools = spec.tools or false,
-    attempt = spec.attempt or 1,
-    block_tokens = spec.block_tokens or 64,
-    blocks = spec.blocks or math.floor(prompt_tokens / (spec.block_tokens or 64)),
-  }
+  local req = from_contract("req", spec, REQUEST_EXTRA, {}, "testing.request")
+  req.id = req.id or ("req-" .. serial)
+  req.path = req.path or PATHS[req.kind] or "/v1/chat/completions"
+  req.blocks = req.blocks or math.floor(req.prompt_tokens / req.block_tokens)
   function req:header(name)
     return headers[string.lower(name)]
   end

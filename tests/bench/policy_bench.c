@@ -1,13 +1,21 @@
 /* Decision latency of a policy inside atc's real runtime, and the cost of the budget machinery.
  * Not a test: prints a markdown table, or with --format json one line "ATC-BENCH {...}" for tests/bench/run
- * (latencies in µs). Includes policy.c to reach the budget functions. Usage:
+ * (latencies in µs). Reaches the budget functions through policy/watchdog.h. Usage:
  *   policy_bench [--entry scripts/policy.lua] [--endpoints 64] [--prompt-tokens 8192] [--decisions 200000]
  *                [--jit on|off] [--format table|json] */
 
-#include "../../engine/policy/policy.c"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
-#include "fleet/balancer.h"
+#include "core/clock.h"
 #include "core/config.h"
+#include "core/log.h"
+#include "fleet/affinity.h"
+#include "fleet/balancer.h"
+#include "fleet/endpoint.h"
+#include "policy/policy_internal.h"
+#include "policy/watchdog.h"
 
 #define WARMUP 5000
 
@@ -141,8 +149,8 @@ int main(int argc, char **argv)
     size_t reps = 2000000;
     uint64_t t0 = atc_mono_ns();
     for (size_t i = 0; i < reps; i++) {
-        budget_begin(w, rt->current->L, 1000);
-        budget_end(w, rt->current->L);
+        policy_budget_begin(w, rt->current->L, 1000);
+        policy_budget_end(w, rt->current->L);
     }
     double budget_ns = (double)(atc_mono_ns() - t0) / (double)reps;
 

@@ -13,6 +13,7 @@
 #include "fleet/endpoint.h"
 #include "fuzz.h"
 #include "core/log.h"
+#include "ops/admin.h"
 #include "core/server.h"
 #include "core/worker.h"
 
@@ -57,8 +58,8 @@ static inline struct atc_server *fuzz_server_start(struct event_base *base)
         fprintf(stderr, "fuzz config: %s\n", errors);
         abort();
     }
-    const char *err = NULL;
-    struct atc_server *srv = atc_server_create(base, cfg, &err);
+    char *err = NULL;
+    struct atc_server *srv = atc_server_create(base, cfg, atc_admin_handle, &err);
     if (srv == NULL) {
         fprintf(stderr, "fuzz server: %s\n", err);
         abort();

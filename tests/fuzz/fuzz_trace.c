@@ -17,6 +17,7 @@
 
 #include "fuzz.h"
 #include "trace/trace.h"
+#include "trace/trace_import.h"
 
 static int in_fd = -1, out_fd = -1;
 static char in_path[64], out_path[64];

@@ -68,6 +68,38 @@ class CliTest(AtcTestCase):
         self.assertRegex(text, r":8:\d+: .*duplicate")   # id 'a' again
         self.assertRegex(text, r":10:\d+: .*bogus")      # unknown key
 
+    def test_too_little_policy_memory_is_an_error_every_command_prints(self):
+        policy = os.path.join(self.tmp.name, "policy.lua")
+        with open(policy, "w") as f:
+            f.write("return function(req, fleet) return fleet:endpoints(req.model)[1] end\n")
+        test = os.path.join(self.tmp.name, "one_test.lua")
+        with open(test, "w") as f:
+            f.write("return { passes = function() end }\n")
+        path = os.path.join(self.tmp.name, "small.yaml")
+        with open(path, "w") as f:
+            f.write(f"listen: 127.0.0.1:0\npolicy:\n  entry: {policy}\n  memory: 20KiB\n"
+                    "models:\n  - name: m\nsimulate:\n  - model: m\n")
+        message = r"policy\.memory 20KiB is too small to build the sandbox: not enough memory"
+        out = run("check", "-c", path)
+        self.assertEqual(out.returncode, 1, out.stdout)
+        self.assertRegex(out.stderr, message)
+        self.assertNotIn("ok", out.stdout)
+        out = run("serve", "-c", path)
+        self.assertEqual(out.returncode, 1)
+        self.assertRegex(out.stderr, message)
+        out = run("test", "-c", path, test)
+        self.assertEqual(out.returncode, 1)
+        self.assertRegex(out.stdout, "FAIL " + re.escape(test) + ": " + message)
+        self.assertIn("0 passed, 1 failed", out.stdout)
+        # Enough memory: the same files pass, so the failures above were the memory's.
+        with open(path, "w") as f:
+            f.write(f"listen: 127.0.0.1:0\npolicy:\n  entry: {policy}\n  memory: 4MiB\n"
+                    "models:\n  - name: m\nsimulate:\n  - model: m\n")
+        out = run("check", "-c", path)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        out = run("test", "-c", path, test)
+        self.assertEqual(out.returncode, 0, out.stdout)
+
     def test_serve_with_a_bad_config_exits_1_without_listening(self):
         path = os.path.join(self.tmp.name, "bad.yaml")
         with open(path, "w") as f:

@@ -315,6 +315,27 @@ class ReloadTest(PolicyTestCase):
         self.assertIn("rolling back", atc.read_log())
 
 
+    def test_a_reload_that_cannot_be_built_keeps_the_old_version_serving(self):
+        atc = self.start_policy(self.GOOD % 0, watch=False)
+        # Loading it needs more than policy.memory (16MiB): the new state cannot be built.
+        self.write_policy("local big = string.rep('x', 32 * 1024 * 1024)\n"
+                          "return function(req, fleet) return fleet:endpoints(req.model)[1] end\n")
+        for attempt in range(3):  # and again: a failed build leaves nothing behind that breaks the next
+            status, doc = self.reload(atc)
+            self.assertEqual(status, 422, doc)
+            self.assertRegex(doc["error"]["message"],
+                             r"^policy\.memory 16MiB is too small to load the policy: .*not enough memory")
+            status, headers, body = chat(atc.port, model="m", max_tokens=1)
+            self.assertEqual((status, headers["x-atc-policy-version"]), (200, "1"), body)
+        status = self.policy_status(atc)
+        self.assertEqual((status["version"], status["reloads_failed"]), (1, 3))
+        self.assertIn("policy.memory 16MiB", status["last_error"])
+        self.assertIn("policy.memory 16MiB is too small", atc.read_log())
+        self.write_policy(self.GOOD % 1)
+        status, doc = self.reload(atc)
+        self.assertEqual((status, doc["version"]), (200, 2))
+
+
 class StartupTest(PolicyTestCase):
     def test_a_broken_policy_stops_startup_and_check_with_file_line(self):
         self.policy_path = os.path.join(self.tmp.name, "policy.lua")

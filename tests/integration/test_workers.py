@@ -302,7 +302,8 @@ return function(req, fleet)
     assert(e == nil or (type(e) == "string" and #e > 0 and #e < 200), "last_error: " .. tostring(e))
     assert(c == nil or c > 0, "last_check")
     assert(h == "healthy" or h == "unhealthy" or h == "starting", "health: " .. tostring(h))
-    assert(n >= 0 and n < 100 and r >= 0 and r < 7, "counts")
+    -- nil until known (the contract): before the first probe, before the first scrape
+    assert((n == nil or (n >= 0 and n < 100)) and (r == nil or (r >= 0 and r < 7)), "counts")
   end
   return fleet:endpoints(req.model)[1]
 end

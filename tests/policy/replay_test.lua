@@ -82,3 +82,11 @@ t.test("a reference policy replays through the same helper", function()
   local _, report = replay { policy = "examples/policies/round_robin.lua", snapshots = false }
   t.expect(report.completed).to_be(274)
 end)
+
+t.test("every example policy replays without a policy error", function()
+  for _, name in ipairs { "round_robin", "least_loaded", "sglang_cache_aware", "llmd_weighted", "dynamo_kv" } do
+    local _, report = replay { policy = "examples/policies/" .. name .. ".lua", snapshots = false }
+    t.expect(report.policy_errors, name .. ": policy errors").to_be(0)
+    t.expect(report.completed, name .. ": completed").to_be(274)
+  end
+end)

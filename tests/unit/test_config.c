@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/config.h"
+#include "core/config_value.h"
 
 /* A valid models: block, appended to files whose other lines are under test; it starts on the line
  * after them, so the lines of the bad values stay easy to count. */
@@ -862,39 +863,39 @@ static void test_parse_hostport(void **state)
     char *host = NULL;
     uint16_t port = 0;
 
-    assert_int_equal(atc_parse_hostport("127.0.0.1:8080", &host, &port), 0);
+    assert_int_equal(atc_parse_hostport("127.0.0.1:8080", &host, &port, NULL), 0);
     assert_string_equal(host, "127.0.0.1");
     assert_int_equal(port, 8080);
     free(host);
-    assert_int_equal(atc_parse_hostport("[::1]:8080", &host, &port), 0);
+    assert_int_equal(atc_parse_hostport("[::1]:8080", &host, &port, NULL), 0);
     assert_string_equal(host, "::1");
     assert_int_equal(port, 8080);
     free(host);
-    assert_int_equal(atc_parse_hostport(":9000", &host, &port), 0);
+    assert_int_equal(atc_parse_hostport(":9000", &host, &port, NULL), 0);
     assert_string_equal(host, "127.0.0.1");
     assert_int_equal(port, 9000);
     free(host);
-    assert_int_equal(atc_parse_hostport("localhost:0", &host, &port), 0);
+    assert_int_equal(atc_parse_hostport("localhost:0", &host, &port, NULL), 0);
     assert_string_equal(host, "localhost");
     assert_int_equal(port, 0);
     free(host);
-    assert_int_equal(atc_parse_hostport("h:65535", &host, &port), 0);
+    assert_int_equal(atc_parse_hostport("h:65535", &host, &port, NULL), 0);
     assert_int_equal(port, 65535);
     free(host);
 
     host = NULL;
-    assert_int_equal(atc_parse_hostport("h:65536", &host, &port), -1);
-    assert_int_equal(atc_parse_hostport("h", &host, &port), -1);
-    assert_int_equal(atc_parse_hostport("h:", &host, &port), -1);
-    assert_int_equal(atc_parse_hostport("h:-1", &host, &port), -1);
-    assert_int_equal(atc_parse_hostport("h:80x", &host, &port), -1);
-    assert_int_equal(atc_parse_hostport("::1:80", &host, &port), -1);
-    assert_int_equal(atc_parse_hostport("[::1]80", &host, &port), -1);
-    assert_int_equal(atc_parse_hostport("[::1", &host, &port), -1);
-    assert_int_equal(atc_parse_hostport("[]:80", &host, &port), -1);
-    assert_int_equal(atc_parse_hostport("[zz]:80", &host, &port), -1);
-    assert_int_equal(atc_parse_hostport("a b:80", &host, &port), -1);
-    assert_int_equal(atc_parse_hostport("", &host, &port), -1);
+    assert_int_equal(atc_parse_hostport("h:65536", &host, &port, NULL), -1);
+    assert_int_equal(atc_parse_hostport("h", &host, &port, NULL), -1);
+    assert_int_equal(atc_parse_hostport("h:", &host, &port, NULL), -1);
+    assert_int_equal(atc_parse_hostport("h:-1", &host, &port, NULL), -1);
+    assert_int_equal(atc_parse_hostport("h:80x", &host, &port, NULL), -1);
+    assert_int_equal(atc_parse_hostport("::1:80", &host, &port, NULL), -1);
+    assert_int_equal(atc_parse_hostport("[::1]80", &host, &port, NULL), -1);
+    assert_int_equal(atc_parse_hostport("[::1", &host, &port, NULL), -1);
+    assert_int_equal(atc_parse_hostport("[]:80", &host, &port, NULL), -1);
+    assert_int_equal(atc_parse_hostport("[zz]:80", &host, &port, NULL), -1);
+    assert_int_equal(atc_parse_hostport("a b:80", &host, &port, NULL), -1);
+    assert_int_equal(atc_parse_hostport("", &host, &port, NULL), -1);
     assert_null(host); /* nothing is allocated on failure */
 }
 

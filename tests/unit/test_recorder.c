@@ -17,6 +17,7 @@
 
 #include "trace/recorder.h"
 #include "trace/trace.h"
+#include "trace/trace_import.h"
 
 static char tmpdir[] = "/tmp/atc-test-recorder-XXXXXX";
 

@@ -3,6 +3,7 @@
  * request list; run under ATC_SANITIZE to catch use-after-free. */
 
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>

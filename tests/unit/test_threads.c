@@ -31,6 +31,7 @@
 #include "trace/recorder.h"
 #include "core/server.h"
 #include "trace/trace.h"
+#include "trace/trace_import.h"
 
 /* Each hammer runs about 0.2 s and must get MIN_OPS done on each thread, so that the two overlap a lot.
  * ThreadSanitizer makes every access several times slower, and tests/run's TSan stage shares the machine
@@ -402,7 +403,7 @@ static void *metrics_hammer(void *p)
                                         .total_s = 0.2,
                                         .bytes = 10};
         atc_metrics_request(m, &r);
-        atc_metrics_decision(m, 2e-5, i % 10 == 0 ? "budget" : NULL);
+        atc_metrics_decision(m, 2e-5, i % 10 == 0 ? atc_policy_fallback_budget : NULL);
     }
     return NULL;
 }
@@ -412,18 +413,17 @@ static void test_metrics_from_two_threads(void **state)
     struct atc_metrics *m = atc_metrics_create();
     static struct atc_model_config model = {.name = "m"};
     struct atc_config cfg = {.models = &model, .nmodels = 1};
-    struct atc_server srv;
-    memset(&srv, 0, sizeof(srv));
-    srv.table = atc_endpoint_table_create(&cfg);
+    struct atc_endpoint_table *table = atc_endpoint_table_create(&cfg);
+    struct atc_metrics_sources src = {.table = table};
     pthread_t th[2];
     for (int i = 0; i < 2; i++)
         assert_int_equal(pthread_create(&th[i], NULL, metrics_hammer, m), 0);
     struct evbuffer *out = evbuffer_new();
-    atc_metrics_render(m, &srv, out); /* while they add */
+    atc_metrics_render(m, &src, out); /* while they add */
     for (int i = 0; i < 2; i++)
         assert_int_equal(pthread_join(th[i], NULL), 0);
     evbuffer_drain(out, evbuffer_get_length(out));
-    atc_metrics_render(m, &srv, out);
+    atc_metrics_render(m, &src, out);
     evbuffer_add(out, "", 1);
     const char *text = (const char *)evbuffer_pullup(out, -1);
     char line[128];
@@ -441,7 +441,7 @@ static void test_metrics_from_two_threads(void **state)
     snprintf(line, sizeof(line), "atc_relayed_bytes_total %d\n", 2 * METRIC_REQUESTS * 10);
     assert_non_null(strstr(text, line));
     evbuffer_free(out);
-    atc_endpoint_table_destroy(srv.table);
+    atc_endpoint_table_destroy(table);
     atc_metrics_destroy(m);
 }
 

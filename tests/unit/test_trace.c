@@ -17,6 +17,7 @@
 #include "core/config.h"
 #include "trace/replay.h"
 #include "trace/trace.h"
+#include "trace/trace_import.h"
 
 static char tmpdir[] = "/tmp/atc-test-trace-XXXXXX";
 

@@ -1,0 +1,413 @@
+/* The sandbox of a policy state: memory cap, allow-listed globals, guarded patterns, chunk loading,
+ * require. */
+
+#include "policy/sandbox.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <lauxlib.h>
+#include <lualib.h>
+
+#include "policy/policy_internal.h"
+#include "policy/watchdog.h"
+
+/* Pattern functions refuse inputs whose worst case (subject length ^ (quantifiers + 1)) exceeds this:
+ * Lua patterns backtrack, and a C function cannot be interrupted by the budget. */
+#define PATTERN_WORK_MAX 2e7
+#define PATTERN_SUBJECT_MAX (64 * 1024)
+#define MODULE_NAME_MAX 128
+
+void *policy_sandbox_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
+{
+    struct policy_version *v = ud;
+    if (nsize == 0) {
+        free(ptr);
+        v->mem_used -= osize;
+        return NULL;
+    }
+    if (nsize > osize && v->mem_used + (nsize - osize) > v->mem_limit) {
+        v->mem_refused = true;
+        return NULL;
+    }
+    void *p = realloc(ptr, nsize);
+    if (p == NULL)
+        return NULL;
+    v->mem_used = v->mem_used - osize + nsize;
+    return p;
+}
+
+/* ---- the sandbox ---- */
+
+static struct policy_version *version_of(lua_State *L)
+{
+    return lua_touserdata(L, lua_upvalueindex(1));
+}
+
+/* pcall and xpcall that cannot swallow a budget stop or an out-of-memory error. */
+static int rethrow_if_fatal(lua_State *L, struct policy_version *v, int status)
+{
+    if (v->rt->watchdog != NULL && policy_budget_killed(v->rt->watchdog)) {
+        lua_pushliteral(L, POLICY_BUDGET_ERROR); /* whatever a handler made of it */
+        return lua_error(L);
+    }
+    /* Also a memory error the runtime caught and raised again (lua_cpcall in require, atc.replay). */
+    if (status == LUA_ERRMEM || (status != 0 && v->mem_refused))
+        return lua_error(L);
+    return 0;
+}
+
+static int sb_pcall(lua_State *L)
+{
+    struct policy_version *v = version_of(L);
+    luaL_checkany(L, 1);
+    int status = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
+    rethrow_if_fatal(L, v, status);
+    lua_pushboolean(L, status == 0);
+    lua_insert(L, 1);
+    return lua_gettop(L);
+}
+
+static int sb_xpcall(lua_State *L)
+{
+    struct policy_version *v = version_of(L);
+    luaL_checkany(L, 2);
+    lua_settop(L, 2);
+    lua_insert(L, 1); /* handler, f */
+    int status = lua_pcall(L, 0, LUA_MULTRET, 1);
+    rethrow_if_fatal(L, v, status);
+    lua_pushboolean(L, status == 0);
+    lua_replace(L, 1);
+    return lua_gettop(L);
+}
+
+/* Worst-case work of a Lua pattern on a subject: backtracking nests once per quantifier. */
+static int pattern_guard(lua_State *L, bool anchored_ok)
+{
+    size_t n, m;
+    luaL_checklstring(L, 1, &n);
+    const char *pat = luaL_checklstring(L, 2, &m);
+    if (n > PATTERN_SUBJECT_MAX)
+        return luaL_error(L, "subject of %d bytes is too long for a pattern (limit %d); use a plain find",
+                          (int)n, PATTERN_SUBJECT_MAX);
+    int q = 0;
+    for (size_t i = 0; i < m; i++) {
+        if (pat[i] == '%')
+            i++;
+        else if (pat[i] == '*' || pat[i] == '+' || pat[i] == '-')
+            q++;
+    }
+    int exponent = q + ((anchored_ok && m > 0 && pat[0] == '^') ? 0 : 1);
+    if (q > 0 && pow((double)n, exponent) > PATTERN_WORK_MAX)
+        return luaL_error(L, "pattern with %d quantifiers on %d bytes could take too long", q, (int)n);
+    return 0;
+}
+
+static int call_original(lua_State *L)
+{
+    lua_pushvalue(L, lua_upvalueindex(2));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
+static int sb_find(lua_State *L)
+{
+    if (!lua_toboolean(L, 4)) /* plain finds are linear */
+        pattern_guard(L, true);
+    return call_original(L);
+}
+
+static int sb_match(lua_State *L)
+{
+    pattern_guard(L, true);
+    return call_original(L);
+}
+
+static int sb_scan(lua_State *L) /* gmatch and gsub visit every position */
+{
+    pattern_guard(L, false);
+    return call_original(L);
+}
+
+/* Replaces string.NAME by a guard that calls the original (an upvalue). Table at -1. */
+static void wrap_string_fn(lua_State *L, struct policy_version *v, const char *name, lua_CFunction guard)
+{
+    lua_pushlightuserdata(L, v);
+    lua_getfield(L, -2, name);
+    lua_pushcclosure(L, guard, 2);
+    lua_setfield(L, -2, name);
+}
+
+static int readonly_newindex(lua_State *L)
+{
+    return luaL_error(L, "attempt to modify a read-only table");
+}
+
+static int global_newindex(lua_State *L)
+{
+    return luaL_error(L, "assignment to undeclared global '%s' (use local)", luaL_optstring(L, 2, "?"));
+}
+
+/* Pushes a read-only proxy of the table at @p idx. */
+static void push_readonly(lua_State *L, int idx)
+{
+    idx = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
+    lua_newtable(L);
+    lua_createtable(L, 0, 3);
+    lua_pushvalue(L, idx);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, readonly_newindex);
+    lua_setfield(L, -2, "__newindex");
+    lua_pushboolean(L, 0);
+    lua_setfield(L, -2, "__metatable");
+    lua_setmetatable(L, -2);
+}
+
+/* Copies the global library @p name, minus @p drop, as a read-only proxy into the sandbox table at -1. */
+static void sandbox_library(lua_State *L, const char *name, const char *const *drop)
+{
+    lua_getglobal(L, name);
+    for (; drop != NULL && *drop != NULL; drop++) {
+        lua_pushnil(L);
+        lua_setfield(L, -2, *drop);
+    }
+    push_readonly(L, -1);
+    lua_setfield(L, -3, name);
+    lua_pop(L, 1);
+}
+
+static int sb_require(lua_State *L);
+
+/* Builds the sandbox: the only globals a policy chunk can reach, read-only, in the registry under
+ * "atc.sandbox". */
+void policy_sandbox_open(struct policy_version *v)
+{
+    lua_State *L = v->L;
+    static const lua_CFunction libs[] = {luaopen_base, luaopen_table, luaopen_string, luaopen_math,
+                                         luaopen_bit};
+    for (size_t i = 0; i < sizeof(libs) / sizeof(libs[0]); i++) {
+        lua_pushcfunction(L, libs[i]);
+        lua_call(L, 0, 0);
+    }
+    lua_newtable(L); /* the sandbox's globals */
+    static const char *const base[] = {"assert",   "error",    "ipairs", "next",   "pairs", "select",
+                                       "tonumber", "tostring", "type",   "unpack", NULL};
+    for (const char *const *b = base; *b; b++) {
+        lua_getglobal(L, *b);
+        lua_setfield(L, -2, *b);
+    }
+    lua_pushlightuserdata(L, v);
+    lua_pushcclosure(L, sb_pcall, 1);
+    lua_setfield(L, -2, "pcall");
+    lua_pushlightuserdata(L, v);
+    lua_pushcclosure(L, sb_xpcall, 1);
+    lua_setfield(L, -2, "xpcall");
+    lua_pushlightuserdata(L, v);
+    lua_pushcclosure(L, sb_require, 1);
+    lua_setfield(L, -2, "require");
+
+    /* string: no dump, guarded patterns; also reached through every string's metatable. */
+    lua_getglobal(L, "string");
+    lua_pushnil(L);
+    lua_setfield(L, -2, "dump");
+    wrap_string_fn(L, v, "find", sb_find);
+    wrap_string_fn(L, v, "match", sb_match);
+    wrap_string_fn(L, v, "gmatch", sb_scan);
+    wrap_string_fn(L, v, "gsub", sb_scan);
+    push_readonly(L, -1);
+    lua_pushliteral(L, "");
+    lua_getmetatable(L, -1);
+    lua_pushvalue(L, -3);
+    lua_setfield(L, -2, "__index");
+    lua_pop(L, 2);
+    lua_setfield(L, -3, "string");
+    lua_pop(L, 1);
+
+    policy_api_open(v); /* req, fleet, endpoints, and the atc table */
+
+    /* math.random is the host's (seedable, replayable) generator. */
+    lua_getglobal(L, "math");
+    lua_getfield(L, -2, "atc");
+    lua_getfield(L, -1, "random");
+    lua_setfield(L, -3, "random");
+    lua_pop(L, 2);
+    static const char *const math_drop[] = {"randomseed", NULL};
+    sandbox_library(L, "math", math_drop);
+    sandbox_library(L, "table", NULL);
+    sandbox_library(L, "bit", NULL);
+
+    push_readonly(L, -1);
+    lua_setfield(L, LUA_REGISTRYINDEX, "atc.sandbox");
+    lua_pop(L, 1);
+
+    /* Nothing outside the sandbox table should be reachable; drop the real globals' dangerous parts
+     * too, in case a reference leaks. */
+    static const char *const unsafe[] = {"load",           "loadstring", "dofile",       "loadfile",
+                                         "setfenv",        "getfenv",    "rawset",       "rawget",
+                                         "rawequal",       "newproxy",   "setmetatable", "getmetatable",
+                                         "collectgarbage", "module",     "gcinfo",       NULL};
+    for (const char *const *u = unsafe; *u; u++) {
+        lua_pushnil(L);
+        lua_setglobal(L, *u);
+    }
+}
+
+/* Gives the function at -1 a fresh environment that reads the sandbox and refuses new globals. */
+static void set_chunk_env(lua_State *L)
+{
+    lua_newtable(L);
+    lua_createtable(L, 0, 3);
+    lua_getfield(L, LUA_REGISTRYINDEX, "atc.sandbox");
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, global_newindex);
+    lua_setfield(L, -2, "__newindex");
+    lua_pushboolean(L, 0);
+    lua_setfield(L, -2, "__metatable");
+    lua_setmetatable(L, -2);
+    lua_setfenv(L, -2);
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return NULL;
+    char *buf = NULL;
+    size_t cap = 0, n = 0;
+    for (;;) {
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16384;
+            char *nb = realloc(buf, cap);
+            if (nb == NULL) {
+                free(buf);
+                fclose(f);
+                return NULL;
+            }
+            buf = nb;
+        }
+        size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (r == 0)
+            break;
+    }
+    fclose(f);
+    *len = n;
+    return buf;
+}
+
+/* Where load_protected leaves the chunk for policy_load_chunk (a registry key). */
+static const char chunk_key;
+
+/* lua_cpcall: loads the file whose path is argument 1 (a light userdata), stores the chunk under chunk_key.
+ * The source is freed before anything that can raise. */
+static int load_protected(lua_State *L)
+{
+    const char *path = lua_touserdata(L, 1);
+    size_t len;
+    char *src = read_file(path, &len);
+    if (src == NULL) {
+        lua_pushfstring(L, "cannot read %s: %s", path, strerror(errno));
+        return lua_error(L);
+    }
+    char chunkname[PATH_MAX + 2];
+    snprintf(chunkname, sizeof(chunkname), "@%s", path);
+    int rc = luaL_loadbufferx(L, src, len, chunkname, "t");
+    free(src);
+    if (rc != 0)
+        return lua_error(L);
+    set_chunk_env(L);
+    lua_pushlightuserdata(L, (void *)&chunk_key);
+    lua_insert(L, -2);
+    lua_rawset(L, LUA_REGISTRYINDEX);
+    return 0;
+}
+
+/* Loads a Lua source file (text only) as a sandboxed chunk; pushes it, or an error message. 0 / -1.
+ * Safe outside a protected call: what allocates runs under lua_cpcall, and taking the chunk out of
+ * the registry slot it was stored in allocates nothing (the key is already there). */
+int policy_load_chunk(lua_State *L, const char *path)
+{
+    if (lua_cpcall(L, load_protected, (void *)path) != 0)
+        return -1;
+    lua_pushlightuserdata(L, (void *)&chunk_key);
+    lua_rawget(L, LUA_REGISTRYINDEX);
+    lua_pushlightuserdata(L, (void *)&chunk_key);
+    lua_pushnil(L);
+    lua_rawset(L, LUA_REGISTRYINDEX);
+    return 0;
+}
+
+/* The directories require searches, in order: the entry's own, stdlib, then policy.path. */
+size_t policy_module_dirs(const struct atc_policy_runtime *rt, const char **dirs, char *entry_dir, size_t max)
+{
+    size_t n = 0;
+    snprintf(entry_dir, PATH_MAX, "%s", rt->s.entry != NULL ? rt->s.entry : ".");
+    char *slash = strrchr(entry_dir, '/');
+    if (slash != NULL)
+        *slash = '\0';
+    else
+        snprintf(entry_dir, PATH_MAX, ".");
+    dirs[n++] = entry_dir;
+    if (rt->s.stdlib_dir != NULL)
+        dirs[n++] = rt->s.stdlib_dir;
+    for (size_t i = 0; i < rt->s.npath && n < max; i++)
+        dirs[n++] = rt->s.path[i];
+    return n;
+}
+
+static int sb_require(lua_State *L)
+{
+    struct policy_version *v = version_of(L);
+    size_t len;
+    const char *name = luaL_checklstring(L, 1, &len);
+    if (len == 0 || len > MODULE_NAME_MAX || strstr(name, "..") != NULL || name[0] == '.')
+        return luaL_error(L, "invalid module name '%s'", name);
+    for (size_t i = 0; i < len; i++)
+        if (!(name[i] == '.' || name[i] == '_' || name[i] == '-' || (name[i] >= 'a' && name[i] <= 'z') ||
+              (name[i] >= 'A' && name[i] <= 'Z') || (name[i] >= '0' && name[i] <= '9')))
+            return luaL_error(L, "invalid module name '%s'", name);
+
+    lua_getfield(L, LUA_REGISTRYINDEX, "atc.loaded");
+    lua_getfield(L, -1, name);
+    if (lua_touserdata(L, -1) == (void *)sb_require)
+        return luaL_error(L, "module '%s' requires itself (a require loop)", name);
+    if (!lua_isnil(L, -1))
+        return 1;
+    lua_pop(L, 1);
+
+    char rel[MODULE_NAME_MAX + 8];
+    snprintf(rel, sizeof(rel), "%s.lua", name);
+    for (char *p = rel; *p && strcmp(p, ".lua") != 0; p++)
+        if (*p == '.')
+            *p = '/';
+    const char *dirs[16];
+    char entry_dir[PATH_MAX];
+    size_t ndirs = policy_module_dirs(v->rt, dirs, entry_dir, 16);
+    char path[PATH_MAX];
+    for (size_t i = 0; i < ndirs; i++) {
+        snprintf(path, sizeof(path), "%s/%s", dirs[i], rel);
+        struct stat st;
+        if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        lua_pushlightuserdata(L, (void *)sb_require); /* loading sentinel */
+        lua_setfield(L, -2, name);
+        if (policy_load_chunk(L, path) < 0)
+            return lua_error(L);
+        lua_pushstring(L, name);
+        lua_call(L, 1, 1);
+        if (lua_isnil(L, -1)) {
+            lua_pop(L, 1);
+            lua_pushboolean(L, 1);
+        }
+        lua_pushvalue(L, -1);
+        lua_setfield(L, -3, name);
+        return 1;
+    }
+    return luaL_error(L, "module '%s' not found in the policy's module path (as %s)", name, rel);
+}

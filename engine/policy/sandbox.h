@@ -1,0 +1,31 @@
+#ifndef ATC_POLICY_SANDBOX_H
+#define ATC_POLICY_SANDBOX_H
+
+/* The sandbox of one policy state: its allocator with a memory cap, the allow-listed globals (read-only
+ * library tables, guarded string patterns, pcall/xpcall that cannot swallow a budget stop), chunk
+ * loading with a private environment, and require over the policy's module path. policy_load_chunk
+ * (in policy_internal.h) is here too. Called on the thread that owns the state (a worker, or the
+ * main thread for atc check / atc test). */
+
+#include <lua.h>
+#include <stddef.h>
+
+struct policy_version;
+struct atc_policy_runtime;
+
+/** lua_Alloc for a version's state (@p ud is the struct policy_version): refuses to grow past
+ * mem_limit, sets mem_refused when it does. */
+void *policy_sandbox_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
+
+/** Builds the sandbox in v->L: opens the allowed libraries, installs the globals table (policy_api_open
+ * adds what a policy sees) in the registry as "atc.sandbox", and drops the dangerous base functions.
+ * Raises a Lua error on failure (out of memory): call it inside a protected call. */
+void policy_sandbox_open(struct policy_version *v);
+
+/** The directories require searches, in order: the entry's own, stdlib, then policy.path. Fills
+ * @p dirs (at most @p max) with borrowed strings; @p entry_dir (PATH_MAX bytes) holds the first one.
+ * Returns how many. */
+size_t policy_module_dirs(const struct atc_policy_runtime *rt, const char **dirs, char *entry_dir,
+                          size_t max);
+
+#endif

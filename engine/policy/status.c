@@ -1,0 +1,135 @@
+/* The policy runtimes' state for the admin API (JSON) and /metrics (Prometheus text). */
+
+#include "policy/status.h"
+
+#include <string.h>
+
+#include <event2/buffer.h>
+
+#include "http/http_util.h"
+#include "policy/policy_internal.h"
+
+/* Version @p v's record summed over every worker's runtime (each loads the same files, so a version
+ * number means the same code everywhere). */
+struct version_totals {
+    struct policy_counters c;
+    unsigned consecutive_failures;
+    size_t mem_used;
+};
+
+static struct version_totals version_totals(struct atc_policy_runtime *const *rts, size_t n,
+                                            const struct policy_version *v)
+{
+    struct version_totals t = {0};
+    for (size_t i = 0; i < n; i++) {
+        const struct policy_version *vs[] = {rts[i]->current, rts[i]->last_good};
+        for (size_t k = 0; k < 2; k++) {
+            const struct policy_version *o = vs[k];
+            if (o == NULL || o->version != v->version)
+                continue;
+            t.c.decisions += o->c.decisions;
+            t.c.errors += o->c.errors;
+            t.c.overruns += o->c.overruns;
+            t.c.oom += o->c.oom;
+            t.c.invalid += o->c.invalid;
+            t.mem_used += o->mem_used;
+            if (o->consecutive_failures > t.consecutive_failures)
+                t.consecutive_failures = o->consecutive_failures;
+        }
+    }
+    return t;
+}
+
+static void counters_json(struct evbuffer *out, struct atc_policy_runtime *const *rts, size_t n,
+                          const struct policy_version *v)
+{
+    struct version_totals t = version_totals(rts, n, v);
+    evbuffer_add_printf(out,
+                        "{\"version\":%llu,\"loaded_at\":%.3f,\"decisions\":%llu,\"errors\":%llu,"
+                        "\"budget_overruns\":%llu,\"memory_errors\":%llu,\"invalid_returns\":%llu,"
+                        "\"consecutive_failures\":%u,\"memory_bytes\":%zu}",
+                        (unsigned long long)v->version, v->loaded_at, (unsigned long long)t.c.decisions,
+                        (unsigned long long)t.c.errors, (unsigned long long)t.c.overruns,
+                        (unsigned long long)t.c.oom, (unsigned long long)t.c.invalid, t.consecutive_failures,
+                        t.mem_used);
+}
+
+void atc_policy_status_json(struct atc_policy_runtime *const *rts, size_t n, struct evbuffer *out)
+{
+    const struct atc_policy_runtime *rt = rts[0];
+    const char *last_error = NULL;
+    uint64_t rollbacks = 0, fallbacks = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (last_error == NULL)
+            last_error = rts[i]->last_error;
+        fallbacks += rts[i]->fallbacks;
+        if (rts[i]->rollbacks > rollbacks) /* every worker rolls back the same version: one event */
+            rollbacks = rts[i]->rollbacks;
+    }
+    evbuffer_add_printf(out, "{\"version\":%llu,\"entry\":\"", (unsigned long long)rt->current->version);
+    atc_json_escape(out, rt->s.entry, strlen(rt->s.entry));
+    evbuffer_add_printf(out, "\",\"loaded_at\":%.3f,\"last_reload_at\":%.3f,\"last_error\":",
+                        rt->current->loaded_at, rt->last_reload_at);
+    if (last_error != NULL) {
+        evbuffer_add(out, "\"", 1);
+        atc_json_escape(out, last_error, strlen(last_error));
+        evbuffer_add(out, "\"", 1);
+    } else {
+        evbuffer_add(out, "null", 4);
+    }
+    evbuffer_add_printf(out,
+                        ",\"budget_us\":%llu,\"memory_limit\":%zu,\"jit\":%s,\"reloads_ok\":%llu,"
+                        "\"reloads_failed\":%llu,\"rollbacks\":%llu,\"fallbacks\":%llu,\"runtimes\":%zu,"
+                        "\"current\":",
+                        (unsigned long long)rt->s.budget_us, rt->s.memory, rt->s.jit ? "true" : "false",
+                        (unsigned long long)rt->reloads_ok, (unsigned long long)rt->reloads_failed,
+                        (unsigned long long)rollbacks, (unsigned long long)fallbacks, n);
+    counters_json(out, rts, n, rt->current);
+    evbuffer_add_printf(out, ",\"previous\":");
+    if (rt->last_good != NULL)
+        counters_json(out, rts, n, rt->last_good);
+    else
+        evbuffer_add(out, "null", 4);
+    evbuffer_add(out, "}\n", 2);
+}
+
+void atc_policy_metrics(struct atc_policy_runtime *const *rts, size_t n, struct evbuffer *out)
+{
+    const struct atc_policy_runtime *rt = rts[0];
+    uint64_t rollbacks = 0;
+    for (size_t i = 0; i < n; i++)
+        if (rts[i]->rollbacks > rollbacks)
+            rollbacks = rts[i]->rollbacks;
+    evbuffer_add_printf(
+        out,
+        "# HELP atc_policy_version The policy version deciding now.\n"
+        "# TYPE atc_policy_version gauge\natc_policy_version %llu\n"
+        "# HELP atc_policy_reloads_total Policy reloads, by result.\n"
+        "# TYPE atc_policy_reloads_total counter\n"
+        "atc_policy_reloads_total{result=\"ok\"} %llu\natc_policy_reloads_total{result=\"failed\"} %llu\n"
+        "# HELP atc_policy_rollbacks_total New versions rolled back after consecutive failures.\n"
+        "# TYPE atc_policy_rollbacks_total counter\natc_policy_rollbacks_total %llu\n"
+        "# HELP atc_policy_failures_total Failed decisions of the loaded versions, by version and kind.\n"
+        "# TYPE atc_policy_failures_total counter\n",
+        (unsigned long long)rt->current->version, (unsigned long long)rt->reloads_ok,
+        (unsigned long long)rt->reloads_failed, (unsigned long long)rollbacks);
+    const struct policy_version *versions[] = {rt->current, rt->last_good};
+    for (size_t i = 0; i < 2; i++) {
+        const struct policy_version *v = versions[i];
+        if (v == NULL)
+            continue;
+        struct version_totals t = version_totals(rts, n, v);
+        const struct {
+            const char *kind;
+            uint64_t n;
+        } kinds[] = {{"error", t.c.errors}, {"budget", t.c.overruns}, {"memory", t.c.oom}, {"invalid", t.c.invalid}};
+        for (size_t k = 0; k < 4; k++)
+            evbuffer_add_printf(out, "atc_policy_failures_total{version=\"%llu\",kind=\"%s\"} %llu\n",
+                                (unsigned long long)v->version, kinds[k].kind,
+                                (unsigned long long)kinds[k].n);
+    }
+    evbuffer_add_printf(out,
+                        "# HELP atc_policy_memory_bytes Memory of the deciding policy's Lua states (every worker's).\n"
+                        "# TYPE atc_policy_memory_bytes gauge\natc_policy_memory_bytes %zu\n",
+                        version_totals(rts, n, rt->current).mem_used);
+}

@@ -1,0 +1,37 @@
+#ifndef ATC_SIM_PARAMS_H
+#define ATC_SIM_PARAMS_H
+
+/* The simulated server's knobs and their defaults (sim.h says what each does and where the default
+ * numbers come from). Apart from sim.h so that the config (core/config.h) can hold simulate: entries
+ * without the simulator's interface. */
+
+#include <stdint.h>
+
+/* Knobs, the same names on the command line (--max-seqs) and in YAML under simulate: (max_seqs).
+ * For the fields after `seed`, 0 means "the default", so atc_sim_params_init need not know them. */
+struct atc_sim_params {
+    char *model;               /* model name served; owned (strdup'd), freed by atc_sim_params_dispose */
+    unsigned max_seqs;         /* sequences decoded at once; more wait in the queue (default 64) */
+    double prefill_tps;        /* prompt tokens per second of prefill (default 15000) */
+    double decode_ms;          /* ms per output token at batch size 1 (default 12) */
+    unsigned kv_blocks;        /* KV cache room in 16-token blocks (default 25000 = 400k tokens) */
+    double error_rate;         /* share of requests answered 500 (default 0) */
+    double hang_rate;          /* share of requests accepted and never answered (default 0) */
+    uint64_t not_ready_for_ms; /* not ready for the first N ms: /health 503, /v1/models empty (default 0) */
+    unsigned die_after;        /* die after this many requests, 0 = never; see sim_server.c */
+    uint64_t seed;             /* deterministic draws (default 1) */
+
+    /* Finer model knobs; 0 = default. */
+    double decode_batch_factor;  /* decode step at batch >= decode_batch_sat, in decode_ms (2.2) */
+    unsigned decode_batch_sat;   /* batch size where the decode step stops growing (64) */
+    unsigned max_batched_tokens; /* tokens per iteration, prefill is chunked to fit (8192, as vLLM) */
+    unsigned output_min;         /* output length drawn when a request has no max_tokens ... (16) */
+    unsigned output_max;         /* ... up to this many tokens (512) */
+};
+
+/** Fills @p p with the defaults (sim.h); p->model = strdup("llama-3-8b"). */
+void atc_sim_params_init(struct atc_sim_params *p);
+/** Frees what @p p owns. */
+void atc_sim_params_dispose(struct atc_sim_params *p);
+
+#endif

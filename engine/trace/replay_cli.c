@@ -1,0 +1,370 @@
+/* `atc replay`: its arguments, the policies it compares, and the report it prints (replay_cli.h). */
+
+#include "trace/replay_cli.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/config.h"
+#include "core/config_value.h"
+#include "core/log.h"
+#include "trace/replay.h"
+#include "trace/replay_live.h"
+#include "trace/replay_report.h"
+#include "trace/trace.h"
+#include "trace/trace_import.h"
+
+/* ---- atc replay ---- */
+
+static const char usage_replay[] =
+    "usage: atc replay -c FLEET.yaml --trace FILE [--policy P] [--vs P2 ...] [flags]\n"
+    "       atc replay --speed X --trace FILE (--target HOST:PORT | -c CONFIG) [flags]\n"
+    "\n"
+    "Replays a trace through one or more policies against a simulated fleet, in virtual time: each\n"
+    "simulate: entry and each endpoint of FLEET.yaml becomes a simulated server (the `atc sim` model:\n"
+    "batching, prefill/decode timing, a prefix KV cache with eviction), and the policy decides in the\n"
+    "production sandbox, seeing the simulated fleet's load. Prints one row per policy: time to first\n"
+    "token, end-to-end latency, throughput, prefix cache hit rate, load imbalance, queue waits and policy\n"
+    "failures. Deterministic for a seed.\n"
+    "\n"
+    "  -c, --config FILE     the fleet; its policy: section gives the default policy, budget, memory and\n"
+    "                        module path\n"
+    "  -t, --trace FILE      an atc trace, or a Mooncake, Azure or JSON-lines file (imported on the fly)\n"
+    "  -p, --policy P        the policy to replay (default: the config's policy.entry, or builtin without\n"
+    "                        a policy: section): a .lua file, the name of one in examples/policies/\n"
+    "                        (round_robin, least_loaded, sglang_cache_aware, llmd_weighted, dynamo_kv),\n"
+    "                        or builtin (atc's C balancer); NAME=P names its row\n"
+    "      --vs P            another policy to compare, the same way (repeatable)\n"
+    "      --seed N          seeds atc.random(), the fallback balancer and drawn output lengths (default 1)\n"
+    "      --model NAME      send every request to this model (imported traces name llama-3-8b)\n"
+    "      --limit N         replay only the first N requests\n"
+    "      --budget DURATION CPU time a decision may use (default: the config's policy.budget); one\n"
+    "                        that uses more counts as an overrun, and the watchdog stops it (wall clock;\n"
+    "                        routed by the built-in balancer) only at 100 times that, so a busy machine\n"
+    "                        does not change decisions\n"
+    "      --format FORMAT   the trace's format when not an atc trace: mooncake, azure, jsonl (default:\n"
+    "                        by content and name)\n"
+    "      --json            print JSON ({\"policies\": [...]}) instead of the table\n"
+    "      --html FILE       also write a self-contained HTML report (TTFT distribution per policy, load\n"
+    "                        per endpoint over time)\n"
+    "      --no-progress     no progress bar (shown only when stderr is a terminal)\n"
+    "\n"
+    "  wall-time replay against a running atc (also the benchmarks' load generator):\n"
+    "      --speed X         send requests X times faster than the trace's arrivals (1 = as recorded);\n"
+    "                        prompts are synthesized from the block hashes, so shared prefixes are\n"
+    "                        shared bytes; streams, and measures what clients see\n"
+    "      --target HOST:PORT  atc's front door (default: -c CONFIG's listen:)\n"
+    "      --max-inflight N  requests open at once (default 1024)\n"
+    "      --timeout DURATION  per request (default 300s)\n"
+    "  -h, --help            this text\n";
+
+#define MAX_POLICIES 16
+
+struct policy_arg {
+    char name[128];
+    char path[4096];
+};
+
+static bool is_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* "FILE", "NAME" (examples/policies/NAME.lua, here or in the source tree), "builtin" (the C balancer:
+ * an empty path) or "LABEL=any of those". */
+static int resolve_policy(const char *arg, struct policy_arg *p)
+{
+    const char *eq = strchr(arg, '=');
+    const char *spec = eq != NULL ? eq + 1 : arg;
+    if (strcmp(spec, "builtin") == 0) {
+        p->path[0] = '\0';
+        snprintf(p->name, sizeof(p->name), "%.*s", eq != NULL ? (int)(eq - arg) : 7,
+                 eq != NULL ? arg : "builtin");
+        return 0;
+    }
+    char source[4096];
+    snprintf(source, sizeof(source), "%s", ATC_SOURCE_STDLIB);
+    char *slash = strrchr(source, '/');
+    if (slash != NULL)
+        *slash = '\0';
+    if (is_file(spec))
+        snprintf(p->path, sizeof(p->path), "%s", spec);
+    else if (snprintf(p->path, sizeof(p->path), "examples/policies/%s.lua", spec) > 0 && is_file(p->path))
+        ;
+    else if (snprintf(p->path, sizeof(p->path), "%s/examples/policies/%s.lua", source, spec) > 0 &&
+             is_file(p->path))
+        ;
+    else
+        return -1;
+    if (eq != NULL) {
+        snprintf(p->name, sizeof(p->name), "%.*s", (int)(eq - arg), arg);
+        return 0;
+    }
+    /* The file's stem; "scripts/policy" for an entry called policy.lua. */
+    const char *base = strrchr(p->path, '/');
+    base = base != NULL ? base + 1 : p->path;
+    size_t len = strlen(base);
+    if (len > 4 && strcmp(base + len - 4, ".lua") == 0)
+        len -= 4;
+    if (len == 6 && memcmp(base, "policy", 6) == 0 && base != p->path) {
+        const char *dir = base - 1, *start = dir;
+        while (start > p->path && start[-1] != '/')
+            start--;
+        snprintf(p->name, sizeof(p->name), "%.*s/policy", (int)(dir - start), start);
+    } else {
+        snprintf(p->name, sizeof(p->name), "%.*s", (int)len, base);
+    }
+    return 0;
+}
+
+int atc_replay_main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"trace", required_argument, NULL, 't'},
+        {"policy", required_argument, NULL, 'p'},
+        {"vs", required_argument, NULL, 'v'},
+        {"seed", required_argument, NULL, 's'},
+        {"model", required_argument, NULL, 'm'},
+        {"limit", required_argument, NULL, 'l'},
+        {"budget", required_argument, NULL, 'b'},
+        {"format", required_argument, NULL, 'f'},
+        {"json", no_argument, NULL, 'j'},
+        {"html", required_argument, NULL, 'H'},
+        {"no-progress", no_argument, NULL, 'n'},
+        {"speed", required_argument, NULL, 'S'},
+        {"target", required_argument, NULL, 'T'},
+        {"max-inflight", required_argument, NULL, 'M'},
+        {"timeout", required_argument, NULL, 'o'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *config = NULL, *trace_path = NULL, *html = NULL, *target = NULL;
+    const char *policy_args[MAX_POLICIES];
+    size_t npolicies = 0;
+    bool json = false, no_progress = false, have_policy = false;
+    struct atc_replay_options o = {.seed = 1};
+    struct atc_trace_import_options io = {0};
+    struct atc_replay_live_options lo = {0};
+    char *end;
+    int ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "c:t:p:h", longopts, NULL)) != -1) {
+        switch (ch) {
+        case 'c':
+            config = optarg;
+            break;
+        case 't':
+            trace_path = optarg;
+            break;
+        case 'p':
+        case 'v':
+            if (npolicies == MAX_POLICIES - 1) {
+                fprintf(stderr, "atc replay: at most %d policies\n", MAX_POLICIES);
+                return 2;
+            }
+            if (ch == 'p') {
+                if (have_policy) {
+                    fprintf(stderr, "atc replay: one --policy; compare others with --vs\n");
+                    return 2;
+                }
+                have_policy = true;
+                memmove(policy_args + 1, policy_args, npolicies * sizeof(*policy_args));
+                policy_args[0] = optarg;
+                npolicies++;
+            } else {
+                policy_args[npolicies++] = optarg;
+            }
+            break;
+        case 's':
+            o.seed = strtoull(optarg, &end, 10);
+            if (*end != '\0' || *optarg == '\0') {
+                fprintf(stderr, "atc replay: --seed must be a whole number\n");
+                return 2;
+            }
+            break;
+        case 'm':
+            o.model = lo.model = optarg;
+            break;
+        case 'l':
+            o.limit = lo.limit = strtoul(optarg, &end, 10);
+            if (*end != '\0' || o.limit == 0) {
+                fprintf(stderr, "atc replay: --limit must be a whole number > 0\n");
+                return 2;
+            }
+            break;
+        case 'b':
+            if (atc_parse_duration_us(optarg, &o.budget_us) < 0 || o.budget_us == 0) {
+                fprintf(stderr, "atc replay: invalid --budget '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'f':
+            if (atc_trace_format_parse(optarg, &io.format) < 0) {
+                fprintf(stderr, "atc replay: unknown --format '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'j':
+            json = true;
+            break;
+        case 'H':
+            html = optarg;
+            break;
+        case 'n':
+            no_progress = true;
+            break;
+        case 'S':
+            lo.speed = strtod(optarg, &end);
+            if (*end != '\0' || !(lo.speed > 0)) {
+                fprintf(stderr, "atc replay: --speed must be a number > 0\n");
+                return 2;
+            }
+            break;
+        case 'T':
+            target = optarg;
+            break;
+        case 'M':
+            lo.max_inflight = (unsigned)strtoul(optarg, &end, 10);
+            if (*end != '\0' || lo.max_inflight == 0) {
+                fprintf(stderr, "atc replay: --max-inflight must be a whole number > 0\n");
+                return 2;
+            }
+            break;
+        case 'o':
+            if (atc_parse_duration_ms(optarg, &lo.timeout_ms) < 0 || lo.timeout_ms == 0) {
+                fprintf(stderr, "atc replay: invalid --timeout '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'h':
+            fputs(usage_replay, stdout);
+            return 0;
+        default:
+            fputs(usage_replay, stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "atc replay: unexpected argument '%s'\n%s", argv[optind], usage_replay);
+        return 2;
+    }
+    if (trace_path == NULL || (config == NULL && (lo.speed == 0 || target == NULL))) {
+        fprintf(stderr, "atc replay: %s is required\n%s", trace_path == NULL ? "--trace FILE" : "-c FILE",
+                usage_replay);
+        return 2;
+    }
+    if (lo.speed == 0 && target != NULL) {
+        fprintf(stderr, "atc replay: --target goes with --speed (a wall-time replay)\n");
+        return 2;
+    }
+    if (getenv("ATC_LOG") == NULL)
+        atc_log_set_level(ATC_LOG_WARN); /* the policy runtime's "loaded" lines would clutter the table */
+
+    struct atc_config *cfg = NULL;
+    char *errors = NULL;
+    if (config != NULL && atc_config_load(config, &cfg, &errors) < 0) {
+        fprintf(stderr, "%s\n", errors != NULL ? errors : "cannot load the config");
+        free(errors);
+        return 1;
+    }
+    struct atc_trace *trace = NULL;
+    size_t bad = 0;
+    io.errors = stderr;
+    char *err = NULL;
+    if (atc_trace_load(trace_path, &io, &trace, &bad, &err) < 0) {
+        fprintf(stderr, "%s\n", err != NULL ? err : "cannot load the trace");
+        free(err);
+        atc_config_free(cfg);
+        return 1;
+    }
+    if (bad > 0)
+        fprintf(stderr, "%s: %zu malformed line(s) skipped\n", trace_path, bad);
+    bool progress = !no_progress && !json && isatty(STDERR_FILENO);
+    o.progress = lo.progress = progress;
+    int rc = 0;
+    struct atc_replay_result results[MAX_POLICIES];
+    size_t nresults = 0;
+    char title[8192];
+
+    if (lo.speed > 0) {
+        char *host = NULL;
+        if (target != NULL) {
+            if (atc_parse_hostport(target, &host, &lo.port, NULL) < 0) {
+                fprintf(stderr, "atc replay: --target: expected HOST:PORT, got '%s'\n", target);
+                rc = 2;
+                goto done;
+            }
+        } else {
+            host = strdup(cfg->listen_host);
+            lo.port = cfg->listen_port;
+        }
+        lo.host = host;
+        snprintf(title, sizeof(title), "%s: %zu requests at %gx speed against atc at %s:%u", trace_path,
+                 o.limit && o.limit < trace->n ? o.limit : trace->n, lo.speed, host, (unsigned)lo.port);
+        if (atc_replay_live(trace, &lo, &results[0], &err) < 0) {
+            fprintf(stderr, "atc replay: %s\n", err != NULL ? err : "failed");
+            free(err);
+            free(host);
+            rc = 1;
+            goto done;
+        }
+        free(host);
+        nresults = 1;
+    } else {
+        if (!have_policy) { /* the config's policy first, then the --vs ones */
+            memmove(policy_args + 1, policy_args, npolicies * sizeof(*policy_args));
+            policy_args[0] = cfg->policy.enabled ? cfg->policy.entry : "builtin"; /* as atc serve would */
+            npolicies++;
+        }
+        struct policy_arg pa;
+        for (size_t i = 0; i < npolicies; i++) {
+            if (resolve_policy(policy_args[i], &pa) < 0) {
+                fprintf(stderr, "atc replay: no policy '%s' (a .lua file, or a name in examples/policies/)\n",
+                        policy_args[i]);
+                rc = 2;
+                goto done;
+            }
+            if (atc_replay_run(cfg, trace, pa.path[0] != '\0' ? pa.path : NULL, pa.name, &o,
+                               &results[nresults], &err) < 0) {
+                fprintf(stderr, "atc replay: %s\n", err != NULL ? err : "failed");
+                free(err);
+                err = NULL;
+                rc = 1;
+                goto done;
+            }
+            nresults++;
+        }
+        size_t neps = results[0].nendpoints;
+        snprintf(title, sizeof(title), "%s: %zu requests over %.1f s; fleet %s: %zu endpoints; seed %llu",
+                 trace_path, results[0].requests,
+                 results[0].requests ? (double)trace->records[results[0].requests - 1].at_us / 1e6 : 0.0,
+                 config, neps, (unsigned long long)o.seed);
+    }
+    if (json)
+        atc_replay_report_json(stdout, trace_path, config, o.seed, results, nresults);
+    else
+        atc_replay_report_table(stdout, title, results, nresults);
+    if (html != NULL && atc_replay_report_html(html, title, results, nresults, &err) < 0) {
+        fprintf(stderr, "atc replay: %s\n", err != NULL ? err : "cannot write the report");
+        free(err);
+        rc = 1;
+    }
+    for (size_t i = 0; i < nresults; i++)
+        if (results[i].rejected == results[i].requests && results[i].requests > 0)
+            fprintf(stderr,
+                    "atc replay: %s rejected every request: does the fleet serve the trace's model? "
+                    "(--model NAME sends them all to one)\n",
+                    results[i].name);
+done:
+    for (size_t i = 0; i < nresults; i++)
+        atc_replay_result_dispose(&results[i]);
+    atc_trace_free(trace);
+    atc_config_free(cfg);
+    return rc;
+}

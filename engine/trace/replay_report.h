@@ -1,0 +1,18 @@
+#ifndef ATC_REPLAY_REPORT_H
+#define ATC_REPLAY_REPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+struct atc_replay_result;
+
+/** The comparison as a terminal table, as JSON (the `policies` array), and as a
+ * self-contained HTML page with SVG charts. @p title names the trace and the fleet. */
+void atc_replay_report_table(FILE *out, const char *title, const struct atc_replay_result *r, size_t n);
+void atc_replay_report_json(FILE *out, const char *trace, const char *fleet, uint64_t seed,
+                            const struct atc_replay_result *r, size_t n);
+int atc_replay_report_html(const char *path, const char *title, const struct atc_replay_result *r, size_t n,
+                           char **err);
+
+#endif

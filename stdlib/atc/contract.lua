@@ -1,0 +1,175 @@
+-- The policy contract: every field and function a policy sees, in one place. This file is the source:
+--   * the tables in scripts/README.md ("The contract") are generated from it (`atc test --contract`
+--     prints them; tests/policy/contract_docs.py checks, or with --write rewrites, the README);
+--   * atc.testing builds its mock requests and endpoints from it (a spec field it does not list is an
+--     error), and tests/policy/contract_test.lua checks the mocks against it;
+--   * tests/policy/contract_test.lua checks every entry against the engine's own views (t.route runs a
+--     decision on a real parsed request and a real endpoint table).
+--
+-- One rule for "not known yet": nil. A field with `nil_when` is nil exactly then; every other field is
+-- always set. Types: string, integer, number, boolean, or T[] (an array of T).
+
+local M = {}
+
+M.NOTE = "nil means not known yet (never \"\" or 0); a field without a \"nil when\" is always set."
+
+-- req: the request being decided (read-only; valid only during its own decision).
+M.req = {
+  { name = "id", type = "string", doc = "the client's `x-request-id`, else one atc makes" },
+  { name = "model", type = "string", mock = "m", doc = "the body's `model`, as the client sent it (an alias such as `auto` included)" },
+  { name = "kind", type = "string", mock = "chat", doc = "`\"chat\"`, `\"completion\"` or `\"embedding\"`, from the path" },
+  { name = "path", type = "string", doc = "`/v1/chat/completions`, `/v1/completions` or `/v1/embeddings`" },
+  { name = "priority", type = "integer", unit = "0-9", mock = 0, doc = "`x-atc-priority`; 0 without it" },
+  { name = "tenant", type = "string", nil_when = "no `x-atc-tenant`", doc = "`x-atc-tenant`" },
+  { name = "session", type = "string", nil_when = "neither header nor `user`", doc = "`x-atc-session`, else the body's `user`" },
+  { name = "stream", type = "boolean", mock = false, doc = "the body's `\"stream\": true`" },
+  { name = "prompt_tokens", type = "integer", unit = "tokens", mock = 100, doc = "estimate: about 4 bytes of `messages` / `prompt` / `input` a token" },
+  { name = "max_tokens", type = "integer", unit = "tokens", nil_when = "the body sets neither", doc = "`max_tokens`, else `max_completion_tokens`" },
+  { name = "attempt", type = "integer", mock = 1, doc = "1 on the first try, n on the n-th (endpoints already tried are then not `available`)" },
+  { name = "blocks", type = "integer", unit = "blocks", doc = "full 256-byte blocks of the prompt, hashed for prefix affinity (at most 512)" },
+  { name = "block_tokens", type = "integer", unit = "tokens", mock = 64, doc = "tokens one block covers: 64 live; the trace's under replay (512 for Mooncake)" },
+  { name = "tools", type = "boolean", mock = false, doc = "the body has a non-empty `tools` array" },
+  { name = "header", kind = "method", args = "name", type = "string", nil_when = "no such header", doc = "a request header, by case-insensitive name" },
+}
+
+-- fleet: the endpoint table.
+M.fleet = {
+  { name = "endpoints", kind = "method", args = "model", type = "endpoint[]", doc = "the model's endpoints, a new array each call (`{}` for an unknown model)" },
+  { name = "all", kind = "method", args = "", type = "endpoint[]", doc = "every endpoint" },
+  { name = "models", kind = "method", args = "", type = "string[]", doc = "the model names" },
+  { name = "endpoint", kind = "method", args = "id", type = "endpoint", nil_when = "no such id", doc = "one endpoint" },
+}
+
+-- ep: one endpoint (read-only view of the engine's live table; the same table for the same endpoint).
+M.ep = {
+  { name = "id", type = "string", doc = "its `id` in the config" },
+  { name = "model", type = "string", mock = "m", doc = "the model it serves" },
+  { name = "version", type = "string", nil_when = "none configured", doc = "its `version`" },
+  { name = "tags", type = "string[]", mock = {}, doc = "its `tags` (a new array each read)" },
+  { name = "weight", type = "integer", mock = 1, doc = "its `weight`" },
+  { name = "capacity", type = "integer", unit = "requests", mock = 8, doc = "its configured `capacity`" },
+  { name = "inflight", type = "integer", unit = "requests", mock = 0, doc = "requests atc routed there that have not finished" },
+  { name = "inflight_tokens", type = "integer", unit = "tokens", mock = 0, doc = "their prompt estimates + `max_tokens`" },
+  { name = "load", type = "number", unit = "share", derived = true, doc = "`inflight` / the capacity offered now (less while slow-starting)" },
+  { name = "available", type = "boolean", derived = true, doc = "routable, has room (capacity, `token_budget`, `max_server_queue`), not tried yet by this request" },
+  { name = "health", type = "string", mock = "healthy", doc = "`\"healthy\"`, `\"starting\"`, `\"unhealthy\"`, `\"ejected\"` or `\"draining\"`" },
+  { name = "consecutive_failures", type = "integer", unit = "probes", mock = 0, doc = "failed health probes in a row" },
+  { name = "last_error", type = "string", nil_when = "no probe has failed", doc = "the last failed probe or ejection, with why" },
+  { name = "last_check", type = "number", unit = "ms, `atc.now()`'s clock", nil_when = "before the first probe", doc = "when it was last probed" },
+  { name = "errors", type = "integer", unit = "requests", mock = 0, doc = "connection failures, timeouts and 5xx answers so far" },
+  { name = "ttft_ewma", type = "number", unit = "ms", nil_when = "before its first answer", doc = "moving average of its time to first byte" },
+  { name = "running", type = "number", unit = "requests", nil_when = "never scraped", doc = "server-reported: requests being generated" },
+  { name = "server_queue", type = "number", unit = "requests", nil_when = "never scraped", doc = "server-reported: requests waiting inside the server (not atc's queue: that is `atc.queue()`)" },
+  { name = "kv_usage", type = "number", unit = "share 0..1", nil_when = "never scraped", doc = "server-reported: KV cache in use" },
+  { name = "prefix_hit_rate", type = "number", unit = "share 0..1", nil_when = "never scraped", doc = "server-reported: prompt tokens found in its prefix cache" },
+  { name = "has_tag", kind = "method", args = "tag", type = "boolean", doc = "tag is one of its `tags`" },
+  { name = "prefix_overlap", kind = "method", args = "req", type = "integer", unit = "blocks", doc = "leading blocks of req's prompt recently routed to ep (0 when none): where its KV cache likely is" },
+}
+
+-- verdict: what atc.queue / atc.reject return (a policy returns it instead of an endpoint).
+M.verdict = {
+  { name = "kind", type = "string", doc = "`\"queue\"` or `\"reject\"`" },
+  { name = "status", type = "integer", unit = "HTTP status", nil_when = "a queue verdict", doc = "the answer's status" },
+  { name = "message", type = "string", doc = "the reason (queue) or the error message (reject)" },
+}
+
+-- atc: the host functions. Functions over a pool take the pool first.
+M.atc = {
+  { name = "queue", args = "[reason]", type = "verdict", doc = "wait in atc's admission queue for capacity" },
+  { name = "reject", args = "status [, message]", type = "verdict", doc = "answer now with status 400-599 and an OpenAI-style error" },
+  { name = "random", args = "[n]", type = "number", doc = "[0, 1), or an integer 1..n; seedable by the host (replay)" },
+  { name = "now", args = "", type = "number", unit = "ms", doc = "monotonic milliseconds; virtual time under replay" },
+  { name = "hash", args = "s", type = "integer", doc = "XXH3 of s, 52 bits (exact in a Lua number)" },
+  { name = "log", args = "...", type = "nothing", doc = "a rate-limited log line with the script's file:line" },
+  { name = "least_loaded", args = "eps", type = "endpoint", nil_when = "none available", doc = "the available endpoint with the lowest `load` (ties: fewer tokens in flight, then the first)" },
+  { name = "p2c", args = "eps", type = "endpoint", nil_when = "none available", doc = "power of two choices, the built-in balancer's (fleet/balancer.c)" },
+  { name = "rendezvous", args = "eps, key [, c]", type = "endpoint", nil_when = "none available", doc = "weighted highest-random-weight hashing of key; with c >= 1, no endpoint above c x its share of the load" },
+  { name = "prefix_pick", args = "pool, req [, opts]", type = "endpoint", nil_when = "no overlap reaches min_blocks, or the pool is imbalanced", doc = "the prefix-affinity loop in C; opts: `min_blocks` (1), `balance_abs`, `balance_rel` (imbalanced when max - min in-flight > balance_abs and max > balance_rel x min; no guard without balance_abs), `skip` (an endpoint never chosen), `load_weight` (0: the longest overlap; > 0: the lowest uncached prompt tokens + load_weight x tokens in flight)" },
+  { name = "cheapest", args = "pool, load_weight [, queued, stamps, now_ms, drain_per_ms, queued_weight]", type = "endpoint[]", doc = "the available endpoints with the lowest load_weight x `inflight_tokens` (+ queued_weight x the work queued, drained since its stamp); several when they tie, `{}` when none is available" },
+  { name = "affinity.get", args = "key", type = "string", nil_when = "no live pin", doc = "the endpoint id pinned to key (a bounded LRU in C: it survives reloads)" },
+  { name = "affinity.set", args = "key, ep_or_id [, ttl_ms]", type = "nothing", doc = "pins key to an endpoint (default ttl 10 min)" },
+  { name = "affinity.del", args = "key", type = "nothing", doc = "forgets key" },
+}
+
+M.SECTIONS = {
+  { key = "req", title = "`req`", what = "the request (read-only, valid only during its decision)" },
+  { key = "fleet", title = "`fleet`", what = "the endpoint table" },
+  { key = "ep", title = "endpoint `ep`", what = "read-only view of one endpoint's live state" },
+  { key = "verdict", title = "verdict", what = "what `atc.queue` / `atc.reject` return" },
+  { key = "atc", title = "`atc`", what = "host functions" },
+}
+
+-- Whether value x has the contract type t ("integer", "string[]", "endpoint", ...).
+function M.has_type(x, t)
+  if t == "integer" then
+    return type(x) == "number" and x == math.floor(x)
+  elseif t == "number" or t == "string" or t == "boolean" then
+    return type(x) == t
+  elseif string.sub(t, -2) == "[]" then
+    if type(x) ~= "table" then
+      return false
+    end
+    local inner = string.sub(t, 1, -3)
+    for i = 1, #x do
+      if not M.has_type(x[i], inner) then
+        return false
+      end
+    end
+    return true
+  elseif t == "endpoint" then
+    return (type(x) == "table" or type(x) == "userdata") and type(x.id) == "string"
+  elseif t == "verdict" then
+    return type(x) == "userdata" and (x.kind == "queue" or x.kind == "reject")
+  elseif t == "nothing" then
+    return x == nil
+  end
+  error("contract: unknown type " .. tostring(t), 2)
+end
+
+-- The entry called name in section key, or nil.
+function M.entry(key, name)
+  local list = M[key]
+  for i = 1, #list do
+    if list[i].name == name then
+      return list[i]
+    end
+  end
+  return nil
+end
+
+local function cell(s)
+  return (string.gsub(s or "", "|", "\\|"))
+end
+
+-- The contract as markdown tables (what the READMEs carry between their contract markers).
+function M.markdown()
+  local out = {}
+  local function add(s)
+    out[#out + 1] = s
+  end
+  add("<!-- generated from stdlib/atc/contract.lua by `atc test --contract`; edit that file, then run")
+  add("     tests/policy/contract_docs.py --write -->")
+  add(M.NOTE)
+  for _, sec in ipairs(M.SECTIONS) do
+    add("")
+    add("**" .. sec.title .. "**: " .. sec.what .. ".")
+    add("")
+    add("| name | type | unit | nil when | meaning |")
+    add("|---|---|---|---|---|")
+    for _, e in ipairs(M[sec.key]) do
+      local name
+      if sec.key == "atc" then
+        name = "`atc." .. e.name .. "(" .. e.args .. ")`"
+      elseif e.kind == "method" then
+        name = "`" .. sec.key .. ":" .. e.name .. "(" .. e.args .. ")`"
+      else
+        name = "`" .. e.name .. "`"
+      end
+      local ty = (e.kind == "method" or sec.key == "atc") and ("→ " .. e.type) or e.type
+      add("| " .. name .. " | " .. cell(ty) .. " | " .. cell(e.unit) .. " | " .. cell(e.nil_when) .. " | " .. cell(e.doc) .. " |")
+    end
+  end
+  return table.concat(out, "\n") .. "\n"
+end
+
+return M
