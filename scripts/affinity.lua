@@ -1,55 +1,26 @@
--- Affinity: send a request where its KV cache already is, unless that would overload the endpoint.
---   session: a known session (x-atc-session, else the body's `user`) goes back to its endpoint while
---            that endpoint is available and at most SESSION_MAX_LOAD full; otherwise, or the first
---            time, it is pinned anew: by prefix affinity, else by consistent hashing with bounded
---            load (so replicas of atc agree). Pins live in the engine (atc.affinity) across reloads.
---   prefix:  when some endpoint recently got at least PREFIX_MIN_BLOCKS of this prompt's leading
---            blocks, the endpoint where the request costs least: the prompt tokens it would still have
---            to prefill there (a cache hit saves the rest) + LOAD_WEIGHT x the tokens in flight there.
---            Unless the pool is imbalanced; then balancing matters more than the cache (as in SGLang's
---            cache-aware router: imbalanced when max - min > BALANCE_ABS and max > BALANCE_REL * min,
---            counting requests in flight on the available endpoints).
--- Returns an endpoint, or nil for "no opinion": priority.pick decides.
+-- Affinity: a conversation goes back where its KV cache is. A known session (x-atc-session, else the
+-- body's `user`) returns to its endpoint while that endpoint is available and its predicted time to
+-- first token is at most SESSION_SLACK x the best one + SESSION_SLACK_MS; otherwise, or the first time,
+-- it is pinned anew, by consistent hashing among the endpoints within that slack (so replicas of atc
+-- mostly agree, and nothing is pinned behind a queue). Pins live in the engine (atc.affinity) across
+-- reloads. Requests without a session get no opinion here: priority.pick weighs their prefix cache.
 
-local balance = require "atc.balance"
-local hash = require "atc.hash"
+local priority = require "priority"
 
 -- Knobs ------------------------------------------------------------------------------------------------
 local SESSION_TTL_MS = 30 * 60 * 1000 -- a session idle this long is forgotten
-local SESSION_MAX_LOAD = 0.9          -- a session leaves its endpoint above this inflight / capacity
-local SESSION_SPREAD = 1.25           -- placing a session: no endpoint above 1.25x its share of the load
-local PREFIX_MIN_BLOCKS = 2           -- fewer shared blocks (256 bytes, ~64 tokens each) decide nothing
-local BALANCE_ABS = 16                -- imbalanced: the busiest endpoint has more than 16 requests more
-local BALANCE_REL = 1.5               --   than the idlest, and more than 1.5 times as many
-local LOAD_WEIGHT = 0.5               -- a token in flight on an endpoint costs half a token to prefill
+local SESSION_SLACK = 1.5             -- a session stays while its endpoint is at most 1.5x slower ...
+local SESSION_SLACK_MS = 250          -- ... + 250 ms than the fastest (a turn's prefix is cached there,
+                                      -- which the prediction counts, so leaving is rarely worth it)
 ----------------------------------------------------------------------------------------------------------
 
 local M = {}
-M.SESSION_MAX_LOAD, M.PREFIX_MIN_BLOCKS, M.BALANCE_ABS, M.BALANCE_REL, M.LOAD_WEIGHT =
-  SESSION_MAX_LOAD, PREFIX_MIN_BLOCKS, BALANCE_ABS, BALANCE_REL, LOAD_WEIGHT
+M.SESSION_SLACK, M.SESSION_SLACK_MS = SESSION_SLACK, SESSION_SLACK_MS
 
--- The available endpoint where the request costs least (see the top), or nil when no overlap reaches
--- PREFIX_MIN_BLOCKS or the pool is imbalanced. `skip`: an endpoint not to choose.
---
--- Why a cost and not simply the longest overlap: replaying Mooncake's trace (README, "record, import,
--- replay, compare, test"), sending each prompt wherever most of it was cached piled the shared prefixes
--- onto a few servers, whose prefill queues then made the slowest tenth of first tokens wait 30% longer
--- than under Dynamo's cost-based router. Weighing the hit against the work in flight keeps most of the
--- hits and none of the queues.
-local function by_prefix(req, pool, skip)
-  if req.blocks < PREFIX_MIN_BLOCKS then
-    return nil
-  end
-  -- The loop over the pool runs in C: it is the hot part of a decision.
-  return atc.prefix_pick(pool, req, {
-    min_blocks = PREFIX_MIN_BLOCKS,
-    balance_abs = BALANCE_ABS,
-    balance_rel = BALANCE_REL,
-    skip = skip,
-    load_weight = LOAD_WEIGHT,
-  })
+local function key_of(req)
+  local tenant = req.tenant
+  return (tenant ~= nil and tenant ~= "") and ("s:" .. tenant .. ":" .. req.session) or ("s::" .. req.session)
 end
-M.by_prefix = by_prefix
 
 local function find(pool, id)
   for i = 1, #pool do
@@ -60,45 +31,37 @@ local function find(pool, id)
   return nil
 end
 
--- pool without ep (a new table; only on the rare path where a session leaves a busy endpoint)
-local function without(pool, ep)
+-- The endpoints of pool within the slack of the fastest first token (bound in ms).
+local function near(req, pool, bound)
   local out = {}
   for i = 1, #pool do
-    if pool[i] ~= ep then
-      out[#out + 1] = pool[i]
+    local ep = pool[i]
+    if ep.available and ep:predict_ttft(req) <= bound then
+      out[#out + 1] = ep
     end
   end
   return out
 end
 
-local function by_session(req, pool)
-  local tenant = req.tenant -- nil without x-atc-tenant
-  local key = "s:" .. (tenant or "") .. ":" .. req.session
-  local id = atc.affinity.get(key)
-  local old = id ~= nil and find(pool, id) or nil
-  if old ~= nil and old.available then
-    if balance.load(old) <= SESSION_MAX_LOAD then
-      atc.affinity.set(key, old.id, SESSION_TTL_MS) -- keeps it from expiring while in use
-      return old
-    end
-  else
-    old = nil -- gone from the pool (model, version or tags changed), unhealthy, or full
-  end
-  local ep = by_prefix(req, pool, old)
-  if ep == nil then
-    ep = hash.bounded(old and without(pool, old) or pool, key, SESSION_SPREAD) or old
-  end
-  if ep ~= nil then
-    atc.affinity.set(key, ep.id, SESSION_TTL_MS)
-  end
-  return ep
-end
-
+-- An endpoint for req's session, or nil without a session (or with nothing available).
 function M.pick(req, pool)
-  if req.session ~= nil then -- nil: no x-atc-session and no `user` in the body
-    return by_session(req, pool)
+  local session = req.session
+  if session == nil or session == "" then
+    return nil
   end
-  return by_prefix(req, pool)
+  local best, _, best_ttft = atc.fastest(pool, req, priority.URGENT)
+  if best == nil then
+    return nil
+  end
+  local bound = best_ttft * SESSION_SLACK + SESSION_SLACK_MS
+  local key = key_of(req)
+  local id = atc.affinity.get(key)
+  local ep = id ~= nil and find(pool, id) or nil
+  if ep == nil or not ep.available or ep:predict_ttft(req) > bound then
+    ep = atc.rendezvous(near(req, pool, bound), key) or best
+  end
+  atc.affinity.set(key, ep.id, SESSION_TTL_MS) -- also keeps it from expiring while in use
+  return ep
 end
 
 return M

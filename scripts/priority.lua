@@ -1,34 +1,49 @@
--- Priority: the pick when affinity has no opinion. A request goes where it would wait least: the
--- endpoint with the least work queued ahead of it (the prefill atc.work estimates is queued there, and
--- the tokens in flight there), since a server prefills prompts one after another and a first token
--- waits for every prompt before it. Among endpoints with equally little work (an idle pool: all of
--- them), urgent requests take the least loaded; the rest spread with power-of-two choices, which
--- avoids the herd that "everyone to the first one" makes. Nothing available: queue.
+-- Priority: where the request gets its first token soonest. The engine predicts that for every endpoint
+-- from what it observes (ep:predict_ttft): the prompt tokens already queued for prefill there
+-- (ep.prefill_tokens: sent, first token not back yet) plus this request's own uncached tokens (the prefix
+-- index credits what the endpoint likely has cached), at the observed prefill rate, plus one decode step.
+-- atc.fastest computes it over the pool in C. Urgent requests take the soonest first token, full stop;
+-- the others also weigh the cache they leave behind. Nothing available: queue.
 
-local balance = require "atc.balance"
 local verdict = require "atc.verdict"
-local work = require "atc.work"
 
 -- Knobs ------------------------------------------------------------------------------------------------
-local HIGH_PRIORITY = 5    -- req.priority (0-9, header x-atc-priority) above this is urgent
-local BACKLOG_WEIGHT = 0.5 -- cost of a prompt token queued for prefill there (atc.work's estimate) ...
-local LOAD_WEIGHT = 0.5    -- ... and of a token in flight there (prompts and answers)
+local HIGH_PRIORITY = 5 -- req.priority (0-9, header x-atc-priority) above this is urgent
+-- The cost of an endpoint, in milliseconds of its prefill (at the pool's observed rate):
+--   the prompt tokens queued there (ep.prefill_tokens: sent, first token not back)
+--   + CACHE_WEIGHT x this request's tokens not cached there: their prefill now, and the cache they leave
+--     on a server that did not hold them (urgent requests count them once: the soonest first token)
+--   + DECODE_WEIGHT x one decode step per request decoding there (a new request slows every step of the
+--     batch it joins).
+-- Fitted on the first half of Mooncake's synthetic trace only (`atc replay -c examples/replay/mooncake.yaml
+-- --trace mooncake_synthetic.jsonl --limit 1996 --speed 1,2,2.5,4 --servers 8,16,32`, README "Routing"):
+-- below 0.5 of the fleet's prefill capacity every weighting tied (TTFT p90 within 3%: the floor is the
+-- prefill of the long prompts); at 0.77-0.96 CACHE_WEIGHT 1.5 gave the lowest TTFT p90 (2x/8 servers:
+-- 2945 ms against 3103 at 1 and 3218 at 2; 2.5x/8: 6213 against 6713 and 6328). DECODE_WEIGHT 0.1 is a tie-breaker: on the Azure code trace (no
+-- prefixes, requests one at a time) it cut e2e p99 by 9% and left TTFT as it was.
+-- Not weighed: the tokens held by requests in flight (ep.inflight_tokens). Counting them as Dynamo does
+-- helped by 3-7% at 0.6-0.8 of capacity, and past saturation gave cache hits away for balance, the
+-- collapse "tokens in flight" caused in the policy this one replaced (README, "Routing").
+local CACHE_WEIGHT = 1.5
+local DECODE_WEIGHT = 0.1
 ----------------------------------------------------------------------------------------------------------
 
 local M = {}
-M.HIGH_PRIORITY = HIGH_PRIORITY
+M.HIGH_PRIORITY, M.CACHE_WEIGHT = HIGH_PRIORITY, CACHE_WEIGHT
+
+-- Every endpoint at the pool's mean observed rates: the servers of one pool run the same model on the
+-- same hardware, and comparing each one's noisy estimate of the same speed moved traffic for nothing
+-- (the same first-half grid: per-endpoint rates cost 9 points of cache hits at 1x/32 servers, 31% ->
+-- 22%, 16% of TTFT p90 there and 23% at 2x/8). A pool of unlike servers: split it by tags (capability).
+M.COST = { pooled = true, uncached = CACHE_WEIGHT, decode = DECODE_WEIGHT }
+M.URGENT = { pooled = true, uncached = 1, decode = DECODE_WEIGHT }
+
+function M.cost(req)
+  return req.priority > HIGH_PRIORITY and M.URGENT or M.COST
+end
 
 function M.pick(req, pool)
-  local least = work.cheapest(pool, BACKLOG_WEIGHT, LOAD_WEIGHT)
-  local ep
-  if #least <= 1 then
-    ep = least[1]
-  elseif req.priority > HIGH_PRIORITY then
-    ep = balance.least_loaded(least)
-  else
-    ep = balance.p2c(least)
-  end
-  return ep or verdict.queue("no endpoint of the pool has room")
+  return atc.fastest(pool, req, M.cost(req)) or verdict.queue("no endpoint of the pool has room")
 end
 
 return M

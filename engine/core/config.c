@@ -221,12 +221,20 @@ static const struct field admission_fields[] = {
     {.key = NULL},
 };
 
+static const struct field signals_fields[] = {
+    {.key = "prefill_rate", .kind = F_POSITIVE, .off = CFG(signals.prefill_tps)},
+    {.key = "itl", .kind = F_US, .off = CFG(signals.itl_us), .min = 1},
+    {.key = "recent_half_life", .kind = F_MS, .off = CFG(signals.recent_half_life_ms), .min = 1},
+    {.key = NULL},
+};
+
 static const struct field root_fields[] = {
     {.key = "listen", .kind = F_HOSTPORT, .off = CFG(listen_host), .aux = CFG(listen_port)},
     {.key = "admin", .kind = F_HOSTPORT, .off = CFG(admin_host), .aux = CFG(admin_port)},
     {.key = "policy", .kind = F_SECTION, .sub = policy_fields},
     {.key = "upstream", .kind = F_SECTION, .sub = upstream_fields},
     {.key = "admission", .kind = F_SECTION, .sub = admission_fields},
+    {.key = "signals", .kind = F_SECTION, .sub = signals_fields},
     {.key = "max_body", .kind = F_SIZE, .off = CFG(max_body)},
     {.key = "drain_timeout", .kind = F_MS, .off = CFG(drain_timeout_ms)},
     {.key = "access_log", .kind = F_STR, .off = CFG(access_log)},
@@ -903,6 +911,7 @@ static struct atc_config *config_new(const char *name, const char *dir)
     cfg->policy.budget_us = 1000;
     cfg->policy.memory = (size_t)64 << 20;
     cfg->policy.rollback_after = 20;
+    atc_signal_params_init(&cfg->signals);
     cfg->admission.queue = 1024;
     cfg->admission.deadline_ms = 30000;
     cfg->admission.max_deadline_ms = 120000;

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fleet/signals.h"
 #include "sim/sim_params.h"
 
 /* What atc does when every endpoint of a model is out (unhealthy or ejected; not draining or starting). */
@@ -140,6 +141,7 @@ struct atc_config {
     unsigned workers;           /* workers: threads serving clients (default: one per core, at most 16) */
 
     struct atc_health_config health; /* health: the top-level settings */
+    struct atc_signal_params signals; /* signals: priors of the routing signals (fleet/signals.h) */
 
     struct atc_model_config *models;
     size_t nmodels;

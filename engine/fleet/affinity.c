@@ -395,16 +395,20 @@ static void rotate(struct atc_prefix_index *idx)
     idx->cur = dropped;
 }
 
-void atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *blocks, size_t n,
-                             unsigned endpoint_index)
+size_t atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *blocks, size_t n,
+                               unsigned endpoint_index)
 {
     uint64_t bit = UINT64_C(1) << (endpoint_index % ATC_PREFIX_INDEX_ENDPOINTS);
+    size_t had = 0;
+    bool leading = true; /* every block so far was recorded for this endpoint */
     pthread_mutex_lock(&idx->mu);
     for (size_t k = 0; k < n; k++) {
         uint64_t block = stored_block(blocks[k]);
         size_t home = home_slot(idx, block);
         struct slot *s = probe(idx, &idx->cur, home, block);
         if (s->block == block) {
+            leading = leading && (s->endpoints & bit) != 0;
+            had += leading;
             s->endpoints |= bit;
             continue;
         }
@@ -413,11 +417,15 @@ void atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *block
             s = &idx->cur.slots[home]; /* the new current generation is empty */
         }
         const struct slot *old = probe(idx, &idx->prev, home, block);
+        uint64_t before = old->block == block ? old->endpoints : 0;
+        leading = leading && (before & bit) != 0;
+        had += leading;
         s->block = block;
-        s->endpoints = bit | (old->block == block ? old->endpoints : 0);
+        s->endpoints = bit | before;
         idx->cur.count++;
     }
     pthread_mutex_unlock(&idx->mu);
+    return had;
 }
 
 static uint64_t lookup(const struct atc_prefix_index *idx, uint64_t block)

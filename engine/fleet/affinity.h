@@ -77,9 +77,10 @@ void atc_prefix_index_destroy(struct atc_prefix_index *idx);
  * max_blocks / 2 new blocks have come in, the older half of the index is dropped: that call also clears
  * 11.4 MB at the default size (0.3-0.4 ms measured here), holding the lock, so every worker's
  * atc_prefix_index_overlaps waits that long too. A block inserted again at least that often is
- * never dropped, so a hot prefix stays. */
-void atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *blocks, size_t n,
-                             unsigned endpoint_index);
+ * never dropped, so a hot prefix stays. Returns how many of the leading blocks were recorded for that
+ * endpoint already (what it likely has cached). */
+size_t atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *blocks, size_t n,
+                               unsigned endpoint_index);
 
 /** Fills @p out[i], for each endpoint index i < @p nendpoints, with the number of leading blocks of
  * @p blocks[0..n) recorded for endpoint i (counting stops at its first missing block; capped at

@@ -103,6 +103,7 @@ struct atc_endpoint_table *atc_endpoint_table_create(const struct atc_config *cf
     struct atc_endpoint_table *t = calloc(1, sizeof(*t));
     if (t == NULL)
         return NULL;
+    t->signals = cfg->signals;
     t->models = calloc(cfg->nmodels ? cfg->nmodels : 1, sizeof(*t->models));
     if (t->models == NULL)
         goto error;
@@ -166,6 +167,7 @@ struct atc_endpoint_table *atc_endpoint_table_rebuild(struct atc_endpoint_table 
     if (t == NULL || moved == NULL || gone == NULL ||
         (t->models = calloc(cfg->nmodels ? cfg->nmodels : 1, sizeof(*t->models))) == NULL)
         goto error;
+    t->signals = cfg->signals;
     for (size_t i = 0; i < cfg->nmodels; i++) {
         const struct atc_model_config *mc = &cfg->models[i];
         struct atc_model *m = &t->models[t->nmodels++];

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "core/config.h"
+#include "fleet/signals.h"
 
 struct atc_config;
 struct atc_upstream_pool;
@@ -50,6 +51,7 @@ struct atc_endpoint {
     _Atomic uint64_t requests_total;  /* attempts sent */
     _Atomic uint64_t errors_total;    /* connection failures, timeouts, 5xx */
     _Atomic uint64_t consecutive_errors;
+    struct atc_signals sig; /* what the engine observes of its work (signals.h says who writes) */
 
     /* health: health.c writes on the main thread (replay, single-threaded, sets them too), workers read */
     _Atomic bool routable;             /* false while drained, unhealthy, ejected or retired by a reload */
@@ -75,6 +77,7 @@ struct atc_endpoint_table {
     size_t nendpoints;
     struct atc_model *models;
     size_t nmodels;
+    struct atc_signal_params signals; /* priors and time constants of every endpoint's signals */
 };
 
 /** Builds the table from @p cfg's models (simulated endpoints are added with

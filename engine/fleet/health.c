@@ -160,15 +160,6 @@ static void publish_state(struct hep *e, enum atc_health_state s)
     atomic_store_explicit(&e->pub.state, (int)s, memory_order_relaxed);
 }
 
-/* The values of the scraped load that policies read. */
-static void publish_load(struct hep *e)
-{
-    atomic_store_explicit(&e->pub.running, e->load.running, memory_order_relaxed);
-    atomic_store_explicit(&e->pub.waiting, e->load.waiting, memory_order_relaxed);
-    atomic_store_explicit(&e->pub.kv_usage, e->load.kv_usage, memory_order_relaxed);
-    atomic_store_explicit(&e->pub.prefix_hit_rate, e->load.prefix_hit_rate, memory_order_relaxed);
-}
-
 /* Sets the endpoint's last error (printf-style) and publishes it. */
 static void set_last_error(struct hep *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void set_last_error(struct hep *e, const char *fmt, ...)
@@ -570,7 +561,6 @@ static void scrape_page(struct hep *e, const char *page, size_t len)
         return;
     }
     struct atc_server_load *l = &e->load;
-    publish_load(e);
     /* What routing reads (replay fills the same fields from its simulated servers). */
     atomic_store_explicit(&e->ep->server_queue,
                           isfinite(l->waiting) && l->waiting > 0 ? (unsigned)lround(fmin(l->waiting, 1e9))
@@ -579,6 +569,7 @@ static void scrape_page(struct hep *e, const char *page, size_t len)
     atomic_store_explicit(&e->ep->server_kv_usage, isfinite(l->kv_usage) ? l->kv_usage : 0,
                           memory_order_relaxed);
     l->scraped_ms = (double)atc_mono_us() / 1000.0;
+    atc_signals_scraped(&e->ep->sig, l->running, l->waiting, l->kv_usage, l->prefix_hit_rate, atc_mono_us());
     if (e->scrape_failing)
         atc_info("endpoint %s: load scrape works again", e->ep->id);
     e->scrape_failing = false;
@@ -891,7 +882,6 @@ static int hep_init(struct atc_health *h, struct hep *e, struct atc_endpoint *ep
     e->deep = ATC_CHECK_OK;
     e->slow_start = 1.0;
     e->load.running = e->load.waiting = e->load.kv_usage = e->load.prefix_hit_rate = NAN;
-    publish_load(e);
     if ((e->eject_timer = evtimer_new(h->base, on_eject_over, e)) == NULL || make_deep_body(e) < 0)
         goto oom;
     const struct atc_check_config *checks[NPROBES] = {&e->cfg->live, &e->cfg->ready, &e->cfg->deep,
@@ -949,7 +939,6 @@ static void carry_over(struct hep *e, const struct atc_health *previous)
         atomic_store_explicit(&e->pub.last_check_ms,
                               atomic_load_explicit(&o->pub.last_check_ms, memory_order_relaxed),
                               memory_order_relaxed);
-        publish_load(e);
         e->drained = o->drained;
         e->ever_healthy = o->ever_healthy;
         e->ready_unanswered = o->ready_unanswered;

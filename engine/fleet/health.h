@@ -29,8 +29,8 @@
  * that change all the time), and the one text, last_error, is a seqlock (struct atc_health_text). The
  * pointer ep->health itself changes only in atc_health_create and _destroy, which run before the worker
  * threads start, after they stop, or with every worker parked (a config reload, atc_workers_pause).
- * Everything else (verdicts, counters, the scraped load but the four values policies read) stays in
- * health.c, where only the main thread touches it. */
+ * Everything else (verdicts, counters, the scraped load: workers read its values in ep->sig,
+ * signals.h) stays in health.c, where only the main thread touches it. */
 
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -64,10 +64,6 @@ struct atc_endpoint_health {
     _Atomic int state;                     /* enum atc_health_state: atc_health_state_of */
     _Atomic unsigned consecutive_failures; /* the longest current run of failed probes of one check */
     _Atomic double last_check_ms;          /* monotonic ms (atc.now()'s clock) of the last probe; 0 = none */
-    _Atomic double running;                /* the last scrape's requests being generated; NaN = not known */
-    _Atomic double waiting;                /* ... requests queued in the server; NaN = not known */
-    _Atomic double kv_usage;               /* ... share of its KV cache in use, 0..1; NaN = not known */
-    _Atomic double prefix_hit_rate;        /* ... prefix cache hit rate, 0..1; NaN = not known */
     struct atc_health_text
         last_error; /* the last failed probe or ejection, with why: atc_health_last_error */
 };

@@ -97,6 +97,7 @@ struct relay {
 
     struct atc_endpoint *ep; /* holds one in-flight slot while set */
     uint64_t tokens;
+    struct atc_signal_ticket sig; /* its part in ep's routing signals while ep is set */
     struct atc_endpoint *tried[MAX_TRIES];
     unsigned ntried;
     struct atc_upstream_req *up;
@@ -145,6 +146,7 @@ static void release_endpoint(struct relay *r)
 {
     if (r->ep == NULL)
         return;
+    atc_signals_done(&r->ep->sig, &r->sig, atc_mono_us(), r->event_stream ? r->sse_events : 0);
     atc_endpoint_release(r->ep, r->tokens);
     r->ep = NULL;
     atc_server_capacity_freed(r->w); /* a slot freed: the most urgent waiting request may take it */
@@ -521,6 +523,9 @@ static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
     record_outcome(r, resp->status < 500, resp->status < 500 ? ttft_ms : -1);
     r->status = resp->status;
     r->t_first_us = atc_mono_us();
+    /* A streamed answer's headers come with its first token (vLLM, SGLang, atc sim): a prefill sample. */
+    atc_signals_first_byte(&r->ep->sig, &r->w->table->signals, &r->sig, r->t_first_us,
+                           resp->event_stream && resp->status < 400);
     r->event_stream = resp->event_stream;
     r->streaming = resp->event_stream || resp->content_length < 0 ||
                    (uint64_t)resp->content_length > MAX_BUFFERED_RESPONSE;
@@ -746,9 +751,11 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
     r->ep = ep;
     r->tried[r->ntried++] = ep;
     /* its slot was taken by choose() */
-    if (r->w->policy != NULL)
-        atc_policy_routed(r->w->policy, &r->rreq, ep);
+    size_t cached = r->w->policy != NULL ? atc_policy_routed(r->w->policy, &r->rreq, ep) : 0;
     r->t_attempt_us = atc_mono_us();
+    uint32_t bt = r->rreq.block_tokens ? r->rreq.block_tokens : ATC_PREFIX_BLOCK_BYTES / 4;
+    atc_signals_sent(&ep->sig, &r->w->table->signals, &r->sig,
+                     atc_signals_uncached(r->f->prompt_tokens, cached, bt), r->t_attempt_us);
     r->up = body_for(r, ep, &body, &len) == 0
                 ? atc_upstream_send(ep->pools[r->w->id], "POST", r->path, r->extra_headers, body, len,
                                     &upstream_cb, r)

@@ -187,11 +187,12 @@ void atc_policy_route(struct atc_policy_runtime *rt, const struct atc_route_requ
     count_result(rt, v, ok);
 }
 
-void atc_policy_routed(struct atc_policy_runtime *rt, const struct atc_route_request *req,
-                       const struct atc_endpoint *ep)
+size_t atc_policy_routed(struct atc_policy_runtime *rt, const struct atc_route_request *req,
+                         const struct atc_endpoint *ep)
 {
-    if (rt->prefix != NULL && req->features != NULL && req->features->nblocks > 0)
-        atc_prefix_index_insert(rt->prefix, req->features->blocks, req->features->nblocks, ep->index);
+    if (rt->prefix == NULL || req->features == NULL || req->features->nblocks == 0)
+        return 0;
+    return atc_prefix_index_insert(rt->prefix, req->features->blocks, req->features->nblocks, ep->index);
 }
 
 /* ---- reload ---- */

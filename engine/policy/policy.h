@@ -113,9 +113,11 @@ void atc_policy_runtime_destroy(struct atc_policy_runtime *rt);
 void atc_policy_route(struct atc_policy_runtime *rt, const struct atc_route_request *req,
                       struct atc_decision *out);
 
-/** Tells the runtime which endpoint a request finally went to (feeds the prefix index). */
-void atc_policy_routed(struct atc_policy_runtime *rt, const struct atc_route_request *req,
-                       const struct atc_endpoint *ep);
+/** Tells the runtime which endpoint a request finally went to (feeds the prefix index). Returns how many of
+ * the request's leading prefix blocks the index had recorded for that endpoint before: what it likely has
+ * cached, which the caller counts out of the request's prefill work (fleet/signals.h). */
+size_t atc_policy_routed(struct atc_policy_runtime *rt, const struct atc_route_request *req,
+                         const struct atc_endpoint *ep);
 
 /** Compiles a new version in a fresh state, checks the contract, runs it on synthetic requests within
  * budget, and swaps it in. Returns the new version number, or 0 with an owned message in *err (the

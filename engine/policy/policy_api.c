@@ -15,12 +15,13 @@
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
 #include "core/log.h"
+#include "policy/policy_api.h"
 #include "policy/policy_internal.h"
 
 #define AFFINITY_DEFAULT_TTL_MS (10 * 60 * 1000)
 #define LOG_LINES_PER_SECOND 20
 
-static struct policy_version *version_of(lua_State *L)
+struct policy_version *policy_api_version(lua_State *L)
 {
     return lua_touserdata(L, lua_upvalueindex(1));
 }
@@ -38,7 +39,7 @@ static const char *kind_name(enum atc_request_kind kind)
     return "chat";
 }
 
-static struct atc_endpoint *endpoint_at(const struct policy_version *v, unsigned index)
+struct atc_endpoint *policy_api_endpoint_at(const struct policy_version *v, unsigned index)
 {
     const struct atc_endpoint_table *t = v->rt->table;
     return t != NULL && index < t->nendpoints ? t->endpoints[index] : NULL;
@@ -89,7 +90,7 @@ struct atc_endpoint *policy_api_to_endpoint(struct policy_version *v, int idx)
     lua_State *L = v->L;
     int index = policy_api_view_index(v, idx);
     if (index >= 0)
-        return endpoint_at(v, (unsigned)index);
+        return policy_api_endpoint_at(v, (unsigned)index);
     if (lua_type(L, idx) == LUA_TSTRING && v->rt->table != NULL)
         return atc_endpoint_table_find(v->rt->table, lua_tostring(L, idx));
     return NULL;
@@ -104,16 +105,16 @@ static void push_endpoint(lua_State *L, const struct policy_version *v, unsigned
 }
 
 /* The endpoint behind the view passed as self, or a Lua error. */
-static const struct atc_endpoint *check_view(lua_State *L, struct policy_version *v, int idx)
+const struct atc_endpoint *policy_api_check_view(lua_State *L, struct policy_version *v, int idx)
 {
     int index = policy_api_view_index(v, idx);
-    const struct atc_endpoint *ep = index >= 0 ? endpoint_at(v, (unsigned)index) : NULL;
+    const struct atc_endpoint *ep = index >= 0 ? policy_api_endpoint_at(v, (unsigned)index) : NULL;
     if (ep == NULL)
         luaL_argerror(L, idx, "expected an endpoint");
     return ep;
 }
 
-static const struct atc_route_request *current_req(lua_State *L, struct policy_version *v)
+const struct atc_route_request *policy_api_current_req(lua_State *L, struct policy_version *v)
 {
     if (v->req == NULL)
         luaL_error(L, "req is only valid during its own decision");
@@ -129,8 +130,8 @@ static int readonly_newindex(lua_State *L)
 
 static int ep_has_tag(lua_State *L)
 {
-    struct policy_version *v = version_of(L);
-    const struct atc_endpoint *ep = check_view(L, v, 1);
+    struct policy_version *v = policy_api_version(L);
+    const struct atc_endpoint *ep = policy_api_check_view(L, v, 1);
     const char *tag = luaL_checkstring(L, 2);
     bool found = false;
     for (size_t i = 0; i < ep->ntags && !found; i++)
@@ -141,9 +142,9 @@ static int ep_has_tag(lua_State *L)
 
 /* Leading prefix blocks of the current request recently routed to @p ep. One pass over the blocks
  * answers for every endpoint; later calls in the decision reuse it. */
-static unsigned endpoint_overlap(lua_State *L, struct policy_version *v, const struct atc_endpoint *ep)
+unsigned policy_api_overlap(lua_State *L, struct policy_version *v, const struct atc_endpoint *ep)
 {
-    const struct atc_route_request *req = current_req(L, v);
+    const struct atc_route_request *req = policy_api_current_req(L, v);
     const struct atc_features *f = req->features;
     if (v->rt->prefix == NULL || f == NULL || f->nblocks == 0)
         return 0;
@@ -157,10 +158,10 @@ static unsigned endpoint_overlap(lua_State *L, struct policy_version *v, const s
 
 static int ep_prefix_overlap(lua_State *L)
 {
-    struct policy_version *v = version_of(L);
-    const struct atc_endpoint *ep = check_view(L, v, 1);
+    struct policy_version *v = policy_api_version(L);
+    const struct atc_endpoint *ep = policy_api_check_view(L, v, 1);
     luaL_checkudata(L, 2, POLICY_MT_REQ);
-    lua_pushinteger(L, (lua_Integer)endpoint_overlap(L, v, ep));
+    lua_pushinteger(L, (lua_Integer)policy_api_overlap(L, v, ep));
     return 1;
 }
 
@@ -186,17 +187,19 @@ static const char view_index_key;
 
 static int ep_live(lua_State *L)
 {
-    struct policy_version *v = version_of(L);
+    struct policy_version *v = policy_api_version(L);
     lua_pushlightuserdata(L, (void *)&view_index_key);
     lua_rawget(L, 1);
     const struct atc_endpoint *ep =
-        lua_isnumber(L, -1) ? endpoint_at(v, (unsigned)lua_tointeger(L, -1)) : NULL;
+        lua_isnumber(L, -1) ? policy_api_endpoint_at(v, (unsigned)lua_tointeger(L, -1)) : NULL;
     size_t len;
     const char *k = lua_tolstring(L, 2, &len);
     if (ep == NULL || k == NULL) {
         lua_pushnil(L);
         return 1;
     }
+    if (policy_pick_push_signal(L, v, ep, k, len))
+        return 1;
     /* The common reads first; first letter and length tell them apart. */
     switch (k[0]) {
     case 'a':
@@ -266,32 +269,6 @@ static int ep_live(lua_State *L)
             return 1;
         }
         break;
-    case 's':
-    case 'k':
-    case 'r':
-    case 'p': {
-        /* The server's own load. With health checks, the last scrape of its /metrics (NaN: never
-         * reported, so nil), as health publishes it to the workers (atomics); without (replay), what the
-         * simulated server reports, always known. */
-        const struct atc_endpoint_health *hl = ep->health;
-        double x;
-        if (len == 12 && memcmp(k, "server_queue", 12) == 0)
-            x = hl != NULL ? atomic_load_explicit(&hl->waiting, memory_order_relaxed)
-                           : (double)ep->server_queue;
-        else if (len == 8 && memcmp(k, "kv_usage", 8) == 0)
-            x = hl != NULL ? atomic_load_explicit(&hl->kv_usage, memory_order_relaxed) : ep->server_kv_usage;
-        else if (len == 7 && memcmp(k, "running", 7) == 0)
-            x = hl != NULL ? atomic_load_explicit(&hl->running, memory_order_relaxed) : NAN;
-        else if (len == 15 && memcmp(k, "prefix_hit_rate", 15) == 0)
-            x = hl != NULL ? atomic_load_explicit(&hl->prefix_hit_rate, memory_order_relaxed) : NAN;
-        else
-            break;
-        if (isfinite(x))
-            lua_pushnumber(L, x);
-        else
-            lua_pushnil(L);
-        return 1;
-    }
     case 'c':
         if (len == 20 && memcmp(k, "consecutive_failures", 20) == 0) {
             lua_pushinteger(L, ep->health != NULL
@@ -314,9 +291,9 @@ static int ep_live(lua_State *L)
 
 static int ep_tostring(lua_State *L)
 {
-    struct policy_version *v = version_of(L);
+    struct policy_version *v = policy_api_version(L);
     int index = policy_api_view_index(v, 1);
-    const struct atc_endpoint *ep = index >= 0 ? endpoint_at(v, (unsigned)index) : NULL;
+    const struct atc_endpoint *ep = index >= 0 ? policy_api_endpoint_at(v, (unsigned)index) : NULL;
     lua_pushfstring(L, "endpoint %s", ep != NULL ? ep->id : "?");
     return 1;
 }
@@ -325,19 +302,19 @@ static int ep_tostring(lua_State *L)
 
 static int req_header(lua_State *L)
 {
-    struct policy_version *v = version_of(L);
+    struct policy_version *v = policy_api_version(L);
     luaL_checkudata(L, 1, POLICY_MT_REQ);
     const char *name = luaL_checkstring(L, 2);
-    const struct atc_route_request *req = current_req(L, v);
+    const struct atc_route_request *req = policy_api_current_req(L, v);
     push_opt_string(L, req->header != NULL ? req->header(req->header_ctx, name) : NULL);
     return 1;
 }
 
 static int req_index(lua_State *L)
 {
-    struct policy_version *v = version_of(L);
+    struct policy_version *v = policy_api_version(L);
     const char *k = luaL_checkstring(L, 2);
-    const struct atc_route_request *req = current_req(L, v);
+    const struct atc_route_request *req = policy_api_current_req(L, v);
     const struct atc_features *f = req->features;
     if (strcmp(k, "model") == 0)
         lua_pushstring(L, f->model);
@@ -391,7 +368,7 @@ static void push_endpoint_list(lua_State *L, struct policy_version *v, struct at
 
 static int fleet_endpoints(lua_State *L)
 {
-    struct policy_version *v = version_of(L);
+    struct policy_version *v = policy_api_version(L);
     luaL_checkudata(L, 1, POLICY_MT_FLEET);
     size_t len;
     const char *model = luaL_checklstring(L, 2, &len);
@@ -406,7 +383,7 @@ static int fleet_endpoints(lua_State *L)
 
 static int fleet_all(lua_State *L)
 {
-    struct policy_version *v = version_of(L);
+    struct policy_version *v = policy_api_version(L);
     luaL_checkudata(L, 1, POLICY_MT_FLEET);
     const struct atc_endpoint_table *t = v->rt->table;
     if (t == NULL)
@@ -418,7 +395,7 @@ static int fleet_all(lua_State *L)
 
 static int fleet_models(lua_State *L)
 {
-    struct policy_version *v = version_of(L);
+    struct policy_version *v = policy_api_version(L);
     luaL_checkudata(L, 1, POLICY_MT_FLEET);
     const struct atc_endpoint_table *t = v->rt->table;
     lua_createtable(L, t != NULL ? (int)t->nmodels : 0, 0);
@@ -431,7 +408,7 @@ static int fleet_models(lua_State *L)
 
 static int fleet_endpoint(lua_State *L)
 {
-    struct policy_version *v = version_of(L);
+    struct policy_version *v = policy_api_version(L);
     luaL_checkudata(L, 1, POLICY_MT_FLEET);
     const char *id = luaL_checkstring(L, 2);
     const struct atc_endpoint *ep = v->rt->table != NULL ? atc_endpoint_table_find(v->rt->table, id) : NULL;
@@ -503,7 +480,7 @@ static int verdict_index(lua_State *L)
 
 static int atc_random(lua_State *L)
 {
-    struct policy_version *v = version_of(L);
+    struct policy_version *v = policy_api_version(L);
     double u = (double)(atc_random_next(&v->rt->rng) >> 11) * 0x1.0p-53;
     if (lua_isnoneornil(L, 1)) {
         lua_pushnumber(L, u);
@@ -518,7 +495,7 @@ static int atc_random(lua_State *L)
 
 static int atc_now(lua_State *L)
 {
-    lua_pushnumber(L, policy_now_ms(version_of(L)->rt));
+    lua_pushnumber(L, policy_now_ms(policy_api_version(L)->rt));
     return 1;
 }
 
@@ -533,7 +510,7 @@ static int atc_hash(lua_State *L)
 
 static int atc_log(lua_State *L)
 {
-    struct policy_version *v = version_of(L);
+    struct policy_version *v = policy_api_version(L);
     double now = policy_now_ms(v->rt) / 1000.0;
     if (now - v->log_window_start >= 1.0) {
         v->log_window_start = now;
@@ -555,345 +532,6 @@ static int atc_log(lua_State *L)
     else
         atc_info("policy v%llu: %s", (unsigned long long)v->version, line);
     return 0;
-}
-
-/* A candidate for the C balancers: an endpoint view, or any table with the same fields (tests). */
-struct candidate {
-    bool available;
-    double inflight, capacity;
-    double load;
-    double tokens; /* in flight: breaks ties of load */
-    double weight;
-    const char *id;
-    size_t idlen;
-};
-
-static double field_number(lua_State *L, int idx, const char *name, double dflt)
-{
-    lua_getfield(L, idx, name);
-    double x = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : dflt;
-    lua_pop(L, 1);
-    return x;
-}
-
-/* Reads element @p i of the array at @p arr. Strings it returns stay valid while the element is in
- * the array. */
-static void read_candidate(lua_State *L, struct policy_version *v, int arr, int i, struct candidate *c)
-{
-    lua_rawgeti(L, arr, i);
-    int index = policy_api_view_index(v, -1);
-    const struct atc_endpoint *ep = index >= 0 ? endpoint_at(v, (unsigned)index) : NULL;
-    if (ep != NULL) {
-        c->available = policy_api_available(v, ep);
-        c->inflight = ep->inflight;
-        c->capacity = atc_endpoint_capacity_now(ep); /* less while slow-starting */
-        c->load = c->capacity > 0 ? (double)ep->inflight / c->capacity : 1.0;
-        c->tokens = (double)ep->inflight_tokens;
-        c->weight = ep->weight;
-        c->id = ep->id;
-        c->idlen = strlen(ep->id);
-    } else if (lua_istable(L, -1)) {
-        int t = lua_gettop(L);
-        double inflight = field_number(L, t, "inflight", 0), capacity = field_number(L, t, "capacity", 1);
-        lua_getfield(L, t, "available");
-        c->available = lua_isnil(L, -1) ? inflight < capacity : lua_toboolean(L, -1);
-        lua_pop(L, 1);
-        c->inflight = inflight;
-        c->capacity = capacity;
-        c->load = capacity > 0 ? inflight / capacity : 1.0;
-        c->tokens = field_number(L, t, "inflight_tokens", 0);
-        c->weight = field_number(L, t, "weight", 1);
-        lua_getfield(L, t, "id");
-        c->id = lua_tolstring(L, -1, &c->idlen);
-        lua_pop(L, 1);
-        if (c->id == NULL) {
-            c->id = "";
-            c->idlen = 0;
-        }
-    } else {
-        luaL_error(L, "element %d is not an endpoint", i);
-    }
-    lua_pop(L, 1);
-}
-
-static bool lighter(const struct candidate *a, const struct candidate *b)
-{
-    return a->load < b->load || (a->load == b->load && a->tokens < b->tokens);
-}
-
-static int atc_least_loaded(lua_State *L)
-{
-    struct policy_version *v = version_of(L);
-    luaL_checktype(L, 1, LUA_TTABLE);
-    int n = (int)lua_objlen(L, 1), best = 0;
-    struct candidate c, best_c = {0};
-    for (int i = 1; i <= n; i++) {
-        read_candidate(L, v, 1, i, &c);
-        if (c.available && (best == 0 || lighter(&c, &best_c))) {
-            best = i;
-            best_c = c;
-        }
-    }
-    if (best == 0)
-        lua_pushnil(L);
-    else
-        lua_rawgeti(L, 1, best);
-    return 1;
-}
-
-struct p2c_ctx {
-    const struct candidate *c;
-};
-
-static bool p2c_usable(void *arg, size_t i)
-{
-    return ((const struct p2c_ctx *)arg)->c[i].available;
-}
-
-static bool p2c_lighter(void *arg, size_t i, size_t j)
-{
-    const struct p2c_ctx *x = arg;
-    return lighter(&x->c[i], &x->c[j]);
-}
-
-/* atc.p2c(eps): the built-in balancer's power of two choices (balancer.c) over eps, read once. */
-static int atc_p2c(lua_State *L)
-{
-    struct policy_version *v = version_of(L);
-    luaL_checktype(L, 1, LUA_TTABLE);
-    int n = (int)lua_objlen(L, 1);
-    struct candidate small[64];
-    /* A userdata for a large pool: collected by Lua, so nothing leaks if reading an element raises. */
-    struct candidate *c = n <= 64 ? small : lua_newuserdata(L, (size_t)n * sizeof(*c));
-    for (int i = 1; i <= n; i++)
-        read_candidate(L, v, 1, i, &c[i - 1]);
-    struct p2c_ctx x = {.c = c};
-    long pick = atc_balancer_p2c((size_t)n, &v->rt->rng, p2c_usable, p2c_lighter, &x);
-    if (pick < 0)
-        lua_pushnil(L);
-    else
-        lua_rawgeti(L, 1, (int)pick + 1);
-    return 1;
-}
-
-/* atc.rendezvous(eps, key [, c]): weighted highest random weight hashing over the available
- * endpoints. With c (>= 1), consistent hashing with bounded loads: an endpoint is skipped when, with
- * this request counted, it would hold more than c times its capacity's share of the requests in flight
- * on the available endpoints (some endpoint is always under that bound). */
-static int atc_rendezvous(lua_State *L)
-{
-    struct policy_version *v = version_of(L);
-    luaL_checktype(L, 1, LUA_TTABLE);
-    size_t keylen;
-    const char *key = luaL_checklstring(L, 2, &keylen);
-    double c_bound = luaL_optnumber(L, 3, 0);
-    if (lua_gettop(L) >= 3 && !lua_isnil(L, 3) && c_bound < 1)
-        return luaL_argerror(L, 3, "c must be >= 1");
-    uint64_t seed = XXH3_64bits(key, keylen);
-    int n = (int)lua_objlen(L, 1), best = 0;
-    double best_score = 0, per_slot = HUGE_VAL;
-    struct candidate c;
-    if (c_bound >= 1) {
-        double inflight = 0, capacity = 0;
-        for (int i = 1; i <= n; i++) {
-            read_candidate(L, v, 1, i, &c);
-            if (c.available) {
-                inflight += c.inflight;
-                capacity += c.capacity;
-            }
-        }
-        if (capacity <= 0) {
-            lua_pushnil(L);
-            return 1;
-        }
-        per_slot = c_bound * (inflight + 1) / capacity;
-    }
-    for (int i = 1; i <= n; i++) {
-        read_candidate(L, v, 1, i, &c);
-        if (!c.available || c.weight <= 0 || c.inflight + 1 > ceil(per_slot * c.capacity))
-            continue;
-        /* score = -w / ln(u), u uniform in (0,1) from hash(key, id) */
-        uint64_t h = XXH3_64bits_withSeed(c.id, c.idlen, seed);
-        double u = ((double)(h >> 11) + 0.5) * 0x1.0p-53;
-        double score = -c.weight / log(u);
-        if (best == 0 || score > best_score) {
-            best = i;
-            best_score = score;
-        }
-    }
-    if (best == 0)
-        lua_pushnil(L);
-    else
-        lua_rawgeti(L, 1, best);
-    return 1;
-}
-
-/* Reads option @p name of the options table at @p idx: a number, @p dflt when absent; a Lua error
- * (nothing is changed yet) when it is not a number or below @p min. */
-static double opt_number(lua_State *L, int idx, const char *name, double dflt, double min)
-{
-    lua_getfield(L, idx, name);
-    double x = dflt;
-    if (!lua_isnil(L, -1)) {
-        if (lua_type(L, -1) != LUA_TNUMBER)
-            luaL_error(L, "atc.prefix_pick: option '%s' must be a number", name);
-        x = lua_tonumber(L, -1);
-        if (x < min)
-            luaL_error(L, "atc.prefix_pick: option '%s' must be >= %f", name, min);
-    }
-    lua_pop(L, 1);
-    return x;
-}
-
-/* atc.prefix_pick(pool, req [, opts]): the hot loop of prefix affinity, in C. opts (all optional):
- * min_blocks (1), balance_abs and balance_rel (no imbalance guard), skip (an endpoint never chosen),
- * load_weight (0). nil when no available endpoint (but skip) has at least min_blocks of the prompt's
- * leading blocks, or when the pool is imbalanced (max - min in-flight > balance_abs and max >
- * balance_rel * min, as SGLang's cache-aware router). Otherwise, with load_weight 0, the available
- * endpoint with the longest overlap (ties: the lighter); with load_weight > 0, the one with the lowest
- * cost = prompt tokens it would still have to prefill (prompt_tokens - overlap * block_tokens) +
- * load_weight * its tokens in flight (ties: the lighter): a cache hit weighed against the work already
- * queued there. */
-static int atc_prefix_pick(lua_State *L)
-{
-    static const char *const known[] = {"min_blocks", "balance_abs", "balance_rel", "skip", "load_weight"};
-    struct policy_version *v = version_of(L);
-    luaL_checktype(L, 1, LUA_TTABLE);
-    if (lua_isnoneornil(L, 3)) {
-        lua_settop(L, 2);
-        lua_newtable(L);
-    }
-    luaL_checktype(L, 3, LUA_TTABLE);
-    lua_settop(L, 3);
-    for (lua_pushnil(L); lua_next(L, 3) != 0; lua_pop(L, 1)) { /* a misspelt option is a bug: say so */
-        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
-        bool ok = false;
-        for (size_t i = 0; k != NULL && i < sizeof(known) / sizeof(known[0]) && !ok; i++)
-            ok = strcmp(k, known[i]) == 0;
-        if (!ok)
-            return luaL_error(L, "atc.prefix_pick: unknown option '%s'",
-                              k != NULL ? k : luaL_typename(L, -2));
-    }
-    double min_blocks = opt_number(L, 3, "min_blocks", 1, 0),
-           abs_gap = opt_number(L, 3, "balance_abs", HUGE_VAL, 0),
-           rel = opt_number(L, 3, "balance_rel", 0, 0), load_weight = opt_number(L, 3, "load_weight", 0, 0);
-    lua_getfield(L, 3, "skip"); /* index 4 */
-    double prompt = 0, block_tokens = 0;
-    if (load_weight > 0) { /* read through the request's own accessors: engine requests and test ones */
-        lua_getfield(L, 2, "prompt_tokens");
-        lua_getfield(L, 2, "block_tokens");
-        prompt = lua_tonumber(L, -2);
-        block_tokens = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : ATC_PREFIX_BLOCK_BYTES / 4;
-        lua_pop(L, 2);
-    }
-    int n = (int)lua_objlen(L, 1), best = 0;
-    double best_score = 0, best_load = 0, max_overlap = 0, lo = HUGE_VAL, hi = 0;
-    for (int i = 1; i <= n; i++) {
-        struct candidate c;
-        read_candidate(L, v, 1, i, &c);
-        if (!c.available)
-            continue;
-        lua_rawgeti(L, 1, i);
-        int index = policy_api_view_index(v, -1);
-        const struct atc_endpoint *ep = index >= 0 ? endpoint_at(v, (unsigned)index) : NULL;
-        lo = c.inflight < lo ? c.inflight : lo;
-        hi = c.inflight > hi ? c.inflight : hi;
-        if (lua_rawequal(L, -1, 4)) {
-            lua_pop(L, 1);
-            continue;
-        }
-        double overlap;
-        if (ep != NULL) {
-            lua_pop(L, 1);
-            overlap = endpoint_overlap(L, v, ep);
-        } else { /* a test fleet's element: ask its method */
-            lua_getfield(L, -1, "prefix_overlap");
-            lua_insert(L, -2);
-            lua_pushvalue(L, 2);
-            lua_call(L, 2, 1);
-            overlap = lua_tonumber(L, -1);
-            lua_pop(L, 1);
-        }
-        max_overlap = overlap > max_overlap ? overlap : max_overlap;
-        /* Higher scores win: the overlap itself, or the negated cost. */
-        double score = overlap;
-        if (load_weight > 0) {
-            double uncached = prompt - overlap * block_tokens;
-            score = -((uncached > 0 ? uncached : 0) + load_weight * c.tokens);
-        } else if (overlap < min_blocks) {
-            continue;
-        }
-        if (best == 0 || score > best_score || (score == best_score && c.load < best_load)) {
-            best = i;
-            best_score = score;
-            best_load = c.load;
-        }
-    }
-    if (best == 0 || max_overlap < min_blocks || (hi - lo > abs_gap && hi > rel * lo))
-        lua_pushnil(L);
-    else
-        lua_rawgeti(L, 1, best);
-    return 1;
-}
-
-/* atc.cheapest(pool, load_weight [, queued, stamps, now_ms, drain_per_ms, queued_weight]): the available
- * endpoints of pool with the lowest cost = load_weight * ep.inflight_tokens + queued_weight * the work
- * queued there, as a new array (several when they tie; empty when none is available). The work queued on
- * ep is queued[ep] (a number) as of stamps[ep] (ms), drained at drain_per_ms since: atc.work's estimate,
- * computed here so that a decision does not loop over the fleet in Lua. */
-static int atc_cheapest(lua_State *L)
-{
-    struct policy_version *v = version_of(L);
-    luaL_checktype(L, 1, LUA_TTABLE);
-    double load_weight = luaL_checknumber(L, 2), best = HUGE_VAL;
-    bool queued = !lua_isnoneornil(L, 3);
-    double now = 0, rate = 0, queued_weight = 0;
-    if (queued) {
-        luaL_checktype(L, 3, LUA_TTABLE);
-        luaL_checktype(L, 4, LUA_TTABLE);
-        now = luaL_checknumber(L, 5);
-        rate = luaL_checknumber(L, 6);
-        queued_weight = luaL_checknumber(L, 7);
-    }
-    int n = (int)lua_objlen(L, 1), ntied = 0;
-    lua_createtable(L, 4, 0);
-    int out = lua_gettop(L);
-    for (int i = 1; i <= n; i++) {
-        struct candidate c;
-        read_candidate(L, v, 1, i, &c);
-        if (!c.available)
-            continue;
-        lua_rawgeti(L, 1, i);
-        double cost = load_weight * c.tokens;
-        if (queued) {
-            lua_pushvalue(L, -1);
-            lua_rawget(L, 3);
-            double w = lua_tonumber(L, -1);
-            lua_pop(L, 1);
-            if (w > 0) {
-                lua_pushvalue(L, -1);
-                lua_rawget(L, 4);
-                double since = lua_tonumber(L, -1);
-                lua_pop(L, 1);
-                w -= (now > since ? now - since : 0) * rate;
-                cost += queued_weight * (w > 0 ? w : 0);
-            }
-        }
-        if (ntied == 0 || cost < best) {
-            for (int k = ntied; k > 1; k--) { /* drop the old ties */
-                lua_pushnil(L);
-                lua_rawseti(L, out, k);
-            }
-            best = cost;
-            ntied = 1;
-            lua_rawseti(L, out, 1);
-        } else if (cost == best) {
-            lua_rawseti(L, out, ++ntied);
-        } else {
-            lua_pop(L, 1);
-        }
-    }
-    return 1;
 }
 
 /* ---- affinity ---- */
@@ -918,7 +556,7 @@ static const char *affinity_target(lua_State *L, struct policy_version *v, int i
 
 static int affinity_get(lua_State *L)
 {
-    struct policy_version *v = version_of(L);
+    struct policy_version *v = policy_api_version(L);
     size_t len;
     const char *key = luaL_checklstring(L, 1, &len);
     char id[ATC_AFFINITY_ID_MAX + 1];
@@ -934,7 +572,7 @@ static int affinity_get(lua_State *L)
 
 static int affinity_set(lua_State *L)
 {
-    struct policy_version *v = version_of(L);
+    struct policy_version *v = policy_api_version(L);
     size_t len;
     const char *key = luaL_checklstring(L, 1, &len);
     const char *id = affinity_target(L, v, 2);
@@ -948,7 +586,7 @@ static int affinity_set(lua_State *L)
 
 static int affinity_del(lua_State *L)
 {
-    struct policy_version *v = version_of(L);
+    struct policy_version *v = policy_api_version(L);
     size_t len;
     const char *key = luaL_checklstring(L, 1, &len);
     if (v->rt->affinity != NULL)
@@ -1033,6 +671,9 @@ static void open_views(struct policy_version *v)
     lua_pushlightuserdata(L, v);
     lua_pushcclosure(L, ep_prefix_overlap, 1);
     int prefix_overlap = lua_gettop(L);
+    lua_pushlightuserdata(L, v);
+    lua_pushcclosure(L, policy_pick_predict_ttft, 1);
+    int predict_ttft = lua_gettop(L);
     for (size_t i = 0; i < n; i++) {
         const struct atc_endpoint *ep = v->rt->table->endpoints[i];
         lua_newtable(L);          /* the view */
@@ -1053,6 +694,8 @@ static void open_views(struct policy_version *v)
         lua_setfield(L, -2, "has_tag");
         lua_pushvalue(L, prefix_overlap);
         lua_setfield(L, -2, "prefix_overlap");
+        lua_pushvalue(L, predict_ttft);
+        lua_setfield(L, -2, "predict_ttft");
         lua_pushlightuserdata(L, (void *)&view_index_key);
         lua_pushinteger(L, (lua_Integer)i);
         lua_rawset(L, -3);
@@ -1137,11 +780,11 @@ void policy_api_open(struct policy_version *v)
     set_closure(L, v, "random", atc_random);
     set_closure(L, v, "now", atc_now);
     set_closure(L, v, "log", atc_log);
-    set_closure(L, v, "least_loaded", atc_least_loaded);
-    set_closure(L, v, "p2c", atc_p2c);
-    set_closure(L, v, "rendezvous", atc_rendezvous);
-    set_closure(L, v, "prefix_pick", atc_prefix_pick);
-    set_closure(L, v, "cheapest", atc_cheapest);
+    set_closure(L, v, "least_loaded", policy_pick_least_loaded);
+    set_closure(L, v, "p2c", policy_pick_p2c);
+    set_closure(L, v, "rendezvous", policy_pick_rendezvous);
+    set_closure(L, v, "prefix_pick", policy_pick_prefix_pick);
+    set_closure(L, v, "fastest", policy_pick_fastest);
     if (v->rt->test_replay != NULL) /* atc test only: t.replay(...) runs a trace through a policy */
         set_closure(L, v, "replay", v->rt->test_replay);
     if (v->rt->test_route != NULL) /* atc test only: t.route(...) runs a decision on real views */

@@ -20,6 +20,7 @@
 
 #include <lauxlib.h>
 
+#include "core/clock.h"
 #include "core/config.h"
 #include "core/config_value.h"
 #include "core/log.h"
@@ -348,6 +349,7 @@ static void build_table(lua_State *L, struct route_scratch *x, int eps)
         lua_settop(L, e - 1);
     }
     struct atc_config cfg = {.models = x->models, .nmodels = x->nmodels};
+    atc_signal_params_init(&cfg.signals);
     x->table = check_alloc(L, atc_endpoint_table_create(&cfg));
     x->health = check_alloc(L, calloc(n ? n : 1, sizeof(*x->health)));
 }
@@ -393,15 +395,24 @@ static void set_live(lua_State *L, struct route_scratch *x, int eps)
             const char *last_error = spec_string(L, e, "last_error");
             atc_health_text_set(&h->last_error, last_error != NULL ? last_error : "");
             h->last_check_ms = spec_number(L, e, "last_check", 0);
-            h->running = nan_or(L, e, "running");
-            h->waiting = queue;
-            h->kv_usage = kv;
-            h->prefix_hit_rate = nan_or(L, e, "prefix_hit_rate");
             ep->health = h;
         }
         /* What routing reads of the scrape (health.c), or what a simulated server reports (replay). */
         ep->server_queue = isfinite(queue) && queue > 0 ? (unsigned)lround(queue) : 0;
         ep->server_kv_usage = isfinite(kv) ? kv : 0;
+        /* The routing signals (fleet/signals.h), on the runtime's clock (monotonic under atc test). */
+        struct atc_signals *s = &ep->sig;
+        uint64_t now = atc_mono_us();
+        s->prefill_tokens = (uint64_t)spec_number(L, e, "prefill_tokens", 0);
+        s->prefilling = (unsigned)spec_number(L, e, "prefilling", 0);
+        s->decoding = (unsigned)spec_number(L, e, "decoding", 0);
+        atc_signals_recent_set(s, spec_number(L, e, "recent_tokens", 0), now);
+        s->prefill_tps_ewma = spec_number(L, e, "prefill_rate", 0); /* 0: none observed, the prior */
+        s->itl_ms_ewma = spec_number(L, e, "itl", 0);
+        double running = nan_or(L, e, "running"), hit = nan_or(L, e, "prefix_hit_rate");
+        double age = spec_number(L, e, "scrape_age", 0);
+        if (isfinite(queue) || isfinite(kv) || isfinite(running) || isfinite(hit))
+            atc_signals_scraped(s, running, queue, kv, hit, now - (uint64_t)(age * 1000.0));
         lua_settop(L, e - 1);
     }
 }

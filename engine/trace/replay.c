@@ -31,9 +31,16 @@ enum req_state { RS_PENDING, RS_QUEUED, RS_RUNNING, RS_DONE, RS_REJECTED };
 struct rp_req {
     uint64_t queued_at;
     uint64_t tokens; /* counted in its endpoint's inflight_tokens while running */
+    struct atc_signal_ticket sig;
     int ep;
     uint8_t state;
     unsigned decisions;
+};
+
+/* A server's next event, kept with its index so that a sift reads only the heap's own array. */
+struct heap_entry {
+    uint64_t key; /* its model's next event (atc_sim_next_event_us) */
+    size_t ep;
 };
 
 struct rp_endpoint {
@@ -41,6 +48,9 @@ struct rp_endpoint {
     struct atc_endpoint *ep;
     struct atc_sim *sim;
     uint64_t requests;
+    uint64_t tokens; /* prompt + output tokens of the requests sent to it */
+    size_t heap_pos; /* its place in the heap */
+    uint64_t scraped_queries, scraped_hits; /* its prefix cache counters at the previous scrape */
 };
 
 struct outage_event {
@@ -57,6 +67,7 @@ struct replay {
     struct atc_endpoint_table *table;
     struct rp_endpoint *eps;
     size_t neps;
+    struct heap_entry *heap; /* a binary min-heap of the servers on their next event */
     struct atc_policy_runtime *rt;
     uint64_t budget_ns; /* CPU time a decision may use before it counts as an overrun */
     struct atc_affinity *affinity;
@@ -108,7 +119,7 @@ static int build_fleet(struct replay *rp, const struct atc_config *cfg, char **e
         *err = strdup("the fleet has no endpoints");
         return -1;
     }
-    if ((rp->eps = calloc(total, sizeof(*rp->eps))) == NULL)
+    if ((rp->eps = calloc(total, sizeof(*rp->eps))) == NULL || (rp->heap = calloc(total, sizeof(*rp->heap))) == NULL)
         goto oom;
     uint64_t seed = rp->o->seed ? rp->o->seed : 1;
     /* Endpoints of real servers are simulated with the default server model. */
@@ -153,6 +164,8 @@ static int add_server(struct replay *rp, struct atc_endpoint *ep, const struct a
     e->sim = atc_sim_create(&p, on_token, e);
     if (e->sim == NULL)
         return -1;
+    e->heap_pos = rp->neps;
+    rp->heap[rp->neps] = (struct heap_entry){.key = UINT64_MAX, .ep = rp->neps};
     rp->neps++;
     return 0;
 }
@@ -160,6 +173,66 @@ static int add_server(struct replay *rp, struct atc_endpoint *ep, const struct a
 static struct rp_endpoint *endpoint_of(struct replay *rp, const struct atc_endpoint *ep)
 {
     return &rp->eps[ep->index];
+}
+
+/* ---- the next event: a heap of the servers by their next event, so that an event costs O(log servers)
+ * and not a scan of the fleet ---- */
+
+static void heap_swap(struct replay *rp, size_t a, size_t b)
+{
+    struct heap_entry ea = rp->heap[a];
+    rp->heap[a] = rp->heap[b];
+    rp->heap[b] = ea;
+    rp->eps[rp->heap[a].ep].heap_pos = a;
+    rp->eps[rp->heap[b].ep].heap_pos = b;
+}
+
+static uint64_t heap_key(const struct replay *rp, size_t pos)
+{
+    return rp->heap[pos].key;
+}
+
+/* Sets server k's next event to @p key and restores the heap. */
+static void heap_fix(struct replay *rp, size_t k, uint64_t key)
+{
+    size_t i = rp->eps[k].heap_pos;
+    rp->heap[i].key = key;
+    while (i > 0 && heap_key(rp, (i - 1) / 2) > heap_key(rp, i)) {
+        heap_swap(rp, i, (i - 1) / 2);
+        i = (i - 1) / 2;
+    }
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < rp->neps && heap_key(rp, l) < heap_key(rp, m))
+            m = l;
+        if (r < rp->neps && heap_key(rp, r) < heap_key(rp, m))
+            m = r;
+        if (m == i)
+            return;
+        heap_swap(rp, i, m);
+        i = m;
+    }
+}
+
+/* What server k's /metrics would say now, as health scraping reads it from a real server: its model
+ * changed (a request came in, an iteration ran), so its key in the heap and its scraped load too. */
+static void server_changed(struct replay *rp, size_t k)
+{
+    struct rp_endpoint *e = &rp->eps[k];
+    struct atc_sim_stats st;
+    atc_sim_stats(e->sim, &st);
+    uint64_t queries = st.prefix_queries - e->scraped_queries, hits = st.prefix_hits - e->scraped_hits;
+    double hit_rate = queries > 0 ? (double)hits / (double)queries : NAN;
+    if (queries > 0) {
+        e->scraped_queries = st.prefix_queries;
+        e->scraped_hits = st.prefix_hits;
+    } else { /* nothing new looked up: the last rate stands */
+        hit_rate = e->ep->sig.scraped_prefix_hit_rate;
+    }
+    e->ep->server_queue = st.waiting;
+    e->ep->server_kv_usage = st.kv_usage;
+    atc_signals_scraped(&e->ep->sig, st.running, st.waiting, st.kv_usage, hit_rate, rp->now);
+    heap_fix(rp, k, atc_sim_next_event_us(e->sim));
 }
 
 /* ---- requests ---- */
@@ -187,8 +260,10 @@ static void dispatch(struct replay *rp, size_t i, struct atc_endpoint *ep)
     q->ep = (int)ep->index;
     q->state = RS_RUNNING;
     atc_endpoint_acquire(ep, q->tokens);
-    if (rp->rt != NULL)
-        atc_policy_routed(rp->rt, &rp->rreq, ep); /* the prefix index learns where these blocks went */
+    /* the prefix index learns where these blocks went, and says what that server likely has cached */
+    size_t cached = rp->rt != NULL ? atc_policy_routed(rp->rt, &rp->rreq, ep) : 0;
+    atc_signals_sent(&ep->sig, &rp->table->signals, &q->sig,
+                     atc_signals_uncached(r->prompt_tokens, cached, r->block_tokens), rp->now);
     struct atc_sim_request sr = {
         .prompt_tokens = r->prompt_tokens,
         .max_tokens = out >= 0 ? out : -1,
@@ -198,13 +273,16 @@ static void dispatch(struct replay *rp, size_t i, struct atc_endpoint *ep)
     };
     if (atc_sim_submit(e->sim, rp->now, &sr, (void *)(uintptr_t)(i + 1), NULL) == 0) {
         /* out of memory in the model: the request is lost, not the replay */
+        atc_signals_done(&ep->sig, &q->sig, rp->now, 0);
         atc_endpoint_release(ep, q->tokens);
         q->state = RS_REJECTED;
         rp->res->rejected++;
         return;
     }
     e->requests++;
+    e->tokens += r->prompt_tokens + (uint64_t)(out >= 0 ? out : 0);
     rp->res->endpoint[i] = (int)ep->index;
+    server_changed(rp, ep->index);
 }
 
 static void on_token(void *ctx, const struct atc_sim_token *tok)
@@ -217,6 +295,7 @@ static void on_token(void *ctx, const struct atc_sim_token *tok)
     if (tok->index == 0) {
         res->ttft_ms[i] = (double)(tok->at_us - r->at_us) / 1000.0;
         atc_endpoint_record(e->ep, true, res->ttft_ms[i]);
+        atc_signals_first_byte(&e->ep->sig, &rp->table->signals, &rp->reqs[i].sig, tok->at_us, true);
     }
     if (!tok->last)
         return;
@@ -224,6 +303,7 @@ static void on_token(void *ctx, const struct atc_sim_token *tok)
     res->output_tokens += tok->index + 1;
     res->completed++;
     rp->reqs[i].state = RS_DONE;
+    atc_signals_done(&e->ep->sig, &rp->reqs[i].sig, tok->at_us, tok->index + 1);
     atc_endpoint_release(e->ep, rp->reqs[i].tokens);
     if (tok->at_us > rp->last_completion)
         rp->last_completion = tok->at_us;
@@ -276,13 +356,6 @@ static void prepare(struct replay *rp, size_t i)
         .block_tokens = r->block_tokens,
         .tokens = r->prompt_tokens + (uint64_t)(r->max_tokens >= 0 ? r->max_tokens : DEFAULT_OUTPUT_TOKENS),
     };
-    /* What a server would report now (health scraping reads the same from real servers). */
-    for (size_t k = 0; k < rp->neps; k++) {
-        struct atc_sim_stats st;
-        atc_sim_stats(rp->eps[k].sim, &st);
-        rp->eps[k].ep->server_queue = st.waiting;
-        rp->eps[k].ep->server_kv_usage = st.kv_usage;
-    }
 }
 
 enum outcome { DISPATCHED, QUEUED, REJECTED };
@@ -490,11 +563,7 @@ static void loop(struct replay *rp, const char *name)
     for (;;) {
         uint64_t t_arr = next < rp->n ? rp->trace->records[next].at_us : UINT64_MAX;
         uint64_t t_out = rp->next_outage < rp->noutages ? rp->outages[rp->next_outage].at_us : UINT64_MAX;
-        uint64_t t_sim = UINT64_MAX;
-        for (size_t k = 0; k < rp->neps; k++) {
-            uint64_t t = atc_sim_next_event_us(rp->eps[k].sim);
-            t_sim = t < t_sim ? t : t_sim;
-        }
+        uint64_t t_sim = rp->neps > 0 ? heap_key(rp, 0) : UINT64_MAX;
         uint64_t t = t_arr < t_out ? t_arr : t_out;
         t = t_sim < t ? t_sim : t;
         if (t == UINT64_MAX)
@@ -518,9 +587,11 @@ static void loop(struct replay *rp, const char *name)
             if (ev->routable)
                 rp->drain = true;
         } else {
-            for (size_t k = 0; k < rp->neps; k++)
-                if (atc_sim_next_event_us(rp->eps[k].sim) <= t)
-                    atc_sim_advance(rp->eps[k].sim, t);
+            while (heap_key(rp, 0) <= t) {
+                size_t k = rp->heap[0].ep;
+                atc_sim_advance(rp->eps[k].sim, t);
+                server_changed(rp, k);
+            }
         }
         if (rp->drain)
             drain_queue(rp);
@@ -587,6 +658,12 @@ static void summarize(struct replay *rp)
     res->cache_hit_rate =
         res->prefix_blocks ? (double)res->prefix_block_hits / (double)res->prefix_blocks : 0;
     res->imbalance = rp->imbalance_n ? rp->imbalance_sum / (double)rp->imbalance_n : 1.0;
+    uint64_t most = 0, all = 0;
+    for (size_t k = 0; k < rp->neps; k++) {
+        most = rp->eps[k].tokens > most ? rp->eps[k].tokens : most;
+        all += rp->eps[k].tokens;
+    }
+    res->work_imbalance = all > 0 ? (double)most * (double)rp->neps / (double)all : 1.0;
     if (res->imbalance_max < 1.0)
         res->imbalance_max = 1.0;
 }
@@ -597,6 +674,7 @@ static void replay_dispose(struct replay *rp)
     for (size_t k = 0; k < rp->neps; k++)
         atc_sim_destroy(rp->eps[k].sim);
     free(rp->eps);
+    free(rp->heap);
     atc_endpoint_table_destroy(rp->table);
     atc_affinity_destroy(rp->affinity);
     atc_prefix_index_destroy(rp->prefix);

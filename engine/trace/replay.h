@@ -91,6 +91,7 @@ struct atc_replay_result {
     double cache_hit_rate; /* prefix blocks found in the server's cache / prefix blocks requested */
     double imbalance;      /* mean over time of max / mean in-flight across endpoints (1 = even) */
     double imbalance_max;
+    double work_imbalance; /* max / mean over endpoints of the tokens (prompt + output) sent to each */
     double wall_s; /* real time the replay took (not deterministic: kept out of --json) */
     bool live;     /* --speed: measured at the client; the fleet's cache and load are unknown */
 

@@ -13,6 +13,7 @@
 #include "core/config_value.h"
 #include "core/log.h"
 #include "trace/replay.h"
+#include "trace/replay_grid.h"
 #include "trace/replay_live.h"
 #include "trace/replay_report.h"
 #include "trace/trace.h"
@@ -21,8 +22,8 @@
 /* ---- atc replay ---- */
 
 static const char usage_replay[] =
-    "usage: atc replay -c FLEET.yaml --trace FILE [--policy P] [--vs P2 ...] [flags]\n"
-    "       atc replay --speed X --trace FILE (--target HOST:PORT | -c CONFIG) [flags]\n"
+    "usage: atc replay -c FLEET.yaml --trace FILE [--policy P] [--vs P2 ...] [--speed LIST] [--servers LIST]\n"
+    "       atc replay --live --speed X --trace FILE (--target HOST:PORT | -c CONFIG) [flags]\n"
     "\n"
     "Replays a trace through one or more policies against a simulated fleet, in virtual time: each\n"
     "simulate: entry and each endpoint of FLEET.yaml becomes a simulated server (the `atc sim` model:\n"
@@ -42,6 +43,8 @@ static const char usage_replay[] =
     "      --seed N          seeds atc.random(), the fallback balancer and drawn output lengths (default 1)\n"
     "      --model NAME      send every request to this model (imported traces name llama-3-8b)\n"
     "      --limit N         replay only the first N requests\n"
+    "      --from N          leave out the first N requests (the rest start at time 0): with --limit,\n"
+    "                        any part of a trace, e.g. its second half to check knobs fitted on the first\n"
     "      --budget DURATION CPU time a decision may use (default: the config's policy.budget); one\n"
     "                        that uses more counts as an overrun, and the watchdog stops it (wall clock;\n"
     "                        routed by the built-in balancer) only at 100 times that, so a busy machine\n"
@@ -52,17 +55,45 @@ static const char usage_replay[] =
     "      --html FILE       also write a self-contained HTML report (TTFT distribution per policy, load\n"
     "                        per endpoint over time)\n"
     "      --no-progress     no progress bar (shown only when stderr is a terminal)\n"
+    "      --speed LIST      compress the trace's arrivals in virtual time: 2 = twice the traffic\n"
+    "                        (default 1); a list such as 1,2,4 replays each\n"
+    "      --servers LIST    give every simulate: entry of the fleet this many servers; a list such as\n"
+    "                        8,16,32 replays each. With more than one speed or server count, prints\n"
+    "                        one grid: per cell the offered prefill load, the pooled-LRU bound on\n"
+    "                        cache hits, each policy's TTFT p90 and hit rate, and the first policy's\n"
+    "                        ratio to the best of the others (--json and --html write the grid)\n"
     "\n"
     "  wall-time replay against a running atc (also the benchmarks' load generator):\n"
-    "      --speed X         send requests X times faster than the trace's arrivals (1 = as recorded);\n"
-    "                        prompts are synthesized from the block hashes, so shared prefixes are\n"
-    "                        shared bytes; streams, and measures what clients see\n"
-    "      --target HOST:PORT  atc's front door (default: -c CONFIG's listen:)\n"
+    "      --live            send the trace to a running atc in wall time, --speed X times faster than\n"
+    "                        recorded; prompts are synthesized from the block hashes, so shared\n"
+    "                        prefixes are shared bytes; streams, and measures what clients see\n"
+    "      --target HOST:PORT  atc's front door (default: -c CONFIG's listen:); implies --live\n"
     "      --max-inflight N  requests open at once (default 1024)\n"
     "      --timeout DURATION  per request (default 300s)\n"
     "  -h, --help            this text\n";
 
 #define MAX_POLICIES 16
+#define MAX_CELLS 16
+
+/* "1,2,4" into @p v (at most MAX_CELLS values, each > 0). Returns how many, or -1. */
+static int parse_list(const char *s, double *v, bool whole)
+{
+    int n = 0;
+    char *end;
+    for (;;) {
+        if (n == MAX_CELLS)
+            return -1;
+        v[n] = strtod(s, &end);
+        if (end == s || !(v[n] > 0) || (whole && (v[n] != (double)(unsigned)v[n])))
+            return -1;
+        n++;
+        if (*end == '\0')
+            return n;
+        if (*end != ',')
+            return -1;
+        s = end + 1;
+    }
+}
 
 struct policy_arg {
     char name[128];
@@ -138,6 +169,9 @@ int atc_replay_main(int argc, char **argv)
         {"html", required_argument, NULL, 'H'},
         {"no-progress", no_argument, NULL, 'n'},
         {"speed", required_argument, NULL, 'S'},
+        {"servers", required_argument, NULL, 'N'},
+        {"from", required_argument, NULL, 'F'},
+        {"live", no_argument, NULL, 'L'},
         {"target", required_argument, NULL, 'T'},
         {"max-inflight", required_argument, NULL, 'M'},
         {"timeout", required_argument, NULL, 'o'},
@@ -147,7 +181,11 @@ int atc_replay_main(int argc, char **argv)
     const char *config = NULL, *trace_path = NULL, *html = NULL, *target = NULL;
     const char *policy_args[MAX_POLICIES];
     size_t npolicies = 0;
-    bool json = false, no_progress = false, have_policy = false;
+    bool json = false, no_progress = false, have_policy = false, live = false;
+    double speeds[MAX_CELLS], server_list[MAX_CELLS];
+    unsigned servers[MAX_CELLS];
+    int nspeeds = 0, nservers = 0;
+    size_t from = 0;
     struct atc_replay_options o = {.seed = 1};
     struct atc_trace_import_options io = {0};
     struct atc_replay_live_options lo = {0};
@@ -220,14 +258,35 @@ int atc_replay_main(int argc, char **argv)
             no_progress = true;
             break;
         case 'S':
-            lo.speed = strtod(optarg, &end);
-            if (*end != '\0' || !(lo.speed > 0)) {
-                fprintf(stderr, "atc replay: --speed must be a number > 0\n");
+            if ((nspeeds = parse_list(optarg, speeds, false)) < 0) {
+                fprintf(stderr, "atc replay: --speed must be a number > 0, or a list such as 1,2,4 (at most %d)\n",
+                        MAX_CELLS);
+                return 2;
+            }
+            break;
+        case 'N':
+            if ((nservers = parse_list(optarg, server_list, true)) < 0) {
+                fprintf(stderr, "atc replay: --servers must be a whole number > 0, or a list such as 8,16,32 "
+                                "(at most %d)\n",
+                        MAX_CELLS);
+                return 2;
+            }
+            for (int i = 0; i < nservers; i++)
+                servers[i] = (unsigned)server_list[i];
+            break;
+        case 'L':
+            live = true;
+            break;
+        case 'F':
+            from = strtoul(optarg, &end, 10);
+            if (*end != '\0' || *optarg == '\0') {
+                fprintf(stderr, "atc replay: --from must be a whole number\n");
                 return 2;
             }
             break;
         case 'T':
             target = optarg;
+            live = true;
             break;
         case 'M':
             lo.max_inflight = (unsigned)strtoul(optarg, &end, 10);
@@ -254,14 +313,17 @@ int atc_replay_main(int argc, char **argv)
         fprintf(stderr, "atc replay: unexpected argument '%s'\n%s", argv[optind], usage_replay);
         return 2;
     }
-    if (trace_path == NULL || (config == NULL && (lo.speed == 0 || target == NULL))) {
+    if (trace_path == NULL || (config == NULL && target == NULL)) {
         fprintf(stderr, "atc replay: %s is required\n%s", trace_path == NULL ? "--trace FILE" : "-c FILE",
                 usage_replay);
         return 2;
     }
-    if (lo.speed == 0 && target != NULL) {
-        fprintf(stderr, "atc replay: --target goes with --speed (a wall-time replay)\n");
-        return 2;
+    if (live) {
+        if (nspeeds != 1 || nservers > 0) {
+            fprintf(stderr, "atc replay: --live replays at one --speed X against a running atc (no --servers)\n");
+            return 2;
+        }
+        lo.speed = speeds[0];
     }
     if (getenv("ATC_LOG") == NULL)
         atc_log_set_level(ATC_LOG_WARN); /* the policy runtime's "loaded" lines would clutter the table */
@@ -285,11 +347,27 @@ int atc_replay_main(int argc, char **argv)
     }
     if (bad > 0)
         fprintf(stderr, "%s: %zu malformed line(s) skipped\n", trace_path, bad);
+    if (from > 0) { /* the records from `from` on, as if the trace began there */
+        if (from >= trace->n) {
+            fprintf(stderr, "atc replay: --from %zu: the trace has %zu requests\n", from, trace->n);
+            atc_trace_free(trace);
+            atc_config_free(cfg);
+            return 2;
+        }
+        memmove(trace->records, trace->records + from, (trace->n - from) * sizeof(*trace->records));
+        trace->n -= from;
+        uint64_t t0 = trace->records[0].at_us;
+        for (size_t i = 0; i < trace->n; i++)
+            trace->records[i].at_us -= t0;
+    }
     bool progress = !no_progress && !json && isatty(STDERR_FILENO);
     o.progress = lo.progress = progress;
     int rc = 0;
     struct atc_replay_result results[MAX_POLICIES];
     size_t nresults = 0;
+    struct policy_arg pargs[MAX_POLICIES];
+    struct atc_replay_grid_policy gpolicies[MAX_POLICIES];
+    struct atc_replay_grid grid = {0};
     char title[8192];
 
     if (lo.speed > 0) {
@@ -322,28 +400,48 @@ int atc_replay_main(int argc, char **argv)
             policy_args[0] = cfg->policy.enabled ? cfg->policy.entry : "builtin"; /* as atc serve would */
             npolicies++;
         }
-        struct policy_arg pa;
         for (size_t i = 0; i < npolicies; i++) {
-            if (resolve_policy(policy_args[i], &pa) < 0) {
+            if (resolve_policy(policy_args[i], &pargs[i]) < 0) {
                 fprintf(stderr, "atc replay: no policy '%s' (a .lua file, or a name in examples/policies/)\n",
                         policy_args[i]);
                 rc = 2;
                 goto done;
             }
-            if (atc_replay_run(cfg, trace, pa.path[0] != '\0' ? pa.path : NULL, pa.name, &o,
-                               &results[nresults], &err) < 0) {
-                fprintf(stderr, "atc replay: %s\n", err != NULL ? err : "failed");
-                free(err);
-                err = NULL;
-                rc = 1;
-                goto done;
-            }
-            nresults++;
+            gpolicies[i].name = pargs[i].name;
+            gpolicies[i].path = pargs[i].path[0] != '\0' ? pargs[i].path : NULL;
         }
+        grid = (struct atc_replay_grid){.trace_path = trace_path, .fleet_path = config, .seed = o.seed,
+                                        .policies = gpolicies, .npolicies = npolicies};
+        if (atc_replay_grid_run(cfg, trace, &grid, speeds, (size_t)nspeeds, servers, (size_t)nservers, &o, &err) <
+            0) {
+            fprintf(stderr, "atc replay: %s\n", err != NULL ? err : "failed");
+            free(err);
+            err = NULL;
+            rc = 1;
+            goto done;
+        }
+        if (grid.ncells > 1) {
+            if (json)
+                atc_replay_grid_json(stdout, &grid);
+            else
+                atc_replay_grid_table(stdout, &grid);
+            if (html != NULL && atc_replay_grid_html(html, &grid, &err) < 0) {
+                fprintf(stderr, "atc replay: %s\n", err != NULL ? err : "cannot write the report");
+                free(err);
+                rc = 1;
+            }
+            goto done;
+        }
+        /* One cell: the per-policy report, its results moved out of the grid. */
+        for (size_t i = 0; i < npolicies; i++)
+            results[nresults++] = grid.cells[0].results[i];
+        grid.ncells = 0;
+        free(grid.cells[0].results);
         size_t neps = results[0].nendpoints;
-        snprintf(title, sizeof(title), "%s: %zu requests over %.1f s; fleet %s: %zu endpoints; seed %llu",
-                 trace_path, results[0].requests,
-                 results[0].requests ? (double)trace->records[results[0].requests - 1].at_us / 1e6 : 0.0,
+        double speed = nspeeds ? speeds[0] : 1;
+        snprintf(title, sizeof(title), "%s%s: %zu requests over %.1f s; fleet %s: %zu endpoints; seed %llu",
+                 trace_path, speed != 1 ? " (time-compressed)" : "", results[0].requests,
+                 results[0].requests ? (double)trace->records[results[0].requests - 1].at_us / 1e6 / speed : 0.0,
                  config, neps, (unsigned long long)o.seed);
     }
     if (json)
@@ -362,6 +460,7 @@ int atc_replay_main(int argc, char **argv)
                     "(--model NAME sends them all to one)\n",
                     results[i].name);
 done:
+    atc_replay_grid_dispose(&grid);
     for (size_t i = 0; i < nresults; i++)
         atc_replay_result_dispose(&results[i]);
     atc_trace_free(trace);

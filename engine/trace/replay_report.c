@@ -78,17 +78,29 @@ static void json_str(FILE *out, const char *s)
 }
 
 /* Numbers rounded to the microsecond / 4 decimals, so the same run prints the same text. */
+void atc_replay_report_json_string(FILE *out, const char *s)
+{
+    if (s != NULL)
+        json_str(out, s);
+    else
+        fputs("null", out);
+}
+
 void atc_replay_report_json(FILE *out, const char *trace, const char *fleet, uint64_t seed,
                             const struct atc_replay_result *r, size_t n)
 {
     fputs("{\"trace\":", out);
     json_str(out, trace);
     fputs(",\"fleet\":", out);
-    if (fleet != NULL)
-        json_str(out, fleet);
-    else
-        fputs("null", out);
-    fprintf(out, ",\"seed\":%llu,\"policies\":[", (unsigned long long)seed);
+    atc_replay_report_json_string(out, fleet);
+    fprintf(out, ",\"seed\":%llu,\"policies\":", (unsigned long long)seed);
+    atc_replay_report_json_policies(out, r, n);
+    fputs("}\n", out);
+}
+
+void atc_replay_report_json_policies(FILE *out, const struct atc_replay_result *r, size_t n)
+{
+    fputc('[', out);
     for (size_t i = 0; i < n; i++) {
         const struct atc_replay_result *x = &r[i];
         /* A live replay measures at the client: the fleet's cache and load are not known there. */
@@ -105,7 +117,8 @@ void atc_replay_report_json(FILE *out, const char *trace, const char *fleet, uin
                 "\"ttft_p50_ms\":%.3f,\"ttft_p90_ms\":%.3f,\"ttft_p99_ms\":%.3f,\"ttft_mean_ms\":%.3f,"
                 "\"e2e_p50_ms\":%.3f,\"e2e_p99_ms\":%.3f,\"throughput_rps\":%.4f,\"output_tps\":%.4f,"
                 "\"output_tokens\":%llu,\"duration_s\":%.6f,\"cache_hit_rate\":%s,\"prefix_blocks\":%llu,"
-                "\"prefix_block_hits\":%llu,\"imbalance\":%s,\"imbalance_max\":%s,\"queued\":%zu,"
+                "\"prefix_block_hits\":%llu,\"imbalance\":%s,\"imbalance_max\":%s,\"work_imbalance\":%.4f,"
+                "\"queued\":%zu,"
                 "\"queue_wait_p50_ms\":%.3f,\"queue_wait_p99_ms\":%.3f,\"queue_wait_max_ms\":%.3f,"
                 "\"decisions\":%llu,\"fallbacks\":%llu,\"policy_errors\":%llu,\"budget_overruns\":%llu,"
                 "\"preemptions\":%llu,\"endpoints\":[",
@@ -113,7 +126,7 @@ void atc_replay_report_json(FILE *out, const char *trace, const char *fleet, uin
                 x->ttft_p99_ms, x->ttft_mean_ms, x->e2e_p50_ms, x->e2e_p99_ms, x->throughput_rps,
                 x->output_tps, (unsigned long long)x->output_tokens, x->duration_s, cache,
                 (unsigned long long)x->prefix_blocks, (unsigned long long)x->prefix_block_hits, imbal,
-                imbal_max, x->queued, x->queue_wait_p50_ms, x->queue_wait_p99_ms, x->queue_wait_max_ms,
+                imbal_max, x->work_imbalance, x->queued, x->queue_wait_p50_ms, x->queue_wait_p99_ms, x->queue_wait_max_ms,
                 (unsigned long long)x->decisions, (unsigned long long)x->fallbacks,
                 (unsigned long long)x->policy_errors, (unsigned long long)x->budget_overruns,
                 (unsigned long long)x->preemptions);
@@ -128,7 +141,7 @@ void atc_replay_report_json(FILE *out, const char *trace, const char *fleet, uin
         }
         fputs("]}", out);
     }
-    fputs("\n]}\n", out);
+    fputs("\n]", out);
 }
 
 /* ---- HTML ---- */
@@ -137,7 +150,7 @@ static const char *const palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e"
                                       "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
 #define NCOLORS (sizeof(palette) / sizeof(palette[0]))
 
-static void html_text(FILE *out, const char *s)
+void atc_replay_report_html_text(FILE *out, const char *s)
 {
     for (; *s; s++) {
         if (*s == '<')
@@ -229,7 +242,7 @@ static void chart_ttft(FILE *out, const struct atc_replay_result *r, size_t n)
         fputs("\"/>\n", out);
         fprintf(out, "<text x=\"%d\" y=\"%zu\" font-size=\"12\" fill=\"%s\">", ML + 10, MT + 16 + 15 * i,
                 palette[i % NCOLORS]);
-        html_text(out, r[i].name);
+        atc_replay_report_html_text(out, r[i].name);
         fputs("</text>\n", out);
         free(v);
     }
@@ -268,7 +281,7 @@ static void chart_load(FILE *out, const struct atc_replay_result *r)
         if (k < 16) {
             fprintf(out, "<text x=\"%zu\" y=\"%d\" font-size=\"11\" fill=\"%s\">", ML + 8 + 130 * (k % 6),
                     MT + 14 + 13 * (int)(k / 6), palette[k % NCOLORS]);
-            html_text(out, r->endpoints[k].id);
+            atc_replay_report_html_text(out, r->endpoints[k].id);
             fputs("</text>\n", out);
         }
     }
@@ -289,7 +302,7 @@ int atc_replay_report_html(const char *path, const char *title, const struct atc
           "td,th{padding:4px 10px;border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child"
           "{text-align:left}h2{margin-top:2em}</style></head><body>\n<h1>atc replay</h1>\n<p>",
           out);
-    html_text(out, title);
+    atc_replay_report_html_text(out, title);
     fputs(
         "</p>\n<table><tr><th>policy</th><th>requests</th><th>TTFT p50</th><th>p90</th><th>p99</th>"
         "<th>e2e p50</th><th>p99</th><th>req/s</th><th>output tok/s</th><th>cache hit</th><th>imbalance</th>"
@@ -298,7 +311,7 @@ int atc_replay_report_html(const char *path, const char *title, const struct atc
     for (size_t i = 0; i < n; i++) {
         const struct atc_replay_result *x = &r[i];
         fprintf(out, "<tr><td style=\"color:%s\">", palette[i % NCOLORS]);
-        html_text(out, x->name);
+        atc_replay_report_html_text(out, x->name);
         fprintf(out,
                 "</td><td>%zu</td><td>%.0f ms</td><td>%.0f ms</td><td>%.0f ms</td><td>%.0f ms</td><td>%.0f "
                 "ms</td>"
@@ -314,7 +327,7 @@ int atc_replay_report_html(const char *path, const char *title, const struct atc
         if (r[i].nsamples == 0)
             continue;
         fputs("<h2>Requests in flight per endpoint: ", out);
-        html_text(out, r[i].name);
+        atc_replay_report_html_text(out, r[i].name);
         fputs("</h2>\n", out);
         chart_load(out, &r[i]);
     }

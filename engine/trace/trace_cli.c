@@ -11,7 +11,9 @@
 #include <xxhash.h>
 
 #include "trace/trace.h"
+#include "sim/sim.h"
 #include "trace/trace_import.h"
+#include "trace/trace_lru.h"
 
 static const char usage_trace[] =
     "usage: atc trace <import|stats|dump> ...\n"
@@ -45,7 +47,8 @@ static const char usage_stats[] =
     "\n"
     "Prints what a trace holds: requests, duration and rates (mean, busiest second and minute), models,\n"
     "prompt and output length distributions, streaming, priorities, sessions, tenants; prefix sharing\n"
-    "(blocks, distinct blocks, and the share of blocks an unbounded cache would have served); and for\n"
+    "(blocks, distinct blocks, the share of blocks an unbounded cache would have served, and the hit\n"
+    "rate of one LRU cache the size of 8 to 64 simulated servers' KV caches); and for\n"
     "recorded traffic, statuses, endpoints and latencies.\n"
     "\n"
     "  --json      one JSON object instead of text\n"
@@ -333,6 +336,20 @@ static void print_text(FILE *out, const char *path, const struct atc_trace *t, c
                 "rate); %.1f%% of requests reuse at least one block\n",
                 "prefix sharing", s->blocks ? 100.0 * (double)s->reused_blocks / (double)s->blocks : 0.0,
                 100.0 * (double)s->requests_reusing / (double)s->with_blocks);
+        /* The bound a fleet's caches could reach (trace_lru.h), at the simulated server's KV size. */
+        struct atc_sim_params sp;
+        atc_sim_params_init(&sp);
+        fprintf(out, "%-15s", "pooled LRU");
+        static const unsigned servers[] = {8, 16, 32, 64};
+        for (size_t i = 0; i < sizeof(servers) / sizeof(servers[0]); i++) {
+            uint64_t room = (uint64_t)servers[i] * sp.kv_blocks * ATC_SIM_KV_BLOCK_TOKENS;
+            fprintf(out, "%s %u servers %.1f%%", i ? "," : "", servers[i],
+                    100.0 * atc_trace_pooled_lru_hit_rate(t, 0, room));
+        }
+        fprintf(out, " (the hit rate of one LRU cache as large as N servers' KV caches of %uk tokens: the "
+                     "most routing can reach)\n",
+                sp.kv_blocks * ATC_SIM_KV_BLOCK_TOKENS / 1000);
+        atc_sim_params_dispose(&sp);
     } else {
         fprintf(out, "%-15s none (the trace has no prefix block hashes)\n", "prefix");
     }

@@ -62,8 +62,16 @@ M.ep = {
   { name = "server_queue", type = "number", unit = "requests", nil_when = "never scraped", doc = "server-reported: requests waiting inside the server (not atc's queue: that is `atc.queue()`)" },
   { name = "kv_usage", type = "number", unit = "share 0..1", nil_when = "never scraped", doc = "server-reported: KV cache in use" },
   { name = "prefix_hit_rate", type = "number", unit = "share 0..1", nil_when = "never scraped", doc = "server-reported: prompt tokens found in its prefix cache" },
+  { name = "scrape_age", type = "number", unit = "ms", nil_when = "never scraped", doc = "how long ago the four server-reported values were read" },
+  { name = "prefill_tokens", type = "integer", unit = "tokens", mock = 0, doc = "engine-observed: uncached prompt tokens (by the prefix index, at send) of the requests sent there whose first token has not come back: the prefill queue a new request waits behind" },
+  { name = "prefilling", type = "integer", unit = "requests", mock = 0, doc = "engine-observed: requests sent there before their first token" },
+  { name = "decoding", type = "integer", unit = "requests", mock = 0, doc = "engine-observed: requests there past their first token, not finished" },
+  { name = "recent_tokens", type = "number", unit = "tokens", mock = 0, doc = "engine-observed: the uncached prompt tokens sent there, summed with exponential decay (half-life `signals.recent_half_life`, 2 s): not 0 for traffic that arrives one request at a time" },
+  { name = "prefill_rate", type = "number", unit = "tokens/s", mock = 15000, doc = "engine-observed: prompt tokens a second it prefills (a moving average over streamed answers), the `signals.prefill_rate` prior (15000) until then" },
+  { name = "itl", type = "number", unit = "ms/token", mock = 12, doc = "engine-observed: time per output token (a moving average over streamed answers), the `signals.itl` prior (12ms) until then" },
   { name = "has_tag", kind = "method", args = "tag", type = "boolean", doc = "tag is one of its `tags`" },
   { name = "prefix_overlap", kind = "method", args = "req", type = "integer", unit = "blocks", doc = "leading blocks of req's prompt recently routed to ep (0 when none): where its KV cache likely is" },
+  { name = "predict_ttft", kind = "method", args = "req", type = "number", unit = "ms", doc = "req's time to first token there if sent now: (`prefill_tokens` + its uncached prompt tokens there) / `prefill_rate` + `itl`" },
 }
 
 -- verdict: what atc.queue / atc.reject return (a policy returns it instead of an endpoint).
@@ -85,7 +93,7 @@ M.atc = {
   { name = "p2c", args = "eps", type = "endpoint", nil_when = "none available", doc = "power of two choices, the built-in balancer's (fleet/balancer.c)" },
   { name = "rendezvous", args = "eps, key [, c]", type = "endpoint", nil_when = "none available", doc = "weighted highest-random-weight hashing of key; with c >= 1, no endpoint above c x its share of the load" },
   { name = "prefix_pick", args = "pool, req [, opts]", type = "endpoint", nil_when = "no overlap reaches min_blocks, or the pool is imbalanced", doc = "the prefix-affinity loop in C; opts: `min_blocks` (1), `balance_abs`, `balance_rel` (imbalanced when max - min in-flight > balance_abs and max > balance_rel x min; no guard without balance_abs), `skip` (an endpoint never chosen), `load_weight` (0: the longest overlap; > 0: the lowest uncached prompt tokens + load_weight x tokens in flight)" },
-  { name = "cheapest", args = "pool, load_weight [, queued, stamps, now_ms, drain_per_ms, queued_weight]", type = "endpoint[]", doc = "the available endpoints with the lowest load_weight x `inflight_tokens` (+ queued_weight x the work queued, drained since its stamp); several when they tie, `{}` when none is available" },
+  { name = "fastest", args = "pool, req [, opts]", type = "endpoint", nil_when = "none available", doc = "the available endpoint where req's first token comes soonest, by `ep:predict_ttft` in C (also returns the cost and the predicted TTFT, ms); opts: `uncached` (1: a token not cached there counts this many times, > 1 values the cache left behind), `decode` (0: + decode x `decoding` x `itl`), `recent` (0: + recent x `recent_tokens` / `prefill_rate`), `pooled` (false: true compares at the pool's mean rates), `skip` (an endpoint never chosen); ties: less recent work, then the lower `load`" },
   { name = "affinity.get", args = "key", type = "string", nil_when = "no live pin", doc = "the endpoint id pinned to key (a bounded LRU in C: it survives reloads)" },
   { name = "affinity.set", args = "key, ep_or_id [, ttl_ms]", type = "nothing", doc = "pins key to an endpoint (default ttl 10 min)" },
   { name = "affinity.del", args = "key", type = "nothing", doc = "forgets key" },

@@ -276,6 +276,10 @@ function M.endpoint(spec)
     end
     return o
   end
+  ep.predict_ttft = function(self, req) -- the engine's formula (fleet/signals.c), on the mock's fields
+    local uncached = req.prompt_tokens - self:prefix_overlap(req) * req.block_tokens
+    return ((self.prefill_tokens or 0) + (uncached > 1 and uncached or 1)) * 1000 / self.prefill_rate + self.itl
+  end
   ep._mock = own -- how fleet:set reaches the settings that are not fields
   refresh(ep, own)
   return ep

@@ -35,7 +35,8 @@ local SHARED_BLOCKS = math.floor((13 + #SHARED) / 256)
 local ENDPOINTS = {
   { id = "a", model = "llama", version = "v2", tags = { "gpu", "big" }, weight = 3, capacity = 4, inflight = 1,
     inflight_tokens = 500, ttft_ewma = 120, errors = 2, consecutive_failures = 1, last_error = "timeout",
-    last_check = 1234, running = 3, server_queue = 2, kv_usage = 0.5, prefix_hit_rate = 0.25 },
+    last_check = 1234, running = 3, server_queue = 2, kv_usage = 0.5, prefix_hit_rate = 0.25, scrape_age = 250,
+    prefill_tokens = 3000, prefilling = 2, decoding = 1, recent_tokens = 4000, prefill_rate = 10000, itl = 20 },
   { id = "b", model = "llama", capacity = 8, inflight = 2, inflight_tokens = 100 },
   { id = "c", model = "llama", capacity = 8, inflight = 4, inflight_tokens = 50 },
   { id = "d", model = "other", health = "unhealthy" },
@@ -72,6 +73,8 @@ local function check_section(key, view, expected, label)
     end
     if want == NIL then
       t.expect(got, label .. "." .. e.name).to_be_nil()
+    elseif type(want) == "table" and want.near ~= nil then -- a value that moves with the clock
+      t.expect(got, label .. "." .. e.name).to_be_between(want.near - want.within, want.near + want.within)
     else
       t.expect(map and map(got) or got, label .. "." .. e.name).to_equal(want)
     end
@@ -127,17 +130,22 @@ t.test("ep: every field and method of a scraped endpoint, and of one nothing is 
       id = "a", model = "llama", version = "v2", tags = { "gpu", "big" }, weight = 3, capacity = 4, inflight = 1,
       inflight_tokens = 500, load = 0.25, available = true, health = "healthy", consecutive_failures = 1,
       last_error = "timeout", last_check = 1234, errors = 2, ttft_ewma = 120, running = 3, server_queue = 2,
-      kv_usage = 0.5, prefix_hit_rate = 0.25,
+      kv_usage = 0.5, prefix_hit_rate = 0.25, scrape_age = { near = 300, within = 50 }, prefill_tokens = 3000,
+      prefilling = 2, decoding = 1, recent_tokens = { near = 3950, within = 50 }, prefill_rate = 10000, itl = 20,
       has_tag = { call = function(ep) return ep:has_tag("big") end, value = true },
       prefix_overlap = { call = function(ep) return ep:prefix_overlap(req) end, value = SHARED_BLOCKS },
+      predict_ttft = { call = function(ep) return ep:predict_ttft(req) end,
+                       value = (3000 + req.prompt_tokens - SHARED_BLOCKS * 64) * 1000 / 10000 + 20 },
     }, "a")
     check_section("ep", fleet:endpoint("b"), {
       id = "b", model = "llama", version = NIL, tags = {}, weight = 1, capacity = 8, inflight = 2,
       inflight_tokens = 100, load = 0.25, available = true, health = "healthy", consecutive_failures = 0,
       last_error = NIL, last_check = NIL, errors = 0, ttft_ewma = NIL, running = NIL, server_queue = NIL,
-      kv_usage = NIL, prefix_hit_rate = NIL,
+      kv_usage = NIL, prefix_hit_rate = NIL, scrape_age = NIL, prefill_tokens = 0, prefilling = 0, decoding = 0,
+      recent_tokens = 0, prefill_rate = 15000, itl = 12, -- the signals.prefill_rate and signals.itl priors
       has_tag = { call = function(ep) return ep:has_tag("gpu") end, value = false },
       prefix_overlap = { call = function(ep) return ep:prefix_overlap(req) end, value = 0 },
+      predict_ttft = { call = function(ep) return ep:predict_ttft(req) end, value = req.prompt_tokens * 1000 / 15000 + 12 },
     }, "b")
     t.expect(fleet:endpoint("a").queue, "the old name of server_queue").to_be_nil()
     t.expect(fleet:endpoint("c").available, "already tried").to_be(false)
@@ -250,9 +258,24 @@ t.test("atc: every host function on the engine's views", function()
       t.expect(atc.prefix_pick(pool, req, { balance_abs = 0, balance_rel = 1 })).to_be_nil() -- 1 vs 2 in flight
       t.expect(function() atc.prefix_pick(pool, req, { min_block = 2 }) end).to_raise("unknown option 'min_block'")
     end)
-    check("cheapest", function()
-      t.expect(t.ids(atc.cheapest(pool, 1))).to_equal({ "b" })
-      t.expect(atc.cheapest({ fleet:endpoint("c") }, 1)).to_equal({})
+    check("fastest", function() -- a: 3000 tokens queued at 10000/s; b: idle at the 15000/s prior
+      local a, b = fleet:endpoint("a"), fleet:endpoint("b")
+      local ep, cost, ttft = atc.fastest(pool, req)
+      t.expect(ep).to_be(b)
+      t.expect(ttft).to_be(b:predict_ttft(req))
+      t.expect(cost).to_be(ttft)
+      t.expect(atc.fastest(pool, req, { skip = b })).to_be(a)
+      t.expect(atc.fastest({ fleet:endpoint("c") }, req)).to_be_nil() -- tried already
+      -- a's cache credit: its uncached tokens are fewer, so weighing them more pulls towards b less
+      local _, c1 = atc.fastest({ a }, req, { uncached = 1 })
+      local _, c2 = atc.fastest({ a }, req, { uncached = 2 })
+      local credit = (req.prompt_tokens - SHARED_BLOCKS * 64) * 1000 / 10000
+      t.expect(c2 - c1).to_be_between(credit - 1e-9, credit + 1e-9)
+      local _, c3 = atc.fastest({ a }, req, { decode = 1 }) -- + 1 decoding x 20 ms
+      t.expect(c3 - c1).to_be_between(20 - 1e-9, 20 + 1e-9)
+      local _, c4 = atc.fastest({ a, b }, req, { pooled = true, skip = b }) -- at the pool's mean rates
+      local pooled = (3000 + req.prompt_tokens - SHARED_BLOCKS * 64) * 1000 / 12500 + 16
+      t.expect(c4).to_be_between(pooled - 1e-9, pooled + 1e-9)
     end)
     check("affinity.get", function() t.expect(atc.affinity.get("contract-pin")).to_be_nil() end)
     check("affinity.set", function()

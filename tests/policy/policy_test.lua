@@ -65,7 +65,7 @@ return {
     t.is_queue(policy.route(t.request { model = "auto" }, f))
   end,
 
-  urgent_without_affinity_goes_to_least_loaded = function()
+  equal_queues_go_to_the_least_loaded = function()
     local f = quickstart()
     f:set("llama-3-8b-sim-1", { inflight = 30 })
     f:set("llama-3-8b-sim-2", { inflight = 4 })
@@ -73,15 +73,15 @@ return {
     t.is_endpoint(policy.route(t.request { model = "llama-3-8b", priority = 9 }, f), "llama-3-8b-sim-2")
   end,
 
-  cache_wins_until_imbalance = function()
+  cache_wins_until_the_queue_there_costs_more = function()
     local f = quickstart()
-    f:set("llama-3-8b-sim-1", { overlap = 20, inflight = 10 })
-    f:set("llama-3-8b-sim-2", { inflight = 2 })
-    f:set("llama-3-8b-sim-3", { inflight = 3 })
-    local req = { model = "llama-3-8b", priority = 9, prompt_tokens = 2000 }
-    t.is_endpoint(policy.route(t.request(req), f), "llama-3-8b-sim-1", "balanced enough: the cache")
-    f:set("llama-3-8b-sim-1", { inflight = 40 })
-    t.is_endpoint(policy.route(t.request(req), f), "llama-3-8b-sim-2", "imbalanced: least loaded")
+    f:set("llama-3-8b-sim-1", { overlap = 20, prefill_tokens = 1000 }) -- 20 blocks x 64 tokens cached
+    f:set("llama-3-8b-sim-2", { prefill_tokens = 200 })
+    f:set("llama-3-8b-sim-3", { prefill_tokens = 300 })
+    local req = { model = "llama-3-8b", prompt_tokens = 2000 }
+    t.is_endpoint(policy.route(t.request(req), f), "llama-3-8b-sim-1", "the cache saves more than the queue costs")
+    f:set("llama-3-8b-sim-1", { prefill_tokens = 5000 })
+    t.is_endpoint(policy.route(t.request(req), f), "llama-3-8b-sim-2", "a long queue there: the shortest elsewhere")
   end,
 
   never_returns_an_unavailable_endpoint = function()

@@ -1,76 +1,63 @@
--- scripts/priority.lua: urgent requests to the least loaded, the rest spread by power of two choices.
+-- scripts/priority.lua: the soonest predicted first token, with cache credit; urgent requests take the
+-- soonest first token alone; nothing available is a queue verdict. Mock endpoints (atc.testing) carry the
+-- engine's signals as fields; atc.fastest reads them as it reads the engine's views.
 local t = require "atc.testing"
 local priority = require "priority"
 
-local HIGH = priority.HIGH_PRIORITY + 1
-local LOW = priority.HIGH_PRIORITY
-
-local function loaded()
+-- a holds 100 blocks (6,400 tokens) of the request's 8,000-token prompt; b holds none
+local function cached_vs_idle(queued_at_a)
   return t.fleet {
-    { id = "a", capacity = 8, inflight = 5 },
-    { id = "b", capacity = 8, inflight = 2 },
-    { id = "c", capacity = 8, inflight = 3 },
-    { id = "d", capacity = 8, inflight = 0, health = "draining" },
+    { id = "a", capacity = 10, overlap = 100, prefill_tokens = queued_at_a },
+    { id = "b", capacity = 10 },
   }
 end
 
+local REQ = { prompt_tokens = 8000, block_tokens = 64 }
+
 return {
-  high_priority_takes_least_loaded = function()
-    local f = loaded()
-    for _ = 1, 50 do
-      t.is_endpoint(priority.pick(t.request { priority = HIGH }, f:endpoints("m")), "b")
-    end
+  the_shortest_prefill_queue_wins = function()
+    local f = t.fleet { { id = "a", prefill_tokens = 30000 }, { id = "b", prefill_tokens = 2000 }, { id = "c", prefill_tokens = 9000 } }
+    t.is_endpoint(priority.pick(t.request(REQ), f:endpoints("m")), "b")
   end,
 
-  least_loaded_is_by_share_of_capacity = function()
-    local f = t.fleet {
-      { id = "small", capacity = 4, inflight = 2 },  -- half full
-      { id = "big", capacity = 64, inflight = 10 },  -- a sixth full
-    }
-    t.is_endpoint(priority.pick(t.request { priority = 9 }, f:endpoints("m")), "big")
+  a_cached_prefix_wins_until_its_queue_costs_more = function()
+    -- cost in tokens: a = queued + 1.5 x 1,600 uncached; b = 1.5 x 8,000. a wins while queued < 9,600.
+    t.is_endpoint(priority.pick(t.request(REQ), cached_vs_idle(9000):endpoints("m")), "a")
+    t.is_endpoint(priority.pick(t.request(REQ), cached_vs_idle(10000):endpoints("m")), "b")
   end,
 
-  high_priority_follows_load_as_it_changes = function()
-    local f = t.fleet { { id = "a", capacity = 4 }, { id = "b", capacity = 4 } }
-    local counts = t.tally(8, function()
-      return f:route(function(req, fl) return priority.pick(req, fl:endpoints("m")) end, t.request { priority = 9 })
+  urgent_requests_take_the_soonest_first_token = function()
+    -- urgent: a = queued + 1,600, b = 8,000: a only while queued < 6,400 (the cache is not valued beyond now)
+    local urgent = { prompt_tokens = 8000, block_tokens = 64, priority = priority.HIGH_PRIORITY + 1 }
+    t.is_endpoint(priority.pick(t.request(urgent), cached_vs_idle(6000):endpoints("m")), "a")
+    t.is_endpoint(priority.pick(t.request(urgent), cached_vs_idle(8000):endpoints("m")), "b")
+    t.is_endpoint(priority.pick(t.request(REQ), cached_vs_idle(8000):endpoints("m")), "a", "not urgent: the cache")
+  end,
+
+  a_smaller_decode_batch_breaks_a_tie = function()
+    local f = t.fleet { { id = "a", decoding = 30 }, { id = "b", decoding = 2 }, { id = "c", decoding = 9 } }
+    t.is_endpoint(priority.pick(t.request(REQ), f:endpoints("m")), "b")
+  end,
+
+  an_idle_pool_spreads = function()
+    -- all tie: less recent work, then the lower in-flight share; f:route counts each pick in flight
+    local f = t.fleet { { id = "a", capacity = 100 }, { id = "b", capacity = 100 }, { id = "c", capacity = 100 } }
+    local counts = t.tally(240, function()
+      return f:route(function(req, fleet) return priority.pick(req, fleet:endpoints("m")) end, t.request {})
     end)
-    t.eq(counts, { a = 4, b = 4 })
-  end,
-
-  low_priority_spreads = function()
-    local f = t.fleet { { id = "a" }, { id = "b" }, { id = "c" }, { id = "d" } }
-    local pool = f:endpoints("m")
-    local counts = t.tally(2000, function() return priority.pick(t.request { priority = LOW }, pool) end)
-    for _, id in ipairs { "a", "b", "c", "d" } do
-      t.between(counts[id] or 0, 300, 700, "share of " .. id)
+    for _, id in ipairs { "a", "b", "c" } do
+      t.between(counts[id] or 0, 70, 90, id)
     end
   end,
 
-  low_priority_never_takes_the_busiest = function()
-    -- power of two choices: the heaviest endpoint loses every comparison
-    local f = loaded()
-    local pool = f:endpoints("m")
-    local counts = t.tally(1000, function() return priority.pick(t.request { priority = 0 }, pool) end)
-    t.eq(counts.a, nil, "a is the busiest")
-    t.eq(counts.d, nil, "d is draining")
-    t.truthy(counts.b and counts.c, "b and c both get some")
+  never_an_unavailable_endpoint = function()
+    local f = t.fleet { { id = "a", available = false }, { id = "b", capacity = 2, inflight = 2 }, { id = "c", prefill_tokens = 1e6 } }
+    t.is_endpoint(priority.pick(t.request(REQ), f:endpoints("m")), "c")
   end,
 
-  low_priority_skips_unavailable = function()
-    local f = t.fleet {
-      { id = "a", available = false },
-      { id = "b" },
-      { id = "c", capacity = 2, inflight = 2 },
-    }
-    local counts = t.tally(200, function() return priority.pick(t.request {}, f:endpoints("m")) end)
-    t.eq(counts, { b = 200 })
-  end,
-
-  everything_full_queues = function()
-    local f = t.fleet { { id = "a", capacity = 1, inflight = 1 }, { id = "b", health = "ejected" } }
+  nothing_available_is_a_queue_verdict = function()
+    local f = t.fleet { { id = "a", available = false }, { id = "b", capacity = 2, inflight = 2 } }
+    t.is_queue(priority.pick(t.request {}, f:endpoints("m")))
     t.is_queue(priority.pick(t.request { priority = 9 }, f:endpoints("m")))
-    t.is_queue(priority.pick(t.request { priority = 0 }, f:endpoints("m")))
-    t.is_queue(priority.pick(t.request {}, {}))
   end,
 }

@@ -1,0 +1,175 @@
+/* Routing signals (signals.h): counters a request moves through as it is sent, answers and ends. */
+
+#include "fleet/signals.h"
+
+#include <math.h>
+#include <string.h>
+
+/* A rate sample needs this much prompt work: below it the time to first byte is mostly one decode step
+ * and the network, and the quotient says little about the server's prefill speed. */
+#define MIN_RATE_TOKENS 1024
+/* Samples are kept within this factor of the prior: a stall (a server paused, preempting) must not make
+ * one endpoint look ten times slower for the next hundred decisions. */
+#define RATE_CLAMP 8.0
+#define EWMA_ALPHA 0.1
+
+void atc_signal_params_init(struct atc_signal_params *p)
+{
+    p->prefill_tps = 15000;
+    p->itl_us = 12000;
+    p->recent_half_life_ms = 2000;
+}
+
+void atc_signals_init(struct atc_signals *s)
+{
+    memset(s, 0, sizeof(*s));
+}
+
+uint64_t atc_signals_uncached(uint64_t prompt_tokens, uint64_t cached_blocks, uint64_t block_tokens)
+{
+    uint64_t cached = cached_blocks * block_tokens;
+    return cached < prompt_tokens ? prompt_tokens - cached : 1;
+}
+
+/* ---- the decaying sum: a float and a 32-bit millisecond stamp in one word ---- */
+
+static uint64_t pack(float v, uint32_t ms)
+{
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof(bits));
+    return (uint64_t)bits << 32 | ms;
+}
+
+static float unpack_at(uint64_t word, const struct atc_signal_params *p, uint32_t now_ms)
+{
+    uint32_t bits = (uint32_t)(word >> 32);
+    float v;
+    memcpy(&v, &bits, sizeof(v));
+    int32_t dt = (int32_t)(now_ms - (uint32_t)word); /* wraps every 49 days; differences stay right */
+    if (dt <= 0 || v == 0)
+        return v;
+    return (float)(v * exp2(-(double)dt / (double)(p->recent_half_life_ms ? p->recent_half_life_ms : 1)));
+}
+
+static void recent_add(struct atc_signals *s, const struct atc_signal_params *p, double tokens, uint64_t now_us)
+{
+    uint32_t now_ms = (uint32_t)(now_us / 1000u);
+    uint64_t old = atomic_load_explicit(&s->recent, memory_order_relaxed);
+    uint64_t next;
+    do
+        next = pack(unpack_at(old, p, now_ms) + (float)tokens, now_ms);
+    while (!atomic_compare_exchange_weak_explicit(&s->recent, &old, next, memory_order_relaxed,
+                                                  memory_order_relaxed));
+}
+
+void atc_signals_recent_set(struct atc_signals *s, double tokens, uint64_t now_us)
+{
+    atomic_store_explicit(&s->recent, pack((float)tokens, (uint32_t)(now_us / 1000u)), memory_order_relaxed);
+}
+
+double atc_signals_recent(const struct atc_signals *s, const struct atc_signal_params *p, uint64_t now_us)
+{
+    return unpack_at(atomic_load_explicit(&s->recent, memory_order_relaxed), p, (uint32_t)(now_us / 1000u));
+}
+
+/* ---- a request's way through ---- */
+
+static void ewma_add(_Atomic double *avg, _Atomic uint64_t *n, double sample)
+{
+    double old = atomic_load_explicit(avg, memory_order_relaxed);
+    atomic_store_explicit(avg, old == 0 ? sample : old + EWMA_ALPHA * (sample - old), memory_order_relaxed);
+    atomic_fetch_add_explicit(n, 1, memory_order_relaxed);
+}
+
+/* Subtracts, saturating at 0: a counter never wraps, even if a bug undid something twice. */
+static void sub_u64(_Atomic uint64_t *c, uint64_t x)
+{
+    uint64_t old = atomic_load_explicit(c, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(c, &old, old > x ? old - x : 0, memory_order_relaxed,
+                                                  memory_order_relaxed))
+        ;
+}
+
+static void dec_unsigned(_Atomic unsigned *c)
+{
+    unsigned old = atomic_load_explicit(c, memory_order_relaxed);
+    while (old > 0 && !atomic_compare_exchange_weak_explicit(c, &old, old - 1, memory_order_relaxed,
+                                                             memory_order_relaxed))
+        ;
+}
+
+void atc_signals_sent(struct atc_signals *s, const struct atc_signal_params *p, struct atc_signal_ticket *t,
+                      uint64_t uncached, uint64_t now_us)
+{
+    t->uncached = uncached;
+    t->ahead = atomic_fetch_add_explicit(&s->prefill_tokens, uncached, memory_order_relaxed);
+    t->sent_us = now_us;
+    t->first_us = 0;
+    t->phase = ATC_SIGNAL_PREFILL;
+    atomic_fetch_add_explicit(&s->prefilling, 1, memory_order_relaxed);
+    recent_add(s, p, (double)uncached, now_us);
+}
+
+void atc_signals_first_byte(struct atc_signals *s, const struct atc_signal_params *p, struct atc_signal_ticket *t,
+                            uint64_t now_us, bool sample)
+{
+    if (t->phase != ATC_SIGNAL_PREFILL)
+        return;
+    sub_u64(&s->prefill_tokens, t->uncached);
+    dec_unsigned(&s->prefilling);
+    atomic_fetch_add_explicit(&s->decoding, 1, memory_order_relaxed);
+    t->phase = ATC_SIGNAL_DECODE;
+    t->first_us = now_us;
+    double work = (double)(t->ahead + t->uncached);
+    double ms = (double)(now_us - t->sent_us) / 1000.0 - atc_signals_itl_ms(s, p);
+    if (!sample || work < MIN_RATE_TOKENS || ms <= 0)
+        return;
+    double tps = work / (ms / 1000.0);
+    double lo = p->prefill_tps / RATE_CLAMP, hi = p->prefill_tps * RATE_CLAMP;
+    ewma_add(&s->prefill_tps_ewma, &s->prefill_samples, tps < lo ? lo : tps > hi ? hi : tps);
+}
+
+void atc_signals_done(struct atc_signals *s, struct atc_signal_ticket *t, uint64_t now_us, uint64_t tokens)
+{
+    if (t->phase == ATC_SIGNAL_PREFILL) {
+        sub_u64(&s->prefill_tokens, t->uncached);
+        dec_unsigned(&s->prefilling);
+    } else if (t->phase == ATC_SIGNAL_DECODE) {
+        dec_unsigned(&s->decoding);
+        if (tokens >= 2 && now_us > t->first_us)
+            ewma_add(&s->itl_ms_ewma, &s->itl_samples,
+                     (double)(now_us - t->first_us) / 1000.0 / (double)(tokens - 1));
+    }
+    t->phase = ATC_SIGNAL_IDLE;
+}
+
+void atc_signals_scraped(struct atc_signals *s, double running, double waiting, double kv_usage,
+                         double prefix_hit_rate, uint64_t now_us)
+{
+    atomic_store_explicit(&s->scraped_running, running, memory_order_relaxed);
+    atomic_store_explicit(&s->scraped_waiting, waiting, memory_order_relaxed);
+    atomic_store_explicit(&s->scraped_kv_usage, kv_usage, memory_order_relaxed);
+    atomic_store_explicit(&s->scraped_prefix_hit_rate, prefix_hit_rate, memory_order_relaxed);
+    atomic_store_explicit(&s->scraped_at_us, now_us ? now_us : 1, memory_order_release);
+}
+
+/* ---- reading ---- */
+
+double atc_signals_prefill_tps(const struct atc_signals *s, const struct atc_signal_params *p)
+{
+    double v = atomic_load_explicit(&s->prefill_tps_ewma, memory_order_relaxed);
+    return v > 0 ? v : p->prefill_tps;
+}
+
+double atc_signals_itl_ms(const struct atc_signals *s, const struct atc_signal_params *p)
+{
+    double v = atomic_load_explicit(&s->itl_ms_ewma, memory_order_relaxed);
+    return v > 0 ? v : (double)p->itl_us / 1000.0;
+}
+
+double atc_signals_predict_ttft_ms(const struct atc_signals *s, const struct atc_signal_params *p,
+                                   uint64_t uncached)
+{
+    double queued = (double)atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed);
+    return (queued + (double)uncached) * 1000.0 / atc_signals_prefill_tps(s, p) + atc_signals_itl_ms(s, p);
+}

@@ -1,0 +1,111 @@
+#ifndef ATC_SIGNALS_H
+#define ATC_SIGNALS_H
+
+/* Routing signals: what the engine observes of each endpoint's work, for policies to weigh.
+ *
+ * atc sees every request go out to a server and its answer's first and last byte come back, so it
+ * knows better than any guess in Lua how much prompt work is queued on a server. Per endpoint:
+ *
+ *   prefill_tokens  uncached prompt tokens of the requests sent there whose first byte has not come back
+ *                   (the prefill queue a new request waits behind; "uncached" by the prefix index at send
+ *                   time); prefilling / decoding: those requests, and the ones past their first byte;
+ *   recent_tokens   the same uncached tokens, summed with exponential decay (half-life recent_half_life):
+ *                   traffic that arrives one request at a time reads 0 in flight at every pick, but not 0
+ *                   here;
+ *   prefill_rate    prompt tokens per second the server gets through, an EWMA of (the backlog ahead of a
+ *                   request at send + its own uncached tokens) / (its time to first byte - one decode
+ *                   step), over streamed answers with at least MIN_RATE_TOKENS of such work; the prior
+ *                   until then. Both the backlog and the rate count a prompt being prefilled as wholly
+ *                   queued, so the prediction below divides like by like;
+ *   itl             milliseconds per output token, an EWMA of (last byte - first byte) / (tokens - 1) over
+ *                   streamed answers; the prior until then;
+ *   scraped         the server's own running / waiting / KV usage / prefix hit rate from its /metrics,
+ *                   with the time of that scrape (never scraped: not known, shown as nil).
+ *
+ *   predicted TTFT = (prefill_tokens + the request's uncached tokens) / prefill_rate + itl.
+ *
+ * The same functions run live (relay.c, with the monotonic clock) and in replay (replay.c, with virtual
+ * time): the clock is always the caller's @p now_us, so a replayed policy sees what it would see live.
+ *
+ * Threads: every field is a C11 atomic written by whichever worker handles a request of the endpoint
+ * (the scraped values by the main thread's health checks); each is consistent on its own, not with the
+ * others, as endpoint.h's counters. The EWMAs are a load and a store, not a CAS loop (a sample lost when
+ * two workers record at once does not move an average of many); the decaying sum is one CAS on a packed
+ * word, so no assignment is lost. */
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Priors and time constants; every endpoint of a table shares them (config `signals:`). The defaults
+ * are the simulated server's (sim.h): one Llama-3-8B-class model on one H100 under vLLM. */
+struct atc_signal_params {
+    double prefill_tps;           /* signals.prefill_rate: prior prompt tokens/s until samples exist (15000) */
+    uint64_t itl_us;              /* signals.itl: prior time per output token (12ms) */
+    uint64_t recent_half_life_ms; /* signals.recent_half_life: of recent_tokens (2s) */
+};
+
+/** Fills @p p with the defaults. */
+void atc_signal_params_init(struct atc_signal_params *p);
+
+struct atc_signals {
+    _Atomic uint64_t prefill_tokens;
+    _Atomic unsigned prefilling, decoding;
+    _Atomic uint64_t recent; /* float tokens (high 32 bits) as of a ms timestamp (low 32 bits) */
+    _Atomic double prefill_tps_ewma, itl_ms_ewma; /* 0 = no sample yet */
+    _Atomic uint64_t prefill_samples, itl_samples;
+    /* scraped (main thread writes); scraped_at_us 0 = never */
+    _Atomic double scraped_running, scraped_waiting, scraped_kv_usage, scraped_prefix_hit_rate;
+    _Atomic uint64_t scraped_at_us;
+};
+
+/* One request's part in its endpoint's signals, kept by whoever sends it (the relay, the replay). */
+enum atc_signal_phase { ATC_SIGNAL_IDLE, ATC_SIGNAL_PREFILL, ATC_SIGNAL_DECODE };
+
+struct atc_signal_ticket {
+    uint64_t uncached; /* its tokens counted in prefill_tokens */
+    uint64_t ahead;    /* prefill_tokens of the endpoint when it was sent */
+    uint64_t sent_us, first_us;
+    enum atc_signal_phase phase;
+};
+
+/** Resets @p s to nothing observed. */
+void atc_signals_init(struct atc_signals *s);
+
+/** The uncached prompt tokens of a request of @p prompt_tokens whose @p cached_blocks leading blocks of
+ * @p block_tokens each the endpoint likely holds. At least 1: the last prompt token is always computed. */
+uint64_t atc_signals_uncached(uint64_t prompt_tokens, uint64_t cached_blocks, uint64_t block_tokens);
+
+/** A request with @p uncached tokens to prefill was sent to the endpoint of @p s at @p now_us: counts it
+ * in prefill_tokens, prefilling and recent_tokens, and starts @p t. Any thread. */
+void atc_signals_sent(struct atc_signals *s, const struct atc_signal_params *p, struct atc_signal_ticket *t,
+                      uint64_t uncached, uint64_t now_us);
+
+/** The answer's first byte came back at @p now_us: moves the request from prefilling to decoding and,
+ * when @p sample (a streamed answer, whose first byte is its first token), takes a prefill-rate sample.
+ * Does nothing unless @p t is prefilling. */
+void atc_signals_first_byte(struct atc_signals *s, const struct atc_signal_params *p, struct atc_signal_ticket *t,
+                            uint64_t now_us, bool sample);
+
+/** The request ended at @p now_us, any way (finished, failed, cancelled, retried elsewhere), after
+ * @p tokens output tokens (0 when unknown; >= 2 of a streamed answer gives an ITL sample). Undoes what
+ * sent/first_byte counted; a ticket that is idle already is left alone, so calling it twice is safe. */
+void atc_signals_done(struct atc_signals *s, struct atc_signal_ticket *t, uint64_t now_us, uint64_t tokens);
+
+/** A scrape of the server's metrics at @p now_us (NaN for a value the server does not report). */
+void atc_signals_scraped(struct atc_signals *s, double running, double waiting, double kv_usage,
+                         double prefix_hit_rate, uint64_t now_us);
+
+/** Sets recent_tokens to @p tokens as of @p now_us (a reset; `atc test` endpoint specs). */
+void atc_signals_recent_set(struct atc_signals *s, double tokens, uint64_t now_us);
+/** recent_tokens as of @p now_us. */
+double atc_signals_recent(const struct atc_signals *s, const struct atc_signal_params *p, uint64_t now_us);
+/** The prefill rate (tokens/s) and ITL (ms): observed, or the priors. */
+double atc_signals_prefill_tps(const struct atc_signals *s, const struct atc_signal_params *p);
+double atc_signals_itl_ms(const struct atc_signals *s, const struct atc_signal_params *p);
+
+/** Predicted ms to the first token of a request with @p uncached tokens to prefill, sent there now. */
+double atc_signals_predict_ttft_ms(const struct atc_signals *s, const struct atc_signal_params *p,
+                                   uint64_t uncached);
+
+#endif

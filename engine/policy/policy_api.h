@@ -1,0 +1,40 @@
+#ifndef ATC_POLICY_API_H
+#define ATC_POLICY_API_H
+
+/* What policy_api.c (the views: req, fleet, endpoints, verdicts, the atc table) and policy_pick.c (the
+ * host functions over a pool, and the routing signals of a view) share. Private to engine/policy/; the
+ * contract a policy sees is stdlib/atc/contract.lua. Every function runs on the thread of the policy
+ * version's Lua state and may raise a Lua error (longjmp). */
+
+#include <stddef.h>
+
+struct lua_State;
+struct policy_version;
+struct atc_endpoint;
+struct atc_route_request;
+
+/** The version whose state runs the current C function (its first upvalue). */
+struct policy_version *policy_api_version(struct lua_State *L);
+/** The endpoint of @p index in the version's table, or NULL. */
+struct atc_endpoint *policy_api_endpoint_at(const struct policy_version *v, unsigned index);
+/** The endpoint behind the view at @p idx, or a Lua error. */
+const struct atc_endpoint *policy_api_check_view(struct lua_State *L, struct policy_version *v, int idx);
+/** The request being decided, or a Lua error outside a decision. */
+const struct atc_route_request *policy_api_current_req(struct lua_State *L, struct policy_version *v);
+/** Leading prefix blocks of the current request recently routed to @p ep (computed once a decision). */
+unsigned policy_api_overlap(struct lua_State *L, struct policy_version *v, const struct atc_endpoint *ep);
+
+/** policy_pick.c: atc.least_loaded, atc.p2c, atc.rendezvous, atc.prefix_pick, atc.fastest and
+ * ep:predict_ttft (see stdlib/atc/contract.lua). */
+int policy_pick_least_loaded(struct lua_State *L);
+int policy_pick_p2c(struct lua_State *L);
+int policy_pick_rendezvous(struct lua_State *L);
+int policy_pick_prefix_pick(struct lua_State *L);
+int policy_pick_fastest(struct lua_State *L);
+int policy_pick_predict_ttft(struct lua_State *L);
+/** Pushes the signal field @p k (length @p len) of @p ep and returns 1, or returns 0 when @p k is not
+ * one. */
+int policy_pick_push_signal(struct lua_State *L, struct policy_version *v, const struct atc_endpoint *ep,
+                            const char *k, size_t len);
+
+#endif

@@ -1,0 +1,522 @@
+/* The host functions that choose among a pool (atc.least_loaded, p2c, rendezvous, prefix_pick,
+ * fastest) and the routing signals an endpoint view shows (fleet/signals.h): the loops over a pool run
+ * here, in C, so that a decision over hundreds of endpoints stays in microseconds. Like every function
+ * a policy calls, each validates its arguments before it changes anything (a Lua error longjmps). */
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <lauxlib.h>
+#include <xxhash.h>
+
+#include "fleet/balancer.h"
+#include "fleet/endpoint.h"
+#include "fleet/signals.h"
+#include "policy/policy_api.h"
+#include "policy/policy_internal.h"
+
+/* A candidate for the C balancers: an endpoint view, or any table with the same fields (tests). */
+struct candidate {
+    bool available;
+    double inflight, capacity;
+    double load;
+    double tokens; /* in flight: breaks ties of load */
+    double weight;
+    const char *id;
+    size_t idlen;
+};
+
+static double field_number(lua_State *L, int idx, const char *name, double dflt)
+{
+    lua_getfield(L, idx, name);
+    double x = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : dflt;
+    lua_pop(L, 1);
+    return x;
+}
+
+/* Reads element @p i of the array at @p arr. Strings it returns stay valid while the element is in
+ * the array. */
+static void read_candidate(lua_State *L, struct policy_version *v, int arr, int i, struct candidate *c)
+{
+    lua_rawgeti(L, arr, i);
+    int index = policy_api_view_index(v, -1);
+    const struct atc_endpoint *ep = index >= 0 ? policy_api_endpoint_at(v, (unsigned)index) : NULL;
+    if (ep != NULL) {
+        c->available = policy_api_available(v, ep);
+        c->inflight = ep->inflight;
+        c->capacity = atc_endpoint_capacity_now(ep); /* less while slow-starting */
+        c->load = c->capacity > 0 ? (double)ep->inflight / c->capacity : 1.0;
+        c->tokens = (double)ep->inflight_tokens;
+        c->weight = ep->weight;
+        c->id = ep->id;
+        c->idlen = strlen(ep->id);
+    } else if (lua_istable(L, -1)) {
+        int t = lua_gettop(L);
+        double inflight = field_number(L, t, "inflight", 0), capacity = field_number(L, t, "capacity", 1);
+        lua_getfield(L, t, "available");
+        c->available = lua_isnil(L, -1) ? inflight < capacity : lua_toboolean(L, -1);
+        lua_pop(L, 1);
+        c->inflight = inflight;
+        c->capacity = capacity;
+        c->load = capacity > 0 ? inflight / capacity : 1.0;
+        c->tokens = field_number(L, t, "inflight_tokens", 0);
+        c->weight = field_number(L, t, "weight", 1);
+        lua_getfield(L, t, "id");
+        c->id = lua_tolstring(L, -1, &c->idlen);
+        lua_pop(L, 1);
+        if (c->id == NULL) {
+            c->id = "";
+            c->idlen = 0;
+        }
+    } else {
+        luaL_error(L, "element %d is not an endpoint", i);
+    }
+    lua_pop(L, 1);
+}
+
+static bool lighter(const struct candidate *a, const struct candidate *b)
+{
+    return a->load < b->load || (a->load == b->load && a->tokens < b->tokens);
+}
+
+int policy_pick_least_loaded(lua_State *L)
+{
+    struct policy_version *v = policy_api_version(L);
+    luaL_checktype(L, 1, LUA_TTABLE);
+    int n = (int)lua_objlen(L, 1), best = 0;
+    struct candidate c, best_c = {0};
+    for (int i = 1; i <= n; i++) {
+        read_candidate(L, v, 1, i, &c);
+        if (c.available && (best == 0 || lighter(&c, &best_c))) {
+            best = i;
+            best_c = c;
+        }
+    }
+    if (best == 0)
+        lua_pushnil(L);
+    else
+        lua_rawgeti(L, 1, best);
+    return 1;
+}
+
+struct p2c_ctx {
+    const struct candidate *c;
+};
+
+static bool p2c_usable(void *arg, size_t i)
+{
+    return ((const struct p2c_ctx *)arg)->c[i].available;
+}
+
+static bool p2c_lighter(void *arg, size_t i, size_t j)
+{
+    const struct p2c_ctx *x = arg;
+    return lighter(&x->c[i], &x->c[j]);
+}
+
+/* atc.p2c(eps): the built-in balancer's power of two choices (balancer.c) over eps, read once. */
+int policy_pick_p2c(lua_State *L)
+{
+    struct policy_version *v = policy_api_version(L);
+    luaL_checktype(L, 1, LUA_TTABLE);
+    int n = (int)lua_objlen(L, 1);
+    struct candidate small[64];
+    /* A userdata for a large pool: collected by Lua, so nothing leaks if reading an element raises. */
+    struct candidate *c = n <= 64 ? small : lua_newuserdata(L, (size_t)n * sizeof(*c));
+    for (int i = 1; i <= n; i++)
+        read_candidate(L, v, 1, i, &c[i - 1]);
+    struct p2c_ctx x = {.c = c};
+    long pick = atc_balancer_p2c((size_t)n, &v->rt->rng, p2c_usable, p2c_lighter, &x);
+    if (pick < 0)
+        lua_pushnil(L);
+    else
+        lua_rawgeti(L, 1, (int)pick + 1);
+    return 1;
+}
+
+/* atc.rendezvous(eps, key [, c]): weighted highest random weight hashing over the available
+ * endpoints. With c (>= 1), consistent hashing with bounded loads: an endpoint is skipped when, with
+ * this request counted, it would hold more than c times its capacity's share of the requests in flight
+ * on the available endpoints (some endpoint is always under that bound). */
+int policy_pick_rendezvous(lua_State *L)
+{
+    struct policy_version *v = policy_api_version(L);
+    luaL_checktype(L, 1, LUA_TTABLE);
+    size_t keylen;
+    const char *key = luaL_checklstring(L, 2, &keylen);
+    double c_bound = luaL_optnumber(L, 3, 0);
+    if (lua_gettop(L) >= 3 && !lua_isnil(L, 3) && c_bound < 1)
+        return luaL_argerror(L, 3, "c must be >= 1");
+    uint64_t seed = XXH3_64bits(key, keylen);
+    int n = (int)lua_objlen(L, 1), best = 0;
+    double best_score = 0, per_slot = HUGE_VAL;
+    struct candidate c;
+    if (c_bound >= 1) {
+        double inflight = 0, capacity = 0;
+        for (int i = 1; i <= n; i++) {
+            read_candidate(L, v, 1, i, &c);
+            if (c.available) {
+                inflight += c.inflight;
+                capacity += c.capacity;
+            }
+        }
+        if (capacity <= 0) {
+            lua_pushnil(L);
+            return 1;
+        }
+        per_slot = c_bound * (inflight + 1) / capacity;
+    }
+    for (int i = 1; i <= n; i++) {
+        read_candidate(L, v, 1, i, &c);
+        if (!c.available || c.weight <= 0 || c.inflight + 1 > ceil(per_slot * c.capacity))
+            continue;
+        /* score = -w / ln(u), u uniform in (0,1) from hash(key, id) */
+        uint64_t h = XXH3_64bits_withSeed(c.id, c.idlen, seed);
+        double u = ((double)(h >> 11) + 0.5) * 0x1.0p-53;
+        double score = -c.weight / log(u);
+        if (best == 0 || score > best_score) {
+            best = i;
+            best_score = score;
+        }
+    }
+    if (best == 0)
+        lua_pushnil(L);
+    else
+        lua_rawgeti(L, 1, best);
+    return 1;
+}
+
+/* Reads option @p name of the options table at @p idx: a number, @p dflt when absent; a Lua error
+ * (nothing is changed yet) when it is not a number or below @p min. */
+static double opt_number(lua_State *L, int idx, const char *name, double dflt, double min)
+{
+    lua_getfield(L, idx, name);
+    double x = dflt;
+    if (!lua_isnil(L, -1)) {
+        if (lua_type(L, -1) != LUA_TNUMBER)
+            luaL_error(L, "atc.prefix_pick: option '%s' must be a number", name);
+        x = lua_tonumber(L, -1);
+        if (x < min)
+            luaL_error(L, "atc.prefix_pick: option '%s' must be >= %f", name, min);
+    }
+    lua_pop(L, 1);
+    return x;
+}
+
+/* atc.prefix_pick(pool, req [, opts]): the hot loop of prefix affinity, in C. opts (all optional):
+ * min_blocks (1), balance_abs and balance_rel (no imbalance guard), skip (an endpoint never chosen),
+ * load_weight (0). nil when no available endpoint (but skip) has at least min_blocks of the prompt's
+ * leading blocks, or when the pool is imbalanced (max - min in-flight > balance_abs and max >
+ * balance_rel * min, as SGLang's cache-aware router). Otherwise, with load_weight 0, the available
+ * endpoint with the longest overlap (ties: the lighter); with load_weight > 0, the one with the lowest
+ * cost = prompt tokens it would still have to prefill (prompt_tokens - overlap * block_tokens) +
+ * load_weight * its tokens in flight (ties: the lighter): a cache hit weighed against the work already
+ * queued there. */
+int policy_pick_prefix_pick(lua_State *L)
+{
+    static const char *const known[] = {"min_blocks", "balance_abs", "balance_rel", "skip", "load_weight"};
+    struct policy_version *v = policy_api_version(L);
+    luaL_checktype(L, 1, LUA_TTABLE);
+    if (lua_isnoneornil(L, 3)) {
+        lua_settop(L, 2);
+        lua_newtable(L);
+    }
+    luaL_checktype(L, 3, LUA_TTABLE);
+    lua_settop(L, 3);
+    for (lua_pushnil(L); lua_next(L, 3) != 0; lua_pop(L, 1)) { /* a misspelt option is a bug: say so */
+        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
+        bool ok = false;
+        for (size_t i = 0; k != NULL && i < sizeof(known) / sizeof(known[0]) && !ok; i++)
+            ok = strcmp(k, known[i]) == 0;
+        if (!ok)
+            return luaL_error(L, "atc.prefix_pick: unknown option '%s'",
+                              k != NULL ? k : luaL_typename(L, -2));
+    }
+    double min_blocks = opt_number(L, 3, "min_blocks", 1, 0),
+           abs_gap = opt_number(L, 3, "balance_abs", HUGE_VAL, 0),
+           rel = opt_number(L, 3, "balance_rel", 0, 0), load_weight = opt_number(L, 3, "load_weight", 0, 0);
+    lua_getfield(L, 3, "skip"); /* index 4 */
+    double prompt = 0, block_tokens = 0;
+    if (load_weight > 0) { /* read through the request's own accessors: engine requests and test ones */
+        lua_getfield(L, 2, "prompt_tokens");
+        lua_getfield(L, 2, "block_tokens");
+        prompt = lua_tonumber(L, -2);
+        block_tokens = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : ATC_PREFIX_BLOCK_BYTES / 4;
+        lua_pop(L, 2);
+    }
+    int n = (int)lua_objlen(L, 1), best = 0;
+    double best_score = 0, best_load = 0, max_overlap = 0, lo = HUGE_VAL, hi = 0;
+    for (int i = 1; i <= n; i++) {
+        struct candidate c;
+        read_candidate(L, v, 1, i, &c);
+        if (!c.available)
+            continue;
+        lua_rawgeti(L, 1, i);
+        int index = policy_api_view_index(v, -1);
+        const struct atc_endpoint *ep = index >= 0 ? policy_api_endpoint_at(v, (unsigned)index) : NULL;
+        lo = c.inflight < lo ? c.inflight : lo;
+        hi = c.inflight > hi ? c.inflight : hi;
+        if (lua_rawequal(L, -1, 4)) {
+            lua_pop(L, 1);
+            continue;
+        }
+        double overlap;
+        if (ep != NULL) {
+            lua_pop(L, 1);
+            overlap = policy_api_overlap(L, v, ep);
+        } else { /* a test fleet's element: ask its method */
+            lua_getfield(L, -1, "prefix_overlap");
+            lua_insert(L, -2);
+            lua_pushvalue(L, 2);
+            lua_call(L, 2, 1);
+            overlap = lua_tonumber(L, -1);
+            lua_pop(L, 1);
+        }
+        max_overlap = overlap > max_overlap ? overlap : max_overlap;
+        /* Higher scores win: the overlap itself, or the negated cost. */
+        double score = overlap;
+        if (load_weight > 0) {
+            double uncached = prompt - overlap * block_tokens;
+            score = -((uncached > 0 ? uncached : 0) + load_weight * c.tokens);
+        } else if (overlap < min_blocks) {
+            continue;
+        }
+        if (best == 0 || score > best_score || (score == best_score && c.load < best_load)) {
+            best = i;
+            best_score = score;
+            best_load = c.load;
+        }
+    }
+    if (best == 0 || max_overlap < min_blocks || (hi - lo > abs_gap && hi > rel * lo))
+        lua_pushnil(L);
+    else
+        lua_rawgeti(L, 1, best);
+    return 1;
+}
+
+/* ---- routing signals (fleet/signals.h) ---- */
+
+/* The signals' clock: the runtime's (virtual time under replay), as the relay's and the replay's. */
+static uint64_t signals_now_us(const struct policy_version *v)
+{
+    return (uint64_t)(policy_now_ms(v->rt) * 1000.0);
+}
+
+static const struct atc_signal_params *signal_params(const struct policy_version *v)
+{
+    /* `atc test` runs unit tests without an endpoint table: the defaults then */
+    static const struct atc_signal_params defaults = {.prefill_tps = 15000, .itl_us = 12000, .recent_half_life_ms = 2000};
+    return v->rt->table != NULL ? &v->rt->table->signals : &defaults;
+}
+
+/* The current request's prompt tokens that @p ep would still have to prefill. */
+static uint64_t uncached_at(lua_State *L, struct policy_version *v, const struct atc_endpoint *ep)
+{
+    const struct atc_route_request *req = policy_api_current_req(L, v);
+    uint32_t bt = req->block_tokens ? req->block_tokens : ATC_PREFIX_BLOCK_BYTES / 4;
+    return atc_signals_uncached(req->features->prompt_tokens, policy_api_overlap(L, v, ep), bt);
+}
+
+/* ep:predict_ttft(req): ms to the first token of req if it were sent to ep now. */
+int policy_pick_predict_ttft(lua_State *L)
+{
+    struct policy_version *v = policy_api_version(L);
+    const struct atc_endpoint *ep = policy_api_check_view(L, v, 1);
+    luaL_checkudata(L, 2, POLICY_MT_REQ);
+    lua_pushnumber(L, atc_signals_predict_ttft_ms(&ep->sig, signal_params(v), uncached_at(L, v, ep)));
+    return 1;
+}
+
+/* The signal fields of an endpoint view; 0 when @p k is not one. The server's own load (running,
+ * server_queue, kv_usage, prefix_hit_rate) is what the last scrape of its /metrics said (health.c), or what
+ * the simulated server reports (replay); nil until the first scrape, and for what the server does not
+ * report. */
+int policy_pick_push_signal(lua_State *L, struct policy_version *v, const struct atc_endpoint *ep, const char *k,
+                             size_t len)
+{
+    const struct atc_signals *s = &ep->sig;
+    const struct atc_signal_params *p = signal_params(v);
+#define IS(name) (len == sizeof(name) - 1 && memcmp(k, name, sizeof(name) - 1) == 0)
+    if (IS("prefill_tokens"))
+        lua_pushnumber(L, (double)atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed));
+    else if (IS("prefilling"))
+        lua_pushinteger(L, (lua_Integer)atomic_load_explicit(&s->prefilling, memory_order_relaxed));
+    else if (IS("decoding"))
+        lua_pushinteger(L, (lua_Integer)atomic_load_explicit(&s->decoding, memory_order_relaxed));
+    else if (IS("recent_tokens"))
+        lua_pushnumber(L, atc_signals_recent(s, p, signals_now_us(v)));
+    else if (IS("prefill_rate"))
+        lua_pushnumber(L, atc_signals_prefill_tps(s, p));
+    else if (IS("itl"))
+        lua_pushnumber(L, atc_signals_itl_ms(s, p));
+    else if (IS("running") || IS("prefix_hit_rate") || IS("kv_usage") || IS("server_queue") || IS("scrape_age")) {
+        uint64_t at = atomic_load_explicit(&s->scraped_at_us, memory_order_acquire);
+        double x = NAN;
+        if (at == 0)
+            x = NAN;
+        else if (IS("running"))
+            x = s->scraped_running;
+        else if (IS("prefix_hit_rate"))
+            x = s->scraped_prefix_hit_rate;
+        else if (IS("kv_usage"))
+            x = s->scraped_kv_usage;
+        else if (IS("server_queue"))
+            x = s->scraped_waiting;
+        else {
+            uint64_t now = signals_now_us(v);
+            x = now > at ? (double)(now - at) / 1000.0 : 0;
+        }
+        if (isfinite(x))
+            lua_pushnumber(L, x);
+        else
+            lua_pushnil(L);
+    } else
+        return 0;
+#undef IS
+    return 1;
+}
+
+/* atc.fastest(pool, req [, opts]): the available endpoint of pool where req would get its first token
+ * soonest; returns it, its cost and its predicted TTFT (ms), or nil when none is available. The cost of
+ * ep, in ms:
+ *   (ep.prefill_tokens + opts.uncached * the request's uncached tokens there) / rate + itl
+ *   + opts.recent * ep.recent_tokens / rate + opts.decode * ep.decoding * itl
+ * with rate = ep.prefill_rate and itl = ep.itl, or with opts.pooled the means of the pool's (the same
+ * hardware's estimates compared, not their noise). opts.uncached (default 1: the predicted TTFT) above 1
+ * values the cache a request leaves behind; opts.recent (0) spreads traffic that arrives one request at
+ * a time; opts.decode (0) weighs the decode batch a request joins. opts.skip: an endpoint never chosen.
+ * Ties go to less recent work, then the lower in-flight share. The loop runs in C, so a decision at 512
+ * endpoints stays in microseconds. */
+/* One element of atc.fastest's pool, read once: from the engine's endpoint behind a view, or from an
+ * atc.testing mock's fields (ep = NULL), so a policy's unit tests can use it too. */
+struct fast_cand {
+    const struct atc_endpoint *ep;
+    bool usable; /* available, not skipped */
+    double queued, uncached, tps, itl, decoding, recent, load; /* recent < 0: not read yet */
+};
+
+static void read_fast_cand(lua_State *L, struct policy_version *v, int el, struct fast_cand *c, uint64_t now)
+{
+    const struct atc_signal_params *p = signal_params(v);
+    int index = policy_api_view_index(v, el);
+    const struct atc_endpoint *ep = index >= 0 ? policy_api_endpoint_at(v, (unsigned)index) : NULL;
+    c->ep = ep;
+    c->recent = -1;
+    if (ep != NULL) {
+        const struct atc_signals *s = &ep->sig;
+        c->usable = policy_api_available(v, ep);
+        c->queued = (double)atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed);
+        c->uncached = (double)uncached_at(L, v, ep);
+        c->tps = atc_signals_prefill_tps(s, p);
+        c->itl = atc_signals_itl_ms(s, p);
+        c->decoding = (double)atomic_load_explicit(&s->decoding, memory_order_relaxed);
+        unsigned cap = atc_endpoint_capacity_now(ep);
+        c->load = cap ? (double)ep->inflight / cap : 1.0;
+        return;
+    }
+    if (!lua_istable(L, el))
+        luaL_error(L, "atc.fastest: pool element is not an endpoint");
+    double inflight = field_number(L, el, "inflight", 0), capacity = field_number(L, el, "capacity", 1);
+    lua_getfield(L, el, "available");
+    c->usable = lua_isnil(L, -1) ? inflight < capacity : lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    c->queued = field_number(L, el, "prefill_tokens", 0);
+    c->tps = field_number(L, el, "prefill_rate", p->prefill_tps);
+    c->itl = field_number(L, el, "itl", (double)p->itl_us / 1000.0);
+    c->decoding = field_number(L, el, "decoding", 0);
+    c->recent = field_number(L, el, "recent_tokens", 0);
+    c->load = capacity > 0 ? inflight / capacity : 1.0;
+
+    double prompt = field_number(L, 2, "prompt_tokens", 0), bt = field_number(L, 2, "block_tokens", 64);
+    lua_getfield(L, el, "prefix_overlap");
+    lua_pushvalue(L, el);
+    lua_pushvalue(L, 2);
+    lua_call(L, 2, 1);
+    double uncached = prompt - lua_tonumber(L, -1) * bt;
+    lua_pop(L, 1);
+    c->uncached = uncached > 1 ? uncached : 1;
+    (void)now;
+}
+
+static double fast_recent(struct fast_cand *c, const struct atc_signal_params *p, uint64_t now)
+{
+    if (c->recent < 0)
+        c->recent = atc_signals_recent(&c->ep->sig, p, now);
+    return c->recent;
+}
+
+int policy_pick_fastest(lua_State *L)
+{
+    struct policy_version *v = policy_api_version(L);
+    luaL_checktype(L, 1, LUA_TTABLE);
+    luaL_checkany(L, 2);
+    double w_recent = 0, w_decode = 0, w_uncached = 1;
+    bool pooled = false;
+    if (!lua_isnoneornil(L, 3)) {
+        luaL_checktype(L, 3, LUA_TTABLE);
+
+        w_recent = field_number(L, 3, "recent", 0);
+        w_decode = field_number(L, 3, "decode", 0);
+        w_uncached = field_number(L, 3, "uncached", 1);
+        lua_getfield(L, 3, "pooled");
+        pooled = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+        lua_getfield(L, 3, "skip");
+    } else {
+        lua_pushnil(L);
+    }
+    int skip = lua_gettop(L);
+    const struct atc_signal_params *p = signal_params(v);
+    uint64_t now = signals_now_us(v);
+    int n = (int)lua_objlen(L, 1), best = 0;
+    /* One pass reads every element (a userdata array: a Lua error leaks nothing) and the pool's mean
+     * speeds; the next finds the cheapest. */
+    struct fast_cand *c = lua_newuserdata(L, (size_t)(n > 0 ? n : 1) * sizeof(*c));
+    double pool_tps = 0, pool_itl = 0;
+    for (int i = 1; i <= n; i++) {
+        lua_rawgeti(L, 1, i);
+        read_fast_cand(L, v, lua_gettop(L), &c[i - 1], now);
+        c[i - 1].usable = c[i - 1].usable && !lua_rawequal(L, -1, skip);
+        lua_pop(L, 1);
+        pool_tps += c[i - 1].tps;
+        pool_itl += c[i - 1].itl;
+    }
+    if (pooled && n > 0) { /* every endpoint at the pool's mean speeds: compare the work queued, not noisy rates */
+        for (int i = 0; i < n; i++) {
+            c[i].tps = pool_tps / n;
+            c[i].itl = pool_itl / n;
+        }
+    }
+    double best_cost = 0, best_ttft = 0;
+    for (int i = 1; i <= n; i++) {
+        struct fast_cand *x = &c[i - 1];
+        if (!x->usable)
+            continue;
+        double ttft = (x->queued + x->uncached) * 1000.0 / x->tps + x->itl;
+        double cost = ttft + (w_uncached - 1) * x->uncached * 1000.0 / x->tps +
+                      (w_recent > 0 ? w_recent * fast_recent(x, p, now) * 1000.0 / x->tps : 0) +
+                      w_decode * x->decoding * x->itl;
+        bool better = best == 0 || cost < best_cost;
+        if (!better && cost == best_cost) { /* a tie: less recent work, then the lighter */
+            struct fast_cand *b = &c[best - 1];
+            double r = fast_recent(x, p, now), rb = fast_recent(b, p, now);
+            better = r < rb || (r == rb && x->load < b->load);
+        }
+        if (better) {
+            best = i;
+            best_cost = cost;
+            best_ttft = ttft;
+        }
+    }
+    if (best == 0) {
+        lua_pushnil(L);
+        return 1;
+    }
+    lua_rawgeti(L, 1, best);
+    lua_pushnumber(L, best_cost);
+    lua_pushnumber(L, best_ttft);
+    return 3;
+}
+

@@ -1,0 +1,245 @@
+/* The replay grid (replay_grid.h): policies x loads x fleet sizes, and its reports. */
+
+#include "trace/replay_grid.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/config.h"
+#include "sim/sim.h"
+#include "trace/replay_report.h"
+#include "trace/trace.h"
+#include "trace/trace_lru.h"
+
+/* Prefill tokens a second and KV tokens of the fleet @p cfg simulates (replay.h: every simulate: entry
+ * and every configured endpoint, the latter with the default server model). */
+static void fleet_capacity(const struct atc_config *cfg, double *prefill_tps, uint64_t *kv_tokens)
+{
+    struct atc_sim_params dflt;
+    atc_sim_params_init(&dflt);
+    *prefill_tps = 0;
+    *kv_tokens = 0;
+    for (size_t i = 0; i < cfg->nmodels; i++) {
+        *prefill_tps += (double)cfg->models[i].nendpoints * dflt.prefill_tps;
+        *kv_tokens += (uint64_t)cfg->models[i].nendpoints * dflt.kv_blocks * ATC_SIM_KV_BLOCK_TOKENS;
+    }
+    for (size_t i = 0; i < cfg->nsimulate; i++) {
+        const struct atc_sim_params *p = &cfg->simulate[i].params;
+        double tps = p->prefill_tps > 0 ? p->prefill_tps : dflt.prefill_tps;
+        unsigned kv = p->kv_blocks > 0 ? p->kv_blocks : dflt.kv_blocks;
+        *prefill_tps += cfg->simulate[i].count * tps;
+        *kv_tokens += (uint64_t)cfg->simulate[i].count * kv * ATC_SIM_KV_BLOCK_TOKENS;
+    }
+    atc_sim_params_dispose(&dflt);
+}
+
+/* Prompt tokens a second the trace offers, over its first @p limit requests (0: all). */
+static double offered_tps(const struct atc_trace *t, size_t limit)
+{
+    size_t n = limit > 0 && limit < t->n ? limit : t->n;
+    if (n < 2)
+        return 0;
+    uint64_t tokens = 0;
+    for (size_t i = 0; i < n; i++)
+        tokens += t->records[i].prompt_tokens;
+    double span = (double)(t->records[n - 1].at_us - t->records[0].at_us) / 1e6;
+    return span > 0 ? (double)tokens / span : 0;
+}
+
+int atc_replay_grid_run(struct atc_config *cfg, struct atc_trace *trace, struct atc_replay_grid *g,
+                        const double *speeds, size_t nspeeds, const unsigned *servers, size_t nservers,
+                        const struct atc_replay_options *o, char **err)
+{
+    static const double as_recorded = 1;
+    static const unsigned as_configured = 0;
+    if (nspeeds == 0) {
+        speeds = &as_recorded;
+        nspeeds = 1;
+    }
+    if (nservers == 0) {
+        servers = &as_configured;
+        nservers = 1;
+    }
+    uint64_t *arrivals = malloc((trace->n ? trace->n : 1) * sizeof(uint64_t));
+    unsigned *counts = malloc((cfg->nsimulate ? cfg->nsimulate : 1) * sizeof(unsigned));
+    g->cells = calloc(nspeeds * nservers, sizeof(*g->cells));
+    if (arrivals == NULL || counts == NULL || g->cells == NULL) {
+        *err = strdup("out of memory");
+        goto error;
+    }
+    for (size_t i = 0; i < trace->n; i++)
+        arrivals[i] = trace->records[i].at_us;
+    for (size_t i = 0; i < cfg->nsimulate; i++)
+        counts[i] = cfg->simulate[i].count;
+    for (size_t si = 0; si < nspeeds; si++) {
+        for (size_t i = 0; i < trace->n; i++)
+            trace->records[i].at_us = (uint64_t)((double)arrivals[i] / speeds[si]);
+        double tps = offered_tps(trace, o->limit);
+        for (size_t ni = 0; ni < nservers; ni++) {
+            for (size_t i = 0; i < cfg->nsimulate; i++)
+                cfg->simulate[i].count = servers[ni] > 0 ? servers[ni] : counts[i];
+            struct atc_replay_grid_cell *c = &g->cells[g->ncells];
+            c->speed = speeds[si];
+            c->servers = servers[ni];
+            double capacity;
+            uint64_t kv;
+            fleet_capacity(cfg, &capacity, &kv);
+            c->offered_load = capacity > 0 ? tps / capacity : 0;
+            /* (a single cell's report does not show it) */
+            c->ideal_hit_rate = nspeeds * nservers > 1 ? atc_trace_pooled_lru_hit_rate(trace, o->limit, kv) : 0;
+            if ((c->results = calloc(g->npolicies, sizeof(*c->results))) == NULL) {
+                *err = strdup("out of memory");
+                goto error;
+            }
+            g->ncells++;
+            for (size_t p = 0; p < g->npolicies; p++)
+                if (atc_replay_run(cfg, trace, g->policies[p].path, g->policies[p].name, o, &c->results[p], err) <
+                    0)
+                    goto error;
+        }
+    }
+    for (size_t i = 0; i < trace->n; i++)
+        trace->records[i].at_us = arrivals[i];
+    for (size_t i = 0; i < cfg->nsimulate; i++)
+        cfg->simulate[i].count = counts[i];
+    free(arrivals);
+    free(counts);
+    return 0;
+error:
+    if (arrivals != NULL)
+        for (size_t i = 0; i < trace->n; i++)
+            trace->records[i].at_us = arrivals[i];
+    if (counts != NULL)
+        for (size_t i = 0; i < cfg->nsimulate; i++)
+            cfg->simulate[i].count = counts[i];
+    free(arrivals);
+    free(counts);
+    return -1;
+}
+
+/* The first policy's TTFT p90 over the best of the others' (0 with fewer than two policies). */
+static double ratio(const struct atc_replay_grid *g, const struct atc_replay_grid_cell *c)
+{
+    double best = 0;
+    for (size_t p = 1; p < g->npolicies; p++)
+        if (best == 0 || c->results[p].ttft_p90_ms < best)
+            best = c->results[p].ttft_p90_ms;
+    return best > 0 ? c->results[0].ttft_p90_ms / best : 0;
+}
+
+static void cell_label(char *buf, size_t size, const struct atc_replay_grid_cell *c)
+{
+    if (c->servers > 0)
+        snprintf(buf, size, "%gx / %u", c->speed, c->servers);
+    else
+        snprintf(buf, size, "%gx / config", c->speed);
+}
+
+void atc_replay_grid_table(FILE *out, const struct atc_replay_grid *g)
+{
+    fprintf(out, "%s on %s, seed %llu: TTFT p90 in ms (prefix cache hit rate)\n\n", g->trace_path,
+            g->fleet_path, (unsigned long long)g->seed);
+    fprintf(out, "%-16s %5s %6s", "speed / servers", "load", "ideal");
+    for (size_t p = 0; p < g->npolicies; p++)
+        fprintf(out, " %16.16s", g->policies[p].name);
+    if (g->npolicies > 1)
+        fprintf(out, " %7s", "ratio");
+    fputc('\n', out);
+    for (size_t i = 0; i < g->ncells; i++) {
+        const struct atc_replay_grid_cell *c = &g->cells[i];
+        char label[64];
+        cell_label(label, sizeof(label), c);
+        fprintf(out, "%-16s %5.2f %5.1f%%", label, c->offered_load, 100 * c->ideal_hit_rate);
+        for (size_t p = 0; p < g->npolicies; p++) {
+            char v[48];
+            snprintf(v, sizeof(v), "%.0f (%.0f%%)", c->results[p].ttft_p90_ms, 100 * c->results[p].cache_hit_rate);
+            fprintf(out, " %16s", v);
+        }
+        if (g->npolicies > 1)
+            fprintf(out, " %7.2f", ratio(g, c));
+        fputc('\n', out);
+    }
+    fprintf(out, "\nload: the trace's prompt tokens a second over the fleet's prefill tokens a second; ideal: "
+                 "the hit rate of one\nLRU cache as large as all the fleet's KV caches (no policy can beat "
+                 "it); ratio: %s's TTFT p90 over the\nbest of the others'.\n",
+            g->npolicies ? g->policies[0].name : "");
+}
+
+void atc_replay_grid_json(FILE *out, const struct atc_replay_grid *g)
+{
+    fputs("{\"trace\":", out);
+    atc_replay_report_json_string(out, g->trace_path);
+    fputs(",\"fleet\":", out);
+    atc_replay_report_json_string(out, g->fleet_path);
+    fprintf(out, ",\"seed\":%llu,\"cells\":[", (unsigned long long)g->seed);
+    for (size_t i = 0; i < g->ncells; i++) {
+        const struct atc_replay_grid_cell *c = &g->cells[i];
+        fprintf(out, "%s\n{\"speed\":%g,\"servers\":%u,\"offered_load\":%.4f,\"ideal_hit_rate\":%.4f,\"policies\":",
+                i ? "," : "", c->speed, c->servers, c->offered_load, c->ideal_hit_rate);
+        atc_replay_report_json_policies(out, c->results, g->npolicies);
+        fputc('}', out);
+    }
+    fputs("\n]}\n", out);
+}
+
+int atc_replay_grid_html(const char *path, const struct atc_replay_grid *g, char **err)
+{
+    FILE *out = fopen(path, "w");
+    if (out == NULL) {
+        if (asprintf(err, "%s: cannot write: %m", path) < 0)
+            *err = NULL;
+        return -1;
+    }
+    fputs("<!doctype html><meta charset=utf-8><title>atc replay grid</title>\n"
+          "<style>body{font:14px sans-serif;margin:2em}table{border-collapse:collapse}"
+          "td,th{padding:4px 10px;border:1px solid #ccc;text-align:right}th{background:#f4f4f4}"
+          ".good{background:#d8f0d8}.bad{background:#f6d6d6}</style>\n<h1>atc replay grid</h1>\n<p>",
+          out);
+    atc_replay_report_html_text(out, g->trace_path);
+    fputs(" on ", out);
+    atc_replay_report_html_text(out, g->fleet_path);
+    fprintf(out, ", seed %llu. TTFT p90 in ms (prefix cache hit rate). Load: prompt tokens a second over "
+                 "the fleet's prefill tokens a second; ideal: the pooled-LRU bound on hits; ratio: the first "
+                 "policy's TTFT p90 over the best of the others'.</p>\n<table><tr><th>speed / servers</th>"
+                 "<th>load</th><th>ideal</th>",
+            (unsigned long long)g->seed);
+    for (size_t p = 0; p < g->npolicies; p++) {
+        fputs("<th>", out);
+        atc_replay_report_html_text(out, g->policies[p].name);
+        fputs("</th>", out);
+    }
+    fputs(g->npolicies > 1 ? "<th>ratio</th></tr>\n" : "</tr>\n", out);
+    for (size_t i = 0; i < g->ncells; i++) {
+        const struct atc_replay_grid_cell *c = &g->cells[i];
+        char label[64];
+        cell_label(label, sizeof(label), c);
+        fprintf(out, "<tr><td>%s</td><td>%.2f</td><td>%.1f%%</td>", label, c->offered_load,
+                100 * c->ideal_hit_rate);
+        for (size_t p = 0; p < g->npolicies; p++)
+            fprintf(out, "<td>%.0f (%.0f%%)</td>", c->results[p].ttft_p90_ms, 100 * c->results[p].cache_hit_rate);
+        if (g->npolicies > 1) {
+            double r = ratio(g, c);
+            fprintf(out, "<td class=%s>%.2f</td>", r <= 1.0 ? "good" : "bad", r);
+        }
+        fputs("</tr>\n", out);
+    }
+    fputs("</table>\n", out);
+    if (fclose(out) != 0) {
+        if (asprintf(err, "%s: cannot write: %m", path) < 0)
+            *err = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+void atc_replay_grid_dispose(struct atc_replay_grid *g)
+{
+    for (size_t i = 0; i < g->ncells; i++) {
+        for (size_t p = 0; p < g->npolicies; p++)
+            atc_replay_result_dispose(&g->cells[i].results[p]);
+        free(g->cells[i].results);
+    }
+    free(g->cells);
+    g->cells = NULL;
+    g->ncells = 0;
+}

@@ -1,0 +1,120 @@
+/* Unit tests for engine/fleet/signals.c: what a request's way through an endpoint does to its signals. */
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "fleet/signals.h"
+
+static struct atc_signal_params params(void)
+{
+    struct atc_signal_params p;
+    atc_signal_params_init(&p);
+    return p;
+}
+
+static void test_uncached(void **state)
+{
+    assert_int_equal(atc_signals_uncached(1000, 0, 64), 1000);
+    assert_int_equal(atc_signals_uncached(1000, 10, 64), 360);
+    /* a prompt found whole still computes its last token, as vLLM does */
+    assert_int_equal(atc_signals_uncached(1000, 16, 64), 1);
+}
+
+static void test_prefill_tokens_follow_the_first_byte(void **state)
+{
+    struct atc_signal_params p = params();
+    struct atc_signals s;
+    atc_signals_init(&s);
+    struct atc_signal_ticket a, b;
+    atc_signals_sent(&s, &p, &a, 8000, 0);
+    assert_int_equal(s.prefill_tokens, 8000);
+    assert_int_equal(s.prefilling, 1);
+    atc_signals_sent(&s, &p, &b, 3000, 1000);
+    assert_int_equal(s.prefill_tokens, 11000);
+    assert_int_equal(b.ahead, 8000); /* what b waits behind */
+    atc_signals_first_byte(&s, &p, &a, 550000, true);
+    assert_int_equal(s.prefill_tokens, 3000);
+    assert_int_equal(s.prefilling, 1);
+    assert_int_equal(s.decoding, 1);
+    /* a decoding request finishing does not touch the prefill queue */
+    atc_signals_done(&s, &a, 5000000, 400);
+    assert_int_equal(s.prefill_tokens, 3000);
+    assert_int_equal(s.decoding, 0);
+    /* a request that fails before its first byte takes its tokens back out, once */
+    atc_signals_done(&s, &b, 6000000, 0);
+    atc_signals_done(&s, &b, 6000000, 0);
+    assert_int_equal(s.prefill_tokens, 0);
+    assert_int_equal(s.prefilling, 0);
+    /* a first byte after the end changes nothing */
+    atc_signals_first_byte(&s, &p, &b, 7000000, true);
+    assert_int_equal(s.decoding, 0);
+}
+
+static void test_rates_are_learned_from_samples(void **state)
+{
+    struct atc_signal_params p = params();
+    struct atc_signals s;
+    atc_signals_init(&s);
+    assert_true(atc_signals_prefill_tps(&s, &p) == 15000);
+    assert_true(atc_signals_itl_ms(&s, &p) == 12);
+    struct atc_signal_ticket a;
+    /* 10000 tokens, first byte after 1 s + one 12 ms decode step: 10000 tokens/s */
+    atc_signals_sent(&s, &p, &a, 10000, 0);
+    atc_signals_first_byte(&s, &p, &a, 1012000, true);
+    assert_true(fabs(atc_signals_prefill_tps(&s, &p) - 10000) < 1);
+    /* 101 tokens over 2 s after the first: 20 ms each */
+    atc_signals_done(&s, &a, 3012000, 101);
+    assert_true(fabs(atc_signals_itl_ms(&s, &p) - 20) < 1e-6);
+    /* predicted: (queued 0 + 5000) / 10000 tokens/s + 20 ms */
+    assert_true(fabs(atc_signals_predict_ttft_ms(&s, &p, 5000) - 520) < 1e-6);
+    /* a non-streamed answer's first byte is its last: no sample */
+    struct atc_signal_ticket b;
+    atc_signals_sent(&s, &p, &b, 10000, 4000000);
+    atc_signals_first_byte(&s, &p, &b, 9000000, false);
+    assert_true(fabs(atc_signals_prefill_tps(&s, &p) - 10000) < 1);
+    assert_int_equal(s.prefill_samples, 1);
+}
+
+static void test_recent_tokens_decay(void **state)
+{
+    struct atc_signal_params p = params(); /* half-life 2 s */
+    struct atc_signals s;
+    atc_signals_init(&s);
+    struct atc_signal_ticket a, b;
+    atc_signals_sent(&s, &p, &a, 1000, 10000000);
+    assert_true(fabs(atc_signals_recent(&s, &p, 10000000) - 1000) < 1e-3);
+    assert_true(fabs(atc_signals_recent(&s, &p, 12000000) - 500) < 0.5);
+    assert_true(fabs(atc_signals_recent(&s, &p, 14000000) - 250) < 0.5);
+    /* it stays after the request is done: it is work recently given, not work in flight */
+    atc_signals_done(&s, &a, 14000000, 0);
+    atc_signals_sent(&s, &p, &b, 1000, 14000000);
+    assert_true(fabs(atc_signals_recent(&s, &p, 14000000) - 1250) < 0.5);
+}
+
+static void test_scrape(void **state)
+{
+    struct atc_signals s;
+    atc_signals_init(&s);
+    assert_int_equal(s.scraped_at_us, 0); /* never scraped: the policy API says nil */
+    atc_signals_scraped(&s, 3, 1, 0.5, NAN, 0);
+    assert_true(s.scraped_at_us != 0); /* even at time 0 */
+    assert_true(s.scraped_running == 3);
+    assert_true(isnan(s.scraped_prefix_hit_rate));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_uncached),
+        cmocka_unit_test(test_prefill_tokens_follow_the_first_byte),
+        cmocka_unit_test(test_rates_are_learned_from_samples),
+        cmocka_unit_test(test_recent_tokens_decay),
+        cmocka_unit_test(test_scrape),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
