@@ -16,6 +16,11 @@ struct worker_task {
     struct worker_task *next;
 };
 
+/* The worker whose loop runs on this thread, NULL on threads of no worker: set by worker_main, and for
+ * worker 0 by atc_worker_init on the main thread. Asking it reads no field another thread writes (a
+ * worker's `thread` is stored by pthread_create in the main thread, possibly after other workers run). */
+static _Thread_local const struct atc_worker *this_worker;
+
 struct event_base *atc_event_base_new(void)
 {
     /* The changelist folds the add/remove pairs of read and write interest that a proxy makes on every
@@ -40,7 +45,6 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
     struct worker_task *t = w->tasks;
     w->tasks = NULL;
     w->tail = &w->tasks;
-    atomic_init(&w->top_priority, -1);
     pthread_mutex_unlock(&w->mu);
     while (t != NULL) {
         struct worker_task *next = t->next;
@@ -50,12 +54,41 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+static void run_deferred(struct atc_worker *w)
+{
+    struct atc_deferred *d = w->deferred;
+    w->deferred = NULL;
+    while (d != NULL) {
+        struct atc_deferred *next = d->next;
+        d->fn(d);
+        d = next;
+    }
+}
+
+static void on_deferred(evutil_socket_t fd, short what, void *arg)
+{
+    run_deferred(arg);
+}
+
+void atc_worker_defer(struct atc_worker *w, struct atc_deferred *d, void (*fn)(struct atc_deferred *d))
+{
+    d->fn = fn;
+    d->next = w->deferred;
+    if (w->deferred == NULL)
+        event_active(w->defer_ev, EV_TIMEOUT, 1); /* runs after the callbacks of this loop turn */
+    w->deferred = d;
+}
+
 int atc_worker_init(struct atc_worker *w, struct atc_server *srv, unsigned id, struct event_base *base)
 {
     w->srv = srv;
     w->id = id;
     w->base = base;
     w->tail = &w->tasks;
+    /* Nothing waits yet. Set here once, and afterwards only by atc_server_queue_changed on this worker's
+     * thread: a mailbox wake (a park, an observation, a kick) says nothing about the queue. */
+    atomic_init(&w->top_priority, -1);
+    atomic_init(&w->kick_posted, false);
     w->next_id = (uint64_t)id << 48; /* request ids stay unique across workers */
     w->rng = srv->rng ^ ((uint64_t)id * 0x9e3779b97f4a7c15ull);
     pthread_mutex_init(&w->mu, NULL);
@@ -64,8 +97,12 @@ int atc_worker_init(struct atc_worker *w, struct atc_server *srv, unsigned id, s
     struct timeval delay = {0, 20 * 1000};
     const struct timeval *common = event_base_init_common_timeout(base, &delay);
     w->watch_delay = common != NULL ? *common : delay;
+    if (id == 0)
+        this_worker = w; /* worker 0 runs on the thread that sets the workers up */
     w->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (w->wake_fd < 0)
+        return -1;
+    if ((w->defer_ev = event_new(base, -1, 0, on_deferred, w)) == NULL)
         return -1;
     w->wake = event_new(base, w->wake_fd, EV_READ | EV_PERSIST, on_wake, w);
     return w->wake != NULL && event_add(w->wake, NULL) == 0 ? 0 : -1;
@@ -74,6 +111,7 @@ int atc_worker_init(struct atc_worker *w, struct atc_server *srv, unsigned id, s
 static void *worker_main(void *arg)
 {
     struct atc_worker *w = arg;
+    this_worker = w;
     event_base_loop(w->base, EVLOOP_NO_EXIT_ON_EMPTY);
     pthread_mutex_lock(&w->mu);
     w->closed = true;
@@ -121,6 +159,10 @@ void atc_worker_join(struct atc_worker *w)
 
 void atc_worker_free(struct atc_worker *w)
 {
+    run_deferred(w); /* ended after its loop's last turn (connections closed at exit) */
+    if (w->defer_ev != NULL)
+        event_free(w->defer_ev);
+    w->defer_ev = NULL;
     if (w->wake != NULL)
         event_free(w->wake);
     w->wake = NULL;
@@ -132,7 +174,7 @@ void atc_worker_free(struct atc_worker *w)
 
 static bool on_own_thread(const struct atc_worker *w)
 {
-    return pthread_equal(pthread_self(), w->threaded ? w->thread : w->srv->main_thread);
+    return this_worker == w;
 }
 
 int atc_worker_post(struct atc_worker *w, void (*fn)(void *arg), void *arg)

@@ -22,12 +22,22 @@ struct event_base;
 struct event;
 struct worker_task;
 
+/* An object that must outlive the callback that ended it (STYLE: never free an object while a callback
+ * further up the stack still uses it; defer to the loop) embeds one of these and is handed to
+ * atc_worker_defer. */
+struct atc_deferred {
+    struct atc_deferred *next;
+    void (*fn)(struct atc_deferred *d);
+};
+
+/* Threads: unless a field says otherwise, it is the worker's own: touched on its thread, or by the main
+ * thread while the worker is parked (atc_workers_pause) or before its thread starts / after it joined. */
 struct atc_worker {
     struct atc_server *srv;
     unsigned id;
     struct event_base *base;
-    struct atc_config *cfg;           /* the config it serves with (swapped by reloads while parked) */
-    struct atc_endpoint_table *table; /* likewise */
+    struct atc_config *cfg;            /* the config it serves with (swapped by reloads while parked) */
+    struct atc_endpoint_table *table;  /* likewise */
     struct atc_policy_runtime *policy; /* NULL without a policy: section */
     struct atc_admission *admission;   /* NULL when admission.queue is 0 */
     struct atc_access_log *access_log; /* this worker's buffer on the shared file; NULL without one */
@@ -41,20 +51,27 @@ struct atc_worker {
     uint64_t rng;
     uint64_t next_id;
     struct timeval watch_delay; /* when a relay starts watching its client for a hang-up (a common timeout) */
+    struct atc_deferred *deferred; /* atc_worker_defer's list, run by defer_ev */
+    struct event *defer_ev;
 
-    atomic_int top_priority; /* of the requests in its admission queue (-1: none): read by other workers */
-    atomic_bool kick_posted; /* a kick from another worker is on its way */
+    /* Cross-worker handoff of freed slots (server.c). top_priority: the highest priority waiting in its
+     * admission queue, -1 when none; written only on its own thread (atc_server_queue_changed, after
+     * every change to the queue), read by any worker with a plain atomic load when a slot frees. A
+     * mailbox wake does not touch it. kick_posted: set by the worker that posts a kick, cleared by the
+     * kick on this worker's thread (an atomic exchange, so only one kick is in the mailbox at a time). */
+    atomic_int top_priority;
+    atomic_bool kick_posted;
 
     /* the mailbox */
-    pthread_t thread;
-    bool threaded; /* a thread of its own (every worker but 0) */
-    bool running;  /* its thread's loop has not returned (under the server's pause lock) */
-    bool joined;   /* its thread is gone (main thread only) */
-    int wake_fd;   /* eventfd the mailbox event reads */
+    pthread_t thread; /* main thread only (pthread_create, pthread_join) */
+    bool threaded;    /* a thread of its own (every worker but 0); set before it starts, never cleared */
+    bool running;     /* its thread's loop has not returned (under the server's pause lock) */
+    bool joined;      /* its thread is gone (main thread only) */
+    int wake_fd;      /* eventfd the mailbox event reads; any thread writes to it (atc_worker_post) */
     struct event *wake;
     pthread_mutex_t mu;
-    struct worker_task *tasks, **tail;
-    bool closed; /* no more tasks: the loop has stopped */
+    struct worker_task *tasks, **tail; /* (mu) */
+    bool closed;                       /* no more tasks: the loop has stopped (mu) */
 };
 
 /** A new event base tuned for a proxy (the epoll changelist). NULL on failure. */
@@ -72,7 +89,12 @@ void atc_worker_exit_loop(struct atc_worker *w);
 /** Stops a threaded worker's loop and waits for its thread (nothing runs on its loop afterwards). */
 void atc_worker_join(struct atc_worker *w);
 
-/** Frees the worker's mailbox (not its base, nor what start_worker made). */
+/** Calls @p fn(@p d) from @p w's loop once the current callback has returned (or from atc_worker_free,
+ * if the loop does not run again). On @p w's own thread; costs no system call. */
+void atc_worker_defer(struct atc_worker *w, struct atc_deferred *d, void (*fn)(struct atc_deferred *d));
+
+/** Runs what is still deferred, then frees the worker's mailbox (not its base, nor what start_worker
+ * made). */
 void atc_worker_free(struct atc_worker *w);
 
 /** Runs @p fn(@p arg) on @p w's thread soon (at once when called on it). Returns -1 when the worker has

@@ -4,12 +4,17 @@
 /* The endpoint table: every configured (or simulated) server, grouped by model, with the live counters
  * that routing reads.
  *
- * Threads: the table is shared by every worker thread, and health checks run on the main thread. The
- * live counters and the fields health.c writes are C11 atomics, each consistent on its own but not with
- * the others (a reader may see inflight already counted and inflight_tokens not yet): good enough for
- * routing, which is a heuristic over values that change all the time anyway. Everything else (strings,
- * capacity, weight, tags, the table's arrays) changes only in atc_endpoint_table_create/_add/_rebuild,
- * which must not run while a worker reads the table. */
+ * Threads: the table is shared by every worker thread, and health checks run on the main thread. Each
+ * field below says who writes it and how the others read it, in one of three ways:
+ * - "config": set in atc_endpoint_table_create/_add/_rebuild (or by the server right after, like
+ *   `simulated` and `pools`), which run before the worker threads start or with every worker parked
+ *   (atc_workers_pause); read plainly by any thread afterwards.
+ * - "workers": C11 atomics that every worker updates (fetch-add, compare-and-swap) and any thread reads.
+ * - "health": C11 atomics that health.c stores on the main thread and workers load.
+ * Atomics are relaxed, each consistent on its own but not with the others (a reader may see inflight
+ * already counted and inflight_tokens not yet): good enough for routing, a heuristic over values that
+ * change all the time anyway; no other memory is published through them. ep->health points to what
+ * health.c publishes (health.h says how each of its fields is read). */
 
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -24,6 +29,7 @@ struct atc_upstream_pool;
 struct atc_endpoint_health;
 
 struct atc_endpoint {
+    /* config */
     unsigned index; /* position in the table's endpoints[] */
     char *id;
     char *url;
@@ -35,27 +41,29 @@ struct atc_endpoint {
     size_t ntags;
     unsigned capacity;
     unsigned weight;
-    uint64_t token_budget; /* 0 = none */
+    uint64_t token_budget;     /* 0 = none */
     unsigned max_server_queue; /* full while the server reports this many waiting (scraped); 0 = ignore */
 
-    /* live counters, written by every worker (atomic) */
+    /* workers: live counters */
     _Atomic unsigned inflight;        /* requests routed here and not finished */
     _Atomic uint64_t inflight_tokens; /* their prompt estimate + max_tokens */
     _Atomic double ttft_ewma_ms;      /* exponentially weighted time to first byte of the answer; 0 = none */
     _Atomic uint64_t requests_total;  /* attempts sent */
     _Atomic uint64_t errors_total;    /* connection failures, timeouts, 5xx */
     _Atomic uint64_t consecutive_errors;
-    _Atomic bool routable;          /* false while drained or (later) unhealthy */
-    bool simulated;                 /* started by atc for simulate: (kept across config reloads) */
-    _Atomic unsigned server_queue;  /* server-reported: requests waiting (0 until reported; replay sets it) */
-    _Atomic double server_kv_usage; /* server-reported: share of KV cache in use, 0..1 (likewise) */
-    struct atc_signals sig;         /* what the engine observes of its work (signals.h) */
+    struct atc_signals sig; /* what the engine observes of its work (signals.h says who writes) */
 
-    /* health.c owns these (main thread writes, workers read) */
-    _Atomic unsigned slow_start_limit;  /* while > 0 (ramping up after a return): at most this many */
+    /* health: health.c writes on the main thread (replay, single-threaded, sets them too), workers read */
+    _Atomic bool routable;             /* false while drained, unhealthy, ejected or retired by a reload */
+    _Atomic unsigned server_queue;     /* server-reported: requests waiting (0 until reported) */
+    _Atomic double server_kv_usage;    /* server-reported: share of KV cache in use, 0..1 (likewise) */
+    _Atomic unsigned slow_start_limit; /* while > 0 (ramping up after a return): at most this many */
+
+    /* config */
+    bool simulated;                     /* started by atc for simulate: (kept across config reloads) */
     struct atc_endpoint_health *health; /* state, last error, scraped load (health.h); NULL without checks */
-
-    struct atc_upstream_pool *pools[ATC_MAX_WORKERS]; /* each worker's keep-alive connections (upstream.c) */
+    struct atc_upstream_pool *pools[ATC_MAX_WORKERS]; /* each worker's keep-alive connections (upstream.c);
+                                                         pools[i] is used on worker i's thread only */
 };
 
 struct atc_model {
@@ -119,9 +127,11 @@ static inline unsigned atc_endpoint_capacity_now(const struct atc_endpoint *ep)
 /** True when @p ep, with @p inflight requests, may take one more of @p tokens (prompt estimate +
  * max_tokens): it is routable, under the capacity it offers now, and under its token budget (an idle
  * endpoint takes any request). */
-static inline bool atc_endpoint_available_at(const struct atc_endpoint *ep, unsigned inflight, uint64_t tokens)
+static inline bool atc_endpoint_available_at(const struct atc_endpoint *ep, unsigned inflight,
+                                             uint64_t tokens)
 {
-    return atomic_load_explicit(&ep->routable, memory_order_relaxed) && inflight < atc_endpoint_capacity_now(ep) &&
+    return atomic_load_explicit(&ep->routable, memory_order_relaxed) &&
+           inflight < atc_endpoint_capacity_now(ep) &&
            (ep->token_budget == 0 || inflight == 0 ||
             atomic_load_explicit(&ep->inflight_tokens, memory_order_relaxed) + tokens <= ep->token_budget) &&
            (ep->max_server_queue == 0 ||

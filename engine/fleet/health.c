@@ -1,5 +1,6 @@
 /* Endpoint health (health.h): the check scheduler, passive ejection, panic mode, slow start, drain and
- * the load scrape.
+ * the load scrape's probe. Beside it: probe_answer.c judges the probes' answers, load_scrape.c reads a
+ * metrics page, health_text.c is the seqlock of last_error, health_report.c shows it all.
  *
  * Each endpoint has four probes (live, ready, deep, scrape), each a small state machine on two libevent
  * timers: `timer` starts the next probe, `deadline` ends one that takes longer than its timeout. A probe
@@ -27,12 +28,11 @@
 
 #include "fleet/balancer.h"
 #include "core/config.h"
-#include "core/json.h"
 #include "fleet/endpoint.h"
+#include "fleet/load_scrape.h"
+#include "fleet/probe_answer.h"
 #include "http/http_util.h"
 #include "core/log.h"
-#include "core/histogram.h"
-#include "fleet/prometheus.h"
 #include "http/upstream.h"
 #include "core/clock.h"
 
@@ -79,9 +79,18 @@ struct hmodel {
     uint64_t panics_total;
 };
 
-/* One endpoint's health; `pub` is what ep->health points to. */
+/* One endpoint's health. `pub` is what ep->health points to, the part workers read (health.h); every
+ * other field is the main thread's alone. state and last_error are kept here too, and copied to pub
+ * when they change (publish_state, set_last_error): the main thread reads its own copies. */
 struct hep {
     struct atc_endpoint_health pub;
+    enum atc_health_state state;
+    enum atc_check_verdict live, ready, deep;   /* deep starts OK: it can only take an endpoint out */
+    char last_error[ATC_HEALTH_TEXT_WORDS * 8]; /* the last failed probe or ejection, with why; "" if none */
+    uint64_t state_changes;
+    uint64_t ejections_total;
+    double slow_start; /* share of its capacity offered now: 1 unless ramping up */
+    struct atc_server_load load;
     struct atc_health *h;
     struct atc_endpoint *ep;
     struct hmodel *model;
@@ -103,8 +112,7 @@ struct hep {
     uint64_t deep_started_ms;
     struct event *eject_timer;
     uint64_t ramp_start_ms; /* 0 = not ramping */
-    double prev_queries, prev_hits;
-    bool have_prev;
+    struct atc_load_counters prefix_counters;
     bool scrape_failing;
     bool ready_unanswered; /* the last ready probe got no HTTP answer at all (refused, timed out) */
     bool down_seen;        /* since (or just before) its ejection, the probes found it unreachable */
@@ -144,6 +152,25 @@ static struct hep *hep_of(const struct atc_endpoint *ep)
     return ep->health != NULL ? (struct hep *)(void *)ep->health : NULL;
 }
 
+/* ---- what the workers read ---- */
+
+static void publish_state(struct hep *e, enum atc_health_state s)
+{
+    e->state = s;
+    atomic_store_explicit(&e->pub.state, (int)s, memory_order_relaxed);
+}
+
+/* Sets the endpoint's last error (printf-style) and publishes it. */
+static void set_last_error(struct hep *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_last_error(struct hep *e, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->last_error, sizeof(e->last_error), fmt, ap);
+    va_end(ap);
+    atc_health_text_set(&e->pub.last_error, e->last_error);
+}
+
 const char *atc_health_state_name(enum atc_health_state state)
 {
     switch (state) {
@@ -179,13 +206,13 @@ static enum atc_health_state derive_state(const struct hep *e)
         return ATC_HEALTH_DRAINING;
     if (e->ejected)
         return ATC_HEALTH_EJECTED;
-    if (e->pub.live == ATC_CHECK_FAILED || e->pub.deep == ATC_CHECK_FAILED)
+    if (e->live == ATC_CHECK_FAILED || e->deep == ATC_CHECK_FAILED)
         return ATC_HEALTH_UNHEALTHY;
     /* Not ready: "starting" while the server answers (it is loading), "unhealthy" when it does not,
      * whichever of the live and ready checks notices first. */
-    if (e->pub.ready == ATC_CHECK_FAILED && e->ready_unanswered)
+    if (e->ready == ATC_CHECK_FAILED && e->ready_unanswered)
         return ATC_HEALTH_UNHEALTHY;
-    if (e->pub.ready != ATC_CHECK_OK)
+    if (e->ready != ATC_CHECK_OK)
         return ATC_HEALTH_STARTING;
     return ATC_HEALTH_HEALTHY;
 }
@@ -229,24 +256,25 @@ static bool apply_ramps(struct atc_health *h)
         struct hep *e = &h->eps[i];
         if (e->ramp_start_ms == 0)
             continue;
-        double share = e->pub.state == ATC_HEALTH_HEALTHY ? ramp_share(e, now) : 1.0;
+        double share = e->state == ATC_HEALTH_HEALTHY ? ramp_share(e, now) : 1.0;
         if (share >= 1.0) {
-            if (e->pub.state == ATC_HEALTH_HEALTHY) {
+            if (e->state == ATC_HEALTH_HEALTHY) {
                 atc_info("endpoint %s: slow start over: full capacity (%u)", e->ep->id, e->ep->capacity);
                 more_capacity(h);
             }
             e->ramp_start_ms = 0;
-            e->ep->slow_start_limit = 0;
-            e->pub.slow_start = 1.0;
+            atomic_store_explicit(&e->ep->slow_start_limit, 0, memory_order_relaxed);
+            e->slow_start = 1.0;
             continue;
         }
         unsigned limit = (unsigned)(share * e->ep->capacity);
         if (limit < 1)
             limit = 1;
-        if (limit > e->ep->slow_start_limit && e->ep->slow_start_limit != 0)
+        unsigned was = atomic_load_explicit(&e->ep->slow_start_limit, memory_order_relaxed);
+        if (limit > was && was != 0)
             more_capacity(h);
-        e->ep->slow_start_limit = limit;
-        e->pub.slow_start = share;
+        atomic_store_explicit(&e->ep->slow_start_limit, limit, memory_order_relaxed);
+        e->slow_start = share;
         more = true;
     }
     return more;
@@ -267,9 +295,9 @@ static void update_model(struct hmodel *m)
     struct atc_health *h = m->eps[0]->h;
     size_t healthy = 0, out = 0, drained = 0;
     for (size_t i = 0; i < m->neps; i++) {
-        healthy += m->eps[i]->pub.state == ATC_HEALTH_HEALTHY;
-        out += is_out(m->eps[i]->pub.state);
-        drained += m->eps[i]->pub.state == ATC_HEALTH_DRAINING;
+        healthy += m->eps[i]->state == ATC_HEALTH_HEALTHY;
+        out += is_out(m->eps[i]->state);
+        drained += m->eps[i]->state == ATC_HEALTH_DRAINING;
     }
     /* Panic when every endpoint the operator has not drained is out: none healthy, none starting. */
     bool panic = out > 0 && out + drained == m->neps;
@@ -294,10 +322,11 @@ static void update_model(struct hmodel *m)
     }
     for (size_t i = 0; i < m->neps; i++) {
         struct hep *e = m->eps[i];
-        bool was = e->ep->routable;
-        e->ep->routable = e->pub.state == ATC_HEALTH_HEALTHY ||
-                          (panic && m->cfg->panic == ATC_PANIC_ROUTE_ALL && is_out(e->pub.state));
-        if (e->ep->routable && !was)
+        bool was = atomic_load_explicit(&e->ep->routable, memory_order_relaxed);
+        bool now = e->state == ATC_HEALTH_HEALTHY ||
+                   (panic && m->cfg->panic == ATC_PANIC_ROUTE_ALL && is_out(e->state));
+        atomic_store_explicit(&e->ep->routable, now, memory_order_relaxed);
+        if (now && !was)
             more_capacity(h);
     }
 }
@@ -307,13 +336,13 @@ static void start_deep_now(struct hep *e);
 /* Derives the endpoint's state; on a change logs it with @p reason and updates the model. */
 static void set_state(struct hep *e, const char *reason)
 {
-    enum atc_health_state old = e->pub.state, s = derive_state(e);
+    enum atc_health_state old = e->state, s = derive_state(e);
     struct atc_health *h = e->h;
     if (s == old)
         return;
     uint64_t now = atc_mono_ms();
-    e->pub.state = s;
-    e->pub.state_changes++;
+    publish_state(e, s);
+    e->state_changes++;
     h->stats.state_changes_total++;
     if (s == ATC_HEALTH_HEALTHY)
         atc_info("endpoint %s: %s -> healthy: %s", e->ep->id, atc_health_state_name(old), reason);
@@ -335,12 +364,12 @@ static void set_state(struct hep *e, const char *reason)
         e->returned_ms = now;
         e->cap_logged = false;
         /* A server that answers probes may still be unable to generate: ask it once now. */
-        if (e->pub.deep == ATC_CHECK_OK)
+        if (e->deep == ATC_CHECK_OK)
             start_deep_now(e);
     } else if (e->ramp_start_ms != 0) {
         e->ramp_start_ms = 0;
-        e->ep->slow_start_limit = 0;
-        e->pub.slow_start = 1.0;
+        atomic_store_explicit(&e->ep->slow_start_limit, 0, memory_order_relaxed);
+        e->slow_start = 1.0;
     }
     update_model(e->model);
 }
@@ -349,8 +378,8 @@ static void set_state(struct hep *e, const char *reason)
 
 static void record_error(struct hep *e, const struct probe *pr, const char *why)
 {
-    snprintf(e->pub.last_error, sizeof(e->pub.last_error), "%s check: %s %s: %s", probe_names[pr->kind],
-             pr->kind == PROBE_DEEP ? e->deep_method : "GET", pr->cfg->path, why);
+    set_last_error(e, "%s check: %s %s: %s", probe_names[pr->kind],
+                   pr->kind == PROBE_DEEP ? e->deep_method : "GET", pr->cfg->path, why);
 }
 
 static uint64_t jittered(struct atc_health *h, uint64_t ms, double jitter)
@@ -415,7 +444,7 @@ static void start_deep_now(struct hep *e)
 static void suspect(struct hep *e)
 {
     uint64_t now = atc_mono_ms();
-    if (e->pub.live != ATC_CHECK_OK || now - e->last_kick_ms < e->cfg->fast_interval_ms)
+    if (e->live != ATC_CHECK_OK || now - e->last_kick_ms < e->cfg->fast_interval_ms)
         return;
     e->last_kick_ms = now;
     kick(&e->probes[PROBE_LIVE]);
@@ -476,27 +505,27 @@ static void check_result(struct probe *pr, bool ok, const char *why)
     }
     if (!ok && reason[0] != '\0') {
         size_t n = strlen(reason);
-        snprintf(reason + n, sizeof(reason) - n, " (%s)", e->pub.last_error);
+        snprintf(reason + n, sizeof(reason) - n, " (%s)", e->last_error);
     }
 
     unsigned worst = 0;
     for (int k = PROBE_LIVE; k <= PROBE_DEEP; k++)
         if (e->probes[k].fails > worst)
             worst = e->probes[k].fails;
-    e->pub.consecutive_failures = worst;
+    atomic_store_explicit(&e->pub.consecutive_failures, worst, memory_order_relaxed);
     if (pr->kind == PROBE_LIVE)
-        e->pub.live = pr->verdict;
+        e->live = pr->verdict;
     else if (pr->kind == PROBE_READY)
-        e->pub.ready = pr->verdict;
+        e->ready = pr->verdict;
     else
-        e->pub.deep = pr->verdict;
+        e->deep = pr->verdict;
 
     if (pr->kind == PROBE_READY)
         e->ready_unanswered = !ok && pr->status == 0;
     if (pr->verdict != old)
         atc_debug("endpoint %s: %s check %s -> %s", e->ep->id, probe_names[pr->kind], verdict_name(old),
                   verdict_name(pr->verdict));
-    set_state(e, reason[0] != '\0' ? reason : e->pub.last_error);
+    set_state(e, reason[0] != '\0' ? reason : e->last_error);
     /* A sign of life from a server that is out: check the other shallow probe now too, so that it
      * comes back at the pace of the faster one. */
     if (ok && pr->verdict == ATC_CHECK_FAILED && (pr->kind == PROBE_LIVE || pr->kind == PROBE_READY)) {
@@ -505,7 +534,7 @@ static void check_result(struct probe *pr, bool ok, const char *why)
             kick(other);
     }
     /* A shallow check that starts failing (or flaps) while the endpoint is up: ask for a real answer. */
-    if (!ok && pr->kind != PROBE_DEEP && pr->fails == 1 && e->pub.state == ATC_HEALTH_HEALTHY)
+    if (!ok && pr->kind != PROBE_DEEP && pr->fails == 1 && e->state == ATC_HEALTH_HEALTHY)
         start_deep_now(e);
     if (pr->first_pending) {
         pr->first_pending = false;
@@ -513,116 +542,9 @@ static void check_result(struct probe *pr, bool ok, const char *why)
     }
 }
 
-/* ---- what a good answer is ---- */
-
-/* Whether an OpenAI model list ({"data": [{"id": ...}, ...]}) names @p model. NULL when it does, else
- * why not. */
-static const char *models_list_has(const char *js, size_t len, const char *model)
-{
-    struct atc_json j = {0};
-    const char *why = "the model list does not name this endpoint's model";
-    if (atc_json_parse(&j, js, len, NULL) < 0 || atc_json_type(&j, 0) != ATC_JSON_OBJECT) {
-        why = "the answer is not a JSON object";
-        goto done;
-    }
-    int data = atc_json_get(&j, 0, "data");
-    if (atc_json_type(&j, data) != ATC_JSON_ARRAY) {
-        why = "the answer has no 'data' list of models";
-        goto done;
-    }
-    for (int i = data + 1, k = 0; k < atc_json_count(&j, data); k++, i = atc_json_next(&j, i)) {
-        char id[512];
-        if (atc_json_string(&j, atc_json_get(&j, i, "id"), id, sizeof(id), NULL) == 0 &&
-            strcmp(id, model) == 0) {
-            why = NULL;
-            goto done;
-        }
-    }
-done:
-    atc_json_dispose(&j);
-    return why;
-}
-
-/* A deep probe's answer: a JSON object with "choices" (completions) or "data" (embeddings). */
-static const char *inference_answer_ok(const char *js, size_t len)
-{
-    struct atc_json j = {0};
-    const char *why = NULL;
-    if (atc_json_parse(&j, js, len, NULL) < 0 || atc_json_type(&j, 0) != ATC_JSON_OBJECT)
-        why = "the answer is not a JSON object";
-    else if (atc_json_get(&j, 0, "choices") < 0 && atc_json_get(&j, 0, "data") < 0)
-        why = "the answer has neither 'choices' nor 'data'";
-    atc_json_dispose(&j);
-    return why;
-}
-
-/* ---- the load scrape ---- */
-
-enum load_slot { L_RUNNING, L_WAITING, L_KV, L_QUERIES, L_HITS, L_HIT_RATE, NSLOTS };
-
-/* Metric names by server, for each slot. Gauges of a share are combined by max, counts by sum. */
-static const struct {
-    const char *name;
-    enum load_slot slot;
-} load_metrics[] = {
-    {"vllm:num_requests_running", L_RUNNING},
-    {"vllm:num_requests_waiting", L_WAITING},
-    {"vllm:kv_cache_usage_perc", L_KV},
-    {"vllm:gpu_cache_usage_perc", L_KV}, /* vLLM before 0.10 */
-    {"vllm:prefix_cache_queries_total", L_QUERIES},
-    {"vllm:prefix_cache_hits_total", L_HITS},
-    {"vllm:gpu_prefix_cache_hit_rate", L_HIT_RATE},
-    {"sglang:num_running_reqs", L_RUNNING},
-    {"sglang:num_queue_reqs", L_WAITING},
-    {"sglang:token_usage", L_KV},
-    {"sglang:cache_hit_rate", L_HIT_RATE},
-    {"tgi_batch_current_size", L_RUNNING},
-    {"tgi_queue_size", L_WAITING},
-    {"llamacpp:requests_processing", L_RUNNING},
-    {"llamacpp:requests_deferred", L_WAITING},
-    {"llamacpp:kv_cache_usage_ratio", L_KV},
-};
-
-struct load_acc {
-    const char *model;
-    double mine[NSLOTS], all[NSLOTS]; /* series labelled with this model / every series */
-    bool has_mine[NSLOTS], has_all[NSLOTS];
-};
-
-static void acc_add(double *v, bool *has, enum load_slot slot, double x)
-{
-    bool share = slot == L_KV || slot == L_HIT_RATE;
-    v[slot] = !*has ? x : share ? fmax(v[slot], x) : v[slot] + x;
-    *has = true;
-}
-
-static int on_load_sample(void *arg, const struct atc_prom_sample *s)
-{
-    struct load_acc *a = arg;
-    if (!isfinite(s->value))
-        return 0;
-    for (size_t i = 0; i < sizeof(load_metrics) / sizeof(load_metrics[0]); i++) {
-        if (!atc_prom_name_is(s, load_metrics[i].name))
-            continue;
-        enum load_slot slot = load_metrics[i].slot;
-        acc_add(a->all, &a->has_all[slot], slot, s->value);
-        if (atc_prom_label_is(s, "model_name", a->model))
-            acc_add(a->mine, &a->has_mine[slot], slot, s->value);
-        break;
-    }
-    return 0;
-}
-
-/* A server may serve several models (and label each series): this endpoint's model's series when there
- * are any, else all of them. NaN when the page has none. */
-static double acc_get(const struct load_acc *a, enum load_slot slot)
-{
-    return a->has_mine[slot] ? a->mine[slot] : a->has_all[slot] ? a->all[slot] : NAN;
-}
-
 static void scrape_failed(struct hep *e, const char *why)
 {
-    struct atc_server_load *l = &e->pub.load;
+    struct atc_server_load *l = &e->load;
     l->scrape_errors_total++;
     e->h->stats.scrape_errors_total++;
     snprintf(l->last_error, sizeof(l->last_error), "GET %s: %s", e->probes[PROBE_SCRAPE].cfg->path, why);
@@ -633,33 +555,19 @@ static void scrape_failed(struct hep *e, const char *why)
 
 static void scrape_page(struct hep *e, const char *page, size_t len)
 {
-    struct load_acc a = {.model = e->ep->model};
-    struct atc_prom_error perr = {0};
-    if (atc_prom_parse(page, len, on_load_sample, &a, &perr) != 0) {
-        char why[128];
-        snprintf(why, sizeof(why), "malformed metrics page: line %zu: %s", perr.line, perr.msg);
+    char why[128];
+    if (atc_load_scrape_page(e->ep->model, page, len, &e->load, &e->prefix_counters, why, sizeof(why)) < 0) {
         scrape_failed(e, why);
         return;
     }
-    struct atc_server_load *l = &e->pub.load;
-    l->running = acc_get(&a, L_RUNNING);
-    l->waiting = acc_get(&a, L_WAITING);
-    l->kv_usage = acc_get(&a, L_KV);
-    double q = acc_get(&a, L_QUERIES), hits = acc_get(&a, L_HITS), rate = acc_get(&a, L_HIT_RATE);
-    if (!isnan(rate)) {
-        l->prefix_hit_rate = rate;
-    } else if (!isnan(q) && !isnan(hits)) {
-        /* Counters: the rate since the last scrape (a restart resets them: start again). */
-        if (e->have_prev && q > e->prev_queries && hits >= e->prev_hits)
-            l->prefix_hit_rate = (hits - e->prev_hits) / (q - e->prev_queries);
-        e->prev_queries = q;
-        e->prev_hits = hits;
-        e->have_prev = true;
-    }
+    struct atc_server_load *l = &e->load;
     /* What routing reads (replay fills the same fields from its simulated servers). */
-    e->ep->server_queue =
-        isfinite(l->waiting) && l->waiting > 0 ? (unsigned)lround(fmin(l->waiting, 1e9)) : 0;
-    e->ep->server_kv_usage = isfinite(l->kv_usage) ? l->kv_usage : 0;
+    atomic_store_explicit(&e->ep->server_queue,
+                          isfinite(l->waiting) && l->waiting > 0 ? (unsigned)lround(fmin(l->waiting, 1e9))
+                                                                 : 0,
+                          memory_order_relaxed);
+    atomic_store_explicit(&e->ep->server_kv_usage, isfinite(l->kv_usage) ? l->kv_usage : 0,
+                          memory_order_relaxed);
     l->scraped_ms = (double)atc_mono_us() / 1000.0;
     atc_signals_scraped(&e->ep->sig, l->running, l->waiting, l->kv_usage, l->prefix_hit_rate, atc_mono_us());
     if (e->scrape_failing)
@@ -677,11 +585,11 @@ static void probe_end(struct probe *pr, bool ok, const char *why, bool unreachab
     struct atc_health *h = e->h;
     event_del(pr->deadline);
     pr->req = NULL;
-    e->pub.last_check_ms = (double)atc_mono_us() / 1000.0;
+    atomic_store_explicit(&e->pub.last_check_ms, (double)atc_mono_us() / 1000.0, memory_order_relaxed);
     if (pr->kind == PROBE_DEEP && unreachable) {
         atc_debug("endpoint %s: deep probe did not reach the server: %s", e->ep->id, why);
     } else if (pr->kind == PROBE_SCRAPE) {
-        e->pub.load.scrapes_total++;
+        e->load.scrapes_total++;
         h->stats.scrapes_total++;
         if (ok)
             scrape_page(e, (const char *)evbuffer_pullup(pr->body, -1), evbuffer_get_length(pr->body));
@@ -731,7 +639,7 @@ static void on_probe_done(void *arg)
         /* Any answer but a server error means the process is up. A 503 from a server that is not ready
          * (loading its model) is the ready check's business, not a liveness failure; from one that is
          * ready it is the server saying it is broken. */
-        if (st >= 500 && !(st == 503 && e->pub.ready != ATC_CHECK_OK))
+        if (st >= 500 && !(st == 503 && e->ready != ATC_CHECK_OK))
             bad = "";
         break;
     case PROBE_READY:
@@ -741,11 +649,11 @@ static void on_probe_done(void *arg)
             size_t plen = strlen(pr->cfg->path);
             /* An OpenAI model list must name the model; another ready path just has to answer 2xx. */
             if (plen >= 7 && strcmp(pr->cfg->path + plen - 7, "/models") == 0)
-                bad = models_list_has(body != NULL ? body : "", len, e->ep->model);
+                bad = atc_probe_answer_lists_model(body != NULL ? body : "", len, e->ep->model);
         }
         break;
     case PROBE_DEEP:
-        bad = st < 200 || st > 299 ? "" : inference_answer_ok(body != NULL ? body : "", len);
+        bad = st < 200 || st > 299 ? "" : atc_probe_answer_inference(body != NULL ? body : "", len);
         break;
     case PROBE_SCRAPE:
         if (st != 200)
@@ -798,7 +706,7 @@ static void on_probe_timer(evutil_socket_t fd, short what, void *arg)
     if (pr->req != NULL)
         return;
     /* A deep probe only means something on a server that is up and ready. */
-    if (pr->kind == PROBE_DEEP && (e->pub.live == ATC_CHECK_FAILED || e->pub.ready != ATC_CHECK_OK)) {
+    if (pr->kind == PROBE_DEEP && (e->live == ATC_CHECK_FAILED || e->ready != ATC_CHECK_OK)) {
         schedule(pr, next_interval(pr));
         return;
     }
@@ -847,7 +755,7 @@ void atc_health_observe(struct atc_endpoint *ep, bool ok)
     uint64_t now = atc_mono_ms();
     suspect(e); /* real traffic failing */
     if (c->eject.consecutive_errors == 0 || e->passive_fails < c->eject.consecutive_errors ||
-        e->pub.state != ATC_HEALTH_HEALTHY)
+        e->state != ATC_HEALTH_HEALTHY)
         return;
     struct hmodel *m = e->model;
     size_t ejected = 0;
@@ -871,11 +779,10 @@ void atc_health_observe(struct atc_endpoint *ep, bool ok)
     e->ejected = true;
     e->down_seen =
         e->probes[PROBE_LIVE].fails > 0 || (e->probes[PROBE_READY].fails > 0 && e->ready_unanswered);
-    e->pub.ejections_total++;
+    e->ejections_total++;
     e->h->stats.ejections_total++;
-    snprintf(e->pub.last_error, sizeof(e->pub.last_error),
-             "ejected for %.1fs: %u requests in a row failed (connection failures, timeouts or 5xx)",
-             (double)e->eject_ms / 1000.0, e->passive_fails);
+    set_last_error(e, "ejected for %.1fs: %u requests in a row failed (connection failures, timeouts or 5xx)",
+                   (double)e->eject_ms / 1000.0, e->passive_fails);
     unsigned fails = e->passive_fails;
     e->passive_fails = 0;
     struct timeval tv = tv_ms(e->eject_ms);
@@ -970,11 +877,11 @@ static int hep_init(struct atc_health *h, struct hep *e, struct atc_endpoint *ep
     e->h = h;
     e->ep = ep;
     e->cfg = config_for(cfg, ep, &mc);
-    e->pub.state = ATC_HEALTH_STARTING;
-    e->pub.live = e->pub.ready = ATC_CHECK_UNKNOWN;
-    e->pub.deep = ATC_CHECK_OK;
-    e->pub.slow_start = 1.0;
-    e->pub.load.running = e->pub.load.waiting = e->pub.load.kv_usage = e->pub.load.prefix_hit_rate = NAN;
+    publish_state(e, ATC_HEALTH_STARTING);
+    e->live = e->ready = ATC_CHECK_UNKNOWN;
+    e->deep = ATC_CHECK_OK;
+    e->slow_start = 1.0;
+    e->load.running = e->load.waiting = e->load.kv_usage = e->load.prefix_hit_rate = NAN;
     if ((e->eject_timer = evtimer_new(h->base, on_eject_over, e)) == NULL || make_deep_body(e) < 0)
         goto oom;
     const struct atc_check_config *checks[NPROBES] = {&e->cfg->live, &e->cfg->ready, &e->cfg->deep,
@@ -1000,8 +907,8 @@ static int hep_init(struct atc_health *h, struct hep *e, struct atc_endpoint *ep
         if (checks[k]->timeout_ms > longest)
             longest = checks[k]->timeout_ms;
     }
-    e->pub.live = e->probes[PROBE_LIVE].verdict;
-    e->pub.ready = e->probes[PROBE_READY].verdict;
+    e->live = e->probes[PROBE_LIVE].verdict;
+    e->ready = e->probes[PROBE_READY].verdict;
     /* Its own pool: probes never wait behind real traffic, nor take its warm connections. The
      * deadline timer enforces each probe's timeout; the pool's are only a backstop. */
     struct atc_upstream_settings us = {
@@ -1025,11 +932,13 @@ static void carry_over(struct hep *e, const struct atc_health *previous)
         const struct hep *o = &previous->eps[i];
         if (o->ep != e->ep)
             continue;
-        e->pub.live = o->pub.live;
-        e->pub.ready = o->pub.ready;
-        e->pub.deep = o->pub.deep;
-        e->pub.load = o->pub.load;
-        e->pub.last_check_ms = o->pub.last_check_ms;
+        e->live = o->live;
+        e->ready = o->ready;
+        e->deep = o->deep;
+        e->load = o->load;
+        atomic_store_explicit(&e->pub.last_check_ms,
+                              atomic_load_explicit(&o->pub.last_check_ms, memory_order_relaxed),
+                              memory_order_relaxed);
         e->drained = o->drained;
         e->ever_healthy = o->ever_healthy;
         e->ready_unanswered = o->ready_unanswered;
@@ -1086,19 +995,19 @@ struct atc_health *atc_health_create(struct event_base *base, struct atc_endpoin
      * start the first probes. */
     for (size_t i = 0; i < h->neps; i++) {
         struct hep *e = &h->eps[i];
-        e->ep->health = &e->pub;
-        e->ep->routable = false;
-        e->ep->slow_start_limit = 0;
+        e->ep->health = &e->pub; /* (the workers are parked, or not started yet) */
+        atomic_store_explicit(&e->ep->routable, false, memory_order_relaxed);
+        atomic_store_explicit(&e->ep->slow_start_limit, 0, memory_order_relaxed);
     }
     for (size_t i = 0; i < h->neps; i++) {
         struct hep *e = &h->eps[i];
         if (e->model == NULL)
             continue;
-        e->pub.state = ATC_HEALTH_STARTING;
+        publish_state(e, ATC_HEALTH_STARTING);
         carry_over(e, previous);
         enum atc_health_state s = derive_state(e);
         if (s != ATC_HEALTH_STARTING) {
-            e->pub.state = s;
+            publish_state(e, s);
             if (s == ATC_HEALTH_HEALTHY) {
                 e->ever_healthy = true;
                 e->returned_ms = atc_mono_ms();
@@ -1153,7 +1062,7 @@ void atc_health_destroy(struct atc_health *h)
         free(e->deep_body);
         if (e->ep != NULL && e->ep->health == &e->pub) {
             e->ep->health = NULL;
-            e->ep->slow_start_limit = 0;
+            atomic_store_explicit(&e->ep->slow_start_limit, 0, memory_order_relaxed);
         }
     }
     for (size_t i = 0; i < h->nmodels; i++)
@@ -1169,175 +1078,55 @@ void atc_health_destroy(struct atc_health *h)
     free(h);
 }
 
-/* ---- reports ---- */
+/* ---- views for the reports ---- */
 
-static void json_number(struct evbuffer *out, const char *key, double v)
-{
-    if (isfinite(v))
-        evbuffer_add_printf(out, ",\"%s\":%.6g", key, v);
-    else
-        evbuffer_add_printf(out, ",\"%s\":null", key);
-}
-
-static void json_text(struct evbuffer *out, const char *key, const char *s)
-{
-    if (s == NULL || s[0] == '\0') {
-        evbuffer_add_printf(out, ",\"%s\":null", key);
-        return;
-    }
-    evbuffer_add_printf(out, ",\"%s\":\"", key);
-    atc_json_escape(out, s, strlen(s));
-    evbuffer_add(out, "\"", 1);
-}
-
-static void json_verdict(struct evbuffer *out, const char *key, enum atc_check_verdict v)
-{
-    evbuffer_add_printf(out, ",\"%s\":%s", key,
-                        v == ATC_CHECK_OK       ? "true"
-                        : v == ATC_CHECK_FAILED ? "false"
-                                                : "null");
-}
-
-void atc_health_endpoint_json(const struct atc_endpoint *ep, struct evbuffer *out)
+bool atc_health_view_endpoint(const struct atc_endpoint *ep, struct atc_health_view *v)
 {
     const struct hep *e = hep_of(ep);
     if (e == NULL)
-        return;
-    const struct atc_endpoint_health *p = &e->pub;
-    double now = (double)atc_mono_us() / 1000.0;
-    evbuffer_add_printf(out, ",\"state\":\"%s\"", atc_health_state_name(p->state));
-    json_verdict(out, "live", p->live);
-    json_verdict(out, "ready", p->ready);
-    json_verdict(out, "deep", p->deep);
-    evbuffer_add_printf(out, ",\"consecutive_failures\":%u", p->consecutive_failures);
-    json_text(out, "last_error", p->last_error);
-    json_number(out, "last_check_age_ms", p->last_check_ms > 0 ? now - p->last_check_ms : NAN);
-    evbuffer_add_printf(out, ",\"state_changes\":%llu,\"ejections\":%llu",
-                        (unsigned long long)p->state_changes, (unsigned long long)p->ejections_total);
-    json_number(out, "slow_start", p->slow_start);
-    evbuffer_add_printf(out, ",\"load\":{");
-    evbuffer_add_printf(out, "\"scrapes_total\":%llu,\"scrape_errors_total\":%llu",
-                        (unsigned long long)p->load.scrapes_total,
-                        (unsigned long long)p->load.scrape_errors_total);
-    json_number(out, "running", p->load.running);
-    json_number(out, "waiting", p->load.waiting);
-    json_number(out, "kv_usage", p->load.kv_usage);
-    json_number(out, "prefix_hit_rate", p->load.prefix_hit_rate);
-    json_number(out, "age_ms", p->load.scraped_ms > 0 ? now - p->load.scraped_ms : NAN);
-    json_text(out, "last_error", p->load.last_error);
-    evbuffer_add(out, "}", 1);
-}
-
-void atc_health_status_json(const struct atc_health *h, struct evbuffer *out)
-{
-    evbuffer_add_printf(out, "{\"models\":[");
-    for (size_t i = 0; i < h->nmodels; i++) {
-        const struct hmodel *m = &h->models[i];
-        evbuffer_add_printf(out, "%s{\"name\":\"", i ? "," : "");
-        atc_json_escape(out, m->name, strlen(m->name));
-        evbuffer_add_printf(
-            out, "\",\"panic\":%s,\"panic_mode\":\"%s\",\"panics_total\":%llu}", m->panic ? "true" : "false",
-            m->cfg->panic == ATC_PANIC_FAIL ? "fail" : "route_all", (unsigned long long)m->panics_total);
-    }
-    const struct atc_health_stats *s = &h->stats;
-    evbuffer_add_printf(out,
-                        "],\"probes_total\":%llu,\"probe_failures_total\":%llu,\"state_changes_total\":%llu,"
-                        "\"ejections_total\":%llu,\"panics_total\":%llu,\"models_in_panic\":%zu,"
-                        "\"scrapes_total\":%llu,\"scrape_errors_total\":%llu}",
-                        (unsigned long long)s->probes_total, (unsigned long long)s->probe_failures_total,
-                        (unsigned long long)s->state_changes_total, (unsigned long long)s->ejections_total,
-                        (unsigned long long)s->panics_total, s->models_in_panic,
-                        (unsigned long long)s->scrapes_total, (unsigned long long)s->scrape_errors_total);
-}
-
-static void metric_help(struct evbuffer *out, const char *name, const char *type, const char *text)
-{
-    evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, type);
-}
-
-static void metric_endpoint(struct evbuffer *out, const char *name, const struct hep *e, const char *extra,
-                            double v)
-{
-    evbuffer_add_printf(out, "%s{model=\"", name);
-    atc_histogram_label(out, e->ep->model);
-    evbuffer_add(out, "\",endpoint=\"", 12);
-    atc_histogram_label(out, e->ep->id);
-    evbuffer_add_printf(out, "\"%s} ", extra);
-    if (isnan(v))
-        evbuffer_add(out, "NaN\n", 4);
-    else
-        evbuffer_add_printf(out, "%.9g\n", v);
-}
-
-void atc_health_metrics(const struct atc_health *h, struct evbuffer *out)
-{
-    static const enum atc_health_state states[] = {ATC_HEALTH_STARTING, ATC_HEALTH_HEALTHY,
-                                                   ATC_HEALTH_UNHEALTHY, ATC_HEALTH_EJECTED,
-                                                   ATC_HEALTH_DRAINING};
-    metric_help(
-        out, "atc_endpoint_health_state", "gauge",
-        "1 for the endpoint's health state (starting, healthy, unhealthy, ejected, draining), else 0.");
-    for (size_t i = 0; i < h->neps; i++)
-        for (size_t k = 0; k < sizeof(states) / sizeof(states[0]); k++) {
-            char extra[40];
-            snprintf(extra, sizeof(extra), ",state=\"%s\"", atc_health_state_name(states[k]));
-            metric_endpoint(out, "atc_endpoint_health_state", &h->eps[i], extra,
-                            h->eps[i].pub.state == states[k]);
-        }
-    static const struct {
-        const char *name, *type, *help;
-    } m[] = {
-        {"atc_endpoint_check_consecutive_failures", "gauge",
-         "The longest current run of failed probes of one check."},
-        {"atc_endpoint_state_changes_total", "counter", "Health state changes of the endpoint."},
-        {"atc_endpoint_ejections_total", "counter", "Ejections of the endpoint by failures of real traffic."},
-        {"atc_endpoint_slow_start_ratio", "gauge",
-         "Share of its capacity the endpoint is offered (1 unless ramping up)."},
-        {"atc_endpoint_server_running_requests", "gauge",
-         "Requests the server reports running (its /metrics)."},
-        {"atc_endpoint_server_waiting_requests", "gauge",
-         "Requests the server reports queued (its /metrics)."},
-        {"atc_endpoint_server_kv_cache_usage_ratio", "gauge",
-         "KV cache share in use, as the server reports it."},
-        {"atc_endpoint_server_prefix_cache_hit_ratio", "gauge",
-         "Prefix cache hits per prompt token queried, between two scrapes."},
-        {"atc_endpoint_scrapes_total", "counter", "Scrapes of the server's /metrics."},
-        {"atc_endpoint_scrape_errors_total", "counter", "Failed scrapes and malformed metrics pages."},
+        return false;
+    *v = (struct atc_health_view){
+        .id = ep->id,
+        .model = ep->model,
+        .state = e->state,
+        .live = e->live,
+        .ready = e->ready,
+        .deep = e->deep,
+        .consecutive_failures = atomic_load_explicit(&e->pub.consecutive_failures, memory_order_relaxed),
+        .last_check_ms = atomic_load_explicit(&e->pub.last_check_ms, memory_order_relaxed),
+        .state_changes = e->state_changes,
+        .ejections_total = e->ejections_total,
+        .slow_start = e->slow_start,
+        .load = e->load,
     };
-    for (size_t k = 0; k < sizeof(m) / sizeof(m[0]); k++) {
-        metric_help(out, m[k].name, m[k].type, m[k].help);
-        for (size_t i = 0; i < h->neps; i++) {
-            const struct atc_endpoint_health *p = &h->eps[i].pub;
-            double v[] = {p->consecutive_failures,
-                          (double)p->state_changes,
-                          (double)p->ejections_total,
-                          p->slow_start,
-                          p->load.running,
-                          p->load.waiting,
-                          p->load.kv_usage,
-                          p->load.prefix_hit_rate,
-                          (double)p->load.scrapes_total,
-                          (double)p->load.scrape_errors_total};
-            metric_endpoint(out, m[k].name, &h->eps[i], "", v[k]);
-        }
-    }
-    metric_help(out, "atc_model_panic", "gauge", "1 while no endpoint of the model is healthy (panic mode).");
-    for (size_t i = 0; i < h->nmodels; i++) {
-        evbuffer_add(out, "atc_model_panic{model=\"", 23);
-        atc_histogram_label(out, h->models[i].name);
-        evbuffer_add_printf(out, "\"} %d\n", h->models[i].panic ? 1 : 0);
-    }
-    metric_help(out, "atc_model_panics_total", "counter", "Times the model entered panic mode.");
-    for (size_t i = 0; i < h->nmodels; i++) {
-        evbuffer_add(out, "atc_model_panics_total{model=\"", 30);
-        atc_histogram_label(out, h->models[i].name);
-        evbuffer_add_printf(out, "\"} %llu\n", (unsigned long long)h->models[i].panics_total);
-    }
-    metric_help(out, "atc_health_probes_total", "counter", "Active health probes (live, ready, deep) run.");
-    evbuffer_add_printf(out, "atc_health_probes_total %llu\n", (unsigned long long)h->stats.probes_total);
-    metric_help(out, "atc_health_probe_failures_total", "counter", "Active health probes that failed.");
-    evbuffer_add_printf(out, "atc_health_probe_failures_total %llu\n",
-                        (unsigned long long)h->stats.probe_failures_total);
+    snprintf(v->last_error, sizeof(v->last_error), "%s", e->last_error);
+    return true;
+}
+
+size_t atc_health_nendpoints(const struct atc_health *h)
+{
+    return h->neps;
+}
+
+const struct atc_endpoint *atc_health_endpoint_at(const struct atc_health *h, size_t i)
+{
+    return h->eps[i].ep;
+}
+
+size_t atc_health_nmodels(const struct atc_health *h)
+{
+    return h->nmodels;
+}
+
+void atc_health_view_model(const struct atc_health *h, size_t i, struct atc_health_model_view *v)
+{
+    const struct hmodel *m = &h->models[i];
+    *v = (struct atc_health_model_view){
+        .name = m->name,
+        .panic = m->panic,
+        .panic_fails = m->cfg->panic == ATC_PANIC_FAIL,
+        .panics_total = m->panics_total,
+    };
 }
 
 void atc_health_stats(const struct atc_health *h, struct atc_health_stats *out)

@@ -15,15 +15,30 @@
  * - Per model, panic mode when every endpoint is out; slow start for an endpoint back in rotation;
  *   drain and enable from the admin API.
  * - A scrape of each server's /metrics (Prometheus text; vLLM, SGLang, TGI and llama.cpp names) into
- *   the endpoint's load.
+ *   the endpoint's load (load_scrape.h reads the page).
+ * - Reports for the admin API and the metrics page in health_report.h, through the views below.
  *
- * It owns each endpoint's `routable` and `slow_start_limit` and keeps its state in ep->health. Single
- * threaded: everything runs on the event loop that routes. Every state change is logged, one line
- * with the reason. */
+ * It owns each endpoint's `routable` and `slow_start_limit` and keeps its state in ep->health. Every
+ * probe, timer and admin call runs on the main thread's event loop; every state change is logged, one
+ * line with the reason.
+ *
+ * Threads: health.c runs on the main thread only, and is the only writer of everything here. Workers
+ * read struct atc_endpoint_health (the policy API, while health writes it) and ep->routable and
+ * ep->slow_start_limit (the balancer; endpoint.h): each of those fields is an atomic, read and written
+ * relaxed (each value is consistent on its own, not with the others: routing is a heuristic over values
+ * that change all the time), and the one text, last_error, is a seqlock (struct atc_health_text). The
+ * pointer ep->health itself changes only in atc_health_create and _destroy, which run before the worker
+ * threads start, after they stop, or with every worker parked (a config reload, atc_workers_pause).
+ * Everything else (verdicts, counters, the scraped load: workers read its values in ep->sig,
+ * signals.h) stays in health.c, where only the main thread touches it. */
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "fleet/health_text.h"
+#include "fleet/load_scrape.h"
 
 struct event_base;
 struct evbuffer;
@@ -43,31 +58,27 @@ enum atc_health_state {
 /* A check's verdict. */
 enum atc_check_verdict { ATC_CHECK_UNKNOWN = -1, ATC_CHECK_FAILED = 0, ATC_CHECK_OK = 1 };
 
-/* The load a server reports on its /metrics page. Unknown values are NaN. */
-struct atc_server_load {
-    double running;  /* requests being generated */
-    double waiting;  /* requests queued in the server */
-    double kv_usage; /* share of the KV cache in use, 0..1 */
-    double
-        prefix_hit_rate; /* share of prompt tokens found in the prefix cache, between the last two scrapes */
-    double scraped_ms;   /* monotonic ms of the last good scrape; 0 = none yet */
-    uint64_t scrapes_total;
-    uint64_t scrape_errors_total; /* failed requests and malformed pages */
-    char last_error[160];         /* "" if none */
+/* What other threads may read about an endpoint's health (ep->health): written by the main thread
+ * (health.c), read by any thread, every field on its own (see the top of this file). */
+struct atc_endpoint_health {
+    _Atomic int state;                     /* enum atc_health_state: atc_health_state_of */
+    _Atomic unsigned consecutive_failures; /* the longest current run of failed probes of one check */
+    _Atomic double last_check_ms;          /* monotonic ms (atc.now()'s clock) of the last probe; 0 = none */
+    struct atc_health_text
+        last_error; /* the last failed probe or ejection, with why: atc_health_last_error */
 };
 
-/* What everyone may read about an endpoint's health (ep->health). */
-struct atc_endpoint_health {
-    enum atc_health_state state;
-    enum atc_check_verdict live, ready, deep; /* deep starts OK: it can only take an endpoint out */
-    unsigned consecutive_failures;            /* the longest current run of failed probes of one check */
-    char last_error[192];                     /* the last failed probe or ejection, with why; "" if none */
-    double last_check_ms; /* monotonic ms (atc.now()'s clock) of the last probe; 0 = none */
-    uint64_t state_changes;
-    uint64_t ejections_total;
-    double slow_start; /* share of its capacity offered now: 1 unless ramping up */
-    struct atc_server_load load;
-};
+/** The state of @p h (relaxed: it may change at once after). Any thread. */
+static inline enum atc_health_state atc_health_state_of(const struct atc_endpoint_health *h)
+{
+    return (enum atc_health_state)atomic_load_explicit(&h->state, memory_order_relaxed);
+}
+
+/** @p h's last error, as atc_health_text_get. Any thread. */
+static inline size_t atc_health_last_error(const struct atc_endpoint_health *h, char *out, size_t size)
+{
+    return atc_health_text_get(&h->last_error, out, size);
+}
 
 struct atc_health_stats {
     uint64_t probes_total;
@@ -111,16 +122,38 @@ void atc_health_observe(struct atc_endpoint *ep, bool ok);
 /** "healthy", "unhealthy", "ejected", "draining" or "starting". */
 const char *atc_health_state_name(enum atc_health_state state);
 
-/** Appends the health fields of @p ep as JSON object members, each preceded by a comma
- * (,"state":"healthy",...,"load":{...}); nothing for an endpoint without health. */
-void atc_health_endpoint_json(const struct atc_endpoint *ep, struct evbuffer *out);
+/* What the reports show of an endpoint's health: a copy (atc_health_view_endpoint). */
+struct atc_health_view {
+    const char *id, *model; /* borrowed from the endpoint */
+    enum atc_health_state state;
+    enum atc_check_verdict live, ready, deep;
+    unsigned consecutive_failures;
+    char last_error[ATC_HEALTH_TEXT_WORDS * 8]; /* "" if none */
+    double last_check_ms;                       /* 0 = none */
+    uint64_t state_changes, ejections_total;
+    double slow_start; /* share of its capacity offered now: 1 unless ramping up */
+    struct atc_server_load load;
+};
 
-/** Appends {"models":[{"name","panic","panics_total"}...],"state_changes_total",...} for @p h. */
-void atc_health_status_json(const struct atc_health *h, struct evbuffer *out);
+/* And of a model's (atc_health_view_model). */
+struct atc_health_model_view {
+    const char *name; /* borrowed */
+    bool panic;       /* now */
+    bool panic_fails; /* health.panic: fail (else route_all) */
+    uint64_t panics_total;
+};
 
-/** Appends the Prometheus metrics of health: each endpoint's state, check failures, ejections and
- * scraped load, each model's panic mode, and the probe and scrape counters. */
-void atc_health_metrics(const struct atc_health *h, struct evbuffer *out);
+/** Copies @p ep's health into @p v; false (and @p v untouched) for an endpoint without health. Main
+ * thread. */
+bool atc_health_view_endpoint(const struct atc_endpoint *ep, struct atc_health_view *v);
+
+/** The endpoints @p h checks, by index 0 .. atc_health_nendpoints - 1 (borrowed). */
+size_t atc_health_nendpoints(const struct atc_health *h);
+const struct atc_endpoint *atc_health_endpoint_at(const struct atc_health *h, size_t i);
+
+/** Its models, by index 0 .. atc_health_nmodels - 1, into @p v. Main thread. */
+size_t atc_health_nmodels(const struct atc_health *h);
+void atc_health_view_model(const struct atc_health *h, size_t i, struct atc_health_model_view *v);
 
 /** Counters for a metrics page. */
 void atc_health_stats(const struct atc_health *h, struct atc_health_stats *out);

@@ -1,5 +1,6 @@
 #include "http/relay.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,8 +38,42 @@
 #define DEFAULT_OUTPUT_TOKENS 256
 #define MAX_TRIES 8
 
+/* Where a relay is in its life, in the style of HAProxy's CHK_ST_* flags: every move goes through
+ * relay_set_state, which checks it against relay_moves, and every callback checks that it is expected
+ * in the state the relay is in (debug and sanitizer builds: assert). The end is a state of its own:
+ * relay_end releases everything but the struct, whose memory relay_free (the one function that frees
+ * it) returns from the loop afterwards, so a second end, or a callback that runs after the end, meets
+ * RELAY_ENDED and asserts instead of using freed memory.
+ *
+ *   ROUTING --> ATTEMPT --> STREAMING      ATTEMPT --> ATTEMPT: a retry on another endpoint
+ *      |          ^
+ *      +-> QUEUED-+
+ *   every state but ENDED --> FLUSHING --> ENDED, or --> ENDED at once (answered, failed, client gone) */
+enum relay_state {
+    RELAY_ROUTING,   /* choosing the first attempt's endpoint (within atc_relay_start) */
+    RELAY_QUEUED,    /* waiting in the admission queue for capacity */
+    RELAY_ATTEMPT,   /* an attempt is in flight (r->up), nothing of the answer sent yet */
+    RELAY_STREAMING, /* the answer's head went to the client; its body follows as it comes: no retry */
+    RELAY_FLUSHING,  /* answered; held until the client has the last byte (only while draining) */
+    RELAY_ENDED,     /* over: everything released but the struct, which the loop frees soon */
+};
+
+#define RELAY_IN(s) (1u << (s))
+static const unsigned relay_moves[] = {
+    [RELAY_ROUTING] =
+        RELAY_IN(RELAY_ATTEMPT) | RELAY_IN(RELAY_QUEUED) | RELAY_IN(RELAY_FLUSHING) | RELAY_IN(RELAY_ENDED),
+    [RELAY_QUEUED] = RELAY_IN(RELAY_ATTEMPT) | RELAY_IN(RELAY_FLUSHING) | RELAY_IN(RELAY_ENDED),
+    [RELAY_ATTEMPT] = RELAY_IN(RELAY_ATTEMPT) | RELAY_IN(RELAY_STREAMING) | RELAY_IN(RELAY_FLUSHING) |
+                      RELAY_IN(RELAY_ENDED),
+    [RELAY_STREAMING] = RELAY_IN(RELAY_FLUSHING) | RELAY_IN(RELAY_ENDED),
+    [RELAY_FLUSHING] = RELAY_IN(RELAY_ENDED),
+    [RELAY_ENDED] = 0,
+};
+
 struct relay {
     struct atc_worker *w; /* the worker (thread) it runs on */
+    enum relay_state state;
+    struct atc_deferred deferred; /* the free after the end */
     struct evhttp_request *client;
     struct evhttp_connection *client_conn;
     /* Notices a client that hangs up while we wait for the server; armed only once the answer takes
@@ -70,11 +105,9 @@ struct relay {
     bool had_error;
 
     int status;
-    bool streaming;     /* relaying the body as it arrives */
-    bool event_stream;  /* and it is SSE */
-    bool reply_started; /* the status line went to the client: no more retries */
+    bool streaming;    /* relaying the body as it arrives */
+    bool event_stream; /* and it is SSE */
     bool paused;
-    bool flushing; /* answered; held until the client has the last byte (only while draining) */
     struct evbuffer *buffered;
     uint64_t t_attempt_us;
 
@@ -92,7 +125,22 @@ struct relay {
 static void attempt(struct relay *r, struct atc_endpoint *ep);
 static void end_broken_stream(struct relay *r, enum atc_upstream_error err);
 static struct atc_endpoint *next_endpoint(struct relay *r);
-static void record_finished(struct relay *r);
+static void record_finished(struct relay *r, bool flushed);
+
+/* Checks that a callback runs in a state it expects (@p states: RELAY_IN(...) | ...). */
+static inline void relay_expect(const struct relay *r, unsigned states)
+{
+    assert(r->state <= RELAY_ENDED && (RELAY_IN(r->state) & states) != 0);
+    (void)r;
+    (void)states;
+}
+
+static void relay_set_state(struct relay *r, enum relay_state to)
+{
+    assert(r->state <= RELAY_ENDED && (relay_moves[r->state] & RELAY_IN(to)) != 0);
+    (void)relay_moves; /* (NDEBUG) */
+    r->state = to;
+}
 
 static void release_endpoint(struct relay *r)
 {
@@ -162,11 +210,22 @@ static void stop_watching(struct relay *r)
     event_del(&r->watch);
 }
 
-/* The relay is over: the client has its answer (or is gone). Frees the relay, not the client request. */
-static void relay_free(struct relay *r)
+/* The one function that frees a relay: from the loop, after relay_end. */
+static void relay_free(struct atc_deferred *d)
 {
+    struct relay *r = (struct relay *)(void *)((char *)d - offsetof(struct relay, deferred));
+    relay_expect(r, RELAY_IN(RELAY_ENDED));
+    free(r);
+}
+
+/* The relay is over: the client has its answer (or is gone). Releases everything the relay holds (not
+ * the client request) and hands the struct to the loop to free. */
+static void relay_end(struct relay *r)
+{
+    bool flushed = r->state == RELAY_FLUSHING;
+    relay_set_state(r, RELAY_ENDED); /* asserts that it had not ended */
     account(r);
-    record_finished(r);
+    record_finished(r, flushed);
     if (r->qi.queued)
         atc_admission_remove(r->w->admission, &r->qi);
     atc_server_queue_changed(r->w); /* it left the queue now, or earlier (placed, expired) */
@@ -174,12 +233,17 @@ static void relay_free(struct relay *r)
     stop_watching(r);
     if (r->client_conn != NULL)
         evhttp_connection_set_closecb(r->client_conn, NULL, NULL);
+    r->client_conn = NULL;
+    r->client = NULL;
     if (r->buffered != NULL)
         evbuffer_free(r->buffered);
+    r->buffered = NULL;
     free(r->f);
+    r->f = NULL;
     free(r->rewritten);
+    r->rewritten = NULL;
     atc_server_request_finished(r->w);
-    free(r);
+    atc_worker_defer(r->w, &r->deferred, relay_free);
 }
 
 static struct evbuffer *client_output(const struct relay *r)
@@ -190,10 +254,11 @@ static struct evbuffer *client_output(const struct relay *r)
 static void on_client_flushed(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
 {
     struct relay *r = arg;
+    relay_expect(r, RELAY_IN(RELAY_FLUSHING));
     if (evbuffer_get_length(buf) > 0)
         return;
     evbuffer_remove_cb(buf, on_client_flushed, r);
-    relay_free(r);
+    relay_end(r);
 }
 
 /* The answer is handed to evhttp. While draining, the process must not exit before the client has it,
@@ -203,11 +268,11 @@ static void relay_done(struct relay *r)
     release_endpoint(r);
     stop_watching(r);
     if (r->w->draining && r->client_conn != NULL && evbuffer_get_length(client_output(r)) > 0) {
-        r->flushing = true;
+        relay_set_state(r, RELAY_FLUSHING);
         evbuffer_add_cb(client_output(r), on_client_flushed, r);
         return;
     }
-    relay_free(r);
+    relay_end(r);
 }
 
 static void add_reply_headers(struct relay *r)
@@ -247,7 +312,7 @@ static void client_gone(struct relay *r)
         r->up = NULL;
     }
     atc_debug("request %s: client disconnected", r->id);
-    relay_free(r);
+    relay_end(r);
 }
 
 /* evhttp noticed the hang-up while writing. The request is detached from its (dying) connection when
@@ -256,10 +321,11 @@ static void on_client_close(struct evhttp_connection *conn, void *arg)
 {
     struct relay *r = arg;
     struct evhttp_request *client = r->client;
-    if (r->flushing) { /* answered already: the request is evhttp's, only the relay is left */
+    relay_expect(r, ~RELAY_IN(RELAY_ENDED));
+    if (r->state == RELAY_FLUSHING) { /* answered already: the request is evhttp's, only the relay is left */
         evbuffer_remove_cb(client_output(r), on_client_flushed, r);
         r->client_conn = NULL;
-        relay_free(r);
+        relay_end(r);
         return;
     }
     r->client_conn = NULL; /* being freed by evhttp */
@@ -273,6 +339,7 @@ static void on_client_close(struct evhttp_connection *conn, void *arg)
 static void on_client_readable(evutil_socket_t fd, short what, void *arg)
 {
     struct relay *r = arg;
+    relay_expect(r, RELAY_IN(RELAY_QUEUED) | RELAY_IN(RELAY_ATTEMPT) | RELAY_IN(RELAY_STREAMING));
     char byte;
     ssize_t n = recv(fd, &byte, 1, MSG_PEEK);
     if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR))) {
@@ -290,6 +357,7 @@ static void on_client_readable(evutil_socket_t fd, short what, void *arg)
 static void on_watch_delay(evutil_socket_t fd, short what, void *arg)
 {
     struct relay *r = arg;
+    relay_expect(r, RELAY_IN(RELAY_QUEUED) | RELAY_IN(RELAY_ATTEMPT) | RELAY_IN(RELAY_STREAMING));
     event_add(&r->watch, NULL);
 }
 
@@ -387,7 +455,7 @@ static enum choice choose(struct relay *r, struct atc_endpoint **ep)
 static struct atc_endpoint *next_endpoint(struct relay *r)
 {
     struct atc_endpoint *ep = NULL;
-    if (r->reply_started || r->ntried >= r->w->cfg->upstream.tries || r->ntried >= MAX_TRIES)
+    if (r->state == RELAY_STREAMING || r->ntried >= r->w->cfg->upstream.tries || r->ntried >= MAX_TRIES)
         return NULL;
     return choose(r, &ep) == CHOSEN ? ep : NULL;
 }
@@ -422,6 +490,7 @@ static int body_for(struct relay *r, const struct atc_endpoint *ep, const char *
 static void on_chunk_sent(struct evhttp_connection *conn, void *arg)
 {
     struct relay *r = arg;
+    relay_expect(r, RELAY_IN(RELAY_STREAMING) | RELAY_IN(RELAY_FLUSHING));
     if (r->paused && r->up != NULL) {
         r->paused = false;
         atc_upstream_resume(r->up);
@@ -436,6 +505,7 @@ static size_t client_backlog(const struct relay *r)
 static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
 {
     struct relay *r = arg;
+    relay_expect(r, RELAY_IN(RELAY_ATTEMPT));
     double ttft_ms = (double)(atc_mono_us() - r->t_attempt_us) / 1000.0;
     struct atc_endpoint *next;
     if (resp->status >= 500 && (next = next_endpoint(r)) != NULL) {
@@ -466,7 +536,7 @@ static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
         if (r->event_stream)
             evhttp_add_header(h, "Cache-Control", "no-cache");
         add_reply_headers(r);
-        r->reply_started = true;
+        relay_set_state(r, RELAY_STREAMING);
         evhttp_send_reply_start(r->client, r->status, atc_http_reason(r->status));
     } else if (r->buffered == NULL) {
         r->buffered = evbuffer_new();
@@ -561,6 +631,7 @@ static bool sse_well_formed(struct relay *r, struct evbuffer *data)
 static void on_up_body(void *arg, struct evbuffer *data)
 {
     struct relay *r = arg;
+    relay_expect(r, RELAY_IN(RELAY_ATTEMPT) | RELAY_IN(RELAY_STREAMING));
     size_t len = evbuffer_get_length(data);
     r->bytes += len;
     if (r->w->srv->recorder != NULL)
@@ -595,6 +666,7 @@ static void on_up_body(void *arg, struct evbuffer *data)
 static void on_up_done(void *arg)
 {
     struct relay *r = arg;
+    relay_expect(r, RELAY_IN(RELAY_ATTEMPT) | RELAY_IN(RELAY_STREAMING));
     r->up = NULL;
     r->w->stats.responses_total++;
     r->client_status = r->status;
@@ -621,7 +693,7 @@ static void end_broken_stream(struct relay *r, enum atc_upstream_error err)
         struct evhttp_connection *conn = r->client_conn;
         evhttp_connection_set_closecb(conn, NULL, NULL);
         r->client_conn = NULL;
-        relay_free(r);
+        relay_end(r);
         evhttp_connection_free(conn); /* and the client request with it */
         return;
     }
@@ -642,6 +714,7 @@ static void end_broken_stream(struct relay *r, enum atc_upstream_error err)
 static void on_up_error(void *arg, enum atc_upstream_error err, bool got_response)
 {
     struct relay *r = arg;
+    relay_expect(r, RELAY_IN(RELAY_ATTEMPT) | RELAY_IN(RELAY_STREAMING));
     r->up = NULL;
     r->w->stats.upstream_errors_total++;
     record_outcome(r, false, -1);
@@ -649,7 +722,7 @@ static void on_up_error(void *arg, enum atc_upstream_error err, bool got_respons
     release_endpoint(r);
     r->last_error = err;
     r->had_error = true;
-    if (r->reply_started) {
+    if (r->state == RELAY_STREAMING) {
         end_broken_stream(r, err);
         return;
     }
@@ -674,6 +747,7 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
 {
     const char *body;
     size_t len;
+    relay_set_state(r, RELAY_ATTEMPT);
     r->ep = ep;
     r->tried[r->ntried++] = ep;
     /* its slot was taken by choose() */
@@ -683,7 +757,8 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
     atc_signals_sent(&ep->sig, &r->w->table->signals, &r->sig,
                      atc_signals_uncached(r->f->prompt_tokens, cached, bt), r->t_attempt_us);
     r->up = body_for(r, ep, &body, &len) == 0
-                ? atc_upstream_send(ep->pools[r->w->id], "POST", r->path, r->extra_headers, body, len, &upstream_cb, r)
+                ? atc_upstream_send(ep->pools[r->w->id], "POST", r->path, r->extra_headers, body, len,
+                                    &upstream_cb, r)
                 : NULL;
     if (r->up == NULL) {
         release_endpoint(r);
@@ -706,6 +781,8 @@ static void wait_for_capacity(struct relay *r, uint64_t deadline_ms)
     r->qi.priority = r->priority;
     r->qi.owner = r;
     int rc = atc_admission_enqueue(adm, &r->qi, deadline_ms);
+    if (rc == 0)
+        relay_set_state(r, RELAY_QUEUED);
     atc_server_queue_changed(r->w);
     if (rc < 0)
         reply_error(r, 429, "rate_limit_error", "queue_full",
@@ -716,6 +793,7 @@ static void wait_for_capacity(struct relay *r, uint64_t deadline_ms)
 static bool on_queue_try_place(void *owner)
 {
     struct relay *r = owner;
+    relay_expect(r, RELAY_IN(RELAY_QUEUED));
     struct atc_endpoint *ep = NULL;
     switch (choose(r, &ep)) {
     case CHOSEN:
@@ -733,6 +811,7 @@ static bool on_queue_try_place(void *owner)
 static void on_queue_expired(void *owner, uint64_t waited_ms)
 {
     struct relay *r = owner;
+    relay_expect(r, RELAY_IN(RELAY_QUEUED));
     char msg[160];
     snprintf(msg, sizeof(msg),
              "no capacity for this request within its deadline (waited %llu ms); retry later",
@@ -756,8 +835,7 @@ static void copy_str(char *dst, size_t size, const char *src)
     snprintf(dst, size, "%s", src != NULL ? src : "");
 }
 
-void atc_relay_start(struct atc_worker *w, struct evhttp_request *client,
-                     const struct atc_request_info *info)
+void atc_relay_start(struct atc_worker *w, struct evhttp_request *client, const struct atc_request_info *info)
 {
     struct relay *r = calloc(1, sizeof(*r));
     if (r == NULL) {
@@ -819,9 +897,9 @@ void atc_relay_start(struct atc_worker *w, struct evhttp_request *client,
 }
 
 /* ---- trace recording (record:) ----
- * Called once per request, at its end (relay_free, beside the access log's account), answered or
+ * Called once per request, at its end (relay_end, beside the access log's account), answered or
  * abandoned. Hands a small record to the recorder, which never blocks the loop. */
-static void record_finished(struct relay *r)
+static void record_finished(struct relay *r, bool flushed)
 {
     struct atc_recorder *rec = r->w->srv->recorder;
     if (rec == NULL)
@@ -845,7 +923,7 @@ static void record_finished(struct relay *r)
     t.nblocks = f->nblocks;
     t.block_tokens = f->nblocks > 0 ? ATC_PREFIX_BLOCK_BYTES / 4 : 0;
     /* The prompt points into the client's body, which is gone once a drain's last bytes are flushed. */
-    if (atc_recorder_text(rec) && f->prompt != NULL && !r->flushing) {
+    if (atc_recorder_text(rec) && f->prompt != NULL && !flushed) {
         t.prompt = f->prompt;
         t.prompt_len = f->prompt_len;
     }

@@ -11,6 +11,7 @@
 #include "core/config.h"
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
+#include "fleet/health_report.h"
 #include "http/http_util.h"
 #include "ops/metrics.h"
 #include "policy/policy.h"

@@ -12,6 +12,7 @@
 #include "fleet/admission.h"
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
+#include "fleet/health_report.h"
 #include "http/upstream.h"
 #include "policy/policy.h"
 

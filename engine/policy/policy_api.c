@@ -225,15 +225,19 @@ static int ep_live(lua_State *L)
             return 1;
         }
         if (len == 10 && memcmp(k, "last_error", 10) == 0) {
-            if (ep->health != NULL && ep->health->last_error[0] != '\0')
-                lua_pushstring(L, ep->health->last_error);
+            char err[ATC_HEALTH_TEXT_WORDS * 8]; /* a copy: the main thread may rewrite it meanwhile */
+            if (ep->health != NULL && atc_health_last_error(ep->health, err, sizeof(err)) > 0)
+                lua_pushstring(L, err);
             else
                 lua_pushnil(L);
             return 1;
         }
         if (len == 10 && memcmp(k, "last_check", 10) == 0) {
-            if (ep->health != NULL && ep->health->last_check_ms > 0)
-                lua_pushnumber(L, ep->health->last_check_ms); /* atc.now()'s clock */
+            double at = ep->health != NULL
+                            ? atomic_load_explicit(&ep->health->last_check_ms, memory_order_relaxed)
+                            : 0;
+            if (at > 0)
+                lua_pushnumber(L, at); /* atc.now()'s clock */
             else
                 lua_pushnil(L);
             return 1;
@@ -259,7 +263,7 @@ static int ep_live(lua_State *L)
         break;
     case 'h':
         if (len == 6 && memcmp(k, "health", 6) == 0) {
-            lua_pushstring(L, ep->health != NULL ? atc_health_state_name(ep->health->state)
+            lua_pushstring(L, ep->health != NULL ? atc_health_state_name(atc_health_state_of(ep->health))
                               : ep->routable     ? "healthy"
                                                  : "draining");
             return 1;
@@ -267,7 +271,10 @@ static int ep_live(lua_State *L)
         break;
     case 'c':
         if (len == 20 && memcmp(k, "consecutive_failures", 20) == 0) {
-            lua_pushinteger(L, ep->health != NULL ? (lua_Integer)ep->health->consecutive_failures : 0);
+            lua_pushinteger(L, ep->health != NULL
+                                   ? (lua_Integer)atomic_load_explicit(&ep->health->consecutive_failures,
+                                                                       memory_order_relaxed)
+                                   : 0);
             return 1;
         }
         break;

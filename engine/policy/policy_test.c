@@ -390,16 +390,11 @@ static void set_live(lua_State *L, struct route_scratch *x, int eps)
         double queue = nan_or(L, e, "server_queue"), kv = nan_or(L, e, "kv_usage");
         if (checked) {
             struct atc_endpoint_health *h = &x->health[i];
-            h->state = hs;
+            h->state = (int)hs; /* (what health.c publishes to the workers: atomics, the text a seqlock) */
             h->consecutive_failures = (unsigned)spec_number(L, e, "consecutive_failures", 0);
             const char *last_error = spec_string(L, e, "last_error");
-            snprintf(h->last_error, sizeof(h->last_error), "%s", last_error != NULL ? last_error : "");
+            atc_health_text_set(&h->last_error, last_error != NULL ? last_error : "");
             h->last_check_ms = spec_number(L, e, "last_check", 0);
-            h->slow_start = 1;
-            h->load.running = nan_or(L, e, "running");
-            h->load.waiting = queue;
-            h->load.kv_usage = kv;
-            h->load.prefix_hit_rate = nan_or(L, e, "prefix_hit_rate");
             ep->health = h;
         }
         /* What routing reads of the scrape (health.c), or what a simulated server reports (replay). */

@@ -82,9 +82,11 @@ class Process:
         return self.proc.returncode
 
     def sanitizer_report(self):
-        """The sanitizer's report in the log (an ASan/UBSan build writes one on error or leak), or None."""
+        """The sanitizer's report in the log (an ASan/UBSan build writes one on error or leak, a TSan build
+        on a data race, a lock-order inversion or a bad unlock), or None."""
         log = self.read_log()
-        for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
+        for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
+                       "WARNING: ThreadSanitizer", "ERROR: ThreadSanitizer", "FATAL: ThreadSanitizer"):
             if marker in log:
                 return log[log.index(marker) - 200 if log.index(marker) > 200 else 0:][:4000]
         return None

@@ -1,6 +1,7 @@
 """Worker threads: every worker serves, and what one worker learns (a reload, a freed slot, a drain)
 reaches the others. Each test runs atc with `workers: 2` (two loops, SO_REUSEPORT listeners)."""
 
+import http.client
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import time
 import unittest
 
 from harness import AtcTestCase, chat, request, stream_events, wait_for
+from test_health import Stub
 
 BASE = """
 listen: 127.0.0.1:0
@@ -53,6 +55,61 @@ def parallel(n, fn):
     for t in threads:
         t.join(60)
     return results
+
+
+def worker_of(request_id):
+    """The worker that made a request id: atc's ids are atc-<16 hex digits>, the worker in the top 16 bits."""
+    assert request_id.startswith("atc-") and len(request_id) == 20, request_id
+    return int(request_id[4:8], 16)
+
+
+def connections_by_worker(port, want, limit=400):
+    """Keep-alive connections to the front, grouped by the worker that accepted each (the kernel spreads
+    connections over the workers' SO_REUSEPORT sockets; a connection stays on its worker): opens
+    connections until every worker in want has want[w] of them. Returns {worker: [HTTPConnection]}."""
+    groups = {w: [] for w in want}
+    spare = []
+    for _ in range(limit):
+        if all(len(groups[w]) >= n for w, n in want.items()):
+            break
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        # An unknown model is answered by the front on the worker that accepted the connection.
+        conn.request("POST", "/v1/chat/completions", body=json.dumps({"model": "nope", "messages": []}),
+                     headers={"content-type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        assert resp.status == 404, resp.status
+        w = worker_of(resp.getheader("x-request-id"))
+        if w in groups and len(groups[w]) < want[w]:
+            groups[w].append(conn)
+        else:
+            spare.append(conn)
+    for conn in spare:
+        conn.close()
+    assert all(len(groups[w]) >= n for w, n in want.items()), {w: len(c) for w, c in groups.items()}
+    return groups
+
+
+class Timed(threading.Thread):
+    """One chat request on a given connection, in its own thread; records status and when it ended."""
+
+    def __init__(self, conn, name, priority, max_tokens):
+        super().__init__(daemon=True)
+        self.conn, self.name, self.priority, self.max_tokens = conn, name, priority, max_tokens
+        self.status, self.end = None, None
+
+    def run(self):
+        body = {"model": "llama-3-8b", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": self.max_tokens, "stream": False}
+        try:
+            self.conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                              headers={"content-type": "application/json", "x-atc-priority": str(self.priority)})
+            resp = self.conn.getresponse()
+            self.body = resp.read()
+            self.status, self.endpoint = resp.status, resp.getheader("x-atc-endpoint")
+        except Exception as e:  # reported through status: the test asserts on it
+            self.status = repr(e)
+        self.end = time.monotonic()
 
 
 class WorkersTest(AtcTestCase):
@@ -175,6 +232,119 @@ simulate:
         self.assertGreater(doc["queues"]["admitted_queued"], 0)
         ep = atc.endpoints()["llama-3-8b-sim-1"]
         self.assertEqual((ep["inflight"], ep["inflight_tokens"]), (0, 0))
+
+    def test_a_slot_freed_on_one_worker_goes_to_the_more_urgent_request_queued_on_the_other(self):
+        # One slot in the fleet. Worker 0 holds it (the blocker) and queues three requests of priority 1;
+        # worker 1 queues one of priority 9. When the blocker ends on worker 0, the freed slot must go to
+        # worker 1's request, at once (atc_server_capacity_freed hands it across through worker 1's
+        # mailbox), not to worker 0's own queue, so priority order holds across workers. Polling the admin
+        # API meanwhile parks worker 1 (the main thread runs worker 0 and the admin API), which wakes its
+        # mailbox: it must still report its waiting request afterwards.
+        atc = self.start_atc("""
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+workers: 2
+admission:
+  queue: 100
+  deadline: 20s
+  aging: 60s
+models:
+  - name: llama-3-8b
+simulate:
+  - model: llama-3-8b
+    count: 1
+    capacity: 1
+    decode_ms: 10
+""")
+        conns = connections_by_worker(atc.port, {0: 4, 1: 1})
+        try:
+            queues = lambda: admin_json(atc, "/admin/endpoints")["queues"]["waiting"]
+            blocker = Timed(conns[0][0], "blocker", 0, 40)  # about 0.4 s of decoding on worker 0
+            blocker.start()
+            wait_for(lambda: atc.endpoints()["llama-3-8b-sim-1"]["inflight"] == 1, what="blocker in flight")
+            low = [Timed(c, f"low{i}", 1, 2) for i, c in enumerate(conns[0][1:4])]
+            for i, t in enumerate(low):
+                t.start()
+                wait_for(lambda: queues() == i + 1, what=f"{t.name} queued on worker 0")
+            high = Timed(conns[1][0], "high", 9, 2)
+            high.start()
+            wait_for(lambda: queues() == 4, what="high queued on worker 1")
+            self.assertTrue(blocker.is_alive(), "the blocker ended before the queue was lined up")
+            for t in [blocker, high] + low:
+                t.join(30)
+            self.assertEqual([t.status for t in [blocker, high] + low], [200] * 5)
+            order = sorted([high] + low, key=lambda t: t.end)
+            self.assertEqual([t.name for t in order][0], "high",
+                             "the slot freed on worker 0 went to its own lower-priority queue")
+            # Handed over at once, not at the next admission tick or the blocker's end plus a deadline.
+            self.assertLess(high.end - blocker.end, 2.0)
+        finally:
+            for group in conns.values():
+                for c in group:
+                    c.close()
+
+    def test_policies_on_both_workers_read_health_while_the_main_thread_writes_it(self):
+        # A server whose live check flips on every probe (every 5 ms): the main thread rewrites its state,
+        # last error, failure count, check time and scraped load all the time, while the policy on each
+        # worker reads all of them for every request. Under the TSan build (tests/run) a plain field
+        # written while read is a reported race; here the values read must also make sense.
+        flappy = Stub({"/health": lambda n: (500 if n % 2 else 200, ""),
+                       "/metrics": lambda n: (200, f"vllm:num_requests_running {n % 7}\n")})
+        self.addCleanup(flappy.stop)
+        path = os.path.join(self.tmp.name, "policy.lua")
+        with open(path, "w") as f:
+            f.write("""
+local seen = {}
+return function(req, fleet)
+  for _, ep in ipairs(fleet:endpoints("flappy")) do
+    local e, c, h, n = ep.last_error, ep.last_check, ep.health, ep.consecutive_failures
+    local r, p, q, kv = ep.running, ep.prefix_hit_rate, ep.queue, ep.kv_usage
+    assert(e == nil or (type(e) == "string" and #e > 0 and #e < 200), "last_error: " .. tostring(e))
+    assert(c == nil or c > 0, "last_check")
+    assert(h == "healthy" or h == "unhealthy" or h == "starting", "health: " .. tostring(h))
+    -- nil until known (the contract): before the first probe, before the first scrape
+    assert((n == nil or (n >= 0 and n < 100)) and (r == nil or (r >= 0 and r < 7)), "counts")
+  end
+  return fleet:endpoints(req.model)[1]
+end
+""")
+        atc = self.start_atc(f"""
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+workers: 2
+policy:
+  entry: policy.lua
+  watch: false
+health:
+  failure_threshold: 1
+  recovery_threshold: 1
+  fast_interval: 5ms
+  down_interval: 5ms
+  live: {{interval: 5ms, timeout: 500ms}}
+  ready: {{interval: 5ms, timeout: 500ms}}
+  scrape: {{interval: 5ms, timeout: 500ms}}
+models:
+  - name: llama-3-8b
+  - name: flappy
+    endpoints:
+      - {{id: flappy, url: "{flappy.url}"}}
+simulate:
+  - model: llama-3-8b
+    count: 1
+    decode_ms: 0
+""")
+        wait_for(lambda: flappy.count("/health") > 20, what="flappy checked")
+        deadline = time.monotonic() + 1.5
+        results = parallel(8, lambda i: [chat(atc.port, max_tokens=1)[0]
+                                         for _ in iter(lambda: time.monotonic() < deadline, False)])
+        statuses = [s for r in results for s in (r if isinstance(r, list) else [r])]
+        self.assertGreater(len(statuses), 50)
+        self.assertEqual(set(statuses), {200}, statuses[:3])
+        doc = admin_json(atc, "/admin/endpoints")
+        self.assertTrue(all(w["requests_total"] > 0 for w in doc["workers"]), doc["workers"])
+        self.assertGreater(atc.endpoints()["flappy"]["state_changes"], 10)
+        _, _, metrics = request("127.0.0.1", atc.admin_port, "GET", "/metrics")
+        self.assertIn('atc_policy_fallbacks_total{reason="error"} 0\n', metrics.decode())
 
     def test_drain_lets_streams_on_every_worker_finish(self):
         atc = self.start(decode_ms=50)

@@ -267,15 +267,18 @@ models:
     if outcomes != sent[0]:
         problems.append(f"{sent[0]} sent but {outcomes} outcomes")
     # Flat: allow allocator noise, not a leak per request. AddressSanitizer holds freed memory in a
-    # quarantine (256 MiB by default), so under it RSS grows by design: its leak report checks instead.
-    sanitized = b"libasan" in subprocess.run(["ldd", ATC], capture_output=True).stdout
+    # quarantine (256 MiB by default) and ThreadSanitizer keeps access history, so under either RSS grows
+    # by design: the leak report (ASan) checks instead.
+    libs = subprocess.run(["ldd", ATC], capture_output=True).stdout
+    sanitized = b"libasan" in libs or b"libtsan" in libs
     if not sanitized and rss_end > rss_warm + 32 * 1024:
         problems.append(f"memory grew from {rss_warm} to {rss_end} KiB")
     if "ok" not in final.c:
         problems.append("atc did not answer after the soak")
     if exit_code != 0:
         problems.append(f"atc exited with {exit_code}")
-    for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
+    for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
+                   "WARNING: ThreadSanitizer", "ERROR: ThreadSanitizer", "FATAL: ThreadSanitizer"):
         if marker in log:
             problems.append(f"sanitizer report in atc's log ({marker})")
     if problems:

@@ -9,36 +9,37 @@
 #include <cmocka.h>
 
 #include "../../engine/fleet/health.c"
+#include "fleet/health_report.h"
 
 static void test_models_list(void **state)
 {
     const char *vllm =
         "{\"object\":\"list\",\"data\":[{\"id\":\"other\",\"object\":\"model\",\"permission\":[{\"id\":"
         "\"llama-3-8b\"}]},{\"object\":\"model\",\"meta\":{\"id\":\"x\"},\"id\":\"llama-3-8b\"}]}";
-    assert_null(models_list_has(vllm, strlen(vllm), "llama-3-8b"));
-    assert_non_null(models_list_has(vllm, strlen(vllm), "x"));         /* nested, not a model's own id */
-    assert_non_null(models_list_has(vllm, strlen(vllm), "llama-3-8")); /* whole names only */
+    assert_null(atc_probe_answer_lists_model(vllm, strlen(vllm), "llama-3-8b"));
+    assert_non_null(atc_probe_answer_lists_model(vllm, strlen(vllm), "x")); /* nested, not a model's own id */
+    assert_non_null(atc_probe_answer_lists_model(vllm, strlen(vllm), "llama-3-8")); /* whole names only */
     const char *escaped = "{\"data\":[{\"id\":\"meta-llama\\/Llama-3 \\u00e9\\\"q\\\"\"}]}";
-    assert_null(models_list_has(escaped, strlen(escaped), "meta-llama/Llama-3 \xc3\xa9\"q\""));
+    assert_null(atc_probe_answer_lists_model(escaped, strlen(escaped), "meta-llama/Llama-3 \xc3\xa9\"q\""));
     const char *loading = "{\"object\":\"list\",\"data\":[]}";
-    assert_string_equal(models_list_has(loading, strlen(loading), "m"),
+    assert_string_equal(atc_probe_answer_lists_model(loading, strlen(loading), "m"),
                         "the model list does not name this endpoint's model");
-    assert_string_equal(models_list_has("{\"models\":[]}", 13, "m"),
+    assert_string_equal(atc_probe_answer_lists_model("{\"models\":[]}", 13, "m"),
                         "the answer has no 'data' list of models");
-    assert_string_equal(models_list_has("OK", 2, "m"), "the answer is not a JSON object");
-    assert_string_equal(models_list_has("[1]", 3, "m"), "the answer is not a JSON object");
-    assert_string_equal(models_list_has("", 0, "m"), "the answer is not a JSON object");
+    assert_string_equal(atc_probe_answer_lists_model("OK", 2, "m"), "the answer is not a JSON object");
+    assert_string_equal(atc_probe_answer_lists_model("[1]", 3, "m"), "the answer is not a JSON object");
+    assert_string_equal(atc_probe_answer_lists_model("", 0, "m"), "the answer is not a JSON object");
     const char *truncated = "{\"data\":[{\"id\":\"m\"";
-    assert_non_null(models_list_has(truncated, strlen(truncated), "m"));
+    assert_non_null(atc_probe_answer_lists_model(truncated, strlen(truncated), "m"));
 }
 
 static void test_inference_answer(void **state)
 {
     const char *chat = "{\"id\":\"c\",\"choices\":[{\"message\":{\"content\":\"hi\"}}]}";
-    assert_null(inference_answer_ok(chat, strlen(chat)));
-    assert_null(inference_answer_ok("{\"data\":[{\"embedding\":[0.1]}]}", 31));
-    assert_non_null(inference_answer_ok("{\"error\":{\"message\":\"x\"}}", 25));
-    assert_non_null(inference_answer_ok("<html>", 6));
+    assert_null(atc_probe_answer_inference(chat, strlen(chat)));
+    assert_null(atc_probe_answer_inference("{\"data\":[{\"embedding\":[0.1]}]}", 31));
+    assert_non_null(atc_probe_answer_inference("{\"error\":{\"message\":\"x\"}}", 25));
+    assert_non_null(atc_probe_answer_inference("<html>", 6));
 }
 
 static void test_load_from_a_page(void **state)
@@ -52,13 +53,26 @@ static void test_load_from_a_page(void **state)
                        "vllm:kv_cache_usage_perc{model_name=\"m\",engine=\"0\"} 0.25\n"
                        "vllm:kv_cache_usage_perc{model_name=\"m\",engine=\"1\"} 0.5\n"
                        "sglang:cache_hit_rate 0.75\n";
-    struct load_acc a = {.model = "m"};
-    assert_int_equal(atc_prom_parse(page, strlen(page), on_load_sample, &a, NULL), 0);
-    assert_true(acc_get(&a, L_RUNNING) == 7); /* this model's series, summed */
-    assert_true(acc_get(&a, L_WAITING) == 2); /* no model label: every series; NaN skipped */
-    assert_true(acc_get(&a, L_KV) == 0.5);    /* a share: the fullest engine */
-    assert_true(acc_get(&a, L_HIT_RATE) == 0.75);
-    assert_true(isnan(acc_get(&a, L_QUERIES))); /* absent */
+    struct atc_server_load load = {.prefix_hit_rate = NAN};
+    struct atc_load_counters prev = {0};
+    char why[128];
+    assert_int_equal(atc_load_scrape_page("m", page, strlen(page), &load, &prev, why, sizeof(why)), 0);
+    assert_true(load.running == 7);    /* this model's series, summed */
+    assert_true(load.waiting == 2);    /* no model label: every series; NaN skipped */
+    assert_true(load.kv_usage == 0.5); /* a share: the fullest engine */
+    assert_true(load.prefix_hit_rate == 0.75);
+    assert_false(prev.have); /* no prefix cache counters on the page */
+    /* vLLM's counters: the hit rate between two pages; a restart (counters going back) starts over */
+    const char *p1 = "vllm:prefix_cache_queries_total 100\nvllm:prefix_cache_hits_total 40\n";
+    const char *p2 = "vllm:prefix_cache_queries_total 300\nvllm:prefix_cache_hits_total 190\n";
+    assert_int_equal(atc_load_scrape_page("m", p1, strlen(p1), &load, &prev, why, sizeof(why)), 0);
+    assert_true(load.prefix_hit_rate == 0.75 && isnan(load.running)); /* kept: one page tells no rate */
+    assert_int_equal(atc_load_scrape_page("m", p2, strlen(p2), &load, &prev, why, sizeof(why)), 0);
+    assert_true(fabs(load.prefix_hit_rate - 0.75) < 1e-9); /* 150 of 200 */
+    assert_int_equal(atc_load_scrape_page("m", p1, strlen(p1), &load, &prev, why, sizeof(why)), 0);
+    assert_true(fabs(load.prefix_hit_rate - 0.75) < 1e-9 && prev.queries == 100);
+    assert_int_equal(atc_load_scrape_page("m", "x{", 2, &load, &prev, why, sizeof(why)), -1);
+    assert_non_null(strstr(why, "malformed metrics page: line 1"));
 }
 
 static void test_jitter_and_ramp(void **state)
@@ -154,8 +168,10 @@ static void test_ejection_needs_consecutive_failures_and_is_capped(void **state)
     outcome(f->ep[0], false, -1);
     assert_int_equal(f->ep[0]->health->state, ATC_HEALTH_EJECTED);
     assert_false(f->ep[0]->routable);
-    assert_int_equal(f->ep[0]->health->ejections_total, 1);
-    assert_non_null(strstr(f->ep[0]->health->last_error, "ejected for 3600.0s: 2 requests in a row failed"));
+    assert_int_equal(hep_of(f->ep[0])->ejections_total, 1);
+    char err[200];
+    assert_true(atc_health_last_error(f->ep[0]->health, err, sizeof(err)) > 0);
+    assert_non_null(strstr(err, "ejected for 3600.0s: 2 requests in a row failed"));
     /* 50% of 3 endpoints, rounded down: one ejected at a time. */
     outcome(f->ep[1], false, -1);
     outcome(f->ep[1], false, -1);
@@ -193,7 +209,7 @@ static void test_drain_and_panic(void **state)
     assert_int_equal(f->ep[0]->health->state, ATC_HEALTH_EJECTED);
     /* Mark b out by hand (as its live check would): with a ejected and c drained, nothing is healthy. */
     struct hep *b = hep_of(f->ep[1]);
-    b->pub.live = ATC_CHECK_FAILED;
+    b->live = ATC_CHECK_FAILED;
     set_state(b, "test");
     assert_int_equal(f->ep[1]->health->state, ATC_HEALTH_UNHEALTHY);
     struct atc_health_stats st;
@@ -211,6 +227,29 @@ static void test_drain_and_panic(void **state)
     assert_false(f->ep[1]->routable);
     assert_true(f->ep[2]->routable);
     assert_int_equal(st.state_changes_total, 4);
+}
+
+/* The text the workers read: what was set, cut to fit either side, "" before anything was set. */
+static void test_last_error_text(void **state)
+{
+    struct atc_endpoint_health pub = {0};
+    char out[ATC_HEALTH_TEXT_WORDS * 8 + 16], small[6];
+    assert_int_equal(atc_health_last_error(&pub, out, sizeof(out)), 0);
+    assert_string_equal(out, "");
+    atc_health_text_set(&pub.last_error, "live check: GET /health: answered 500");
+    assert_int_equal(atc_health_last_error(&pub, out, sizeof(out)), 37);
+    assert_string_equal(out, "live check: GET /health: answered 500");
+    assert_int_equal(atc_health_last_error(&pub, small, sizeof(small)), 5);
+    assert_string_equal(small, "live ");
+    char longer[400];
+    memset(longer, 'x', sizeof(longer) - 1);
+    longer[sizeof(longer) - 1] = '\0';
+    assert_int_equal(
+        atc_health_last_error((atc_health_text_set(&pub.last_error, longer), &pub), out, sizeof(out)),
+        ATC_HEALTH_TEXT_WORDS * 8 - 1);
+    atc_health_text_set(&pub.last_error, "short");
+    assert_string_equal((atc_health_last_error(&pub, out, sizeof(out)), out), "short"); /* no tail left */
+    assert_int_equal(atomic_load(&pub.last_error.seq) % 2, 0);
 }
 
 static void test_json(void **state)
@@ -238,6 +277,7 @@ int main(void)
         cmocka_unit_test(test_inference_answer),
         cmocka_unit_test(test_load_from_a_page),
         cmocka_unit_test(test_jitter_and_ramp),
+        cmocka_unit_test(test_last_error_text),
         cmocka_unit_test_setup_teardown(test_without_checks_endpoints_are_healthy_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ejection_needs_consecutive_failures_and_is_capped, setup,
                                         teardown),

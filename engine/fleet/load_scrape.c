@@ -1,0 +1,98 @@
+/* The load scrape (load_scrape.h): a server's /metrics page, by the metric names of each server, into
+ * the numbers of its load. */
+
+#include "fleet/load_scrape.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "fleet/prometheus.h"
+
+enum load_slot { L_RUNNING, L_WAITING, L_KV, L_QUERIES, L_HITS, L_HIT_RATE, NSLOTS };
+
+struct load_acc {
+    const char *model;
+    double mine[NSLOTS], all[NSLOTS]; /* series labelled with this model / every series */
+    bool has_mine[NSLOTS], has_all[NSLOTS];
+};
+
+/* Metric names by server, for each slot. Gauges of a share are combined by max, counts by sum. */
+static const struct {
+    const char *name;
+    enum load_slot slot;
+} load_metrics[] = {
+    {"vllm:num_requests_running", L_RUNNING},
+    {"vllm:num_requests_waiting", L_WAITING},
+    {"vllm:kv_cache_usage_perc", L_KV},
+    {"vllm:gpu_cache_usage_perc", L_KV}, /* vLLM before 0.10 */
+    {"vllm:prefix_cache_queries_total", L_QUERIES},
+    {"vllm:prefix_cache_hits_total", L_HITS},
+    {"vllm:gpu_prefix_cache_hit_rate", L_HIT_RATE},
+    {"sglang:num_running_reqs", L_RUNNING},
+    {"sglang:num_queue_reqs", L_WAITING},
+    {"sglang:token_usage", L_KV},
+    {"sglang:cache_hit_rate", L_HIT_RATE},
+    {"tgi_batch_current_size", L_RUNNING},
+    {"tgi_queue_size", L_WAITING},
+    {"llamacpp:requests_processing", L_RUNNING},
+    {"llamacpp:requests_deferred", L_WAITING},
+    {"llamacpp:kv_cache_usage_ratio", L_KV},
+};
+
+static void acc_add(double *v, bool *has, enum load_slot slot, double x)
+{
+    bool share = slot == L_KV || slot == L_HIT_RATE;
+    v[slot] = !*has ? x : share ? fmax(v[slot], x) : v[slot] + x;
+    *has = true;
+}
+
+static int on_load_sample(void *arg, const struct atc_prom_sample *s)
+{
+    struct load_acc *a = arg;
+    if (!isfinite(s->value))
+        return 0;
+    for (size_t i = 0; i < sizeof(load_metrics) / sizeof(load_metrics[0]); i++) {
+        if (!atc_prom_name_is(s, load_metrics[i].name))
+            continue;
+        enum load_slot slot = load_metrics[i].slot;
+        acc_add(a->all, &a->has_all[slot], slot, s->value);
+        if (atc_prom_label_is(s, "model_name", a->model))
+            acc_add(a->mine, &a->has_mine[slot], slot, s->value);
+        break;
+    }
+    return 0;
+}
+
+/* A server may serve several models (and label each series): this endpoint's model's series when there
+ * are any, else all of them. NaN when the page has none. */
+static double acc_get(const struct load_acc *a, enum load_slot slot)
+{
+    return a->has_mine[slot] ? a->mine[slot] : a->has_all[slot] ? a->all[slot] : NAN;
+}
+
+int atc_load_scrape_page(const char *model, const char *page, size_t len, struct atc_server_load *load,
+                         struct atc_load_counters *prev, char *why, size_t size)
+{
+    struct load_acc a = {.model = model};
+    struct atc_prom_error perr = {0};
+    if (atc_prom_parse(page, len, on_load_sample, &a, &perr) != 0) {
+        snprintf(why, size, "malformed metrics page: line %zu: %s", perr.line, perr.msg);
+        return -1;
+    }
+    load->running = acc_get(&a, L_RUNNING);
+    load->waiting = acc_get(&a, L_WAITING);
+    load->kv_usage = acc_get(&a, L_KV);
+    double q = acc_get(&a, L_QUERIES), hits = acc_get(&a, L_HITS), rate = acc_get(&a, L_HIT_RATE);
+    if (!isnan(rate)) {
+        load->prefix_hit_rate = rate;
+    } else if (!isnan(q) && !isnan(hits)) {
+        /* Counters: the rate since the last scrape (a restart resets them: start again). */
+        if (prev->have && q > prev->queries && hits >= prev->hits)
+            load->prefix_hit_rate = (hits - prev->hits) / (q - prev->queries);
+        prev->queries = q;
+        prev->hits = hits;
+        prev->have = true;
+    }
+    return 0;
+}
