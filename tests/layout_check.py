@@ -16,13 +16,7 @@ MAX_LINES = 1200
 
 # Known exceptions, each with why it is still here. The check fails on anything not listed; an entry
 # that no longer matches is reported so that it can be deleted.
-KNOWN_CIRCLES = {
-    # The composition root and the workers it runs: server.c starts the workers, their fronts and
-    # relays, and they call back into it through core/server.h (the request hooks, atc_server_observe,
-    # atc_server_capacity_freed) while worker.c's pause reads the server's fields. Breaking it means
-    # moving the hooks and the pause state into core/worker.c (issue 18, open).
-    frozenset(["core/server", "core/worker", "http/http_front", "http/relay"]),
-}
+KNOWN_CIRCLES = set()
 KNOWN_LONG = set()
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
