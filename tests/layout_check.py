@@ -16,21 +16,8 @@ MAX_LINES = 1200
 
 # Known exceptions, each with why it is still here. The check fails on anything not listed; an entry
 # that no longer matches is reported so that it can be deleted.
-KNOWN_CIRCLES = {
-    # The composition root and the workers it runs: server.c starts the workers, their fronts and
-    # relays, and they call back into it through core/server.h (the request hooks, atc_server_observe,
-    # atc_server_capacity_freed) while worker.c's pause reads the server's fields. Breaking it means
-    # moving the hooks and the pause state into core/worker.c (issue 18, open).
-    frozenset(["core/server", "core/worker", "http/http_front", "http/relay"]),
-    # policy_internal.h, the runtime's shared private header, holds the structs every policy/*.c reads
-    # and declares functions of policy.c, sandbox.c and version.c, which include it and each other's
-    # headers. Breaking it means the structs in a header of their own and each function declared in
-    # the header of the file that defines it (issue 18, open).
-    frozenset(["policy/policy", "policy/policy_internal", "policy/sandbox", "policy/version", "policy/watch"]),
-}
-KNOWN_LONG = {
-    "fleet/health.c",   # issue 18, open
-}
+KNOWN_CIRCLES = set()
+KNOWN_LONG = set()
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 

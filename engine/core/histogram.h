@@ -2,7 +2,7 @@
 #define ATC_HISTOGRAM_H
 
 /* Prometheus histograms and label escaping: small helpers every subsystem that renders metrics may
- * include (metrics.c, health.c, admission.c, policy.c), so none of them includes the metrics page. */
+ * include (metrics.c, health.c, admission.c, policy/status.c), so none of them includes the metrics page. */
 
 #include <stdint.h>
 

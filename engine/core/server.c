@@ -181,7 +181,13 @@ static struct evhttp *http_on_socket(struct event_base *base, const struct atc_c
 
 static struct atc_worker *main_worker(struct atc_server *srv)
 {
-    return &srv->workers[0];
+    return &srv->group.workers[0];
+}
+
+/* The server worker @p w belongs to: the context of the hooks it set in its workers' group. */
+static struct atc_server *server_of(const struct atc_worker *w)
+{
+    return w->group->hooks.ctx;
 }
 
 static struct atc_upstream_settings upstream_settings(const struct atc_config *cfg)
@@ -202,8 +208,8 @@ static int create_pools(struct atc_server *srv, const char *host, uint16_t port,
                         worker_pools pools, const char **err)
 {
     struct atc_upstream_settings us = upstream_settings(cfg);
-    for (unsigned i = 0; i < srv->nworkers; i++)
-        if ((pools[i] = atc_upstream_pool_create(srv->workers[i].base, host, port, &us, err)) == NULL)
+    for (unsigned i = 0; i < srv->group.nworkers; i++)
+        if ((pools[i] = atc_upstream_pool_create(srv->group.workers[i].base, host, port, &us, err)) == NULL)
             return -1;
     return 0;
 }
@@ -216,7 +222,8 @@ static void destroy_pools(worker_pools pools)
     }
 }
 
-void atc_server_queue_changed(struct atc_worker *w)
+/* Worker @p w's admission queue changed (on its thread): other workers read its top priority. */
+static void queue_changed(struct atc_worker *w)
 {
     if (w->admission != NULL)
         atomic_store(&w->top_priority, atc_admission_top_priority(w->admission));
@@ -227,7 +234,7 @@ static void kick_admission(void *arg)
     struct atc_worker *w = arg;
     atomic_store(&w->kick_posted, false);
     atc_admission_kick(w->admission);
-    atc_server_queue_changed(w);
+    queue_changed(w);
 }
 
 static void post_kick(struct atc_worker *w)
@@ -238,15 +245,15 @@ static void post_kick(struct atc_worker *w)
 
 /* Each worker has its own queue: the one holding the most urgent request gets the freed slot first (this
  * one on a tie, at once; another through its mailbox), so priorities hold across workers. */
-void atc_server_capacity_freed(struct atc_worker *w)
+static void on_capacity_freed(void *ctx, struct atc_worker *w)
 {
-    struct atc_server *srv = w->srv;
+    struct atc_server *srv = ctx;
     struct atc_worker *best = w;
     int top = atomic_load(&w->top_priority);
-    for (unsigned i = 0; i < srv->nworkers; i++) {
-        int p = atomic_load(&srv->workers[i].top_priority);
+    for (unsigned i = 0; i < srv->group.nworkers; i++) {
+        int p = atomic_load(&srv->group.workers[i].top_priority);
         if (p > top) {
-            best = &srv->workers[i];
+            best = &srv->group.workers[i];
             top = p;
         }
     }
@@ -262,8 +269,8 @@ void atc_server_capacity_freed(struct atc_worker *w)
 static void on_more_capacity(void *arg)
 {
     struct atc_server *srv = arg;
-    for (unsigned i = 0; i < srv->nworkers; i++)
-        post_kick(&srv->workers[i]); /* at once on the main thread's own worker */
+    for (unsigned i = 0; i < srv->group.nworkers; i++)
+        post_kick(&srv->group.workers[i]); /* at once on the main thread's own worker */
 }
 
 struct observation {
@@ -284,8 +291,10 @@ static void observe_on_main(void *arg)
     free(o);
 }
 
-void atc_server_observe(struct atc_worker *w, struct atc_endpoint *ep, bool ok, bool had_errors)
+/* Passes a request's outcome on @p ep to passive health checks (on the main thread). */
+static void on_observe(void *ctx, struct atc_worker *w, struct atc_endpoint *ep, bool ok, bool had_errors)
 {
+    struct atc_server *srv = ctx;
     if (ep->health == NULL || (ok && !had_errors))
         return; /* the common case costs nothing: only failures and the first success after them travel */
     if (!w->threaded) {
@@ -295,28 +304,28 @@ void atc_server_observe(struct atc_worker *w, struct atc_endpoint *ep, bool ok, 
     struct observation *o = malloc(sizeof(*o));
     if (o == NULL)
         return;
-    *o = (struct observation){.srv = w->srv, .ep = ep, .ok = ok};
-    if (atc_worker_post(main_worker(w->srv), observe_on_main, o) < 0)
+    *o = (struct observation){.srv = srv, .ep = ep, .ok = ok};
+    if (atc_worker_post(main_worker(srv), observe_on_main, o) < 0)
         free(o);
 }
 
 size_t atc_server_policies(const struct atc_server *srv, struct atc_policy_runtime **out)
 {
     size_t n = 0;
-    for (unsigned i = 0; i < srv->nworkers; i++)
-        if (srv->workers[i].policy != NULL) {
-            atc_policy_sync(srv->workers[i].policy);
-            out[n++] = srv->workers[i].policy;
+    for (unsigned i = 0; i < srv->group.nworkers; i++)
+        if (srv->group.workers[i].policy != NULL) {
+            atc_policy_sync(srv->group.workers[i].policy);
+            out[n++] = srv->group.workers[i].policy;
         }
     return n;
 }
 
-void atc_server_totals(const struct atc_server *srv, struct atc_server_stats *st, unsigned *active)
+void atc_server_totals(const struct atc_server *srv, struct atc_worker_stats *st, unsigned *active)
 {
-    *st = (struct atc_server_stats){0};
+    *st = (struct atc_worker_stats){0};
     *active = 0;
-    for (unsigned i = 0; i < srv->nworkers; i++) {
-        const struct atc_worker *w = &srv->workers[i];
+    for (unsigned i = 0; i < srv->group.nworkers; i++) {
+        const struct atc_worker *w = &srv->group.workers[i];
         st->requests_total += w->stats.requests_total;
         st->responses_total += w->stats.responses_total;
         st->client_gone_total += w->stats.client_gone_total;
@@ -328,15 +337,15 @@ void atc_server_totals(const struct atc_server *srv, struct atc_server_stats *st
 
 void atc_server_metrics_sources(const struct atc_server *srv, struct atc_metrics_sources *src)
 {
-    *src =
-        (struct atc_metrics_sources){.table = srv->table, .nworkers = srv->nworkers, .health = srv->health};
+    *src = (struct atc_metrics_sources){
+        .table = srv->table, .nworkers = srv->group.nworkers, .health = srv->health};
     src->npolicies = atc_server_policies(srv, src->policies);
-    struct atc_server_stats totals;
+    struct atc_worker_stats totals;
     atc_server_totals(srv, &totals, &src->active);
-    for (unsigned i = 0; i < srv->nworkers; i++) {
-        src->worker_requests[i] = srv->workers[i].stats.requests_total;
-        if (srv->workers[i].admission != NULL)
-            src->admissions[src->nadmissions++] = srv->workers[i].admission;
+    for (unsigned i = 0; i < srv->group.nworkers; i++) {
+        src->worker_requests[i] = srv->group.workers[i].stats.requests_total;
+        if (srv->group.workers[i].admission != NULL)
+            src->admissions[src->nadmissions++] = srv->group.workers[i].admission;
     }
 }
 
@@ -345,33 +354,32 @@ void atc_server_metrics_sources(const struct atc_server *srv, struct atc_metrics
 static void on_sigusr1(evutil_socket_t sig, short what, void *arg)
 {
     struct atc_server *srv = arg;
-    atc_workers_pause(srv);
-    for (unsigned i = 0; i < srv->nworkers; i++)
-        if (srv->workers[i].access_log != NULL)
-            atc_access_log_reopen(srv->workers[i].access_log);
-    atc_workers_resume(srv);
+    atc_workers_pause(&srv->group);
+    for (unsigned i = 0; i < srv->group.nworkers; i++)
+        if (srv->group.workers[i].access_log != NULL)
+            atc_access_log_reopen(srv->group.workers[i].access_log);
+    atc_workers_resume(&srv->group);
 }
 
 static void stop_all_loops(struct atc_server *srv)
 {
-    for (unsigned i = 1; i < srv->nworkers; i++)
-        atc_worker_exit_loop(&srv->workers[i]);
+    for (unsigned i = 1; i < srv->group.nworkers; i++)
+        atc_worker_exit_loop(&srv->group.workers[i]);
     event_base_loopexit(srv->base, NULL);
 }
 
 static void on_drain_timeout(evutil_socket_t fd, short what, void *arg)
 {
     struct atc_server *srv = arg;
-    atc_warn("drain timeout: exiting with %u worker(s) still busy", srv->nworkers - srv->idle_workers);
+    atc_warn("drain timeout: exiting with %u worker(s) still busy", srv->group.nworkers - srv->idle_workers);
     stop_all_loops(srv);
 }
 
 /* On the main thread: one more worker has nothing in flight. */
 static void worker_idle(void *arg)
 {
-    struct atc_worker *w = arg;
-    struct atc_server *srv = w->srv;
-    if (++srv->idle_workers == srv->nworkers)
+    struct atc_server *srv = server_of(arg);
+    if (++srv->idle_workers == srv->group.nworkers)
         stop_all_loops(srv);
 }
 
@@ -380,7 +388,7 @@ static void check_idle(struct atc_worker *w)
     if (!w->draining || w->active > 0 || w->idle_reported)
         return;
     w->idle_reported = true;
-    atc_worker_post(main_worker(w->srv), worker_idle, w);
+    atc_worker_post(main_worker(server_of(w)), worker_idle, w);
 }
 
 /* On each worker's thread: stop accepting; connections already open get 503 + Connection: close. */
@@ -416,20 +424,26 @@ void atc_server_drain(struct atc_server *srv)
                          .tv_usec = (suseconds_t)(srv->cfg->drain_timeout_ms % 1000) * 1000};
     srv->drain_timer = evtimer_new(srv->base, on_drain_timeout, srv);
     event_add(srv->drain_timer, &tv);
-    for (unsigned i = 0; i < srv->nworkers; i++)
-        if (atc_worker_post(&srv->workers[i], drain_worker, &srv->workers[i]) < 0)
-            worker_idle(&srv->workers[i]); /* its loop has stopped already */
+    for (unsigned i = 0; i < srv->group.nworkers; i++)
+        if (atc_worker_post(&srv->group.workers[i], drain_worker, &srv->group.workers[i]) < 0)
+            worker_idle(&srv->group.workers[i]); /* its loop has stopped already */
 }
 
-void atc_server_request_started(struct atc_worker *w)
+/* The request path's hooks (struct atc_worker_hooks), on the worker's thread. */
+static void on_request_started(void *ctx, struct atc_worker *w)
 {
     w->active++;
 }
 
-void atc_server_request_finished(struct atc_worker *w)
+static void on_request_finished(void *ctx, struct atc_worker *w)
 {
     w->active--;
     check_idle(w);
+}
+
+static void on_queue_changed(void *ctx, struct atc_worker *w)
+{
+    queue_changed(w);
 }
 
 /* ---- reloads ---- */
@@ -451,18 +465,18 @@ uint64_t atc_server_reload_policy(struct atc_server *srv, char **err)
         return 0;
     }
     uint64_t version = atc_policy_reload(main_worker(srv)->policy, err);
-    if (version == 0 || srv->nworkers == 1)
+    if (version == 0 || srv->group.nworkers == 1)
         return version;
     /* It compiles: the same files load on every other worker (while they are parked: a few ms). */
-    atc_workers_pause(srv);
-    for (unsigned i = 1; i < srv->nworkers; i++) {
+    atc_workers_pause(&srv->group);
+    for (unsigned i = 1; i < srv->group.nworkers; i++) {
         char *e = NULL;
-        if (atc_policy_reload(srv->workers[i].policy, &e) == 0)
+        if (atc_policy_reload(srv->group.workers[i].policy, &e) == 0)
             atc_error("worker %u: the policy did not reload (%s); it keeps its previous version", i,
                       e != NULL ? e : "?");
         free(e);
     }
-    atc_workers_resume(srv);
+    atc_workers_resume(&srv->group);
     return version;
 }
 
@@ -513,7 +527,7 @@ static void free_retired(struct atc_server *srv, bool all)
     if (freeing == 0)
         return;
     if (!all)
-        atc_workers_pause(srv);
+        atc_workers_pause(&srv->group);
     for (size_t i = 0; i < srv->nretired; i++) {
         struct atc_endpoint *ep = srv->retired[i];
         if (all || atomic_load(&ep->inflight) == 0) {
@@ -525,7 +539,7 @@ static void free_retired(struct atc_server *srv, bool all)
     }
     srv->nretired = kept;
     if (!all)
-        atc_workers_resume(srv);
+        atc_workers_resume(&srv->group);
 }
 
 static void on_retire_tick(evutil_socket_t fd, short what, void *arg)
@@ -583,7 +597,7 @@ int atc_server_reload_config(struct atc_server *srv, char **errors)
 
     /* Commit, with every worker parked: the new table keeps the servers that stayed (counters,
      * connections, health), and each worker's policy is rebuilt against it. */
-    atc_workers_pause(srv);
+    atc_workers_pause(&srv->group);
     struct atc_endpoint **gone = NULL;
     size_t ngone = 0, before = srv->table->nendpoints;
     struct atc_endpoint_table *t = atc_endpoint_table_rebuild(srv->table, ncfg, &gone, &ngone);
@@ -617,8 +631,8 @@ int atc_server_reload_config(struct atc_server *srv, char **errors)
         atc_prefix_index_clear(srv->prefix); /* it knows endpoints by their place in the table */
     struct atc_config *old = srv->cfg;
     srv->cfg = ncfg;
-    for (unsigned i = 0; i < srv->nworkers; i++) {
-        struct atc_worker *w = &srv->workers[i];
+    for (unsigned i = 0; i < srv->group.nworkers; i++) {
+        struct atc_worker *w = &srv->group.workers[i];
         w->table = t;
         w->cfg = ncfg;
         char *perr = NULL;
@@ -628,7 +642,7 @@ int atc_server_reload_config(struct atc_server *srv, char **errors)
                       i, perr != NULL ? perr : "?");
         free(perr);
     }
-    atc_workers_resume(srv);
+    atc_workers_resume(&srv->group);
     atc_config_free(old);
     srv->config_reloads_ok++;
     if (asprintf(errors, "%zu endpoint(s): %zu added, %zu removed (draining), %zu kept", t->nendpoints, added,
@@ -642,9 +656,8 @@ int atc_server_reload_config(struct atc_server *srv, char **errors)
 /* ---- start and stop ---- */
 
 /* Worker @p w's policy runtime, when the config has a policy: section. */
-static int start_policy(struct atc_worker *w, char **err)
+static int start_policy(struct atc_server *srv, struct atc_worker *w, char **err)
 {
-    struct atc_server *srv = w->srv;
     const struct atc_config *cfg = srv->cfg;
     if (!cfg->policy.enabled)
         return 0;
@@ -657,7 +670,7 @@ static int start_policy(struct atc_worker *w, char **err)
         .memory = cfg->policy.memory,
         .jit = cfg->policy.jit,
         .rollback_after = cfg->policy.rollback_after,
-        .group = srv->nworkers > 1 ? &srv->policy_group : NULL,
+        .group = srv->group.nworkers > 1 ? &srv->policy_group : NULL,
     };
     char *msg = NULL;
     w->policy = atc_policy_runtime_create(&ps, srv->table, srv->affinity, srv->prefix, &msg);
@@ -681,7 +694,9 @@ static int start_worker(struct atc_server *srv, struct atc_worker *w, const char
     const char *why = NULL;
     w->cfg = srv->cfg;
     w->table = srv->table;
-    if (start_policy(w, err) < 0)
+    w->metrics = srv->metrics;
+    w->recorder = srv->recorder;
+    if (start_policy(srv, w, err) < 0)
         return -1;
     if (cfg->admission.queue > 0) {
         struct atc_admission_settings as = {
@@ -743,18 +758,25 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
     }
     srv->base = base;
     srv->main_thread = pthread_self();
-    pthread_mutex_init(&srv->pause_mu, NULL);
-    pthread_cond_init(&srv->pause_cv, NULL);
+    atc_worker_group_init(&srv->group);
+    srv->group.hooks = (struct atc_worker_hooks){
+        .ctx = srv,
+        .request_started = on_request_started,
+        .request_finished = on_request_finished,
+        .observe = on_observe,
+        .capacity_freed = on_capacity_freed,
+        .queue_changed = on_queue_changed,
+    };
     srv->cfg = cfg;
     srv->rng = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
-    if ((srv->workers = calloc(cfg->workers, sizeof(*srv->workers))) == NULL) {
+    if ((srv->group.workers = calloc(cfg->workers, sizeof(*srv->group.workers))) == NULL) {
         fail(err, "out of memory");
         goto error;
     }
-    for (unsigned i = 0; i < cfg->workers; i++, srv->nworkers++) {
+    for (unsigned i = 0; i < cfg->workers; i++, srv->group.nworkers++) {
         struct event_base *b = i == 0 ? base : atc_event_base_new();
-        srv->workers[i].wake_fd = -1;
-        if (b == NULL || atc_worker_init(&srv->workers[i], srv, i, b) < 0) {
+        srv->group.workers[i].wake_fd = -1;
+        if (b == NULL || atc_worker_init(&srv->group.workers[i], &srv->group, i, b, srv->rng) < 0) {
             if (b != NULL && b != base)
                 event_base_free(b);
             fail(err, "cannot create a worker's event loop");
@@ -815,13 +837,13 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
         cannot_listen(err, cfg->listen_host, cfg->listen_port);
         goto error;
     }
-    for (unsigned i = 0; i < srv->nworkers; i++) {
-        evutil_socket_t fd = listen_socket(cfg->listen_host, srv->front_port, srv->nworkers > 1);
+    for (unsigned i = 0; i < srv->group.nworkers; i++) {
+        evutil_socket_t fd = listen_socket(cfg->listen_host, srv->front_port, srv->group.nworkers > 1);
         if (fd < 0) {
             cannot_listen(err, cfg->listen_host, srv->front_port);
             goto error;
         }
-        if (start_worker(srv, &srv->workers[i], cfg->access_log != NULL ? log_path : NULL, fd, err) < 0)
+        if (start_worker(srv, &srv->group.workers[i], cfg->access_log != NULL ? log_path : NULL, fd, err) < 0)
             goto error;
     }
     evutil_socket_t admin_fd = listen_socket(cfg->admin_host, cfg->admin_port, false);
@@ -848,7 +870,7 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
     event_add(srv->sig_int, NULL);
     event_add(srv->sig_hup, NULL);
     atc_info("atc %s: %zu model(s), %zu endpoint(s); %u worker(s) listening on %s:%u, admin on %s:%u",
-             ATC_VERSION, srv->table->nmodels, srv->table->nendpoints, srv->nworkers, cfg->listen_host,
+             ATC_VERSION, srv->table->nmodels, srv->table->nendpoints, srv->group.nworkers, cfg->listen_host,
              (unsigned)srv->front_port, cfg->admin_host, (unsigned)srv->admin_port);
     /* Threads last, once the log has read its settings: signals are handled by the main thread's loop
      * (libevent's signal pipe), and a thread started now inherits a mask without them. */
@@ -859,8 +881,8 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
     sigaddset(&handled, SIGHUP);
     sigaddset(&handled, SIGUSR1);
     pthread_sigmask(SIG_BLOCK, &handled, &old);
-    for (unsigned i = 1; i < srv->nworkers; i++)
-        if (atc_worker_start(&srv->workers[i]) < 0) {
+    for (unsigned i = 1; i < srv->group.nworkers; i++)
+        if (atc_worker_start(&srv->group.workers[i]) < 0) {
             pthread_sigmask(SIG_SETMASK, &old, NULL);
             fail(err, "cannot start a worker thread");
             goto error;
@@ -886,7 +908,7 @@ int atc_server_write_ready_file(const struct atc_server *srv, const char *path)
         return -1;
     fprintf(f, "{\"listen\": \"%s:%u\", \"admin\": \"%s:%u\", \"pid\": %d, \"workers\": %u}\n",
             srv->cfg->listen_host, (unsigned)srv->front_port, srv->cfg->admin_host, (unsigned)srv->admin_port,
-            (int)getpid(), srv->nworkers);
+            (int)getpid(), srv->group.nworkers);
     if (fclose(f) != 0)
         return -1;
     return rename(tmp, path);
@@ -896,8 +918,8 @@ void atc_server_destroy(struct atc_server *srv)
 {
     if (srv == NULL)
         return;
-    for (unsigned i = 1; i < srv->nworkers; i++) /* threads first: nothing runs on their loops after */
-        atc_worker_join(&srv->workers[i]);
+    for (unsigned i = 1; i < srv->group.nworkers; i++) /* threads first: nothing runs on their loops after */
+        atc_worker_join(&srv->group.workers[i]);
     if (srv->sig_term != NULL)
         event_free(srv->sig_term);
     if (srv->sig_int != NULL)
@@ -910,8 +932,8 @@ void atc_server_destroy(struct atc_server *srv)
         event_free(srv->sig_usr1);
     if (srv->drain_timer != NULL)
         event_free(srv->drain_timer);
-    for (unsigned i = 0; i < srv->nworkers; i++)
-        free_worker(&srv->workers[i]);
+    for (unsigned i = 0; i < srv->group.nworkers; i++)
+        free_worker(&srv->group.workers[i]);
     if (srv->admin != NULL)
         evhttp_free(srv->admin);
     atc_client_deadline_destroy(srv->admin_deadline);
@@ -928,15 +950,14 @@ void atc_server_destroy(struct atc_server *srv)
     free_retired(srv, true);
     free(srv->retired);
     stop_sims(srv);
-    for (unsigned i = 0; i < srv->nworkers; i++) {
-        struct atc_worker *w = &srv->workers[i];
+    for (unsigned i = 0; i < srv->group.nworkers; i++) {
+        struct atc_worker *w = &srv->group.workers[i];
         atc_worker_free(w);
         if (i > 0)
             event_base_free(w->base);
     }
-    free(srv->workers);
-    pthread_mutex_destroy(&srv->pause_mu);
-    pthread_cond_destroy(&srv->pause_cv);
+    free(srv->group.workers);
+    atc_worker_group_dispose(&srv->group);
     atc_config_free(srv->cfg);
     free(srv);
 }

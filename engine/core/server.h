@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/worker.h"
 #include "policy/policy.h"
 
 struct event_base;
@@ -30,16 +31,6 @@ struct atc_metrics_sources;
 struct atc_access_log;
 struct atc_client_deadline;
 
-struct atc_server_stats {
-    uint64_t requests_total;    /* client requests accepted on the front routes */
-    uint64_t responses_total;   /* client requests answered (any status) */
-    uint64_t client_gone_total; /* clients that disconnected before their answer ended */
-    uint64_t retries_total;     /* attempts after the first */
-    uint64_t upstream_errors_total;
-};
-
-struct atc_worker;
-
 struct atc_server {
     struct event_base *base; /* the main thread's loop: worker 0, health, admin, signals, simulated servers */
     pthread_t main_thread;
@@ -51,8 +42,9 @@ struct atc_server {
     struct atc_recorder *recorder;    /* record: traffic to trace files; NULL without the section */
     struct atc_metrics *metrics;      /* shared, locked */
     struct atc_policy_group policy_group; /* ties the workers' policy runtimes: one record, one rollback */
-    struct atc_worker *workers;           /* [nworkers]; worker 0 runs on the main thread */
-    unsigned nworkers;
+    /* The workers ([group.nworkers], worker 0 on the main thread), their pause and the request path's
+     * hooks into this file: see core/worker.h for who touches what. */
+    struct atc_worker_group group;
     struct event *sig_usr1;
     struct evhttp *admin;
     struct atc_client_deadline *admin_deadline; /* client_timeout per request */
@@ -67,13 +59,7 @@ struct atc_server {
     struct event *sig_term, *sig_int, *sig_hup, *drain_timer;
     bool draining;
     unsigned idle_workers; /* while draining: workers with nothing left in flight */
-    uint64_t rng;
-
-    /* atc_workers_pause (worker.c) */
-    pthread_mutex_t pause_mu;
-    pthread_cond_t pause_cv;
-    unsigned parked, pause_depth;
-    bool paused;
+    uint64_t rng;          /* seeds the workers' */
 };
 
 /** Starts everything @p cfg describes on @p base (simulated servers first, so their endpoints exist).
@@ -103,16 +89,6 @@ int atc_server_reload_config(struct atc_server *srv, char **errors);
 /** Frees the server (after its loop has stopped). */
 void atc_server_destroy(struct atc_server *srv);
 
-/* Hooks for the request path (http_front.c / relay.c), called on the worker's thread. */
-void atc_server_request_started(struct atc_worker *w);
-void atc_server_request_finished(struct atc_worker *w);
-/** Passes a request's outcome on @p ep to passive health checks (on the main thread). */
-void atc_server_observe(struct atc_worker *w, struct atc_endpoint *ep, bool ok, bool had_errors);
-/** A slot on some endpoint freed: the worker with the most urgent waiting request tries to place it. */
-void atc_server_capacity_freed(struct atc_worker *w);
-/** Worker @p w's admission queue changed: other workers read its top priority. */
-void atc_server_queue_changed(struct atc_worker *w);
-
 /* For the admin API (main thread). */
 /** Reloads the policy on every worker: worker 0's first; the others only if it compiled. Returns the
  * new version, or 0 with an owned message in *err. */
@@ -124,6 +100,6 @@ size_t atc_server_policies(const struct atc_server *srv, struct atc_policy_runti
  * (borrowed from @p srv until the workers resume); call with the workers paused. */
 void atc_server_metrics_sources(const struct atc_server *srv, struct atc_metrics_sources *src);
 /** Every worker's counters summed; call with the workers paused. */
-void atc_server_totals(const struct atc_server *srv, struct atc_server_stats *st, unsigned *active);
+void atc_server_totals(const struct atc_server *srv, struct atc_worker_stats *st, unsigned *active);
 
 #endif

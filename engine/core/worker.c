@@ -79,18 +79,31 @@ void atc_worker_defer(struct atc_worker *w, struct atc_deferred *d, void (*fn)(s
     w->deferred = d;
 }
 
-int atc_worker_init(struct atc_worker *w, struct atc_server *srv, unsigned id, struct event_base *base)
+void atc_worker_group_init(struct atc_worker_group *g)
 {
-    w->srv = srv;
+    pthread_mutex_init(&g->pause_mu, NULL);
+    pthread_cond_init(&g->pause_cv, NULL);
+}
+
+void atc_worker_group_dispose(struct atc_worker_group *g)
+{
+    pthread_mutex_destroy(&g->pause_mu);
+    pthread_cond_destroy(&g->pause_cv);
+}
+
+int atc_worker_init(struct atc_worker *w, struct atc_worker_group *g, unsigned id, struct event_base *base,
+                    uint64_t seed)
+{
+    w->group = g;
     w->id = id;
     w->base = base;
     w->tail = &w->tasks;
-    /* Nothing waits yet. Set here once, and afterwards only by atc_server_queue_changed on this worker's
+    /* Nothing waits yet. Set here once, and afterwards only by the queue_changed hook on this worker's
      * thread: a mailbox wake (a park, an observation, a kick) says nothing about the queue. */
     atomic_init(&w->top_priority, -1);
     atomic_init(&w->kick_posted, false);
     w->next_id = (uint64_t)id << 48; /* request ids stay unique across workers */
-    w->rng = srv->rng ^ ((uint64_t)id * 0x9e3779b97f4a7c15ull);
+    w->rng = seed ^ ((uint64_t)id * 0x9e3779b97f4a7c15ull);
     pthread_mutex_init(&w->mu, NULL);
     /* A relay watches its client for a hang-up only once the answer takes this long: most small answers
      * come sooner, and watching costs an epoll_ctl pair. A common timeout: arming it is a list append. */
@@ -118,11 +131,11 @@ static void *worker_main(void *arg)
     pthread_mutex_unlock(&w->mu);
     on_wake(w->wake_fd, EV_READ, w); /* tasks posted before it closed still run */
     atc_features_release();          /* the scanner's per-thread token buffer */
-    struct atc_server *srv = w->srv;
-    pthread_mutex_lock(&srv->pause_mu);
+    struct atc_worker_group *g = w->group;
+    pthread_mutex_lock(&g->pause_mu);
     w->running = false;
-    pthread_cond_broadcast(&srv->pause_cv); /* a pause does not wait for a worker that stopped */
-    pthread_mutex_unlock(&srv->pause_mu);
+    pthread_cond_broadcast(&g->pause_cv); /* a pause does not wait for a worker that stopped */
+    pthread_mutex_unlock(&g->pause_mu);
     return NULL;
 }
 
@@ -209,46 +222,46 @@ int atc_worker_post(struct atc_worker *w, void (*fn)(void *arg), void *arg)
 static void park(void *arg)
 {
     struct atc_worker *w = arg;
-    struct atc_server *srv = w->srv;
-    pthread_mutex_lock(&srv->pause_mu);
-    srv->parked++;
-    pthread_cond_broadcast(&srv->pause_cv);
-    while (srv->paused)
-        pthread_cond_wait(&srv->pause_cv, &srv->pause_mu);
-    srv->parked--;
-    pthread_mutex_unlock(&srv->pause_mu);
+    struct atc_worker_group *g = w->group;
+    pthread_mutex_lock(&g->pause_mu);
+    g->parked++;
+    pthread_cond_broadcast(&g->pause_cv);
+    while (g->paused)
+        pthread_cond_wait(&g->pause_cv, &g->pause_mu);
+    g->parked--;
+    pthread_mutex_unlock(&g->pause_mu);
 }
 
-static unsigned running_threads(const struct atc_server *srv)
+static unsigned running_threads(const struct atc_worker_group *g)
 {
     unsigned n = 0;
-    for (unsigned i = 0; i < srv->nworkers; i++)
-        n += srv->workers[i].threaded && srv->workers[i].running;
+    for (unsigned i = 0; i < g->nworkers; i++)
+        n += g->workers[i].threaded && g->workers[i].running;
     return n;
 }
 
-void atc_workers_pause(struct atc_server *srv)
+void atc_workers_pause(struct atc_worker_group *g)
 {
-    if (srv->pause_depth++ > 0)
+    if (g->pause_depth++ > 0)
         return; /* already paused (an admin request that reloads) */
-    pthread_mutex_lock(&srv->pause_mu);
-    srv->paused = true;
-    pthread_mutex_unlock(&srv->pause_mu);
-    for (unsigned i = 0; i < srv->nworkers; i++)
-        if (srv->workers[i].threaded)
-            atc_worker_post(&srv->workers[i], park, &srv->workers[i]);
-    pthread_mutex_lock(&srv->pause_mu);
-    while (srv->parked < running_threads(srv))
-        pthread_cond_wait(&srv->pause_cv, &srv->pause_mu);
-    pthread_mutex_unlock(&srv->pause_mu);
+    pthread_mutex_lock(&g->pause_mu);
+    g->paused = true;
+    pthread_mutex_unlock(&g->pause_mu);
+    for (unsigned i = 0; i < g->nworkers; i++)
+        if (g->workers[i].threaded)
+            atc_worker_post(&g->workers[i], park, &g->workers[i]);
+    pthread_mutex_lock(&g->pause_mu);
+    while (g->parked < running_threads(g))
+        pthread_cond_wait(&g->pause_cv, &g->pause_mu);
+    pthread_mutex_unlock(&g->pause_mu);
 }
 
-void atc_workers_resume(struct atc_server *srv)
+void atc_workers_resume(struct atc_worker_group *g)
 {
-    if (--srv->pause_depth > 0)
+    if (--g->pause_depth > 0)
         return;
-    pthread_mutex_lock(&srv->pause_mu);
-    srv->paused = false;
-    pthread_cond_broadcast(&srv->pause_cv);
-    pthread_mutex_unlock(&srv->pause_mu);
+    pthread_mutex_lock(&g->pause_mu);
+    g->paused = false;
+    pthread_cond_broadcast(&g->pause_cv);
+    pthread_mutex_unlock(&g->pause_mu);
 }

@@ -9,7 +9,7 @@
  *   or recovery_threshold successes in a row (HAProxy's fall/rise), except its very first result,
  *   which counts at once (start-up grace). Probes run at fast_interval while a verdict is changing.
  * - Passive outlier ejection from real traffic (atc_health_observe, called on the main thread with
- *   each attempt's outcome; relay.c reports through atc_server_observe):
+ *   each attempt's outcome; relay.c reports through atc_worker_observe):
  *   consecutive failed requests eject an endpoint for a time that grows with each ejection, never more
  *   than eject.max_share of a model's endpoints at once.
  * - Per model, panic mode when every endpoint is out; slow start for an endpoint back in rotation;

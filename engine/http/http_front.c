@@ -16,7 +16,6 @@
 #include "ops/metrics.h"
 #include "http/relay.h"
 #include "http/request_features.h"
-#include "core/server.h"
 #include "core/worker.h"
 
 static void send_models(struct atc_worker *w, struct evhttp_request *req)
@@ -69,7 +68,7 @@ static void front_error(struct atc_worker *w, struct evhttp_request *req, const 
     atc_http_send_error(req, status, type, code, message, 0);
     w->stats.responses_total++;
     struct atc_request_metrics m = {.model = model, .status = status, .ttft_s = -1};
-    atc_metrics_request(w->srv->metrics, &m);
+    atc_metrics_request(w->metrics, &m);
     if (w->access_log == NULL)
         return;
     struct atc_access_record rec = {

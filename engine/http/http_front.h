@@ -5,7 +5,7 @@
 
 struct evhttp_request;
 
-/** evhttp generic callback of the front server; @p arg is the struct atc_server. */
+/** evhttp generic callback of the front server; @p arg is the struct atc_worker it serves on. */
 void atc_http_front_handle(struct evhttp_request *req, void *arg);
 
 #endif

@@ -24,7 +24,6 @@
 #include "ops/metrics.h"
 #include "policy/policy.h"
 #include "trace/recorder.h"
-#include "core/server.h"
 #include "trace/trace.h"
 #include "http/upstream.h"
 #include "core/worker.h"
@@ -149,7 +148,7 @@ static void release_endpoint(struct relay *r)
     atc_signals_done(&r->ep->sig, &r->sig, atc_mono_us(), r->event_stream ? r->sse_events : 0);
     atc_endpoint_release(r->ep, r->tokens);
     r->ep = NULL;
-    atc_server_capacity_freed(r->w); /* a slot freed: the most urgent waiting request may take it */
+    atc_worker_capacity_freed(r->w); /* a slot freed: the most urgent waiting request may take it */
 }
 
 /* The outcome of the attempt on r->ep: its counters, and passive health checks (on the main thread). */
@@ -157,7 +156,7 @@ static void record_outcome(struct relay *r, bool ok, double ttft_ms)
 {
     bool had_errors = r->ep->consecutive_errors > 0;
     atc_endpoint_record(r->ep, ok, ttft_ms);
-    atc_server_observe(r->w, r->ep, ok, had_errors);
+    atc_worker_observe(r->w, r->ep, ok, had_errors);
 }
 
 /* One request's line in the access log and its share of the metrics. */
@@ -179,7 +178,7 @@ static void account(struct relay *r)
         .bytes = r->bytes,
         .sse_events = r->sse_events,
     };
-    atc_metrics_request(w->srv->metrics, &m);
+    atc_metrics_request(w->metrics, &m);
     if (w->access_log == NULL)
         return;
     struct atc_access_record rec = {
@@ -228,7 +227,7 @@ static void relay_end(struct relay *r)
     record_finished(r, flushed);
     if (r->qi.queued)
         atc_admission_remove(r->w->admission, &r->qi);
-    atc_server_queue_changed(r->w); /* it left the queue now, or earlier (placed, expired) */
+    atc_worker_queue_changed(r->w); /* it left the queue now, or earlier (placed, expired) */
     release_endpoint(r);
     stop_watching(r);
     if (r->client_conn != NULL)
@@ -242,7 +241,7 @@ static void relay_end(struct relay *r)
     r->f = NULL;
     free(r->rewritten);
     r->rewritten = NULL;
-    atc_server_request_finished(r->w);
+    atc_worker_request_finished(r->w);
     atc_worker_defer(r->w, &r->deferred, relay_free);
 }
 
@@ -401,7 +400,7 @@ static enum choice decide(struct relay *r, struct atc_endpoint **ep)
         struct atc_decision d;
         uint64_t t0 = atc_mono_us();
         atc_policy_route(w->policy, &r->rreq, &d);
-        atc_metrics_decision(w->srv->metrics, (double)(atc_mono_us() - t0) / 1e6,
+        atc_metrics_decision(w->metrics, (double)(atc_mono_us() - t0) / 1e6,
                              d.kind == ATC_DECISION_FALLBACK ? d.reason : NULL);
         r->policy_version = d.version;
         r->marks.decision = (int)d.kind; /* the last decision is the one that routed it */
@@ -634,7 +633,7 @@ static void on_up_body(void *arg, struct evbuffer *data)
     relay_expect(r, RELAY_IN(RELAY_ATTEMPT) | RELAY_IN(RELAY_STREAMING));
     size_t len = evbuffer_get_length(data);
     r->bytes += len;
-    if (r->w->srv->recorder != NULL)
+    if (r->w->recorder != NULL)
         atc_record_marks_observe(&r->marks, data, r->streaming, atc_mono_us());
     if (!r->streaming) {
         evbuffer_add_buffer(r->buffered, data);
@@ -783,7 +782,7 @@ static void wait_for_capacity(struct relay *r, uint64_t deadline_ms)
     int rc = atc_admission_enqueue(adm, &r->qi, deadline_ms);
     if (rc == 0)
         relay_set_state(r, RELAY_QUEUED);
-    atc_server_queue_changed(r->w);
+    atc_worker_queue_changed(r->w);
     if (rc < 0)
         reply_error(r, 429, "rate_limit_error", "queue_full",
                     "too many requests are waiting for this model; retry later",
@@ -843,7 +842,7 @@ void atc_relay_start(struct atc_worker *w, struct evhttp_request *client, const 
         atc_http_send_error(client, 500, "server_error", NULL, "out of memory", 0);
         return;
     }
-    atc_server_request_started(w);
+    atc_worker_request_started(w);
     r->w = w;
     r->t_start_us = atc_mono_us();
     atc_record_marks_init(&r->marks);
@@ -901,7 +900,7 @@ void atc_relay_start(struct atc_worker *w, struct evhttp_request *client, const 
  * abandoned. Hands a small record to the recorder, which never blocks the loop. */
 static void record_finished(struct relay *r, bool flushed)
 {
-    struct atc_recorder *rec = r->w->srv->recorder;
+    struct atc_recorder *rec = r->w->recorder;
     if (rec == NULL)
         return;
     static const char *const decisions[] = {"endpoint", "queue", "reject", "fallback"};

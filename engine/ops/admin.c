@@ -35,7 +35,7 @@ static void json_str(struct evbuffer *out, const char *key, const char *value)
 static size_t idle_connections(const struct atc_server *srv, const struct atc_endpoint *ep)
 {
     size_t n = 0;
-    for (unsigned i = 0; i < srv->nworkers; i++)
+    for (unsigned i = 0; i < srv->group.nworkers; i++)
         n += ep->pools[i] != NULL ? atc_upstream_pool_idle(ep->pools[i]) : 0;
     return n;
 }
@@ -44,9 +44,9 @@ static size_t idle_connections(const struct atc_server *srv, const struct atc_en
 static size_t admissions(const struct atc_server *srv, struct atc_admission **out)
 {
     size_t n = 0;
-    for (unsigned i = 0; i < srv->nworkers; i++)
-        if (srv->workers[i].admission != NULL)
-            out[n++] = srv->workers[i].admission;
+    for (unsigned i = 0; i < srv->group.nworkers; i++)
+        if (srv->group.workers[i].admission != NULL)
+            out[n++] = srv->group.workers[i].admission;
     return n;
 }
 
@@ -82,8 +82,8 @@ static void send_endpoints(struct atc_server *srv, struct evhttp_request *req)
         atc_health_endpoint_json(ep, b); /* state, checks, last error, scraped load */
         evbuffer_add(b, "}", 1);
     }
-    struct atc_server_stats totals;
-    const struct atc_server_stats *s = &totals;
+    struct atc_worker_stats totals;
+    const struct atc_worker_stats *s = &totals;
     unsigned active;
     atc_server_totals(srv, &totals, &active);
     struct atc_admission *adms[ATC_MAX_WORKERS];
@@ -94,8 +94,8 @@ static void send_endpoints(struct atc_server *srv, struct evhttp_request *req)
     else
         evbuffer_add(b, "null", 4);
     evbuffer_add_printf(b, ",\"workers\":[");
-    for (unsigned i = 0; i < srv->nworkers; i++) {
-        const struct atc_worker *w = &srv->workers[i];
+    for (unsigned i = 0; i < srv->group.nworkers; i++) {
+        const struct atc_worker *w = &srv->group.workers[i];
         evbuffer_add_printf(b, "%s{\"id\":%u,\"requests_total\":%llu,\"active\":%u,\"policy_version\":%llu}",
                             i ? "," : "", i, (unsigned long long)w->stats.requests_total, w->active,
                             (unsigned long long)(w->policy != NULL ? atc_policy_version(w->policy) : 0));
@@ -117,13 +117,13 @@ static void send_policy(struct atc_server *srv, struct evhttp_request *req)
 {
     struct evbuffer *b = evbuffer_new();
     struct atc_policy_runtime *rts[ATC_MAX_WORKERS];
-    atc_workers_pause(srv);
+    atc_workers_pause(&srv->group);
     size_t n = atc_server_policies(srv, rts);
     if (n > 0)
         atc_policy_status_json(rts, n, b);
     else
         evbuffer_add_printf(b, "{\"version\":0,\"enabled\":false}\n");
-    atc_workers_resume(srv);
+    atc_workers_resume(&srv->group);
     atc_http_send_json(req, 200, b);
     evbuffer_free(b);
 }
@@ -136,7 +136,7 @@ static void reload_policy(struct atc_server *srv, struct evhttp_request *req)
         atc_http_send_error(req, 405, "invalid_request_error", "method_not_allowed", "use POST", 0);
         return;
     }
-    if (srv->workers[0].policy == NULL) {
+    if (srv->group.workers[0].policy == NULL) {
         atc_http_send_error(req, 422, "invalid_request_error", "no_policy",
                             "the config has no policy: section", 0);
         return;
@@ -253,8 +253,8 @@ static void send_config(struct atc_server *srv, struct evhttp_request *req)
         "\"idle_timeout_ms\":%llu,\"tries\":%u,\"keepalive\":%u},"
         "\"admission\":{\"queue\":%u,\"deadline_ms\":%llu,\"max_deadline_ms\":%llu,\"aging_ms\":%llu},"
         "\"policy\":",
-        srv->nworkers, c->max_body, (unsigned long long)c->drain_timeout_ms, (unsigned long long)c->client_timeout_ms,
-        (unsigned long long)c->upstream.connect_timeout_ms,
+        srv->group.nworkers, c->max_body, (unsigned long long)c->drain_timeout_ms,
+        (unsigned long long)c->client_timeout_ms, (unsigned long long)c->upstream.connect_timeout_ms,
         (unsigned long long)c->upstream.first_byte_timeout_ms,
         (unsigned long long)c->upstream.idle_timeout_ms, c->upstream.tries, c->upstream.keepalive,
         c->admission.queue, (unsigned long long)c->admission.deadline_ms,
@@ -320,18 +320,18 @@ void atc_admin_handle(struct evhttp_request *req, void *arg)
     if (strcmp(path, "/admin/config") == 0) {
         send_config(srv, req);
     } else if (strcmp(path, "/admin/endpoints") == 0) {
-        atc_workers_pause(srv);
+        atc_workers_pause(&srv->group);
         send_endpoints(srv, req);
-        atc_workers_resume(srv);
+        atc_workers_resume(&srv->group);
     } else if (strncmp(path, "/admin/endpoints/", 17) == 0) {
         drain_endpoint(srv, req, path + 17);
     } else if (strcmp(path, "/metrics") == 0) {
         struct evbuffer *b = evbuffer_new();
-        atc_workers_pause(srv); /* a consistent view of every worker, for the few ms it takes */
+        atc_workers_pause(&srv->group); /* a consistent view of every worker, for the few ms it takes */
         struct atc_metrics_sources src;
         atc_server_metrics_sources(srv, &src);
         atc_metrics_render(srv->metrics, &src, b);
-        atc_workers_resume(srv);
+        atc_workers_resume(&srv->group);
         evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
                           "text/plain; version=0.0.4");
         evhttp_send_reply(req, 200, "OK", b);

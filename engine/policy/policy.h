@@ -158,4 +158,8 @@ const char *atc_policy_stdlib_dir(void);
 /** `atc test [-c FILE] [--budget DURATION] TEST.lua...`: runs policy unit tests in the sandbox. */
 int atc_policy_test_main(int argc, char **argv);
 
+/** A runtime with no version loaded yet (strings of @p s copied), its watchdog running; NULL: no memory.
+ * For the runtime's own files and the `atc test` runner (atc_policy_create loads a version too). */
+struct atc_policy_runtime *policy_runtime_new(const struct atc_policy_settings *s);
+
 #endif

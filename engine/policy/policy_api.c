@@ -16,7 +16,7 @@
 #include "fleet/health.h"
 #include "core/log.h"
 #include "policy/policy_api.h"
-#include "policy/policy_internal.h"
+#include "policy/state.h"
 
 #define AFFINITY_DEFAULT_TTL_MS (10 * 60 * 1000)
 #define LOG_LINES_PER_SECOND 20

@@ -1,17 +1,32 @@
 #ifndef ATC_POLICY_API_H
 #define ATC_POLICY_API_H
 
-/* What policy_api.c (the views: req, fleet, endpoints, verdicts, the atc table) and policy_pick.c (the
- * host functions over a pool, and the routing signals of a view) share. Private to engine/policy/; the
+/* policy_api.c (the views: req, fleet, endpoints, verdicts, the atc table) and policy_pick.c (the host
+ * functions over a pool, and the routing signals of a view): what the runtime calls and what the two
+ * share. Private to engine/policy/; the
  * contract a policy sees is stdlib/atc/contract.lua. Every function runs on the thread of the policy
  * version's Lua state and may raise a Lua error (longjmp). */
 
+#include <stdbool.h>
 #include <stddef.h>
 
 struct lua_State;
 struct policy_version;
 struct atc_endpoint;
 struct atc_route_request;
+
+/** Installs the req, fleet and endpoint metatables and the atc table into the sandbox globals table at
+ * the top of the stack; creates the persistent req / fleet userdata. */
+void policy_api_open(struct policy_version *v);
+/** Rebuilds the endpoint views of @p v for v->rt->table (views made before no longer resolve). May raise a
+ * Lua error (out of memory) before it changes anything. */
+void policy_api_set_table(struct policy_version *v);
+/** The endpoint behind the value at @p idx (an endpoint view or an id string), or NULL. */
+struct atc_endpoint *policy_api_to_endpoint(struct policy_version *v, int idx);
+/** The endpoint index of the view at @p idx, or -1 when it is not an endpoint view. */
+int policy_api_view_index(struct policy_version *v, int idx);
+/** True when @p ep may take this request (routable, room, not tried). */
+bool policy_api_available(const struct policy_version *v, const struct atc_endpoint *ep);
 
 /** The version whose state runs the current C function (its first upvalue). */
 struct policy_version *policy_api_version(struct lua_State *L);

@@ -15,7 +15,7 @@
 #include "fleet/endpoint.h"
 #include "fleet/signals.h"
 #include "policy/policy_api.h"
-#include "policy/policy_internal.h"
+#include "policy/state.h"
 
 /* A candidate for the C balancers: an endpoint view, or any table with the same fields (tests). */
 struct candidate {

@@ -28,7 +28,10 @@
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
 #include "http/request_features.h"
-#include "policy/policy_internal.h"
+#include "policy/policy_api.h"
+#include "policy/sandbox.h"
+#include "policy/state.h"
+#include "policy/version.h"
 #include "trace/replay.h"
 #include "trace/replay_lua.h"
 

@@ -14,7 +14,8 @@
 #include <lauxlib.h>
 #include <lualib.h>
 
-#include "policy/policy_internal.h"
+#include "policy/policy_api.h"
+#include "policy/state.h"
 #include "policy/watchdog.h"
 
 /* Pattern functions refuse inputs whose worst case (subject length ^ (quantifiers + 1)) exceeds this:

@@ -3,8 +3,8 @@
 
 /* The sandbox of one policy state: its allocator with a memory cap, the allow-listed globals (read-only
  * library tables, guarded string patterns, pcall/xpcall that cannot swallow a budget stop), chunk
- * loading with a private environment, and require over the policy's module path. policy_load_chunk
- * (in policy_internal.h) is here too. Called on the thread that owns the state (a worker, or the
+ * loading with a private environment (policy_load_chunk), and require over the policy's module path.
+ * Called on the thread that owns the state (a worker, or the
  * main thread for atc check / atc test). */
 
 #include <lua.h>
@@ -21,6 +21,9 @@ void *policy_sandbox_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
  * adds what a policy sees) in the registry as "atc.sandbox", and drops the dangerous base functions.
  * Raises a Lua error on failure (out of memory): call it inside a protected call. */
 void policy_sandbox_open(struct policy_version *v);
+
+/** Loads a Lua source file as a sandboxed chunk; pushes it, or an error message. 0 / -1. */
+int policy_load_chunk(lua_State *L, const char *path);
 
 /** The directories require searches, in order: the entry's own, stdlib, then policy.path. Fills
  * @p dirs (at most @p max) with borrowed strings; @p entry_dir (PATH_MAX bytes) holds the first one.

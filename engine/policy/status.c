@@ -7,7 +7,7 @@
 #include <event2/buffer.h>
 
 #include "http/http_util.h"
-#include "policy/policy_internal.h"
+#include "policy/state.h"
 
 /* Version @p v's record summed over every worker's runtime (each loads the same files, so a version
  * number means the same code everywhere). */

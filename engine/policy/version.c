@@ -14,7 +14,7 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "fleet/endpoint.h"
-#include "policy/policy_internal.h"
+#include "policy/state.h"
 #include "policy/sandbox.h"
 #include "policy/watchdog.h"
 

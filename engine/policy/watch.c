@@ -13,7 +13,7 @@
 #include <event2/event.h>
 
 #include "core/log.h"
-#include "policy/policy_internal.h"
+#include "policy/state.h"
 #include "policy/sandbox.h"
 
 static void on_watch_debounced(evutil_socket_t fd, short what, void *arg)

@@ -6,7 +6,7 @@
  * file, after a 100 ms debounce, reloads the runtime or calls the on_change callback. Runs on the
  * thread of that event base. */
 
-#include "policy/policy.h"
+struct atc_policy_runtime;
 
 /** Removes the watch of @p rt, if any (its events and inotify descriptor); on the thread of its event
  * base, before the base is freed. */

@@ -9,7 +9,7 @@
 
 #include "core/config.h"
 #include "fleet/endpoint.h"
-#include "policy/policy_internal.h"
+#include "policy/state.h"
 #include "trace/replay.h"
 #include "trace/replay_lua.h"
 #include "trace/trace.h"

@@ -14,7 +14,7 @@
 #include "fleet/affinity.h"
 #include "fleet/balancer.h"
 #include "fleet/endpoint.h"
-#include "policy/policy_internal.h"
+#include "policy/state.h"
 #include "policy/watchdog.h"
 
 #define WARMUP 5000

@@ -17,7 +17,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     base = event_base_new();
     CHECK(base != NULL);
     srv = fuzz_server_start(base);
-    fuzz_http_listen(&fh, base, srv->workers[0].front);
+    fuzz_http_listen(&fh, base, srv->group.workers[0].front);
     return 0;
 }
 

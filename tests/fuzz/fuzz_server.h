@@ -70,7 +70,7 @@ static inline struct atc_server *fuzz_server_start(struct event_base *base)
 /* After a connection is over, nothing of it may be left: no request counted active, no slot held. */
 static inline void fuzz_server_check_idle(const struct atc_server *srv)
 {
-    CHECK(srv->workers[0].active == 0);
+    CHECK(srv->group.workers[0].active == 0);
     for (size_t i = 0; i < srv->table->nendpoints; i++) {
         CHECK(srv->table->endpoints[i]->inflight == 0);
         CHECK(srv->table->endpoints[i]->inflight_tokens == 0);

@@ -236,7 +236,7 @@ simulate:
     def test_a_slot_freed_on_one_worker_goes_to_the_more_urgent_request_queued_on_the_other(self):
         # One slot in the fleet. Worker 0 holds it (the blocker) and queues three requests of priority 1;
         # worker 1 queues one of priority 9. When the blocker ends on worker 0, the freed slot must go to
-        # worker 1's request, at once (atc_server_capacity_freed hands it across through worker 1's
+        # worker 1's request, at once (server.c's capacity_freed hook hands it across through worker 1's
         # mailbox), not to worker 0's own queue, so priority order holds across workers. Polling the admin
         # API meanwhile parks worker 1 (the main thread runs worker 0 and the admin API), which wakes its
         # mailbox: it must still report its waiting request afterwards.

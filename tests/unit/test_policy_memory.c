@@ -22,7 +22,9 @@
 #include "core/log.h"
 #include "fleet/affinity.h"
 #include "fleet/endpoint.h"
-#include "policy/policy_internal.h"
+#include "policy/sandbox.h"
+#include "policy/state.h"
+#include "policy/version.h"
 #include "trace/replay.h"
 #include "trace/replay_lua.h"
 

@@ -1,9 +1,10 @@
-#ifndef ATC_POLICY_INTERNAL_H
-#define ATC_POLICY_INTERNAL_H
+#ifndef ATC_POLICY_STATE_H
+#define ATC_POLICY_STATE_H
 
-/* Shared by the files of the policy runtime (policy.c: versions, decisions, reload; version.c: one
- * version's state; sandbox.c; watchdog.c; status.c; watch.c), policy_api.c (what a policy sees: req,
- * fleet, endpoints, the atc table) and policy_test.c (`atc test`). Not for other subsystems. Every
+/* The structs the files of the policy runtime share (runtime.c: versions, decisions, reload; version.c:
+ * one version's state; sandbox.c; status.c; watch.c; policy_api.c and policy_pick.c: what a policy
+ * sees; policy_test.c: `atc test`), and nothing else: each function is declared in the header of the
+ * file that defines it, so that no two of them include each other. Not for other subsystems. Every
  * field here is touched only by the thread that owns the runtime (its worker; the main thread for
  * atc check, atc test and replay), or by another thread while that worker is parked (admin, reload). */
 
@@ -88,41 +89,10 @@ struct policy_verdict {
 #define POLICY_MT_REQ "atc.req"
 #define POLICY_MT_FLEET "atc.fleet"
 
-/** policy_api.c: installs req, fleet, endpoint metatables and the atc table into the sandbox globals
- * table at the top of the stack; creates the persistent req / fleet userdata. */
-void policy_api_open(struct policy_version *v);
-
-/** policy_api.c: rebuilds the endpoint views of @p v for v->rt->table (views made before no longer
- * resolve). May raise a Lua error (out of memory) before it changes anything. */
-void policy_api_set_table(struct policy_version *v);
-
-/** policy_api.c: the endpoint behind the value at @p idx (an endpoint userdata or an id string), or NULL. */
-struct atc_endpoint *policy_api_to_endpoint(struct policy_version *v, int idx);
-
-/** policy_api.c: the endpoint index of the view at @p idx, or -1 when it is not an endpoint view. */
-int policy_api_view_index(struct policy_version *v, int idx);
-
-/** policy_api.c: true when @p ep may take this request (routable, room, not tried). */
-bool policy_api_available(const struct policy_version *v, const struct atc_endpoint *ep);
-
-/** policy.c: milliseconds of the runtime's clock. */
-double policy_now_ms(const struct atc_policy_runtime *rt);
-
-/* policy.c, version.c and sandbox.c, also for the `atc test` runner (policy_test.c): */
-
-/** policy.c: a runtime with no version loaded yet (strings of @p s copied), its watchdog running. NULL: no
- * memory. */
-struct atc_policy_runtime *policy_runtime_new(const struct atc_policy_settings *s);
-/** version.c: a fresh state with the sandbox; in test mode nothing else, otherwise the entry loaded and
- * checked. NULL with an owned message in *err. */
-struct policy_version *policy_version_create(struct atc_policy_runtime *rt, char **err);
-void policy_version_free(struct policy_version *v);
-/** sandbox.c: loads a Lua source file as a sandboxed chunk; pushes it, or an error message. 0 / -1. */
-int policy_load_chunk(lua_State *L, const char *path);
-/** version.c: lua_pcall of the function below its @p nargs arguments with message handler @p errfunc (0:
- * none), within @p budget_us; returns the Lua status and says why in *why (atc_policy_fallback_budget,
- * _memory or _error). One result (or the message) is left on the stack. */
-int policy_protected_call(struct policy_version *v, int nargs, uint64_t budget_us, int errfunc,
-                          const char **why);
+/** Milliseconds of the runtime's clock (virtual time under replay). */
+static inline double policy_now_ms(const struct atc_policy_runtime *rt)
+{
+    return rt->now_ms(rt->now_ctx);
+}
 
 #endif

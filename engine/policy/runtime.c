@@ -4,6 +4,7 @@
  * policy_api.c, the `atc test` runner in policy_test.c. */
 
 #include "policy/policy.h"
+#include "policy/policy_api.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -18,7 +19,7 @@
 #include "core/log.h"
 #include "fleet/affinity.h"
 #include "fleet/endpoint.h"
-#include "policy/policy_internal.h"
+#include "policy/state.h"
 #include "policy/version.h"
 #include "policy/watch.h"
 #include "policy/watchdog.h"
@@ -36,10 +37,6 @@ static double default_now_ms(void *ctx)
     return (double)atc_mono_ns() / 1e6;
 }
 
-double policy_now_ms(const struct atc_policy_runtime *rt)
-{
-    return rt->now_ms(rt->now_ctx);
-}
 
 /* ---- decisions ---- */
 
