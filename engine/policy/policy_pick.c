@@ -378,17 +378,6 @@ int policy_pick_push_signal(lua_State *L, struct policy_version *v, const struct
     return 1;
 }
 
-/* atc.fastest(pool, req [, opts]): the available endpoint of pool where req would get its first token
- * soonest; returns it, its cost and its predicted TTFT (ms), or nil when none is available. The cost of
- * ep, in ms:
- *   (ep.prefill_tokens + opts.uncached * the request's uncached tokens there) / rate + itl
- *   + opts.recent * ep.recent_tokens / rate + opts.decode * ep.decoding * itl
- * with rate = ep.prefill_rate and itl = ep.itl, or with opts.pooled the means of the pool's (the same
- * hardware's estimates compared, not their noise). opts.uncached (default 1: the predicted TTFT) above 1
- * values the cache a request leaves behind; opts.recent (0) spreads traffic that arrives one request at
- * a time; opts.decode (0) weighs the decode batch a request joins. opts.skip: an endpoint never chosen.
- * Ties go to less recent work, then the lower in-flight share. The loop runs in C, so a decision at 512
- * endpoints stays in microseconds. */
 /* One element of atc.fastest's pool, read once: from the engine's endpoint behind a view, or from an
  * atc.testing mock's fields (ep = NULL), so a policy's unit tests can use it too. */
 struct fast_cand {
@@ -397,7 +386,7 @@ struct fast_cand {
     double queued, uncached, tps, itl, decoding, recent, load; /* recent < 0: not read yet */
 };
 
-static void read_fast_cand(lua_State *L, struct policy_version *v, int el, struct fast_cand *c, uint64_t now)
+static void read_fast_cand(lua_State *L, struct policy_version *v, int el, struct fast_cand *c)
 {
     const struct atc_signal_params *p = signal_params(v);
     int index = policy_api_view_index(v, el);
@@ -437,7 +426,6 @@ static void read_fast_cand(lua_State *L, struct policy_version *v, int el, struc
     double uncached = prompt - lua_tonumber(L, -1) * bt;
     lua_pop(L, 1);
     c->uncached = uncached > 1 ? uncached : 1;
-    (void)now;
 }
 
 static double fast_recent(struct fast_cand *c, const struct atc_signal_params *p, uint64_t now)
@@ -447,6 +435,17 @@ static double fast_recent(struct fast_cand *c, const struct atc_signal_params *p
     return c->recent;
 }
 
+/* atc.fastest(pool, req [, opts]): the available endpoint of pool where req would get its first token
+ * soonest; returns it, its cost and its predicted TTFT (ms), or nil when none is available. The cost of
+ * ep, in ms:
+ *   (ep.prefill_tokens + opts.uncached * the request's uncached tokens there) / rate + itl
+ *   + opts.recent * ep.recent_tokens / rate + opts.decode * ep.decoding * itl
+ * with rate = ep.prefill_rate and itl = ep.itl, or with opts.pooled the means of the pool's (the same
+ * hardware's estimates compared, not their noise). opts.uncached (default 1: the predicted TTFT) above 1
+ * values the cache a request leaves behind; opts.recent (0) spreads traffic that arrives one request at
+ * a time; opts.decode (0) weighs the decode batch a request joins. opts.skip: an endpoint never chosen.
+ * Ties go to less recent work, then the lower in-flight share. The loop runs in C, so a decision at 512
+ * endpoints stays in microseconds. */
 int policy_pick_fastest(lua_State *L)
 {
     struct policy_version *v = policy_api_version(L);
@@ -477,7 +476,7 @@ int policy_pick_fastest(lua_State *L)
     double pool_tps = 0, pool_itl = 0;
     for (int i = 1; i <= n; i++) {
         lua_rawgeti(L, 1, i);
-        read_fast_cand(L, v, lua_gettop(L), &c[i - 1], now);
+        read_fast_cand(L, v, lua_gettop(L), &c[i - 1]);
         c[i - 1].usable = c[i - 1].usable && !lua_rawequal(L, -1, skip);
         lua_pop(L, 1);
         pool_tps += c[i - 1].tps;
