@@ -74,17 +74,36 @@ static int sb_pcall(lua_State *L)
     return lua_gettop(L);
 }
 
+/* xpcall(f, handler) runs the handler after the error has unwound, as an ordinary call, not as
+ * lua_pcall's message handler: LuaJIT runs a message handler while the budget's count hook is marked
+ * active, so no hook fires inside it, and a handler that never returns held the worker for good. Here
+ * the budget stops it like any other code. (What a message handler could see before unwinding, the
+ * stack, is not a policy's to see: no debug library.) An error in the handler itself is "error in
+ * error handling", as in Lua 5.1. */
 static int sb_xpcall(lua_State *L)
 {
     struct policy_version *v = version_of(L);
     luaL_checkany(L, 2);
     lua_settop(L, 2);
     lua_insert(L, 1); /* handler, f */
-    int status = lua_pcall(L, 0, LUA_MULTRET, 1);
+    int status = lua_pcall(L, 0, LUA_MULTRET, 0);
     rethrow_if_fatal(L, v, status);
-    lua_pushboolean(L, status == 0);
-    lua_replace(L, 1);
-    return lua_gettop(L);
+    if (status == 0) {
+        lua_pushboolean(L, 1);
+        lua_replace(L, 1);
+        return lua_gettop(L);
+    }
+    lua_insert(L, 1); /* err, handler */
+    lua_insert(L, 1); /* handler, err */
+    status = lua_pcall(L, 1, 1, 0);
+    rethrow_if_fatal(L, v, status);
+    if (status != 0) {
+        lua_pop(L, 1);
+        lua_pushliteral(L, "error in error handling");
+    }
+    lua_pushboolean(L, 0);
+    lua_insert(L, -2);
+    return 2;
 }
 
 /* Worst-case work of a Lua pattern on a subject: backtracking nests once per quantifier. */

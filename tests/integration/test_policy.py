@@ -94,6 +94,10 @@ local behaviours = {
     while true do end
   end,
   ["xpcall"] = function() xpcall(function() while true do end end, function() return "caught" end) end,
+  -- a handler that never returns: it runs once the error has unwound, where the budget still holds
+  ["xpcall looping handler"] = function() xpcall(function() while true do end end, function() while true do end end) end,
+  ["xpcall looping handler of an error"] = function() xpcall(function() error("x") end, function() while true do end end) end,
+  ["xpcall handler raising"] = function() return xpcall(function() error("x") end, function() error("y") end) end,
   ["pattern bomb"] = function() string.find(string.rep("a", 60000), ".-.-.-.-b") end,
   ["gsub bomb"] = function() string.gsub(string.rep("a", 20000), "(.-)(.-)b", "%%1") end,
   ["memory bomb"] = function() return string.rep("x", 32 * 1024 * 1024) end,
@@ -164,7 +168,8 @@ class BudgetTest(PolicyTestCase):
         atc = self.start_policy(BUDGET_POLICY)
         expected = {
             "loop": "budget_overruns", "swallowing pcall": "budget_overruns", "nested pcall": "budget_overruns",
-            "xpcall": "budget_overruns", "pattern bomb": "errors", "gsub bomb": "errors",
+            "xpcall": "budget_overruns", "xpcall looping handler": "budget_overruns",
+            "xpcall looping handler of an error": "budget_overruns", "pattern bomb": "errors", "gsub bomb": "errors",
             "memory bomb": "memory_errors", "memory bomb in pcall": "memory_errors",
             # stack overflow, or out of time first on a slow (sanitizer) build; likewise memory or time
             "deep recursion": ("errors", "budget_overruns"), "table bomb": ("memory_errors", "budget_overruns"),
