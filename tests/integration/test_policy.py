@@ -340,6 +340,18 @@ class ReloadTest(PolicyTestCase):
         status, doc = self.reload(atc)
         self.assertEqual((status, doc["version"]), (200, 2))
 
+    def test_a_reload_whose_load_spins_in_an_xpcall_handler_is_stopped(self):
+        atc = self.start_policy(self.GOOD % 0, watch=False)
+        self.write_policy("xpcall(function() while true do end end, function() while true do end end)\n"
+                          "return function(req, fleet) return fleet:endpoints(req.model)[1] end\n")
+        start = time.monotonic()
+        status, doc = self.reload(atc)
+        self.assertLess(time.monotonic() - start, 5.0, "the reload was stopped, not hung")
+        self.assertEqual(status, 422, doc)
+        self.assertIn("budget exceeded", doc["error"]["message"])
+        status, headers, body = chat(atc.port, model="m", max_tokens=1)
+        self.assertEqual((status, headers["x-atc-policy-version"]), (200, "1"), body)
+
 
 class StartupTest(PolicyTestCase):
     def test_a_broken_policy_stops_startup_and_check_with_file_line(self):
@@ -352,6 +364,18 @@ class StartupTest(PolicyTestCase):
             out = subprocess.run([ATC_BIN, cmd, "-c", cfg], capture_output=True, text=True, timeout=10)
             self.assertEqual(out.returncode, 1, out.stderr)
             self.assertIn("policy.lua:2:", out.stderr)
+
+    def test_a_policy_spinning_in_an_xpcall_handler_at_load_time_stops_startup(self):
+        self.policy_path = os.path.join(self.tmp.name, "policy.lua")
+        self.write_policy("xpcall(function() while true do end end, function() while true do end end)\n"
+                          "return function(req, fleet) return nil end\n")
+        cfg = os.path.join(self.tmp.name, "atc.yaml")
+        with open(cfg, "w") as f:
+            f.write(CONFIG.format(rollback_after=20, watch='true'))
+        for cmd in ("serve", "check"):
+            out = subprocess.run([ATC_BIN, cmd, "-c", cfg], capture_output=True, text=True, timeout=10)
+            self.assertEqual(out.returncode, 1, out.stderr)
+            self.assertIn("budget exceeded", out.stderr)
 
 
 if __name__ == "__main__":
