@@ -239,6 +239,12 @@ struct atc_model *atc_endpoint_table_model(const struct atc_endpoint_table *t, c
     return NULL;
 }
 
+const char *atc_endpoint_table_model_label(const struct atc_endpoint_table *t, const char *name)
+{
+    const struct atc_model *m = name != NULL ? atc_endpoint_table_model(t, name, strlen(name)) : NULL;
+    return m != NULL ? m->name : "other";
+}
+
 bool atc_endpoint_same_server(const struct atc_endpoint *ep, const struct atc_endpoint_config *ec,
                               const char *model)
 {

@@ -107,6 +107,11 @@ void atc_endpoint_table_destroy(struct atc_endpoint_table *t);
 /** The model called @p name (length @p len), or NULL. */
 struct atc_model *atc_endpoint_table_model(const struct atc_endpoint_table *t, const char *name, size_t len);
 
+/** What a metric or a report may call the model a client asked for: the configured model's own name,
+ * or "other" for every name the table does not serve (a client picks the names: one label for all of
+ * them keeps the series bounded). */
+const char *atc_endpoint_table_model_label(const struct atc_endpoint_table *t, const char *name);
+
 /** The endpoint with id @p id, or NULL. */
 struct atc_endpoint *atc_endpoint_table_find(const struct atc_endpoint_table *t, const char *id);
 

@@ -67,7 +67,8 @@ static void front_error(struct atc_worker *w, struct evhttp_request *req, const 
     evhttp_add_header(evhttp_request_get_output_headers(req), "x-request-id", id);
     atc_http_send_error(req, status, type, code, message, 0);
     w->stats.responses_total++;
-    struct atc_request_metrics m = {.model = model, .status = status, .ttft_s = -1};
+    struct atc_request_metrics m = {.model = atc_endpoint_table_model_label(w->table, model), .status = status,
+                                    .ttft_s = -1};
     atc_metrics_request(w->metrics, &m);
     if (w->access_log == NULL)
         return;

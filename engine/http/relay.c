@@ -168,7 +168,8 @@ static void account(struct relay *r)
     double total_ms = (double)(atc_mono_us() - r->t_start_us) / 1000.0;
     unsigned retries = r->ntried > 1 ? r->ntried - 1 : 0;
     struct atc_request_metrics m = {
-        .model = r->f->model,
+        /* a label from the configured models only: the client picks the name it sends */
+        .model = r->ntried > 0 ? r->tried[r->ntried - 1]->model : atc_endpoint_table_model_label(w->table, r->f->model),
         .endpoint = endpoint,
         .status = r->client_status,
         .priority = r->priority,

@@ -78,6 +78,12 @@ void atc_metrics_destroy(struct atc_metrics *m)
 static struct series *series_of(struct atc_metrics *m, const char *model, const char *endpoint, int status,
                                 int priority)
 {
+    /* Labels as they are stored (cut to the fields' size), so that a long name finds its own series. */
+    char mod[sizeof(((struct series *)0)->model)], end[sizeof(((struct series *)0)->endpoint)];
+    snprintf(mod, sizeof(mod), "%s", model);
+    snprintf(end, sizeof(end), "%s", endpoint);
+    model = mod;
+    endpoint = end;
     char key[300];
     int n = snprintf(key, sizeof(key), "%s|%s|%d|%d", model, endpoint, status, priority);
     size_t b = XXH3_64bits(key, (size_t)(n > 0 ? n : 0)) % NBUCKETS;

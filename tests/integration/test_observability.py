@@ -86,7 +86,7 @@ class ObservabilityTest(AtcTestCase):
         self.assertEqual(total(m, "atc_requests_total", model="llama-3-8b", status="200", priority="7"), 3)
         self.assertEqual(total(m, "atc_requests_total", model="llama-3-8b", status="200", priority="0"), 2)
         self.assertEqual(total(m, "atc_requests_total", status="400"), 1)
-        self.assertEqual(total(m, "atc_requests_total", model="nope", status="404"), 1)
+        self.assertEqual(total(m, "atc_requests_total", model="other", status="404"), 1)  # a client's name
         self.assertEqual(total(m, "atc_request_duration_seconds_count", model="llama-3-8b"), 5)
         self.assertEqual(total(m, "atc_request_ttft_seconds_count", model="llama-3-8b"), 5)
         # 3 streams x (role + 4 tokens + finish + [DONE]) events
@@ -114,6 +114,22 @@ class ObservabilityTest(AtcTestCase):
         self.assertIn(first["endpoint"], ("llama-3-8b-sim-1", "llama-3-8b-sim-2"))
         self.assertIsNone(unknown[0]["endpoint"])
         self.assertIn("does not exist", unknown[0]["error"])
+
+    def test_model_names_a_client_sends_do_not_grow_the_metrics(self):
+        atc = self.start()
+        def send(i):
+            # distinct names, some longer than a label is kept (so a cut name must still find its series)
+            status, _, _ = chat(atc.port, model=("x" * (150 if i % 2 else 10)) + str(i), max_tokens=1)
+            self.assertEqual(status, 404)
+        for i in range(50):
+            send(i)
+        before = len(self.scrape(atc))
+        for i in range(50, 3000):
+            send(i)
+        text = self.scrape(atc)
+        self.assertLess(len(text), before + 200, "3,000 more unknown model names added series")
+        m = parse_metrics(text)
+        self.assertEqual(total(m, "atc_requests_total", model="other", status="404"), 3000)
 
     def test_sigusr1_reopens_the_access_log(self):
         atc = self.start()
