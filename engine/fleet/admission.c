@@ -29,12 +29,17 @@ struct model_queue {
     struct model_queue *next;
 };
 
-/* A tenant's share: requests placed from a queue, per unit of weight. */
+/* A tenant's share: requests placed from a queue, per unit of weight. A tenant of admission.tenant_weights
+ * is kept for good; any other only while it has requests waiting (a client picks the names it sends:
+ * kept for good, every new x-atc-tenant was a record that was never freed and that each lookup scanned).
+ * Forgetting an idle one loses nothing: a tenant that comes back from idle starts at the lowest share
+ * among those waiting anyway (enqueue). */
 struct tenant {
     char name[64];
     unsigned weight;
     double served; /* placed / weight */
     unsigned waiting;
+    bool configured;
     struct tenant *next;
 };
 
@@ -68,19 +73,38 @@ static struct model_queue *queue_of(struct atc_admission *adm, const char *model
     return q;
 }
 
-static struct tenant *tenant_of(struct atc_admission *adm, const char *name)
+/* The tenant called @p name (as stored: cut to 63 bytes), made when @p create; NULL otherwise or out of
+ * memory. */
+static struct tenant *tenant_of(struct atc_admission *adm, const char *name, bool create)
 {
+    char key[sizeof(((struct tenant *)0)->name)];
+    snprintf(key, sizeof(key), "%s", name);
     for (struct tenant *t = adm->tenants; t != NULL; t = t->next)
-        if (strcmp(t->name, name) == 0)
+        if (strcmp(t->name, key) == 0)
             return t;
+    if (!create)
+        return NULL;
     struct tenant *t = calloc(1, sizeof(*t));
     if (t == NULL)
         return NULL;
-    snprintf(t->name, sizeof(t->name), "%s", name);
+    snprintf(t->name, sizeof(t->name), "%s", key);
     t->weight = 1;
     t->next = adm->tenants;
     adm->tenants = t;
     return t;
+}
+
+/* Frees @p t once nothing of it waits, unless it is a configured tenant. */
+static void forget_if_idle(struct atc_admission *adm, struct tenant *t)
+{
+    if (t == NULL || t->configured || t->waiting > 0)
+        return;
+    for (struct tenant **p = &adm->tenants; *p != NULL; p = &(*p)->next)
+        if (*p == t) {
+            *p = t->next;
+            free(t);
+            return;
+        }
 }
 
 static int effective_priority(const struct atc_admission *adm, const struct atc_queue_item *it, uint64_t now)
@@ -104,7 +128,7 @@ static struct atc_queue_item *best_item(struct atc_admission *adm, struct model_
     TAILQ_FOREACH(it, &q->items, link)
     {
         int prio = effective_priority(adm, it, now);
-        struct tenant *t = tenant_of(adm, it->tenant);
+        struct tenant *t = tenant_of(adm, it->tenant, false);
         double share = t != NULL ? t->served : 0;
         if (best == NULL || prio > best_prio || (prio == best_prio && share < best_share) ||
             (prio == best_prio && share == best_share && it->enqueued_ms < best->enqueued_ms)) {
@@ -123,7 +147,7 @@ static void unlink_item(struct atc_admission *adm, struct atc_queue_item *it)
         TAILQ_REMOVE(&q->items, it, link);
         q->n--;
     }
-    struct tenant *t = tenant_of(adm, it->tenant);
+    struct tenant *t = tenant_of(adm, it->tenant, false);
     if (t != NULL && t->waiting > 0)
         t->waiting--;
     it->queued = false;
@@ -150,6 +174,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
             if (now < it->deadline_ms)
                 continue;
             unlink_item(adm, it);
+            forget_if_idle(adm, tenant_of(adm, it->tenant, false));
             adm->shed_deadline++;
             count_wait(adm, now - it->enqueued_ms);
             adm->cb.expired(it->owner, now - it->enqueued_ms);
@@ -171,9 +196,11 @@ struct atc_admission *atc_admission_create(struct event_base *base, const struct
     adm->cb = *cb;
     /* Weights are copied into the tenant list now: the settings' arrays need not outlive us. */
     for (size_t i = 0; i < s->ntenants; i++) {
-        struct tenant *t = tenant_of(adm, s->tenants[i]);
-        if (t != NULL)
+        struct tenant *t = tenant_of(adm, s->tenants[i], true);
+        if (t != NULL) {
             t->weight = s->weights[i];
+            t->configured = true;
+        }
     }
     adm->tick = event_new(base, -1, EV_PERSIST, on_tick, adm);
     if (adm->tick == NULL) {
@@ -206,8 +233,9 @@ void atc_admission_destroy(struct atc_admission *adm)
 int atc_admission_enqueue(struct atc_admission *adm, struct atc_queue_item *item, uint64_t deadline_ms)
 {
     struct model_queue *q = adm->s.max_queue > 0 ? queue_of(adm, item->model, true) : NULL;
-    struct tenant *t = tenant_of(adm, item->tenant);
-    if (q == NULL || t == NULL || q->n >= adm->s.max_queue) {
+    /* the queue-full check first: a shed request leaves no tenant record behind */
+    struct tenant *t = q != NULL && q->n < adm->s.max_queue ? tenant_of(adm, item->tenant, true) : NULL;
+    if (t == NULL) {
         adm->shed_full++;
         return -1;
     }
@@ -241,6 +269,7 @@ void atc_admission_remove(struct atc_admission *adm, struct atc_queue_item *item
     if (!item->queued)
         return;
     unlink_item(adm, item);
+    forget_if_idle(adm, tenant_of(adm, item->tenant, false));
     adm->left_queue++;
 }
 
@@ -259,8 +288,8 @@ void atc_admission_kick(struct atc_admission *adm)
         for (struct model_queue *q = adm->queues; q != NULL; q = q->next) {
             struct atc_queue_item *it;
             while ((it = best_item(adm, q, now)) != NULL) {
+                struct tenant *t = tenant_of(adm, it->tenant, false);
                 unlink_item(adm, it);
-                struct tenant *t = tenant_of(adm, it->tenant);
                 uint64_t waited = now - it->enqueued_ms;
                 if (!adm->cb.try_place(it->owner)) {
                     /* No room yet: back in line, keeping its place (arrival time and deadline). */
@@ -276,6 +305,7 @@ void atc_admission_kick(struct atc_admission *adm)
                 count_wait(adm, waited);
                 if (t != NULL)
                     t->served += 1.0 / t->weight;
+                forget_if_idle(adm, t);
             }
         }
     } while (adm->kick_again);
