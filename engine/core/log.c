@@ -49,15 +49,31 @@ void atc_log_write(enum atc_log_level level, const char *file, int line, const c
     int n = snprintf(buf, sizeof(buf), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s %s:%d: ", tm.tm_year + 1900,
                      tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000,
                      level_names[level], file, line);
+    if (n < 0 || (size_t)n >= sizeof(buf))
+        return;
+    char msg[1536];
     va_list ap;
     va_start(ap, fmt);
-    if (n >= 0 && (size_t)n < sizeof(buf))
-        n += vsnprintf(buf + n, sizeof(buf) - (size_t)n, fmt, ap);
+    int m = vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    if (n < 0)
+    if (m < 0)
         return;
-    if ((size_t)n >= sizeof(buf) - 1)
-        n = (int)sizeof(buf) - 2;
+    /* One event, one line: control characters in the message (a policy's atc.log text or error, a
+     * client's header) are shown escaped, so that none forges a line or reaches a terminal raw. */
+    static const char hex[] = "0123456789abcdef";
+    for (const unsigned char *p = (const unsigned char *)msg; *p != '\0' && (size_t)n < sizeof(buf) - 5; p++) {
+        if (*p >= 0x20 && *p != 0x7f) {
+            buf[n++] = (char)*p;
+        } else if (*p == '\n' || *p == '\t' || *p == '\r') {
+            buf[n++] = '\\';
+            buf[n++] = *p == '\n' ? 'n' : *p == '\t' ? 't' : 'r';
+        } else {
+            buf[n++] = '\\';
+            buf[n++] = 'x';
+            buf[n++] = hex[*p >> 4];
+            buf[n++] = hex[*p & 15];
+        }
+    }
     buf[n++] = '\n';
     ssize_t w = write(STDERR_FILENO, buf, (size_t)n);
     (void)w;

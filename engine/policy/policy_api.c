@@ -19,6 +19,7 @@
 #include "policy/state.h"
 
 #define AFFINITY_DEFAULT_TTL_MS (10 * 60 * 1000)
+#define AFFINITY_MAX_TTL_MS (30.0 * 24 * 3600 * 1000)
 #define LOG_LINES_PER_SECOND 20
 
 struct policy_version *policy_api_version(lua_State *L)
@@ -91,8 +92,11 @@ struct atc_endpoint *policy_api_to_endpoint(struct policy_version *v, int idx)
     int index = policy_api_view_index(v, idx);
     if (index >= 0)
         return policy_api_endpoint_at(v, (unsigned)index);
-    if (lua_type(L, idx) == LUA_TSTRING && v->rt->table != NULL)
-        return atc_endpoint_table_find(v->rt->table, lua_tostring(L, idx));
+    if (lua_type(L, idx) == LUA_TSTRING && v->rt->table != NULL) {
+        size_t len;
+        const char *id = lua_tolstring(L, idx, &len);
+        return strlen(id) == len ? atc_endpoint_table_find(v->rt->table, id) : NULL; /* "a\0junk" is no id */
+    }
     return NULL;
 }
 
@@ -541,13 +545,17 @@ static const char *affinity_target(lua_State *L, struct policy_version *v, int i
     const struct atc_endpoint *ep = policy_api_to_endpoint(v, idx);
     if (ep != NULL)
         return ep->id;
-    if (lua_type(L, idx) == LUA_TSTRING)
-        return lua_tostring(L, idx);
-    if (lua_istable(L, idx)) {
+    size_t len;
+    if (lua_type(L, idx) == LUA_TSTRING) {
+        const char *id = lua_tolstring(L, idx, &len);
+        if (strlen(id) == len)
+            return id;
+    } else if (lua_istable(L, idx)) {
         lua_getfield(L, idx, "id");
-        const char *id = lua_tostring(L, -1);
+        /* only a string the table holds: a number converted here would be a string nothing keeps */
+        const char *id = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
         lua_pop(L, 1); /* still referenced by the table */
-        if (id != NULL)
+        if (id != NULL && strlen(id) == len)
             return id;
     }
     luaL_argerror(L, idx, "expected an endpoint or an endpoint id");
@@ -577,8 +585,8 @@ static int affinity_set(lua_State *L)
     const char *key = luaL_checklstring(L, 1, &len);
     const char *id = affinity_target(L, v, 2);
     double ttl = luaL_optnumber(L, 3, AFFINITY_DEFAULT_TTL_MS);
-    if (ttl <= 0)
-        return luaL_argerror(L, 3, "ttl must be positive");
+    if (!(ttl > 0 && ttl <= AFFINITY_MAX_TTL_MS)) /* also NaN: no float-to-integer conversion of it */
+        return luaL_argerror(L, 3, "ttl must be a number of ms in (0, 30 days]");
     if (v->rt->affinity != NULL)
         atc_affinity_set(v->rt->affinity, key, len, id, (uint64_t)(policy_now_ms(v->rt) + ttl));
     return 0;

@@ -194,6 +194,23 @@ class BudgetTest(PolicyTestCase):
         self.assertIn("budget exceeded", log)
 
 
+class LogTest(PolicyTestCase):
+    def test_policy_text_reaches_the_log_as_one_escaped_line(self):
+        atc = self.start_policy("""
+            return function(req, fleet)
+              atc.log("first\\nforged ERROR line\\27[31m red")
+              return fleet:endpoints(req.model)[1]
+            end
+        """)
+        status, _, _ = chat(atc.port, model="m", max_tokens=1)
+        self.assertEqual(status, 200)
+        log = wait_for(lambda: (lambda l: l if "first" in l else None)(atc.read_log()), timeout=5, what="the line")
+        line = next(l for l in log.splitlines() if "first" in l)
+        self.assertIn("first\\nforged ERROR line\\x1b[31m red", line)  # shown, not obeyed
+        self.assertFalse(any(l.startswith("forged") for l in log.splitlines()))
+        self.assertNotIn("\x1b", log)
+
+
 class VerdictTest(PolicyTestCase):
     def test_reject_queue_nonsense_and_alias(self):
         atc = self.start_policy("""
