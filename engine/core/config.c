@@ -865,6 +865,16 @@ static void parse_root(struct parse *p, yaml_node_t *root)
         atc_config_report(&p->errs, (admin ? admin : lookup(root_fields, found, "listen"))->start_mark,
                           admin ? "admin" : "listen", "must differ from '%s'", admin ? "listen" : "admin");
 
+    /* Without a token the admin API (drain, reload, config) is safe only where nobody else reaches it. */
+    const char *ah = cfg->admin_host;
+    if (cfg->admin_token == NULL && strcasecmp(ah, "localhost") != 0 && strncmp(ah, "127.", 4) != 0 &&
+        strcmp(ah, "::1") != 0)
+        atc_config_report(&p->errs, (admin ? admin : root)->start_mark, "admin",
+                          "'%s' is not a loopback address: without admin_token the admin API (drain, reload, "
+                          "config) must listen on 127.0.0.1, ::1 or localhost; set admin_token to serve it "
+                          "elsewhere",
+                          ah);
+
     /* Models start from the top-level health settings, so those are read first. */
     if ((health = lookup(root_fields, found, "health")))
         parse_health(p, health, "health", &cfg->health, false);

@@ -3,12 +3,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <event2/buffer.h>
 #include <event2/http.h>
 
 #include "fleet/admission.h"
 #include "core/config.h"
+#include "core/log.h"
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
 #include "fleet/health_report.h"
@@ -167,8 +169,11 @@ static void drain_endpoint(struct atc_server *srv, struct evhttp_request *req, c
     }
     char raw[256];
     snprintf(raw, sizeof(raw), "%.*s", (int)(slash - rest), rest);
-    char *id = evhttp_uridecode(raw, 0, NULL); /* ids are percent-encoded in paths */
-    struct atc_endpoint *ep = id != NULL ? atc_endpoint_table_find(srv->table, id) : NULL;
+    size_t idlen = 0;
+    char *id = evhttp_uridecode(raw, 0, &idlen); /* ids are percent-encoded in paths */
+    /* an id that decodes to a NUL or a '/' names nothing: "ID%00x" must not drain ID */
+    bool bad = id == NULL || strlen(id) != idlen || strchr(id, '/') != NULL;
+    struct atc_endpoint *ep = !bad ? atc_endpoint_table_find(srv->table, id) : NULL;
     free(id);
     if (ep == NULL) {
         atc_http_send_error(req, 404, "invalid_request_error", "endpoint_not_found",
@@ -295,7 +300,7 @@ static bool authorized(const struct atc_server *srv, struct evhttp_request *req)
     if (token == NULL)
         return true;
     const char *auth = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
-    if (auth == NULL || strncmp(auth, "Bearer ", 7) != 0)
+    if (auth == NULL || strncasecmp(auth, "Bearer ", 7) != 0) /* the scheme is case-insensitive (RFC 7235) */
         return false;
     const char *given = auth + 7;
     size_t n = strlen(token), m = strlen(given);
@@ -305,12 +310,70 @@ static bool authorized(const struct atc_server *srv, struct evhttp_request *req)
     return diff == 0;
 }
 
+/* The host part of a Host or Origin authority ("[::1]:8081" -> "::1"), into @p out. */
+static void host_part(const char *authority, char *out, size_t size)
+{
+    const char *end;
+    if (*authority == '[') {
+        authority++;
+        end = strchr(authority, ']');
+    } else {
+        end = strrchr(authority, ':');
+    }
+    size_t n = end != NULL ? (size_t)(end - authority) : strlen(authority);
+    snprintf(out, size, "%.*s", (int)(n < size ? n : size - 1), authority);
+}
+
+static bool is_loopback_name(const char *host)
+{
+    return strcasecmp(host, "localhost") == 0 || strncmp(host, "127.", 4) == 0 || strcmp(host, "::1") == 0;
+}
+
+/* Without admin_token the admin API is only as safe as who can reach it, and it listens on loopback
+ * (atc check refuses another address then). A web page open on the operator's machine can still reach
+ * loopback: DNS rebinding (a page of evil.example whose name now resolves to 127.0.0.1) sends a Host
+ * that is not ours, and a cross-site "simple" request (a form POST, or fetch with a text/plain body)
+ * carries a foreign Origin or one of the three content types a browser sends without asking. Either is
+ * refused; curl, atc's CLI and scripts send neither. With a token, the token decides. */
+static const char *cross_site(const struct atc_server *srv, struct evhttp_request *req)
+{
+    if (srv->cfg->admin_token != NULL)
+        return NULL;
+    struct evkeyvalq *h = evhttp_request_get_input_headers(req);
+    const char *host = evhttp_find_header(h, "Host");
+    char name[256];
+    if (host != NULL) {
+        host_part(host, name, sizeof(name));
+        if (!is_loopback_name(name) && strcasecmp(name, srv->cfg->admin_host) != 0)
+            return "the Host header names another site (DNS rebinding?)";
+    }
+    const char *origin = evhttp_find_header(h, "Origin");
+    if (origin != NULL) {
+        const char *sep = strstr(origin, "://");
+        if (host == NULL || sep == NULL || strcasecmp(sep + 3, host) != 0)
+            return "a request from another origin";
+    }
+    const char *type = evhttp_find_header(h, "Content-Type");
+    if (evhttp_request_get_command(req) == EVHTTP_REQ_POST && type != NULL &&
+        (strncasecmp(type, "text/plain", 10) == 0 || strncasecmp(type, "application/x-www-form-urlencoded", 33) == 0 ||
+         strncasecmp(type, "multipart/form-data", 19) == 0))
+        return "a POST a web page could send (text/plain or form data)";
+    return NULL;
+}
+
 void atc_admin_handle(struct evhttp_request *req, void *arg)
 {
     struct atc_server *srv = arg;
     const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
     if (path == NULL)
         path = "/";
+    const char *why = cross_site(srv, req);
+    if (why != NULL) {
+        atc_warn("admin API: refused %s %s: %s", evhttp_request_get_command(req) == EVHTTP_REQ_POST ? "POST" : "GET",
+                 path, why);
+        atc_http_send_error(req, 403, "permission_error", "cross_site_request", why, 0);
+        return;
+    }
     if (strcmp(path, "/health") != 0 && !authorized(srv, req)) {
         evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
         atc_http_send_error(req, 401, "authentication_error", "invalid_admin_token",

@@ -177,6 +177,63 @@ class ObservabilityTest(AtcTestCase):
         self.assertIn('"version":2', out.stdout)
 
 
+class AdminSafetyTest(AtcTestCase):
+    """Without admin_token the admin API listens on loopback and refuses what a web page can send."""
+
+    def test_a_web_page_cannot_drive_the_admin_api(self):
+        atc = self.start_atc(CONFIG.format(extra="", scripts=os.path.join(SOURCE_DIR, "scripts")))
+        port = atc.admin_port
+        refused = [
+            ("POST", "/admin/policy/reload", {"content-type": "text/plain", "origin": "http://evil.example"}),
+            ("POST", "/admin/policy/reload", {"content-type": "text/plain"}),  # a simple cross-site POST
+            ("POST", "/admin/endpoints/llama-3-8b-sim-1/drain", {"content-type": "application/x-www-form-urlencoded"}),
+            ("POST", "/admin/policy/reload", {"origin": "http://evil.example"}),
+            ("GET", "/admin/config", {"host": "evil.example:%d" % port}),  # DNS rebinding
+            ("GET", "/metrics", {"host": "rebind.evil.example"}),
+        ]
+        for method, path, headers in refused:
+            status, _, body = request("127.0.0.1", port, method, path, headers=headers)
+            self.assertEqual(status, 403, (method, path, headers, body))
+            self.assertEqual(json.loads(body)["error"]["code"], "cross_site_request")
+        status, _, body = request("127.0.0.1", port, "GET", "/admin/policy")
+        self.assertEqual(json.loads(body)["version"], 1, "nothing was reloaded")
+        # what curl, scripts and atc's own CLI send still works, as does a page of the admin port itself
+        status, _, _ = request("127.0.0.1", port, "POST", "/admin/policy/reload")
+        self.assertEqual(status, 200)
+        status, _, _ = request("127.0.0.1", port, "GET", "/admin/config",
+                               headers={"origin": "http://127.0.0.1:%d" % port})
+        self.assertEqual(status, 200)
+        status, _, _ = request("localhost", port, "GET", "/admin/config")
+        self.assertEqual(status, 200)
+        # an id that decodes to a NUL or a '/' names no endpoint
+        for bad in ("llama-3-8b-sim-1%00x", "llama-3-8b-sim-1%2Fx"):
+            status, _, _ = request("127.0.0.1", port, "POST", f"/admin/endpoints/{bad}/drain")
+            self.assertEqual(status, 404, bad)
+        status, _, body = request("127.0.0.1", port, "GET", "/admin/endpoints")
+        self.assertTrue(all(e["routable"] for e in json.loads(body)["endpoints"]), "nothing was drained")
+
+    def test_a_non_loopback_admin_needs_a_token(self):
+        cfg = os.path.join(self.tmp.name, "atc.yaml")
+        text = CONFIG.format(extra="", scripts=os.path.join(SOURCE_DIR, "scripts")).replace(
+            "admin: 127.0.0.1:0", "admin: 0.0.0.0:0")
+        with open(cfg, "w") as f:
+            f.write(text)
+        out = subprocess.run([ATC_BIN, "check", "-c", cfg], capture_output=True, text=True, timeout=10)
+        self.assertEqual(out.returncode, 1)
+        self.assertRegex(out.stderr, r"atc\.yaml:3:\d+: key 'admin': '0\.0\.0\.0' is not a loopback address")
+        with open(cfg, "w") as f:
+            f.write(text.replace("access_log: access.log", "access_log: access.log\nadmin_token: t0ken"))
+        out = subprocess.run([ATC_BIN, "check", "-c", cfg], capture_output=True, text=True, timeout=10)
+        self.assertEqual(out.returncode, 0, out.stderr)
+
+    def test_the_bearer_scheme_is_case_insensitive(self):
+        atc = self.start_atc(CONFIG.format(extra="admin_token: s3cret", scripts=os.path.join(SOURCE_DIR, "scripts")))
+        for scheme in ("Bearer", "bearer", "BEARER"):
+            status, _, _ = request("127.0.0.1", atc.admin_port, "GET", "/admin/config",
+                                   headers={"authorization": f"{scheme} s3cret"})
+            self.assertEqual(status, 200, scheme)
+
+
 class ConfigReloadTest(AtcTestCase):
     CONFIG = """
 listen: 127.0.0.1:0
