@@ -28,6 +28,19 @@ struct candidate {
     size_t idlen;
 };
 
+/* A pool longer than any fleet: one C call over it could outlast a decision's budget (a loop in C is
+ * never interrupted), so it is refused. */
+#define POOL_MAX 4096
+
+static int pool_len(lua_State *L, int idx)
+{
+    luaL_checktype(L, idx, LUA_TTABLE);
+    size_t n = lua_objlen(L, idx);
+    if (n > POOL_MAX)
+        luaL_argerror(L, idx, "a pool of more than 4096 endpoints");
+    return (int)n;
+}
+
 static double field_number(lua_State *L, int idx, const char *name, double dflt)
 {
     lua_getfield(L, idx, name);
@@ -85,7 +98,7 @@ int policy_pick_least_loaded(lua_State *L)
 {
     struct policy_version *v = policy_api_version(L);
     luaL_checktype(L, 1, LUA_TTABLE);
-    int n = (int)lua_objlen(L, 1), best = 0;
+    int n = pool_len(L, 1), best = 0;
     struct candidate c, best_c = {0};
     for (int i = 1; i <= n; i++) {
         read_candidate(L, v, 1, i, &c);
@@ -121,7 +134,7 @@ int policy_pick_p2c(lua_State *L)
 {
     struct policy_version *v = policy_api_version(L);
     luaL_checktype(L, 1, LUA_TTABLE);
-    int n = (int)lua_objlen(L, 1);
+    int n = pool_len(L, 1);
     struct candidate small[64];
     /* A userdata for a large pool: collected by Lua, so nothing leaks if reading an element raises. */
     struct candidate *c = n <= 64 ? small : lua_newuserdata(L, (size_t)n * sizeof(*c));
@@ -150,7 +163,7 @@ int policy_pick_rendezvous(lua_State *L)
     if (lua_gettop(L) >= 3 && !lua_isnil(L, 3) && c_bound < 1)
         return luaL_argerror(L, 3, "c must be >= 1");
     uint64_t seed = XXH3_64bits(key, keylen);
-    int n = (int)lua_objlen(L, 1), best = 0;
+    int n = pool_len(L, 1), best = 0;
     double best_score = 0, per_slot = HUGE_VAL;
     struct candidate c;
     if (c_bound >= 1) {
@@ -246,7 +259,7 @@ int policy_pick_prefix_pick(lua_State *L)
         block_tokens = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : ATC_PREFIX_BLOCK_BYTES / 4;
         lua_pop(L, 2);
     }
-    int n = (int)lua_objlen(L, 1), best = 0;
+    int n = pool_len(L, 1), best = 0;
     double best_score = 0, best_load = 0, max_overlap = 0, lo = HUGE_VAL, hi = 0;
     for (int i = 1; i <= n; i++) {
         struct candidate c;
@@ -469,7 +482,7 @@ int policy_pick_fastest(lua_State *L)
     int skip = lua_gettop(L);
     const struct atc_signal_params *p = signal_params(v);
     uint64_t now = signals_now_us(v);
-    int n = (int)lua_objlen(L, 1), best = 0;
+    int n = pool_len(L, 1), best = 0;
     /* One pass reads every element (a userdata array: a Lua error leaks nothing) and the pool's mean
      * speeds; the next finds the cheapest. */
     struct fast_cand *c = lua_newuserdata(L, (size_t)(n > 0 ? n : 1) * sizeof(*c));
