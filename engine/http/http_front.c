@@ -3,9 +3,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/queue.h>
 
 #include <event2/buffer.h>
 #include <event2/http.h>
+#include <event2/keyvalq_struct.h>
 
 #include "core/config.h"
 #include "core/config_value.h"
@@ -164,12 +167,36 @@ static void handle_inference(struct atc_worker *w, struct evhttp_request *req, e
     atc_relay_start(w, req, &info);
 }
 
+/* Two Content-Length headers that disagree: where this request's body ends is a matter of opinion, and
+ * a proxy that takes one while the next hop takes the other is how requests are smuggled. */
+static bool conflicting_lengths(struct evhttp_request *req)
+{
+    const char *first = NULL;
+    struct evkeyval *kv;
+    TAILQ_FOREACH(kv, evhttp_request_get_input_headers(req), next)
+    {
+        if (strcasecmp(kv->key, "Content-Length") != 0)
+            continue;
+        if (first == NULL)
+            first = kv->value;
+        else if (strcmp(first, kv->value) != 0)
+            return true;
+    }
+    return false;
+}
+
 void atc_http_front_handle(struct evhttp_request *req, void *arg)
 {
     struct atc_worker *w = arg;
     const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
     if (path == NULL)
         path = "/";
+    if (conflicting_lengths(req)) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+        atc_http_send_error(req, 400, "invalid_request_error", "conflicting_content_length",
+                            "two Content-Length headers that differ", 0);
+        return;
+    }
     if (w->draining) {
         evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
         atc_http_send_error(req, 503, "server_error", "shutting_down", "atc is shutting down; retry", 1);

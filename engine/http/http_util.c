@@ -112,7 +112,9 @@ const char *atc_http_reason(int status)
 
 void atc_http_send_json(struct evhttp_request *req, int status, struct evbuffer *body)
 {
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
+    struct evkeyvalq *out = evhttp_request_get_output_headers(req);
+    evhttp_remove_header(out, "Content-Type"); /* one per answer: an upstream's may already be there */
+    evhttp_add_header(out, "Content-Type", "application/json");
     evhttp_send_reply(req, status, atc_http_reason(status), body);
 }
 

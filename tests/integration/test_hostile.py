@@ -211,6 +211,16 @@ class MalformedTest(HostileTestCase):
         self.assert_released()
         self.assert_normal_request_works()
 
+    def test_two_content_lengths_that_differ_get_400(self):
+        body = chat_body()
+        data = post(body, headers=f"Content-Length: {len(body) + 1}\r\n".encode())
+        answer = exchange(self.atc.port, data)
+        self.assertEqual(status_of(answer), 400)
+        self.assertIn(b"conflicting_content_length", answer)
+        same = post(body, headers=f"Content-Length: {len(body)}\r\n".encode())  # repeated, but agreeing
+        self.assertEqual(status_of(exchange(self.atc.port, same)), 200)
+        self.assert_normal_request_works()
+
     def test_oversized_headers_get_400_and_the_connection_closes(self):
         big = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 1000) for i in range(100))  # 100 KiB > 64 KiB
         self.assertEqual(status_of(exchange(self.atc.port, post(chat_body(), headers=big))), 400)

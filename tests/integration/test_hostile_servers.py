@@ -77,6 +77,11 @@ def invalid_sse(conn):
     conn.sendall(b"0\r\n\r\n")
 
 
+def stall_after_json_headers(conn):
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\"")
+    time.sleep(3)  # then nothing: the idle timeout ends it before the client saw a byte
+
+
 class HostileServerTest(AtcTestCase):
     def atc_for(self, server):
         return self.start_atc(f"""
@@ -97,6 +102,21 @@ class HostileServerTest(AtcTestCase):
         ep = atc.endpoints()["bad"]
         self.assertEqual(ep["errors_total"], 1)  # counted against the server
         self.assertEqual(ep["inflight"], 0)  # and its slot freed
+
+    def test_a_timeout_after_the_upstream_headers_is_one_clean_504(self):
+        import http.client
+        atc = self.atc_for(BadServer(stall_after_json_headers))
+        conn = http.client.HTTPConnection("127.0.0.1", atc.port, timeout=10)
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(
+            {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}),
+            headers={"content-type": "application/json"})
+        resp = conn.getresponse()
+        body = resp.read()
+        self.assertEqual(resp.status, 504, body)
+        types = [v for k, v in resp.getheaders() if k.lower() == "content-type"]
+        self.assertEqual(types, ["application/json"], "one Content-Type, atc's, not the upstream's too")
+        self.assertEqual(json.loads(body)["error"]["type"], "timeout")
+        conn.close()
 
     def test_garbage_instead_of_http_is_502(self):
         atc = self.atc_for(BadServer(garbage))
