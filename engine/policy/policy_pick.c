@@ -97,7 +97,6 @@ static bool lighter(const struct candidate *a, const struct candidate *b)
 int policy_pick_least_loaded(lua_State *L)
 {
     struct policy_version *v = policy_api_version(L);
-    luaL_checktype(L, 1, LUA_TTABLE);
     int n = pool_len(L, 1), best = 0;
     struct candidate c, best_c = {0};
     for (int i = 1; i <= n; i++) {
@@ -133,7 +132,6 @@ static bool p2c_lighter(void *arg, size_t i, size_t j)
 int policy_pick_p2c(lua_State *L)
 {
     struct policy_version *v = policy_api_version(L);
-    luaL_checktype(L, 1, LUA_TTABLE);
     int n = pool_len(L, 1);
     struct candidate small[64];
     /* A userdata for a large pool: collected by Lua, so nothing leaks if reading an element raises. */
@@ -156,7 +154,6 @@ int policy_pick_p2c(lua_State *L)
 int policy_pick_rendezvous(lua_State *L)
 {
     struct policy_version *v = policy_api_version(L);
-    luaL_checktype(L, 1, LUA_TTABLE);
     size_t keylen;
     const char *key = luaL_checklstring(L, 2, &keylen);
     double c_bound = luaL_optnumber(L, 3, 0);

@@ -371,28 +371,24 @@ class ReloadTest(PolicyTestCase):
 
 
 class StartupTest(PolicyTestCase):
-    def test_a_broken_policy_stops_startup_and_check_with_file_line(self):
+    def assert_stops_startup(self, source, message):
+        """serve and check both exit 1 with message on a policy that cannot load."""
         self.policy_path = os.path.join(self.tmp.name, "policy.lua")
-        self.write_policy("return function(req, fleet)\n  return = 1\nend\n")
+        self.write_policy(source)
         cfg = os.path.join(self.tmp.name, "atc.yaml")
         with open(cfg, "w") as f:
             f.write(CONFIG.format(rollback_after=20, watch='true'))
         for cmd in ("serve", "check"):
             out = subprocess.run([ATC_BIN, cmd, "-c", cfg], capture_output=True, text=True, timeout=10)
             self.assertEqual(out.returncode, 1, out.stderr)
-            self.assertIn("policy.lua:2:", out.stderr)
+            self.assertIn(message, out.stderr)
+
+    def test_a_broken_policy_stops_startup_and_check_with_file_line(self):
+        self.assert_stops_startup("return function(req, fleet)\n  return = 1\nend\n", "policy.lua:2:")
 
     def test_a_policy_spinning_in_an_xpcall_handler_at_load_time_stops_startup(self):
-        self.policy_path = os.path.join(self.tmp.name, "policy.lua")
-        self.write_policy("xpcall(function() while true do end end, function() while true do end end)\n"
-                          "return function(req, fleet) return nil end\n")
-        cfg = os.path.join(self.tmp.name, "atc.yaml")
-        with open(cfg, "w") as f:
-            f.write(CONFIG.format(rollback_after=20, watch='true'))
-        for cmd in ("serve", "check"):
-            out = subprocess.run([ATC_BIN, cmd, "-c", cfg], capture_output=True, text=True, timeout=10)
-            self.assertEqual(out.returncode, 1, out.stderr)
-            self.assertIn("budget exceeded", out.stderr)
+        self.assert_stops_startup("xpcall(function() while true do end end, function() while true do end end)\n"
+                                  "return function(req, fleet) return nil end\n", "budget exceeded")
 
 
 if __name__ == "__main__":
