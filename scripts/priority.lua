@@ -21,11 +21,19 @@ local HIGH_PRIORITY = 5 -- req.priority (0-9, header x-atc-priority) above this 
 -- prefill of the long prompts); at 0.77-0.96 CACHE_WEIGHT 1.5 gave the lowest TTFT p90 (2x/8 servers:
 -- 2945 ms against 3103 at 1 and 3218 at 2; 2.5x/8: 6213 against 6713 and 6328). DECODE_WEIGHT 0.1 is a tie-breaker: on the Azure code trace (no
 -- prefixes, requests one at a time) it cut e2e p99 by 9% and left TTFT as it was.
+-- CONGESTION: near saturation a token of prefill delays every request queued behind it, so the cache a
+-- request uses or leaves is worth more than its own first token: the uncached weight rises to
+-- 1 + CONGESTION x the requests queued per endpoint (mean ep.prefill_tokens / mean ep.uncached_mean), the
+-- marginal cost of work in a queue (M/M/1: 1 / (1 - utilisation)); 1 is that formula, not a fit. On the
+-- first half and the conversation trace, 0.5 / 1 / 2 gave geomean TTFT p90 ratios 0.981 / 0.980 / 0.979 and
+-- 0.859 / 0.850 / 0.877 against the best reference; without it, at 2.5x / 8 servers (0.96 of capacity) the
+-- policy gave hits away for balance: 5.3 s against 4.7 s.
 -- Not weighed: the tokens held by requests in flight (ep.inflight_tokens). Counting them as Dynamo does
 -- helped by 3-7% at 0.6-0.8 of capacity, and past saturation gave cache hits away for balance, the
 -- collapse "tokens in flight" caused in the policy this one replaced (README, "Routing").
 local CACHE_WEIGHT = 1.5
 local DECODE_WEIGHT = 0.1
+local CONGESTION = 1
 ----------------------------------------------------------------------------------------------------------
 
 local M = {}
@@ -35,7 +43,7 @@ M.HIGH_PRIORITY, M.CACHE_WEIGHT = HIGH_PRIORITY, CACHE_WEIGHT
 -- same hardware, and comparing each one's noisy estimate of the same speed moved traffic for nothing
 -- (the same first-half grid: per-endpoint rates cost 9 points of cache hits at 1x/32 servers, 31% ->
 -- 22%, 16% of TTFT p90 there and 23% at 2x/8). A pool of unlike servers: split it by tags (capability).
-M.COST = { pooled = true, uncached = CACHE_WEIGHT, decode = DECODE_WEIGHT }
+M.COST = { pooled = true, uncached = CACHE_WEIGHT, decode = DECODE_WEIGHT, congestion = CONGESTION }
 M.URGENT = { pooled = true, uncached = 1, decode = DECODE_WEIGHT }
 
 function M.cost(req)

@@ -262,6 +262,7 @@ static const struct field endpoint_fields[] = {
     {.key = "weight", .kind = F_UINT, .off = EP(weight), .min = 1, .max = WEIGHT_MAX},
     {.key = "token_budget", .kind = F_U64, .off = EP(token_budget), .max = UINT64_MAX},
     {.key = "max_server_queue", .kind = F_UINT, .off = EP(max_server_queue), .max = 1000000},
+    {.key = "kv_tokens", .kind = F_U64, .off = EP(kv_tokens), .max = UINT64_C(1000000000000)},
     {.key = "version", .kind = F_OPTSTR, .off = EP(version)},
     {.key = "tags", .kind = F_STRS, .off = EP(tags), .aux = EP(ntags)},
     {.key = "health", .kind = F_NODE},

@@ -70,6 +70,7 @@ struct atc_endpoint_config {
     struct atc_health_config health; /* the model's, overridden by this endpoint's health: */
     uint64_t token_budget; /* max prompt + max_tokens in flight; 0 = no limit */
     unsigned max_server_queue; /* full while its scraped queue (requests waiting) reaches this; 0 = ignore */
+    uint64_t kv_tokens; /* the server's KV cache in tokens; 0 = read from its /metrics (when scraped) */
 };
 
 struct atc_model_config {

@@ -296,8 +296,8 @@ size_t atc_affinity_count(struct atc_affinity *t)
  * (promotion), so the current copy is always a superset: a lookup that finds a block in the current
  * generation never needs the previous one, and a block that keeps being requested survives rotations.
  *
- * Each slot is {block hash, endpoint mask}, 16 bytes in one cache line; hash 0 marks an empty slot, so a
- * block whose hash is 0 is stored as 1 (an alias of one in 2^64, harmless for an approximate index).
+ * Each slot is {block hash, endpoint mask, two KV clock stamps, the bit stamped last}, 32 bytes, two to a
+ * cache line; hash 0 marks an empty slot, so a block whose hash is 0 is stored as 1 (an alias of one in 2^64, harmless for an approximate index).
  * Slots are found from the block hash re-hashed with a random seed: block hashes are plain XXH3 of
  * client-chosen text and would otherwise let a client pile its blocks into one probe run. */
 
@@ -307,6 +307,26 @@ size_t atc_affinity_count(struct atc_affinity *t)
 struct slot {
     uint64_t block;
     uint64_t endpoints;
+    uint32_t stamp;  /* the ingest clock when endpoint bit `recent` last got this block */
+    uint32_t before; /* ... and when any other endpoint of the mask last did, at the latest */
+    uint8_t recent;
+};
+
+/* What one endpoint bit has taken into its KV cache since a moment, to tell what it must have evicted:
+ * a server's cache holds kv_tokens; once it has taken in that many new prompt tokens since a block was
+ * last sent there, the block is gone (LRU, as vLLM and SGLang evict). marks[] holds the clock each time
+ * the ingest passed a multiple of cap / KV_STEPS, so "cap tokens ago" is known within 1/KV_STEPS of cap,
+ * on the safe side (a block is taken as evicted only when it surely is). */
+#define KV_STEPS 16
+#define KV_MARKS 32 /* a ring of marks: KV_STEPS + 1 are needed */
+
+struct kv_clock {
+    uint64_t cap;    /* tokens; 0 = unknown (nothing is taken as evicted) */
+    uint64_t ingest; /* uncached prompt tokens sent there since cap was set */
+    uint64_t step;   /* cap / KV_STEPS */
+    uint64_t marks_taken;
+    uint32_t marks[KV_MARKS];
+    bool folded; /* several endpoints share this bit (>= 64 endpoints): not modelled */
 };
 
 struct generation {
@@ -320,7 +340,81 @@ struct atc_prefix_index {
     size_t nslots; /* per generation */
     size_t cap;    /* entries per generation before rotating: max_blocks / 2 */
     uint64_t seed;
+    uint32_t clock; /* uncached prompt tokens sent anywhere, in KV_CLOCK_TOKENS units (wraps) */
+    uint64_t clock_rest;
+    struct kv_clock kv[ATC_PREFIX_INDEX_ENDPOINTS];
 };
+
+#define KV_CLOCK_TOKENS 64 /* the clock's unit: 2^31 units is 137G tokens, far more than the index keeps */
+
+static inline bool before(uint32_t a, uint32_t b)
+{
+    return (int32_t)(a - b) < 0;
+}
+
+/* Endpoint bits whose cache is modelled, and per bit the stamp below which a block is surely evicted. */
+static uint64_t horizons(const struct atc_prefix_index *idx, uint32_t *h)
+{
+    uint64_t modelled = 0;
+    for (unsigned b = 0; b < ATC_PREFIX_INDEX_ENDPOINTS; b++) {
+        const struct kv_clock *c = &idx->kv[b];
+        if (c->cap == 0 || c->folded || c->ingest < c->cap)
+            continue;
+        uint64_t m = (c->ingest - c->cap) / c->step; /* the mark taken at ingest m * step <= ingest - cap */
+        h[b] = c->marks[m % KV_MARKS];
+        modelled |= UINT64_C(1) << b;
+    }
+    return modelled;
+}
+
+/* The endpoints of slot s that still have its block. */
+static inline uint64_t fresh(const struct slot *s, uint64_t modelled, const uint32_t *h)
+{
+    uint64_t out = s->endpoints;
+    for (uint64_t m = out & modelled; m != 0; m &= m - 1) {
+        unsigned b = (unsigned)__builtin_ctzll(m);
+        if (before(b == s->recent ? s->stamp : s->before, h[b]))
+            out &= ~(UINT64_C(1) << b);
+    }
+    return out;
+}
+
+/* Bit b got slot s's block now (its mask already set): the stamps move on. */
+static inline void touch(struct slot *s, unsigned b, uint32_t now)
+{
+    if (b != s->recent) { /* the last one to get it joins the others, at its own time */
+        s->before = s->stamp;
+        s->recent = (uint8_t)b;
+    }
+    s->stamp = now;
+}
+
+/* Bit b took in @p tokens new prompt tokens: its marks and the clock move on. */
+static void ingest(struct atc_prefix_index *idx, unsigned b, uint64_t tokens)
+{
+    struct kv_clock *c = &idx->kv[b];
+    uint64_t units = (idx->clock_rest + tokens) / KV_CLOCK_TOKENS;
+    idx->clock_rest = (idx->clock_rest + tokens) % KV_CLOCK_TOKENS;
+    if (c->cap != 0) {
+        c->ingest += tokens;
+        while (c->marks_taken * c->step <= c->ingest) /* each mark: the clock as ingest passed it */
+            c->marks[c->marks_taken++ % KV_MARKS] = idx->clock;
+    }
+    idx->clock += (uint32_t)units;
+}
+
+/* The KV cache size of the endpoint at bit b (0: unknown); a change starts its clock again. */
+static void set_capacity(struct atc_prefix_index *idx, unsigned endpoint_index, uint64_t kv_tokens)
+{
+    struct kv_clock *c = &idx->kv[endpoint_index % ATC_PREFIX_INDEX_ENDPOINTS];
+    if (endpoint_index >= ATC_PREFIX_INDEX_ENDPOINTS)
+        c->folded = true;
+    if (c->folded || c->cap == kv_tokens)
+        return;
+    memset(c, 0, sizeof(*c));
+    c->cap = kv_tokens;
+    c->step = kv_tokens / KV_STEPS > 0 ? kv_tokens / KV_STEPS : 1;
+}
 
 struct atc_prefix_index *atc_prefix_index_create(size_t max_blocks)
 {
@@ -396,20 +490,26 @@ static void rotate(struct atc_prefix_index *idx)
 }
 
 size_t atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *blocks, size_t n,
-                               unsigned endpoint_index)
+                               unsigned endpoint_index, uint32_t block_tokens, uint64_t kv_tokens)
 {
-    uint64_t bit = UINT64_C(1) << (endpoint_index % ATC_PREFIX_INDEX_ENDPOINTS);
+    unsigned b = endpoint_index % ATC_PREFIX_INDEX_ENDPOINTS;
+    uint64_t bit = UINT64_C(1) << b;
     size_t had = 0;
     bool leading = true; /* every block so far was recorded for this endpoint */
+    uint32_t h[ATC_PREFIX_INDEX_ENDPOINTS];
     pthread_mutex_lock(&idx->mu);
+    set_capacity(idx, endpoint_index, kv_tokens);
+    uint64_t modelled = horizons(idx, h);
     for (size_t k = 0; k < n; k++) {
         uint64_t block = stored_block(blocks[k]);
         size_t home = home_slot(idx, block);
         struct slot *s = probe(idx, &idx->cur, home, block);
         if (s->block == block) {
-            leading = leading && (s->endpoints & bit) != 0;
+            uint64_t still = fresh(s, modelled, h); /* a refreshed stamp must not revive evicted copies */
+            leading = leading && (still & bit) != 0;
             had += leading;
-            s->endpoints |= bit;
+            s->endpoints = still | bit;
+            touch(s, b, idx->clock);
             continue;
         }
         if (idx->cur.count >= idx->cap) {
@@ -417,26 +517,32 @@ size_t atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *blo
             s = &idx->cur.slots[home]; /* the new current generation is empty */
         }
         const struct slot *old = probe(idx, &idx->prev, home, block);
-        uint64_t before = old->block == block ? old->endpoints : 0;
-        leading = leading && (before & bit) != 0;
+        if (old->block == block) { /* promoted: its holders and their times come along */
+            *s = *old;
+            s->endpoints = fresh(old, modelled, h);
+        } else {
+            *s = (struct slot){.block = block, .recent = (uint8_t)b, .stamp = idx->clock, .before = idx->clock};
+        }
+        leading = leading && (s->endpoints & bit) != 0;
         had += leading;
-        s->block = block;
-        s->endpoints = bit | before;
+        s->endpoints |= bit;
+        touch(s, b, idx->clock);
         idx->cur.count++;
     }
+    ingest(idx, b, (uint64_t)(n - had) * (block_tokens ? block_tokens : 1));
     pthread_mutex_unlock(&idx->mu);
     return had;
 }
 
-static uint64_t lookup(const struct atc_prefix_index *idx, uint64_t block)
+static const struct slot *lookup(const struct atc_prefix_index *idx, uint64_t block)
 {
     block = stored_block(block);
     size_t home = home_slot(idx, block);
     const struct slot *s = probe(idx, &idx->cur, home, block);
     if (s->block == block)
-        return s->endpoints;
+        return s;
     s = probe(idx, &idx->prev, home, block);
-    return s->block == block ? s->endpoints : 0;
+    return s->block == block ? s : NULL;
 }
 
 void atc_prefix_index_overlaps(struct atc_prefix_index *idx, const uint64_t *blocks, size_t n, uint16_t *out,
@@ -445,12 +551,15 @@ void atc_prefix_index_overlaps(struct atc_prefix_index *idx, const uint64_t *blo
     if (nendpoints == 0)
         return;
     uint16_t depth[ATC_PREFIX_INDEX_ENDPOINTS] = {0}; /* overlap per bit */
+    uint32_t h[ATC_PREFIX_INDEX_ENDPOINTS];
     uint64_t matching =
         nendpoints >= ATC_PREFIX_INDEX_ENDPOINTS ? UINT64_MAX : (UINT64_C(1) << nendpoints) - 1;
     size_t k = 0;
     pthread_mutex_lock(&idx->mu);
+    uint64_t modelled = horizons(idx, h);
     for (; k < n && matching != 0; k++) {
-        uint64_t still = matching & lookup(idx, blocks[k]);
+        const struct slot *s = lookup(idx, blocks[k]);
+        uint64_t still = s != NULL ? matching & fresh(s, modelled, h) : 0;
         /* Endpoints that stop matching at block k have exactly k leading blocks. */
         for (uint64_t gone = matching & ~still; gone != 0; gone &= gone - 1)
             depth[__builtin_ctzll(gone)] = k > UINT16_MAX ? UINT16_MAX : (uint16_t)k;
@@ -469,6 +578,7 @@ void atc_prefix_index_clear(struct atc_prefix_index *idx)
     memset(idx->cur.slots, 0, idx->nslots * sizeof(struct slot));
     memset(idx->prev.slots, 0, idx->nslots * sizeof(struct slot));
     idx->cur.count = idx->prev.count = 0;
+    memset(idx->kv, 0, sizeof(idx->kv));
     pthread_mutex_unlock(&idx->mu);
 }
 

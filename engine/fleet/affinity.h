@@ -56,31 +56,38 @@ void atc_affinity_del(struct atc_affinity *t, const char *key, size_t keylen);
 /** Entries held, including expired ones not yet dropped (they go when looked up or evicted). */
 size_t atc_affinity_count(struct atc_affinity *t);
 
-#define ATC_PREFIX_INDEX_DEFAULT_BLOCKS 1000000 /* max_blocks when 0 is passed to create */
+#define ATC_PREFIX_INDEX_DEFAULT_BLOCKS 500000 /* max_blocks when 0 is passed to create */
 #define ATC_PREFIX_INDEX_ENDPOINTS 64           /* endpoint indices are exact below this, folded above */
 
 struct atc_prefix_index;
 
 /** Creates an empty index holding at most @p max_blocks (block hash -> endpoints) entries
  * (0: ATC_PREFIX_INDEX_DEFAULT_BLOCKS). All its memory is allocated here and never grows:
- * 2 x ceil(max_blocks / 2 / 0.7) x 16 bytes, about 23 bytes per block; 22.9 MB (21.8 MiB) at the
- * default, which covers about 250 MB of distinct prompt text in 256-byte blocks. Returns an owned
- * index, or NULL on allocation failure. */
+ * 12 KB + 2 x ceil(max_blocks / 2 / 0.7) x 32 bytes, about 46 bytes per block; 22.9 MB (21.8 MiB) at the
+ * default, which covers about 125 MB of distinct prompt text in 256-byte blocks: 32M tokens, the KV
+ * caches of 80 servers of 400k tokens each. Returns an owned index, or NULL on allocation failure. */
 struct atc_prefix_index *atc_prefix_index_create(size_t max_blocks);
 
 /** Frees @p idx. NULL is a no-op. */
 void atc_prefix_index_destroy(struct atc_prefix_index *idx);
 
-/** Records that the request whose chained prefix blocks are @p blocks[0..n) went to the endpoint of
- * index @p endpoint_index. Indices >= 64 share the bit of (index % 64) with another endpoint, so their
- * overlaps are over-estimated (the index is approximate anyway). Never allocates. Each time
- * max_blocks / 2 new blocks have come in, the older half of the index is dropped: that call also clears
- * 11.4 MB at the default size (0.3-0.4 ms measured here), holding the lock, so every worker's
+/** Records that the request whose chained prefix blocks are @p blocks[0..n) (@p block_tokens tokens
+ * each) went to the endpoint of index @p endpoint_index, whose KV cache holds @p kv_tokens (0: unknown).
+ * Indices >= 64 share the bit of (index % 64) with another endpoint, so their overlaps are
+ * over-estimated (the index is approximate anyway), and their caches are not modelled. Never allocates.
+ * Each time max_blocks / 2 new blocks have come in, the older half of the index is dropped: that call
+ * also clears 11.4 MB at the default size (0.3-1 ms measured here), holding the lock, so every worker's
  * atc_prefix_index_overlaps waits that long too. A block inserted again at least that often is
- * never dropped, so a hot prefix stays. Returns how many of the leading blocks were recorded for that
- * endpoint already (what it likely has cached). */
+ * never dropped, so a hot prefix stays.
+ *
+ * With kv_tokens known, the index also forgets what that server must have evicted: once it has been sent
+ * more new prompt tokens (the blocks it did not have, x block_tokens) than its cache holds since it last
+ * got a block, that block no longer counts there (LRU, as vLLM's and SGLang's caches evict; within 1/16
+ * of kv_tokens, erring towards "still cached"). A server that has seen a block more recently than the
+ * others is timed exactly; the others are timed as of the latest of them. Returns how many of the
+ * leading blocks were recorded for that endpoint already (what it likely has cached). */
 size_t atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *blocks, size_t n,
-                               unsigned endpoint_index);
+                               unsigned endpoint_index, uint32_t block_tokens, uint64_t kv_tokens);
 
 /** Fills @p out[i], for each endpoint index i < @p nendpoints, with the number of leading blocks of
  * @p blocks[0..n) recorded for endpoint i (counting stops at its first missing block; capped at

@@ -79,6 +79,9 @@ static int apply_config(struct atc_endpoint *ep, const struct atc_endpoint_confi
     ep->weight = ec->weight;
     ep->token_budget = ec->token_budget;
     ep->max_server_queue = ec->max_server_queue;
+    ep->kv_tokens_config = ec->kv_tokens;
+    if (ec->kv_tokens > 0)
+        atomic_store_explicit(&ep->kv_tokens, ec->kv_tokens, memory_order_relaxed);
     free(ep->version);
     ep->version = NULL;
     for (size_t i = 0; i < ep->ntags; i++)

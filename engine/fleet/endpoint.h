@@ -43,6 +43,7 @@ struct atc_endpoint {
     unsigned weight;
     uint64_t token_budget;     /* 0 = none */
     unsigned max_server_queue; /* full while the server reports this many waiting (scraped); 0 = ignore */
+    uint64_t kv_tokens_config; /* kv_tokens as configured; 0 = learn it from the server's /metrics */
 
     /* workers: live counters */
     _Atomic unsigned inflight;        /* requests routed here and not finished */
@@ -57,6 +58,8 @@ struct atc_endpoint {
     _Atomic bool routable;             /* false while drained, unhealthy, ejected or retired by a reload */
     _Atomic unsigned server_queue;     /* server-reported: requests waiting (0 until reported) */
     _Atomic double server_kv_usage;    /* server-reported: share of KV cache in use, 0..1 (likewise) */
+    _Atomic uint64_t kv_tokens;        /* its KV cache in tokens: configured, the simulated server's or
+                                          scraped; 0 = unknown (the prefix index then models no eviction) */
     _Atomic unsigned slow_start_limit; /* while > 0 (ramping up after a return): at most this many */
 
     /* config */

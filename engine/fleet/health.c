@@ -568,6 +568,8 @@ static void scrape_page(struct hep *e, const char *page, size_t len)
                           memory_order_relaxed);
     atomic_store_explicit(&e->ep->server_kv_usage, isfinite(l->kv_usage) ? l->kv_usage : 0,
                           memory_order_relaxed);
+    if (e->ep->kv_tokens_config == 0 && isfinite(l->kv_tokens) && l->kv_tokens >= 1 && l->kv_tokens < 1e12)
+        atomic_store_explicit(&e->ep->kv_tokens, (uint64_t)l->kv_tokens, memory_order_relaxed);
     l->scraped_ms = (double)atc_mono_us() / 1000.0;
     atc_signals_scraped(&e->ep->sig, l->running, l->waiting, l->kv_usage, l->prefix_hit_rate, atc_mono_us());
     if (e->scrape_failing)
@@ -881,7 +883,7 @@ static int hep_init(struct atc_health *h, struct hep *e, struct atc_endpoint *ep
     e->live = e->ready = ATC_CHECK_UNKNOWN;
     e->deep = ATC_CHECK_OK;
     e->slow_start = 1.0;
-    e->load.running = e->load.waiting = e->load.kv_usage = e->load.prefix_hit_rate = NAN;
+    e->load.running = e->load.waiting = e->load.kv_usage = e->load.kv_tokens = e->load.prefix_hit_rate = NAN;
     if ((e->eject_timer = evtimer_new(h->base, on_eject_over, e)) == NULL || make_deep_body(e) < 0)
         goto oom;
     const struct atc_check_config *checks[NPROBES] = {&e->cfg->live, &e->cfg->ready, &e->cfg->deep,

@@ -6,10 +6,12 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "fleet/prometheus.h"
 
-enum load_slot { L_RUNNING, L_WAITING, L_KV, L_QUERIES, L_HITS, L_HIT_RATE, NSLOTS };
+enum load_slot { L_RUNNING, L_WAITING, L_KV, L_KV_TOKENS, L_QUERIES, L_HITS, L_HIT_RATE, NSLOTS };
 
 struct load_acc {
     const char *model;
@@ -32,6 +34,7 @@ static const struct {
     {"sglang:num_running_reqs", L_RUNNING},
     {"sglang:num_queue_reqs", L_WAITING},
     {"sglang:token_usage", L_KV},
+    {"sglang:max_total_num_tokens", L_KV_TOKENS},
     {"sglang:cache_hit_rate", L_HIT_RATE},
     {"tgi_batch_current_size", L_RUNNING},
     {"tgi_queue_size", L_WAITING},
@@ -42,9 +45,25 @@ static const struct {
 
 static void acc_add(double *v, bool *has, enum load_slot slot, double x)
 {
-    bool share = slot == L_KV || slot == L_HIT_RATE;
+    bool share = slot == L_KV || slot == L_HIT_RATE || slot == L_KV_TOKENS;
     v[slot] = !*has ? x : share ? fmax(v[slot], x) : v[slot] + x;
     *has = true;
+}
+
+/* A label's value as a number; NaN when absent or not a number. */
+static double label_number(const struct atc_prom_sample *s, const char *name)
+{
+    for (size_t i = 0; i < s->nlabels; i++) {
+        const struct atc_prom_label *l = &s->labels[i];
+        if (l->name_len != strlen(name) || memcmp(l->name, name, l->name_len) != 0 || l->value_len >= 32)
+            continue;
+        char buf[32], *end;
+        memcpy(buf, l->value, l->value_len);
+        buf[l->value_len] = '\0';
+        double x = strtod(buf, &end);
+        return end != buf && *end == '\0' && isfinite(x) && x >= 0 ? x : NAN;
+    }
+    return NAN;
 }
 
 static int on_load_sample(void *arg, const struct atc_prom_sample *s)
@@ -52,6 +71,12 @@ static int on_load_sample(void *arg, const struct atc_prom_sample *s)
     struct load_acc *a = arg;
     if (!isfinite(s->value))
         return 0;
+    if (atc_prom_name_is(s, "vllm:cache_config_info")) { /* an info metric: the sizes are labels */
+        double blocks = label_number(s, "num_gpu_blocks"), size = label_number(s, "block_size");
+        if (!isnan(blocks) && !isnan(size))
+            acc_add(a->all, &a->has_all[L_KV_TOKENS], L_KV_TOKENS, blocks * size);
+        return 0;
+    }
     for (size_t i = 0; i < sizeof(load_metrics) / sizeof(load_metrics[0]); i++) {
         if (!atc_prom_name_is(s, load_metrics[i].name))
             continue;
@@ -83,6 +108,7 @@ int atc_load_scrape_page(const char *model, const char *page, size_t len, struct
     load->running = acc_get(&a, L_RUNNING);
     load->waiting = acc_get(&a, L_WAITING);
     load->kv_usage = acc_get(&a, L_KV);
+    load->kv_tokens = acc_get(&a, L_KV_TOKENS);
     double q = acc_get(&a, L_QUERIES), hits = acc_get(&a, L_HITS), rate = acc_get(&a, L_HIT_RATE);
     if (!isnan(rate)) {
         load->prefix_hit_rate = rate;

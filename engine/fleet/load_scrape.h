@@ -15,6 +15,8 @@ struct atc_server_load {
     double running;  /* requests being generated */
     double waiting;  /* requests queued in the server */
     double kv_usage; /* share of the KV cache in use, 0..1 */
+    double kv_tokens; /* the KV cache's size in tokens (vLLM: num_gpu_blocks x block_size of
+                         vllm:cache_config_info; SGLang: sglang:max_total_num_tokens) */
     double
         prefix_hit_rate; /* share of prompt tokens found in the prefix cache, between the last two scrapes */
     double scraped_ms;   /* monotonic ms of the last good scrape; 0 = none yet */
@@ -30,7 +32,7 @@ struct atc_load_counters {
 };
 
 /** Reads the metrics page @p page (@p len bytes) of a server of @p model into @p load (running, waiting,
- * kv_usage, prefix_hit_rate; NaN for what the page does not say, the hit rate kept when it cannot be
+ * kv_usage, kv_tokens, prefix_hit_rate; NaN for what the page does not say, the hit rate kept when it cannot be
  * told) and @p prev. Returns 0, or -1 with why in @p why (@p size bytes) when the page is malformed:
  * then nothing changes. Counts nothing and sets no time (the caller does). */
 int atc_load_scrape_page(const char *model, const char *page, size_t len, struct atc_server_load *load,

@@ -108,6 +108,7 @@ void atc_signals_sent(struct atc_signals *s, const struct atc_signal_params *p, 
     t->phase = ATC_SIGNAL_PREFILL;
     atomic_fetch_add_explicit(&s->prefilling, 1, memory_order_relaxed);
     recent_add(s, p, (double)uncached, now_us);
+    ewma_add(&s->uncached_ewma, &s->uncached_samples, (double)uncached);
 }
 
 void atc_signals_first_byte(struct atc_signals *s, const struct atc_signal_params *p, struct atc_signal_ticket *t,
@@ -165,6 +166,11 @@ double atc_signals_itl_ms(const struct atc_signals *s, const struct atc_signal_p
 {
     double v = atomic_load_explicit(&s->itl_ms_ewma, memory_order_relaxed);
     return v > 0 ? v : (double)p->itl_us / 1000.0;
+}
+
+double atc_signals_uncached_mean(const struct atc_signals *s)
+{
+    return atomic_load_explicit(&s->uncached_ewma, memory_order_relaxed);
 }
 
 double atc_signals_predict_ttft_ms(const struct atc_signals *s, const struct atc_signal_params *p,

@@ -17,6 +17,8 @@
  *                   step), over streamed answers with at least MIN_RATE_TOKENS of such work; the prior
  *                   until then. Both the backlog and the rate count a prompt being prefilled as wholly
  *                   queued, so the prediction below divides like by like;
+ *   uncached_mean   uncached prompt tokens per request sent there, an EWMA: the mean prefill a request
+ *                   brings, so prefill_tokens / uncached_mean is how many requests' work is queued;
  *   itl             milliseconds per output token, an EWMA of (last byte - first byte) / (tokens - 1) over
  *                   streamed answers; the prior until then;
  *   scraped         the server's own running / waiting / KV usage / prefix hit rate from its /metrics,
@@ -52,8 +54,8 @@ struct atc_signals {
     _Atomic uint64_t prefill_tokens;
     _Atomic unsigned prefilling, decoding;
     _Atomic uint64_t recent; /* float tokens (high 32 bits) as of a ms timestamp (low 32 bits) */
-    _Atomic double prefill_tps_ewma, itl_ms_ewma; /* 0 = no sample yet */
-    _Atomic uint64_t prefill_samples, itl_samples;
+    _Atomic double prefill_tps_ewma, itl_ms_ewma, uncached_ewma; /* 0 = no sample yet */
+    _Atomic uint64_t prefill_samples, itl_samples, uncached_samples;
     /* scraped (main thread writes); scraped_at_us 0 = never */
     _Atomic double scraped_running, scraped_waiting, scraped_kv_usage, scraped_prefix_hit_rate;
     _Atomic uint64_t scraped_at_us;
@@ -103,6 +105,8 @@ double atc_signals_recent(const struct atc_signals *s, const struct atc_signal_p
 /** The prefill rate (tokens/s) and ITL (ms): observed, or the priors. */
 double atc_signals_prefill_tps(const struct atc_signals *s, const struct atc_signal_params *p);
 double atc_signals_itl_ms(const struct atc_signals *s, const struct atc_signal_params *p);
+/** uncached_mean: tokens per request sent; 0 before the first. */
+double atc_signals_uncached_mean(const struct atc_signals *s);
 
 /** Predicted ms to the first token of a request with @p uncached tokens to prefill, sent there now. */
 double atc_signals_predict_ttft_ms(const struct atc_signals *s, const struct atc_signal_params *p,

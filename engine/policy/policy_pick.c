@@ -361,7 +361,14 @@ int policy_pick_push_signal(lua_State *L, struct policy_version *v, const struct
         lua_pushnumber(L, atc_signals_prefill_tps(s, p));
     else if (IS("itl"))
         lua_pushnumber(L, atc_signals_itl_ms(s, p));
-    else if (IS("running") || IS("prefix_hit_rate") || IS("kv_usage") || IS("server_queue") || IS("scrape_age")) {
+    else if (IS("uncached_mean") || IS("kv_tokens")) {
+        double x = IS("kv_tokens") ? (double)atomic_load_explicit(&ep->kv_tokens, memory_order_relaxed)
+                                   : atc_signals_uncached_mean(s);
+        if (x > 0)
+            lua_pushnumber(L, x);
+        else
+            lua_pushnil(L);
+    } else if (IS("running") || IS("prefix_hit_rate") || IS("kv_usage") || IS("server_queue") || IS("scrape_age")) {
         uint64_t at = atomic_load_explicit(&s->scraped_at_us, memory_order_acquire);
         double x = NAN;
         if (at == 0)
@@ -394,6 +401,7 @@ struct fast_cand {
     const struct atc_endpoint *ep;
     bool usable; /* available, not skipped */
     double queued, uncached, tps, itl, decoding, recent, load; /* recent < 0: not read yet */
+    double uncached_mean;
 };
 
 static void read_fast_cand(lua_State *L, struct policy_version *v, int el, struct fast_cand *c)
@@ -411,6 +419,7 @@ static void read_fast_cand(lua_State *L, struct policy_version *v, int el, struc
         c->tps = atc_signals_prefill_tps(s, p);
         c->itl = atc_signals_itl_ms(s, p);
         c->decoding = (double)atomic_load_explicit(&s->decoding, memory_order_relaxed);
+        c->uncached_mean = atc_signals_uncached_mean(s);
         unsigned cap = atc_endpoint_capacity_now(ep);
         c->load = cap ? (double)ep->inflight / cap : 1.0;
         return;
@@ -426,6 +435,7 @@ static void read_fast_cand(lua_State *L, struct policy_version *v, int el, struc
     c->itl = field_number(L, el, "itl", (double)p->itl_us / 1000.0);
     c->decoding = field_number(L, el, "decoding", 0);
     c->recent = field_number(L, el, "recent_tokens", 0);
+    c->uncached_mean = field_number(L, el, "uncached_mean", 0);
     c->load = capacity > 0 ? inflight / capacity : 1.0;
 
     double prompt = field_number(L, 2, "prompt_tokens", 0), bt = field_number(L, 2, "block_tokens", 64);
@@ -448,20 +458,25 @@ static double fast_recent(struct fast_cand *c, const struct atc_signal_params *p
 /* atc.fastest(pool, req [, opts]): the available endpoint of pool where req would get its first token
  * soonest; returns it, its cost and its predicted TTFT (ms), or nil when none is available. The cost of
  * ep, in ms:
- *   (ep.prefill_tokens + opts.uncached * the request's uncached tokens there) / rate + itl
+ *   (ep.prefill_tokens + w * the request's uncached tokens there) / rate + itl
  *   + opts.recent * ep.recent_tokens / rate + opts.decode * ep.decoding * itl
  * with rate = ep.prefill_rate and itl = ep.itl, or with opts.pooled the means of the pool's (the same
- * hardware's estimates compared, not their noise). opts.uncached (default 1: the predicted TTFT) above 1
- * values the cache a request leaves behind; opts.recent (0) spreads traffic that arrives one request at
- * a time; opts.decode (0) weighs the decode batch a request joins. opts.skip: an endpoint never chosen.
- * Ties go to less recent work, then the lower in-flight share. The loop runs in C, so a decision at 512
- * endpoints stays in microseconds. */
+ * hardware's estimates compared, not their noise). w = opts.uncached (default 1: the predicted TTFT);
+ * above 1 it values the cache a request leaves behind. opts.congestion (0) raises w with the pool's
+ * queues: w = max(opts.uncached, 1 + congestion * mean prefill_tokens / mean uncached_mean), at most
+ * CONGESTION_MAX. That is the marginal cost of work in a queue (M/M/1: 1 / (1 - utilisation), and the
+ * mean queue is utilisation / (1 - utilisation) requests): near saturation every uncached token a
+ * request brings delays the requests behind it too, so cache hits are worth more than their own TTFT.
+ * opts.recent (0) spreads traffic that arrives one request at a time; opts.decode (0) weighs the decode
+ * batch a request joins. opts.skip: an endpoint never chosen. Ties go to less recent work, then the
+ * lower in-flight share. The loop runs in C, so a decision at 512 endpoints stays in microseconds. */
+#define CONGESTION_MAX 16.0
 int policy_pick_fastest(lua_State *L)
 {
     struct policy_version *v = policy_api_version(L);
     luaL_checktype(L, 1, LUA_TTABLE);
     luaL_checkany(L, 2);
-    double w_recent = 0, w_decode = 0, w_uncached = 1;
+    double w_recent = 0, w_decode = 0, w_uncached = 1, w_congestion = 0;
     bool pooled = false;
     if (!lua_isnoneornil(L, 3)) {
         luaL_checktype(L, 3, LUA_TTABLE);
@@ -469,6 +484,7 @@ int policy_pick_fastest(lua_State *L)
         w_recent = field_number(L, 3, "recent", 0);
         w_decode = field_number(L, 3, "decode", 0);
         w_uncached = field_number(L, 3, "uncached", 1);
+        w_congestion = field_number(L, 3, "congestion", 0);
         lua_getfield(L, 3, "pooled");
         pooled = lua_toboolean(L, -1);
         lua_pop(L, 1);
@@ -483,7 +499,7 @@ int policy_pick_fastest(lua_State *L)
     /* One pass reads every element (a userdata array: a Lua error leaks nothing) and the pool's mean
      * speeds; the next finds the cheapest. */
     struct fast_cand *c = lua_newuserdata(L, (size_t)(n > 0 ? n : 1) * sizeof(*c));
-    double pool_tps = 0, pool_itl = 0;
+    double pool_tps = 0, pool_itl = 0, pool_queued = 0, pool_uncached = 0;
     for (int i = 1; i <= n; i++) {
         lua_rawgeti(L, 1, i);
         read_fast_cand(L, v, lua_gettop(L), &c[i - 1]);
@@ -491,6 +507,13 @@ int policy_pick_fastest(lua_State *L)
         lua_pop(L, 1);
         pool_tps += c[i - 1].tps;
         pool_itl += c[i - 1].itl;
+        pool_queued += c[i - 1].queued;
+        pool_uncached += c[i - 1].uncached_mean;
+    }
+    if (w_congestion > 0 && pool_uncached > 0) {
+        double w = 1 + w_congestion * pool_queued / pool_uncached;
+        w = w < CONGESTION_MAX ? w : CONGESTION_MAX;
+        w_uncached = w > w_uncached ? w : w_uncached;
     }
     if (pooled && n > 0) { /* every endpoint at the pool's mean speeds: compare the work queued, not noisy rates */
         for (int i = 0; i < n; i++) {

@@ -412,6 +412,8 @@ static void set_live(lua_State *L, struct route_scratch *x, int eps)
         atc_signals_recent_set(s, spec_number(L, e, "recent_tokens", 0), now);
         s->prefill_tps_ewma = spec_number(L, e, "prefill_rate", 0); /* 0: none observed, the prior */
         s->itl_ms_ewma = spec_number(L, e, "itl", 0);
+        s->uncached_ewma = spec_number(L, e, "uncached_mean", 0);
+        ep->kv_tokens = (uint64_t)spec_number(L, e, "kv_tokens", 0);
         double running = nan_or(L, e, "running"), hit = nan_or(L, e, "prefix_hit_rate");
         double age = spec_number(L, e, "scrape_age", 0);
         if (isfinite(queue) || isfinite(kv) || isfinite(running) || isfinite(hit))

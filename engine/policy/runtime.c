@@ -189,7 +189,9 @@ size_t atc_policy_routed(struct atc_policy_runtime *rt, const struct atc_route_r
 {
     if (rt->prefix == NULL || req->features == NULL || req->features->nblocks == 0)
         return 0;
-    return atc_prefix_index_insert(rt->prefix, req->features->blocks, req->features->nblocks, ep->index);
+    uint32_t bt = req->block_tokens ? req->block_tokens : ATC_PREFIX_BLOCK_BYTES / 4;
+    return atc_prefix_index_insert(rt->prefix, req->features->blocks, req->features->nblocks, ep->index, bt,
+                                   atomic_load_explicit(&ep->kv_tokens, memory_order_relaxed));
 }
 
 /* ---- reload ---- */

@@ -12,7 +12,7 @@
 #define DEFAULT_MAX_SEQS 64
 #define DEFAULT_PREFILL_TPS 15000.0
 #define DEFAULT_DECODE_MS 12.0
-#define DEFAULT_KV_BLOCKS 25000
+
 #define DEFAULT_BATCH_FACTOR 2.2
 #define DEFAULT_BATCH_SAT 64
 #define DEFAULT_MAX_BATCHED 8192
@@ -660,7 +660,7 @@ struct atc_sim *atc_sim_create(const struct atc_sim_params *p, atc_sim_on_token 
     if (!(q->decode_ms >= 0))
         q->decode_ms = DEFAULT_DECODE_MS; /* 0 is allowed: tokens as fast as the loop turns */
     if (q->kv_blocks == 0)
-        q->kv_blocks = DEFAULT_KV_BLOCKS;
+        q->kv_blocks = ATC_SIM_DEFAULT_KV_BLOCKS;
     if (!(q->decode_batch_factor > 0))
         q->decode_batch_factor = DEFAULT_BATCH_FACTOR;
     if (q->decode_batch_sat == 0)

@@ -50,7 +50,6 @@
 
 #include "sim/sim_params.h"
 
-#define ATC_SIM_KV_BLOCK_TOKENS 16 /* tokens per KV block, as vLLM's default block size */
 
 struct atc_sim;
 

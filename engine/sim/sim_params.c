@@ -15,13 +15,18 @@ void atc_sim_params_init(struct atc_sim_params *p)
         .max_seqs = 64,
         .prefill_tps = 15000,
         .decode_ms = 12,
-        .kv_blocks = 25000,
+        .kv_blocks = ATC_SIM_DEFAULT_KV_BLOCKS,
         .error_rate = 0,
         .hang_rate = 0,
         .not_ready_for_ms = 0,
         .die_after = 0,
         .seed = 1,
     };
+}
+
+uint64_t atc_sim_params_kv_tokens(const struct atc_sim_params *p)
+{
+    return (uint64_t)(p->kv_blocks > 0 ? p->kv_blocks : ATC_SIM_DEFAULT_KV_BLOCKS) * ATC_SIM_KV_BLOCK_TOKENS;
 }
 
 void atc_sim_params_dispose(struct atc_sim_params *p)

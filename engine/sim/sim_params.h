@@ -7,6 +7,9 @@
 
 #include <stdint.h>
 
+#define ATC_SIM_KV_BLOCK_TOKENS 16 /* tokens per KV block, as vLLM's default block size */
+#define ATC_SIM_DEFAULT_KV_BLOCKS 25000
+
 /* Knobs, the same names on the command line (--max-seqs) and in YAML under simulate: (max_seqs).
  * For the fields after `seed`, 0 means "the default", so atc_sim_params_init need not know them. */
 struct atc_sim_params {
@@ -31,6 +34,8 @@ struct atc_sim_params {
 
 /** Fills @p p with the defaults (sim.h); p->model = strdup("llama-3-8b"). */
 void atc_sim_params_init(struct atc_sim_params *p);
+/** The KV cache of a server of @p p, in tokens (kv_blocks, or its default, x ATC_SIM_KV_BLOCK_TOKENS). */
+uint64_t atc_sim_params_kv_tokens(const struct atc_sim_params *p);
 /** Frees what @p p owns. */
 void atc_sim_params_dispose(struct atc_sim_params *p);
 

@@ -576,6 +576,13 @@ static void handle_metrics(struct atc_sim_server *srv, struct evhttp_request *re
                "Cumulative number of preemption from the engine.", (double)st.preemptions);
     add_metric(b, srv, "vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
                (double)st.tokens);
+    /* vLLM's info metric: the cache's size is in its labels (atc's scrape learns ep.kv_tokens from it). */
+    evbuffer_add_printf(b,
+                        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+                        "# TYPE vllm:cache_config_info gauge\n"
+                        "vllm:cache_config_info{block_size=\"%u\",num_gpu_blocks=\"%llu\"} 1.0\n",
+                        (unsigned)ATC_SIM_KV_BLOCK_TOKENS,
+                        (unsigned long long)(atc_sim_params_kv_tokens(&srv->p) / ATC_SIM_KV_BLOCK_TOKENS));
     set_content_type(req, "text/plain; version=0.0.4; charset=utf-8");
     evhttp_send_reply(req, HTTP_OK, "OK", b);
     evbuffer_free(b);

@@ -164,6 +164,7 @@ static int add_server(struct replay *rp, struct atc_endpoint *ep, const struct a
     e->sim = atc_sim_create(&p, on_token, e);
     if (e->sim == NULL)
         return -1;
+    ep->kv_tokens = atc_sim_params_kv_tokens(&p); /* what vLLM's /metrics would tell */
     e->heap_pos = rp->neps;
     rp->heap[rp->neps] = (struct heap_entry){.key = UINT64_MAX, .ep = rp->neps};
     rp->neps++;

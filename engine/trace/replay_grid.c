@@ -21,14 +21,13 @@ static void fleet_capacity(const struct atc_config *cfg, double *prefill_tps, ui
     *kv_tokens = 0;
     for (size_t i = 0; i < cfg->nmodels; i++) {
         *prefill_tps += (double)cfg->models[i].nendpoints * dflt.prefill_tps;
-        *kv_tokens += (uint64_t)cfg->models[i].nendpoints * dflt.kv_blocks * ATC_SIM_KV_BLOCK_TOKENS;
+        *kv_tokens += (uint64_t)cfg->models[i].nendpoints * atc_sim_params_kv_tokens(&dflt);
     }
     for (size_t i = 0; i < cfg->nsimulate; i++) {
         const struct atc_sim_params *p = &cfg->simulate[i].params;
         double tps = p->prefill_tps > 0 ? p->prefill_tps : dflt.prefill_tps;
-        unsigned kv = p->kv_blocks > 0 ? p->kv_blocks : dflt.kv_blocks;
         *prefill_tps += cfg->simulate[i].count * tps;
-        *kv_tokens += (uint64_t)cfg->simulate[i].count * kv * ATC_SIM_KV_BLOCK_TOKENS;
+        *kv_tokens += (uint64_t)cfg->simulate[i].count * atc_sim_params_kv_tokens(p);
     }
     atc_sim_params_dispose(&dflt);
 }

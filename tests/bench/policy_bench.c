@@ -88,7 +88,7 @@ int main(int argc, char **argv)
         return 1;
     }
     for (unsigned e = 0; e < 4; e++)
-        atc_prefix_index_insert(pfx, f.blocks, f.nblocks / (e + 1), e * 5);
+        atc_prefix_index_insert(pfx, f.blocks, f.nblocks / (e + 1), e * 5, 64, 0);
 
     struct atc_policy_settings s = {
         .entry = entry,

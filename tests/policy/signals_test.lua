@@ -24,3 +24,33 @@ t.test("prefill_tokens rises when a request is sent and falls at its first token
   -- three answers are still decoding, so the tie goes to the first again (16000 vs 8000 if they did not fall)
   t.expect(at.r4).to_be "llama-3-8b-sim-1"
 end)
+
+-- atc.fastest's congestion option on real endpoint views: with prefill queued in the pool, a cache hit
+-- is worth more than its own first token (uncached weight 1 + congestion x queued requests).
+local SHARED = string.rep("abcdefgh", 2048) -- 16 KiB (about 4k tokens) the two prompts share
+local function chat(text) return { model = "llama", messages = { { role = "user", content = text } } } end
+
+t.test("congestion: a cache hit behind a queue wins once the pool is congested", function()
+  local spec = {
+    endpoints = {
+      { id = "a", model = "llama", capacity = 8, prefill_tokens = 20000, uncached_mean = 2000 },
+      { id = "b", model = "llama", capacity = 8, prefill_tokens = 0, uncached_mean = 2000 },
+    },
+    body = chat(SHARED .. "second question"),
+    routed = { { endpoint = "a", body = chat(SHARED .. "first question") } },
+  }
+  t.route(spec, function(req, fleet)
+    local pool = fleet:endpoints "llama"
+    t.expect(pool[1]:prefix_overlap(req) > 0, "the shared prefix was routed to a").to_be(true)
+    t.expect(pool[1].uncached_mean).to_be(2000)
+    -- uncached 1.5: a costs its 20000 queued tokens, b the whole prompt x 1.5 (about 6k tokens)
+    local plain, plain_cost = atc.fastest(pool, req, { pooled = true, uncached = 1.5 })
+    t.expect(plain.id).to_be "b"
+    -- congestion 1: mean queued 10000 / mean request 2000 = 5 requests -> uncached weight 6: b's ~4k
+    -- uncached tokens cost ~25k, more than a's queue and its few uncached tokens
+    local ep, cost = atc.fastest(pool, req, { pooled = true, uncached = 1.5, congestion = 1 })
+    t.expect(ep.id).to_be "a"
+    t.expect(cost > plain_cost, "the weight rose with the queue").to_be(true)
+    return atc.queue()
+  end)
+end)

@@ -240,13 +240,50 @@ static void blocks_of(uint64_t *out, size_t n, uint64_t r)
         out[k] = mix(r << 32 | k);
 }
 
+/* An endpoint whose KV cache size is known loses, in the index, what it must have evicted: once it has
+ * taken in more new prompt tokens than its cache holds since a block was last sent there. */
+static void test_index_forgets_what_a_full_cache_evicted(void **state)
+{
+    struct atc_prefix_index *idx = atc_prefix_index_create(100000);
+    assert_non_null(idx);
+    uint16_t out[3];
+    const uint64_t a[5] = {11, 12, 13, 14, 15}; /* 5 blocks of 100 tokens */
+    atc_prefix_index_insert(idx, a, 5, 0, 100, 1600); /* endpoint 0: 1,600 tokens of KV cache */
+    atc_prefix_index_insert(idx, a, 5, 1, 100, 0);    /* endpoint 1: size unknown */
+    atc_prefix_index_insert(idx, a, 5, 2, 100, 1600); /* endpoint 2: kept warm below */
+    uint64_t other[5];
+    for (uint64_t r = 0; r < 2; r++) { /* 1,000 new tokens on endpoint 0 since a: a still fits */
+        for (uint64_t k = 0; k < 5; k++)
+            other[k] = 1000 + r * 10 + k;
+        atc_prefix_index_insert(idx, other, 5, 0, 100, 1600);
+    }
+    atc_prefix_index_overlaps(idx, a, 5, out, 3);
+    assert_int_equal(out[0], 5);
+    for (uint64_t r = 2; r < 6; r++) { /* 3,000 new tokens in all: a was evicted there */
+        for (uint64_t k = 0; k < 5; k++)
+            other[k] = 1000 + r * 10 + k;
+        atc_prefix_index_insert(idx, other, 5, 0, 100, 1600);
+        atc_prefix_index_insert(idx, other, 5, 2, 100, 1600);
+        assert_int_equal(atc_prefix_index_insert(idx, a, 5, 2, 100, 1600), 5); /* used again: stays */
+    }
+    atc_prefix_index_overlaps(idx, a, 5, out, 3);
+    assert_int_equal(out[0], 0);
+    assert_int_equal(out[1], 5); /* nothing known of its size: nothing taken as evicted */
+    assert_int_equal(out[2], 5);
+    /* sent there again: a new copy, counted as uncached (0 blocks were there) */
+    assert_int_equal(atc_prefix_index_insert(idx, a, 5, 0, 100, 1600), 0);
+    atc_prefix_index_overlaps(idx, a, 5, out, 3);
+    assert_int_equal(out[0], 5);
+    atc_prefix_index_destroy(idx);
+}
+
 static void test_overlap_counts_leading_blocks(void **state)
 {
     struct atc_prefix_index *idx = atc_prefix_index_create(1000);
     assert_non_null(idx);
     uint16_t out[2];
     const uint64_t a[5] = {11, 12, 13, 14, 15};
-    atc_prefix_index_insert(idx, a, 5, 0);
+    atc_prefix_index_insert(idx, a, 5, 0, 64, 0);
 
     atc_prefix_index_overlaps(idx, a, 5, out, 2);
     assert_int_equal(out[0], 5);
@@ -269,7 +306,7 @@ static void test_overlap_counts_leading_blocks(void **state)
 
     /* A block hash of 0 is a block like any other. */
     const uint64_t zero[2] = {0, 7};
-    atc_prefix_index_insert(idx, zero, 2, 1);
+    atc_prefix_index_insert(idx, zero, 2, 1, 64, 0);
     atc_prefix_index_overlaps(idx, zero, 2, out, 2);
     assert_int_equal(out[0], 0);
     assert_int_equal(out[1], 2);
@@ -283,11 +320,11 @@ static void test_overlaps_of_several_endpoints_in_one_pass(void **state)
     blocks_of(req, 20, 1);
     blocks_of(other, 20, 2);
     memcpy(other, req, 7 * sizeof(uint64_t)); /* shares 7 leading blocks with req */
-    atc_prefix_index_insert(idx, req, 10, 0);
-    atc_prefix_index_insert(idx, req, 4, 1);
-    atc_prefix_index_insert(idx, other, 20, 2);
-    atc_prefix_index_insert(idx, req + 1, 19, 5); /* everything but block 0 */
-    atc_prefix_index_insert(idx, req, 20, 63);
+    atc_prefix_index_insert(idx, req, 10, 0, 64, 0);
+    atc_prefix_index_insert(idx, req, 4, 1, 64, 0);
+    atc_prefix_index_insert(idx, other, 20, 2, 64, 0);
+    atc_prefix_index_insert(idx, req + 1, 19, 5, 64, 0); /* everything but block 0 */
+    atc_prefix_index_insert(idx, req, 20, 63, 64, 0);
 
     uint16_t out[72];
     memset(out, 0xff, sizeof(out));
@@ -307,7 +344,7 @@ static void test_overlaps_of_several_endpoints_in_one_pass(void **state)
     assert_int_equal(out[3], 0xffff);
 
     /* Indices from 64 on share a bit with index % 64: approximate, as documented. */
-    atc_prefix_index_insert(idx, req, 12, 64 + 6);
+    atc_prefix_index_insert(idx, req, 12, 64 + 6, 64, 0);
     atc_prefix_index_overlaps(idx, req, 20, out, 72);
     assert_int_equal(out[6], 12);
     assert_int_equal(out[70], 12);
@@ -321,12 +358,12 @@ static void test_eviction_keeps_memory_bounded(void **state)
     enum { MAX = 1000, PER = 10, REQUESTS = 10 * MAX / PER };
     struct atc_prefix_index *idx = atc_prefix_index_create(MAX);
     size_t bytes = atc_prefix_index_bytes(idx);
-    assert_true(bytes < MAX * 24 + 1024); /* the bound stated in affinity.h */
+    assert_true(bytes < MAX * 46 + 16384); /* the bound stated in affinity.h, + 12 KB of per-endpoint clocks */
     uint64_t req[PER];
     uint16_t out[8];
     for (uint64_t r = 0; r < REQUESTS; r++) {
         blocks_of(req, PER, r);
-        atc_prefix_index_insert(idx, req, PER, (unsigned)(r % 8));
+        atc_prefix_index_insert(idx, req, PER, (unsigned)(r % 8), 64, 0);
         assert_true(atc_prefix_index_count(idx) <= MAX);
     }
     assert_true(atc_prefix_index_count(idx) >= MAX / 2);
@@ -349,7 +386,7 @@ static void insert_cold(struct atc_prefix_index *idx, uint64_t *next, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         uint64_t b = mix(UINT64_C(1) << 63 | (*next)++);
-        atc_prefix_index_insert(idx, &b, 1, 9);
+        atc_prefix_index_insert(idx, &b, 1, 9, 64, 0);
     }
 }
 
@@ -359,10 +396,10 @@ static void test_hot_prefix_survives_rotations(void **state)
     uint64_t hot[4], cold = 0;
     uint16_t out[2];
     blocks_of(hot, 4, 42);
-    atc_prefix_index_insert(idx, hot, 4, 0);
+    atc_prefix_index_insert(idx, hot, 4, 0, 64, 0);
     insert_cold(idx, &cold, 600); /* one rotation: hot (for 0) is now in the previous generation */
     assert_int_equal(idx->cur.count, 104);
-    atc_prefix_index_insert(idx, hot, 4, 1); /* copies it forward, with endpoint 0 */
+    atc_prefix_index_insert(idx, hot, 4, 1, 64, 0); /* copies it forward, with endpoint 0 */
     insert_cold(idx, &cold, 400);            /* one more rotation drops the old copy */
     assert_int_equal(idx->cur.count, 8);
     atc_prefix_index_overlaps(idx, hot, 4, out, 2);
@@ -370,7 +407,7 @@ static void test_hot_prefix_survives_rotations(void **state)
     assert_int_equal(out[1], 4);
 
     for (int i = 0; i < 20; i++) { /* 8,000 cold blocks, 8x the index, while hot keeps being used */
-        atc_prefix_index_insert(idx, hot, 4, 0);
+        atc_prefix_index_insert(idx, hot, 4, 0, 64, 0);
         insert_cold(idx, &cold, 400);
     }
     atc_prefix_index_overlaps(idx, hot, 4, out, 2);
@@ -389,14 +426,14 @@ static void test_clear(void **state)
     uint64_t req[8];
     uint16_t out[2];
     blocks_of(req, 8, 3);
-    atc_prefix_index_insert(idx, req, 8, 1);
+    atc_prefix_index_insert(idx, req, 8, 1, 64, 0);
     uint64_t cold = 0;
     insert_cold(idx, &cold, 700); /* something in both generations */
     atc_prefix_index_clear(idx);
     assert_int_equal(atc_prefix_index_count(idx), 0);
     atc_prefix_index_overlaps(idx, req, 8, out, 2);
     assert_int_equal(out[1], 0);
-    atc_prefix_index_insert(idx, req, 8, 0);
+    atc_prefix_index_insert(idx, req, 8, 0, 64, 0);
     atc_prefix_index_overlaps(idx, req, 8, out, 2);
     assert_int_equal(out[0], 8);
     assert_int_equal(out[1], 0); /* not resurrected */
@@ -448,12 +485,12 @@ static void test_bench(void **state)
     t0 = now_ns();
     for (int i = 0; i < FILL / BLOCKS; i++) {
         blocks_of(req, BLOCKS, 1000 + i);
-        atc_prefix_index_insert(idx, req, BLOCKS, i % 64);
+        atc_prefix_index_insert(idx, req, BLOCKS, i % 64, 64, 0);
     }
     double insert_ns = (now_ns() - t0) / (FILL / BLOCKS * BLOCKS);
     blocks_of(req, BLOCKS, 7);
     for (unsigned e = 0; e < 64; e++)
-        atc_prefix_index_insert(idx, req, BLOCKS, e);
+        atc_prefix_index_insert(idx, req, BLOCKS, e, 64, 0);
     uint16_t out[64];
     t0 = now_ns();
     for (int i = 0; i < CALLS; i++) {
@@ -486,6 +523,7 @@ int main(void)
         cmocka_unit_test(test_evicts_expired_before_lru),
         cmocka_unit_test(test_colliding_buckets),
         cmocka_unit_test(test_overlap_counts_leading_blocks),
+        cmocka_unit_test(test_index_forgets_what_a_full_cache_evicted),
         cmocka_unit_test(test_overlaps_of_several_endpoints_in_one_pass),
         cmocka_unit_test(test_eviction_keeps_memory_bounded),
         cmocka_unit_test(test_hot_prefix_survives_rotations),

@@ -73,6 +73,17 @@ static void test_load_from_a_page(void **state)
     assert_true(fabs(load.prefix_hit_rate - 0.75) < 1e-9 && prev.queries == 100);
     assert_int_equal(atc_load_scrape_page("m", "x{", 2, &load, &prev, why, sizeof(why)), -1);
     assert_non_null(strstr(why, "malformed metrics page: line 1"));
+    /* the KV cache's size: vLLM puts it in an info metric's labels, SGLang in a gauge */
+    assert_true(isnan(load.kv_tokens) || load.kv_tokens == 0);
+    const char *v = "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",num_gpu_blocks=\"27000\"} 1.0\n";
+    assert_int_equal(atc_load_scrape_page("m", v, strlen(v), &load, &prev, why, sizeof(why)), 0);
+    assert_true(load.kv_tokens == 432000);
+    const char *bad = "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"None\"} 1.0\n";
+    assert_int_equal(atc_load_scrape_page("m", bad, strlen(bad), &load, &prev, why, sizeof(why)), 0);
+    assert_true(isnan(load.kv_tokens));
+    const char *sg = "sglang:max_total_num_tokens{model_name=\"m\"} 900000\n";
+    assert_int_equal(atc_load_scrape_page("m", sg, strlen(sg), &load, &prev, why, sizeof(why)), 0);
+    assert_true(load.kv_tokens == 900000);
 }
 
 static void test_jitter_and_ramp(void **state)

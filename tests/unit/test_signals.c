@@ -53,6 +53,16 @@ static void test_prefill_tokens_follow_the_first_byte(void **state)
     /* a first byte after the end changes nothing */
     atc_signals_first_byte(&s, &p, &b, 7000000, true);
     assert_int_equal(s.decoding, 0);
+    /* uncached_mean: the first request's tokens, then a moving average */
+    assert_true(atc_signals_uncached_mean(&s) > 3000 && atc_signals_uncached_mean(&s) < 8000);
+    struct atc_signals fresh;
+    atc_signals_init(&fresh);
+    assert_true(atc_signals_uncached_mean(&fresh) == 0);
+    for (int i = 0; i < 200; i++) {
+        atc_signals_sent(&fresh, &p, &a, 2000, (uint64_t)i);
+        atc_signals_done(&fresh, &a, (uint64_t)i, 0);
+    }
+    assert_true(fabs(atc_signals_uncached_mean(&fresh) - 2000) < 1e-6);
 }
 
 static void test_rates_are_learned_from_samples(void **state)

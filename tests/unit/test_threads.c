@@ -182,7 +182,7 @@ static void *prefix_hammer(void *p)
         /* Chains of this thread only: its blocks never belong to the other endpoint. */
         for (size_t k = 0; k < CHAIN; k++)
             blocks[k] = mix((uint64_t)a->thread << 62 | i << 8 | k);
-        atc_prefix_index_insert(a->idx, blocks, CHAIN, a->thread);
+        atc_prefix_index_insert(a->idx, blocks, CHAIN, a->thread, 64, 0);
         atc_prefix_index_overlaps(a->idx, blocks, CHAIN, out, 2);
         a->short_reads += out[a->thread] != CHAIN;
         a->crossed += out[1 - a->thread] != 0;
@@ -225,7 +225,7 @@ static void test_prefix_index_rotating_under_two_threads(void **state)
     assert_true(atc_prefix_index_count(idx) <= 4096);
     uint64_t blocks[CHAIN] = {1, 2, 3, 4, 5, 6, 7, 8};
     uint16_t out[2];
-    atc_prefix_index_insert(idx, blocks, CHAIN, 1);
+    atc_prefix_index_insert(idx, blocks, CHAIN, 1, 64, 0);
     atc_prefix_index_overlaps(idx, blocks, CHAIN, out, 2);
     assert_int_equal(out[1], CHAIN);
     atc_prefix_index_destroy(idx);
