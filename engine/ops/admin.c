@@ -81,6 +81,11 @@ static void send_endpoints(struct atc_server *srv, struct evhttp_request *req)
                             (unsigned long long)ep->inflight_tokens, ep->ttft_ewma_ms,
                             (unsigned long long)ep->requests_total, (unsigned long long)ep->errors_total,
                             idle_connections(srv, ep));
+        uint64_t kv = atomic_load_explicit(&ep->kv_tokens, memory_order_relaxed);
+        if (kv > 0)
+            evbuffer_add_printf(b, ",\"kv_tokens\":%llu", (unsigned long long)kv);
+        else
+            evbuffer_add_printf(b, ",\"kv_tokens\":null");
         atc_health_endpoint_json(ep, b); /* state, checks, last error, scraped load */
         evbuffer_add(b, "}", 1);
     }

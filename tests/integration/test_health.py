@@ -405,7 +405,7 @@ class HealthTest(AtcTestCase):
     # ---- server load ----
 
     def test_the_load_scrape_reaches_the_admin_api_and_policies(self):
-        sim = self.start_sim("sim", extra=["--decode-ms", "30", "--max-seqs", "2"])
+        sim = self.start_sim("sim", extra=["--decode-ms", "30", "--max-seqs", "2", "--kv-blocks", "1000"])
         page = {"text": "# TYPE vllm:num_requests_running gauge\n"
                         "vllm:num_requests_running{model_name=\"llama-3-8b\"} 7\n"
                         "vllm:num_requests_running{model_name=\"other\"} 100\n"
@@ -420,11 +420,11 @@ return function(req, fleet)
   if req:header("x-probe") then
     local out = {}
     for _, ep in ipairs(fleet:endpoints(req.model)) do
-      out[#out + 1] = string.format("%s=%s/%d/%d/%.2f/%d/%s/%s/%s", ep.id, ep.health, ep.running,
+      out[#out + 1] = string.format("%s=%s/%d/%d/%.2f/%d/%s/%s/%s/%s", ep.id, ep.health, ep.running,
                                     ep.server_queue, ep.kv_usage, ep.consecutive_failures,
                                     tostring(ep.last_error),
                                     tostring(ep.last_check ~= nil and ep.last_check <= atc.now()),
-                                    tostring(ep.prefix_hit_rate))
+                                    tostring(ep.prefix_hit_rate), tostring(ep.kv_tokens))
     end
     table.sort(out)
     return atc.reject(418, table.concat(out, " "))
@@ -448,8 +448,10 @@ end
         status, _, body = chat(atc.port, max_tokens=1, headers={"x-probe": "1"})
         self.assertEqual(status, 418)
         msg = json.loads(body)["error"]["message"]
-        # prefix_hit_rate: the stub reports NaN, so not known: nil (the contract's rule)
-        self.assertRegex(msg, r"sim=healthy/\d/\d/\d\.\d\d/0/nil/true/\S+ stub=healthy/7/3/0\.25/0/nil/true/nil")
+        # prefix_hit_rate: the stub reports NaN, so not known: nil (the contract's rule); kv_tokens: the
+        # sim's KV size from vLLM's cache_config_info (1000 blocks of 16), the stub says none
+        self.assertRegex(msg, r"sim=healthy/\d/\d/\d\.\d\d/0/nil/true/\S+/16000 stub=healthy/7/3/0\.25/0/nil/true/nil/nil")
+        self.assertEqual((atc.endpoints()["sim"]["kv_tokens"], atc.endpoints()["stub"]["kv_tokens"]), (16000, None))
         for t in threads:
             t.join()
 
