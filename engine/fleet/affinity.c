@@ -297,7 +297,8 @@ size_t atc_affinity_count(struct atc_affinity *t)
  * generation never needs the previous one, and a block that keeps being requested survives rotations.
  *
  * Each slot is {block hash, endpoint mask, two KV clock stamps, the bit stamped last}, 32 bytes, two to a
- * cache line; hash 0 marks an empty slot, so a block whose hash is 0 is stored as 1 (an alias of one in 2^64, harmless for an approximate index).
+ * cache line; hash 0 marks an empty slot, so a block whose hash is 0 is stored as 1 (an alias of one in
+ * 2^64, harmless for an approximate index).
  * Slots are found from the block hash re-hashed with a random seed: block hashes are plain XXH3 of
  * client-chosen text and would otherwise let a client pile its blocks into one probe run. */
 
@@ -397,7 +398,10 @@ static void ingest(struct atc_prefix_index *idx, unsigned b, uint64_t tokens)
     idx->clock_rest = (idx->clock_rest + tokens) % KV_CLOCK_TOKENS;
     if (c->cap != 0) {
         c->ingest += tokens;
-        while (c->marks_taken * c->step <= c->ingest) /* each mark: the clock as ingest passed it */
+        uint64_t due = c->ingest / c->step + 1; /* marks at ingest 0, step, 2 step, ... up to now */
+        if (due - c->marks_taken > KV_MARKS)    /* one huge request: only the ring's worth is kept */
+            c->marks_taken = due - KV_MARKS;
+        while (c->marks_taken < due) /* each mark: the clock as ingest passed it */
             c->marks[c->marks_taken++ % KV_MARKS] = idx->clock;
     }
     idx->clock += (uint32_t)units;

@@ -246,7 +246,7 @@ static void test_index_forgets_what_a_full_cache_evicted(void **state)
 {
     struct atc_prefix_index *idx = atc_prefix_index_create(100000);
     assert_non_null(idx);
-    uint16_t out[3];
+    uint16_t out[4];
     const uint64_t a[5] = {11, 12, 13, 14, 15}; /* 5 blocks of 100 tokens */
     atc_prefix_index_insert(idx, a, 5, 0, 100, 1600); /* endpoint 0: 1,600 tokens of KV cache */
     atc_prefix_index_insert(idx, a, 5, 1, 100, 0);    /* endpoint 1: size unknown */
@@ -274,6 +274,13 @@ static void test_index_forgets_what_a_full_cache_evicted(void **state)
     assert_int_equal(atc_prefix_index_insert(idx, a, 5, 0, 100, 1600), 0);
     atc_prefix_index_overlaps(idx, a, 5, out, 3);
     assert_int_equal(out[0], 5);
+    /* a server that says its cache holds 1 token: each block is gone once anything else came, and a
+     * huge request costs no more than the ring of marks (it used to take one step per token) */
+    const uint64_t big[1] = {777};
+    atc_prefix_index_insert(idx, a, 5, 3, 100, 1);
+    atc_prefix_index_insert(idx, big, 1, 3, UINT32_MAX, 1);
+    atc_prefix_index_overlaps(idx, a, 5, out, 4);
+    assert_int_equal(out[3], 0);
     atc_prefix_index_destroy(idx);
 }
 
