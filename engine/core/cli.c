@@ -129,6 +129,23 @@ static void print_error(int status, const char *body)
     atc_json_dispose(&j);
 }
 
+/* The models with requests waiting, one row each: a name no model serves is queued as "other", so
+ * the names clients send make one row, not one each. */
+static void print_queues(const struct atc_json *j, int models)
+{
+    if (atc_json_count(j, models) <= 0)
+        return;
+    printf("\n%-28s %9s %10s  %s\n", "QUEUED FOR MODEL", "WAITING", "OLDEST(ms)", "BY PRIORITY (0..9)");
+    for (int k = 0, i = models + 1; k < atc_json_count(j, models); k++, i = atc_json_next(j, i)) {
+        char model[128], waiting[16], oldest[24], prio[64];
+        json_text(j, atc_json_get(j, i, "model"), model, sizeof(model));
+        json_text(j, atc_json_get(j, i, "waiting"), waiting, sizeof(waiting));
+        json_text(j, atc_json_get(j, i, "oldest_ms"), oldest, sizeof(oldest));
+        json_text(j, atc_json_get(j, i, "by_priority"), prio, sizeof(prio));
+        printf("%-28s %9s %10s  %s\n", model, waiting, oldest, prio);
+    }
+}
+
 static int cmd_status(const struct admin_target *t)
 {
     char *body = NULL, *pol = NULL;
@@ -175,8 +192,10 @@ static int cmd_status(const struct admin_target *t)
     char active[16], waiting[16] = "0";
     json_text(&j, atc_json_get(&j, 0, "active"), active, sizeof(active));
     int q = atc_json_get(&j, 0, "queues");
-    if (atc_json_type(&j, q) == ATC_JSON_OBJECT)
+    if (atc_json_type(&j, q) == ATC_JSON_OBJECT) {
         json_text(&j, atc_json_get(&j, q, "waiting"), waiting, sizeof(waiting));
+        print_queues(&j, atc_json_get(&j, q, "models"));
+    }
     printf("\npolicy version %s; %s request(s) in progress, %s waiting for capacity\n", version, active,
            waiting);
     if (errbuf[0])

@@ -790,7 +790,11 @@ static void wait_for_capacity(struct relay *r, uint64_t deadline_ms)
         give_up(r); /* 503 + Retry-After */
         return;
     }
-    snprintf(r->qi.model, sizeof(r->qi.model), "%s", r->f->model);
+    /* Queued under the configured model's name, or "other" for a name none serves (an alias the policy
+     * queues): a client picks the names, and each would be a queue kept for good, a metrics series and
+     * a row in atc status. */
+    snprintf(r->qi.model, sizeof(r->qi.model), "%s",
+             atc_endpoint_table_model_label(r->w->table, r->f->model));
     snprintf(r->qi.tenant, sizeof(r->qi.tenant), "%s", r->tenant);
     r->qi.priority = r->priority;
     r->qi.owner = r;
