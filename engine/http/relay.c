@@ -105,6 +105,7 @@ struct relay {
 
     int status;
     bool streaming;    /* relaying the body as it arrives */
+    bool broken;       /* the answer broke after it started: counted apart in the metrics */
     bool event_stream; /* and it is SSE */
     bool paused;
     struct evbuffer *buffered;
@@ -179,6 +180,7 @@ static void account(struct relay *r)
         .retries = retries,
         .bytes = r->bytes,
         .sse_events = r->sse_events,
+        .broken = r->broken,
     };
     atc_metrics_request(w->metrics, &m);
     if (w->access_log == NULL)
@@ -699,6 +701,7 @@ static void end_broken_stream(struct relay *r, enum atc_upstream_error err)
 {
     r->w->stats.responses_total++;
     r->client_status = r->status;
+    r->broken = true;
     snprintf(r->error, sizeof(r->error), "upstream %s: %s after the answer started",
              r->tried[r->ntried - 1]->id, atc_upstream_strerror(err));
     if (!r->event_stream) {

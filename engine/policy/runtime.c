@@ -27,7 +27,7 @@
 const char atc_policy_fallback_error[] = "error";
 const char atc_policy_fallback_budget[] = "budget";
 const char atc_policy_fallback_memory[] = "memory";
-const char atc_policy_fallback_invalid[] = "invalid return";
+const char atc_policy_fallback_invalid[] = "invalid_return"; /* a label value: no space */
 
 /* A new version is on probation (and can be rolled back) until it has made this many good decisions. */
 #define PROBATION_SUCCESSES 100
@@ -36,7 +36,6 @@ static double default_now_ms(void *ctx)
 {
     return (double)atc_mono_ns() / 1e6;
 }
-
 
 /* ---- decisions ---- */
 

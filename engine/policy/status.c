@@ -122,14 +122,18 @@ void atc_policy_metrics(struct atc_policy_runtime *const *rts, size_t n, struct 
         const struct {
             const char *kind;
             uint64_t n;
-        } kinds[] = {{"error", t.c.errors}, {"budget", t.c.overruns}, {"memory", t.c.oom}, {"invalid", t.c.invalid}};
+        } kinds[] = {{"error", t.c.errors},
+                     {"budget", t.c.overruns},
+                     {"memory", t.c.oom},
+                     {"invalid_return", t.c.invalid}};
         for (size_t k = 0; k < 4; k++)
             evbuffer_add_printf(out, "atc_policy_failures_total{version=\"%llu\",kind=\"%s\"} %llu\n",
                                 (unsigned long long)v->version, kinds[k].kind,
                                 (unsigned long long)kinds[k].n);
     }
-    evbuffer_add_printf(out,
-                        "# HELP atc_policy_memory_bytes Memory of the deciding policy's Lua states (every worker's).\n"
-                        "# TYPE atc_policy_memory_bytes gauge\natc_policy_memory_bytes %zu\n",
-                        version_totals(rts, n, rt->current).mem_used);
+    evbuffer_add_printf(
+        out,
+        "# HELP atc_policy_memory_bytes Memory of the deciding policy's Lua states (every worker's).\n"
+        "# TYPE atc_policy_memory_bytes gauge\natc_policy_memory_bytes %zu\n",
+        version_totals(rts, n, rt->current).mem_used);
 }

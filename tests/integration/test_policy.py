@@ -234,6 +234,9 @@ class VerdictTest(PolicyTestCase):
         status, headers, _ = chat(atc.port, model="m", max_tokens=1, headers={"x-what": "nonsense"})
         self.assertEqual((status, headers["x-atc-endpoint"]), (200, SAFE))
         self.assertEqual(self.policy_status(atc)["current"]["invalid_returns"], 1)
+        _, _, metrics = request("127.0.0.1", atc.admin_port, "GET", "/metrics")  # one spelling, no space
+        self.assertIn(b'atc_policy_fallbacks_total{reason="invalid_return"} 1\n', metrics)
+        self.assertIn(b'atc_policy_failures_total{version="1",kind="invalid_return"} 1\n', metrics)
         # An alias: the server gets the endpoint's model name, not "auto".
         status, headers, body = chat(atc.port, model="auto", max_tokens=2)
         self.assertEqual(status, 200, body)
