@@ -68,6 +68,30 @@ class CliTest(AtcTestCase):
         self.assertRegex(text, r":8:\d+: .*duplicate")   # id 'a' again
         self.assertRegex(text, r":10:\d+: .*bogus")      # unknown key
 
+    def test_durations_and_sizes_need_a_unit(self):
+        # `connect_timeout: 2` silently meant 2 ms; now every bare number of a duration or size is an
+        # error at its own line:col, with the others of the file; 0 needs no unit.
+        path = os.path.join(self.tmp.name, "bare.yaml")
+        with open(path, "w") as f:
+            f.write("upstream:\n"
+                    "  connect_timeout: 2\n"
+                    "  idle_timeout: 1.5\n"
+                    "max_body: 4096\n"
+                    "drain_timeout: 0\n"
+                    "admission:\n"
+                    "  aging: 0\n"
+                    "models:\n"
+                    "  - name: m\n"
+                    "    endpoints:\n"
+                    "      - {id: a, url: \"http://127.0.0.1:9001\"}\n")
+        out = run("check", "-c", path)
+        self.assertEqual(out.returncode, 1, out.stdout)
+        text = out.stderr
+        self.assertRegex(text, re.escape(path) + r":2:20: key 'upstream.connect_timeout': needs a unit: .*2s")
+        self.assertRegex(text, re.escape(path) + r":3:17: key 'upstream.idle_timeout': needs a unit")
+        self.assertRegex(text, re.escape(path) + r":4:11: key 'max_body': needs a unit: .*MiB")
+        self.assertEqual(len(text.strip().splitlines()), 3, text)  # the zeros are fine
+
     def test_too_little_policy_memory_is_an_error_every_command_prints(self):
         policy = os.path.join(self.tmp.name, "policy.lua")
         with open(policy, "w") as f:
