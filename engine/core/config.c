@@ -858,6 +858,25 @@ static void parse_record(struct parse *p, yaml_node_t *n)
                           "only letters, digits, '.', '_' and '-' may name files");
 }
 
+/* Where atc check reports what is wrong with the policy: at the entry: value, or at the policy:
+ * section when the entry is the default. */
+static void mark_policy_entry(struct parse *p, const yaml_node_t *policy)
+{
+    yaml_mark_t at = policy->start_mark;
+    if (policy->type == YAML_MAPPING_NODE)
+        for (yaml_node_pair_t *q = policy->data.mapping.pairs.start; q < policy->data.mapping.pairs.top;
+             q++) {
+            const yaml_node_t *k = yaml_document_get_node(p->doc, q->key);
+            if (k != NULL && k->type == YAML_SCALAR_NODE &&
+                strcmp((const char *)k->data.scalar.value, "entry") == 0) {
+                const yaml_node_t *v = yaml_document_get_node(p->doc, q->value);
+                at = v != NULL ? v->start_mark : k->start_mark;
+            }
+        }
+    p->cfg->policy.entry_line = (unsigned)at.line + 1;
+    p->cfg->policy.entry_column = (unsigned)at.column + 1;
+}
+
 static void parse_root(struct parse *p, yaml_node_t *root)
 {
     struct atc_config *cfg = p->cfg;
@@ -868,6 +887,8 @@ static void parse_root(struct parse *p, yaml_node_t *root)
     if (parse_section(p, root, "", false, root_fields, cfg, found) < 0)
         return;
     cfg->policy.enabled = lookup(root_fields, found, "policy") != NULL;
+    if (cfg->policy.enabled)
+        mark_policy_entry(p, lookup(root_fields, found, "policy"));
     if (lookup(root_fields, found, "record"))
         parse_record(p, lookup(root_fields, found, "record"));
     /* One address for both would only fail at bind time; say so now, at whichever of them the file sets. */

@@ -42,6 +42,37 @@ class CliTest(AtcTestCase):
                 self.assertEqual(out.returncode, 0, out.stderr)
                 self.assertIn("ok", out.stdout)
 
+    def test_check_reports_the_policy_at_its_entry_key(self):
+        # The quick start's own check: the policy's init sees the simulated endpoints, so it does not
+        # warn that the models it serves are not served.
+        out = run("check", "-c", os.path.join("examples", "quickstart.yaml"))
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertNotRegex(out.stderr, r"no endpoint serves '(llama-3-8b|qwen-2\.5-1\.5b)'")
+        path = os.path.join(self.tmp.name, "p.yaml")
+        policy = os.path.join(self.tmp.name, "p.lua")
+        cases = {
+            "missing": (None, r"cannot read .*p\.lua: No such file"),
+            "syntax": ("return function(\n", r"p\.lua:2: .*expected"),
+            "no route function": ("return 42\n", r"must return a function route\(req, fleet\)"),
+            "fails a test request": ("return function(req) error('boom') end\n",
+                                     r"p\.lua:1: boom \(on a test request"),
+        }
+        for name, (source, message) in cases.items():
+            with self.subTest(name):
+                if source is None:
+                    if os.path.exists(policy):
+                        os.remove(policy)
+                else:
+                    with open(policy, "w") as f:
+                        f.write(source)
+                with open(path, "w") as f:
+                    f.write("models:\n  - name: m\nsimulate:\n  - model: m\npolicy:\n  budget: 5ms\n"
+                            "  entry:   p.lua\n")
+                out = run("check", "-c", path)
+                self.assertEqual(out.returncode, 1, out.stdout)
+                self.assertRegex(out.stderr, "(?m)^" + re.escape(path) + r":7:12: key 'policy\.entry': .*" + message)
+                self.assertNotIn("ok", out.stdout)
+
     def test_check_reports_every_error_with_line_and_column(self):
         path = os.path.join(self.tmp.name, "bad.yaml")
         with open(path, "w") as f:
