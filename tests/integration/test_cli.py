@@ -155,6 +155,74 @@ class CliTest(AtcTestCase):
         out = run("test", "-c", path, test)
         self.assertEqual(out.returncode, 0, out.stdout)
 
+    def test_reloads_say_what_they_reread_and_refuse_what_takes_a_restart(self):
+        from harness import dead_port, request
+        import signal
+        out = run("reload", "--help")
+        self.assertIn("--yaml", out.stdout)
+        self.assertIn("the YAML is not read", out.stdout)
+        self.assertIn("SIGHUP", run("serve", "--help").stdout)
+        # `atc reload --config FILE` names a file; it never means "the YAML too"
+        out = run("reload", "--config", "--admin", "127.0.0.1:1")
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("--config takes a FILE", out.stderr)
+        policy = os.path.join(self.tmp.name, "p.lua")
+        with open(policy, "w") as f:
+            f.write("return function(req, fleet) return fleet:endpoints(req.model)[1] end\n")
+        admin = dead_port()
+        good = (f"listen: 127.0.0.1:0\nadmin: 127.0.0.1:{admin}\npolicy:\n  entry: {policy}\n  watch: false\n"
+                "models:\n  - name: m\nsimulate:\n  - model: m\n    count: 1\n")
+        atc = self.start_atc(good)
+        cfg = atc.config_path
+
+        def write(text):
+            with open(cfg, "w") as f:
+                f.write(text)
+
+        def policy_version():
+            return json.loads(request("127.0.0.1", admin, "GET", "/admin/policy")[2])["version"]
+
+        out = run("reload", "-c", cfg)  # the file gives the address; only the policy is re-read
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("reloaded the policy", out.stdout)
+        self.assertEqual(policy_version(), 2)
+        # a broken YAML on SIGHUP: atc logs it, with the position, and nothing changes
+        write(good + "bogus: 1\n")
+        atc.proc.send_signal(signal.SIGHUP)
+        wait = __import__("harness").wait_for
+        wait(lambda: "config reload failed" in atc.read_log(), timeout=5, what="the failure logged")
+        self.assertRegex(atc.read_log(), re.escape(cfg) + r":\d+:\d+: unknown key 'bogus'")
+        # a change that takes a restart is refused, by each way in, and said so
+        for name, text in (("listen", good.replace("listen: 127.0.0.1:0", "listen: 127.0.0.1:1")),
+                           ("simulate", good.replace("count: 1", "count: 2"))):
+            with self.subTest(name):
+                write(text)
+                status, _, body = request("127.0.0.1", admin, "POST", "/admin/config/reload")
+                self.assertEqual(status, 422, body)
+                self.assertIn(f"'{name}' changed, which takes a restart", json.loads(body)["error"]["message"])
+                out = run("reload", "--yaml", "-c", cfg)
+                self.assertEqual(out.returncode, 1)
+                self.assertIn("takes a restart", out.stderr)
+                self.assertIn(f"config reload refused: {cfg}: '{name}' changed", atc.read_log())
+        self.assertEqual(len(atc.endpoints()), 1)
+        # the shipped systemd unit's reload fails on a broken file and succeeds on a good one
+        with open(os.path.join(SOURCE_DIR, "examples", "systemd", "atc.service")) as f:
+            reload_lines = [l.split("=", 1)[1].strip() for l in f if l.startswith("ExecReload=")]
+        self.assertTrue(reload_lines)
+
+        def systemctl_reload():
+            for line in reload_lines:
+                cmd = (line.replace("/usr/local/bin/atc", ATC_BIN).replace("/etc/atc/atc.yaml", cfg)
+                       .replace("$MAINPID", str(atc.proc.pid)))
+                if subprocess.run(cmd, shell=True, capture_output=True, timeout=10).returncode != 0:
+                    return False  # systemd stops at the first command that fails
+            return True
+
+        write(good + "bogus: 1\n")
+        self.assertFalse(systemctl_reload())
+        write(good)
+        self.assertTrue(systemctl_reload())
+
     def test_serve_with_a_bad_config_exits_1_without_listening(self):
         path = os.path.join(self.tmp.name, "bad.yaml")
         with open(path, "w") as f:
