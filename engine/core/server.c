@@ -694,6 +694,7 @@ static int start_policy(struct atc_server *srv, struct atc_worker *w, char **err
         .jit = cfg->policy.jit,
         .rollback_after = cfg->policy.rollback_after,
         .group = srv->group.nworkers > 1 ? &srv->policy_group : NULL,
+        .quiet = w != main_worker(srv), /* worker 0 says it once for all */
     };
     char *msg = NULL;
     w->policy = atc_policy_runtime_create(&ps, srv->table, srv->affinity, srv->prefix, &msg);

@@ -757,14 +757,10 @@ done:
 int atc_policy_test_main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        {"config", required_argument, NULL, 'c'},
-        {"scripts", required_argument, NULL, 's'},
-        {"budget", required_argument, NULL, 'b'},
-        {"filter", required_argument, NULL, 'f'},
-        {"verbose", no_argument, NULL, 'v'},
-        {"contract", no_argument, NULL, 'C'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        {"config", required_argument, NULL, 'c'}, {"scripts", required_argument, NULL, 's'},
+        {"budget", required_argument, NULL, 'b'}, {"filter", required_argument, NULL, 'f'},
+        {"verbose", no_argument, NULL, 'v'},      {"contract", no_argument, NULL, 'C'},
+        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
     };
     const char *config = NULL, *scripts = "scripts";
     struct runner r = {0};

@@ -269,7 +269,9 @@ uint64_t atc_policy_reload(struct atc_policy_runtime *rt, char **err)
         atomic_store(&rt->s.group->streak, 0); /* a new version starts with a clean record */
     free(rt->last_error);
     rt->last_error = NULL;
-    atc_info("policy v%llu loaded from %s", (unsigned long long)v->version, rt->s.entry);
+    if (!rt->s.quiet)
+        atc_info("policy v%llu loaded from %s (files hash %016llx)", (unsigned long long)v->version,
+                 rt->s.entry, (unsigned long long)v->files_hash);
     return v->version;
 }
 
@@ -369,7 +371,9 @@ struct atc_policy_runtime *atc_policy_runtime_create(const struct atc_policy_set
     v->version = ++rt->next_version;
     rt->current = v;
     rt->last_reload_at = atc_wall_s();
-    atc_info("policy v%llu loaded from %s", (unsigned long long)v->version, rt->s.entry);
+    if (!rt->s.quiet)
+        atc_info("policy v%llu loaded from %s (files hash %016llx)", (unsigned long long)v->version,
+                 rt->s.entry, (unsigned long long)v->files_hash);
     return rt;
 }
 
