@@ -223,6 +223,37 @@ class CliTest(AtcTestCase):
         write(good)
         self.assertTrue(systemctl_reload())
 
+    def test_readme_says_what_the_commands_say(self):
+        with open(os.path.join(SOURCE_DIR, "README.md")) as f:
+            readme = f.read()
+        using = readme.split("## Using it", 1)[1].split("\n## ", 1)[0]
+        for cmd in ("atc status", "atc reload", "atc drain", "atc enable", "cmake --install"):
+            self.assertIn(cmd, using)
+        self.assertRegex(readme, r"watch: true +# the default")
+        # the section `atc trace import --help` sends the reader to exists under that name
+        section = re.search(r"see README '([^']+)'", run("trace", "import", "--help").stdout).group(1)
+        self.assertRegex(readme, r"(?m)^#+ " + re.escape(section) + "$")
+        # one figure for the decision latency: the benchmark table's, in both READMEs
+        row = re.search(r"\| Lua policy scripts/policy\.lua, interpreted \| ([\d.]+) \| ([\d.]+) \|", readme)
+        p50, p99 = (f"{float(x):.1f} µs" for x in row.groups())
+        with open(os.path.join(SOURCE_DIR, "scripts", "README.md")) as f:
+            scripts = f.read()
+        self.assertIn(f"{p50} at p50 and {p99} at p99", scripts)
+        self.assertIn(f"p99 {p99}", readme.split("### Where atc stands", 1)[1].split("###", 1)[0])
+
+    def test_cmake_install_gives_an_atc_that_finds_its_stdlib(self):
+        build = os.path.dirname(os.path.abspath(ATC_BIN))
+        prefix = os.path.join(self.tmp.name, "prefix")
+        out = subprocess.run(["cmake", "--install", build, "--prefix", prefix], capture_output=True, text=True,
+                             timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        installed = os.path.join(prefix, "bin", "atc")
+        self.assertTrue(os.path.exists(os.path.join(prefix, "share", "atc", "stdlib", "atc", "verdict.lua")))
+        env = {k: v for k, v in os.environ.items() if k != "ATC_STDLIB"}
+        out = subprocess.run([installed, "check", "-c", os.path.join("examples", "quickstart.yaml")],
+                             capture_output=True, text=True, timeout=30, cwd=SOURCE_DIR, env=env)
+        self.assertEqual(out.returncode, 0, out.stderr)
+
     def test_serve_with_a_bad_config_exits_1_without_listening(self):
         path = os.path.join(self.tmp.name, "bad.yaml")
         with open(path, "w") as f:
