@@ -254,6 +254,16 @@ class CliTest(AtcTestCase):
                              capture_output=True, text=True, timeout=30, cwd=SOURCE_DIR, env=env)
         self.assertEqual(out.returncode, 0, out.stderr)
 
+    def test_atc_test_paths_print_without_a_doubled_slash(self):
+        tests = os.path.join(self.tmp.name, "t")
+        os.mkdir(tests)
+        with open(os.path.join(tests, "x_test.lua"), "w") as f:
+            f.write("return { fails = function() error('nope') end }\n")
+        out = run("test", "--scripts", "scripts/", tests + "/")  # as a shell completes directories
+        self.assertEqual(out.returncode, 1, out.stdout + out.stderr)
+        self.assertIn(os.path.join(tests, "x_test.lua"), out.stdout)
+        self.assertNotIn("//", out.stdout + out.stderr)
+
     def test_serve_with_a_bad_config_exits_1_without_listening(self):
         path = os.path.join(self.tmp.name, "bad.yaml")
         with open(path, "w") as f:
