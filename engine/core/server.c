@@ -725,6 +725,7 @@ static int start_worker(struct atc_server *srv, struct atc_worker *w, const char
     if (cfg->admission.queue > 0) {
         struct atc_admission_settings as = {
             .max_queue = cfg->admission.queue,
+            .shared = srv->admission_shared, /* queue: N is the process's limit, not each worker's */
             .deadline_ms = cfg->admission.deadline_ms,
             .max_deadline_ms = cfg->admission.max_deadline_ms,
             .aging_ms = cfg->admission.aging_ms,
@@ -827,7 +828,8 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
         goto error;
     }
     atc_health_on_capacity(srv->health, on_more_capacity, srv);
-    if ((srv->metrics = atc_metrics_create()) == NULL) {
+    if ((srv->metrics = atc_metrics_create()) == NULL ||
+        (srv->admission_shared = atc_admission_shared_create()) == NULL) {
         fail(err, "out of memory");
         goto error;
     }
@@ -963,6 +965,7 @@ void atc_server_destroy(struct atc_server *srv)
     atc_client_deadline_destroy(srv->admin_deadline);
     atc_recorder_destroy(srv->recorder); /* writes what is still buffered */
     atc_metrics_destroy(srv->metrics);
+    atc_admission_shared_destroy(srv->admission_shared); /* after the workers' admissions */
     atc_affinity_destroy(srv->affinity);
     atc_prefix_index_destroy(srv->prefix);
     atc_health_destroy(srv->health); /* its probes use the table's endpoints */
