@@ -19,20 +19,25 @@
 
 static const char usage_admin[] =
     "usage: atc status  [-c FILE | --admin HOST:PORT] [--token TOKEN]\n"
-    "       atc reload  [-c FILE | --admin HOST:PORT] [--token TOKEN] [--config]\n"
+    "       atc reload  [-c FILE | --admin HOST:PORT] [--token TOKEN] [--yaml]\n"
     "       atc drain ID  [-c FILE | --admin HOST:PORT] [--token TOKEN]\n"
     "       atc enable ID [-c FILE | --admin HOST:PORT] [--token TOKEN]\n"
     "\n"
     "Talk to a running atc through its admin API.\n"
-    "  status   a table of endpoints (state, load, errors) and the policy version\n"
-    "  reload   reload the policy (with --config: the YAML file too)\n"
+    "  status   a table of endpoints (state, load, errors), who waits per model, the policy version\n"
+    "  reload   re-read the policy's .lua files (POST /admin/policy/reload); the YAML is not read\n"
+    "           with --yaml: re-read the YAML file atc was started with, then the policy's files\n"
+    "           against the new fleet (POST /admin/config/reload; SIGHUP does the same). A change\n"
+    "           to listen, admin, workers, simulate, admission, access_log or adding/removing\n"
+    "           policy: is refused (it takes a restart) and nothing changes. Exit 1 if refused.\n"
     "  drain    stop new traffic to endpoint ID; its in-flight requests finish\n"
     "  enable   undo drain\n"
     "\n"
-    "  -c, --config FILE     find the admin address and token in this config\n"
+    "  -c, --config FILE     find the admin address and token in this config (it is not what --yaml\n"
+    "                        re-reads: atc re-reads the file it was started with)\n"
     "      --admin HOST:PORT the admin address (default 127.0.0.1:8081)\n"
     "      --token TOKEN     the admin token (default: the config's, or $ATC_ADMIN_TOKEN)\n"
-    "      --config          (reload) re-read the YAML configuration as well\n"
+    "      --yaml            (reload) re-read the YAML configuration, then the policy\n"
     "  -h, --help            this text\n";
 
 struct admin_target {
@@ -129,6 +134,23 @@ static void print_error(int status, const char *body)
     atc_json_dispose(&j);
 }
 
+/* The models with requests waiting, one row each: a name no model serves is queued as "other", so
+ * the names clients send make one row, not one each. */
+static void print_queues(const struct atc_json *j, int models)
+{
+    if (atc_json_count(j, models) <= 0)
+        return;
+    printf("\n%-28s %9s %10s  %s\n", "QUEUED FOR MODEL", "WAITING", "OLDEST(ms)", "BY PRIORITY (0..9)");
+    for (int k = 0, i = models + 1; k < atc_json_count(j, models); k++, i = atc_json_next(j, i)) {
+        char model[128], waiting[16], oldest[24], prio[64];
+        json_text(j, atc_json_get(j, i, "model"), model, sizeof(model));
+        json_text(j, atc_json_get(j, i, "waiting"), waiting, sizeof(waiting));
+        json_text(j, atc_json_get(j, i, "oldest_ms"), oldest, sizeof(oldest));
+        json_text(j, atc_json_get(j, i, "by_priority"), prio, sizeof(prio));
+        printf("%-28s %9s %10s  %s\n", model, waiting, oldest, prio);
+    }
+}
+
 static int cmd_status(const struct admin_target *t)
 {
     char *body = NULL, *pol = NULL;
@@ -175,8 +197,10 @@ static int cmd_status(const struct admin_target *t)
     char active[16], waiting[16] = "0";
     json_text(&j, atc_json_get(&j, 0, "active"), active, sizeof(active));
     int q = atc_json_get(&j, 0, "queues");
-    if (atc_json_type(&j, q) == ATC_JSON_OBJECT)
+    if (atc_json_type(&j, q) == ATC_JSON_OBJECT) {
         json_text(&j, atc_json_get(&j, q, "waiting"), waiting, sizeof(waiting));
+        print_queues(&j, atc_json_get(&j, q, "models"));
+    }
     printf("\npolicy version %s; %s request(s) in progress, %s waiting for capacity\n", version, active,
            waiting);
     if (errbuf[0])
@@ -207,17 +231,11 @@ int atc_cli_main(int argc, char **argv)
 {
     static const struct option longopts[] = {
         {"config", required_argument, NULL, 'c'}, {"admin", required_argument, NULL, 'a'},
-        {"token", required_argument, NULL, 't'},  {"reload-config", no_argument, NULL, 'r'},
+        {"token", required_argument, NULL, 't'},  {"yaml", no_argument, NULL, 'r'},
         {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
     };
     const char *cmd = argv[0], *config = NULL, *admin = NULL, *token = getenv("ATC_ADMIN_TOKEN");
     bool reload_config = false;
-    /* "--config" alone after reload means the YAML; "-c FILE" / "--config FILE" names the file. */
-    for (int i = 1; i < argc; i++)
-        if (strcmp(cmd, "reload") == 0 && strcmp(argv[i], "--config") == 0 &&
-            (i + 1 == argc || argv[i + 1][0] == '-')) {
-            argv[i] = "--reload-config";
-        }
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "c:h", longopts, NULL)) != -1) {
@@ -232,6 +250,10 @@ int atc_cli_main(int argc, char **argv)
             token = optarg;
             break;
         case 'r':
+            if (strcmp(cmd, "reload") != 0) {
+                fputs(usage_admin, stderr);
+                return 2;
+            }
             reload_config = true;
             break;
         case 'h':
@@ -241,6 +263,12 @@ int atc_cli_main(int argc, char **argv)
             fputs(usage_admin, stderr);
             return 2;
         }
+    }
+    /* --config once meant "the YAML too" when alone: it names a file now, always (one reading). */
+    if (config != NULL && config[0] == '-') {
+        fprintf(stderr, "atc %s: --config takes a FILE (got '%s'); to re-read the YAML: atc reload --yaml\n",
+                cmd, config);
+        return 2;
     }
     bool needs_id = strcmp(cmd, "drain") == 0 || strcmp(cmd, "enable") == 0;
     if ((needs_id && optind + 1 != argc) || (!needs_id && optind != argc)) {
@@ -284,7 +312,8 @@ int atc_cli_main(int argc, char **argv)
     if (strcmp(cmd, "status") == 0)
         return cmd_status(&t);
     if (strcmp(cmd, "reload") == 0)
-        return post(&t, reload_config ? "/admin/config/reload" : "/admin/policy/reload", "reloaded");
+        return post(&t, reload_config ? "/admin/config/reload" : "/admin/policy/reload",
+                    reload_config ? "reloaded the YAML and the policy" : "reloaded the policy");
     char path[512];
     snprintf(path, sizeof(path), "/admin/endpoints/%s/%s", argv[optind], cmd);
     return post(&t, path, cmd);

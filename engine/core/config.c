@@ -105,6 +105,14 @@ enum kind {
     F_NODE,     /* handled by the caller, which finds the node in parse_section's found[] */
 };
 
+/* A number without a unit, other than 0 (which is 0 in any unit). Durations and sizes need one in the
+ * config: `connect_timeout: 2` meant 2 ms, where its reader saw 2 s. */
+static bool bare_number(const char *s)
+{
+    size_t n = strspn(s, "0123456789.");
+    return n > 0 && s[n] == '\0' && strspn(s, "0.") != n;
+}
+
 static const char *const expected[] = {
     [F_STR] = "a string",
     [F_OPTSTR] = "a string",
@@ -112,9 +120,9 @@ static const char *const expected[] = {
     [F_BOOL] = "true or false",
     [F_UINT] = "a whole number",
     [F_U64] = "a whole number",
-    [F_MS] = "a duration such as 500us, 250ms, 2s, 1m or 1h (a plain number is ms)",
-    [F_US] = "a duration such as 500us, 250ms, 2s, 1m or 1h (a plain number is ms)",
-    [F_SIZE] = "a size such as 512KiB, 8MiB or 1GiB (a plain number is bytes)",
+    [F_MS] = "a duration such as 500us, 250ms, 2s, 1m or 1h",
+    [F_US] = "a duration such as 500us, 250ms, 2s, 1m or 1h",
+    [F_SIZE] = "a size such as 512KiB, 8MiB or 1GiB",
     [F_POSITIVE] = "a number",
     [F_NONNEG] = "a number",
     [F_SHARE] = "a number",
@@ -471,6 +479,8 @@ static const char *set_value(struct parse *p, const struct field *f, const char 
         return NULL;
     case F_MS:
     case F_US:
+        if (bare_number(s))
+            return "needs a unit: 500us, 250ms, 2s, 1m or 1h (a bare number could mean ms or s)";
         if (atc_parse_duration_us(s, &u) < 0)
             return "";
         if (u == 0 && f->min)
@@ -478,6 +488,8 @@ static const char *set_value(struct parse *p, const struct field *f, const char 
         *(uint64_t *)at = f->kind == F_US ? u : u / 1000 + (u % 1000 != 0);
         return NULL;
     case F_SIZE:
+        if (bare_number(s))
+            return "needs a unit: 512B, 512KiB, 8MiB or 1GiB (a bare number could mean bytes or MiB)";
         if (atc_parse_size(s, &bytes) < 0)
             return "";
         if (bytes == 0)
@@ -847,6 +859,25 @@ static void parse_record(struct parse *p, yaml_node_t *n)
                           "only letters, digits, '.', '_' and '-' may name files");
 }
 
+/* Where atc check reports what is wrong with the policy: at the entry: value, or at the policy:
+ * section when the entry is the default. */
+static void mark_policy_entry(struct parse *p, const yaml_node_t *policy)
+{
+    yaml_mark_t at = policy->start_mark;
+    if (policy->type == YAML_MAPPING_NODE)
+        for (yaml_node_pair_t *q = policy->data.mapping.pairs.start; q < policy->data.mapping.pairs.top;
+             q++) {
+            const yaml_node_t *k = yaml_document_get_node(p->doc, q->key);
+            if (k != NULL && k->type == YAML_SCALAR_NODE &&
+                strcmp((const char *)k->data.scalar.value, "entry") == 0) {
+                const yaml_node_t *v = yaml_document_get_node(p->doc, q->value);
+                at = v != NULL ? v->start_mark : k->start_mark;
+            }
+        }
+    p->cfg->policy.entry_line = (unsigned)at.line + 1;
+    p->cfg->policy.entry_column = (unsigned)at.column + 1;
+}
+
 static void parse_root(struct parse *p, yaml_node_t *root)
 {
     struct atc_config *cfg = p->cfg;
@@ -857,6 +888,8 @@ static void parse_root(struct parse *p, yaml_node_t *root)
     if (parse_section(p, root, "", false, root_fields, cfg, found) < 0)
         return;
     cfg->policy.enabled = lookup(root_fields, found, "policy") != NULL;
+    if (cfg->policy.enabled)
+        mark_policy_entry(p, lookup(root_fields, found, "policy"));
     if (lookup(root_fields, found, "record"))
         parse_record(p, lookup(root_fields, found, "record"));
     /* One address for both would only fail at bind time; say so now, at whichever of them the file sets. */

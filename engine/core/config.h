@@ -58,17 +58,17 @@ struct atc_weights {
 
 struct atc_endpoint_config {
     char *id;
-    char *url;        /* as written: http://host:port */
-    char *host;       /* parsed from url */
-    uint16_t port;    /* parsed from url (default 80) */
-    char *model;      /* the name of the model entry it is listed under */
-    char *version;    /* optional, NULL if absent */
-    char **tags;      /* optional */
+    char *url;     /* as written: http://host:port */
+    char *host;    /* parsed from url */
+    uint16_t port; /* parsed from url (default 80) */
+    char *model;   /* the name of the model entry it is listed under */
+    char *version; /* optional, NULL if absent */
+    char **tags;   /* optional */
     size_t ntags;
-    unsigned capacity; /* max concurrent requests (default 64, must be > 0) */
-    unsigned weight;   /* default 1 */
+    unsigned capacity;               /* max concurrent requests (default 64, must be > 0) */
+    unsigned weight;                 /* default 1 */
     struct atc_health_config health; /* the model's, overridden by this endpoint's health: */
-    uint64_t token_budget; /* max prompt + max_tokens in flight; 0 = no limit */
+    uint64_t token_budget;           /* max prompt + max_tokens in flight; 0 = no limit */
     unsigned max_server_queue; /* full while its scraped queue (requests waiting) reaches this; 0 = ignore */
     uint64_t kv_tokens; /* the server's KV cache in tokens; 0 = read from its /metrics (when scraped) */
 };
@@ -91,19 +91,21 @@ struct atc_config {
     char *dir;         /* its directory: relative paths in the file are relative to it */
     char *listen_host; /* listen: (default 127.0.0.1:8080) */
     uint16_t listen_port;
-    char *admin_host;  /* admin: (default 127.0.0.1:8081); port 0 means pick a free one */
+    char *admin_host; /* admin: (default 127.0.0.1:8081); port 0 means pick a free one */
     uint16_t admin_port;
 
     struct {
-        char *entry;      /* policy.entry, resolved against dir (default scripts/policy.lua) */
-        char **path;      /* policy.path: extra module directories, resolved against dir */
+        char *entry; /* policy.entry, resolved against dir (default scripts/policy.lua) */
+        unsigned entry_line, entry_column; /* where policy.entry (else policy:) is written, from 1 */
+        char **path;                       /* policy.path: extra module directories, resolved against dir */
         size_t npath;
         uint64_t budget_us; /* policy.budget (default 1ms) */
         size_t memory;      /* policy.memory in bytes (default 64 MiB) */
         bool jit;           /* policy.jit (default false) */
         bool watch;         /* policy.watch: reload when a .lua file changes (default true) */
         bool enabled;       /* the file has a policy: section; without one the C balancer routes */
-        unsigned rollback_after; /* policy.rollback_after: consecutive failures of a new version (default 20) */
+        unsigned
+            rollback_after; /* policy.rollback_after: consecutive failures of a new version (default 20) */
     } policy;
 
     struct {
@@ -111,19 +113,19 @@ struct atc_config {
         uint64_t first_byte_timeout_ms; /* upstream.first_byte_timeout (default 60s) */
         uint64_t idle_timeout_ms;       /* upstream.idle_timeout: max gap between bytes (default 60s) */
         unsigned tries;                 /* upstream.tries: attempts per request incl. the first (default 2) */
-        unsigned keepalive;             /* upstream.keepalive: idle connections kept per endpoint (default 32) */
+        unsigned keepalive; /* upstream.keepalive: idle connections kept per endpoint (default 32) */
     } upstream;
 
     struct {
-        unsigned queue;           /* admission.queue: waiting requests per model (default 1024; 0: 503 at once) */
-        uint64_t deadline_ms;     /* admission.deadline: default wait (default 30s) */
+        unsigned queue;       /* admission.queue: waiting requests per model (default 1024; 0: 503 at once) */
+        uint64_t deadline_ms; /* admission.deadline: default wait (default 30s) */
         uint64_t max_deadline_ms; /* admission.max_deadline: the most x-atc-deadline may ask (default 120s) */
-        uint64_t aging_ms;        /* admission.aging: one priority level per this much waiting (default 10s) */
+        uint64_t aging_ms; /* admission.aging: one priority level per this much waiting (default 10s) */
         struct atc_weights tenant_weights; /* admission.tenant_weights: {tenant: weight}, others 1 */
     } admission;
 
-    char *admin_token;         /* admin_token: when set, the admin API needs "Authorization: Bearer <it>" */
-    char *access_log;          /* access_log: a file (relative to dir) or "stderr"; NULL = off */
+    char *admin_token; /* admin_token: when set, the admin API needs "Authorization: Bearer <it>" */
+    char *access_log;  /* access_log: a file (relative to dir) or "stderr"; NULL = off */
 
     struct {
         bool enabled;       /* the file has a record: section: live traffic is written to trace files */
@@ -131,17 +133,18 @@ struct atc_config {
         char *prefix;       /* record.prefix: file names start with it (default atc; [A-Za-z0-9._-]) */
         size_t rotate_size; /* record.rotate_size: a new file past this size (default 256 MiB) */
         uint64_t rotate_interval_ms; /* record.rotate_interval: ... or after this long (default 1h) */
-        bool text;          /* record.text: store prompt text too (default false: block hashes only) */
-        size_t buffer;      /* record.buffer: records not yet written past this are dropped (default 8 MiB) */
-        double sample;      /* record.sample: share of requests recorded, 0..1 (default 1) */
+        bool text;     /* record.text: store prompt text too (default false: block hashes only) */
+        size_t buffer; /* record.buffer: records not yet written past this are dropped (default 8 MiB) */
+        double sample; /* record.sample: share of requests recorded, 0..1 (default 1) */
     } record;
 
-    size_t max_body;           /* max_body: request body limit (default 8 MiB) */
-    uint64_t drain_timeout_ms; /* drain_timeout: on SIGTERM, how long in-flight requests may finish (default 10s) */
+    size_t max_body;            /* max_body: request body limit (default 8 MiB) */
+    uint64_t drain_timeout_ms;  /* drain_timeout: on SIGTERM, how long in-flight requests may finish (default
+                                   10s) */
     uint64_t client_timeout_ms; /* client_timeout: reading a request from a client (default 30s) */
     unsigned workers;           /* workers: threads serving clients (default: one per core, at most 16) */
 
-    struct atc_health_config health; /* health: the top-level settings */
+    struct atc_health_config health;  /* health: the top-level settings */
     struct atc_signal_params signals; /* signals: priors of the routing signals (fleet/signals.h) */
 
     struct atc_model_config *models;

@@ -26,13 +26,13 @@ static const char usage_main[] =
     "\n"
     "commands:\n"
     "  serve -c FILE    run the router described by FILE\n"
-    "  check -c FILE    validate FILE; print every error as file:line:col: message\n"
+    "  check -c FILE    validate FILE and its policy; every error as file:line:col: message\n"
     "  sim [flags]      run one simulated inference server (see atc sim --help)\n"
     "  test [PATH...]   run policy unit tests in the sandbox (see atc test --help)\n"
     "  trace ...        import public traces, statistics of a trace (see atc trace --help)\n"
     "  replay ...       replay a trace through policies against a simulated fleet (atc replay --help)\n"
     "  status           endpoints, load and policy version of a running atc\n"
-    "  reload           reload a running atc's policy (--config: and its YAML)\n"
+    "  reload           re-read a running atc's policy files (--yaml: its YAML, then the policy)\n"
     "  drain ID         stop new traffic to an endpoint; enable ID undoes it\n"
     "\n"
     "  atc --version    print the version\n"
@@ -45,6 +45,15 @@ static const char usage_serve[] =
     "simulated servers under simulate:. SIGTERM or SIGINT stops accepting and lets in-flight requests\n"
     "finish for up to drain_timeout, then exits 0.\n"
     "\n"
+    "What each reload re-reads:\n"
+    "  SIGHUP, POST /admin/config/reload, atc reload --yaml   the YAML file, then the policy's files\n"
+    "      against the new fleet; a YAML error, or a change to listen, admin, workers, simulate,\n"
+    "      admission, access_log or adding/removing policy: (those take a restart), is refused and\n"
+    "      logged, and nothing changes\n"
+    "  POST /admin/policy/reload, atc reload, a change of a .lua file (policy.watch, on by default)\n"
+    "      the policy's files only; a failed compile or test changes nothing\n"
+    "  SIGUSR1 reopens the access log.\n"
+    "\n"
     "  -c, --config FILE     the YAML configuration (required)\n"
     "      --ready-file PATH once listening and the first health checks are in (at most one check\n"
     "                        timeout), write {\"listen\": \"host:port\", \"admin\": ..., \"pid\": N} to\n"
@@ -54,8 +63,10 @@ static const char usage_serve[] =
 static const char usage_check[] =
     "usage: atc check -c FILE\n"
     "\n"
-    "Validates the configuration, and compiles and smoke-tests its policy; exits 0 when both are valid,\n"
-    "1 with every error otherwise.\n"
+    "Validates the configuration, then its policy against the fleet the file describes (the endpoints\n"
+    "of simulate: included): the entry file exists, compiles, returns a route function and routes the\n"
+    "synthetic requests within budget. A policy error is reported at the entry: key (file:line:col:).\n"
+    "Exits 0 when both are valid, 1 with every error otherwise.\n"
     "\n"
     "  -c, --config FILE     the YAML configuration (required)\n"
     "  -h, --help            this text\n";
@@ -115,6 +126,26 @@ static struct atc_config *load_config(const char *path)
     return cfg;
 }
 
+/* The endpoints that simulate: will start, at port 0 (never contacted), named as atc serve names them
+ * (server.c start_sims): the policy's init() then sees the fleet it will route, and does not warn that
+ * the simulated models are not served. */
+static int add_simulated(struct atc_endpoint_table *table, const struct atc_config *cfg)
+{
+    for (size_t i = 0; i < cfg->nsimulate; i++) {
+        const struct atc_simulate_config *sc = &cfg->simulate[i];
+        const struct atc_sim_params *p = &sc->params;
+        for (unsigned k = 0; k < sc->count; k++) {
+            char id[300];
+            struct atc_model *m = atc_endpoint_table_model(table, p->model, strlen(p->model));
+            snprintf(id, sizeof(id), "%s-sim-%zu", p->model, m != NULL ? m->nendpoints + 1 : 1);
+            if (atc_endpoint_table_add(table, p->model, id, "127.0.0.1", 0,
+                                       sc->capacity ? sc->capacity : p->max_seqs) == NULL)
+                return -1;
+        }
+    }
+    return 0;
+}
+
 static int cmd_check(int argc, char **argv)
 {
     struct cli_opts o = {0};
@@ -132,6 +163,10 @@ static int cmd_check(int argc, char **argv)
     int rc_policy = 0;
     if (cfg->policy.enabled) {
         struct atc_endpoint_table *table = atc_endpoint_table_create(cfg);
+        if (table != NULL && add_simulated(table, cfg) < 0) {
+            atc_endpoint_table_destroy(table);
+            table = NULL;
+        }
         struct atc_policy_settings ps = {
             .entry = cfg->policy.entry,
             .path = (const char *const *)cfg->policy.path,
@@ -145,7 +180,9 @@ static int cmd_check(int argc, char **argv)
         struct atc_policy_runtime *rt =
             table != NULL ? atc_policy_runtime_create(&ps, table, NULL, NULL, &err) : NULL;
         if (rt == NULL) {
-            fprintf(stderr, "%s\n", err != NULL ? err : "cannot load the policy");
+            /* In the YAML's own format, at the entry: key: one report, whichever part is wrong. */
+            fprintf(stderr, "%s:%u:%u: key 'policy.entry': %s\n", cfg->path, cfg->policy.entry_line,
+                    cfg->policy.entry_column, err != NULL ? err : "cannot load the policy");
             rc_policy = 1;
         }
         free(err);

@@ -494,28 +494,41 @@ static bool str_differs(const char *a, const char *b)
     return (a == NULL) != (b == NULL) || (a != NULL && strcmp(a, b) != 0);
 }
 
-/* Settings read once at start: say so when a reload changes them. */
-static void warn_restart_only(const struct atc_config *o, const struct atc_config *n)
+static bool sim_differs(const struct atc_simulate_config *a, const struct atc_simulate_config *b)
 {
-    const char *what = NULL;
+    const struct atc_sim_params *p = &a->params, *q = &b->params;
+    return a->count != b->count || a->capacity != b->capacity || str_differs(p->model, q->model) ||
+           p->max_seqs != q->max_seqs || p->prefill_tps != q->prefill_tps || p->decode_ms != q->decode_ms ||
+           p->kv_blocks != q->kv_blocks || p->error_rate != q->error_rate || p->hang_rate != q->hang_rate ||
+           p->not_ready_for_ms != q->not_ready_for_ms || p->die_after != q->die_after || p->seed != q->seed ||
+           p->decode_batch_factor != q->decode_batch_factor || p->decode_batch_sat != q->decode_batch_sat ||
+           p->max_batched_tokens != q->max_batched_tokens || p->output_min != q->output_min ||
+           p->output_max != q->output_max;
+}
+
+/* The first setting that is read once at start and that @p n changes, or NULL. A reload that changes
+ * one is refused whole: applying the rest would leave a config that is neither the old nor the file. */
+static const char *restart_only_change(const struct atc_config *o, const struct atc_config *n)
+{
     if (str_differs(o->listen_host, n->listen_host) || o->listen_port != n->listen_port)
-        what = "listen";
-    else if (str_differs(o->admin_host, n->admin_host) || o->admin_port != n->admin_port)
-        what = "admin";
-    else if (o->workers != n->workers)
-        what = "workers";
-    else if (o->nsimulate != n->nsimulate)
-        what = "simulate";
-    else if (o->admission.queue != n->admission.queue ||
-             o->admission.deadline_ms != n->admission.deadline_ms ||
-             o->admission.aging_ms != n->admission.aging_ms)
-        what = "admission";
-    else if (str_differs(o->access_log, n->access_log))
-        what = "access_log";
-    else if (o->policy.enabled != n->policy.enabled)
-        what = "policy (added or removed)";
-    if (what != NULL)
-        atc_warn("config reload: the change to '%s' takes effect at the next restart", what);
+        return "listen";
+    if (str_differs(o->admin_host, n->admin_host) || o->admin_port != n->admin_port)
+        return "admin";
+    if (o->workers != n->workers)
+        return "workers";
+    bool sim = o->nsimulate != n->nsimulate;
+    for (size_t i = 0; !sim && i < o->nsimulate; i++)
+        sim = sim_differs(&o->simulate[i], &n->simulate[i]);
+    if (sim)
+        return "simulate";
+    if (o->admission.queue != n->admission.queue || o->admission.deadline_ms != n->admission.deadline_ms ||
+        o->admission.aging_ms != n->admission.aging_ms)
+        return "admission";
+    if (str_differs(o->access_log, n->access_log))
+        return "access_log";
+    if (o->policy.enabled != n->policy.enabled)
+        return "policy (added or removed)";
+    return NULL;
 }
 
 /* Frees the endpoints that left the config once nothing is in flight on them (@p all: at exit). Their
@@ -566,7 +579,17 @@ int atc_server_reload_config(struct atc_server *srv, char **errors)
         srv->config_reloads_failed++;
         return -1;
     }
-    warn_restart_only(srv->cfg, ncfg);
+    const char *restart = restart_only_change(srv->cfg, ncfg);
+    if (restart != NULL) {
+        if (asprintf(errors,
+                     "%s: '%s' changed, which takes a restart (atc reads it once, at start); nothing was "
+                     "reloaded: restart atc, or undo that change and reload",
+                     ncfg->path, restart) < 0)
+            *errors = NULL;
+        atc_error("config reload refused: %s", *errors != NULL ? *errors : restart);
+        reload_failed(srv, ncfg, NULL, 0);
+        return -1;
+    }
 
     /* Pools for new servers first: an address that does not resolve fails the reload before anything
      * changed. fresh[k]: the pools of the config's k-th endpoint when it is new (else all NULL). */
@@ -672,6 +695,7 @@ static int start_policy(struct atc_server *srv, struct atc_worker *w, char **err
         .jit = cfg->policy.jit,
         .rollback_after = cfg->policy.rollback_after,
         .group = srv->group.nworkers > 1 ? &srv->policy_group : NULL,
+        .quiet = w != main_worker(srv), /* worker 0 says it once for all */
     };
     char *msg = NULL;
     w->policy = atc_policy_runtime_create(&ps, srv->table, srv->affinity, srv->prefix, &msg);
@@ -702,6 +726,7 @@ static int start_worker(struct atc_server *srv, struct atc_worker *w, const char
     if (cfg->admission.queue > 0) {
         struct atc_admission_settings as = {
             .max_queue = cfg->admission.queue,
+            .shared = srv->admission_shared, /* queue: N is the process's limit, not each worker's */
             .deadline_ms = cfg->admission.deadline_ms,
             .max_deadline_ms = cfg->admission.max_deadline_ms,
             .aging_ms = cfg->admission.aging_ms,
@@ -804,7 +829,8 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
         goto error;
     }
     atc_health_on_capacity(srv->health, on_more_capacity, srv);
-    if ((srv->metrics = atc_metrics_create()) == NULL) {
+    if ((srv->metrics = atc_metrics_create()) == NULL ||
+        (srv->admission_shared = atc_admission_shared_create()) == NULL) {
         fail(err, "out of memory");
         goto error;
     }
@@ -940,6 +966,7 @@ void atc_server_destroy(struct atc_server *srv)
     atc_client_deadline_destroy(srv->admin_deadline);
     atc_recorder_destroy(srv->recorder); /* writes what is still buffered */
     atc_metrics_destroy(srv->metrics);
+    atc_admission_shared_destroy(srv->admission_shared); /* after the workers' admissions */
     atc_affinity_destroy(srv->affinity);
     atc_prefix_index_destroy(srv->prefix);
     atc_health_destroy(srv->health); /* its probes use the table's endpoints */

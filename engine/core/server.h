@@ -27,6 +27,7 @@ struct atc_health;
 struct atc_recorder;
 struct atc_admission;
 struct atc_metrics;
+struct atc_admission_shared;
 struct atc_metrics_sources;
 struct atc_access_log;
 struct atc_client_deadline;
@@ -41,6 +42,7 @@ struct atc_server {
     struct atc_health *health;        /* checks, ejection, drain, load scrape (health.c): main thread only */
     struct atc_recorder *recorder;    /* record: traffic to trace files; NULL without the section */
     struct atc_metrics *metrics;      /* shared, locked */
+    struct atc_admission_shared *admission_shared; /* admission.queue for the whole process (locked) */
     struct atc_policy_group policy_group; /* ties the workers' policy runtimes: one record, one rollback */
     /* The workers ([group.nworkers], worker 0 on the main thread), their pause and the request path's
      * hooks into this file: see core/worker.h for who touches what. */

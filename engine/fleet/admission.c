@@ -1,5 +1,6 @@
 #include "fleet/admission.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +56,81 @@ struct atc_admission {
     uint64_t wait_counts[NBUCKETS + 1];
     uint64_t wait_sum_ms;
 };
+
+/* Waiting per model across the workers. Model names are bounded (a configured model's, or "other":
+ * the relay queues under atc_endpoint_table_model_label), so a list does. */
+struct shared_count {
+    char model[256];
+    unsigned n;
+    struct shared_count *next;
+};
+
+struct atc_admission_shared {
+    pthread_mutex_t mu;
+    struct shared_count *counts;
+};
+
+struct atc_admission_shared *atc_admission_shared_create(void)
+{
+    struct atc_admission_shared *sh = calloc(1, sizeof(*sh));
+    if (sh != NULL && pthread_mutex_init(&sh->mu, NULL) != 0) {
+        free(sh);
+        return NULL;
+    }
+    return sh;
+}
+
+void atc_admission_shared_destroy(struct atc_admission_shared *sh)
+{
+    if (sh == NULL)
+        return;
+    while (sh->counts != NULL) {
+        struct shared_count *c = sh->counts;
+        sh->counts = c->next;
+        free(c);
+    }
+    pthread_mutex_destroy(&sh->mu);
+    free(sh);
+}
+
+/* Takes one of @p model's places in the whole process; false when they are all taken (or out of
+ * memory). Without a shared count, true: the caller's own queue length is the limit. */
+static bool shared_take(struct atc_admission *adm, const char *model)
+{
+    struct atc_admission_shared *sh = adm->s.shared;
+    if (sh == NULL)
+        return true;
+    bool ok = false;
+    pthread_mutex_lock(&sh->mu);
+    struct shared_count *c = sh->counts;
+    while (c != NULL && strcmp(c->model, model) != 0)
+        c = c->next;
+    if (c == NULL && (c = calloc(1, sizeof(*c))) != NULL) {
+        snprintf(c->model, sizeof(c->model), "%s", model);
+        c->next = sh->counts;
+        sh->counts = c;
+    }
+    if (c != NULL && c->n < adm->s.max_queue) {
+        c->n++;
+        ok = true;
+    }
+    pthread_mutex_unlock(&sh->mu);
+    return ok;
+}
+
+static void shared_release(struct atc_admission *adm, const char *model)
+{
+    struct atc_admission_shared *sh = adm->s.shared;
+    if (sh == NULL)
+        return;
+    pthread_mutex_lock(&sh->mu);
+    for (struct shared_count *c = sh->counts; c != NULL; c = c->next)
+        if (strcmp(c->model, model) == 0 && c->n > 0) {
+            c->n--;
+            break;
+        }
+    pthread_mutex_unlock(&sh->mu);
+}
 
 static struct model_queue *queue_of(struct atc_admission *adm, const char *model, bool create)
 {
@@ -147,6 +223,7 @@ static void unlink_item(struct atc_admission *adm, struct atc_queue_item *it)
         TAILQ_REMOVE(&q->items, it, link);
         q->n--;
     }
+    shared_release(adm, it->model);
     struct tenant *t = tenant_of(adm, it->tenant, false);
     if (t != NULL && t->waiting > 0)
         t->waiting--;
@@ -234,8 +311,11 @@ int atc_admission_enqueue(struct atc_admission *adm, struct atc_queue_item *item
 {
     struct model_queue *q = adm->s.max_queue > 0 ? queue_of(adm, item->model, true) : NULL;
     /* the queue-full check first: a shed request leaves no tenant record behind */
-    struct tenant *t = q != NULL && q->n < adm->s.max_queue ? tenant_of(adm, item->tenant, true) : NULL;
+    bool room = q != NULL && q->n < adm->s.max_queue && shared_take(adm, item->model);
+    struct tenant *t = room ? tenant_of(adm, item->tenant, true) : NULL;
     if (t == NULL) {
+        if (room)
+            shared_release(adm, item->model);
         adm->shed_full++;
         return -1;
     }

@@ -16,13 +16,18 @@
 struct event_base;
 struct evbuffer;
 struct atc_admission;
+/* What the workers' admissions share so that admission.queue holds for the whole process: the number
+ * of requests waiting per model in every worker's queue. Written by every worker (enqueue, and every
+ * way out of a queue) under its own mutex; nothing else reads it. */
+struct atc_admission_shared;
 
 struct atc_admission_settings {
-    unsigned max_queue;         /* per model; 0 = no queue (503 at once) */
-    uint64_t deadline_ms;       /* default wait */
-    uint64_t max_deadline_ms;   /* the most a request may ask for (x-atc-deadline) */
-    uint64_t aging_ms;          /* waiting this long raises a request one priority level; 0 = off */
-    const char *const *tenants; /* tenant names with a weight (others weigh 1) */
+    unsigned max_queue;                  /* per model, in all the queues that share @p shared; 0 = no queue */
+    struct atc_admission_shared *shared; /* borrowed; NULL: max_queue holds for this queue alone */
+    uint64_t deadline_ms;                /* default wait */
+    uint64_t max_deadline_ms;            /* the most a request may ask for (x-atc-deadline) */
+    uint64_t aging_ms;                   /* waiting this long raises a request one priority level; 0 = off */
+    const char *const *tenants;          /* tenant names with a weight (others weigh 1) */
     const unsigned *weights;
     size_t ntenants;
 };
@@ -48,6 +53,11 @@ struct atc_admission_callbacks {
 
 struct atc_admission *atc_admission_create(struct event_base *base, const struct atc_admission_settings *s,
                                            const struct atc_admission_callbacks *cb);
+/** The count the workers' admissions share (one per process), or NULL out of memory. */
+struct atc_admission_shared *atc_admission_shared_create(void);
+/** Frees it, after every admission that borrowed it is destroyed. */
+void atc_admission_shared_destroy(struct atc_admission_shared *sh);
+
 /** Frees the queues; items still queued are dropped without callbacks (the owners are gone). */
 void atc_admission_destroy(struct atc_admission *adm);
 

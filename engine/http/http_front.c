@@ -70,8 +70,8 @@ static void front_error(struct atc_worker *w, struct evhttp_request *req, const 
     evhttp_add_header(evhttp_request_get_output_headers(req), "x-request-id", id);
     atc_http_send_error(req, status, type, code, message, 0);
     w->stats.responses_total++;
-    struct atc_request_metrics m = {.model = atc_endpoint_table_model_label(w->table, model), .status = status,
-                                    .ttft_s = -1};
+    struct atc_request_metrics m = {
+        .model = atc_endpoint_table_model_label(w->table, model), .status = status, .ttft_s = -1};
     atc_metrics_request(w->metrics, &m);
     if (w->access_log == NULL)
         return;
@@ -110,13 +110,13 @@ static void handle_inference(struct atc_worker *w, struct evhttp_request *req, e
     const char *body = len > 0 ? (const char *)evbuffer_pullup(in, -1) : "";
     struct atc_features *f = malloc(sizeof(*f));
     if (f == NULL) {
-        front_error(w, req, id, NULL, 500, "server_error", NULL, "out of memory");
+        front_error(w, req, id, NULL, 500, "server_error", "out_of_memory", "out of memory");
         return;
     }
     const char *err = NULL;
     if (atc_features_scan(kind, body, len, f, &err) < 0) {
         free(f);
-        front_error(w, req, id, NULL, 400, "invalid_request_error", NULL, err);
+        front_error(w, req, id, NULL, 400, "invalid_request_error", "invalid_body", err);
         return;
     }
     if (!f->has_model || f->model[0] == '\0') {

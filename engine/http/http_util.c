@@ -129,10 +129,8 @@ void atc_http_send_error(struct evhttp_request *req, int status, const char *typ
     evbuffer_add_printf(body, "{\"error\":{\"message\":\"");
     atc_json_escape(body, message, strlen(message));
     evbuffer_add_printf(body, "\",\"type\":\"%s\",\"param\":null,\"code\":", type);
-    if (code != NULL)
-        evbuffer_add_printf(body, "\"%s\"}}\n", code);
-    else
-        evbuffer_add_printf(body, "%d}}\n", status);
+    /* A string, as OpenAI's codes are: clients switch on it, and a number there breaks their parsers. */
+    evbuffer_add_printf(body, "\"%s\"}}\n", code != NULL ? code : "error");
     if (retry_after_s > 0) {
         char v[16];
         snprintf(v, sizeof(v), "%d", retry_after_s);

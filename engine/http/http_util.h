@@ -12,7 +12,8 @@ struct evhttp_request;
 void atc_json_escape(struct evbuffer *out, const char *s, size_t len);
 
 /** Answers @p req with an OpenAI-style error body {"error": {"message", "type", "param", "code"}}.
- * @p retry_after_s > 0 adds a Retry-After header. */
+ * @p code is the machine-readable string ("model_not_found"; NULL: "error"); @p retry_after_s > 0 adds a
+ * Retry-After header. */
 void atc_http_send_error(struct evhttp_request *req, int status, const char *type, const char *code,
                          const char *message, int retry_after_s);
 

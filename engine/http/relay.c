@@ -105,6 +105,7 @@ struct relay {
 
     int status;
     bool streaming;    /* relaying the body as it arrives */
+    bool broken;       /* the answer broke after it started: counted apart in the metrics */
     bool event_stream; /* and it is SSE */
     bool paused;
     struct evbuffer *buffered;
@@ -169,7 +170,8 @@ static void account(struct relay *r)
     unsigned retries = r->ntried > 1 ? r->ntried - 1 : 0;
     struct atc_request_metrics m = {
         /* a label from the configured models only: the client picks the name it sends */
-        .model = r->ntried > 0 ? r->tried[r->ntried - 1]->model : atc_endpoint_table_model_label(w->table, r->f->model),
+        .model = r->ntried > 0 ? r->tried[r->ntried - 1]->model
+                               : atc_endpoint_table_model_label(w->table, r->f->model),
         .endpoint = endpoint,
         .status = r->client_status,
         .priority = r->priority,
@@ -178,6 +180,7 @@ static void account(struct relay *r)
         .retries = retries,
         .bytes = r->bytes,
         .sse_events = r->sse_events,
+        .broken = r->broken,
     };
     atc_metrics_request(w->metrics, &m);
     if (w->access_log == NULL)
@@ -366,6 +369,11 @@ static int error_status(enum atc_upstream_error err)
     return atc_upstream_is_timeout(err) ? 504 : 502;
 }
 
+static const char *error_code(enum atc_upstream_error err)
+{
+    return atc_upstream_is_timeout(err) ? "upstream_timeout" : "upstream_error";
+}
+
 /* No attempt can go on: answer with what the last failure was. */
 static void give_up(struct relay *r)
 {
@@ -378,7 +386,12 @@ static void give_up(struct relay *r)
     struct atc_endpoint *last = r->tried[r->ntried - 1];
     snprintf(msg, sizeof(msg), "upstream %s: %s", last->id, atc_upstream_strerror(r->last_error));
     int status = error_status(r->last_error);
-    reply_error(r, status, status == 504 ? "timeout" : "upstream_error", NULL, msg, 0);
+    reply_error(r, status, status == 504 ? "timeout" : "upstream_error", error_code(r->last_error), msg, 0);
+}
+
+static bool model_served(struct atc_worker *w, const struct atc_features *f)
+{
+    return atc_endpoint_table_model(w->table, f->model, strlen(f->model)) != NULL;
 }
 
 enum choice {
@@ -414,8 +427,11 @@ static enum choice decide(struct relay *r, struct atc_endpoint **ep)
         case ATC_DECISION_REJECT:
             if (!first)
                 return NONE;
+            /* A 404 for a model nothing serves is the same answer with or without a policy, so
+             * clients that switch on the code ("model_not_found", as OpenAI's) see one thing. */
             reply_error(r, d.status, d.status < 500 ? "invalid_request_error" : "server_error",
-                        "rejected_by_policy", d.message, d.status == 429 || d.status == 503 ? 1 : 0);
+                        d.status == 404 && !model_served(w, r->f) ? "model_not_found" : "rejected_by_policy",
+                        d.message, d.status == 429 || d.status == 503 ? 1 : 0);
             return ANSWERED;
         case ATC_DECISION_FALLBACK:
             break;
@@ -685,6 +701,7 @@ static void end_broken_stream(struct relay *r, enum atc_upstream_error err)
 {
     r->w->stats.responses_total++;
     r->client_status = r->status;
+    r->broken = true;
     snprintf(r->error, sizeof(r->error), "upstream %s: %s after the answer started",
              r->tried[r->ntried - 1]->id, atc_upstream_strerror(err));
     if (!r->event_stream) {
@@ -701,9 +718,9 @@ static void end_broken_stream(struct relay *r, enum atc_upstream_error err)
     if (ev != NULL) {
         evbuffer_add_printf(ev,
                             "data: {\"error\":{\"message\":\"upstream %s: %s\",\"type\":\"%s\","
-                            "\"param\":null,\"code\":%d}}\n\n",
+                            "\"param\":null,\"code\":\"%s\"}}\n\n",
                             r->tried[r->ntried - 1]->id, atc_upstream_strerror(err),
-                            atc_upstream_is_timeout(err) ? "timeout" : "upstream_error", error_status(err));
+                            atc_upstream_is_timeout(err) ? "timeout" : "upstream_error", error_code(err));
         evhttp_send_reply_chunk(r->client, ev);
         evbuffer_free(ev);
     }
@@ -762,7 +779,7 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
                 : NULL;
     if (r->up == NULL) {
         release_endpoint(r);
-        reply_error(r, 500, "server_error", NULL, "out of memory", 0);
+        reply_error(r, 500, "server_error", "out_of_memory", "out of memory", 0);
     }
 }
 
@@ -776,7 +793,11 @@ static void wait_for_capacity(struct relay *r, uint64_t deadline_ms)
         give_up(r); /* 503 + Retry-After */
         return;
     }
-    snprintf(r->qi.model, sizeof(r->qi.model), "%s", r->f->model);
+    /* Queued under the configured model's name, or "other" for a name none serves (an alias the policy
+     * queues): a client picks the names, and each would be a queue kept for good, a metrics series and
+     * a row in atc status. */
+    snprintf(r->qi.model, sizeof(r->qi.model), "%s",
+             atc_endpoint_table_model_label(r->w->table, r->f->model));
     snprintf(r->qi.tenant, sizeof(r->qi.tenant), "%s", r->tenant);
     r->qi.priority = r->priority;
     r->qi.owner = r;
@@ -840,7 +861,7 @@ void atc_relay_start(struct atc_worker *w, struct evhttp_request *client, const 
     struct relay *r = calloc(1, sizeof(*r));
     if (r == NULL) {
         free(info->features);
-        atc_http_send_error(client, 500, "server_error", NULL, "out of memory", 0);
+        atc_http_send_error(client, 500, "server_error", "out_of_memory", "out of memory", 0);
         return;
     }
     atc_worker_request_started(w);

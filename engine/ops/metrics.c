@@ -27,6 +27,7 @@ struct series {
     char model[128], endpoint[128];
     int status, priority; /* -1 for the latency series */
     uint64_t requests;
+    uint64_t broken; /* the latency series only: answers that broke after they started */
     struct atc_histogram ttft, total;
     struct series *next;
 };
@@ -117,6 +118,7 @@ void atc_metrics_request(struct atc_metrics *m, const struct atc_request_metrics
         if (r->ttft_s >= 0)
             atc_histogram_observe(&lat->ttft, r->ttft_s);
         atc_histogram_observe(&lat->total, r->total_s);
+        lat->broken += r->broken;
     }
     m->retries += r->retries;
     m->client_gone += r->status == 499;
@@ -225,6 +227,22 @@ void atc_metrics_render(struct atc_metrics *m, const struct atc_metrics_sources 
             atc_histogram_label(out, s->endpoint);
             evbuffer_add_printf(out, "\",status=\"%d\",priority=\"%d\"} %llu\n", s->status, s->priority,
                                 (unsigned long long)s->requests);
+        }
+    /* Beside the status: a stream cut after its 200 went out counts there as a 200, and an error-ratio
+     * panel must still see it. Every (model, endpoint) that answered shows, 0 included, so that a rate()
+     * over it starts from a known value. */
+    help(out, "atc_requests_broken_total", "counter",
+         "Answers that broke after they started (the client saw the status, then an error event or a cut "
+         "connection), by model and endpoint; also counted in atc_requests_total by that status.");
+    for (size_t b = 0; b < NBUCKETS; b++)
+        for (const struct series *s = m->buckets[b]; s != NULL; s = s->next) {
+            if (s->status >= 0 || s->endpoint[0] == '\0')
+                continue;
+            evbuffer_add(out, "atc_requests_broken_total{model=\"", 33);
+            atc_histogram_label(out, s->model);
+            evbuffer_add(out, "\",endpoint=\"", 12);
+            atc_histogram_label(out, s->endpoint);
+            evbuffer_add_printf(out, "\"} %llu\n", (unsigned long long)s->broken);
         }
     static const char *const hist_names[] = {"atc_request_ttft_seconds", "atc_request_duration_seconds"};
     static const char *const hist_help[] = {

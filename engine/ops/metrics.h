@@ -4,6 +4,7 @@
 /* Prometheus metrics: counters and histograms the request path feeds, and the text exposition format
  * (version 0.0.4) rendered on scrape together with the gauges read from the live tables. */
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -42,6 +43,7 @@ struct atc_request_metrics {
     unsigned retries;
     uint64_t bytes; /* relayed to the client */
     uint64_t sse_events;
+    bool broken; /* the answer broke after it started (status sent, then an error event or a cut) */
 };
 
 struct atc_metrics *atc_metrics_create(void);

@@ -30,7 +30,7 @@ struct atc_prefix_index;
  * version's run of failed decisions counts process-wide, and a rollback on one worker rolls back the
  * others at their next decision. Zeroed by the owner; atomic. */
 struct atc_policy_group {
-    atomic_uint streak;              /* failed decisions in a row, on any worker */
+    atomic_uint streak;                /* failed decisions in a row, on any worker */
     atomic_uint_least64_t rolled_back; /* the latest version rolled back (0: none) */
 };
 
@@ -49,6 +49,9 @@ struct atc_policy_settings {
     double (*now_ms)(void *ctx);
     void *now_ctx;
     uint64_t seed;
+    /* A runtime that repeats the leader's work (every worker but the first): its successful loads and
+     * its init()'s atc.log lines are not logged, so one reload is one log line, not one per worker. */
+    bool quiet;
 };
 
 /* What a decision asks for. */

@@ -529,6 +529,8 @@ static int atc_log(lua_State *L)
         const char *s = lua_isstring(L, i) ? lua_tostring(L, i) : luaL_typename(L, i);
         n += (size_t)snprintf(line + n, sizeof(line) - n, "%s%s", i > 1 ? " " : "", s);
     }
+    if (v->rt->s.quiet && (v->req == NULL || strcmp(v->req->id, "atc-reload-check") == 0))
+        return 0; /* init() on a worker that repeats the leader's load: the leader said it */
     lua_Debug ar;
     if (lua_getstack(L, 1, &ar) && lua_getinfo(L, "Sl", &ar))
         atc_info("policy v%llu %s:%d: %s", (unsigned long long)v->version, ar.short_src, ar.currentline,

@@ -317,7 +317,8 @@ static uint64_t signals_now_us(const struct policy_version *v)
 static const struct atc_signal_params *signal_params(const struct policy_version *v)
 {
     /* `atc test` runs unit tests without an endpoint table: the defaults then */
-    static const struct atc_signal_params defaults = {.prefill_tps = 15000, .itl_us = 12000, .recent_half_life_ms = 2000};
+    static const struct atc_signal_params defaults = {
+        .prefill_tps = 15000, .itl_us = 12000, .recent_half_life_ms = 2000};
     return v->rt->table != NULL ? &v->rt->table->signals : &defaults;
 }
 
@@ -343,8 +344,8 @@ int policy_pick_predict_ttft(lua_State *L)
  * server_queue, kv_usage, prefix_hit_rate) is what the last scrape of its /metrics said (health.c), or what
  * the simulated server reports (replay); nil until the first scrape, and for what the server does not
  * report. */
-int policy_pick_push_signal(lua_State *L, struct policy_version *v, const struct atc_endpoint *ep, const char *k,
-                             size_t len)
+int policy_pick_push_signal(lua_State *L, struct policy_version *v, const struct atc_endpoint *ep,
+                            const char *k, size_t len)
 {
     const struct atc_signals *s = &ep->sig;
     const struct atc_signal_params *p = signal_params(v);
@@ -368,7 +369,8 @@ int policy_pick_push_signal(lua_State *L, struct policy_version *v, const struct
             lua_pushnumber(L, x);
         else
             lua_pushnil(L);
-    } else if (IS("running") || IS("prefix_hit_rate") || IS("kv_usage") || IS("server_queue") || IS("scrape_age")) {
+    } else if (IS("running") || IS("prefix_hit_rate") || IS("kv_usage") || IS("server_queue") ||
+               IS("scrape_age")) {
         uint64_t at = atomic_load_explicit(&s->scraped_at_us, memory_order_acquire);
         double x = NAN;
         if (at == 0)
@@ -515,7 +517,8 @@ int policy_pick_fastest(lua_State *L)
         w = w < CONGESTION_MAX ? w : CONGESTION_MAX;
         w_uncached = w > w_uncached ? w : w_uncached;
     }
-    if (pooled && n > 0) { /* every endpoint at the pool's mean speeds: compare the work queued, not noisy rates */
+    /* every endpoint at the pool's mean speeds: compare the work queued, not noisy rates */
+    if (pooled && n > 0) {
         for (int i = 0; i < n; i++) {
             c[i].tps = pool_tps / n;
             c[i].itl = pool_itl / n;
@@ -551,4 +554,3 @@ int policy_pick_fastest(lua_State *L)
     lua_pushnumber(L, best_ttft);
     return 3;
 }
-

@@ -93,6 +93,16 @@ static int by_name(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* "dir/name" without a doubled slash when @p dir ends in one ("tests/policy/" from a shell's completion
+ * printed tests/policy//x_test.lua in every line that names the file). */
+static void join_path(char *out, size_t size, const char *dir, const char *name)
+{
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    snprintf(out, size, "%.*s/%s", (int)n, dir, name);
+}
+
 /* Every *_test.lua under @p dir, recursively (hidden directories skipped). */
 static void collect(struct file_list *l, const char *dir, int depth)
 {
@@ -107,7 +117,7 @@ static void collect(struct file_list *l, const char *dir, int depth)
         if (e->d_name[0] == '.')
             continue;
         char path[PATH_MAX];
-        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        join_path(path, sizeof(path), dir, e->d_name);
         struct stat st;
         if (stat(path, &st) != 0)
             continue;
@@ -759,14 +769,10 @@ done:
 int atc_policy_test_main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        {"config", required_argument, NULL, 'c'},
-        {"scripts", required_argument, NULL, 's'},
-        {"budget", required_argument, NULL, 'b'},
-        {"filter", required_argument, NULL, 'f'},
-        {"verbose", no_argument, NULL, 'v'},
-        {"contract", no_argument, NULL, 'C'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        {"config", required_argument, NULL, 'c'}, {"scripts", required_argument, NULL, 's'},
+        {"budget", required_argument, NULL, 'b'}, {"filter", required_argument, NULL, 'f'},
+        {"verbose", no_argument, NULL, 'v'},      {"contract", no_argument, NULL, 'C'},
+        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
     };
     const char *config = NULL, *scripts = "scripts";
     struct runner r = {0};
@@ -834,7 +840,7 @@ int atc_policy_test_main(int argc, char **argv)
         return 1;
     }
     char entry[PATH_MAX];
-    snprintf(entry, sizeof(entry), "%s/policy.lua", scripts);
+    join_path(entry, sizeof(entry), scripts, "policy.lua");
     struct atc_policy_settings s = {
         .entry = cfg != NULL ? cfg->policy.entry : entry,
         .path = cfg != NULL ? (const char *const *)cfg->policy.path : NULL,

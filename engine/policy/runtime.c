@@ -27,7 +27,7 @@
 const char atc_policy_fallback_error[] = "error";
 const char atc_policy_fallback_budget[] = "budget";
 const char atc_policy_fallback_memory[] = "memory";
-const char atc_policy_fallback_invalid[] = "invalid return";
+const char atc_policy_fallback_invalid[] = "invalid_return"; /* a label value: no space */
 
 /* A new version is on probation (and can be rolled back) until it has made this many good decisions. */
 #define PROBATION_SUCCESSES 100
@@ -36,7 +36,6 @@ static double default_now_ms(void *ctx)
 {
     return (double)atc_mono_ns() / 1e6;
 }
-
 
 /* ---- decisions ---- */
 
@@ -272,7 +271,9 @@ uint64_t atc_policy_reload(struct atc_policy_runtime *rt, char **err)
         atomic_store(&rt->s.group->streak, 0); /* a new version starts with a clean record */
     free(rt->last_error);
     rt->last_error = NULL;
-    atc_info("policy v%llu loaded from %s", (unsigned long long)v->version, rt->s.entry);
+    if (!rt->s.quiet)
+        atc_info("policy v%llu loaded from %s (files hash %016llx)", (unsigned long long)v->version,
+                 rt->s.entry, (unsigned long long)v->files_hash);
     return v->version;
 }
 
@@ -372,7 +373,9 @@ struct atc_policy_runtime *atc_policy_runtime_create(const struct atc_policy_set
     v->version = ++rt->next_version;
     rt->current = v;
     rt->last_reload_at = atc_wall_s();
-    atc_info("policy v%llu loaded from %s", (unsigned long long)v->version, rt->s.entry);
+    if (!rt->s.quiet)
+        atc_info("policy v%llu loaded from %s (files hash %016llx)", (unsigned long long)v->version,
+                 rt->s.entry, (unsigned long long)v->files_hash);
     return rt;
 }
 

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include <lauxlib.h>
+#include <xxhash.h>
 #include <lualib.h>
 
 #include "policy/policy_api.h"
@@ -188,7 +189,8 @@ static int sb_rep(lua_State *L)
         return lua_error(L);
     }
     if (bytes > REP_MAX)
-        return luaL_error(L, "string.rep of %.0f bytes: a policy builds at most %d in one call", bytes, REP_MAX);
+        return luaL_error(L, "string.rep of %.0f bytes: a policy builds at most %d in one call", bytes,
+                          REP_MAX);
     return call_original(L);
 }
 
@@ -196,8 +198,8 @@ static int sb_sort(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
     if (lua_objlen(L, 1) > SORT_MAX)
-        return luaL_error(L, "table.sort of %d elements: a policy sorts at most %d in one call", (int)lua_objlen(L, 1),
-                          SORT_MAX);
+        return luaL_error(L, "table.sort of %d elements: a policy sorts at most %d in one call",
+                          (int)lua_objlen(L, 1), SORT_MAX);
     return call_original(L);
 }
 
@@ -383,6 +385,35 @@ static char *read_file(const char *path, size_t *len)
 
 /* Where load_protected leaves the chunk for policy_load_chunk (a registry key). */
 static const char chunk_key;
+/* The hash of the files loaded into this state so far, in load order (a registry key: a uint64_t
+ * userdata), so /admin/policy can say which sources are serving. */
+static const char files_hash_key;
+
+/* Chains @p h (a file's hash) into the state's files hash. May raise (out of memory): call it with no C
+ * resource held. */
+static void add_file_hash(lua_State *L, uint64_t h)
+{
+    lua_pushlightuserdata(L, (void *)&files_hash_key);
+    lua_rawget(L, LUA_REGISTRYINDEX);
+    uint64_t *acc = lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    if (acc == NULL) {
+        lua_pushlightuserdata(L, (void *)&files_hash_key);
+        acc = lua_newuserdata(L, sizeof(*acc));
+        *acc = 0;
+        lua_rawset(L, LUA_REGISTRYINDEX);
+    }
+    *acc = XXH3_64bits_withSeed(&h, sizeof(h), *acc);
+}
+
+uint64_t policy_files_hash(lua_State *L)
+{
+    lua_pushlightuserdata(L, (void *)&files_hash_key);
+    lua_rawget(L, LUA_REGISTRYINDEX);
+    const uint64_t *acc = lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    return acc != NULL ? *acc : 0;
+}
 
 /* lua_cpcall: loads the file whose path is argument 1 (a light userdata), stores the chunk under chunk_key.
  * The source is freed before anything that can raise. */
@@ -398,9 +429,11 @@ static int load_protected(lua_State *L)
     char chunkname[PATH_MAX + 2];
     snprintf(chunkname, sizeof(chunkname), "@%s", path);
     int rc = luaL_loadbufferx(L, src, len, chunkname, "t");
+    uint64_t h = XXH3_64bits(src, len);
     free(src);
     if (rc != 0)
         return lua_error(L);
+    add_file_hash(L, h);
     set_chunk_env(L);
     lua_pushlightuserdata(L, (void *)&chunk_key);
     lua_insert(L, -2);

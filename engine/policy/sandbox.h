@@ -9,6 +9,7 @@
 
 #include <lua.h>
 #include <stddef.h>
+#include <stdint.h>
 
 struct policy_version;
 struct atc_policy_runtime;
@@ -24,6 +25,10 @@ void policy_sandbox_open(struct policy_version *v);
 
 /** Loads a Lua source file as a sandboxed chunk; pushes it, or an error message. 0 / -1. */
 int policy_load_chunk(lua_State *L, const char *path);
+
+/** A hash (XXH3, chained in load order) of the contents of every file policy_load_chunk loaded into
+ * @p L; 0 before the first. The same files give the same value on every worker and every reload. */
+uint64_t policy_files_hash(lua_State *L);
 
 /** The directories require searches, in order: the entry's own, stdlib, then policy.path. Fills
  * @p dirs (at most @p max) with borrowed strings; @p entry_dir (PATH_MAX bytes) holds the first one.

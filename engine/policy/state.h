@@ -28,7 +28,8 @@ struct policy_version {
     struct atc_policy_runtime *rt;
     lua_State *L;
     uint64_t version;
-    double loaded_at; /* unix seconds */
+    double loaded_at;    /* unix seconds */
+    uint64_t files_hash; /* of the sources it was built from (policy_files_hash) */
     size_t mem_used, mem_limit;
     bool mem_refused; /* the allocator said no during the current call */
     int route_ref;    /* registry ref of route(req, fleet) */
@@ -73,7 +74,13 @@ struct atc_policy_runtime {
     void *on_change_arg;
     int inotify_fd;
     bool test_mode; /* atc test: no endpoint table */
-    bool stale;     /* the table changed and no version matches it yet: the C balancer routes */
+    /* The directories watched, by inotify watch descriptor, to name the file that changed. */
+    int watch_wd[16];
+    char *watch_dir[16];
+    size_t nwatch;
+    char changed[512];         /* the first .lua file of the burst that changed, "" when none yet */
+    unsigned nchanged;         /* events in the burst */
+    bool stale;                /* the table changed and no version matches it yet: the C balancer routes */
     lua_CFunction test_replay; /* atc test: installed as atc.replay (upvalue 1: the version) */
     lua_CFunction test_route;  /* atc test: installed as atc.test_route (upvalue 1: the version) */
 };

@@ -2,7 +2,9 @@
 
 #include "policy/status.h"
 
+#include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <event2/buffer.h>
 
@@ -40,12 +42,30 @@ static struct version_totals version_totals(struct atc_policy_runtime *const *rt
     return t;
 }
 
+/* "2026-01-31T12:00:00.250Z" for unix seconds @p t (UTC, as the log's timestamps); "" for 0 (never). */
+static void iso_time(double t, char *out, size_t size)
+{
+    if (t <= 0) {
+        out[0] = '\0';
+        return;
+    }
+    time_t s = (time_t)t;
+    struct tm tm;
+    gmtime_r(&s, &tm);
+    size_t n = strftime(out, size, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(out + n, size - n, ".%03dZ", (int)((t - (double)s) * 1000) % 1000);
+}
+
 static void counters_json(struct evbuffer *out, struct atc_policy_runtime *const *rts, size_t n,
                           const struct policy_version *v)
 {
     struct version_totals t = version_totals(rts, n, v);
+    char at[40];
+    iso_time(v->loaded_at, at, sizeof(at));
+    evbuffer_add_printf(out, "{\"files_hash\":\"%016llx\",\"loaded\":\"%s\",",
+                        (unsigned long long)v->files_hash, at);
     evbuffer_add_printf(out,
-                        "{\"version\":%llu,\"loaded_at\":%.3f,\"decisions\":%llu,\"errors\":%llu,"
+                        "\"version\":%llu,\"loaded_at\":%.3f,\"decisions\":%llu,\"errors\":%llu,"
                         "\"budget_overruns\":%llu,\"memory_errors\":%llu,\"invalid_returns\":%llu,"
                         "\"consecutive_failures\":%u,\"memory_bytes\":%zu}",
                         (unsigned long long)v->version, v->loaded_at, (unsigned long long)t.c.decisions,
@@ -68,8 +88,16 @@ void atc_policy_status_json(struct atc_policy_runtime *const *rts, size_t n, str
     }
     evbuffer_add_printf(out, "{\"version\":%llu,\"entry\":\"", (unsigned long long)rt->current->version);
     atc_json_escape(out, rt->s.entry, strlen(rt->s.entry));
-    evbuffer_add_printf(out, "\",\"loaded_at\":%.3f,\"last_reload_at\":%.3f,\"last_error\":",
-                        rt->current->loaded_at, rt->last_reload_at);
+    char loaded[40], reloaded[40];
+    iso_time(rt->current->loaded_at, loaded, sizeof(loaded));
+    iso_time(rt->last_reload_at, reloaded, sizeof(reloaded));
+    /* The hash names the sources that serve (the same files give the same hash on every worker and
+     * every host); "loaded"/"last_reload" are the same times as *_at, in UTC ISO 8601. */
+    evbuffer_add_printf(out,
+                        "\",\"files_hash\":\"%016llx\",\"loaded\":\"%s\",\"last_reload\":\"%s\","
+                        "\"loaded_at\":%.3f,\"last_reload_at\":%.3f,\"last_error\":",
+                        (unsigned long long)rt->current->files_hash, loaded, reloaded, rt->current->loaded_at,
+                        rt->last_reload_at);
     if (last_error != NULL) {
         evbuffer_add(out, "\"", 1);
         atc_json_escape(out, last_error, strlen(last_error));
@@ -122,14 +150,18 @@ void atc_policy_metrics(struct atc_policy_runtime *const *rts, size_t n, struct 
         const struct {
             const char *kind;
             uint64_t n;
-        } kinds[] = {{"error", t.c.errors}, {"budget", t.c.overruns}, {"memory", t.c.oom}, {"invalid", t.c.invalid}};
+        } kinds[] = {{"error", t.c.errors},
+                     {"budget", t.c.overruns},
+                     {"memory", t.c.oom},
+                     {"invalid_return", t.c.invalid}};
         for (size_t k = 0; k < 4; k++)
             evbuffer_add_printf(out, "atc_policy_failures_total{version=\"%llu\",kind=\"%s\"} %llu\n",
                                 (unsigned long long)v->version, kinds[k].kind,
                                 (unsigned long long)kinds[k].n);
     }
-    evbuffer_add_printf(out,
-                        "# HELP atc_policy_memory_bytes Memory of the deciding policy's Lua states (every worker's).\n"
-                        "# TYPE atc_policy_memory_bytes gauge\natc_policy_memory_bytes %zu\n",
-                        version_totals(rts, n, rt->current).mem_used);
+    evbuffer_add_printf(
+        out,
+        "# HELP atc_policy_memory_bytes Memory of the deciding policy's Lua states (every worker's).\n"
+        "# TYPE atc_policy_memory_bytes gauge\natc_policy_memory_bytes %zu\n",
+        version_totals(rts, n, rt->current).mem_used);
 }

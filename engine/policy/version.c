@@ -193,6 +193,7 @@ struct policy_version *policy_version_create(struct atc_policy_runtime *rt, char
         build_error(v, status, "load the policy", err);
         goto fail;
     }
+    v->files_hash = policy_files_hash(L);
     return v;
 
 oom:

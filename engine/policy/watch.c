@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/inotify.h>
@@ -20,13 +21,27 @@ static void on_watch_debounced(evutil_socket_t fd, short what, void *arg)
 {
     struct atc_policy_runtime *rt = arg;
     char *err = NULL;
-    atc_info("policy files changed: reloading");
+    /* One line for the burst, naming what changed: the reload's own line follows. */
+    if (rt->nchanged > 1)
+        atc_info("policy file %s changed (and %u more events): reloading", rt->changed, rt->nchanged - 1);
+    else
+        atc_info("policy file %s changed: reloading", rt->changed);
+    rt->changed[0] = '\0';
+    rt->nchanged = 0;
     if (rt->on_change != NULL) {
         rt->on_change(rt->on_change_arg);
         return;
     }
     atc_policy_reload(rt, &err);
     free(err);
+}
+
+static const char *watched_dir(const struct atc_policy_runtime *rt, int wd)
+{
+    for (size_t i = 0; i < rt->nwatch; i++)
+        if (rt->watch_wd[i] == wd)
+            return rt->watch_dir[i];
+    return "?";
 }
 
 static void on_inotify(evutil_socket_t fd, short what, void *arg)
@@ -39,8 +54,11 @@ static void on_inotify(evutil_socket_t fd, short what, void *arg)
         for (char *p = buf; p < buf + n;) {
             struct inotify_event *ev = (struct inotify_event *)p;
             size_t len = ev->len ? strlen(ev->name) : 0;
-            if (len > 4 && strcmp(ev->name + len - 4, ".lua") == 0)
+            if (len > 4 && strcmp(ev->name + len - 4, ".lua") == 0) {
                 relevant = true;
+                if (rt->nchanged++ == 0)
+                    snprintf(rt->changed, sizeof(rt->changed), "%s/%s", watched_dir(rt, ev->wd), ev->name);
+            }
             p += sizeof(*ev) + ev->len;
         }
     }
@@ -61,6 +79,9 @@ void policy_watch_stop(struct atc_policy_runtime *rt)
         close(rt->inotify_fd);
     rt->watch_event = rt->watch_debounce = NULL;
     rt->inotify_fd = -1;
+    for (size_t i = 0; i < rt->nwatch; i++)
+        free(rt->watch_dir[i]);
+    rt->nwatch = 0;
 }
 
 int atc_policy_watch(struct atc_policy_runtime *rt, struct event_base *base, void (*on_change)(void *arg),
@@ -77,9 +98,13 @@ int atc_policy_watch(struct atc_policy_runtime *rt, struct event_base *base, voi
     for (size_t i = 0; i < ndirs; i++) {
         if (rt->s.stdlib_dir != NULL && dirs[i] == rt->s.stdlib_dir)
             continue; /* the shipped stdlib changes with atc itself, not in production */
-        if (inotify_add_watch(rt->inotify_fd, dirs[i],
-                              IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_MOVED_FROM) < 0)
+        int wd = inotify_add_watch(rt->inotify_fd, dirs[i],
+                                   IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_MOVED_FROM);
+        if (wd < 0)
             atc_warn("cannot watch %s for policy changes: %s", dirs[i], strerror(errno));
+        else if (rt->nwatch < sizeof(rt->watch_wd) / sizeof(rt->watch_wd[0]) &&
+                 (rt->watch_dir[rt->nwatch] = strdup(dirs[i])) != NULL)
+            rt->watch_wd[rt->nwatch++] = wd;
     }
     rt->watch_event = event_new(base, rt->inotify_fd, EV_READ | EV_PERSIST, on_inotify, rt);
     rt->watch_debounce = evtimer_new(base, on_watch_debounced, rt);

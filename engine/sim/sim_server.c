@@ -9,6 +9,7 @@
 #include "sim/sim_server.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,7 @@
 #include <event2/keyvalq_struct.h>
 
 #include "core/config.h"
+#include "core/json.h"
 #include "core/log.h"
 #include "http/request_features.h"
 #include "core/clock.h"
@@ -418,9 +420,42 @@ static void on_token(void *ctx, const struct atc_sim_token *tok)
 
 /* ---- routes ---- */
 
-/* A small vector drawn from the prompt's first block: equal prompts get equal vectors. */
+/* Appends @p n bytes of @p in as base64 (RFC 4648, padded). */
+static void add_base64(struct evbuffer *b, const unsigned char *in, size_t n)
+{
+    static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (size_t i = 0; i < n; i += 3) {
+        unsigned v =
+            (unsigned)in[i] << 16 | (i + 1 < n ? (unsigned)in[i + 1] << 8 : 0) | (i + 2 < n ? in[i + 2] : 0);
+        char q[4] = {tab[v >> 18 & 63], tab[v >> 12 & 63], i + 1 < n ? tab[v >> 6 & 63] : '=',
+                     i + 2 < n ? tab[v & 63] : '='};
+        evbuffer_add(b, q, 4);
+    }
+}
+
+/* The body's encoding_format: 0 "float" (or absent), 1 "base64", -1 anything else. */
+static int encoding_format(const char *body, size_t len)
+{
+    struct atc_json j = {0};
+    char fmt[16];
+    int rc = 0;
+    if (atc_json_parse(&j, body, len, NULL) == 0) {
+        int i = atc_json_get(&j, 0, "encoding_format");
+        if (i >= 0 && !atc_json_is(&j, i, "null"))
+            rc = atc_json_string(&j, i, fmt, sizeof(fmt), NULL) < 0 ? -1
+                 : strcmp(fmt, "base64") == 0                       ? 1
+                 : strcmp(fmt, "float") == 0                        ? 0
+                                                                    : -1;
+    }
+    atc_json_dispose(&j);
+    return rc;
+}
+
+/* A small vector drawn from the prompt's first block: equal prompts get equal vectors. With
+ * encoding_format "base64" (what the official OpenAI SDK asks for by default) the same vector goes as
+ * base64 of little-endian float32s, as OpenAI and vLLM send it. */
 static void send_embedding(struct atc_sim_server *srv, struct evhttp_request *req,
-                           const struct atc_features *f)
+                           const struct atc_features *f, int base64)
 {
     struct evbuffer *b = evbuffer_new();
     if (!b) {
@@ -428,11 +463,29 @@ static void send_embedding(struct atc_sim_server *srv, struct evhttp_request *re
         return;
     }
     evbuffer_add_printf(
-        b, "{\"object\":\"list\",\"data\":[{\"object\":\"embedding\",\"index\":0,\"embedding\":[");
+        b, "{\"object\":\"list\",\"data\":[{\"object\":\"embedding\",\"index\":0,\"embedding\":%s",
+        base64 ? "\"" : "[");
     uint64_t st = srv->p.seed ^ (f->nblocks ? f->blocks[0] : f->prompt_len);
-    for (int i = 0; i < EMBEDDING_DIM; i++)
-        evbuffer_add_printf(b, "%s%.6f", i ? "," : "", 2 * draw_from(&st) - 1);
-    evbuffer_add_printf(b, "]}],\"model\":");
+    unsigned char raw[EMBEDDING_DIM * 4];
+    for (int i = 0; i < EMBEDDING_DIM; i++) {
+        /* rounded as the float list prints it, so both encodings carry the same numbers */
+        float x = (float)(round((2 * draw_from(&st) - 1) * 1e6) / 1e6);
+        if (!base64) {
+            evbuffer_add_printf(b, "%s%.6f", i ? "," : "", (double)x);
+            continue;
+        }
+        uint32_t u;
+        memcpy(&u, &x, 4);
+        for (int k = 0; k < 4; k++)
+            raw[i * 4 + k] = (unsigned char)(u >> (8 * k)); /* little-endian whatever the host */
+    }
+    if (base64) {
+        add_base64(b, raw, sizeof(raw));
+        evbuffer_add(b, "\"", 1);
+    } else {
+        evbuffer_add(b, "]", 1);
+    }
+    evbuffer_add_printf(b, "}],\"model\":");
     add_json_string(b, srv->p.model);
     evbuffer_add_printf(b, ",\"usage\":{\"prompt_tokens\":%u,\"total_tokens\":%u}}", f->prompt_tokens,
                         f->prompt_tokens);
@@ -482,7 +535,11 @@ static void handle_inference(struct atc_sim_server *srv, struct evhttp_request *
         return;
     }
     if (kind == ATC_KIND_EMBEDDING && !hang) {
-        send_embedding(srv, req, &f);
+        int base64 = encoding_format(body ? body : "", body ? len : 0);
+        if (base64 < 0)
+            send_error(req, 400, "BadRequestError", "encoding_format must be 'float' or 'base64'.");
+        else
+            send_embedding(srv, req, &f, base64);
         return;
     }
     struct sim_req *r = req_track(srv, req);

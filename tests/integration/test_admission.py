@@ -5,12 +5,14 @@ the slot while the test lines others up in the queue; when it ends, the queue dr
 time, and completion order is placement order."""
 
 import json
+import os
 import socket
+import subprocess
 import threading
 import time
 import unittest
 
-from harness import AtcTestCase, post_raw, chat, request, wait_for
+from harness import ATC_BIN, AtcTestCase, post_raw, chat, request, wait_for
 
 # One worker: the order tests need every request in one queue (each worker has its own; queues on two
 # workers are covered by test_workers.py).
@@ -155,6 +157,38 @@ class AdmissionTest(AtcTestCase):
         self.assertEqual(self.queues(atc)["left_queue"], 1)
         blocker.join(30)
         self.assertEqual(atc.endpoints()["m-sim-1"]["requests_total"], 1)  # only the blocker reached the server
+
+
+class UnknownNamesTest(AtcTestCase):
+    def test_names_no_model_serves_wait_as_one_row(self):
+        # A policy that queues what it cannot route (as an alias whose targets are full would): five
+        # names nobody serves wait at once, and atc status, /admin/endpoints and /metrics show one
+        # "other" row for them, not five client-chosen ones.
+        policy = os.path.join(self.tmp.name, "queue.lua")
+        with open(policy, "w") as f:
+            f.write("return function(req, fleet)\n"
+                    "  local eps = fleet:endpoints(req.model)\n"
+                    "  if #eps == 0 then return atc.queue('unknown') end\n"
+                    "  return eps[1]\nend\n")
+        atc = self.start_atc(CONFIG.format(queue=64, aging="10s") + f"policy:\n  entry: {policy}\n")
+        socks = [post_raw(atc.port, {"model": f"ghost-{i}", "messages": []}) for i in range(5)]
+        try:
+            wait_for(lambda: AdmissionTest.queues(None, atc)["waiting"] == 5, what="five waiting")
+            rows = AdmissionTest.queues(None, atc)["models"]
+            self.assertEqual([(r["model"], r["waiting"]) for r in rows], [("other", 5)])
+            out = subprocess.run([ATC_BIN, "status", "--admin", f"127.0.0.1:{atc.admin_port}"],
+                                 capture_output=True, text=True, timeout=10)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertNotIn("ghost", out.stdout)
+            other = [l.split() for l in out.stdout.splitlines() if l.startswith("other ")]
+            self.assertEqual(len(other), 1, out.stdout)
+            self.assertEqual(other[0][1], "5", out.stdout)
+            _, _, metrics = request("127.0.0.1", atc.admin_port, "GET", "/metrics")
+            self.assertNotIn(b"ghost", metrics)
+            self.assertIn(b'atc_queue_waiting_requests{model="other",priority="0"} 5', metrics)
+        finally:
+            for s in socks:
+                s.close()
 
 
 if __name__ == "__main__":

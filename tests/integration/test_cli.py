@@ -42,6 +42,37 @@ class CliTest(AtcTestCase):
                 self.assertEqual(out.returncode, 0, out.stderr)
                 self.assertIn("ok", out.stdout)
 
+    def test_check_reports_the_policy_at_its_entry_key(self):
+        # The quick start's own check: the policy's init sees the simulated endpoints, so it does not
+        # warn that the models it serves are not served.
+        out = run("check", "-c", os.path.join("examples", "quickstart.yaml"))
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertNotRegex(out.stderr, r"no endpoint serves '(llama-3-8b|qwen-2\.5-1\.5b)'")
+        path = os.path.join(self.tmp.name, "p.yaml")
+        policy = os.path.join(self.tmp.name, "p.lua")
+        cases = {
+            "missing": (None, r"cannot read .*p\.lua: No such file"),
+            "syntax": ("return function(\n", r"p\.lua:2: .*expected"),
+            "no route function": ("return 42\n", r"must return a function route\(req, fleet\)"),
+            "fails a test request": ("return function(req) error('boom') end\n",
+                                     r"p\.lua:1: boom \(on a test request"),
+        }
+        for name, (source, message) in cases.items():
+            with self.subTest(name):
+                if source is None:
+                    if os.path.exists(policy):
+                        os.remove(policy)
+                else:
+                    with open(policy, "w") as f:
+                        f.write(source)
+                with open(path, "w") as f:
+                    f.write("models:\n  - name: m\nsimulate:\n  - model: m\npolicy:\n  budget: 5ms\n"
+                            "  entry:   p.lua\n")
+                out = run("check", "-c", path)
+                self.assertEqual(out.returncode, 1, out.stdout)
+                self.assertRegex(out.stderr, "(?m)^" + re.escape(path) + r":7:12: key 'policy\.entry': .*" + message)
+                self.assertNotIn("ok", out.stdout)
+
     def test_check_reports_every_error_with_line_and_column(self):
         path = os.path.join(self.tmp.name, "bad.yaml")
         with open(path, "w") as f:
@@ -67,6 +98,30 @@ class CliTest(AtcTestCase):
         self.assertRegex(text, r":7:\d+: .*capacity")    # zero
         self.assertRegex(text, r":8:\d+: .*duplicate")   # id 'a' again
         self.assertRegex(text, r":10:\d+: .*bogus")      # unknown key
+
+    def test_durations_and_sizes_need_a_unit(self):
+        # `connect_timeout: 2` silently meant 2 ms; now every bare number of a duration or size is an
+        # error at its own line:col, with the others of the file; 0 needs no unit.
+        path = os.path.join(self.tmp.name, "bare.yaml")
+        with open(path, "w") as f:
+            f.write("upstream:\n"
+                    "  connect_timeout: 2\n"
+                    "  idle_timeout: 1.5\n"
+                    "max_body: 4096\n"
+                    "drain_timeout: 0\n"
+                    "admission:\n"
+                    "  aging: 0\n"
+                    "models:\n"
+                    "  - name: m\n"
+                    "    endpoints:\n"
+                    "      - {id: a, url: \"http://127.0.0.1:9001\"}\n")
+        out = run("check", "-c", path)
+        self.assertEqual(out.returncode, 1, out.stdout)
+        text = out.stderr
+        self.assertRegex(text, re.escape(path) + r":2:20: key 'upstream.connect_timeout': needs a unit: .*2s")
+        self.assertRegex(text, re.escape(path) + r":3:17: key 'upstream.idle_timeout': needs a unit")
+        self.assertRegex(text, re.escape(path) + r":4:11: key 'max_body': needs a unit: .*MiB")
+        self.assertEqual(len(text.strip().splitlines()), 3, text)  # the zeros are fine
 
     def test_too_little_policy_memory_is_an_error_every_command_prints(self):
         policy = os.path.join(self.tmp.name, "policy.lua")
@@ -99,6 +154,115 @@ class CliTest(AtcTestCase):
         self.assertEqual(out.returncode, 0, out.stderr)
         out = run("test", "-c", path, test)
         self.assertEqual(out.returncode, 0, out.stdout)
+
+    def test_reloads_say_what_they_reread_and_refuse_what_takes_a_restart(self):
+        from harness import dead_port, request
+        import signal
+        out = run("reload", "--help")
+        self.assertIn("--yaml", out.stdout)
+        self.assertIn("the YAML is not read", out.stdout)
+        self.assertIn("SIGHUP", run("serve", "--help").stdout)
+        # `atc reload --config FILE` names a file; it never means "the YAML too"
+        out = run("reload", "--config", "--admin", "127.0.0.1:1")
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("--config takes a FILE", out.stderr)
+        policy = os.path.join(self.tmp.name, "p.lua")
+        with open(policy, "w") as f:
+            f.write("return function(req, fleet) return fleet:endpoints(req.model)[1] end\n")
+        admin = dead_port()
+        good = (f"listen: 127.0.0.1:0\nadmin: 127.0.0.1:{admin}\npolicy:\n  entry: {policy}\n  watch: false\n"
+                "models:\n  - name: m\nsimulate:\n  - model: m\n    count: 1\n")
+        atc = self.start_atc(good)
+        cfg = atc.config_path
+
+        def write(text):
+            with open(cfg, "w") as f:
+                f.write(text)
+
+        def policy_version():
+            return json.loads(request("127.0.0.1", admin, "GET", "/admin/policy")[2])["version"]
+
+        out = run("reload", "-c", cfg)  # the file gives the address; only the policy is re-read
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("reloaded the policy", out.stdout)
+        self.assertEqual(policy_version(), 2)
+        # a broken YAML on SIGHUP: atc logs it, with the position, and nothing changes
+        write(good + "bogus: 1\n")
+        atc.proc.send_signal(signal.SIGHUP)
+        wait = __import__("harness").wait_for
+        wait(lambda: "config reload failed" in atc.read_log(), timeout=5, what="the failure logged")
+        self.assertRegex(atc.read_log(), re.escape(cfg) + r":\d+:\d+: unknown key 'bogus'")
+        # a change that takes a restart is refused, by each way in, and said so
+        for name, text in (("listen", good.replace("listen: 127.0.0.1:0", "listen: 127.0.0.1:1")),
+                           ("simulate", good.replace("count: 1", "count: 2"))):
+            with self.subTest(name):
+                write(text)
+                status, _, body = request("127.0.0.1", admin, "POST", "/admin/config/reload")
+                self.assertEqual(status, 422, body)
+                self.assertIn(f"'{name}' changed, which takes a restart", json.loads(body)["error"]["message"])
+                out = run("reload", "--yaml", "-c", cfg)
+                self.assertEqual(out.returncode, 1)
+                self.assertIn("takes a restart", out.stderr)
+                self.assertIn(f"config reload refused: {cfg}: '{name}' changed", atc.read_log())
+        self.assertEqual(len(atc.endpoints()), 1)
+        # the shipped systemd unit's reload fails on a broken file and succeeds on a good one
+        with open(os.path.join(SOURCE_DIR, "examples", "systemd", "atc.service")) as f:
+            reload_lines = [l.split("=", 1)[1].strip() for l in f if l.startswith("ExecReload=")]
+        self.assertTrue(reload_lines)
+
+        def systemctl_reload():
+            for line in reload_lines:
+                cmd = (line.replace("/usr/local/bin/atc", ATC_BIN).replace("/etc/atc/atc.yaml", cfg)
+                       .replace("$MAINPID", str(atc.proc.pid)))
+                if subprocess.run(cmd, shell=True, capture_output=True, timeout=10).returncode != 0:
+                    return False  # systemd stops at the first command that fails
+            return True
+
+        write(good + "bogus: 1\n")
+        self.assertFalse(systemctl_reload())
+        write(good)
+        self.assertTrue(systemctl_reload())
+
+    def test_readme_says_what_the_commands_say(self):
+        with open(os.path.join(SOURCE_DIR, "README.md")) as f:
+            readme = f.read()
+        using = readme.split("## Using it", 1)[1].split("\n## ", 1)[0]
+        for cmd in ("atc status", "atc reload", "atc drain", "atc enable", "cmake --install"):
+            self.assertIn(cmd, using)
+        self.assertRegex(readme, r"watch: true +# the default")
+        # the section `atc trace import --help` sends the reader to exists under that name
+        section = re.search(r"see README '([^']+)'", run("trace", "import", "--help").stdout).group(1)
+        self.assertRegex(readme, r"(?m)^#+ " + re.escape(section) + "$")
+        # one figure for the decision latency: the benchmark table's, in both READMEs
+        row = re.search(r"\| Lua policy scripts/policy\.lua, interpreted \| ([\d.]+) \| ([\d.]+) \|", readme)
+        p50, p99 = (f"{float(x):.1f} µs" for x in row.groups())
+        with open(os.path.join(SOURCE_DIR, "scripts", "README.md")) as f:
+            scripts = f.read()
+        self.assertIn(f"{p50} at p50 and {p99} at p99", scripts)
+        self.assertIn(f"p99 {p99}", readme.split("### Where atc stands", 1)[1].split("###", 1)[0])
+
+    def test_cmake_install_gives_an_atc_that_finds_its_stdlib(self):
+        build = os.path.dirname(os.path.abspath(ATC_BIN))
+        prefix = os.path.join(self.tmp.name, "prefix")
+        out = subprocess.run(["cmake", "--install", build, "--prefix", prefix], capture_output=True, text=True,
+                             timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        installed = os.path.join(prefix, "bin", "atc")
+        self.assertTrue(os.path.exists(os.path.join(prefix, "share", "atc", "stdlib", "atc", "verdict.lua")))
+        env = {k: v for k, v in os.environ.items() if k != "ATC_STDLIB"}
+        out = subprocess.run([installed, "check", "-c", os.path.join("examples", "quickstart.yaml")],
+                             capture_output=True, text=True, timeout=30, cwd=SOURCE_DIR, env=env)
+        self.assertEqual(out.returncode, 0, out.stderr)
+
+    def test_atc_test_paths_print_without_a_doubled_slash(self):
+        tests = os.path.join(self.tmp.name, "t")
+        os.mkdir(tests)
+        with open(os.path.join(tests, "x_test.lua"), "w") as f:
+            f.write("return { fails = function() error('nope') end }\n")
+        out = run("test", "--scripts", "scripts/", tests + "/")  # as a shell completes directories
+        self.assertEqual(out.returncode, 1, out.stdout + out.stderr)
+        self.assertIn(os.path.join(tests, "x_test.lua"), out.stdout)
+        self.assertNotIn("//", out.stdout + out.stderr)
 
     def test_serve_with_a_bad_config_exits_1_without_listening(self):
         path = os.path.join(self.tmp.name, "bad.yaml")

@@ -158,8 +158,12 @@ class HostileServerTest(AtcTestCase):
         self.assertLess(time.monotonic() - start, 4)  # the idle timeout (500 ms), not the server's 5 s
         self.assertIn("hi", events[0][1])
         err = json.loads(events[-1][1])["error"]
-        self.assertEqual((err["type"], err["code"]), ("timeout", 504))
+        self.assertEqual((err["type"], err["code"]), ("timeout", "upstream_timeout"))
         self.assert_counted(atc)
+        # The client saw a 200, then the error event: the request metrics count it as broken, so an
+        # error-ratio panel shows the incident.
+        _, _, metrics = request("127.0.0.1", atc.admin_port, "GET", "/metrics")
+        self.assertIn(b'atc_requests_broken_total{model="m",endpoint="bad"} 1\n', metrics)
         # atc still serves: the same client can ask again and get the same defined answer
         status, _, _ = stream_events(atc.port, {"model": "m", "stream": True, "messages": []})
         self.assertEqual(status, 200)

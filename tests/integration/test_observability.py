@@ -301,7 +301,7 @@ models:
         self.assertFalse([r for r in results if r[1] == "a" and r[2] > reloaded_at + 0.5])
         # the CLI asks for the same reload
         self.write(cfg, [("b", b), ("c", c), ("a", a)])
-        out = subprocess.run([ATC_BIN, "reload", "--config", "--admin", f"127.0.0.1:{atc.admin_port}"],
+        out = subprocess.run([ATC_BIN, "reload", "--yaml", "--admin", f"127.0.0.1:{atc.admin_port}"],
                              capture_output=True, text=True, timeout=10)
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertIn("1 added", out.stdout)

@@ -211,6 +211,38 @@ class LogTest(PolicyTestCase):
         self.assertNotIn("\x1b", log)
 
 
+class ReloadLogTest(PolicyTestCase):
+    def test_a_changed_file_is_named_once_and_the_sources_are_hashed(self):
+        import re
+        layer = os.path.join(self.tmp.name, "layer.lua")
+        with open(layer, "w") as f:
+            f.write("return { n = 1 }\n")
+        self.policy_path = os.path.join(self.tmp.name, "policy.lua")
+        self.write_policy("local layer = require 'layer'\n"
+                          "return function(req, fleet) return fleet:endpoints(req.model)[1] end\n")
+        atc = self.start_atc("workers: 2\n" + CONFIG.format(rollback_after=20, watch="true"))
+        before = self.policy_status(atc)
+        self.assertRegex(before["files_hash"], r"^[0-9a-f]{16}$")
+        iso = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$"
+        self.assertRegex(before["loaded"], iso)
+        self.assertRegex(before["current"]["loaded"], iso)
+        self.assertEqual(before["current"]["files_hash"], before["files_hash"])
+        self.assertEqual(atc.read_log().count("policy v1 loaded from"), 1)  # not once per worker
+        with open(layer + ".new", "w") as f:
+            f.write("return { n = 2 }\n")
+        os.replace(layer + ".new", layer)
+        wait_for(lambda: self.policy_status(atc)["version"] == 2, timeout=5, what="reload on the change")
+        wait_for(lambda: "policy v2 loaded" in atc.read_log(), timeout=5, what="the reload logged")
+        log = atc.read_log()
+        self.assertEqual(len(re.findall(r"policy file .*/layer\.lua changed", log)), 1, log)
+        self.assertEqual(log.count("policy v2 loaded from"), 1, log)
+        after = self.policy_status(atc)
+        self.assertRegex(after["files_hash"], r"^[0-9a-f]{16}$")
+        self.assertNotEqual(after["files_hash"], before["files_hash"])
+        self.assertIn(after["files_hash"], log)  # the log line and the admin API name the same sources
+        self.assertRegex(after["last_reload"], iso)
+
+
 class VerdictTest(PolicyTestCase):
     def test_reject_queue_nonsense_and_alias(self):
         atc = self.start_policy("""
@@ -234,6 +266,9 @@ class VerdictTest(PolicyTestCase):
         status, headers, _ = chat(atc.port, model="m", max_tokens=1, headers={"x-what": "nonsense"})
         self.assertEqual((status, headers["x-atc-endpoint"]), (200, SAFE))
         self.assertEqual(self.policy_status(atc)["current"]["invalid_returns"], 1)
+        _, _, metrics = request("127.0.0.1", atc.admin_port, "GET", "/metrics")  # one spelling, no space
+        self.assertIn(b'atc_policy_fallbacks_total{reason="invalid_return"} 1\n', metrics)
+        self.assertIn(b'atc_policy_failures_total{version="1",kind="invalid_return"} 1\n', metrics)
         # An alias: the server gets the endpoint's model name, not "auto".
         status, headers, body = chat(atc.port, model="auto", max_tokens=2)
         self.assertEqual(status, 200, body)

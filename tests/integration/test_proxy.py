@@ -5,7 +5,9 @@ import socket
 import time
 import unittest
 
-from harness import AtcTestCase, post_raw, chat, dead_port, request, stream_events, wait_for
+import os
+
+from harness import SOURCE_DIR, AtcTestCase, post_raw, chat, dead_port, request, stream_events, wait_for
 
 SIMULATED = """
 listen: 127.0.0.1:0
@@ -103,6 +105,7 @@ class ProxyTest(AtcTestCase):
                 self.assertEqual(status, want, out)
                 self.assertTrue(hdrs["content-type"].startswith("application/json"))
                 err = error_of(out)
+                self.assertIsInstance(err["code"], str, out)  # as OpenAI's: never the status number
                 if code:
                     self.assertEqual(err["code"], code)
         status, _, out = request("127.0.0.1", atc.port, "GET", "/v1/nope")
@@ -111,6 +114,17 @@ class ProxyTest(AtcTestCase):
         status, _, out = request("127.0.0.1", atc.port, "GET", "/v1/chat/completions")
         self.assertEqual(status, 405)
         error_of(out)
+
+    def test_unknown_model_is_model_not_found_with_the_shipped_policy(self):
+        # The shipped policy rejects a model it cannot resolve with a 404; the client sees the same
+        # answer as without a policy.
+        atc = self.start_atc(SIMULATED.format(decode_ms=2) + "policy:\n  entry: %s\n"
+                             % os.path.join(SOURCE_DIR, "scripts", "policy.lua"))
+        status, hdrs, out = chat(atc.port, model="gpt-9")
+        self.assertEqual(status, 404, out)
+        self.assertEqual(error_of(out)["code"], "model_not_found")
+        self.assertEqual(error_of(out)["type"], "invalid_request_error")
+        self.assertTrue(hdrs.get("x-atc-policy-version"))  # the policy did decide it
 
     def test_body_over_the_limit_is_413(self):
         atc = self.start_atc(SIMULATED.format(decode_ms=2) + "max_body: 4KiB\n")

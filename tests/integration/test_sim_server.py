@@ -130,6 +130,30 @@ class TestSimServer(unittest.TestCase):
         self.assertEqual([m["id"] for m in models["data"]], [MODEL])
         self.assertEqual(models["data"][0]["owned_by"], "atc-sim")
 
+    def test_embeddings_as_floats_and_as_base64(self):
+        # The official OpenAI SDK asks for encoding_format "base64" unless told otherwise: base64 of the
+        # little-endian float32 array, the same vector as the float list.
+        import base64
+        import struct
+        body = {"model": MODEL, "input": "the same text"}
+        status, _, out = self.sim.request("POST", "/v1/embeddings", body)
+        self.assertEqual(status, 200, out)
+        floats = json.loads(out)["data"][0]["embedding"]
+        self.assertTrue(floats and all(isinstance(x, float) for x in floats))
+        status, _, out = self.sim.request("POST", "/v1/embeddings", dict(body, encoding_format="base64"))
+        self.assertEqual(status, 200, out)
+        encoded = json.loads(out)["data"][0]["embedding"]
+        self.assertIsInstance(encoded, str)
+        raw = base64.b64decode(encoded, validate=True)
+        decoded = struct.unpack("<%df" % (len(raw) // 4), raw)
+        self.assertEqual(len(decoded), len(floats))
+        for a, b in zip(decoded, floats):
+            self.assertAlmostEqual(a, b, places=5)
+        status, _, out = self.sim.request("POST", "/v1/embeddings", dict(body, encoding_format="float"))
+        self.assertEqual(json.loads(out)["data"][0]["embedding"], floats)
+        status, _, out = self.sim.request("POST", "/v1/embeddings", dict(body, encoding_format="utf8"))
+        self.assertEqual(status, 400, out)
+
     def test_chat_non_stream(self):
         status, headers, body = self.sim.request("POST", "/v1/chat/completions", chat(7))
         self.assertEqual(status, 200)

@@ -233,6 +233,43 @@ simulate:
         ep = atc.endpoints()["llama-3-8b-sim-1"]
         self.assertEqual((ep["inflight"], ep["inflight_tokens"]), (0, 0))
 
+    def test_the_queue_limit_holds_for_the_whole_process(self):
+        # queue: 3 with two workers: 3 wait, however the kernel spreads the connections (each worker's
+        # own queue of 3 let up to 6 wait); the others are told 429 at once.
+        atc = self.start_atc("""
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+workers: 2
+admission:
+  queue: 3
+  deadline: 20s
+models:
+  - name: llama-3-8b
+simulate:
+  - model: llama-3-8b
+    count: 1
+    capacity: 1
+    decode_ms: 5
+""")
+        from harness import post_raw
+        blocker = post_raw(atc.port, {"model": "llama-3-8b", "stream": True, "max_tokens": 2000, "messages": []})
+        wait_for(lambda: atc.endpoints()["llama-3-8b-sim-1"]["inflight"] == 1, what="the slot taken")
+        # 10 connections: all on one worker's socket once in 2^9 runs
+        waiters = [post_raw(atc.port, {"model": "llama-3-8b", "max_tokens": 1, "messages": []}, timeout=20)
+                   for _ in range(10)]
+        try:
+            def settled():
+                q = admin_json(atc, "/admin/endpoints")["queues"]
+                return q if q["waiting"] + q["shed_queue_full"] == 10 else None
+            q = wait_for(settled, timeout=10, what="every request queued or shed")
+            self.assertEqual((q["waiting"], q["shed_queue_full"]), (3, 7), q)
+            workers = admin_json(atc, "/admin/endpoints")["workers"]
+            self.assertTrue(all(w["requests_total"] > 0 for w in workers), workers)  # both workers took some
+        finally:
+            blocker.close()
+            for w in waiters:
+                w.close()
+
     def test_a_slot_freed_on_one_worker_goes_to_the_more_urgent_request_queued_on_the_other(self):
         # One slot in the fleet. Worker 0 holds it (the blocker) and queues three requests of priority 1;
         # worker 1 queues one of priority 9. When the blocker ends on worker 0, the freed slot must go to

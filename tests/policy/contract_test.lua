@@ -205,12 +205,12 @@ t.test("verdicts: fields, and what the engine decides from them", function()
   d = t.route({ endpoints = ENDPOINTS, body = ASKED, tried = { "c" }, allow_error = true },
     function(req, fleet) return fleet:endpoint("c") end) -- already tried: not usable
   t.expect(d.kind).to_be("fallback")
-  t.expect(d.reason).to_be("invalid return")
+  t.expect(d.reason).to_be("invalid_return")
   d = t.route(FULL, function(req, fleet) return "b" end) -- an id will do
   t.expect(d.endpoint).to_be("b")
   d = t.route({ endpoints = ENDPOINTS, body = ASKED, allow_error = true }, function() return "b\0junk" end)
   t.expect(d.kind, "an id with a NUL in it is no id").to_be("fallback")
-  t.expect(d.reason).to_be("invalid return")
+  t.expect(d.reason).to_be("invalid_return")
   d = t.route({ endpoints = ENDPOINTS, body = ASKED, allow_error = true }, function() error("boom") end)
   t.expect(d.kind).to_be("fallback")
   t.expect(d.reason).to_be("error")

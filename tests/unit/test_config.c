@@ -584,12 +584,18 @@ static void test_bad_duration(void **state)
                      "t.yaml:1:16: key 'drain_timeout': ", "must not be negative");
     expect_one_error("client_timeout: 1.s\n" MODELS,
                      "t.yaml:1:17: key 'client_timeout': ", "expected a duration");
+    /* a bare number is refused, not read as ms: `connect_timeout: 2` was 2 ms to atc and 2 s to its reader */
+    expect_one_error("upstream:\n  connect_timeout: 2\n" MODELS,
+                     "t.yaml:2:20: key 'upstream.connect_timeout': ", "needs a unit: 500us, 250ms, 2s");
+    expect_one_error("policy:\n  budget: 1.5\n" MODELS, "t.yaml:2:11: key 'policy.budget': ", "needs a unit");
 }
 
 static void test_bad_size(void **state)
 {
     expect_one_error("max_body: 8 MeB\n" MODELS, "t.yaml:1:11: key 'max_body': ",
-                     "expected a size such as 512KiB, 8MiB or 1GiB (a plain number is bytes), got '8 MeB'");
+                     "expected a size such as 512KiB, 8MiB or 1GiB, got '8 MeB'");
+    expect_one_error("max_body: 4096\n" MODELS, "t.yaml:1:11: key 'max_body': ", "needs a unit");
+    expect_one_error("record:\n  buffer: 8\n" MODELS, "t.yaml:2:11: key 'record.buffer': ", "needs a unit");
     expect_one_error("policy:\n  memory: 0\n" MODELS,
                      "t.yaml:2:11: key 'policy.memory': ", "must be greater than 0");
     expect_one_error("max_body: -1\n" MODELS, "t.yaml:1:11: key 'max_body': ", "must not be negative");
