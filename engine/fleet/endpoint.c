@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/clock.h"
 #include "core/config.h"
 
 /* Weight of a new TTFT sample: about the last ten requests dominate. */
@@ -297,6 +298,7 @@ void atc_endpoint_release(struct atc_endpoint *ep, uint64_t tokens)
 
 void atc_endpoint_record(struct atc_endpoint *ep, bool ok, double ttft_ms)
 {
+    atc_recent_record(&ep->recent, atc_mono_ms(), ok, ttft_ms);
     atomic_fetch_add_explicit(&ep->requests_total, 1, memory_order_relaxed);
     if (!ok) {
         atomic_fetch_add_explicit(&ep->errors_total, 1, memory_order_relaxed);

@@ -132,6 +132,8 @@ struct atc_health_view {
     double last_check_ms;                       /* 0 = none */
     uint64_t state_changes, ejections_total;
     double slow_start; /* share of its capacity offered now: 1 unless ramping up */
+    bool drained;      /* by the admin API, whatever its checks say */
+    bool ejected;      /* by failures of real traffic (the state says draining if both) */
     struct atc_server_load load;
 };
 

@@ -58,6 +58,8 @@ void atc_health_endpoint_json(const struct atc_endpoint *ep, struct evbuffer *ou
     evbuffer_add_printf(out, ",\"state_changes\":%llu,\"ejections\":%llu",
                         (unsigned long long)p.state_changes, (unsigned long long)p.ejections_total);
     json_number(out, "slow_start", p.slow_start);
+    evbuffer_add_printf(out, ",\"drained\":%s,\"ejected\":%s", p.drained ? "true" : "false",
+                        p.ejected ? "true" : "false");
     evbuffer_add_printf(out, ",\"load\":{");
     evbuffer_add_printf(out, "\"scrapes_total\":%llu,\"scrape_errors_total\":%llu",
                         (unsigned long long)p.load.scrapes_total,

@@ -9,11 +9,13 @@
 #include <event2/http.h>
 
 #include "fleet/admission.h"
+#include "core/clock.h"
 #include "core/config.h"
 #include "core/log.h"
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
 #include "fleet/health_report.h"
+#include "fleet/recent.h"
 #include "http/http_util.h"
 #include "ops/metrics.h"
 #include "policy/policy.h"
@@ -42,6 +44,33 @@ static size_t idle_connections(const struct atc_server *srv, const struct atc_en
     return n;
 }
 
+/* The endpoint's last minute (recent.h): the rates the status page shows beside the totals. */
+static void recent_json(const struct atc_endpoint *ep, uint64_t now_ms, struct evbuffer *out)
+{
+    struct atc_recent_sum s;
+    atc_recent_sum(&ep->recent, now_ms, &s);
+    evbuffer_add_printf(out,
+                        ",\"recent\":{\"window_s\":%d,\"attempts\":%llu,\"errors\":%llu,\"error_ratio\":",
+                        ATC_RECENT_SECONDS, (unsigned long long)s.attempts, (unsigned long long)s.errors);
+    if (s.attempts > 0)
+        evbuffer_add_printf(out, "%.4f", (double)s.errors / (double)s.attempts);
+    else
+        evbuffer_add(out, "null", 4);
+    if (s.ttft_n > 0)
+        evbuffer_add_printf(out, ",\"ttft_ms\":%.3f", s.ttft_ms);
+    else
+        evbuffer_add_printf(out, ",\"ttft_ms\":null");
+    struct atc_recent_change ch[ATC_RECENT_CHANGES];
+    size_t n = atc_recent_changes(&ep->recent, ch);
+    evbuffer_add_printf(out, ",\"changes\":[");
+    for (size_t i = 0; i < n; i++)
+        evbuffer_add_printf(out, "%s{\"age_ms\":%llu,\"from\":\"%s\",\"to\":\"%s\"}", i ? "," : "",
+                            (unsigned long long)(now_ms - ch[i].at_ms),
+                            atc_health_state_name((enum atc_health_state)ch[i].from),
+                            atc_health_state_name((enum atc_health_state)ch[i].to));
+    evbuffer_add(out, "]}", 2);
+}
+
 /* Every worker's admission queue (none when admission.queue is 0). */
 static size_t admissions(const struct atc_server *srv, struct atc_admission **out)
 {
@@ -56,6 +85,7 @@ static size_t admissions(const struct atc_server *srv, struct atc_admission **ou
 static void send_endpoints(struct atc_server *srv, struct evhttp_request *req)
 {
     struct evbuffer *b = evbuffer_new();
+    uint64_t now_ms = atc_mono_ms();
     evbuffer_add_printf(b, "{\"endpoints\":[");
     for (size_t i = 0; i < srv->table->nendpoints; i++) {
         const struct atc_endpoint *ep = srv->table->endpoints[i];
@@ -82,6 +112,7 @@ static void send_endpoints(struct atc_server *srv, struct evhttp_request *req)
                             (unsigned long long)ep->requests_total, (unsigned long long)ep->errors_total,
                             idle_connections(srv, ep));
         atc_health_endpoint_json(ep, b); /* state, checks, last error, scraped load */
+        recent_json(ep, now_ms, b);
         evbuffer_add(b, "}", 1);
     }
     struct atc_worker_stats totals;
