@@ -16,6 +16,7 @@ static struct atc_endpoint *endpoint_new(const char *model, const char *id, cons
     struct atc_endpoint *ep = calloc(1, sizeof(*ep));
     if (ep == NULL)
         return NULL;
+    ep->recent.since_ms = atc_mono_ms();
     ep->id = strdup(id);
     ep->host = strdup(host);
     ep->model = strdup(model);

@@ -33,6 +33,8 @@ struct atc_recent {
     _Atomic uint64_t errors[ATC_RECENT_SECONDS];
     _Atomic uint64_t ttft_n[ATC_RECENT_SECONDS];  /* attempts with a first byte timed */
     _Atomic uint64_t ttft_us[ATC_RECENT_SECONDS]; /* the sum of those times */
+    /* config: when the endpoint joined the table (atc_mono_ms); nothing is known of it before */
+    uint64_t since_ms;
     /* main thread */
     struct atc_recent_change changes[ATC_RECENT_CHANGES]; /* a ring: change k is at k % ATC_RECENT_CHANGES */
     uint64_t nchanges;                                    /* ever noted */
