@@ -17,14 +17,15 @@ import time
 import urllib.error
 import urllib.request
 
-CHROMIUM = shutil.which("chromium")
-CHROMEDRIVER = shutil.which("chromedriver")
+CHROMIUM = os.environ.get("ATC_CHROMIUM") or shutil.which("chromium")
+CHROMEDRIVER = os.environ.get("ATC_CHROMEDRIVER") or shutil.which("chromedriver")
 ELEMENT = "element-6066-11e4-a52e-4f735466cecf"  # the W3C key of an element reference
 
 
 def missing():
     """What is missing to run a browser test ("" when nothing is)."""
-    return ", ".join(n for n, p in (("chromium", CHROMIUM), ("chromium-driver", CHROMEDRIVER)) if not p)
+    return ", ".join(n for n, p in (("chromium", CHROMIUM), ("chromium-driver", CHROMEDRIVER))
+                     if not p or not os.access(p, os.X_OK))
 
 
 class WebDriverError(AssertionError):

@@ -42,7 +42,6 @@ def config(models, extra=""):
 
 class StatusPageTest(AtcTestCase):
     def setUp(self):
-        super().setUp()
         self.browser = None
         gone = browser.missing()
         if gone:
@@ -50,6 +49,10 @@ class StatusPageTest(AtcTestCase):
                 self.fail(f"ATC_REQUIRE_BROWSER=1 but {gone} is not installed (apt-get install chromium "
                           "chromium-driver)")
             self.skipTest(f"{gone} not installed")
+        super().setUp()
+        stale = os.path.join(ARTIFACTS, f"{self._testMethodName}.failed.png")
+        if os.path.exists(stale):
+            os.remove(stale)
 
     def tearDown(self):
         result = getattr(self._outcome, "result", None)
