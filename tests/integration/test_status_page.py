@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import unittest
 
 import browser
@@ -216,6 +217,32 @@ class StatusPageTest(AtcTestCase):
         self.wait_cell("a", "action", r"^Enable$")
         b.click(self.button("a"))
         self.wait_cell("a", "state", r"^healthy")
+
+    def test_queues_by_priority(self):
+        atc = self.start_atc("listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\nworkers: 1\n"
+                             "admission: {queue: 8, deadline: 20s}\nmodels:\n  - name: m\n"
+                             "simulate:\n  - {model: m, capacity: 1, decode_ms: 20}\n")
+        wait_for(lambda: all(e["state"] == "healthy" for e in atc.endpoints().values()), what="healthy")
+        b = self.open_browser()
+        b.get(f"http://127.0.0.1:{atc.admin_port}/")
+        wait_for(lambda: "nothing waiting" in b.text(b.find("#queues")), what="an empty queue")
+        # one request holds the only slot for about 4 s; three wait behind it, two at priority 7
+        clients = [threading.Thread(target=chat, args=(atc.port,), daemon=True,
+                                    kwargs={"model": "m", "max_tokens": 200})]
+        clients[0].start()
+        wait_for(lambda: atc.endpoints()["m-sim-1"]["inflight"] == 1, what="the slot taken")
+        for prio in (7, 7, 2):
+            clients.append(threading.Thread(target=chat, args=(atc.port,), daemon=True, kwargs={
+                "model": "m", "max_tokens": 1, "headers": {"x-atc-priority": str(prio)}}))
+            clients[-1].start()
+        row = wait_for(lambda: b.find_all('#queues tr[data-queue="m"]'), what="m's queue row")[0]
+        wait_for(lambda: b.text(row).split()[:2] == ["m", "3"], what=f"3 waiting (the row reads {b.text(row)!r})")
+        heads = b.text(b.find("#queues thead")).split()
+        counts = dict(zip(heads[3:], b.text(row).split()[-10:]))
+        self.assertEqual((counts["P7"], counts["P2"], counts["P0"]), ("2", "1", "0"))
+        for c in clients:
+            c.join(30)
+        wait_for(lambda: "nothing waiting" in b.text(b.find("#queues")), what="the queue empty again")
 
     def test_the_admin_port_safety_rules_hold_for_the_page(self):
         sim = self.start_sim("a")
