@@ -1094,6 +1094,7 @@ bool atc_health_view_endpoint(const struct atc_endpoint *ep, struct atc_health_v
         .live = e->live,
         .ready = e->ready,
         .deep = e->deep,
+        .deep_enabled = e->probes[PROBE_DEEP].enabled,
         .consecutive_failures = atomic_load_explicit(&e->pub.consecutive_failures, memory_order_relaxed),
         .last_check_ms = atomic_load_explicit(&e->pub.last_check_ms, memory_order_relaxed),
         .state_changes = e->state_changes,

@@ -127,6 +127,7 @@ struct atc_health_view {
     const char *id, *model; /* borrowed from the endpoint */
     enum atc_health_state state;
     enum atc_check_verdict live, ready, deep;
+    bool deep_enabled; /* else deep is OK without a probe (it can only take an endpoint out) */
     unsigned consecutive_failures;
     char last_error[ATC_HEALTH_TEXT_WORDS * 8]; /* "" if none */
     double last_check_ms;                       /* 0 = none */

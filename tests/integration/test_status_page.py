@@ -153,7 +153,7 @@ class StatusPageTest(AtcTestCase):
         sims["b"].proc.wait()
         self.wait_cell("b", "state", r"^unhealthy")
         self.assertIn("out", b.attribute(b.find('tr[data-endpoint="b"]'), "class").split())
-        self.assertIn("live \u2717", self.cell("b", "checks"))
+        self.assertRegex(self.cell("b", "checks"), "^live \u2717 ready \u2717 deep")
         heading = b.text(b.find('section[data-model="llama-3-8b"] h2'))
         self.assertRegex(heading, r"2 of 3 healthy")
         # its history strip now ends in red: the last segment is the unhealthy state
