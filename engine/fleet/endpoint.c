@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/clock.h"
 #include "core/config.h"
 
 /* Weight of a new TTFT sample: about the last ten requests dominate. */
@@ -15,6 +16,7 @@ static struct atc_endpoint *endpoint_new(const char *model, const char *id, cons
     struct atc_endpoint *ep = calloc(1, sizeof(*ep));
     if (ep == NULL)
         return NULL;
+    ep->recent.since_ms = atc_mono_ms();
     ep->id = strdup(id);
     ep->host = strdup(host);
     ep->model = strdup(model);
@@ -300,6 +302,7 @@ void atc_endpoint_release(struct atc_endpoint *ep, uint64_t tokens)
 
 void atc_endpoint_record(struct atc_endpoint *ep, bool ok, double ttft_ms)
 {
+    atc_recent_record(&ep->recent, atc_mono_ms(), ok, ttft_ms);
     atomic_fetch_add_explicit(&ep->requests_total, 1, memory_order_relaxed);
     if (!ok) {
         atomic_fetch_add_explicit(&ep->errors_total, 1, memory_order_relaxed);

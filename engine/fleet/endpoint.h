@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "core/config.h"
+#include "fleet/recent.h"
 #include "fleet/signals.h"
 
 struct atc_config;
@@ -53,6 +54,7 @@ struct atc_endpoint {
     _Atomic uint64_t errors_total;    /* connection failures, timeouts, 5xx */
     _Atomic uint64_t consecutive_errors;
     struct atc_signals sig; /* what the engine observes of its work (signals.h says who writes) */
+    struct atc_recent recent; /* its last minute, for the status page (recent.h says who writes) */
 
     /* health: health.c writes on the main thread (replay, single-threaded, sets them too), workers read */
     _Atomic bool routable;             /* false while drained, unhealthy, ejected or retired by a reload */
@@ -160,8 +162,9 @@ bool atc_endpoint_try_acquire(struct atc_endpoint *ep, uint64_t tokens);
 /** Undoes atc_endpoint_acquire once the request is finished (any outcome). Any thread; both counters
  * saturate at 0 rather than wrap. */
 void atc_endpoint_release(struct atc_endpoint *ep, uint64_t tokens);
-/** Records the outcome of one attempt in @p ep's counters: @p ok false for connection failures, timeouts
- * and 5xx only; @p ttft_ms the time to the answer's first byte when ok (< 0 if unknown). Any thread.
+/** Records the outcome of one attempt in @p ep's counters and its last minute: @p ok false for connection
+ * failures, timeouts and 5xx only; @p ttft_ms the time to the answer's first byte when ok (< 0 if
+ * unknown). Any thread.
  * It does not tell health: the caller reports the same outcome to atc_health_observe (passive
  * ejection), on the thread that runs health checks. */
 void atc_endpoint_record(struct atc_endpoint *ep, bool ok, double ttft_ms);

@@ -31,6 +31,7 @@
 #include "fleet/endpoint.h"
 #include "fleet/load_scrape.h"
 #include "fleet/probe_answer.h"
+#include "fleet/recent.h"
 #include "http/http_util.h"
 #include "core/log.h"
 #include "http/upstream.h"
@@ -342,6 +343,7 @@ static void set_state(struct hep *e, const char *reason)
         return;
     uint64_t now = atc_mono_ms();
     publish_state(e, s);
+    atc_recent_note_change(&e->ep->recent, now, (int)old, (int)s); /* the status page's history */
     e->state_changes++;
     h->stats.state_changes_total++;
     if (s == ATC_HEALTH_HEALTHY)
@@ -1094,11 +1096,14 @@ bool atc_health_view_endpoint(const struct atc_endpoint *ep, struct atc_health_v
         .live = e->live,
         .ready = e->ready,
         .deep = e->deep,
+        .deep_enabled = e->probes[PROBE_DEEP].enabled,
         .consecutive_failures = atomic_load_explicit(&e->pub.consecutive_failures, memory_order_relaxed),
         .last_check_ms = atomic_load_explicit(&e->pub.last_check_ms, memory_order_relaxed),
         .state_changes = e->state_changes,
         .ejections_total = e->ejections_total,
         .slow_start = e->slow_start,
+        .drained = e->drained,
+        .ejected = e->ejected,
         .load = e->load,
     };
     snprintf(v->last_error, sizeof(v->last_error), "%s", e->last_error);

@@ -127,11 +127,14 @@ struct atc_health_view {
     const char *id, *model; /* borrowed from the endpoint */
     enum atc_health_state state;
     enum atc_check_verdict live, ready, deep;
+    bool deep_enabled; /* else deep is OK without a probe (it can only take an endpoint out) */
     unsigned consecutive_failures;
     char last_error[ATC_HEALTH_TEXT_WORDS * 8]; /* "" if none */
     double last_check_ms;                       /* 0 = none */
     uint64_t state_changes, ejections_total;
     double slow_start; /* share of its capacity offered now: 1 unless ramping up */
+    bool drained;      /* by the admin API, whatever its checks say */
+    bool ejected;      /* by failures of real traffic (the state says draining if both) */
     struct atc_server_load load;
 };
 

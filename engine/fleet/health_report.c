@@ -52,12 +52,15 @@ void atc_health_endpoint_json(const struct atc_endpoint *ep, struct evbuffer *ou
     json_verdict(out, "live", p.live);
     json_verdict(out, "ready", p.ready);
     json_verdict(out, "deep", p.deep);
+    evbuffer_add_printf(out, ",\"deep_enabled\":%s", p.deep_enabled ? "true" : "false");
     evbuffer_add_printf(out, ",\"consecutive_failures\":%u", p.consecutive_failures);
     json_text(out, "last_error", p.last_error);
     json_number(out, "last_check_age_ms", p.last_check_ms > 0 ? now - p.last_check_ms : NAN);
     evbuffer_add_printf(out, ",\"state_changes\":%llu,\"ejections\":%llu",
                         (unsigned long long)p.state_changes, (unsigned long long)p.ejections_total);
     json_number(out, "slow_start", p.slow_start);
+    evbuffer_add_printf(out, ",\"drained\":%s,\"ejected\":%s", p.drained ? "true" : "false",
+                        p.ejected ? "true" : "false");
     evbuffer_add_printf(out, ",\"load\":{");
     evbuffer_add_printf(out, "\"scrapes_total\":%llu,\"scrape_errors_total\":%llu",
                         (unsigned long long)p.load.scrapes_total,

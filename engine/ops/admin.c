@@ -9,13 +9,16 @@
 #include <event2/http.h>
 
 #include "fleet/admission.h"
+#include "core/clock.h"
 #include "core/config.h"
 #include "core/log.h"
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
 #include "fleet/health_report.h"
+#include "fleet/recent.h"
 #include "http/http_util.h"
 #include "ops/metrics.h"
+#include "ops/status_page.h"
 #include "policy/policy.h"
 #include "trace/recorder.h"
 #include "core/server.h"
@@ -42,6 +45,34 @@ static size_t idle_connections(const struct atc_server *srv, const struct atc_en
     return n;
 }
 
+/* The endpoint's last minute (recent.h): the rates the status page shows beside the totals. */
+static void recent_json(const struct atc_endpoint *ep, uint64_t now_ms, struct evbuffer *out)
+{
+    struct atc_recent_sum s;
+    atc_recent_sum(&ep->recent, now_ms, &s);
+    evbuffer_add_printf(out,
+                        ",\"recent\":{\"window_s\":%d,\"attempts\":%llu,\"errors\":%llu,\"error_ratio\":",
+                        ATC_RECENT_SECONDS, (unsigned long long)s.attempts, (unsigned long long)s.errors);
+    if (s.attempts > 0)
+        evbuffer_add_printf(out, "%.4f", (double)s.errors / (double)s.attempts);
+    else
+        evbuffer_add(out, "null", 4);
+    if (s.ttft_n > 0)
+        evbuffer_add_printf(out, ",\"ttft_ms\":%.3f", s.ttft_ms);
+    else
+        evbuffer_add_printf(out, ",\"ttft_ms\":null");
+    struct atc_recent_change ch[ATC_RECENT_CHANGES];
+    size_t n = atc_recent_changes(&ep->recent, ch);
+    evbuffer_add_printf(out, ",\"tracked_ms\":%llu,\"changes\":[",
+                        (unsigned long long)(now_ms - ep->recent.since_ms)); /* how long atc has known it */
+    for (size_t i = 0; i < n; i++)
+        evbuffer_add_printf(out, "%s{\"age_ms\":%llu,\"from\":\"%s\",\"to\":\"%s\"}", i ? "," : "",
+                            (unsigned long long)(now_ms - ch[i].at_ms),
+                            atc_health_state_name((enum atc_health_state)ch[i].from),
+                            atc_health_state_name((enum atc_health_state)ch[i].to));
+    evbuffer_add(out, "]}", 2);
+}
+
 /* Every worker's admission queue (none when admission.queue is 0). */
 static size_t admissions(const struct atc_server *srv, struct atc_admission **out)
 {
@@ -56,6 +87,7 @@ static size_t admissions(const struct atc_server *srv, struct atc_admission **ou
 static void send_endpoints(struct atc_server *srv, struct evhttp_request *req)
 {
     struct evbuffer *b = evbuffer_new();
+    uint64_t now_ms = atc_mono_ms();
     evbuffer_add_printf(b, "{\"endpoints\":[");
     for (size_t i = 0; i < srv->table->nendpoints; i++) {
         const struct atc_endpoint *ep = srv->table->endpoints[i];
@@ -87,6 +119,7 @@ static void send_endpoints(struct atc_server *srv, struct evhttp_request *req)
         else
             evbuffer_add_printf(b, ",\"kv_tokens\":null");
         atc_health_endpoint_json(ep, b); /* state, checks, last error, scraped load */
+        recent_json(ep, now_ms, b);
         evbuffer_add(b, "}", 1);
     }
     struct atc_worker_stats totals;
@@ -297,8 +330,33 @@ static void send_config(struct atc_server *srv, struct evhttp_request *req)
     evbuffer_free(b);
 }
 
-/* With admin_token set, every route but /health needs "Authorization: Bearer <token>". The comparison
- * takes the same time wherever the first difference is, so timing does not reveal the token. */
+/* GET /: the status page. It holds no data (its script reads the admin API with the token), so it needs
+ * no token itself; the rules of cross_site still apply to it. Framing is refused, so another site cannot
+ * lay the page's drain buttons under a click of its own, and the page may fetch from this port only. */
+static void send_status_page(struct evhttp_request *req)
+{
+    enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
+    if (cmd != EVHTTP_REQ_GET && cmd != EVHTTP_REQ_HEAD) {
+        atc_http_send_error(req, 405, "invalid_request_error", "method_not_allowed", "use GET", 0);
+        return;
+    }
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_add_header(h, "Content-Type", "text/html; charset=utf-8");
+    evhttp_add_header(h, "Cache-Control", "no-store");
+    evhttp_add_header(h, "X-Frame-Options", "DENY");
+    evhttp_add_header(h, "Content-Security-Policy",
+                      "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                      "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
+                      "frame-ancestors 'none'");
+    evhttp_add_header(h, "Referrer-Policy", "no-referrer");
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_reference(b, atc_status_page_html, atc_status_page_html_len, NULL, NULL);
+    evhttp_send_reply(req, 200, "OK", b);
+    evbuffer_free(b);
+}
+
+/* With admin_token set, every route but /health and / needs "Authorization: Bearer <token>". The
+ * comparison takes the same time wherever the first difference is, so timing does not reveal the token. */
 static bool authorized(const struct atc_server *srv, struct evhttp_request *req)
 {
     const char *token = srv->cfg->admin_token;
@@ -377,6 +435,10 @@ void atc_admin_handle(struct evhttp_request *req, void *arg)
         atc_warn("admin API: refused %s %s: %s", evhttp_request_get_command(req) == EVHTTP_REQ_POST ? "POST" : "GET",
                  path, why);
         atc_http_send_error(req, 403, "permission_error", "cross_site_request", why, 0);
+        return;
+    }
+    if (strcmp(path, "/") == 0) {
+        send_status_page(req);
         return;
     }
     if (strcmp(path, "/health") != 0 && !authorized(srv, req)) {
