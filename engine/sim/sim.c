@@ -15,7 +15,7 @@
 
 #define DEFAULT_BATCH_FACTOR 2.2
 #define DEFAULT_BATCH_SAT 64
-#define DEFAULT_MAX_BATCHED 8192
+
 #define DEFAULT_OUTPUT_MIN 16
 #define DEFAULT_OUTPUT_MAX 512
 
@@ -666,7 +666,7 @@ struct atc_sim *atc_sim_create(const struct atc_sim_params *p, atc_sim_on_token 
     if (q->decode_batch_sat == 0)
         q->decode_batch_sat = DEFAULT_BATCH_SAT;
     if (q->max_batched_tokens == 0)
-        q->max_batched_tokens = DEFAULT_MAX_BATCHED;
+        q->max_batched_tokens = ATC_SIM_DEFAULT_BATCHED_TOKENS;
     if (q->output_min == 0)
         q->output_min = DEFAULT_OUTPUT_MIN;
     if (q->output_max == 0)

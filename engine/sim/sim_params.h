@@ -9,6 +9,7 @@
 
 #define ATC_SIM_KV_BLOCK_TOKENS 16 /* tokens per KV block, as vLLM's default block size */
 #define ATC_SIM_DEFAULT_KV_BLOCKS 25000
+#define ATC_SIM_DEFAULT_BATCHED_TOKENS 8192 /* max_batched_tokens: vLLM V1's default */
 
 /* Knobs, the same names on the command line (--max-seqs) and in YAML under simulate: (max_seqs).
  * For the fields after `seed`, 0 means "the default", so atc_sim_params_init need not know them. */

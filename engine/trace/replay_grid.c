@@ -32,7 +32,20 @@ static void fleet_capacity(const struct atc_config *cfg, double *prefill_tps, ui
     atc_sim_params_dispose(&dflt);
 }
 
-/* Prompt tokens a second the trace offers, over its first @p limit requests (0: all). */
+/* The floor on TTFT p90 of a cell (trace_lru.h), one server's speed being the first simulate: entry's (or
+ * the default server's): a request is prefilled by one server, however many there are. */
+static double floor_ttft(const struct atc_config *cfg, const struct atc_trace *t, size_t limit, uint64_t kv)
+{
+    struct atc_sim_params p;
+    atc_sim_params_init(&p);
+    const struct atc_sim_params *s = cfg->nsimulate > 0 ? &cfg->simulate[0].params : &p;
+    double tps = s->prefill_tps > 0 ? s->prefill_tps : p.prefill_tps;
+    double step = s->decode_ms > 0 ? s->decode_ms : p.decode_ms;
+    uint32_t chunk = s->max_batched_tokens > 0 ? s->max_batched_tokens : ATC_SIM_DEFAULT_BATCHED_TOKENS;
+    atc_sim_params_dispose(&p);
+    return atc_trace_pooled_lru_ttft_p90_ms(t, limit, kv, tps, chunk, step);
+}
+
 static double offered_tps(const struct atc_trace *t, size_t limit)
 {
     size_t n = limit > 0 && limit < t->n ? limit : t->n;
@@ -85,7 +98,10 @@ int atc_replay_grid_run(struct atc_config *cfg, struct atc_trace *trace, struct 
             fleet_capacity(cfg, &capacity, &kv);
             c->offered_load = capacity > 0 ? tps / capacity : 0;
             /* (a single cell's report does not show it) */
-            c->ideal_hit_rate = nspeeds * nservers > 1 ? atc_trace_pooled_lru_hit_rate(trace, o->limit, kv) : 0;
+            if (nspeeds * nservers > 1) {
+                c->ideal_hit_rate = atc_trace_pooled_lru_hit_rate(trace, o->limit, kv);
+                c->floor_ttft_p90_ms = floor_ttft(cfg, trace, o->limit, kv);
+            }
             if ((c->results = calloc(g->npolicies, sizeof(*c->results))) == NULL) {
                 *err = strdup("out of memory");
                 goto error;
@@ -138,7 +154,7 @@ void atc_replay_grid_table(FILE *out, const struct atc_replay_grid *g)
 {
     fprintf(out, "%s on %s, seed %llu: TTFT p90 in ms (prefix cache hit rate)\n\n", g->trace_path,
             g->fleet_path, (unsigned long long)g->seed);
-    fprintf(out, "%-16s %5s %6s", "speed / servers", "load", "ideal");
+    fprintf(out, "%-16s %5s %6s %6s", "speed / servers", "load", "ideal", "floor");
     for (size_t p = 0; p < g->npolicies; p++)
         fprintf(out, " %16.16s", g->policies[p].name);
     if (g->npolicies > 1)
@@ -148,7 +164,8 @@ void atc_replay_grid_table(FILE *out, const struct atc_replay_grid *g)
         const struct atc_replay_grid_cell *c = &g->cells[i];
         char label[64];
         cell_label(label, sizeof(label), c);
-        fprintf(out, "%-16s %5.2f %5.1f%%", label, c->offered_load, 100 * c->ideal_hit_rate);
+        fprintf(out, "%-16s %5.2f %5.1f%% %6.0f", label, c->offered_load, 100 * c->ideal_hit_rate,
+                c->floor_ttft_p90_ms);
         for (size_t p = 0; p < g->npolicies; p++) {
             char v[48];
             snprintf(v, sizeof(v), "%.0f (%.0f%%)", c->results[p].ttft_p90_ms, 100 * c->results[p].cache_hit_rate);
@@ -160,7 +177,8 @@ void atc_replay_grid_table(FILE *out, const struct atc_replay_grid *g)
     }
     fprintf(out, "\nload: the trace's prompt tokens a second over the fleet's prefill tokens a second; ideal: "
                  "the hit rate of one\nLRU cache as large as all the fleet's KV caches (no policy can beat "
-                 "it); ratio: %s's TTFT p90 over the\nbest of the others'.\n",
+                 "it); floor: TTFT p90 with that cache and no\nwaiting at all (each prompt's uncached part "
+                 "prefilled by one server at once); ratio: %s's TTFT p90 over\nthe best of the others'.\n",
             g->npolicies ? g->policies[0].name : "");
 }
 
@@ -173,8 +191,10 @@ void atc_replay_grid_json(FILE *out, const struct atc_replay_grid *g)
     fprintf(out, ",\"seed\":%llu,\"cells\":[", (unsigned long long)g->seed);
     for (size_t i = 0; i < g->ncells; i++) {
         const struct atc_replay_grid_cell *c = &g->cells[i];
-        fprintf(out, "%s\n{\"speed\":%g,\"servers\":%u,\"offered_load\":%.4f,\"ideal_hit_rate\":%.4f,\"policies\":",
-                i ? "," : "", c->speed, c->servers, c->offered_load, c->ideal_hit_rate);
+        fprintf(out,
+                "%s\n{\"speed\":%g,\"servers\":%u,\"offered_load\":%.4f,\"ideal_hit_rate\":%.4f,"
+                "\"floor_ttft_p90_ms\":%.1f,\"policies\":",
+                i ? "," : "", c->speed, c->servers, c->offered_load, c->ideal_hit_rate, c->floor_ttft_p90_ms);
         atc_replay_report_json_policies(out, c->results, g->npolicies);
         fputc('}', out);
     }
@@ -198,9 +218,9 @@ int atc_replay_grid_html(const char *path, const struct atc_replay_grid *g, char
     fputs(" on ", out);
     atc_replay_report_html_text(out, g->fleet_path);
     fprintf(out, ", seed %llu. TTFT p90 in ms (prefix cache hit rate). Load: prompt tokens a second over "
-                 "the fleet's prefill tokens a second; ideal: the pooled-LRU bound on hits; ratio: the first "
-                 "policy's TTFT p90 over the best of the others'.</p>\n<table><tr><th>speed / servers</th>"
-                 "<th>load</th><th>ideal</th>",
+                 "the fleet's prefill tokens a second; ideal: the pooled-LRU bound on hits; floor: TTFT p90 with that "
+                 "cache and no waiting; ratio: the first policy's TTFT p90 over the best of the others'.</p>\n"
+                 "<table><tr><th>speed / servers</th><th>load</th><th>ideal</th><th>floor</th>",
             (unsigned long long)g->seed);
     for (size_t p = 0; p < g->npolicies; p++) {
         fputs("<th>", out);
@@ -212,8 +232,8 @@ int atc_replay_grid_html(const char *path, const struct atc_replay_grid *g, char
         const struct atc_replay_grid_cell *c = &g->cells[i];
         char label[64];
         cell_label(label, sizeof(label), c);
-        fprintf(out, "<tr><td>%s</td><td>%.2f</td><td>%.1f%%</td>", label, c->offered_load,
-                100 * c->ideal_hit_rate);
+        fprintf(out, "<tr><td>%s</td><td>%.2f</td><td>%.1f%%</td><td>%.0f</td>", label, c->offered_load,
+                100 * c->ideal_hit_rate, c->floor_ttft_p90_ms);
         for (size_t p = 0; p < g->npolicies; p++)
             fprintf(out, "<td>%.0f (%.0f%%)</td>", c->results[p].ttft_p90_ms, 100 * c->results[p].cache_hit_rate);
         if (g->npolicies > 1) {

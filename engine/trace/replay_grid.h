@@ -25,6 +25,7 @@ struct atc_replay_grid_cell {
     unsigned servers;     /* per simulate: entry; 0 = as the config says */
     double offered_load;  /* prompt tokens a second over the fleet's prefill tokens a second */
     double ideal_hit_rate; /* the pooled LRU bound for this fleet's KV caches */
+    double floor_ttft_p90_ms; /* TTFT p90 with that cache and no waiting (trace_lru.h) */
     struct atc_replay_result *results; /* one per policy */
 };
 
@@ -48,7 +49,7 @@ int atc_replay_grid_run(struct atc_config *cfg, struct atc_trace *trace, struct 
 /** The grid as a terminal table: per cell TTFT p90 (ms) and cache hit rate of each policy, and the
  * ratio of the first policy to the best of the others. */
 void atc_replay_grid_table(FILE *out, const struct atc_replay_grid *g);
-/** As JSON: {"trace", "fleet", "seed", "cells": [{"speed", "servers", "offered_load", "ideal_hit_rate",
+/** As JSON: {"trace", "fleet", "seed", "cells": [{"speed", "servers", "offered_load", "ideal_hit_rate", "floor_ttft_p90_ms",
  * "policies": [as atc replay --json]}]}. */
 void atc_replay_grid_json(FILE *out, const struct atc_replay_grid *g);
 /** As a self-contained HTML page (the table, with ratios coloured). 0, or -1 with *err. */

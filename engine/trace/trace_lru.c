@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "sim/sim.h"
+#include "trace/replay.h"
 #include "trace/trace.h"
 
 #define NONE UINT32_MAX
@@ -142,9 +143,12 @@ static int insert(struct lru *c, uint64_t block, uint32_t cost)
     return 0;
 }
 
-double atc_trace_pooled_lru_hit_rate(const struct atc_trace *t, size_t limit, uint64_t capacity_tokens)
+/* Feeds the first n requests of t to a pooled LRU cache of capacity_tokens: blocks looked up and hit,
+ * and each request's leading cached blocks in hit_blocks[i] when not NULL. Returns 0, or -1 when memory
+ * runs out. */
+static int pooled_lru(const struct atc_trace *t, size_t n, uint64_t capacity_tokens, uint64_t *blocks_out,
+                      uint64_t *hits_out, uint32_t *hit_blocks)
 {
-    size_t n = limit > 0 && limit < t->n ? limit : t->n;
     struct lru c = {.free_list = NONE, .head = NONE, .tail = NONE, .capacity = capacity_tokens};
     uint64_t blocks = 0, hits = 0;
     int rc = grow_slots(&c);
@@ -153,12 +157,14 @@ double atc_trace_pooled_lru_hit_rate(const struct atc_trace *t, size_t limit, ui
         uint32_t bt = r->block_tokens ? r->block_tokens : ATC_SIM_KV_BLOCK_TOKENS;
         uint32_t cost = (bt + ATC_SIM_KV_BLOCK_TOKENS - 1) / ATC_SIM_KV_BLOCK_TOKENS * ATC_SIM_KV_BLOCK_TOKENS;
         bool leading = true;
+        uint32_t mine = 0;
         for (size_t k = 0; k < r->nblocks && rc == 0; k++) {
             blocks++;
             size_t s = find_slot(&c, r->blocks[k]);
             if (c.slots[s] != NONE) {
                 uint32_t node = c.slots[s];
                 hits += leading;
+                mine += leading;
                 unlink_node(&c, node);
                 push_front(&c, node);
             } else {
@@ -166,10 +172,47 @@ double atc_trace_pooled_lru_hit_rate(const struct atc_trace *t, size_t limit, ui
                 rc = insert(&c, r->blocks[k], cost);
             }
         }
+        if (hit_blocks != NULL)
+            hit_blocks[i] = mine;
     }
     free(c.nodes);
     free(c.slots);
-    if (rc < 0)
+    *blocks_out = blocks;
+    *hits_out = hits;
+    return rc;
+}
+
+double atc_trace_pooled_lru_hit_rate(const struct atc_trace *t, size_t limit, uint64_t capacity_tokens)
+{
+    size_t n = limit > 0 && limit < t->n ? limit : t->n;
+    uint64_t blocks, hits;
+    if (pooled_lru(t, n, capacity_tokens, &blocks, &hits, NULL) < 0)
         return -1;
     return blocks ? (double)hits / (double)blocks : 0;
+}
+
+double atc_trace_pooled_lru_ttft_p90_ms(const struct atc_trace *t, size_t limit, uint64_t capacity_tokens,
+                                        double prefill_tps, uint32_t chunk_tokens, double step_ms)
+{
+    size_t n = limit > 0 && limit < t->n ? limit : t->n;
+    uint32_t *hit = malloc((n ? n : 1) * sizeof(*hit));
+    double *ms = malloc((n ? n : 1) * sizeof(*ms));
+    uint64_t blocks, hits;
+    if (hit == NULL || ms == NULL || pooled_lru(t, n, capacity_tokens, &blocks, &hits, hit) < 0) {
+        free(hit);
+        free(ms);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const struct atc_trace_record *r = &t->records[i];
+        uint64_t cached = (uint64_t)hit[i] * (r->block_tokens ? r->block_tokens : ATC_SIM_KV_BLOCK_TOKENS);
+        uint64_t uncached = cached < r->prompt_tokens ? r->prompt_tokens - cached : 1; /* the last is computed */
+        uint64_t chunks = (uncached + chunk_tokens - 1) / chunk_tokens;
+        ms[i] = (double)uncached * 1000.0 / prefill_tps + (double)chunks * step_ms;
+    }
+    atc_replay_sort(ms, n);
+    double p90 = atc_replay_percentile(ms, n, 90);
+    free(hit);
+    free(ms);
+    return p90;
 }

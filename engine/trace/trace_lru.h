@@ -18,4 +18,12 @@ struct atc_trace;
  * server's 16-token KV blocks); 0 when they have no prefix blocks, -1 when memory runs out. */
 double atc_trace_pooled_lru_hit_rate(const struct atc_trace *t, size_t limit, uint64_t capacity_tokens);
 
+/** The same cache's floor on time to first token: for each of the first @p limit requests (0: all) the
+ * prefill of its prompt tokens not in the pooled cache at @p prefill_tps, in chunks of @p chunk_tokens
+ * each costing one decode step of @p step_ms (as the simulated server runs them), with no waiting at
+ * all; returns its p90 in ms, or -1 when memory runs out. Routing can only come near it: the load a
+ * policy cannot avoid (queueing) and hits it misses are what the distance to it measures. */
+double atc_trace_pooled_lru_ttft_p90_ms(const struct atc_trace *t, size_t limit, uint64_t capacity_tokens,
+                                        double prefill_tps, uint32_t chunk_tokens, double step_ms);
+
 #endif
