@@ -3,8 +3,8 @@ them back, imports public traces (malformed lines by line number), and `atc repl
 virtual time (deterministic for a seed) and in wall time against a running atc."""
 
 import json
-import re
 import os
+import re
 import socket
 import subprocess
 import time
