@@ -21,6 +21,8 @@ struct policy_counters {
     uint64_t overruns;  /* budget exceeded */
     uint64_t oom;       /* memory cap hit */
     uint64_t invalid;   /* returned something that is not a usable endpoint or verdict */
+    uint64_t gc_steps;  /* incremental collector steps after calls (version.c collect_some) */
+    uint64_t gc_cycles; /* collection cycles those steps finished */
 };
 
 /* One loaded version of the policy: its own Lua state. */
