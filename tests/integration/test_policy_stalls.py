@@ -100,5 +100,89 @@ class GarbageCollectionTest(StallTestCase):
         self.assertGreater(status["gc_cycles"], 0)  # the steps finished whole cycles
 
 
+SPIN_POLICY = """
+local function spin() while true do end end
+return function(req, fleet)
+  local how = req:header("x-spin")
+  if how == "loop" then spin() end
+  if how == "xpcall" then xpcall(spin, spin) end
+  if how == "xpcall-error" then xpcall(function() error("x") end, spin) end
+  return fleet:endpoints(req.model)[1]
+end
+"""
+
+
+class Client(threading.Thread):
+    """Sends chat requests with @headers on one keep-alive connection until stopped; records (status,
+    seconds) of each, status 0 for a transport error."""
+
+    def __init__(self, port, headers=None):
+        super().__init__(daemon=True)
+        self.port, self.headers = port, headers or {}
+        self.results, self.stop = [], threading.Event()
+
+    def run(self):
+        import http.client
+        body = json.dumps({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]})
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        while not self.stop.is_set():
+            start = time.monotonic()
+            try:
+                conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json",
+                                                                    **self.headers})
+                resp = conn.getresponse()
+                resp.read()
+                self.results.append((resp.status, time.monotonic() - start))
+                if resp.getheader("connection", "").lower() == "close":
+                    conn.close()
+            except Exception:
+                self.results.append((0, time.monotonic() - start))
+                conn.close()
+                if self.stop.wait(0.05):
+                    break
+
+
+class SpinUnderLoadTest(StallTestCase):
+    def test_spinning_policies_under_load_neither_stall_other_requests_nor_sigterm(self):
+        atc = self.start_policy(SPIN_POLICY, workers=2)
+        baseline = Client(atc.port)
+        baseline.start()
+        wait_for(lambda: len(baseline.results) >= 100, timeout=20, what="baseline requests")
+        baseline.stop.set()
+        baseline.join()
+        base_p99 = percentile([t for _, t in baseline.results], 0.99)
+
+        spinners = [Client(atc.port, {"x-spin": how}) for how in ("loop", "xpcall", "xpcall-error") * 2]
+        normal = Client(atc.port)
+        for c in spinners + [normal]:
+            c.start()
+        time.sleep(3)  # traffic runs; every spin is stopped by the budget and routed by the C balancer
+        served = list(normal.results)
+        spins = [r for c in spinners for r in c.results]
+        self.assertGreater(len(served), 50)
+        self.assertGreater(len(spins), 100)
+        self.assertEqual([s for s, _ in served if s != 200], [])
+        self.assertEqual([s for s, _ in spins if s != 200], [], "a spin falls back to the C balancer")
+        worst = max(t for _, t in served)
+        self.assertLess(worst, max(20 * base_p99, 0.5), f"a request waited {worst:.3f}s (baseline p99 "
+                                                        f"{base_p99 * 1000:.1f} ms)")
+        overruns = self.policy_status(atc)["current"]["budget_overruns"]
+        self.assertGreaterEqual(overruns, len(spins))
+
+        # SIGTERM while the spinners keep going: atc drains and exits well before drain_timeout (10 s).
+        start = time.monotonic()
+        atc.proc.send_signal(signal.SIGTERM)
+        try:
+            code = atc.proc.wait(timeout=8)
+        finally:
+            for c in spinners + [normal]:
+                c.stop.set()
+        elapsed = time.monotonic() - start
+        self.assertEqual(code, 0)
+        self.assertLess(elapsed, 5.0, f"exit took {elapsed:.1f}s after SIGTERM")
+        for c in spinners + [normal]:
+            c.join(timeout=5)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
