@@ -76,6 +76,7 @@ struct atc_policy_runtime {
     int inotify_fd;
     bool test_mode; /* atc test: no endpoint table */
     bool stale;     /* the table changed and no version matches it yet: the C balancer routes */
+    uint64_t table_changes; /* atc_policy_set_table calls: a build begun before one is stale */
     lua_CFunction test_replay; /* atc test: installed as atc.replay (upvalue 1: the version) */
     lua_CFunction test_route;  /* atc test: installed as atc.test_route (upvalue 1: the version) */
 };
