@@ -32,6 +32,7 @@
 #include "http/relay.h"
 #include "sim/sim_server.h"
 #include "http/upstream.h"
+#include "core/reloader.h"
 #include "core/worker.h"
 
 /* Bodies between max_body and this get a proper OpenAI-style 413 from atc; beyond it evhttp stops
@@ -458,35 +459,23 @@ static void on_sighup(evutil_socket_t sig, short what, void *arg)
     free(msg);
 }
 
-uint64_t atc_server_reload_policy(struct atc_server *srv, char **err)
+int atc_server_reload_policy(struct atc_server *srv, atc_reload_done done, void *arg)
 {
-    *err = NULL;
-    if (main_worker(srv)->policy == NULL) {
-        *err = strdup("no policy is configured");
+    if (main_worker(srv)->policy == NULL)
+        return -1;
+    if (srv->reloader == NULL && (srv->reloader = atc_reloader_create(&srv->group)) == NULL) {
+        if (done != NULL)
+            done(arg, 0, "out of memory");
         return 0;
     }
-    uint64_t version = atc_policy_reload(main_worker(srv)->policy, err);
-    if (version == 0 || srv->group.nworkers == 1)
-        return version;
-    /* It compiles: the same files load on every other worker (while they are parked: a few ms). */
-    atc_workers_pause(&srv->group);
-    for (unsigned i = 1; i < srv->group.nworkers; i++) {
-        char *e = NULL;
-        if (atc_policy_reload(srv->group.workers[i].policy, &e) == 0)
-            atc_error("worker %u: the policy did not reload (%s); it keeps its previous version", i,
-                      e != NULL ? e : "?");
-        free(e);
-    }
-    atc_workers_resume(&srv->group);
-    return version;
+    atc_reloader_start(srv->reloader, done, arg);
+    return 0;
 }
 
 /* The policy files changed (inotify): every worker reloads. */
 static void on_policy_files_changed(void *arg)
 {
-    char *err = NULL;
-    atc_server_reload_policy(arg, &err);
-    free(err);
+    atc_server_reload_policy(arg, NULL, NULL);
 }
 
 static bool str_differs(const char *a, const char *b)
@@ -620,7 +609,10 @@ int atc_server_reload_config(struct atc_server *srv, char **errors)
         }
 
     /* Commit, with every worker parked: the new table keeps the servers that stayed (counters,
-     * connections, health), and each worker's policy is rebuilt against it. */
+     * connections, health), and each worker's policy is rebuilt against it. A policy build in progress
+     * reads the old table: it finishes first (and is then dropped). */
+    if (srv->reloader != NULL)
+        atc_reloader_wait(srv->reloader);
     atc_workers_pause(&srv->group);
     struct atc_endpoint **gone = NULL;
     size_t ngone = 0, before = srv->table->nendpoints;
@@ -947,6 +939,7 @@ void atc_server_destroy(struct atc_server *srv)
         return;
     for (unsigned i = 1; i < srv->group.nworkers; i++) /* threads first: nothing runs on their loops after */
         atc_worker_join(&srv->group.workers[i]);
+    atc_reloader_destroy(srv->reloader); /* after them: a swap left in a mailbox runs as a loop ends */
     if (srv->sig_term != NULL)
         event_free(srv->sig_term);
     if (srv->sig_int != NULL)

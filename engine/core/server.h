@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/reloader.h"
 #include "core/worker.h"
 #include "policy/policy.h"
 
@@ -44,6 +45,7 @@ struct atc_server {
     struct atc_metrics *metrics;      /* shared, locked */
     struct atc_admission_shared *admission_shared; /* admission.queue for the whole process (locked) */
     struct atc_policy_group policy_group; /* ties the workers' policy runtimes: one record, one rollback */
+    struct atc_reloader *reloader;        /* policy reloads (made at the first); main thread */
     /* The workers ([group.nworkers], worker 0 on the main thread), their pause and the request path's
      * hooks into this file: see core/worker.h for who touches what. */
     struct atc_worker_group group;
@@ -92,9 +94,10 @@ int atc_server_reload_config(struct atc_server *srv, char **errors);
 void atc_server_destroy(struct atc_server *srv);
 
 /* For the admin API (main thread). */
-/** Reloads the policy on every worker: worker 0's first; the others only if it compiled. Returns the
- * new version, or 0 with an owned message in *err. */
-uint64_t atc_server_reload_policy(struct atc_server *srv, char **err);
+/** Reloads the policy on every worker without parking any (core/reloader.h): @p done(@p arg, version,
+ * err) is called on the main thread once every worker decides with the new version, or with why it
+ * failed (nothing changed). -1 when there is no policy (@p done is not called). */
+int atc_server_reload_policy(struct atc_server *srv, atc_reload_done done, void *arg);
 /** Every worker's policy runtime into @p out (room for ATC_MAX_WORKERS); 0 without a policy. Each is
  * brought up to date with a rollback made elsewhere. Call with the workers paused. */
 size_t atc_server_policies(const struct atc_server *srv, struct atc_policy_runtime **out);

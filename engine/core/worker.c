@@ -173,6 +173,12 @@ void atc_worker_join(struct atc_worker *w)
 void atc_worker_free(struct atc_worker *w)
 {
     run_deferred(w); /* ended after its loop's last turn (connections closed at exit) */
+    /* Posted after worker 0's loop stopped (its mailbox never closes): too late to run. */
+    while (w->tasks != NULL) {
+        struct worker_task *next = w->tasks->next;
+        free(w->tasks);
+        w->tasks = next;
+    }
     if (w->defer_ev != NULL)
         event_free(w->defer_ev);
     w->defer_ev = NULL;

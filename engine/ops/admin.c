@@ -168,6 +168,21 @@ static void send_policy(struct atc_server *srv, struct evhttp_request *req)
     evbuffer_free(b);
 }
 
+/* The answer to POST /admin/policy/reload, once every worker decides with the new version (the reload
+ * builds it off the serving threads: the request waits, the workers do not). */
+static void on_policy_reloaded(void *arg, uint64_t version, const char *err)
+{
+    struct evhttp_request *req = arg;
+    if (version == 0) {
+        atc_http_send_error(req, 422, "invalid_request_error", "policy_reload_failed", err ? err : "failed", 0);
+        return;
+    }
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_printf(b, "{\"version\":%llu}\n", (unsigned long long)version);
+    atc_http_send_json(req, 200, b);
+    evbuffer_free(b);
+}
+
 /* 200 with the new version when the reload took; 422 with the error (file:line) when it did not, and
  * the old version keeps routing. */
 static void reload_policy(struct atc_server *srv, struct evhttp_request *req)
@@ -181,18 +196,7 @@ static void reload_policy(struct atc_server *srv, struct evhttp_request *req)
                             "the config has no policy: section", 0);
         return;
     }
-    char *err = NULL;
-    uint64_t version = atc_server_reload_policy(srv, &err);
-    if (version == 0) {
-        atc_http_send_error(req, 422, "invalid_request_error", "policy_reload_failed", err ? err : "failed",
-                            0);
-        free(err);
-        return;
-    }
-    struct evbuffer *b = evbuffer_new();
-    evbuffer_add_printf(b, "{\"version\":%llu}\n", (unsigned long long)version);
-    atc_http_send_json(req, 200, b);
-    evbuffer_free(b);
+    atc_server_reload_policy(srv, on_policy_reloaded, req);
 }
 
 /* POST /admin/endpoints/<id>/drain or /enable: drain stops new traffic to the endpoint and lets its

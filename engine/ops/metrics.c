@@ -18,7 +18,7 @@
 
 static const double latency_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
 static const double decision_bounds[] = {1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5,
-                                         1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3};
+                                         1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2};
 #define NELEMS(a) (sizeof(a) / sizeof((a)[0]))
 
 /* One label set: requests by (model, endpoint, status, priority) and latencies by (model, endpoint).

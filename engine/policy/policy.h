@@ -127,6 +127,29 @@ size_t atc_policy_routed(struct atc_policy_runtime *rt, const struct atc_route_r
  * version serving traffic is unchanged). */
 uint64_t atc_policy_reload(struct atc_policy_runtime *rt, char **err);
 
+/* A reload built off the serving threads: the new version is compiled, initialised and smoke-tested
+ * once per runtime by a loader of its own (watchdog, clock, random numbers) on any thread, while the
+ * runtimes keep deciding; each runtime then swaps its version in on its own thread, between two
+ * decisions. So no worker waits for a reload (core/reloader.c runs it). */
+struct atc_policy_build;
+
+/** Starts a build for the runtimes @p rts[@p n] (every worker's, loaded from the same files), on the thread
+ * that may read them unparked (the main thread: it reads their settings and tables, which only it changes,
+ * while the workers are parked). Returns it (owned: atc_policy_build_free), or NULL when out of memory. */
+struct atc_policy_build *atc_policy_build_new(struct atc_policy_runtime *const *rts, size_t n);
+/** Builds the versions, on any thread (one at a time per build). 0, or -1 with atc_policy_build_error. */
+int atc_policy_build_run(struct atc_policy_build *b);
+/** Why the build failed (file:line, as atc_policy_reload's *err; borrowed from @p b), or NULL when it
+ * did not. */
+const char *atc_policy_build_error(const struct atc_policy_build *b);
+/** On runtime @p rt's thread, between decisions, once atc_policy_build_run has returned: makes the build's
+ * version @p i (the one for rts[i]) the one that decides, and returns its number; or records the failed
+ * build on @p rt (logged when @p i is 0) and returns 0; or, when a config reload rebuilt @p rt since the
+ * build began (its version would index the old table), drops it and returns 0. */
+uint64_t atc_policy_adopt(struct atc_policy_runtime *rt, struct atc_policy_build *b, size_t i);
+/** Frees @p b and any version not adopted (NULL: nothing); on any thread once no call on @p b runs. */
+void atc_policy_build_free(struct atc_policy_build *b);
+
 /** The endpoint table changed (a config reload): every Lua state is rebuilt against @p table (views
  * know endpoints by their place in the table). Returns the new version, or 0 with *err: until a reload
  * succeeds, the C balancer routes (the old states no longer match the table). */

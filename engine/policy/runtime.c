@@ -238,6 +238,9 @@ static int smoke_test(struct atc_policy_runtime *rt, struct policy_version *v, c
     return 0;
 }
 
+static void reload_failed(struct atc_policy_runtime *rt, const char *err, bool log);
+static void swap_in(struct atc_policy_runtime *rt, struct policy_version *v);
+
 uint64_t atc_policy_reload(struct atc_policy_runtime *rt, char **err)
 {
     *err = NULL;
@@ -246,18 +249,33 @@ uint64_t atc_policy_reload(struct atc_policy_runtime *rt, char **err)
         policy_version_free(v);
         v = NULL;
     }
-    rt->last_reload_at = atc_wall_s();
     if (v == NULL) {
         if (*err == NULL)
             *err = strdup("reload failed");
-        rt->reloads_failed++;
-        free(rt->last_error);
-        rt->last_error = strdup(*err);
-        atc_error("policy reload failed, v%llu keeps routing: %s", (unsigned long long)rt->current->version,
-                  *err);
+        reload_failed(rt, *err, true);
         return 0;
     }
     v->version = ++rt->next_version;
+    swap_in(rt, v);
+    return v->version;
+}
+
+/* Records a reload that failed with @p err (copied); @p log: say so (once per reload, not per worker). */
+static void reload_failed(struct atc_policy_runtime *rt, const char *err, bool log)
+{
+    rt->last_reload_at = atc_wall_s();
+    rt->reloads_failed++;
+    free(rt->last_error);
+    rt->last_error = strdup(err);
+    if (log)
+        atc_error("policy reload failed, v%llu keeps routing: %s", (unsigned long long)rt->current->version,
+                  err);
+}
+
+/* Makes @p v (built, numbered) the version that decides from the next decision on. */
+static void swap_in(struct atc_policy_runtime *rt, struct policy_version *v)
+{
+    rt->last_reload_at = atc_wall_s();
     /* The outgoing version stays as the fallback while the new one is on probation. */
     struct policy_version *old = rt->current;
     if (rt->last_good == NULL)
@@ -274,12 +292,103 @@ uint64_t atc_policy_reload(struct atc_policy_runtime *rt, char **err)
     if (!rt->s.quiet)
         atc_info("policy v%llu loaded from %s (files hash %016llx)", (unsigned long long)v->version,
                  rt->s.entry, (unsigned long long)v->files_hash);
+}
+
+/* ---- building a version off the serving thread ---- */
+
+struct atc_policy_build {
+    /* The loader: a runtime of its own (watchdog, clock, random numbers) over the same settings, endpoint
+     * table and engine tables, so that it may run on another thread while the runtimes decide. */
+    struct atc_policy_runtime *loader;
+    struct policy_version **versions; /* [n]: one per runtime, taken by atc_policy_adopt */
+    size_t n;
+    uint64_t version;       /* the number they take */
+    uint64_t table_changes; /* the runtimes' when the build began: a later table makes the build stale */
+    bool failed;
+    char *err; /* why it failed (NULL: out of memory) */
+};
+
+struct atc_policy_build *atc_policy_build_new(struct atc_policy_runtime *const *rts, size_t n)
+{
+    struct atc_policy_build *b = calloc(1, sizeof(*b));
+    if (b == NULL || (b->versions = calloc(n, sizeof(*b->versions))) == NULL ||
+        (b->loader = policy_runtime_new(&rts[0]->s)) == NULL) {
+        atc_policy_build_free(b);
+        return NULL;
+    }
+    struct atc_policy_runtime *l = b->loader;
+    l->s.group = NULL; /* a version's record starts when it is adopted */
+    l->table = rts[0]->table;
+    l->affinity = rts[0]->affinity;
+    l->prefix = rts[0]->prefix;
+    l->next_version = rts[0]->next_version; /* so that init() logs show the number it will have */
+    b->n = n;
+    b->version = rts[0]->next_version + 1;
+    b->table_changes = rts[0]->table_changes;
+    return b;
+}
+
+int atc_policy_build_run(struct atc_policy_build *b)
+{
+    for (size_t i = 0; i < b->n; i++) {
+        char *err = NULL;
+        struct policy_version *v = policy_version_create(b->loader, &err);
+        if (v != NULL && smoke_test(b->loader, v, &err) < 0) {
+            policy_version_free(v);
+            v = NULL;
+        }
+        if (v == NULL) {
+            b->failed = true;
+            b->err = err;
+            return -1;
+        }
+        b->versions[i] = v;
+    }
+    return 0;
+}
+
+const char *atc_policy_build_error(const struct atc_policy_build *b)
+{
+    if (!b->failed)
+        return NULL;
+    return b->err != NULL ? b->err : "out of memory";
+}
+
+uint64_t atc_policy_adopt(struct atc_policy_runtime *rt, struct atc_policy_build *b, size_t i)
+{
+    bool first = i == 0;
+    if (b->failed) {
+        reload_failed(rt, atc_policy_build_error(b), first);
+        return 0;
+    }
+    struct policy_version *v = b->versions[i];
+    b->versions[i] = NULL;
+    if (b->table_changes != rt->table_changes) { /* a config reload rebuilt the runtime meanwhile */
+        policy_version_free(v);
+        return 0;
+    }
+    v->rt = rt; /* from here on its own watchdog, clock and random numbers */
+    v->version = rt->next_version = b->version;
+    swap_in(rt, v);
     return v->version;
+}
+
+void atc_policy_build_free(struct atc_policy_build *b)
+{
+    if (b == NULL)
+        return;
+    for (size_t i = 0; b->versions != NULL && i < b->n; i++)
+        policy_version_free(b->versions[i]);
+    free(b->versions);
+    atc_policy_runtime_destroy(b->loader);
+    free(b->err);
+    free(b);
 }
 
 uint64_t atc_policy_set_table(struct atc_policy_runtime *rt, struct atc_endpoint_table *table, char **err)
 {
     rt->table = table;
+    rt->table_changes++;
     rt->stale = true;
     policy_version_free(rt->last_good); /* its views index the old table */
     rt->last_good = NULL;

@@ -21,6 +21,8 @@ struct policy_counters {
     uint64_t overruns;  /* budget exceeded */
     uint64_t oom;       /* memory cap hit */
     uint64_t invalid;   /* returned something that is not a usable endpoint or verdict */
+    uint64_t gc_steps;  /* incremental collector steps after calls (version.c collect_some) */
+    uint64_t gc_cycles; /* collection cycles those steps finished */
 };
 
 /* One loaded version of the policy: its own Lua state. */
@@ -81,6 +83,7 @@ struct atc_policy_runtime {
     char changed[512];         /* the first .lua file of the burst that changed, "" when none yet */
     unsigned nchanged;         /* events in the burst */
     bool stale;                /* the table changed and no version matches it yet: the C balancer routes */
+    uint64_t table_changes;    /* atc_policy_set_table calls: a build begun before one is stale */
     lua_CFunction test_replay; /* atc test: installed as atc.replay (upvalue 1: the version) */
     lua_CFunction test_route;  /* atc test: installed as atc.test_route (upvalue 1: the version) */
 };

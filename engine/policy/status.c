@@ -34,6 +34,8 @@ static struct version_totals version_totals(struct atc_policy_runtime *const *rt
             t.c.overruns += o->c.overruns;
             t.c.oom += o->c.oom;
             t.c.invalid += o->c.invalid;
+            t.c.gc_steps += o->c.gc_steps;
+            t.c.gc_cycles += o->c.gc_cycles;
             t.mem_used += o->mem_used;
             if (o->consecutive_failures > t.consecutive_failures)
                 t.consecutive_failures = o->consecutive_failures;
@@ -67,11 +69,11 @@ static void counters_json(struct evbuffer *out, struct atc_policy_runtime *const
     evbuffer_add_printf(out,
                         "\"version\":%llu,\"loaded_at\":%.3f,\"decisions\":%llu,\"errors\":%llu,"
                         "\"budget_overruns\":%llu,\"memory_errors\":%llu,\"invalid_returns\":%llu,"
-                        "\"consecutive_failures\":%u,\"memory_bytes\":%zu}",
+                        "\"consecutive_failures\":%u,\"memory_bytes\":%zu,\"gc_steps\":%llu,\"gc_cycles\":%llu}",
                         (unsigned long long)v->version, v->loaded_at, (unsigned long long)t.c.decisions,
                         (unsigned long long)t.c.errors, (unsigned long long)t.c.overruns,
                         (unsigned long long)t.c.oom, (unsigned long long)t.c.invalid, t.consecutive_failures,
-                        t.mem_used);
+                        t.mem_used, (unsigned long long)t.c.gc_steps, (unsigned long long)t.c.gc_cycles);
 }
 
 void atc_policy_status_json(struct atc_policy_runtime *const *rts, size_t n, struct evbuffer *out)

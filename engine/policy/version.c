@@ -35,6 +35,30 @@ void policy_version_free(struct policy_version *v)
     free(v);
 }
 
+/* Garbage must not pile up to the cap (LuaJIT has no emergency collection: an allocation past the cap
+ * fails however much is garbage), and with the live set above half the cap the collector's own pace
+ * (a cycle when memory doubles) would start too late. A full collection of such a state takes tens of
+ * ms, so the collector is stepped instead, in steps of GC_STEP_KB, for what is left of the call's budget
+ * and at least one step: over a few decisions that is a whole cycle, each inside its budget. The cap is
+ * lifted during a step, which may reallocate the string table: a refusal there would raise outside any
+ * protected call; a policy's code cannot run in it (it has no __gc). */
+#define GC_STEP_KB 64
+
+static void collect_some(struct policy_version *v, uint64_t t0_ns, uint64_t budget_us)
+{
+    uint64_t deadline = t0_ns + budget_us * 1000;
+    size_t limit = v->mem_limit;
+    v->mem_limit = SIZE_MAX;
+    do {
+        v->c.gc_steps++;
+        if (lua_gc(v->L, LUA_GCSTEP, GC_STEP_KB)) {
+            v->c.gc_cycles++;
+            break;
+        }
+    } while (atc_mono_ns() < deadline);
+    v->mem_limit = limit;
+}
+
 /* Calls the function at -2 - nargs with budget @p budget_us; returns the Lua status, 0 when fine,
  * and says why in *why (atc_policy_fallback_budget, _memory or _error). The result or message is left
  * at -1. */
@@ -44,6 +68,7 @@ int policy_protected_call(struct policy_version *v, int nargs, uint64_t budget_u
     lua_State *L = v->L;
     struct watchdog *w = v->rt->watchdog;
     v->mem_refused = false;
+    uint64_t t0 = atc_mono_ns();
     policy_budget_begin(w, L, budget_us);
     int status = lua_pcall(L, nargs, 1, errfunc);
     bool overran = policy_budget_end(w, L);
@@ -63,9 +88,8 @@ int policy_protected_call(struct policy_version *v, int nargs, uint64_t budget_u
         lua_pop(L, 1);
         lua_pushliteral(L, NOT_A_STRING);
     }
-    /* Garbage must not pile up to the cap between decisions: collect when half of it is used. */
     if (v->mem_used > v->mem_limit / 2)
-        lua_gc(L, LUA_GCCOLLECT, 0);
+        collect_some(v, t0, budget_us);
     return status;
 }
 

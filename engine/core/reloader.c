@@ -1,0 +1,188 @@
+/* Policy reloads off the serving threads (see reloader.h). */
+
+#include "core/reloader.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+#include "core/config.h"
+#include "core/log.h"
+#include "core/worker.h"
+#include "policy/policy.h"
+
+struct waiter {
+    atc_reload_done done;
+    void *arg;
+    struct waiter *next;
+};
+
+/* A worker's swap: the task posted to its mailbox. */
+struct adopt_task {
+    struct atc_reloader *r;
+    unsigned worker;
+};
+
+struct atc_reloader {
+    struct atc_worker_group *g;
+    pthread_t thread;
+    bool loading;  /* the loader thread runs (or has not been joined) */
+    bool adopting; /* the workers are swapping the build in */
+    struct atc_policy_build *build;
+    struct waiter *waiters; /* answered by the round in progress */
+    struct waiter *queued;  /* asked during it: one more round after */
+    atomic_uint pending;    /* workers that have not swapped yet */
+    struct adopt_task tasks[]; /* [g->nworkers] */
+};
+
+static void runtimes(const struct atc_reloader *r, struct atc_policy_runtime **out)
+{
+    for (unsigned i = 0; i < r->g->nworkers; i++)
+        out[i] = r->g->workers[i].policy;
+}
+
+static void answer(struct waiter *w, uint64_t version, const char *err)
+{
+    while (w != NULL) {
+        struct waiter *next = w->next;
+        if (w->done != NULL)
+            w->done(w->arg, version, err);
+        free(w);
+        w = next;
+    }
+}
+
+static void begin_round(struct atc_reloader *r);
+
+/* Main thread: every worker swapped (or could not: its loop had stopped). */
+static void on_all_adopted(void *arg)
+{
+    struct atc_reloader *r = arg;
+    struct atc_policy_runtime *rt0 = r->g->workers[0].policy;
+    uint64_t version = atc_policy_version(rt0);
+    const char *err = atc_policy_build_error(r->build);
+    if (err != NULL)
+        version = 0;
+    struct waiter *w = r->waiters;
+    r->waiters = NULL;
+    answer(w, version, err);
+    atc_policy_build_free(r->build);
+    r->build = NULL;
+    r->adopting = false;
+    if (r->queued != NULL) {
+        r->waiters = r->queued;
+        r->queued = NULL;
+        begin_round(r);
+    }
+}
+
+static void adopted_one(struct atc_reloader *r)
+{
+    if (atomic_fetch_sub(&r->pending, 1) == 1 && atc_worker_post(&r->g->workers[0], on_all_adopted, r) < 0)
+        atc_error("policy reload: the main loop has stopped; the reload is not answered");
+}
+
+/* On worker t->worker's thread, between two of its callbacks: between decisions. */
+static void on_adopt(void *arg)
+{
+    struct adopt_task *t = arg;
+    atc_policy_adopt(t->r->g->workers[t->worker].policy, t->r->build, t->worker);
+    adopted_one(t->r);
+}
+
+static void join_loader(struct atc_reloader *r)
+{
+    if (r->loading)
+        pthread_join(r->thread, NULL);
+    r->loading = false;
+}
+
+/* Main thread: the loader has finished; every worker swaps at its next turn. */
+static void on_built(void *arg)
+{
+    struct atc_reloader *r = arg;
+    join_loader(r);
+    r->adopting = true;
+    atomic_store(&r->pending, r->g->nworkers);
+    for (unsigned i = 1; i < r->g->nworkers; i++)
+        if (atc_worker_post(&r->g->workers[i], on_adopt, &r->tasks[i]) < 0)
+            adopted_one(r); /* its loop has stopped: its version is freed with the build */
+    on_adopt(&r->tasks[0]);
+}
+
+static void *loader_main(void *arg)
+{
+    struct atc_reloader *r = arg;
+    atc_policy_build_run(r->build);
+    if (atc_worker_post(&r->g->workers[0], on_built, r) < 0)
+        atc_error("policy reload: the main loop has stopped; the build is dropped");
+    return NULL;
+}
+
+static void begin_round(struct atc_reloader *r)
+{
+    struct atc_policy_runtime *rts[ATC_MAX_WORKERS];
+    runtimes(r, rts);
+    r->build = atc_policy_build_new(rts, r->g->nworkers);
+    if (r->build == NULL) {
+        struct waiter *w = r->waiters;
+        r->waiters = NULL;
+        answer(w, 0, "out of memory");
+        return;
+    }
+    r->loading = true;
+    if (pthread_create(&r->thread, NULL, loader_main, r) != 0) {
+        r->loading = false; /* no thread: build here, and let the workers wait this once */
+        atc_policy_build_run(r->build);
+        on_built(r);
+    }
+}
+
+struct atc_reloader *atc_reloader_create(struct atc_worker_group *g)
+{
+    struct atc_reloader *r = calloc(1, sizeof(*r) + g->nworkers * sizeof(r->tasks[0]));
+    if (r == NULL)
+        return NULL;
+    r->g = g;
+    for (unsigned i = 0; i < g->nworkers; i++)
+        r->tasks[i] = (struct adopt_task){.r = r, .worker = i};
+    return r;
+}
+
+void atc_reloader_destroy(struct atc_reloader *r)
+{
+    if (r == NULL)
+        return;
+    join_loader(r);
+    atc_policy_build_free(r->build);
+    for (struct waiter *lists[] = {r->waiters, r->queued}, **l = lists; l < lists + 2; l++)
+        while (*l != NULL) {
+            struct waiter *next = (*l)->next;
+            free(*l);
+            *l = next;
+        }
+    free(r);
+}
+
+void atc_reloader_start(struct atc_reloader *r, atc_reload_done done, void *arg)
+{
+    struct waiter *w = malloc(sizeof(*w));
+    if (w == NULL) {
+        if (done != NULL)
+            done(arg, 0, "out of memory");
+        return;
+    }
+    *w = (struct waiter){.done = done, .arg = arg};
+    bool busy = r->loading || r->adopting || r->build != NULL;
+    struct waiter **list = busy ? &r->queued : &r->waiters;
+    w->next = *list;
+    *list = w;
+    if (!busy)
+        begin_round(r);
+}
+
+void atc_reloader_wait(struct atc_reloader *r)
+{
+    join_loader(r);
+}
