@@ -739,6 +739,8 @@ int atc_replay_run(const struct atc_config *cfg, const struct atc_trace *trace, 
         .seed = o->seed ? o->seed : 1,
         .memory = cfg->policy.memory,
         .jit = cfg->policy.jit,
+        .log = o->log,
+        .log_ctx = o->log_ctx,
     };
     char *perr = NULL;
     if (entry != NULL &&

@@ -65,6 +65,8 @@ struct atc_replay_options {
     size_t noutages;
     void (*on_decision)(void *ctx, const struct atc_replay_decision *d);
     void *ctx;
+    void (*log)(void *ctx, const char *line); /* the policy's atc.log lines (NULL: the log) */
+    void *log_ctx;
 };
 
 struct atc_replay_endpoint_result {
