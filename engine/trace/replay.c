@@ -311,9 +311,10 @@ static void on_token(void *ctx, const struct atc_sim_token *tok)
     rp->drain = true;
 }
 
-static const char *no_header(void *ctx, const char *name)
+/* req:header(name) under replay: the headers the trace recorded (record.headers), else nothing. */
+static const char *trace_header(void *ctx, const char *name)
 {
-    return NULL;
+    return atc_trace_record_header(ctx, name);
 }
 
 static const char *const kind_paths[] = {
@@ -353,7 +354,8 @@ static void prepare(struct replay *rp, size_t i)
         .tenant = r->tenant,
         .session = r->session,
         .attempt = 1,
-        .header = no_header,
+        .header = trace_header,
+        .header_ctx = (void *)r,
         .block_tokens = r->block_tokens,
         .tokens = r->prompt_tokens + (uint64_t)(r->max_tokens >= 0 ? r->max_tokens : DEFAULT_OUTPUT_TOKENS),
     };

@@ -113,6 +113,43 @@ class RecordTest(AtcTestCase):
         arrivals = [records[f"rec-{i}"]["at_us"] for i in range(10)]
         self.assertEqual(arrivals, sorted(arrivals))
 
+    def test_recorded_headers_replay_to_a_policy_keyed_on_them(self):
+        traces = os.path.join(self.tmp.name, "traces")
+        a = self.start_atc(self.config(f"  dir: {traces}\n              headers: [x-tenant, X-Region]"))
+        tenants = ["gold", "free", "free", "gold", "free", "gold"]
+        for i, tenant in enumerate(tenants):
+            headers = {"x-request-id": f"h-{i}", "x-tenant": tenant, "x-other": "not recorded"}
+            if i == 0:
+                headers["x-region"] = "eu-" + "x" * 400  # longer than a record keeps
+            status, _, _ = chat(a.port, content=f"hello {i}", headers=headers)
+            self.assertEqual(status, 200)
+        wait_for(lambda: self.record_stats(a)["recorded"] == 6, timeout=5, what="6 records")
+        self.assertEqual(a.stop(), 0)
+
+        records = {r["id"]: r for r in dump(traces)}  # atc trace dump shows them
+        self.assertEqual(records["h-1"]["headers"], {"x-tenant": "free"})
+        self.assertEqual(records["h-0"]["headers"]["x-tenant"], "gold")
+        self.assertEqual(records["h-0"]["headers"]["x-region"], "eu-" + "x" * 253, "cut at 256 bytes")
+
+        # A policy that sends gold tenants to the first server, everyone else to the second.
+        policy = os.path.join(self.tmp.name, "tenant.lua")
+        with open(policy, "w") as f:
+            f.write("return function(req, fleet)\n"
+                    "  local eps = fleet:endpoints(req.model)\n"
+                    "  return req:header('X-Tenant') == 'gold' and eps[1] or eps[2]\n"
+                    "end\n")
+        fleet = os.path.join(self.tmp.name, "fleet.yaml")
+        with open(fleet, "w") as f:
+            f.write(f"policy:\n  entry: {policy}\nmodels:\n  - name: llama-3-8b\n"
+                    "simulate:\n  - model: llama-3-8b\n    count: 2\n")
+        code, out, err = atc("replay", "-c", fleet, "--trace", traces, "--json")
+        self.assertEqual(code, 0, err)
+        [p] = json.loads(out)["policies"]
+        self.assertEqual(p["completed"], 6)
+        self.assertEqual(p["fallbacks"], 0)
+        by_endpoint = {e["id"]: e["requests"] for e in p["endpoints"]}
+        self.assertEqual(by_endpoint, {"llama-3-8b-sim-1": 3, "llama-3-8b-sim-2": 3})
+
     def test_prompt_text_only_when_asked(self):
         traces = os.path.join(self.tmp.name, "traces")
         a = self.start_atc(self.config(f"  dir: {traces}\n              text: true"))
