@@ -258,6 +258,55 @@ class ReplayTest(AtcTestCase):
         shipped, rr = report["policies"][0], report["policies"][1]
         self.assertGreater(shipped["cache_hit_rate"], rr["cache_hit_rate"], "affinity keeps sessions' caches warm")
 
+    def test_ttft_per_tenant_and_priority(self):
+        fleet = self.fleet()
+        code, out, err = atc("replay", "-c", fleet, "--trace", FIXTURE, "--json")
+        self.assertEqual(code, 0, err)
+        [p] = json.loads(out)["policies"]
+        tenants = {g["name"]: g for g in p["tenants"]}
+        self.assertEqual({k: g["requests"] for k, g in tenants.items()}, {"acme": 204, "beta": 70})
+        self.assertEqual({g["name"]: g["requests"] for g in p["priorities"]}, {"0": 239, "7": 35})
+        for g in p["tenants"] + p["priorities"]:
+            self.assertEqual(g["completed"], g["requests"])
+            self.assertLessEqual(g["ttft_p50_ms"], g["ttft_p90_ms"])
+            self.assertLessEqual(g["ttft_p90_ms"], g["ttft_p99_ms"])
+            self.assertLessEqual(g["ttft_p99_ms"], p["ttft_p99_ms"] * 1.5)
+        html = os.path.join(self.tmp.name, "report.html")
+        code, out, err = atc("replay", "-c", fleet, "--trace", FIXTURE, "--html", html)
+        self.assertEqual(code, 0, err)
+        self.assertRegex(out, r"ttft per tenant\n +tenant +requests +p50 +p90 +p99\n +acme +204 ")
+        self.assertRegex(out, r"ttft per priority\n.*\n +0 +239 .*\n +7 +35 ")
+        with open(html) as f:
+            page = f.read()
+        self.assertIn("TTFT per tenant", page)
+        self.assertIn("<td>beta</td><td>70</td>", page)
+        # A trace without tenants or priorities has no such rows.
+        plain = os.path.join(self.tmp.name, "plain.jsonl")
+        with open(plain, "w") as f:
+            f.write('{"at_ms": 0, "model": "llama-3-8b", "prompt_tokens": 100, "output_tokens": 10}\n')
+        code, out, err = atc("replay", "-c", fleet, "--trace", plain, "--json")
+        self.assertEqual(code, 0, err)
+        [p] = json.loads(out)["policies"]
+        self.assertEqual((p["tenants"], p["priorities"]), ([], []))
+
+    def test_imbalance_counts_only_the_replayed_models_endpoints(self):
+        one = self.fleet()
+        two = os.path.join(self.tmp.name, "two.yaml")
+        with open(two, "w") as f:  # the same three servers, and three idle ones of another model
+            f.write(f"policy:\n  entry: {POLICY}\nmodels:\n  - name: llama-3-8b\n  - name: qwen-2.5-1.5b\n"
+                    "simulate:\n  - model: llama-3-8b\n    count: 3\n    max_seqs: 8\n"
+                    "  - model: qwen-2.5-1.5b\n    count: 3\n")
+        reports = []
+        for fleet in (one, two):
+            code, out, err = atc("replay", "-c", fleet, "--trace", FIXTURE, "--json")
+            self.assertEqual(code, 0, err)
+            reports.append(json.loads(out)["policies"][0])
+        a, b = reports
+        self.assertGreater(a["imbalance"], 1.0)
+        self.assertAlmostEqual(b["imbalance"], a["imbalance"], places=3)
+        self.assertAlmostEqual(b["imbalance_max"], a["imbalance_max"], places=3)
+        self.assertAlmostEqual(b["work_imbalance"], a["work_imbalance"], places=3)
+
     def test_table_and_html_report(self):
         fleet = self.fleet()
         html = os.path.join(self.tmp.name, "report.html")
