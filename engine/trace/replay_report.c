@@ -45,8 +45,8 @@ void atc_replay_report_table(FILE *out, const char *title, const struct atc_repl
                 (unsigned long long)(x->policy_errors + x->budget_overruns));
     }
     fputs("\nlatencies in ms (s where marked); cache: prefix blocks found in the server's KV cache / blocks "
-          "requested;\nimbal: mean over time of max / mean requests in flight per endpoint; queued: requests "
-          "that waited for\ncapacity in front of the fleet (p99 of their wait); errors: policy failures and "
+          "requested;\nimbal: mean over time of max / mean requests in flight per endpoint (of the models asked "
+          "for); queued: requests\nthat waited for capacity in front of the fleet (p99 of their wait); errors: policy failures and "
           "budget overruns\n(those requests went to the built-in balancer).\n",
           out);
     for (size_t i = 0; i < n; i++) {

@@ -142,13 +142,17 @@ class RecordTest(AtcTestCase):
         with open(fleet, "w") as f:
             f.write(f"policy:\n  entry: {policy}\nmodels:\n  - name: llama-3-8b\n"
                     "simulate:\n  - model: llama-3-8b\n    count: 2\n")
-        code, out, err = atc("replay", "-c", fleet, "--trace", traces, "--json")
-        self.assertEqual(code, 0, err)
-        [p] = json.loads(out)["policies"]
-        self.assertEqual(p["completed"], 6)
-        self.assertEqual(p["fallbacks"], 0)
-        by_endpoint = {e["id"]: e["requests"] for e in p["endpoints"]}
-        self.assertEqual(by_endpoint, {"llama-3-8b-sim-1": 3, "llama-3-8b-sim-2": 3})
+        dumped = os.path.join(self.tmp.name, "dumped.jsonl")  # dumped records import back, headers too
+        with open(dumped, "w") as f:
+            f.write(atc("trace", "dump", traces)[1])
+        for trace in (traces, dumped):
+            code, out, err = atc("replay", "-c", fleet, "--trace", trace, "--json")
+            self.assertEqual(code, 0, err)
+            [p] = json.loads(out)["policies"]
+            self.assertEqual(p["completed"], 6)
+            self.assertEqual(p["fallbacks"], 0)
+            by_endpoint = {e["id"]: e["requests"] for e in p["endpoints"]}
+            self.assertEqual(by_endpoint, {"llama-3-8b-sim-1": 3, "llama-3-8b-sim-2": 3}, trace)
 
     def test_prompt_text_only_when_asked(self):
         traces = os.path.join(self.tmp.name, "traces")
