@@ -123,6 +123,22 @@ class CliTest(AtcTestCase):
         self.assertRegex(text, re.escape(path) + r":4:11: key 'max_body': needs a unit: .*MiB")
         self.assertEqual(len(text.strip().splitlines()), 3, text)  # the zeros are fine
 
+    def test_record_headers_are_bounded(self):
+        path = os.path.join(self.tmp.name, "rec.yaml")
+        models = "models:\n  - name: m\n    endpoints:\n      - {id: a, url: \"http://127.0.0.1:9001\"}\n"
+        for headers, message in (("[" + ", ".join(f"h{i}" for i in range(17)) + "]", "at most 16 headers"),
+                                 ("[x-tenant, \"bad name\"]", "a header name is 1-63 letters")):
+            with self.subTest(message):
+                with open(path, "w") as f:
+                    f.write(f"record:\n  dir: {self.tmp.name}\n  headers: {headers}\n" + models)
+                out = run("check", "-c", path)
+                self.assertEqual(out.returncode, 1, out.stdout)
+                self.assertRegex(out.stderr, re.escape(path) + r":3:\d+: key 'record.headers': " + message)
+        with open(path, "w") as f:
+            f.write(f"record:\n  dir: {self.tmp.name}\n  headers: [x-tenant, X-Region]\n" + models)
+        out = run("check", "-c", path)
+        self.assertEqual(out.returncode, 0, out.stderr)
+
     def test_too_little_policy_memory_is_an_error_every_command_prints(self):
         policy = os.path.join(self.tmp.name, "policy.lua")
         with open(policy, "w") as f:
