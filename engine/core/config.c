@@ -217,6 +217,7 @@ static const struct field record_fields[] = {
     {.key = "text", .kind = F_BOOL, .off = CFG(record.text)},
     {.key = "buffer", .kind = F_SIZE, .off = CFG(record.buffer)},
     {.key = "sample", .kind = F_SHARE, .off = CFG(record.sample)},
+    {.key = "headers", .kind = F_STRS, .off = CFG(record.headers), .aux = CFG(record.nheaders)},
     {.key = NULL},
 };
 
@@ -857,6 +858,17 @@ static void parse_record(struct parse *p, yaml_node_t *n)
             strlen(p->cfg->record.prefix))
         atc_config_report(&p->errs, prefix->start_mark, "record.prefix",
                           "only letters, digits, '.', '_' and '-' may name files");
+    yaml_node_t *headers = lookup(record_fields, found, "headers");
+    const struct atc_config *c = p->cfg;
+    if (headers && c->record.nheaders > ATC_RECORD_HEADERS_MAX) /* each record stays small */
+        atc_config_report(&p->errs, headers->start_mark, "record.headers", "at most 16 headers");
+    for (size_t i = 0; headers && i < c->record.nheaders; i++)
+        if (c->record.headers[i][0] == '\0' || strlen(c->record.headers[i]) > 63 ||
+            strspn(c->record.headers[i],
+                   "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") !=
+                strlen(c->record.headers[i]))
+            atc_config_report(&p->errs, headers->start_mark, "record.headers",
+                              "a header name is 1-63 letters, digits, '-' or '_'");
 }
 
 /* Where atc check reports what is wrong with the policy: at the entry: value, or at the policy:
@@ -1148,6 +1160,7 @@ void atc_config_free(struct atc_config *cfg)
     free(cfg->policy.entry);
     free(cfg->record.dir);
     free(cfg->record.prefix);
+    free_strv(cfg->record.headers, cfg->record.nheaders);
     free(cfg->access_log);
     free(cfg->admin_token);
     for (size_t i = 0; i < cfg->admission.tenant_weights.n; i++)

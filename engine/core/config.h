@@ -1,7 +1,8 @@
 #ifndef ATC_CONFIG_H
 #define ATC_CONFIG_H
 
-#define ATC_MAX_WORKERS 16 /* workers: at most; each holds a Lua state and a pool per endpoint */
+#define ATC_MAX_WORKERS 16        /* workers: at most; each holds a Lua state and a pool per endpoint */
+#define ATC_RECORD_HEADERS_MAX 16 /* record.headers: names at most (trace.h's ATC_TRACE_HEADERS_MAX) */
 
 /* The YAML configuration, parsed with libyaml into plain structs. The whole file is validated before
  * anything is applied; every error is reported as "file:line:col: message". */
@@ -133,9 +134,11 @@ struct atc_config {
         char *prefix;       /* record.prefix: file names start with it (default atc; [A-Za-z0-9._-]) */
         size_t rotate_size; /* record.rotate_size: a new file past this size (default 256 MiB) */
         uint64_t rotate_interval_ms; /* record.rotate_interval: ... or after this long (default 1h) */
-        bool text;     /* record.text: store prompt text too (default false: block hashes only) */
-        size_t buffer; /* record.buffer: records not yet written past this are dropped (default 8 MiB) */
-        double sample; /* record.sample: share of requests recorded, 0..1 (default 1) */
+        bool text;      /* record.text: store prompt text too (default false: block hashes only) */
+        size_t buffer;  /* record.buffer: records not yet written past this are dropped (default 8 MiB) */
+        double sample;  /* record.sample: share of requests recorded, 0..1 (default 1) */
+        char **headers; /* record.headers: request headers stored in each record (at most 16 names) */
+        size_t nheaders;
     } record;
 
     size_t max_body;            /* max_body: request body limit (default 8 MiB) */

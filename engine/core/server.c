@@ -840,6 +840,8 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
             .text = cfg->record.text,
             .buffer = cfg->record.buffer,
             .sample = cfg->record.sample,
+            .headers = (const char *const *)cfg->record.headers,
+            .nheaders = cfg->record.nheaders,
         };
         if ((srv->recorder = atc_recorder_create(&rs)) == NULL) {
             fail(err, "cannot start the trace recorder");

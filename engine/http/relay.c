@@ -87,6 +87,8 @@ struct relay {
     char session[256];
     char id[80];
     char extra_headers[160];
+    char *recorded_headers; /* record.headers the request had (atc_recorder_capture), taken at its start */
+    size_t nrecorded_headers;
 
     struct atc_route_request rreq; /* what the policy sees */
     struct atc_queue_item qi;      /* while waiting for capacity */
@@ -218,6 +220,7 @@ static void relay_free(struct atc_deferred *d)
 {
     struct relay *r = (struct relay *)(void *)((char *)d - offsetof(struct relay, deferred));
     relay_expect(r, RELAY_IN(RELAY_ENDED));
+    free(r->recorded_headers);
     free(r);
 }
 
@@ -881,6 +884,8 @@ void atc_relay_start(struct atc_worker *w, struct evhttp_request *client, const 
     snprintf(r->extra_headers, sizeof(r->extra_headers), "x-request-id: %s\r\n", r->id);
     r->tokens =
         r->f->prompt_tokens + (uint64_t)(r->f->max_tokens >= 0 ? r->f->max_tokens : DEFAULT_OUTPUT_TOKENS);
+    if (w->recorder != NULL) /* now: the client's request may be gone when the record is made */
+        r->recorded_headers = atc_recorder_capture(w->recorder, client_header, r, &r->nrecorded_headers);
 
     evhttp_connection_set_closecb(r->client_conn, on_client_close, r);
     struct bufferevent *bev = evhttp_connection_get_bufferevent(r->client_conn);
@@ -947,6 +952,12 @@ static void record_finished(struct relay *r, bool flushed)
     if (atc_recorder_text(rec) && f->prompt != NULL && !flushed) {
         t.prompt = f->prompt;
         t.prompt_len = f->prompt_len;
+    }
+    struct atc_trace_field headers[ATC_TRACE_HEADERS_MAX];
+    if (r->recorded_headers != NULL) {
+        atc_recorder_fields(r->recorded_headers, r->nrecorded_headers, headers);
+        t.headers = headers;
+        t.nheaders = r->nrecorded_headers;
     }
     t.endpoint = r->ntried > 0 ? r->tried[r->ntried - 1]->id : NULL;
     t.policy_version = r->policy_version;

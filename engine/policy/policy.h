@@ -52,6 +52,10 @@ struct atc_policy_settings {
     /* A runtime that repeats the leader's work (every worker but the first): its successful loads and
      * its init()'s atc.log lines are not logged, so one reload is one log line, not one per worker. */
     bool quiet;
+    /* atc test: each atc.log line ("file:line: text") goes here instead of the log, so the runner
+     * prints it under the test that produced it. NULL: the log. */
+    void (*log)(void *ctx, const char *line);
+    void *log_ctx;
 };
 
 /* What a decision asks for. */

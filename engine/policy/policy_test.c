@@ -44,7 +44,9 @@ static const char usage_test[] =
     "test fails when it raises (t.expect(actual).to_be(expected) and the other matchers raise with a\n"
     "message). Prints one line per failure, FAIL file:line: test: message, then N passed, N failed; exits\n"
     "1 when any test failed. Modules are found in the scripts directory (the entry's directory of -c\n"
-    "FILE's policy, else --scripts), then in stdlib/, then in the test file's directory.\n"
+    "FILE's policy, else --scripts), then in stdlib/, then in the test file's directory. A policy's\n"
+    "atc.log lines are printed under the test that produced them. t.replay replays policy = FILE or a\n"
+    "module, else the one policy module the test file requires, else the policy under test.\n"
     "\n"
     "  -c, --config FILE     take the policy, module path and memory cap from this config\n"
     "      --scripts DIR     the policy's directory (default ./scripts)\n"
@@ -54,12 +56,49 @@ static const char usage_test[] =
     "      --contract        print the policy contract (stdlib/atc/contract.lua) as markdown tables\n"
     "  -h, --help            this text\n";
 
+#define TEST_LOG_MAX (64 * 1024) /* bytes of atc.log lines kept per test; the rest are counted */
+
 struct runner {
     struct atc_policy_runtime *rt;
     const char *filter;
     bool verbose;
     int passed, failed;
+    /* The atc.log lines of the test that runs (each ending in a newline), printed under its line. */
+    char *log;
+    size_t log_len;
+    unsigned log_dropped;
 };
+
+/* The runtime's log sink (settings.log): keeps the line for the test that runs. */
+static void on_policy_log(void *ctx, const char *line)
+{
+    struct runner *r = ctx;
+    size_t n = strlen(line);
+    if (r->log == NULL)
+        r->log = malloc(TEST_LOG_MAX);
+    if (r->log == NULL || r->log_len + n + 1 > TEST_LOG_MAX) {
+        r->log_dropped++;
+        return;
+    }
+    memcpy(r->log + r->log_len, line, n);
+    r->log_len += n;
+    r->log[r->log_len++] = '\n';
+}
+
+/* Prints the kept atc.log lines, indented under the line just printed, and forgets them. */
+static void flush_log(struct runner *r)
+{
+    for (size_t i = 0; i < r->log_len;) {
+        const char *nl = memchr(r->log + i, '\n', r->log_len - i);
+        size_t n = (size_t)(nl - (r->log + i));
+        printf("     log: %.*s\n", (int)n, r->log + i);
+        i += n + 1;
+    }
+    if (r->log_dropped > 0)
+        printf("     log: ... %u more lines\n", r->log_dropped);
+    r->log_len = 0;
+    r->log_dropped = 0;
+}
 
 struct file_list {
     char **v;
@@ -163,6 +202,7 @@ static void run_one(struct runner *r, struct policy_version *v, const char *file
     lua_pushcclosure(L, on_error, 1);
     lua_insert(L, -2); /* handler, fn */
     int handler = lua_gettop(L) - 1;
+    flush_log(r); /* what the file logged as it loaded was printed with it */
     if (policy_protected_call(v, 0, r->rt->s.budget_us, handler, &why) != 0) {
         const char *m = lua_tostring(L, -1);
         const char *tab = m != NULL ? strchr(m, '\t') : NULL;
@@ -172,10 +212,11 @@ static void run_one(struct runner *r, struct policy_version *v, const char *file
             printf("FAIL %.*s%s: %s\n", (int)(tab - m), m, name, tab + 1);
         r->failed++;
     } else {
-        if (r->verbose)
+        if (r->verbose || r->log_len > 0 || r->log_dropped > 0) /* its log lines need a test to hang on */
             printf("ok   %s: %s\n", file, name);
         r->passed++;
     }
+    flush_log(r);
     lua_settop(L, handler - 1);
 }
 
@@ -651,13 +692,22 @@ static void run_file(struct runner *r, const char *file)
     }
     lua_State *L = v->L;
     const char *why;
+    char chunk[PATH_MAX + 2];
+    snprintf(chunk, sizeof(chunk), "@%s", file);
+    lua_pushstring(L, chunk); /* for sandbox.c: the modules this file requires itself (t.replay) */
+    lua_setfield(L, LUA_REGISTRYINDEX, POLICY_TEST_FILE);
     if (policy_load_chunk(L, file) < 0 || policy_protected_call(v, 0, r->rt->s.budget_us, 0, &why) != 0) {
         printf("FAIL %s: %s\n", file, lua_isstring(L, -1) ? lua_tostring(L, -1) : "cannot load");
+        flush_log(r);
         r->failed++;
         policy_version_free(v);
         return;
     }
     int returned = lua_gettop(L), found = 0;
+    if (r->log_len > 0 || r->log_dropped > 0) { /* logged by the file itself, outside any test */
+        printf("load %s\n", file);
+        flush_log(r);
+    }
 
     /* Tests registered with atc.test, in the order they were declared. */
     lua_getfield(L, LUA_REGISTRYINDEX, "atc.loaded");
@@ -848,6 +898,8 @@ int atc_policy_test_main(int argc, char **argv)
         .stdlib_dir = atc_policy_stdlib_dir(),
         .budget_us = budget_us,
         .memory = cfg != NULL ? cfg->policy.memory : (size_t)256 << 20,
+        .log = on_policy_log,
+        .log_ctx = &r,
     };
     r.rt = policy_runtime_new(&s);
     atc_config_free(cfg);
@@ -882,5 +934,6 @@ int atc_policy_test_main(int argc, char **argv)
     printf("%d passed, %d failed\n", r.passed, r.failed);
     atc_affinity_destroy(r.rt->affinity);
     atc_policy_runtime_destroy(r.rt);
+    free(r.log);
     return r.failed > 0 || files.n == 0 ? 1 : 0;
 }

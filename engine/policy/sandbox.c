@@ -474,6 +474,40 @@ size_t policy_module_dirs(const struct atc_policy_runtime *rt, const char **dirs
     return n;
 }
 
+/* Pushes the registry table @p key, made when missing. */
+static void registry_table(lua_State *L, const char *key)
+{
+    lua_getfield(L, LUA_REGISTRYINDEX, key);
+    if (lua_istable(L, -1))
+        return;
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, LUA_REGISTRYINDEX, key);
+}
+
+/* atc test: notes where module @p name came from and whether the test file itself required it (its
+ * caller is level 1 of the stack), for t.replay. */
+static void note_module(lua_State *L, const char *name, const char *path)
+{
+    registry_table(L, POLICY_MODULE_FILES);
+    lua_pushstring(L, path);
+    lua_setfield(L, -2, name);
+    lua_pop(L, 1);
+    lua_getfield(L, LUA_REGISTRYINDEX, POLICY_TEST_FILE);
+    const char *test = lua_tostring(L, -1);
+    lua_Debug ar;
+    bool by_test =
+        test != NULL && lua_getstack(L, 1, &ar) && lua_getinfo(L, "S", &ar) && strcmp(ar.source, test) == 0;
+    lua_pop(L, 1);
+    if (!by_test)
+        return;
+    registry_table(L, POLICY_TEST_MODULES);
+    lua_pushstring(L, name);
+    lua_rawseti(L, -2, (int)lua_objlen(L, -2) + 1);
+    lua_pop(L, 1);
+}
+
 static int sb_require(lua_State *L)
 {
     struct policy_version *v = version_of(L);
@@ -520,6 +554,8 @@ static int sb_require(lua_State *L)
         }
         lua_pushvalue(L, -1);
         lua_setfield(L, -3, name);
+        if (v->rt->test_mode)
+            note_module(L, name, path);
         return 1;
     }
     return luaL_error(L, "module '%s' not found in the policy's module path (as %s)", name, rel);

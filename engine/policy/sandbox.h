@@ -23,6 +23,13 @@ void *policy_sandbox_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
  * Raises a Lua error on failure (out of memory): call it inside a protected call. */
 void policy_sandbox_open(struct policy_version *v);
 
+/* atc test only (registry keys): the test file that runs ("@path", set by the runner), each required
+ * module's file (name -> path) and the modules the test file required itself (an array of names, in
+ * order), so that t.replay replays the policy a test loaded. */
+#define POLICY_TEST_FILE "atc.test_file"
+#define POLICY_MODULE_FILES "atc.module_files"
+#define POLICY_TEST_MODULES "atc.test_modules"
+
 /** Loads a Lua source file as a sandboxed chunk; pushes it, or an error message. 0 / -1. */
 int policy_load_chunk(lua_State *L, const char *path);
 

@@ -3,6 +3,7 @@
 
 #include "trace/recorder.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -16,6 +17,7 @@
 
 #include <event2/buffer.h>
 
+#include "core/config.h"
 #include "core/log.h"
 #include "trace/trace.h"
 #include "core/clock.h"
@@ -46,7 +48,11 @@ struct atc_recorder {
     time_t last_error_log, last_open_failure;
 
     _Atomic uint64_t recorded, written, dropped, sampled_out, write_errors, files, bytes;
+    char headers[ATC_TRACE_HEADERS_MAX][64]; /* record.headers, lower case; fixed at creation */
+    size_t nheaders;
 };
+
+_Static_assert(ATC_RECORD_HEADERS_MAX <= ATC_TRACE_HEADERS_MAX, "a record keeps every record.headers");
 
 /* ---- the writer thread ---- */
 
@@ -220,6 +226,14 @@ struct atc_recorder *atc_recorder_create(const struct atc_recorder_settings *s)
     rec->s.prefix = strdup(s->prefix);
     rec->fd = -1;
     rec->start_unix_us = atc_wall_us();
+    for (size_t i = 0; i < s->nheaders && rec->nheaders < ATC_TRACE_HEADERS_MAX; i++) {
+        char *h = rec->headers[rec->nheaders++];
+        snprintf(h, sizeof(rec->headers[0]), "%s", s->headers[i]);
+        for (; *h; h++)
+            *h = (char)tolower((unsigned char)*h);
+    }
+    rec->s.headers = NULL; /* not kept: copied above */
+    rec->s.nheaders = 0;
     atomic_init(&rec->rng, rec->start_unix_us);
     if (rec->s.dir == NULL || rec->s.prefix == NULL) {
         free((char *)rec->s.dir);
@@ -258,6 +272,45 @@ void atc_recorder_destroy(struct atc_recorder *rec)
     free((char *)rec->s.dir);
     free((char *)rec->s.prefix);
     free(rec);
+}
+
+char *atc_recorder_capture(const struct atc_recorder *rec, const char *(*find)(void *ctx, const char *name),
+                           void *ctx, size_t *n)
+{
+    const char *values[ATC_TRACE_HEADERS_MAX];
+    size_t size = 0;
+    *n = 0;
+    for (size_t i = 0; i < rec->nheaders; i++) {
+        values[i] = find(ctx, rec->headers[i]);
+        if (values[i] != NULL)
+            size += strlen(rec->headers[i]) + strnlen(values[i], ATC_TRACE_HEADER_VALUE_MAX) + 2;
+    }
+    char *block = size > 0 ? malloc(size) : NULL;
+    if (block == NULL)
+        return NULL;
+    char *p = block;
+    for (size_t i = 0; i < rec->nheaders; i++) {
+        if (values[i] == NULL)
+            continue;
+        size_t a = strlen(rec->headers[i]), b = strnlen(values[i], ATC_TRACE_HEADER_VALUE_MAX);
+        memcpy(p, rec->headers[i], a + 1);
+        p += a + 1;
+        memcpy(p, values[i], b); /* cut at the bound: a record stays small whatever a client sends */
+        p[b] = '\0';
+        p += b + 1;
+        (*n)++;
+    }
+    return block;
+}
+
+void atc_recorder_fields(const char *block, size_t n, struct atc_trace_field *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        out[i].name = block;
+        block += strlen(block) + 1;
+        out[i].value = block;
+        block += strlen(block) + 1;
+    }
 }
 
 bool atc_recorder_text(const struct atc_recorder *rec)

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct atc_trace_field;
 struct atc_trace_record;
 struct evbuffer;
 
@@ -26,9 +27,11 @@ struct atc_recorder_settings {
     const char *prefix;
     size_t rotate_size;
     uint64_t rotate_interval_ms;
-    bool text;     /* keep prompt text (the record's prompt field) */
-    size_t buffer; /* bytes of records waiting for the writer, at most */
-    double sample; /* share of requests recorded */
+    bool text;                  /* keep prompt text (the record's prompt field) */
+    size_t buffer;              /* bytes of records waiting for the writer, at most */
+    double sample;              /* share of requests recorded */
+    const char *const *headers; /* request headers each record keeps (record.headers), at most 16 */
+    size_t nheaders;
 };
 
 struct atc_recorder_stats {
@@ -54,6 +57,16 @@ void atc_recorder_destroy(struct atc_recorder *rec);
 /** From the event loop: records @p r (copied; its at_us is ignored and @p arrival_unix_us used). Never
  * blocks on I/O. */
 void atc_recorder_add(struct atc_recorder *rec, const struct atc_trace_record *r, uint64_t arrival_unix_us);
+
+/** From any thread (the names are fixed at creation): the record.headers of request @p ctx that
+ * @p find answers (a lookup by name, as evhttp_find_header), packed in one owned block of "name\0value\0"
+ * pairs (values cut to ATC_TRACE_HEADER_VALUE_MAX bytes) with their count in *n; NULL when the request
+ * has none of them, none are configured, or memory ran out. The caller frees it. */
+char *atc_recorder_capture(const struct atc_recorder *rec, const char *(*find)(void *ctx, const char *name),
+                           void *ctx, size_t *n);
+
+/** Points @p out[0..n) into @p block (from atc_recorder_capture, borrowed), for a record's headers. */
+void atc_recorder_fields(const char *block, size_t n, struct atc_trace_field *out);
 
 /** True when records should carry prompt text. */
 bool atc_recorder_text(const struct atc_recorder *rec);

@@ -50,6 +50,7 @@ struct rp_endpoint {
     uint64_t requests;
     uint64_t tokens; /* prompt + output tokens of the requests sent to it */
     size_t heap_pos; /* its place in the heap */
+    bool counted;    /* its model is one the trace asks for: it counts in the imbalance figures */
     uint64_t scraped_queries, scraped_hits; /* its prefix cache counters at the previous scrape */
 };
 
@@ -311,9 +312,10 @@ static void on_token(void *ctx, const struct atc_sim_token *tok)
     rp->drain = true;
 }
 
-static const char *no_header(void *ctx, const char *name)
+/* req:header(name) under replay: the headers the trace recorded (record.headers), else nothing. */
+static const char *trace_header(void *ctx, const char *name)
 {
-    return NULL;
+    return atc_trace_record_header(ctx, name);
 }
 
 static const char *const kind_paths[] = {
@@ -353,7 +355,8 @@ static void prepare(struct replay *rp, size_t i)
         .tenant = r->tenant,
         .session = r->session,
         .attempt = 1,
-        .header = no_header,
+        .header = trace_header,
+        .header_ctx = (void *)r,
         .block_tokens = r->block_tokens,
         .tokens = r->prompt_tokens + (uint64_t)(r->max_tokens >= 0 ? r->max_tokens : DEFAULT_OUTPUT_TOKENS),
     };
@@ -469,20 +472,163 @@ static void take_sample(struct replay *rp, uint64_t at)
             return;
         rp->samples_cap = cap;
     }
-    unsigned *row = res->sample_inflight + res->nsamples * rp->neps, max = 0, total = 0;
+    unsigned *row = res->sample_inflight + res->nsamples * rp->neps, max = 0, total = 0, counted = 0;
     for (size_t k = 0; k < rp->neps; k++) {
         row[k] = rp->eps[k].ep->inflight;
+        if (!rp->eps[k].counted)
+            continue;
+        counted++;
         total += row[k];
         max = row[k] > max ? row[k] : max;
     }
     res->sample_s[res->nsamples++] = (double)at / 1e6;
     if (total > 0) {
-        double ratio = (double)max / ((double)total / (double)rp->neps);
+        double ratio = (double)max / ((double)total / (double)counted);
         rp->imbalance_sum += ratio;
         rp->imbalance_n++;
         if (ratio > res->imbalance_max)
             res->imbalance_max = ratio;
     }
+}
+
+/* Marks the endpoints whose model the replayed requests ask for (--model, else the trace's), so that
+ * the imbalance figures are not diluted by the idle servers of another model (a two-model fleet read
+ * about half as imbalanced as it was). When none matches (a trace of aliases the policy maps), every
+ * endpoint counts. */
+static void mark_counted(struct replay *rp)
+{
+    size_t any = 0;
+    for (size_t k = 0; k < rp->neps; k++) {
+        const char *m = rp->eps[k].ep->model;
+        bool asked = false;
+        for (size_t j = 0; j < k && !asked; j++) /* a model seen already: the same answer */
+            if (strcmp(rp->eps[j].ep->model, m) == 0) {
+                rp->eps[k].counted = rp->eps[j].counted;
+                goto next;
+            }
+        if (rp->o->model != NULL)
+            asked = strcmp(rp->o->model, m) == 0;
+        for (size_t i = 0; rp->o->model == NULL && i < rp->n && !asked; i++)
+            asked = strcmp(rp->trace->records[i].model, m) == 0;
+        rp->eps[k].counted = asked;
+    next:
+        any += rp->eps[k].counted;
+    }
+    for (size_t k = 0; any == 0 && k < rp->neps; k++)
+        rp->eps[k].counted = true;
+}
+
+/* ---- TTFT per tenant and per priority ---- */
+
+static int by_tenant(const void *a, const void *b, void *ctx)
+{
+    const struct atc_trace *t = ctx;
+    int c = strcmp(t->records[*(const size_t *)a].tenant, t->records[*(const size_t *)b].tenant);
+    return c != 0 ? c : (*(const size_t *)a > *(const size_t *)b) - (*(const size_t *)a < *(const size_t *)b);
+}
+
+/* Fills @p g from the requests idx[0..n) of @p r. @p v: scratch for n values. */
+static void fill_group(struct atc_replay_group *g, const struct atc_replay_result *r, const size_t *idx, size_t n,
+                       double *v)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isnan(r->ttft_ms[idx[i]]))
+            v[m++] = r->ttft_ms[idx[i]];
+    atc_replay_sort(v, m);
+    g->requests = n;
+    g->completed = m;
+    g->ttft_p50_ms = atc_replay_percentile(v, m, 50);
+    g->ttft_p90_ms = atc_replay_percentile(v, m, 90);
+    g->ttft_p99_ms = atc_replay_percentile(v, m, 99);
+}
+
+int atc_replay_groups(struct atc_replay_result *r, const struct atc_trace *t, size_t n)
+{
+    size_t *idx = malloc((n ? n : 1) * sizeof(size_t)), *sel = malloc((n ? n : 1) * sizeof(size_t));
+    double *v = malloc((n ? n : 1) * sizeof(double));
+    bool tenants = false, priorities = false;
+    for (size_t i = 0; i < n; i++) {
+        idx[i] = i;
+        tenants |= t->records[i].tenant[0] != '\0';
+        priorities |= t->records[i].priority != 0;
+    }
+    if (idx == NULL || sel == NULL || v == NULL)
+        goto oom;
+    if (priorities) { /* every priority the trace has, in order */
+        if ((r->priorities = calloc(10, sizeof(*r->priorities))) == NULL)
+            goto oom;
+        for (int p = 0; p <= 9; p++) {
+            size_t m = 0;
+            for (size_t i = 0; i < n; i++)
+                if (t->records[i].priority == p)
+                    sel[m++] = i;
+            if (m == 0)
+                continue;
+            struct atc_replay_group *g = &r->priorities[r->npriorities++];
+            if ((g->name = malloc(2)) == NULL)
+                goto oom;
+            g->name[0] = (char)('0' + p);
+            g->name[1] = '\0';
+            fill_group(g, r, sel, m, v);
+        }
+    }
+    if (tenants) { /* the busiest ATC_REPLAY_GROUPS_MAX - 1 tenants by name, the rest as one "(other)" */
+        qsort_r(idx, n, sizeof(size_t), by_tenant, (void *)t);
+        size_t runs = 0;
+        for (size_t i = 0; i < n; i++) /* sel[k]: the start of run k */
+            if (i == 0 || strcmp(t->records[idx[i]].tenant, t->records[idx[i - 1]].tenant) != 0)
+                sel[runs++] = i;
+        size_t keep = runs <= ATC_REPLAY_GROUPS_MAX ? runs : ATC_REPLAY_GROUPS_MAX - 1;
+        bool *kept = calloc(runs, sizeof(bool));
+        if (kept == NULL || (r->tenants = calloc(keep + 1, sizeof(*r->tenants))) == NULL) {
+            free(kept);
+            goto oom;
+        }
+        for (size_t k = 0; k < keep; k++) { /* the largest run not kept yet, the first on a tie */
+            size_t best = SIZE_MAX, best_len = 0;
+            for (size_t j = 0; j < runs; j++) {
+                size_t len = (j + 1 < runs ? sel[j + 1] : n) - sel[j];
+                if (!kept[j] && len > best_len)
+                    best = j, best_len = len;
+            }
+            kept[best] = true;
+        }
+        size_t *rest = malloc((n ? n : 1) * sizeof(size_t)), nrest = 0;
+        for (size_t j = 0; rest != NULL && j < runs; j++) {
+            size_t start = sel[j], len = (j + 1 < runs ? sel[j + 1] : n) - start;
+            if (!kept[j]) {
+                memcpy(rest + nrest, idx + start, len * sizeof(size_t));
+                nrest += len;
+                continue;
+            }
+            const char *name = t->records[idx[start]].tenant;
+            struct atc_replay_group *g = &r->tenants[r->ntenants++];
+            g->name = strdup(name[0] != '\0' ? name : "(none)");
+            fill_group(g, r, idx + start, len, v);
+        }
+        if (rest != NULL && nrest > 0) {
+            struct atc_replay_group *g = &r->tenants[r->ntenants++];
+            g->name = strdup("(other)");
+            fill_group(g, r, rest, nrest, v);
+        }
+        free(kept);
+        free(rest);
+        if (rest == NULL)
+            goto oom;
+        for (size_t k = 0; k < r->ntenants; k++)
+            if (r->tenants[k].name == NULL)
+                goto oom;
+    }
+    free(idx);
+    free(sel);
+    free(v);
+    return 0;
+oom:
+    free(idx);
+    free(sel);
+    free(v);
+    return -1;
 }
 
 /* ---- the run ---- */
@@ -660,11 +806,17 @@ static void summarize(struct replay *rp)
         res->prefix_blocks ? (double)res->prefix_block_hits / (double)res->prefix_blocks : 0;
     res->imbalance = rp->imbalance_n ? rp->imbalance_sum / (double)rp->imbalance_n : 1.0;
     uint64_t most = 0, all = 0;
+    size_t counted = 0;
     for (size_t k = 0; k < rp->neps; k++) {
+        if (!rp->eps[k].counted)
+            continue;
+        counted++;
         most = rp->eps[k].tokens > most ? rp->eps[k].tokens : most;
         all += rp->eps[k].tokens;
     }
-    res->work_imbalance = all > 0 ? (double)most * (double)rp->neps / (double)all : 1.0;
+    res->work_imbalance = all > 0 ? (double)most * (double)counted / (double)all : 1.0;
+    if (atc_replay_groups(res, rp->trace, rp->n) < 0)
+        atc_warn("replay: out of memory for the per-tenant and per-priority figures");
     if (res->imbalance_max < 1.0)
         res->imbalance_max = 1.0;
 }
@@ -718,6 +870,7 @@ int atc_replay_run(const struct atc_config *cfg, const struct atc_trace *trace, 
     }
     if (build_fleet(&rp, cfg, err) < 0 || plan_outages(&rp, err) < 0)
         goto error;
+    mark_counted(&rp);
     if ((out->endpoints = calloc(rp.neps, sizeof(*out->endpoints))) == NULL) {
         *err = strdup("out of memory");
         goto error;
@@ -739,6 +892,8 @@ int atc_replay_run(const struct atc_config *cfg, const struct atc_trace *trace, 
         .seed = o->seed ? o->seed : 1,
         .memory = cfg->policy.memory,
         .jit = cfg->policy.jit,
+        .log = o->log,
+        .log_ctx = o->log_ctx,
     };
     char *perr = NULL;
     if (entry != NULL &&
@@ -775,5 +930,11 @@ void atc_replay_result_dispose(struct atc_replay_result *r)
     free(r->endpoints);
     free(r->sample_s);
     free(r->sample_inflight);
+    for (size_t k = 0; k < r->ntenants; k++)
+        free(r->tenants[k].name);
+    free(r->tenants);
+    for (size_t k = 0; k < r->npriorities; k++)
+        free(r->priorities[k].name);
+    free(r->priorities);
     memset(r, 0, sizeof(*r));
 }

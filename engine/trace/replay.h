@@ -65,6 +65,8 @@ struct atc_replay_options {
     size_t noutages;
     void (*on_decision)(void *ctx, const struct atc_replay_decision *d);
     void *ctx;
+    void (*log)(void *ctx, const char *line); /* the policy's atc.log lines (NULL: the log) */
+    void *log_ctx;
 };
 
 struct atc_replay_endpoint_result {
@@ -74,6 +76,15 @@ struct atc_replay_endpoint_result {
     uint64_t prefix_block_hits;
     uint64_t preemptions;
 };
+
+/* TTFT of one tenant's or one priority's requests. */
+struct atc_replay_group {
+    char *name; /* the tenant ("(none)": no tenant, "(other)": the tenants past the busiest), or "0".."9" */
+    size_t requests, completed;
+    double ttft_p50_ms, ttft_p90_ms, ttft_p99_ms;
+};
+
+#define ATC_REPLAY_GROUPS_MAX 20 /* tenants shown one by one (a client may name thousands) */
 
 struct atc_replay_result {
     char *name;                                     /* of the policy */
@@ -89,7 +100,8 @@ struct atc_replay_result {
     double throughput_rps, output_tps;
     uint64_t output_tokens, prefix_blocks, prefix_block_hits, preemptions;
     double cache_hit_rate; /* prefix blocks found in the server's cache / prefix blocks requested */
-    double imbalance;      /* mean over time of max / mean in-flight across endpoints (1 = even) */
+    double imbalance;      /* mean over time of max / mean in-flight across the endpoints of the models
+                              the requests ask for (1 = even) */
     double imbalance_max;
     double work_imbalance; /* max / mean over endpoints of the tokens (prompt + output) sent to each */
     double wall_s; /* real time the replay took (not deterministic: kept out of --json) */
@@ -101,6 +113,10 @@ struct atc_replay_result {
 
     struct atc_replay_endpoint_result *endpoints;
     size_t nendpoints;
+    /* TTFT per tenant (the busiest ATC_REPLAY_GROUPS_MAX; none when the trace has no tenants) and per
+     * priority (those the trace has; none when every request is priority 0), in name order */
+    struct atc_replay_group *tenants, *priorities;
+    size_t ntenants, npriorities;
     /* load over time: nsamples rows of nendpoints in-flight counts */
     double *sample_s;
     unsigned *sample_inflight;
@@ -116,6 +132,10 @@ int atc_replay_run(const struct atc_config *cfg, const struct atc_trace *trace, 
                    char **err);
 
 void atc_replay_result_dispose(struct atc_replay_result *r);
+
+/** Fills @p r's tenants and priorities from r->ttft_ms and records [0..n) of @p t. 0, or -1 when
+ * memory ran out (what was filled stays, for atc_replay_result_dispose). */
+int atc_replay_groups(struct atc_replay_result *r, const struct atc_trace *t, size_t n);
 
 /** Fills @p r's TTFT and end-to-end percentiles (and the TTFT mean) from r->ttft_ms and r->e2e_ms[0..n)
  * (NaN: did not complete). Leaves them as they are when out of memory. */

@@ -17,6 +17,7 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
+#include "core/log.h"
 #include "trace/recorder.h"
 #include "trace/replay.h"
 #include "trace/replay_live.h"
@@ -206,6 +207,9 @@ static void send_one(struct live *lv, size_t i)
     }
     snprintf(v, sizeof(v), "replay-%zu", i + 1);
     evhttp_add_header(h, "x-request-id", r->id != NULL ? r->id : v);
+    for (size_t k = 0; k < r->nheaders; k++) /* the recorded ones (record.headers), as the client sent them */
+        if (evhttp_find_header(h, r->headers[k].name) == NULL)
+            evhttp_add_header(h, r->headers[k].name, r->headers[k].value);
     build_body(lv, i, evhttp_request_get_output_buffer(req));
     lv->inflight++;
     if (evhttp_make_request(q->conn, req, EVHTTP_REQ_POST, "/v1/chat/completions") != 0)
@@ -269,6 +273,8 @@ int atc_replay_live(const struct atc_trace *t, const struct atc_replay_live_opti
     }
     /* The report: what clients saw. */
     atc_replay_latencies(out, lv.n);
+    if (atc_replay_groups(out, lv.trace, lv.n) < 0)
+        atc_warn("replay: out of memory for the per-tenant and per-priority figures");
     out->duration_s = lv.last_done_us > lv.start_us ? (double)(lv.last_done_us - lv.start_us) / 1e6 : 0;
     out->throughput_rps = out->duration_s > 0 ? (double)out->completed / out->duration_s : 0;
     out->output_tps = out->duration_s > 0 ? (double)out->output_tokens / out->duration_s : 0;

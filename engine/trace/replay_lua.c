@@ -9,6 +9,7 @@
 
 #include "core/config.h"
 #include "fleet/endpoint.h"
+#include "policy/sandbox.h"
 #include "policy/state.h"
 #include "trace/replay.h"
 #include "trace/replay_lua.h"
@@ -211,7 +212,8 @@ struct results {
     struct atc_replay_result res;
     const struct atc_trace *trace;
     const char *model;
-    size_t *last; /* per record: its last decision + 1 (0: none) */
+    const char *policy; /* the file replayed */
+    size_t *last;       /* per record: its last decision + 1 (0: none) */
 };
 
 /* Where push_results leaves its tables (a registry key). */
@@ -229,6 +231,100 @@ static int raise_owned(lua_State *L, char *msg, const char *dflt)
     return luaL_error(L, "%s", buf);
 }
 
+/* A module the test required that may be a policy: a function, or a table with a route function. */
+static bool is_policy(lua_State *L, int idx)
+{
+    if (lua_isfunction(L, idx))
+        return true;
+    if (!lua_istable(L, idx))
+        return false;
+    lua_getfield(L, idx, "route");
+    bool fn = lua_isfunction(L, -1);
+    lua_pop(L, 1);
+    return fn;
+}
+
+/* The file of the module whose value is at @p idx (a value require returned), or NULL. */
+static const char *module_file(lua_State *L, int idx)
+{
+    const char *file = NULL;
+    int top = lua_gettop(L);
+    lua_getfield(L, LUA_REGISTRYINDEX, "atc.loaded");
+    lua_getfield(L, LUA_REGISTRYINDEX, POLICY_MODULE_FILES);
+    if (lua_istable(L, top + 1) && lua_istable(L, top + 2)) {
+        lua_pushnil(L);
+        while (lua_next(L, top + 1) != 0) {
+            if (lua_rawequal(L, -1, idx)) {
+                lua_pushvalue(L, -2);
+                lua_rawget(L, top + 2);
+                file = lua_tostring(L, -1); /* held by the module files table */
+                break;
+            }
+            lua_pop(L, 1);
+        }
+    }
+    lua_settop(L, top);
+    return file;
+}
+
+static bool in_dir(const char *path, const char *dir)
+{
+    size_t n = dir != NULL ? strlen(dir) : 0;
+    return n > 0 && strncmp(path, dir, n) == 0 && path[n] == '/';
+}
+
+/* Replaces the policy option at @p idx by the file t.replay replays and returns it (kept alive there):
+ * a path as given; a module as require returned it (policy = require "x"); without one, the policy
+ * module the test file required itself, so that a test of examples/x.lua does not silently replay
+ * scripts/policy.lua; with none, the policy under test (-c's entry, else scripts/policy.lua). Two
+ * policy modules and no policy option is an error that names them. */
+static const char *replayed_policy(lua_State *L, struct policy_version *v, int idx)
+{
+    if (lua_type(L, idx) == LUA_TSTRING)
+        return lua_tostring(L, idx);
+    const char *file = NULL;
+    if (!lua_isnil(L, idx)) {
+        if ((file = module_file(L, idx)) == NULL)
+            luaL_error(L,
+                       "t.replay: policy: a file name, or a module as require returned it, expected (got a "
+                       "%s that no require returned)",
+                       luaL_typename(L, idx));
+    } else {
+        lua_getfield(L, LUA_REGISTRYINDEX, POLICY_TEST_MODULES);
+        int names = lua_gettop(L);
+        lua_getfield(L, LUA_REGISTRYINDEX, "atc.loaded");
+        lua_pushliteral(L, ""); /* the names of the policy modules, for the error */
+        int loaded = names + 1, found = names + 2, n = 0;
+        for (int i = 1; lua_istable(L, names) && lua_istable(L, loaded) && i <= (int)lua_objlen(L, names);
+             i++) {
+            lua_rawgeti(L, names, i);
+            lua_pushvalue(L, -1);
+            lua_rawget(L, loaded);
+            const char *mf = is_policy(L, -1) ? module_file(L, lua_gettop(L)) : NULL;
+            if (mf != NULL && !in_dir(mf, v->rt->s.stdlib_dir)) { /* atc.test has a route too */
+                file = mf;
+                lua_pushfstring(L, "%s%s\"%s\"", lua_tostring(L, found), n++ > 0 ? ", " : "",
+                                lua_tostring(L, -2));
+                lua_replace(L, found);
+            }
+            lua_settop(L, found);
+        }
+        if (n > 1)
+            luaL_error(L,
+                       "t.replay: this test required several policies (%s): say which to replay with "
+                       "policy = require \"NAME\"",
+                       lua_tostring(L, found));
+        if (n == 0)
+            file = v->rt->s.entry;
+        lua_settop(L, names - 1);
+    }
+    if (file == NULL)
+        luaL_error(L, "t.replay: no policy to replay (give policy = FILE)");
+    lua_pushstring(L, file);
+    lua_replace(L, idx);
+    return lua_tostring(L, idx);
+}
+
 int atc_replay_lua(struct lua_State *L)
 {
     struct policy_version *v = lua_touserdata(L, lua_upvalueindex(1));
@@ -239,7 +335,7 @@ int atc_replay_lua(struct lua_State *L)
     lua_getfield(L, 1, "trace");
     const char *trace_path = luaL_checkstring(L, -1); /* kept alive at index 2 */
     lua_getfield(L, 1, "policy");
-    const char *entry = lua_isnil(L, -1) ? v->rt->s.entry : luaL_checkstring(L, -1); /* index 3 */
+    const char *entry = replayed_policy(L, v, 3); /* index 3 */
     lua_getfield(L, 1, "model");
     const char *model = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1); /* index 4 */
     lua_getfield(L, 1, "fleet");                                           /* index 5 */
@@ -258,6 +354,8 @@ int atc_replay_lua(struct lua_State *L)
         .model = model,
         .module_path = v->rt->s.path,
         .nmodule_path = v->rt->s.npath,
+        .log = v->rt->s.log,
+        .log_ctx = v->rt->s.log_ctx,
     };
     struct atc_replay_outage outages[MAX_OUTAGES];
     lua_getfield(L, 1, "outages");
@@ -304,7 +402,7 @@ int atc_replay_lua(struct lua_State *L)
     struct collector c = {.snapshots = snapshots};
     o.on_decision = on_decision;
     o.ctx = &c;
-    struct results r = {.c = &c, .trace = trace, .model = model};
+    struct results r = {.c = &c, .trace = trace, .model = model, .policy = entry};
     int rc = atc_replay_run(cfg, trace, entry, "test", &o, &r.res, &err);
     atc_config_free(cfg);
     if (rc == 0) { /* err is the failure's only */
@@ -416,6 +514,7 @@ static int push_results(lua_State *L)
     set_number(L, "cache_hit_rate", res.cache_hit_rate);
     set_number(L, "imbalance", res.imbalance);
     set_number(L, "queue_wait_p99_ms", res.queue_wait_p99_ms);
+    set_string(L, "policy", rs->policy);
     lua_rawseti(L, -2, 2);
     lua_rawset(L, LUA_REGISTRYINDEX);
     return 0;

@@ -45,8 +45,8 @@ void atc_replay_report_table(FILE *out, const char *title, const struct atc_repl
                 (unsigned long long)(x->policy_errors + x->budget_overruns));
     }
     fputs("\nlatencies in ms (s where marked); cache: prefix blocks found in the server's KV cache / blocks "
-          "requested;\nimbal: mean over time of max / mean requests in flight per endpoint; queued: requests "
-          "that waited for\ncapacity in front of the fleet (p99 of their wait); errors: policy failures and "
+          "requested;\nimbal: mean over time of max / mean requests in flight per endpoint (of the models asked "
+          "for); queued: requests\nthat waited for capacity in front of the fleet (p99 of their wait); errors: policy failures and "
           "budget overruns\n(those requests went to the built-in balancer).\n",
           out);
     for (size_t i = 0; i < n; i++) {
@@ -57,6 +57,22 @@ void atc_replay_report_table(FILE *out, const char *title, const struct atc_repl
         if (x->budget_overruns)
             fprintf(out, "%s: %llu budget overruns\n", x->name, (unsigned long long)x->budget_overruns);
     }
+    for (int by = 0; by < 2; by++) /* TTFT per tenant, then per priority, where the trace has them */
+        for (size_t i = 0; i < n; i++) {
+            const struct atc_replay_group *g = by == 0 ? r[i].tenants : r[i].priorities;
+            size_t ng = by == 0 ? r[i].ntenants : r[i].npriorities;
+            const char *what = by == 0 ? "tenant" : "priority";
+            if (ng > 0)
+                fprintf(out, "\n%s: ttft per %s\n  %-24s %9s %8s %8s %8s\n", r[i].name, what, what,
+                        "requests", "p50", "p90", "p99");
+            for (size_t k = 0; k < ng; k++) {
+                char a[16], b[16], c[16];
+                fmt_ms(a, sizeof(a), g[k].ttft_p50_ms);
+                fmt_ms(b, sizeof(b), g[k].ttft_p90_ms);
+                fmt_ms(c, sizeof(c), g[k].ttft_p99_ms);
+                fprintf(out, "  %-24.24s %9zu %8s %8s %8s\n", g[k].name, g[k].requests, a, b, c);
+            }
+        }
     fprintf(out, "replayed in");
     for (size_t i = 0; i < n; i++)
         fprintf(out, "%s %s %.2f s", i ? "," : "", r[i].name, r[i].wall_s);
@@ -98,6 +114,21 @@ void atc_replay_report_json(FILE *out, const char *trace, const char *fleet, uin
     fputs("}\n", out);
 }
 
+/* ,"KEY":[{"name":..., "requests", "completed", TTFT percentiles}, ...] ([] when the trace has none). */
+static void json_groups(FILE *out, const char *key, const struct atc_replay_group *g, size_t n)
+{
+    fprintf(out, ",\"%s\":[", key);
+    for (size_t k = 0; k < n; k++) {
+        fputs(k ? ",{\"name\":" : "{\"name\":", out);
+        json_str(out, g[k].name);
+        fprintf(out,
+                ",\"requests\":%zu,\"completed\":%zu,\"ttft_p50_ms\":%.3f,\"ttft_p90_ms\":%.3f,"
+                "\"ttft_p99_ms\":%.3f}",
+                g[k].requests, g[k].completed, g[k].ttft_p50_ms, g[k].ttft_p90_ms, g[k].ttft_p99_ms);
+    }
+    fputc(']', out);
+}
+
 void atc_replay_report_json_policies(FILE *out, const struct atc_replay_result *r, size_t n)
 {
     fputc('[', out);
@@ -126,8 +157,8 @@ void atc_replay_report_json_policies(FILE *out, const struct atc_replay_result *
                 x->ttft_p99_ms, x->ttft_mean_ms, x->e2e_p50_ms, x->e2e_p99_ms, x->throughput_rps,
                 x->output_tps, (unsigned long long)x->output_tokens, x->duration_s, cache,
                 (unsigned long long)x->prefix_blocks, (unsigned long long)x->prefix_block_hits, imbal,
-                imbal_max, x->work_imbalance, x->queued, x->queue_wait_p50_ms, x->queue_wait_p99_ms, x->queue_wait_max_ms,
-                (unsigned long long)x->decisions, (unsigned long long)x->fallbacks,
+                imbal_max, x->work_imbalance, x->queued, x->queue_wait_p50_ms, x->queue_wait_p99_ms,
+                x->queue_wait_max_ms, (unsigned long long)x->decisions, (unsigned long long)x->fallbacks,
                 (unsigned long long)x->policy_errors, (unsigned long long)x->budget_overruns,
                 (unsigned long long)x->preemptions);
         for (size_t k = 0; k < x->nendpoints; k++) {
@@ -139,7 +170,10 @@ void atc_replay_report_json_policies(FILE *out, const struct atc_replay_result *
                     e->prefix_blocks ? (double)e->prefix_block_hits / (double)e->prefix_blocks : 0.0,
                     (unsigned long long)e->preemptions);
         }
-        fputs("]}", out);
+        fputc(']', out);
+        json_groups(out, "tenants", x->tenants, x->ntenants);
+        json_groups(out, "priorities", x->priorities, x->npriorities);
+        fputc('}', out);
     }
     fputs("\n]", out);
 }
@@ -321,7 +355,30 @@ int atc_replay_report_html(const char *path, const char *title, const struct atc
                 x->throughput_rps, x->output_tps, 100 * x->cache_hit_rate, x->imbalance, x->queued,
                 (unsigned long long)x->policy_errors, (unsigned long long)x->budget_overruns);
     }
-    fputs("</table>\n<h2>Time to first token (share of requests at or below)</h2>\n", out);
+    fputs("</table>\n", out);
+    for (int by = 0; by < 2; by++) /* TTFT per tenant, then per priority, where the trace has them */
+        for (size_t i = 0; i < n; i++) {
+            const struct atc_replay_group *g = by == 0 ? r[i].tenants : r[i].priorities;
+            size_t ng = by == 0 ? r[i].ntenants : r[i].npriorities;
+            if (ng == 0)
+                continue;
+            fprintf(out, "<h2>TTFT per %s: ", by == 0 ? "tenant" : "priority");
+            atc_replay_report_html_text(out, r[i].name);
+            fprintf(out,
+                    "</h2>\n<table><tr><th>%s</th><th>requests</th><th>completed</th><th>TTFT p50</th>"
+                    "<th>p90</th><th>p99</th></tr>\n",
+                    by == 0 ? "tenant" : "priority");
+            for (size_t k = 0; k < ng; k++) {
+                fputs("<tr><td>", out);
+                atc_replay_report_html_text(out, g[k].name);
+                fprintf(
+                    out,
+                    "</td><td>%zu</td><td>%zu</td><td>%.0f ms</td><td>%.0f ms</td><td>%.0f ms</td></tr>\n",
+                    g[k].requests, g[k].completed, g[k].ttft_p50_ms, g[k].ttft_p90_ms, g[k].ttft_p99_ms);
+            }
+            fputs("</table>\n", out);
+        }
+    fputs("<h2>Time to first token (share of requests at or below)</h2>\n", out);
     chart_ttft(out, r, n);
     for (size_t i = 0; i < n; i++) {
         if (r[i].nsamples == 0)

@@ -136,13 +136,16 @@ int atc_trace_encode_record(struct atc_trace_buf *out, const struct atc_trace_re
     size_t need = 512 + r->nblocks * 9 + (r->prompt ? r->prompt_len : 0) + strlen(r->model) +
                   strlen(r->tenant) + strlen(r->session) + (r->id ? strlen(r->id) : 0) +
                   (r->endpoint ? strlen(r->endpoint) : 0) + (r->decision ? strlen(r->decision) : 0);
+    for (size_t i = 0; i < r->nheaders; i++)
+        need += 16 + strlen(r->headers[i].name) + strlen(r->headers[i].value);
     if (reserve(out, need) < 0)
         return -1;
     unsigned n = 1 + (r->id != NULL) + (r->model[0] != '\0') + (r->kind != ATC_KIND_CHAT) + 1 +
                  (r->max_tokens >= 0) + (r->output_tokens >= 0) + (r->priority != 0) + (r->tenant[0] != 0) +
                  (r->session[0] != 0) + (r->stream) + (r->nblocks > 0 ? 2 : 0) + (r->prompt != NULL) +
-                 (r->endpoint != NULL) + (r->policy_version != 0) + (r->decision != NULL) +
-                 (r->attempts != 0) + (r->status != 0) + (r->ttft_ms >= 0) + (r->total_ms >= 0);
+                 (r->nheaders > 0) + (r->endpoint != NULL) + (r->policy_version != 0) +
+                 (r->decision != NULL) + (r->attempts != 0) + (r->status != 0) + (r->ttft_ms >= 0) +
+                 (r->total_ms >= 0);
     msgpack_packer pk;
     msgpack_packer_init(&pk, out, buf_write);
     msgpack_pack_map(&pk, n);
@@ -186,6 +189,12 @@ int atc_trace_encode_record(struct atc_trace_buf *out, const struct atc_trace_re
     }
     if (r->prompt != NULL)
         pack_str(&pk, "prompt", r->prompt, r->prompt_len);
+    if (r->nheaders > 0) {
+        pack_key(&pk, "headers");
+        msgpack_pack_map(&pk, r->nheaders);
+        for (size_t i = 0; i < r->nheaders; i++)
+            pack_str(&pk, r->headers[i].name, r->headers[i].value, strlen(r->headers[i].value));
+    }
     if (r->endpoint != NULL)
         pack_str(&pk, "endpoint", r->endpoint, strlen(r->endpoint));
     if (r->policy_version != 0) {
@@ -231,6 +240,7 @@ struct atc_trace_reader {
     size_t nread; /* records returned */
     char *strings;
     size_t strings_cap;
+    struct atc_trace_field headers[ATC_TRACE_HEADERS_MAX];
     uint64_t *blocks;
     size_t blocks_cap;
     char why[128];
@@ -341,6 +351,12 @@ static int decode_record(struct atc_trace_reader *rd, const msgpack_object *o, s
     for (uint32_t i = 0; i < o->via.map.size; i++)
         if (o->via.map.ptr[i].val.type == MSGPACK_OBJECT_STR)
             strbytes += o->via.map.ptr[i].val.via.str.size + 1;
+        else if (o->via.map.ptr[i].val.type == MSGPACK_OBJECT_MAP) /* headers: names and values */
+            for (uint32_t j = 0; j < o->via.map.ptr[i].val.via.map.size; j++) {
+                const msgpack_object_kv *kv = &o->via.map.ptr[i].val.via.map.ptr[j];
+                strbytes += (kv->key.type == MSGPACK_OBJECT_STR ? kv->key.via.str.size : 0) +
+                            (kv->val.type == MSGPACK_OBJECT_STR ? kv->val.via.str.size : 0) + 2;
+            }
     if (strbytes > rd->strings_cap) {
         char *s = realloc(rd->strings, strbytes);
         if (s == NULL) {
@@ -413,6 +429,18 @@ static int decode_record(struct atc_trace_reader *rd, const msgpack_object *o, s
                     goto bad;
             r->blocks = rd->blocks;
             r->nblocks = v->via.array.size;
+        } else if (key_is(k, "headers")) {
+            if (v->type != MSGPACK_OBJECT_MAP || v->via.map.size > ATC_TRACE_HEADERS_MAX)
+                goto bad;
+            for (uint32_t j = 0; j < v->via.map.size; j++) {
+                const msgpack_object_kv *kv = &v->via.map.ptr[j];
+                if (kv->key.type != MSGPACK_OBJECT_STR || kv->val.type != MSGPACK_OBJECT_STR)
+                    goto bad;
+                rd->headers[j].name = take_str(rd, &used, &kv->key);
+                rd->headers[j].value = take_str(rd, &used, &kv->val);
+            }
+            r->headers = rd->headers;
+            r->nheaders = v->via.map.size;
         } else if (key_is(k, "prompt") && is_str) {
             r->prompt_len = v->via.str.size;
             r->prompt = take_str(rd, &used, v);
@@ -733,6 +761,16 @@ int atc_trace_append(struct atc_trace *t, const struct atc_trace_record *r)
     c.prompt = arena_str(t, r->prompt, r->prompt_len, &oom);
     c.endpoint = arena_str(t, r->endpoint, r->endpoint ? strlen(r->endpoint) : 0, &oom);
     c.decision = arena_str(t, r->decision, r->decision ? strlen(r->decision) : 0, &oom);
+    if (r->nheaders > 0) {
+        struct atc_trace_field *h = arena_alloc(t, r->nheaders * sizeof(*h));
+        if (h == NULL)
+            return -1;
+        for (size_t i = 0; i < r->nheaders; i++) {
+            h[i].name = arena_str(t, r->headers[i].name, strlen(r->headers[i].name), &oom);
+            h[i].value = arena_str(t, r->headers[i].value, strlen(r->headers[i].value), &oom);
+        }
+        c.headers = h;
+    }
     if (r->nblocks > 0) {
         uint64_t *b = arena_alloc(t, r->nblocks * sizeof(uint64_t));
         if (b == NULL)
@@ -849,6 +887,14 @@ static void json_key_str(FILE *out, const char *k, const char *v)
     json_string(out, v, strlen(v));
 }
 
+const char *atc_trace_record_header(const struct atc_trace_record *r, const char *name)
+{
+    for (size_t i = 0; i < r->nheaders; i++)
+        if (strcasecmp(r->headers[i].name, name) == 0)
+            return r->headers[i].value;
+    return NULL;
+}
+
 void atc_trace_record_json(FILE *out, const struct atc_trace_record *r)
 {
     fprintf(out, "{\"at_us\":%llu", (unsigned long long)r->at_us);
@@ -880,6 +926,17 @@ void atc_trace_record_json(FILE *out, const struct atc_trace_record *r)
     if (r->prompt != NULL) {
         fputs(",\"prompt\":", out);
         json_string(out, r->prompt, r->prompt_len);
+    }
+    if (r->nheaders > 0) {
+        fputs(",\"headers\":{", out);
+        for (size_t i = 0; i < r->nheaders; i++) {
+            if (i > 0)
+                fputc(',', out);
+            json_string(out, r->headers[i].name, strlen(r->headers[i].name));
+            fputc(':', out);
+            json_string(out, r->headers[i].value, strlen(r->headers[i].value));
+        }
+        fputc('}', out);
     }
     if (r->endpoint != NULL)
         json_key_str(out, "endpoint", r->endpoint);

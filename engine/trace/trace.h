@@ -25,6 +25,9 @@
  *                       first k+1 blocks, so two requests share a prefix exactly as far as their
  *                       leading hashes agree) [none]
  *        prompt         the prompt's raw JSON (messages / prompt / input), only with `record.text: true`
+ *        headers        the request headers `record.headers` names, as a map of lower-case name ->
+ *                       value (at most ATC_TRACE_HEADERS_MAX, values cut to ATC_TRACE_HEADER_VALUE_MAX
+ *                       bytes) [none]; replay answers req:header(name) from it
  *      and for recorded live traffic, the decision and its outcome:
  *        endpoint       id of the endpoint that answered (the last one tried)
  *        policy_version policy version that decided (0: no policy, the C balancer)
@@ -46,7 +49,15 @@
 #include "http/request_features.h"
 
 #define ATC_TRACE_VERSION 1
-#define ATC_TRACE_BLOCKS_MAX 65536 /* a record with more block hashes is refused as malformed */
+#define ATC_TRACE_BLOCKS_MAX 65536     /* a record with more block hashes is refused as malformed */
+#define ATC_TRACE_HEADERS_MAX 16       /* headers a record keeps (record.headers names at most this many) */
+#define ATC_TRACE_HEADER_VALUE_MAX 256 /* bytes of a header's value kept; the rest is cut when recorded */
+
+/* One recorded request header. */
+struct atc_trace_field {
+    const char *name; /* lower case */
+    const char *value;
+};
 
 struct atc_trace_header {
     unsigned version;
@@ -76,6 +87,8 @@ struct atc_trace_record {
     size_t nblocks;
     const char *prompt;
     size_t prompt_len;
+    const struct atc_trace_field *headers; /* the headers record.headers named that the request had */
+    size_t nheaders;
 
     const char *endpoint;
     uint64_t policy_version;
@@ -137,6 +150,9 @@ void atc_trace_free(struct atc_trace *t);
 
 /** Writes @p t to @p path (header, then every record). Returns 0, or -1 with an owned message. */
 int atc_trace_save(const struct atc_trace *t, const char *path, char **err);
+
+/** The value of recorded header @p name in @p r (case-insensitive), or NULL. */
+const char *atc_trace_record_header(const struct atc_trace_record *r, const char *name);
 
 /** Writes @p r as one JSON object on one line (the keys of the format above). */
 void atc_trace_record_json(FILE *out, const struct atc_trace_record *r);

@@ -46,6 +46,7 @@ struct importer {
     size_t blocks_cap;
     char *strings; /* unescaped strings of the current line */
     size_t strings_cap, strings_used;
+    struct atc_trace_field headers[ATC_TRACE_HEADERS_MAX]; /* the current line's */
 };
 
 static int fail_line(struct importer *im, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -198,6 +199,22 @@ static int import_json_line(struct importer *im, const char *js, size_t len, boo
             if (!atc_json_number(j, vi, &d) || d < 0)
                 return fail_line(im, "'%.*s' must be a number >= 0", (int)klen, key);
             *(atc_json_is(j, ki, "ttft_ms") ? &r.ttft_ms : &r.total_ms) = d;
+        } else if (atc_json_is(j, ki, "headers")) { /* what atc trace dump prints of record.headers */
+            int nh = atc_json_count(j, vi);
+            if (atc_json_type(j, vi) != ATC_JSON_OBJECT || nh > ATC_TRACE_HEADERS_MAX)
+                return fail_line(im, "'headers' must be an object of at most %d names and string values",
+                                 ATC_TRACE_HEADERS_MAX);
+            for (int k = 0, h = vi + 1; k < nh; k++, h = atc_json_next(j, h)) {
+                const char *name = line_string(im, h, &slen), *value = line_string(im, h + 1, &slen);
+                if (name == NULL || value == NULL)
+                    return fail_line(im, "'headers' must be an object of at most %d names and string values",
+                                     ATC_TRACE_HEADERS_MAX);
+                if (slen > ATC_TRACE_HEADER_VALUE_MAX) /* as recording cuts it */
+                    ((char *)value)[ATC_TRACE_HEADER_VALUE_MAX] = '\0';
+                im->headers[k] = (struct atc_trace_field){.name = name, .value = value};
+            }
+            r.headers = im->headers;
+            r.nheaders = (size_t)nh;
         } else if (atc_json_is(j, ki, "model") || atc_json_is(j, ki, "id") || atc_json_is(j, ki, "kind") ||
                    atc_json_is(j, ki, "tenant") || atc_json_is(j, ki, "session") ||
                    atc_json_is(j, ki, "prompt") || atc_json_is(j, ki, "endpoint") ||

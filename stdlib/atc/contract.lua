@@ -29,7 +29,7 @@ M.req = {
   { name = "blocks", type = "integer", unit = "blocks", doc = "full 256-byte blocks of the prompt, hashed for prefix affinity (at most 512)" },
   { name = "block_tokens", type = "integer", unit = "tokens", mock = 64, doc = "tokens one block covers: 64 live; the trace's under replay (512 for Mooncake)" },
   { name = "tools", type = "boolean", mock = false, doc = "the body has a non-empty `tools` array" },
-  { name = "header", kind = "method", args = "name", type = "string", nil_when = "no such header", doc = "a request header, by case-insensitive name" },
+  { name = "header", kind = "method", args = "name", type = "string", nil_when = "no such header", doc = "a request header, by case-insensitive name; under replay, those the trace recorded (`record.headers`)" },
 }
 
 -- fleet: the endpoint table.

@@ -46,8 +46,11 @@
 --
 -- Traces: t.replay{ trace = FILE, fleet = CONFIG.yaml or { {model = "m", count = 3, ...}, ... },
 -- [policy = FILE], [seed = 1], [limit = N], [model = NAME], [outages = {{endpoint, from_ms, to_ms}}],
--- [snapshots = true] } replays a trace through a policy (default: the one under test) against a
--- simulated fleet, as `atc replay` does, and returns its decisions and the replay's report:
+-- [snapshots = true] } replays a trace through a policy against a simulated fleet, as `atc replay`
+-- does, and returns its decisions and the replay's report. policy: a file, or a module as require
+-- returned it; by default the one policy module (a function or a table with route) this test file
+-- requires itself, else the policy under test; two such modules and no policy: an error naming them.
+-- report.policy is the file replayed.
 --   decisions[k] = { record, id, at_ms, attempt, kind ("endpoint" | "queue" | "reject" | "fallback"),
 --                    endpoint (id or nil), inflight (that endpoint's, before), capacity, model, session,
 --                    tenant, priority, prompt_tokens, reason, status, ttft_ms, e2e_ms (of the request,

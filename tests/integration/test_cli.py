@@ -123,6 +123,22 @@ class CliTest(AtcTestCase):
         self.assertRegex(text, re.escape(path) + r":4:11: key 'max_body': needs a unit: .*MiB")
         self.assertEqual(len(text.strip().splitlines()), 3, text)  # the zeros are fine
 
+    def test_record_headers_are_bounded(self):
+        path = os.path.join(self.tmp.name, "rec.yaml")
+        models = "models:\n  - name: m\n    endpoints:\n      - {id: a, url: \"http://127.0.0.1:9001\"}\n"
+        for headers, message in (("[" + ", ".join(f"h{i}" for i in range(17)) + "]", "at most 16 headers"),
+                                 ("[x-tenant, \"bad name\"]", "a header name is 1-63 letters")):
+            with self.subTest(message):
+                with open(path, "w") as f:
+                    f.write(f"record:\n  dir: {self.tmp.name}\n  headers: {headers}\n" + models)
+                out = run("check", "-c", path)
+                self.assertEqual(out.returncode, 1, out.stdout)
+                self.assertRegex(out.stderr, re.escape(path) + r":3:\d+: key 'record.headers': " + message)
+        with open(path, "w") as f:
+            f.write(f"record:\n  dir: {self.tmp.name}\n  headers: [x-tenant, X-Region]\n" + models)
+        out = run("check", "-c", path)
+        self.assertEqual(out.returncode, 0, out.stderr)
+
     def test_too_little_policy_memory_is_an_error_every_command_prints(self):
         policy = os.path.join(self.tmp.name, "policy.lua")
         with open(policy, "w") as f:
@@ -263,6 +279,53 @@ class CliTest(AtcTestCase):
         self.assertEqual(out.returncode, 1, out.stdout + out.stderr)
         self.assertIn(os.path.join(tests, "x_test.lua"), out.stdout)
         self.assertNotIn("//", out.stdout + out.stderr)
+
+    def test_atc_test_replays_the_policy_the_test_required_and_shows_its_log(self):
+        tests = os.path.join(self.tmp.name, "t")
+        os.mkdir(tests)
+        with open(os.path.join(tests, "last.lua"), "w") as f:  # every request to the model's last endpoint
+            f.write("local M = {}\n"
+                    "function M.route(req, fleet)\n"
+                    "  local eps = fleet:endpoints(req.model)\n"
+                    "  atc.log('last for', req.id)\n"
+                    "  return eps[#eps]\n"
+                    "end\n"
+                    "return M\n")
+        with open(os.path.join(tests, "first.lua"), "w") as f:
+            f.write("return function(req, fleet) return fleet:endpoints(req.model)[1] end\n")
+        replay = ('t.replay { trace = "tests/policy/fixtures/sessions.jsonl", limit = 12,\n'
+                  '  fleet = { { model = "llama-3-8b", count = 3, capacity = 100, max_seqs = 100 } } }\n')
+        with open(os.path.join(tests, "last_test.lua"), "w") as f:
+            f.write('local t = require "atc.test"\n'
+                    'local last = require "last"\n'
+                    't.test("replays last", function()\n'
+                    '  local decisions, report = ' + replay +
+                    '  t.expect(report.policy).to_contain("last.lua")\n'
+                    '  for _, d in ipairs(decisions) do t.expect(d.endpoint, d.id).to_be("llama-3-8b-sim-3") end\n'
+                    'end)\n'
+                    't.test("quiet", function() end)\n')
+        with open(os.path.join(tests, "two_test.lua"), "w") as f:
+            f.write('local t = require "atc.test"\n'
+                    'local last, first = require "last", require "first"\n'
+                    't.test("ambiguous", function() ' + replay.replace("\n", " ") + ' end)\n'
+                    't.test("said which", function()\n'
+                    '  local decisions = t.replay { trace = "tests/policy/fixtures/sessions.jsonl", limit = 3,\n'
+                    '    policy = first, fleet = { { model = "llama-3-8b", count = 3, capacity = 100 } } }\n'
+                    '  t.expect(decisions[1].endpoint).to_be("llama-3-8b-sim-1")\n'
+                    'end)\n')
+        out = run("test", "--scripts", "scripts", tests, timeout=60)
+        text = out.stdout + out.stderr
+        self.assertEqual(out.returncode, 1, text)  # the ambiguous one fails
+        self.assertIn("3 passed, 1 failed", out.stdout)
+        # The module the test required was replayed, not scripts/policy.lua (which spreads the load).
+        self.assertNotIn("replays last", "".join(l for l in out.stdout.splitlines(True) if l.startswith("FAIL")))
+        self.assertRegex(out.stdout, r'FAIL .*two_test\.lua:3: ambiguous: t\.replay: this test required several '
+                                     r'policies \("last", "first"\): say which to replay with policy = require')
+        # Its atc.log lines are printed under the test that ran it, with the policy's file:line.
+        lines = out.stdout.splitlines()
+        at = lines.index(next(l for l in lines if l.startswith("ok ") and "replays last" in l))
+        self.assertRegex(lines[at + 1], r"^ +log: .*last\.lua:4: last for c5-t0$")
+        self.assertFalse(any("quiet" in l for l in lines), text)  # a passing test that logged nothing: no line
 
     def test_serve_with_a_bad_config_exits_1_without_listening(self):
         path = os.path.join(self.tmp.name, "bad.yaml")

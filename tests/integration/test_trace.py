@@ -114,6 +114,47 @@ class RecordTest(AtcTestCase):
         arrivals = [records[f"rec-{i}"]["at_us"] for i in range(10)]
         self.assertEqual(arrivals, sorted(arrivals))
 
+    def test_recorded_headers_replay_to_a_policy_keyed_on_them(self):
+        traces = os.path.join(self.tmp.name, "traces")
+        a = self.start_atc(self.config(f"  dir: {traces}\n              headers: [x-tenant, X-Region]"))
+        tenants = ["gold", "free", "free", "gold", "free", "gold"]
+        for i, tenant in enumerate(tenants):
+            headers = {"x-request-id": f"h-{i}", "x-tenant": tenant, "x-other": "not recorded"}
+            if i == 0:
+                headers["x-region"] = "eu-" + "x" * 400  # longer than a record keeps
+            status, _, _ = chat(a.port, content=f"hello {i}", headers=headers)
+            self.assertEqual(status, 200)
+        wait_for(lambda: self.record_stats(a)["recorded"] == 6, timeout=5, what="6 records")
+        self.assertEqual(a.stop(), 0)
+
+        records = {r["id"]: r for r in dump(traces)}  # atc trace dump shows them
+        self.assertEqual(records["h-1"]["headers"], {"x-tenant": "free"})
+        self.assertEqual(records["h-0"]["headers"]["x-tenant"], "gold")
+        self.assertEqual(records["h-0"]["headers"]["x-region"], "eu-" + "x" * 253, "cut at 256 bytes")
+
+        # A policy that sends gold tenants to the first server, everyone else to the second.
+        policy = os.path.join(self.tmp.name, "tenant.lua")
+        with open(policy, "w") as f:
+            f.write("return function(req, fleet)\n"
+                    "  local eps = fleet:endpoints(req.model)\n"
+                    "  return req:header('X-Tenant') == 'gold' and eps[1] or eps[2]\n"
+                    "end\n")
+        fleet = os.path.join(self.tmp.name, "fleet.yaml")
+        with open(fleet, "w") as f:
+            f.write(f"policy:\n  entry: {policy}\nmodels:\n  - name: llama-3-8b\n"
+                    "simulate:\n  - model: llama-3-8b\n    count: 2\n")
+        dumped = os.path.join(self.tmp.name, "dumped.jsonl")  # dumped records import back, headers too
+        with open(dumped, "w") as f:
+            f.write(atc("trace", "dump", traces)[1])
+        for trace in (traces, dumped):
+            code, out, err = atc("replay", "-c", fleet, "--trace", trace, "--json")
+            self.assertEqual(code, 0, err)
+            [p] = json.loads(out)["policies"]
+            self.assertEqual(p["completed"], 6)
+            self.assertEqual(p["fallbacks"], 0)
+            by_endpoint = {e["id"]: e["requests"] for e in p["endpoints"]}
+            self.assertEqual(by_endpoint, {"llama-3-8b-sim-1": 3, "llama-3-8b-sim-2": 3}, trace)
+
     def test_prompt_text_only_when_asked(self):
         traces = os.path.join(self.tmp.name, "traces")
         a = self.start_atc(self.config(f"  dir: {traces}\n              text: true"))
@@ -221,6 +262,55 @@ class ReplayTest(AtcTestCase):
             self.assertLessEqual(p["ttft_p90_ms"], p["ttft_p99_ms"])
         shipped, rr = report["policies"][0], report["policies"][1]
         self.assertGreater(shipped["cache_hit_rate"], rr["cache_hit_rate"], "affinity keeps sessions' caches warm")
+
+    def test_ttft_per_tenant_and_priority(self):
+        fleet = self.fleet()
+        code, out, err = atc("replay", "-c", fleet, "--trace", FIXTURE, "--json")
+        self.assertEqual(code, 0, err)
+        [p] = json.loads(out)["policies"]
+        tenants = {g["name"]: g for g in p["tenants"]}
+        self.assertEqual({k: g["requests"] for k, g in tenants.items()}, {"acme": 204, "beta": 70})
+        self.assertEqual({g["name"]: g["requests"] for g in p["priorities"]}, {"0": 239, "7": 35})
+        for g in p["tenants"] + p["priorities"]:
+            self.assertEqual(g["completed"], g["requests"])
+            self.assertLessEqual(g["ttft_p50_ms"], g["ttft_p90_ms"])
+            self.assertLessEqual(g["ttft_p90_ms"], g["ttft_p99_ms"])
+            self.assertLessEqual(g["ttft_p99_ms"], p["ttft_p99_ms"] * 1.5)
+        html = os.path.join(self.tmp.name, "report.html")
+        code, out, err = atc("replay", "-c", fleet, "--trace", FIXTURE, "--html", html)
+        self.assertEqual(code, 0, err)
+        self.assertRegex(out, r"ttft per tenant\n +tenant +requests +p50 +p90 +p99\n +acme +204 ")
+        self.assertRegex(out, r"ttft per priority\n.*\n +0 +239 .*\n +7 +35 ")
+        with open(html) as f:
+            page = f.read()
+        self.assertIn("TTFT per tenant", page)
+        self.assertIn("<td>beta</td><td>70</td>", page)
+        # A trace without tenants or priorities has no such rows.
+        plain = os.path.join(self.tmp.name, "plain.jsonl")
+        with open(plain, "w") as f:
+            f.write('{"at_ms": 0, "model": "llama-3-8b", "prompt_tokens": 100, "output_tokens": 10}\n')
+        code, out, err = atc("replay", "-c", fleet, "--trace", plain, "--json")
+        self.assertEqual(code, 0, err)
+        [p] = json.loads(out)["policies"]
+        self.assertEqual((p["tenants"], p["priorities"]), ([], []))
+
+    def test_imbalance_counts_only_the_replayed_models_endpoints(self):
+        one = self.fleet()
+        two = os.path.join(self.tmp.name, "two.yaml")
+        with open(two, "w") as f:  # the same three servers, and three idle ones of another model
+            f.write(f"policy:\n  entry: {POLICY}\nmodels:\n  - name: llama-3-8b\n  - name: qwen-2.5-1.5b\n"
+                    "simulate:\n  - model: llama-3-8b\n    count: 3\n    max_seqs: 8\n"
+                    "  - model: qwen-2.5-1.5b\n    count: 3\n")
+        reports = []
+        for fleet in (one, two):
+            code, out, err = atc("replay", "-c", fleet, "--trace", FIXTURE, "--json")
+            self.assertEqual(code, 0, err)
+            reports.append(json.loads(out)["policies"][0])
+        a, b = reports
+        self.assertGreater(a["imbalance"], 1.0)
+        self.assertAlmostEqual(b["imbalance"], a["imbalance"], places=3)
+        self.assertAlmostEqual(b["imbalance_max"], a["imbalance_max"], places=3)
+        self.assertAlmostEqual(b["work_imbalance"], a["work_imbalance"], places=3)
 
     def test_table_and_html_report(self):
         fleet = self.fleet()
