@@ -76,6 +76,7 @@ struct atc_cluster {
     /* main thread */
     redisAsyncContext *cmd, *sub;
     bool cmd_up, sub_up; /* connected */
+    bool subscribed;     /* Redis confirmed the subscription: other replicas' pins arrive */
     bool shared;         /* the last sync was whole and in time: shared mode */
     bool down_logged;    /* local mode was logged (once per outage) */
     unsigned outstanding; /* answers awaited on cmd */
@@ -203,6 +204,9 @@ static void on_pin_message(redisAsyncContext *ac, void *reply, void *priv)
 {
     struct atc_cluster *c = priv;
     const redisReply *r = reply;
+    if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 3 && r->element[0]->type == REDIS_REPLY_STRING &&
+        strcmp(r->element[0]->str, "subscribe") == 0)
+        c->subscribed = true;
     if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
         r->element[2]->type != REDIS_REPLY_STRING || c->aff == NULL)
         return;
@@ -258,6 +262,7 @@ static void on_disconnect(const redisAsyncContext *ac, int status)
     } else if (ac == c->sub) {
         c->sub = NULL;
         c->sub_up = false;
+        c->subscribed = false;
     }
 }
 
@@ -411,6 +416,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
                 ac = c->sub;
                 c->sub = NULL;
                 c->sub_up = false;
+                c->subscribed = false;
                 redisAsyncFree(ac);
             }
         }
@@ -579,8 +585,10 @@ void atc_cluster_json(struct atc_cluster *c, struct evbuffer *out)
     atc_json_escape(out, c->name, strlen(c->name));
     evbuffer_add_printf(out, "\", \"redis\": \"");
     atc_json_escape(out, c->where, strlen(c->where));
-    evbuffer_add_printf(out, "\", \"state\": \"%s\", \"mode\": \"%s\", \"sync_interval_ms\": %" PRIu64,
-                        state_of(c), c->shared ? "shared" : "local", c->interval_ms);
+    evbuffer_add_printf(out,
+                        "\", \"state\": \"%s\", \"mode\": \"%s\", \"pins_subscribed\": %s, \"sync_interval_ms\": %" PRIu64,
+                        state_of(c), c->shared ? "shared" : "local", c->subscribed ? "true" : "false",
+                        c->interval_ms);
     if (c->last_sync_ms > 0)
         evbuffer_add_printf(out, ", \"last_sync_ms_ago\": %" PRIu64, now - c->last_sync_ms);
     else

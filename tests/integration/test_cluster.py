@@ -129,8 +129,9 @@ class ClusterTest(AtcTestCase):
             atcs.append(self.start_atc(CONFIG.format(policy=policy, cluster=section, rpm=rpm, endpoints=endpoints),
                                        name=f"atc{i}"))
         if cluster:
-            wait_for(lambda: all(self.cluster(a)["mode"] == "shared" and len(self.cluster(a)["replicas"]) == replicas - 1
-                                 for a in atcs), timeout=15, what="every replica in shared mode, seeing the others")
+            wait_for(lambda: all((lambda c: c["mode"] == "shared" and c["pins_subscribed"] and
+                                  len(c["replicas"]) == replicas - 1)(self.cluster(a)) for a in atcs),
+                     timeout=15, what="every replica in shared mode, subscribed, seeing the others")
         return atcs
 
     def cluster(self, atc):
