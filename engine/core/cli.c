@@ -151,6 +151,35 @@ static void print_queues(const struct atc_json *j, int models)
     }
 }
 
+/* The cluster: this replica's Redis state and mode, and every other replica seen with its last sync. */
+static void print_cluster(const struct admin_target *t)
+{
+    char *body = NULL;
+    struct atc_json j = {0};
+    if (admin_call(t, "GET", "/admin/cluster", &body) != 200 || atc_json_parse(&j, body, strlen(body), NULL) < 0 ||
+        atc_json_get(&j, 0, "name") < 0) {
+        atc_json_dispose(&j);
+        free(body);
+        return;
+    }
+    char name[80], redis[160], state[24], mode[16], last[24];
+    json_text(&j, atc_json_get(&j, 0, "name"), name, sizeof(name));
+    json_text(&j, atc_json_get(&j, 0, "redis"), redis, sizeof(redis));
+    json_text(&j, atc_json_get(&j, 0, "state"), state, sizeof(state));
+    json_text(&j, atc_json_get(&j, 0, "mode"), mode, sizeof(mode));
+    json_text(&j, atc_json_get(&j, 0, "last_sync_ms_ago"), last, sizeof(last));
+    printf("\ncluster: replica %s, Redis %s %s, %s mode, last sync %s ms ago\n", name, redis, state, mode, last);
+    int reps = atc_json_get(&j, 0, "replicas");
+    printf("%-40s %16s\n", "REPLICA", "LAST SYNC(ms)");
+    for (int k = 0, i = reps + 1; reps >= 0 && k < atc_json_count(&j, reps); k++, i = atc_json_next(&j, i)) {
+        json_text(&j, atc_json_get(&j, i, "name"), name, sizeof(name));
+        json_text(&j, atc_json_get(&j, i, "last_sync_ms_ago"), last, sizeof(last));
+        printf("%-40s %16s\n", name, last);
+    }
+    atc_json_dispose(&j);
+    free(body);
+}
+
 static int cmd_status(const struct admin_target *t)
 {
     char *body = NULL, *pol = NULL;
@@ -205,6 +234,7 @@ static int cmd_status(const struct admin_target *t)
            waiting);
     if (errbuf[0])
         printf("last policy error: %s\n", errbuf);
+    print_cluster(t);
     atc_json_dispose(&j);
     atc_json_dispose(&pj);
     free(body);

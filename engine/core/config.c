@@ -237,6 +237,23 @@ static const struct field signals_fields[] = {
     {.key = NULL},
 };
 
+static const struct field cluster_fields[] = {
+    {.key = "redis", .kind = F_STR, .off = CFG(cluster.redis), .required = true},
+    {.key = "name", .kind = F_STR, .off = CFG(cluster.name)},
+    {.key = "sync_interval", .kind = F_MS, .off = CFG(cluster.sync_interval_ms), .min = 1},
+    {.key = NULL},
+};
+
+#define LIM(m) offsetof(struct atc_limit_rule, m)
+static const struct field rule_fields[] = {
+    {.key = "requests_per_minute", .kind = F_U64, .off = LIM(requests_per_minute), .max = UINT32_MAX},
+    {.key = "tokens_per_minute", .kind = F_U64, .off = LIM(tokens_per_minute), .max = UINT32_MAX * 1024ull},
+    {.key = NULL},
+};
+static const struct field limits_fields[] = {{.key = "tenants", .kind = F_NODE},
+                                             {.key = "default", .kind = F_NODE},
+                                             {.key = NULL}};
+
 static const struct field root_fields[] = {
     {.key = "listen", .kind = F_HOSTPORT, .off = CFG(listen_host), .aux = CFG(listen_port)},
     {.key = "admin", .kind = F_HOSTPORT, .off = CFG(admin_host), .aux = CFG(admin_port)},
@@ -254,6 +271,8 @@ static const struct field root_fields[] = {
     {.key = "models", .kind = F_NODE},
     {.key = "simulate", .kind = F_NODE},
     {.key = "record", .kind = F_NODE},
+    {.key = "cluster", .kind = F_NODE},
+    {.key = "limits", .kind = F_NODE},
     {.key = NULL},
 };
 
@@ -729,14 +748,6 @@ static void check_unique(struct parse *p, struct seen_list *l, const char *name,
     l->n++;
 }
 
-static void health_dispose(struct atc_health_config *h)
-{
-    free(h->live.path);
-    free(h->ready.path);
-    free(h->deep.path);
-    free(h->scrape.path);
-}
-
 /* *dst = *src with its own copies of the strings. */
 static void health_copy(struct parse *p, struct atc_health_config *dst, const struct atc_health_config *src)
 {
@@ -871,6 +882,57 @@ static void parse_record(struct parse *p, yaml_node_t *n)
                               "a header name is 1-63 letters, digits, '-' or '_'");
 }
 
+/* cluster: (replicas sharing state through Redis) and limits: (per-tenant budgets). */
+static void parse_cluster(struct parse *p, yaml_node_t *n)
+{
+    yaml_node_t *found[MAX_FIELDS], *url;
+    const char *why;
+
+    p->cfg->cluster.enabled = true;
+    if (parse_section(p, n, "cluster", false, cluster_fields, p->cfg, found) < 0)
+        return;
+    if ((url = lookup(cluster_fields, found, "redis")) && p->cfg->cluster.redis &&
+        atc_parse_redis_url(p->cfg->cluster.redis, &p->cfg->cluster.host, &p->cfg->cluster.port,
+                            &p->cfg->cluster.db, &why) < 0)
+        atc_config_report(&p->errs, url->start_mark, "cluster.redis", "%s", why);
+}
+
+static void parse_limits(struct parse *p, yaml_node_t *n)
+{
+    struct atc_config *cfg = p->cfg;
+    yaml_node_t *found[MAX_FIELDS], *t;
+    struct map_iter it = {.prefix = "limits.tenants"};
+
+    cfg->limits.enabled = true;
+    if (parse_section(p, n, "limits", true, limits_fields, cfg, found) < 0)
+        return;
+    if ((t = lookup(limits_fields, found, "default")))
+        parse_section(p, t, "limits.default", false, rule_fields, &cfg->limits.dflt, NULL);
+    if (!(t = lookup(limits_fields, found, "tenants")) || atc_yaml_is_null(t))
+        return;
+    if (t->type != YAML_MAPPING_NODE) {
+        atc_config_report(&p->errs, t->start_mark, "limits.tenants", "expected a mapping of tenant names");
+        return;
+    }
+    size_t cap = (size_t)(t->data.mapping.pairs.top - t->data.mapping.pairs.start) + 1;
+    if (!(cfg->limits.tenants = calloc(cap, sizeof(char *))) ||
+        !(cfg->limits.rules = calloc(cap, sizeof(struct atc_limit_rule)))) {
+        p->errs.oom = true;
+        return;
+    }
+    it.map = t;
+    it.pair = t->data.mapping.pairs.start;
+    while (map_next(p, &it)) {
+        if (parse_section(p, it.value, it.path, false, rule_fields, &cfg->limits.rules[cfg->limits.ntenants],
+                          NULL) < 0)
+            continue;
+        if (!(cfg->limits.tenants[cfg->limits.ntenants] = strdup(it.key)))
+            p->errs.oom = true;
+        else
+            cfg->limits.ntenants++;
+    }
+}
+
 /* Where atc check reports what is wrong with the policy: at the entry: value, or at the policy:
  * section when the entry is the default. */
 static void mark_policy_entry(struct parse *p, const yaml_node_t *policy)
@@ -904,6 +966,10 @@ static void parse_root(struct parse *p, yaml_node_t *root)
         mark_policy_entry(p, lookup(root_fields, found, "policy"));
     if (lookup(root_fields, found, "record"))
         parse_record(p, lookup(root_fields, found, "record"));
+    if (lookup(root_fields, found, "cluster"))
+        parse_cluster(p, lookup(root_fields, found, "cluster"));
+    if (lookup(root_fields, found, "limits"))
+        parse_limits(p, lookup(root_fields, found, "limits"));
     /* One address for both would only fail at bind time; say so now, at whichever of them the file sets. */
     admin = lookup(root_fields, found, "admin");
     if (cfg->admin_port != 0 && cfg->admin_port == cfg->listen_port &&
@@ -949,71 +1015,6 @@ static void parse_root(struct parse *p, yaml_node_t *root)
                               keyf(k, "models[%zu]", i),
                               "model '%s' has no endpoints and no simulate entry provides any", name);
     }
-}
-
-static struct atc_config *config_new(const char *name, const char *dir)
-{
-    struct atc_config *cfg = calloc(1, sizeof *cfg);
-
-    if (!cfg)
-        return NULL;
-    cfg->path = strdup(name);
-    cfg->dir = strdup(dir && *dir ? dir : ".");
-    cfg->listen_host = strdup("127.0.0.1");
-    cfg->listen_port = 8080;
-    cfg->admin_host = strdup("127.0.0.1");
-    cfg->admin_port = 8081;
-    cfg->policy.entry = cfg->dir ? atc_config_path(cfg->dir, "scripts/policy.lua") : NULL;
-    cfg->policy.budget_us = 1000;
-    cfg->policy.memory = (size_t)64 << 20;
-    cfg->policy.rollback_after = 20;
-    atc_signal_params_init(&cfg->signals);
-    cfg->admission.queue = 1024;
-    cfg->admission.deadline_ms = 30000;
-    cfg->admission.max_deadline_ms = 120000;
-    cfg->admission.aging_ms = 10000;
-    cfg->policy.watch = true;
-    cfg->upstream.connect_timeout_ms = 2000;
-    cfg->upstream.first_byte_timeout_ms = 60000;
-    cfg->upstream.idle_timeout_ms = 60000;
-    cfg->upstream.tries = 2;
-    cfg->upstream.keepalive = 32;
-    cfg->record.dir = cfg->dir ? atc_config_path(cfg->dir, "traces") : NULL;
-    cfg->record.prefix = strdup("atc");
-    cfg->record.rotate_size = (size_t)256 << 20;
-    cfg->record.rotate_interval_ms = 3600 * 1000;
-    cfg->record.buffer = (size_t)8 << 20;
-    cfg->record.sample = 1;
-    cfg->max_body = (size_t)8 << 20;
-    cfg->drain_timeout_ms = 10000;
-    cfg->client_timeout_ms = 30000;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    cfg->workers = cores < 1 ? 1 : cores > ATC_MAX_WORKERS ? ATC_MAX_WORKERS : (unsigned)cores;
-    cfg->health = (struct atc_health_config){
-        .enabled = true,
-        .live = {.enabled = true, .path = strdup("/health"), .interval_ms = 2000, .timeout_ms = 1000},
-        .ready = {.enabled = true, .path = strdup("/v1/models"), .interval_ms = 2000, .timeout_ms = 1000},
-        .deep = {.enabled = true,
-                 .path = strdup("/v1/chat/completions"),
-                 .interval_ms = 60000,
-                 .timeout_ms = 30000},
-        .scrape = {.enabled = true, .path = strdup("/metrics"), .interval_ms = 1000, .timeout_ms = 1000},
-        .failure_threshold = 3,
-        .recovery_threshold = 2,
-        .fast_interval_ms = 500,
-        .down_interval_ms = 2000,
-        .jitter = 0.1,
-        .eject = {.consecutive_errors = 5, .base_time_ms = 30000, .max_time_ms = 300000, .max_share = 0.5},
-        .panic = ATC_PANIC_ROUTE_ALL,
-        .slow_start_ms = 10000,
-    };
-    if (!cfg->health.live.path || !cfg->health.ready.path || !cfg->health.deep.path ||
-        !cfg->health.scrape.path || !cfg->path || !cfg->dir || !cfg->listen_host || !cfg->admin_host ||
-        !cfg->policy.entry || !cfg->record.dir || !cfg->record.prefix) {
-        atc_config_free(cfg);
-        return NULL;
-    }
-    return cfg;
 }
 
 /* Hands over the config, or joins the sorted errors into one owned string and frees the config. */
@@ -1067,7 +1068,7 @@ int atc_config_parse(const char *text, size_t len, const char *name, const char 
         return -1;
     }
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
-    if (!(p.cfg = config_new(p.errs.name, dir)))
+    if (!(p.cfg = atc_config_new(p.errs.name, dir)))
         p.errs.oom = true;
     else if (!(loaded = yaml_parser_load(&parser, &doc)))
         atc_config_report_syntax(&p.errs, &parser);
@@ -1122,54 +1123,4 @@ error:
     free(text);
     free(dir);
     return rc;
-}
-
-static void free_strv(char **v, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        free(v[i]);
-    free(v);
-}
-
-void atc_config_free(struct atc_config *cfg)
-{
-    if (!cfg)
-        return;
-    for (size_t i = 0; i < cfg->nmodels; i++) {
-        struct atc_model_config *m = &cfg->models[i];
-        for (size_t j = 0; j < m->nendpoints; j++) {
-            struct atc_endpoint_config *ep = &m->endpoints[j];
-            free(ep->id);
-            free(ep->url);
-            free(ep->host);
-            free(ep->model);
-            free(ep->version);
-            free_strv(ep->tags, ep->ntags);
-            health_dispose(&ep->health);
-        }
-        free(m->endpoints);
-        free(m->name);
-        health_dispose(&m->health);
-    }
-    health_dispose(&cfg->health);
-    free(cfg->models);
-    for (size_t i = 0; i < cfg->nsimulate; i++)
-        atc_sim_params_dispose(&cfg->simulate[i].params);
-    free(cfg->simulate);
-    free_strv(cfg->policy.path, cfg->policy.npath);
-    free(cfg->policy.entry);
-    free(cfg->record.dir);
-    free(cfg->record.prefix);
-    free_strv(cfg->record.headers, cfg->record.nheaders);
-    free(cfg->access_log);
-    free(cfg->admin_token);
-    for (size_t i = 0; i < cfg->admission.tenant_weights.n; i++)
-        free(cfg->admission.tenant_weights.names[i]);
-    free(cfg->admission.tenant_weights.names);
-    free(cfg->admission.tenant_weights.weights);
-    free(cfg->admin_host);
-    free(cfg->listen_host);
-    free(cfg->dir);
-    free(cfg->path);
-    free(cfg);
 }

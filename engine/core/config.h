@@ -57,6 +57,12 @@ struct atc_weights {
     size_t n;
 };
 
+/* A tenant's budget per minute (limits:); 0: that kind is not limited. */
+struct atc_limit_rule {
+    uint64_t requests_per_minute;
+    uint64_t tokens_per_minute; /* prompt estimate + max_tokens at admission, corrected by the usage */
+};
+
 struct atc_endpoint_config {
     char *id;
     char *url;     /* as written: http://host:port */
@@ -150,6 +156,24 @@ struct atc_config {
     struct atc_health_config health;  /* health: the top-level settings */
     struct atc_signal_params signals; /* signals: priors of the routing signals (fleet/signals.h) */
 
+    struct {
+        bool enabled;      /* the file has a cluster: section: replicas share state through Redis */
+        char *redis;       /* cluster.redis: redis://host:port/db (required) */
+        char *host;        /* parsed from it */
+        uint16_t port;     /* (default 6379) */
+        unsigned db;       /* (default 0) */
+        char *name;        /* cluster.name: this replica's name (default hostname:pid) */
+        uint64_t sync_interval_ms; /* cluster.sync_interval (default 50ms) */
+    } cluster;
+
+    struct {
+        bool enabled;                /* the file has a limits: section */
+        char **tenants;              /* limits.tenants: names ... */
+        struct atc_limit_rule *rules; /* ... and their budgets */
+        size_t ntenants;
+        struct atc_limit_rule dflt;  /* limits.default: every other tenant's (0, 0: unlimited) */
+    } limits;
+
     struct atc_model_config *models;
     size_t nmodels;
     struct atc_simulate_config *simulate;
@@ -164,6 +188,10 @@ int atc_config_load(const char *path, struct atc_config **out, char **errors);
 int atc_config_parse(const char *text, size_t len, const char *name, const char *dir, struct atc_config **out,
                      char **errors);
 
-/** Frees a config returned by the functions above; NULL is fine. */
+/** A config read from file @p name in @p dir (relative paths resolve against it) with every setting at
+ * its default, before the file is read (config_defaults.c). Owned, or NULL when out of memory. */
+struct atc_config *atc_config_new(const char *name, const char *dir);
+
+/** Frees a config returned by the functions above (config_defaults.c); NULL is fine. */
 void atc_config_free(struct atc_config *cfg);
 #endif

@@ -210,6 +210,38 @@ static const char *parse_url(const char *s, char **host, uint16_t *port)
     return NULL;
 }
 
+int atc_parse_redis_url(const char *s, char **host, uint16_t *port, unsigned *db, const char **err)
+{
+    const char *auth = s + 8, *end, *why = NULL;
+    char *h = NULL;
+    long pt = -1;
+
+    *db = 0;
+    if (strncasecmp(s, "redis://", 8))
+        why = "expected a URL of the form redis://host:port/db";
+    else if (memchr(auth, '@', (end = auth + strcspn(auth, "/")) - auth))
+        why = "user info in the URL is not supported";
+    else if ((why = split_hostport(auth, (size_t)(end - auth), &h, &pt)) == NULL && h == NULL)
+        why = "missing host";
+    else if (why == NULL && *end == '/' && end[1] != '\0') {
+        char *stop;
+        unsigned long d = strtoul(end + 1, &stop, 10);
+        if (*stop != '\0' || d > 15 || !isdigit((unsigned char)end[1]))
+            why = "the database must be a number from 0 to 15";
+        *db = (unsigned)d;
+    }
+    if (why == NULL && pt == 0)
+        why = "the port must be from 1 to 65535";
+    if (why != NULL) {
+        free(h);
+        *err = why;
+        return -1;
+    }
+    *host = h;
+    *port = pt < 0 ? 6379 : (uint16_t)pt;
+    return 0;
+}
+
 char *atc_config_path(const char *dir, const char *path)
 {
     size_t n = strlen(dir);

@@ -20,6 +20,9 @@ int atc_parse_hostport(const char *s, char **host, uint16_t *port, const char **
 /** "http://host[:port][/]" (port 80 when absent; https, a path, a query or user info are refused).
  * Returns 0 and an owned *host, or -1 and, when @p err is not NULL, a static reason in *err. */
 int atc_parse_url(const char *s, char **host, uint16_t *port, const char **err);
+/** "redis://host[:port][/db]" -> an owned host, the port (default 6379) and the database (default 0).
+ * 0, or -1 with a static reason in *err. */
+int atc_parse_redis_url(const char *s, char **host, uint16_t *port, unsigned *db, const char **err);
 /** @p path as written in a config file in directory @p dir: relative to the file, not to wherever atc
  * was started. Returns an owned string, or NULL when out of memory. */
 char *atc_config_path(const char *dir, const char *path);

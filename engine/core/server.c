@@ -17,6 +17,8 @@
 #include <event2/event.h>
 #include <event2/http.h>
 
+#include "cluster/cluster.h"
+#include "cluster/limits.h"
 #include "ops/access_log.h"
 #include "fleet/admission.h"
 #include "fleet/affinity.h"
@@ -340,7 +342,11 @@ void atc_server_totals(const struct atc_server *srv, struct atc_worker_stats *st
 void atc_server_metrics_sources(const struct atc_server *srv, struct atc_metrics_sources *src)
 {
     *src = (struct atc_metrics_sources){
-        .table = srv->table, .nworkers = srv->group.nworkers, .health = srv->health};
+        .table = srv->table,
+        .nworkers = srv->group.nworkers,
+        .health = srv->health,
+        .cluster = srv->cluster,
+        .limits = srv->limits};
     src->npolicies = atc_server_policies(srv, src->policies);
     struct atc_worker_stats totals;
     atc_server_totals(srv, &totals, &src->active);
@@ -517,6 +523,16 @@ static const char *restart_only_change(const struct atc_config *o, const struct 
         return "access_log";
     if (o->policy.enabled != n->policy.enabled)
         return "policy (added or removed)";
+    if (o->cluster.enabled != n->cluster.enabled || str_differs(o->cluster.redis, n->cluster.redis) ||
+        str_differs(o->cluster.name, n->cluster.name) || o->cluster.sync_interval_ms != n->cluster.sync_interval_ms)
+        return "cluster";
+    bool limits = o->limits.enabled != n->limits.enabled || o->limits.ntenants != n->limits.ntenants ||
+                  memcmp(&o->limits.dflt, &n->limits.dflt, sizeof(o->limits.dflt)) != 0;
+    for (size_t i = 0; !limits && i < o->limits.ntenants; i++)
+        limits = strcmp(o->limits.tenants[i], n->limits.tenants[i]) != 0 ||
+                 memcmp(&o->limits.rules[i], &n->limits.rules[i], sizeof(o->limits.rules[i])) != 0;
+    if (limits)
+        return "limits";
     return NULL;
 }
 
@@ -618,6 +634,8 @@ int atc_server_reload_config(struct atc_server *srv, char **errors)
     size_t ngone = 0, before = srv->table->nendpoints;
     struct atc_endpoint_table *t = atc_endpoint_table_rebuild(srv->table, ncfg, &gone, &ngone);
     srv->table = t;
+    if (srv->cluster != NULL)
+        atc_cluster_set_table(srv->cluster, t);
     for (size_t i = 0, k = 0; i < ncfg->nmodels; i++)
         for (size_t j = 0; j < ncfg->models[i].nendpoints; j++, k++)
             if (fresh[k][0] != NULL)
@@ -713,6 +731,7 @@ static int start_worker(struct atc_server *srv, struct atc_worker *w, const char
     w->table = srv->table;
     w->metrics = srv->metrics;
     w->recorder = srv->recorder;
+    w->limits = srv->limits;
     if (start_policy(srv, w, err) < 0)
         return -1;
     if (cfg->admission.queue > 0) {
@@ -761,6 +780,20 @@ static void free_worker(struct atc_worker *w)
     atc_admission_destroy(w->admission);
     atc_access_log_close(w->access_log);
     atc_policy_runtime_destroy(w->policy);
+}
+
+/* The cluster's queue (pins, lease refills) waits: send it from the main thread's loop. */
+static void cluster_flush(void *arg)
+{
+    struct atc_server *srv = arg;
+    if (srv->cluster != NULL) /* (gone once the server is being destroyed) */
+        atc_cluster_flush(srv->cluster);
+}
+
+static void cluster_wake(void *ctx)
+{
+    struct atc_server *srv = ctx;
+    atc_worker_post(main_worker(srv), cluster_flush, srv);
 }
 
 struct atc_server *atc_server_create(struct event_base *base, struct atc_config *cfg,
@@ -830,6 +863,22 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
                                 (srv->prefix = atc_prefix_index_create(0)) == NULL)) {
         fail(err, "out of memory");
         goto error;
+    }
+    if (cfg->limits.enabled && (srv->limits = atc_limits_create(cfg)) == NULL) {
+        fail(err, "out of memory");
+        goto error;
+    }
+    if (cfg->cluster.enabled) {
+        struct atc_cluster_settings cs = {.host = cfg->cluster.host,
+                                          .port = cfg->cluster.port,
+                                          .db = cfg->cluster.db,
+                                          .name = cfg->cluster.name,
+                                          .sync_interval_ms = cfg->cluster.sync_interval_ms};
+        if ((srv->cluster = atc_cluster_create(base, &cs, srv->table, srv->affinity, srv->limits, cluster_wake,
+                                               srv, &why)) == NULL) {
+            fail(err, "%s", why);
+            goto error;
+        }
     }
     if (cfg->record.enabled) { /* trace recording: see recorder.h */
         struct atc_recorder_settings rs = {
@@ -960,6 +1009,9 @@ void atc_server_destroy(struct atc_server *srv)
         evhttp_free(srv->admin);
     atc_client_deadline_destroy(srv->admin_deadline);
     atc_recorder_destroy(srv->recorder); /* writes what is still buffered */
+    atc_cluster_destroy(srv->cluster); /* before the tables it writes to */
+    srv->cluster = NULL;
+    atc_limits_destroy(srv->limits);
     atc_metrics_destroy(srv->metrics);
     atc_admission_shared_destroy(srv->admission_shared); /* after the workers' admissions */
     atc_affinity_destroy(srv->affinity);

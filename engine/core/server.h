@@ -31,6 +31,8 @@ struct atc_metrics;
 struct atc_admission_shared;
 struct atc_metrics_sources;
 struct atc_access_log;
+struct atc_limits;
+struct atc_cluster;
 struct atc_client_deadline;
 
 struct atc_server {
@@ -44,6 +46,8 @@ struct atc_server {
     struct atc_recorder *recorder;    /* record: traffic to trace files; NULL without the section */
     struct atc_metrics *metrics;      /* shared, locked */
     struct atc_admission_shared *admission_shared; /* admission.queue for the whole process (locked) */
+    struct atc_limits *limits;   /* limits: per-tenant budgets (cluster/limits.h's threads); NULL without */
+    struct atc_cluster *cluster; /* cluster: replicas through Redis, main thread only; NULL without */
     struct atc_policy_group policy_group; /* ties the workers' policy runtimes: one record, one rollback */
     struct atc_reloader *reloader;        /* policy reloads (made at the first); main thread */
     /* The workers ([group.nworkers], worker 0 on the main thread), their pause and the request path's

@@ -29,6 +29,7 @@ struct atc_access_log;
 struct atc_client_deadline;
 struct atc_metrics;
 struct atc_recorder;
+struct atc_limits;
 struct atc_worker;
 struct worker_task;
 
@@ -101,6 +102,7 @@ struct atc_worker {
      * keeps them: record: takes effect at the next restart): read plainly. */
     struct atc_metrics *metrics;   /* its own lock (ops/metrics.h) */
     struct atc_recorder *recorder; /* record: traffic (trace/recorder.h's threads); NULL without it */
+    struct atc_limits *limits;     /* limits: tenant budgets (cluster/limits.h's threads); NULL without */
     struct atc_worker_stats stats;
     unsigned active; /* client requests in progress on this worker */
     bool draining;

@@ -55,7 +55,15 @@ struct atc_affinity {
     uint64_t seed;
     uint64_t now;        /* the latest now_ms given to get(), to tell expired entries at eviction */
     struct lru_link lru; /* sentinel: lru.next is the most recently used, lru.prev the least */
+    atc_affinity_observer observer; /* set before any worker uses the table, then read plainly */
+    void *observer_ctx;
 };
+
+void atc_affinity_observe(struct atc_affinity *t, atc_affinity_observer fn, void *ctx)
+{
+    t->observer = fn;
+    t->observer_ctx = ctx;
+}
 
 static inline struct entry *entry_of(struct lru_link *l)
 {
@@ -205,6 +213,8 @@ size_t atc_affinity_get(struct atc_affinity *t, const char *key, size_t keylen, 
         }
     }
     pthread_mutex_unlock(&t->mu);
+    if (idlen == 0 && t->observer != NULL) /* after the lock: the observer may take its own */
+        t->observer(t->observer_ctx, ATC_AFFINITY_MISS, key, keylen, NULL, 0);
     return idlen;
 }
 
@@ -245,7 +255,7 @@ static int set_locked(struct atc_affinity *t, uint64_t hash, const char *key, si
     return 0;
 }
 
-int atc_affinity_set(struct atc_affinity *t, const char *key, size_t keylen, const char *endpoint_id,
+static int set_quiet(struct atc_affinity *t, const char *key, size_t keylen, const char *endpoint_id,
                      uint64_t expires_at_ms)
 {
     if (keylen > ATC_AFFINITY_KEY_MAX || endpoint_id == NULL)
@@ -260,7 +270,29 @@ int atc_affinity_set(struct atc_affinity *t, const char *key, size_t keylen, con
     return rc;
 }
 
+int atc_affinity_set(struct atc_affinity *t, const char *key, size_t keylen, const char *endpoint_id,
+                     uint64_t expires_at_ms)
+{
+    int rc = set_quiet(t, key, keylen, endpoint_id, expires_at_ms);
+    if (rc == 0 && t->observer != NULL)
+        t->observer(t->observer_ctx, ATC_AFFINITY_SET, key, keylen, endpoint_id, expires_at_ms);
+    return rc;
+}
+
+int atc_affinity_put(struct atc_affinity *t, const char *key, size_t keylen, const char *endpoint_id,
+                     uint64_t expires_at_ms)
+{
+    return set_quiet(t, key, keylen, endpoint_id, expires_at_ms);
+}
+
 void atc_affinity_del(struct atc_affinity *t, const char *key, size_t keylen)
+{
+    atc_affinity_forget(t, key, keylen);
+    if (keylen <= ATC_AFFINITY_KEY_MAX && t->observer != NULL)
+        t->observer(t->observer_ctx, ATC_AFFINITY_DEL, key, keylen, NULL, 0);
+}
+
+void atc_affinity_forget(struct atc_affinity *t, const char *key, size_t keylen)
 {
     if (keylen > ATC_AFFINITY_KEY_MAX)
         return;

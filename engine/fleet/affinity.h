@@ -50,8 +50,26 @@ size_t atc_affinity_get(struct atc_affinity *t, const char *key, size_t keylen, 
 int atc_affinity_set(struct atc_affinity *t, const char *key, size_t keylen, const char *endpoint_id,
                      uint64_t expires_at_ms);
 
+/** The same without telling the observer: a pin learnt from elsewhere (another replica, through the
+ * cluster), which must not be written back. */
+int atc_affinity_put(struct atc_affinity *t, const char *key, size_t keylen, const char *endpoint_id,
+                     uint64_t expires_at_ms);
+
+/* What a table tells its observer (the cluster's write-through to Redis), on the caller's thread, after
+ * the table's lock is released: a set, a delete, a get that found nothing (so a pin another replica
+ * holds can be fetched for the next request). */
+enum atc_affinity_event { ATC_AFFINITY_SET, ATC_AFFINITY_DEL, ATC_AFFINITY_MISS };
+typedef void (*atc_affinity_observer)(void *ctx, enum atc_affinity_event ev, const char *key, size_t keylen,
+                                      const char *endpoint_id, uint64_t expires_at_ms);
+
+/** Calls @p fn(@p ctx, ...) for every set, delete and miss from now on; set before any worker uses the
+ * table (it is read without the lock). NULL stops it. */
+void atc_affinity_observe(struct atc_affinity *t, atc_affinity_observer fn, void *ctx);
+
 /** Removes @p key if present. */
 void atc_affinity_del(struct atc_affinity *t, const char *key, size_t keylen);
+/** The same without telling the observer (a delete learnt from another replica). */
+void atc_affinity_forget(struct atc_affinity *t, const char *key, size_t keylen);
 
 /** Entries held, including expired ones not yet dropped (they go when looked up or evicted). */
 size_t atc_affinity_count(struct atc_affinity *t);

@@ -29,6 +29,17 @@ struct atc_config;
 struct atc_upstream_pool;
 struct atc_endpoint_health;
 
+/* What the other replicas of a cluster (cluster: in the config) have in flight on an endpoint, summed over
+ * the replicas whose figures are fresh. cluster: cluster/load_share.c stores them on the main thread at
+ * each sync, workers load them (relaxed, each consistent on its own). All 0 without a cluster, in local
+ * mode, or when no other replica publishes. */
+struct atc_remote_load {
+    _Atomic unsigned inflight, prefilling, decoding;
+    _Atomic uint64_t tokens, prefill_tokens;
+    _Atomic double recent_tokens;
+    _Atomic uint64_t at_ms; /* monotonic ms when the oldest of the figures summed was new; 0: none */
+};
+
 struct atc_endpoint {
     /* config */
     unsigned index; /* position in the table's endpoints[] */
@@ -55,6 +66,7 @@ struct atc_endpoint {
     _Atomic uint64_t consecutive_errors;
     struct atc_signals sig; /* what the engine observes of its work (signals.h says who writes) */
     struct atc_recent recent; /* its last minute, for the status page (recent.h says who writes) */
+    struct atc_remote_load remote; /* cluster: the other replicas' share of its load */
 
     /* health: health.c writes on the main thread (replay, single-threaded, sets them too), workers read */
     _Atomic bool routable;             /* false while drained, unhealthy, ejected or retired by a reload */
@@ -152,6 +164,18 @@ static inline bool atc_endpoint_available_at(const struct atc_endpoint *ep, unsi
 static inline bool atc_endpoint_available(const struct atc_endpoint *ep, uint64_t tokens)
 {
     return atc_endpoint_available_at(ep, atomic_load_explicit(&ep->inflight, memory_order_relaxed), tokens);
+}
+
+/** The fleet-wide figures a policy sees: this replica's own plus the other replicas' (ep->remote). */
+static inline unsigned atc_endpoint_fleet_inflight(const struct atc_endpoint *ep)
+{
+    return atomic_load_explicit(&ep->inflight, memory_order_relaxed) +
+           atomic_load_explicit(&ep->remote.inflight, memory_order_relaxed);
+}
+static inline uint64_t atc_endpoint_fleet_tokens(const struct atc_endpoint *ep)
+{
+    return atomic_load_explicit(&ep->inflight_tokens, memory_order_relaxed) +
+           atomic_load_explicit(&ep->remote.tokens, memory_order_relaxed);
 }
 
 /** Counts a request of @p tokens routed to @p ep. Any thread. */

@@ -14,6 +14,7 @@
 #include <event2/event_struct.h>
 #include <event2/http.h>
 
+#include "cluster/limits.h"
 #include "fleet/admission.h"
 #include "fleet/balancer.h"
 #include "core/config.h"
@@ -121,13 +122,16 @@ struct relay {
     char sse_head[8];      /* its first bytes: enough to tell a field from garbage */
     int client_status;     /* as the client saw it; 499 when it left first */
     char error[512];
-    struct atc_record_marks marks; /* what trace recording notes about the answer (record:) */
+    struct atc_record_marks marks; /* what trace recording notes about the answer (record:, limits:) */
+    struct atc_limit_ticket limit; /* its share of its tenant's budget (limits:); slot -1: none */
 };
 
 static void attempt(struct relay *r, struct atc_endpoint *ep);
 static void end_broken_stream(struct relay *r, enum atc_upstream_error err);
 static struct atc_endpoint *next_endpoint(struct relay *r);
 static void record_finished(struct relay *r, bool flushed);
+static void reply_error(struct relay *r, int status, const char *type, const char *code, const char *message,
+                        int retry_after);
 
 /* Checks that a callback runs in a state it expects (@p states: RELAY_IN(...) | ...). */
 static inline void relay_expect(const struct relay *r, unsigned states)
@@ -209,6 +213,33 @@ static void account(struct relay *r)
     atc_access_log_request(w->access_log, &rec);
 }
 
+/* The tenant's tokens as the answer's usage counted them (the prompt stays the estimate); an answer
+ * that said nothing keeps the estimate made at admission. */
+static void settle_limit(struct relay *r)
+{
+    int64_t out = atc_record_marks_output_tokens(&r->marks, r->rreq.kind == ATC_KIND_CHAT);
+    if (r->limit.slot >= 0 && out >= 0)
+        atc_limits_settle(r->w->limits, &r->limit, r->f->prompt_tokens + (uint64_t)out);
+}
+
+/* Over its tenant's budget (limits:): 429 with the seconds left in the window, as OpenAI answers. */
+static bool over_limit(struct relay *r)
+{
+    r->limit.slot = -1;
+    if (r->w->limits == NULL)
+        return false;
+    enum atc_limit_kind kind;
+    int retry = atc_limits_admit(r->w->limits, r->tenant, r->tokens, atc_wall_us() / 1000, &r->limit, &kind);
+    if (retry == 0)
+        return false;
+    const char *what = kind == ATC_LIMIT_REQUESTS ? "requests" : "tokens";
+    char msg[200];
+    snprintf(msg, sizeof(msg), "Rate limit reached for tenant '%s' on %s per minute. Please try again in %ds.",
+             r->tenant, what, retry);
+    reply_error(r, 429, what, "rate_limit_exceeded", msg, retry);
+    return true;
+}
+
 static void stop_watching(struct relay *r)
 {
     event_del(&r->watch_delay);
@@ -232,6 +263,7 @@ static void relay_end(struct relay *r)
     relay_set_state(r, RELAY_ENDED); /* asserts that it had not ended */
     account(r);
     record_finished(r, flushed);
+    settle_limit(r);
     if (r->qi.queued)
         atc_admission_remove(r->w->admission, &r->qi);
     atc_worker_queue_changed(r->w); /* it left the queue now, or earlier (placed, expired) */
@@ -653,7 +685,7 @@ static void on_up_body(void *arg, struct evbuffer *data)
     relay_expect(r, RELAY_IN(RELAY_ATTEMPT) | RELAY_IN(RELAY_STREAMING));
     size_t len = evbuffer_get_length(data);
     r->bytes += len;
-    if (r->w->recorder != NULL)
+    if (r->w->recorder != NULL || r->limit.slot >= 0) /* the usage corrects the tenant's tokens */
         atc_record_marks_observe(&r->marks, data, r->streaming, atc_mono_us());
     if (!r->streaming) {
         evbuffer_add_buffer(r->buffered, data);
@@ -904,6 +936,8 @@ void atc_relay_start(struct atc_worker *w, struct evhttp_request *client, const 
         .tokens = r->tokens,
         .header_ctx = r,
     };
+    if (over_limit(r))
+        return;
     struct atc_endpoint *ep = NULL;
     switch (choose(r, &ep)) {
     case CHOSEN:

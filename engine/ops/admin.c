@@ -21,6 +21,9 @@
 #include "ops/status_page.h"
 #include "policy/policy.h"
 #include "trace/recorder.h"
+#include "cluster/cluster.h"
+#include "cluster/limits.h"
+#include "core/clock.h"
 #include "core/server.h"
 #include "http/upstream.h"
 #include "core/worker.h"
@@ -476,6 +479,19 @@ void atc_admin_handle(struct evhttp_request *req, void *arg)
         reload_config(srv, req);
     } else if (strcmp(path, "/admin/policy/reload") == 0) {
         reload_policy(srv, req);
+    } else if (strcmp(path, "/admin/cluster") == 0 || strcmp(path, "/admin/limits") == 0) {
+        /* main thread: the cluster is its own; the limits have their lock */
+        struct evbuffer *b = evbuffer_new();
+        bool cluster = path[7] == 'c';
+        if (cluster && srv->cluster != NULL)
+            atc_cluster_json(srv->cluster, b);
+        else if (!cluster && srv->limits != NULL)
+            atc_limits_json(srv->limits, b, atc_wall_us() / 1000);
+        else
+            evbuffer_add_printf(b, cluster ? "{\"mode\": \"off\"}" : "{\"mode\": \"off\", \"tenants\": []}");
+        evbuffer_add_printf(b, "\n");
+        atc_http_send_json(req, 200, b);
+        evbuffer_free(b);
     } else if (strcmp(path, "/admin/record") == 0) {
         send_record(srv, req);
     } else if (strcmp(path, "/health") == 0) {

@@ -8,6 +8,9 @@
 #include <event2/buffer.h>
 #include <xxhash.h>
 
+#include "cluster/cluster.h"
+#include "cluster/limits.h"
+#include "core/clock.h"
 #include "core/histogram.h"
 #include "fleet/admission.h"
 #include "fleet/endpoint.h"
@@ -302,4 +305,8 @@ void atc_metrics_render(struct atc_metrics *m, const struct atc_metrics_sources 
         atc_health_metrics(src->health, out);
     if (src->nadmissions > 0)
         atc_admission_metrics(src->admissions, src->nadmissions, out);
+    if (src->cluster != NULL)
+        atc_cluster_metrics(src->cluster, out);
+    if (src->limits != NULL)
+        atc_limits_metrics(src->limits, out, atc_wall_us() / 1000);
 }

@@ -20,6 +20,9 @@ struct atc_health;
 /* What a scrape shows besides the counters of this file, gathered by whoever holds the workers (the
  * server, with every worker paused) and borrowed for the length of atc_metrics_render. metrics.c reads
  * these through the owning subsystems' headers and knows nothing of the server or its workers. */
+struct atc_cluster;
+struct atc_limits;
+
 struct atc_metrics_sources {
     const struct atc_endpoint_table *table;
     unsigned nworkers;                                    /* pools per endpoint (ep->pools[0..nworkers)) */
@@ -30,6 +33,8 @@ struct atc_metrics_sources {
     const struct atc_health *health;           /* NULL without health checks */
     uint64_t worker_requests[ATC_MAX_WORKERS]; /* client requests accepted, by worker */
     unsigned active;                           /* client requests in progress, all workers */
+    struct atc_cluster *cluster;               /* NULL without cluster: */
+    struct atc_limits *limits;                 /* NULL without limits: */
 };
 
 /* What one finished request contributes. */

@@ -214,18 +214,18 @@ static int ep_live(lua_State *L)
         break;
     case 'i':
         if (len == 8 && memcmp(k, "inflight", 8) == 0) {
-            lua_pushinteger(L, (lua_Integer)ep->inflight);
+            lua_pushinteger(L, (lua_Integer)atc_endpoint_fleet_inflight(ep)); /* every replica's */
             return 1;
         }
         if (len == 15 && memcmp(k, "inflight_tokens", 15) == 0) {
-            lua_pushnumber(L, (double)ep->inflight_tokens);
+            lua_pushnumber(L, (double)atc_endpoint_fleet_tokens(ep));
             return 1;
         }
         break;
     case 'l':
         if (len == 4 && memcmp(k, "load", 4) == 0) {
             unsigned cap = atc_endpoint_capacity_now(ep); /* less while slow-starting */
-            lua_pushnumber(L, cap ? (double)ep->inflight / cap : 1.0);
+            lua_pushnumber(L, cap ? (double)atc_endpoint_fleet_inflight(ep) / cap : 1.0);
             return 1;
         }
         if (len == 10 && memcmp(k, "last_error", 10) == 0) {

@@ -11,6 +11,7 @@
 #include <lauxlib.h>
 #include <xxhash.h>
 
+#include "core/clock.h"
 #include "fleet/balancer.h"
 #include "fleet/endpoint.h"
 #include "fleet/signals.h"
@@ -58,10 +59,10 @@ static void read_candidate(lua_State *L, struct policy_version *v, int arr, int 
     const struct atc_endpoint *ep = index >= 0 ? policy_api_endpoint_at(v, (unsigned)index) : NULL;
     if (ep != NULL) {
         c->available = policy_api_available(v, ep);
-        c->inflight = ep->inflight;
-        c->capacity = atc_endpoint_capacity_now(ep); /* less while slow-starting */
-        c->load = c->capacity > 0 ? (double)ep->inflight / c->capacity : 1.0;
-        c->tokens = (double)ep->inflight_tokens;
+        c->inflight = atc_endpoint_fleet_inflight(ep); /* every replica's (ep->remote) */
+        c->capacity = atc_endpoint_capacity_now(ep);    /* less while slow-starting */
+        c->load = c->capacity > 0 ? c->inflight / c->capacity : 1.0;
+        c->tokens = (double)atc_endpoint_fleet_tokens(ep);
         c->weight = ep->weight;
         c->id = ep->id;
         c->idlen = strlen(ep->id);
@@ -330,13 +331,30 @@ static uint64_t uncached_at(lua_State *L, struct policy_version *v, const struct
     return atc_signals_uncached(req->features->prompt_tokens, policy_api_overlap(L, v, ep), bt);
 }
 
-/* ep:predict_ttft(req): ms to the first token of req if it were sent to ep now. */
+/* The other replicas' part of an endpoint's signals (fleet/endpoint.h's remote; 0 without a cluster). */
+static double remote_prefill(const struct atc_endpoint *ep)
+{
+    return (double)atomic_load_explicit(&ep->remote.prefill_tokens, memory_order_relaxed);
+}
+static double remote_decoding(const struct atc_endpoint *ep)
+{
+    return (double)atomic_load_explicit(&ep->remote.decoding, memory_order_relaxed);
+}
+static double remote_recent(const struct atc_endpoint *ep)
+{
+    return atomic_load_explicit(&ep->remote.recent_tokens, memory_order_relaxed);
+}
+
+/* ep:predict_ttft(req): ms to the first token of req if it were sent to ep now, behind the prefill
+ * backlog every replica sent there. */
 int policy_pick_predict_ttft(lua_State *L)
 {
     struct policy_version *v = policy_api_version(L);
     const struct atc_endpoint *ep = policy_api_check_view(L, v, 1);
     luaL_checkudata(L, 2, POLICY_MT_REQ);
-    lua_pushnumber(L, atc_signals_predict_ttft_ms(&ep->sig, signal_params(v), uncached_at(L, v, ep)));
+    const struct atc_signal_params *p = signal_params(v);
+    lua_pushnumber(L, atc_signals_predict_ttft_ms(&ep->sig, p, uncached_at(L, v, ep)) +
+                          remote_prefill(ep) * 1000.0 / atc_signals_prefill_tps(&ep->sig, p));
     return 1;
 }
 
@@ -350,14 +368,30 @@ int policy_pick_push_signal(lua_State *L, struct policy_version *v, const struct
     const struct atc_signals *s = &ep->sig;
     const struct atc_signal_params *p = signal_params(v);
 #define IS(name) (len == sizeof(name) - 1 && memcmp(k, name, sizeof(name) - 1) == 0)
+    const struct atc_remote_load *rl = &ep->remote;
     if (IS("prefill_tokens"))
-        lua_pushnumber(L, (double)atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed));
+        lua_pushnumber(L, (double)atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed) + remote_prefill(ep));
     else if (IS("prefilling"))
-        lua_pushinteger(L, (lua_Integer)atomic_load_explicit(&s->prefilling, memory_order_relaxed));
+        lua_pushinteger(L, (lua_Integer)(atomic_load_explicit(&s->prefilling, memory_order_relaxed) +
+                                         atomic_load_explicit(&rl->prefilling, memory_order_relaxed)));
     else if (IS("decoding"))
-        lua_pushinteger(L, (lua_Integer)atomic_load_explicit(&s->decoding, memory_order_relaxed));
+        lua_pushinteger(L, (lua_Integer)atomic_load_explicit(&s->decoding, memory_order_relaxed) +
+                               (lua_Integer)remote_decoding(ep));
     else if (IS("recent_tokens"))
-        lua_pushnumber(L, atc_signals_recent(s, p, signals_now_us(v)));
+        lua_pushnumber(L, atc_signals_recent(s, p, signals_now_us(v)) + remote_recent(ep));
+    else if (IS("remote_inflight"))
+        lua_pushinteger(L, (lua_Integer)atomic_load_explicit(&rl->inflight, memory_order_relaxed));
+    else if (IS("remote_tokens"))
+        lua_pushnumber(L, (double)atomic_load_explicit(&rl->tokens, memory_order_relaxed));
+    else if (IS("remote_prefill_tokens"))
+        lua_pushnumber(L, remote_prefill(ep));
+    else if (IS("remote_age")) {
+        uint64_t at = atomic_load_explicit(&rl->at_ms, memory_order_relaxed), now = atc_mono_ms();
+        if (at > 0) /* the cluster's clock is the monotonic one, not the runtime's (no cluster in replay) */
+            lua_pushnumber(L, now > at ? (double)(now - at) : 0);
+        else
+            lua_pushnil(L);
+    }
     else if (IS("prefill_rate"))
         lua_pushnumber(L, atc_signals_prefill_tps(s, p));
     else if (IS("itl"))
@@ -416,14 +450,14 @@ static void read_fast_cand(lua_State *L, struct policy_version *v, int el, struc
     if (ep != NULL) {
         const struct atc_signals *s = &ep->sig;
         c->usable = policy_api_available(v, ep);
-        c->queued = (double)atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed);
+        c->queued = (double)atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed) + remote_prefill(ep);
         c->uncached = (double)uncached_at(L, v, ep);
         c->tps = atc_signals_prefill_tps(s, p);
         c->itl = atc_signals_itl_ms(s, p);
-        c->decoding = (double)atomic_load_explicit(&s->decoding, memory_order_relaxed);
+        c->decoding = (double)atomic_load_explicit(&s->decoding, memory_order_relaxed) + remote_decoding(ep);
         c->uncached_mean = atc_signals_uncached_mean(s);
         unsigned cap = atc_endpoint_capacity_now(ep);
-        c->load = cap ? (double)ep->inflight / cap : 1.0;
+        c->load = cap ? (double)atc_endpoint_fleet_inflight(ep) / cap : 1.0;
         return;
     }
     if (!lua_istable(L, el))
@@ -453,7 +487,7 @@ static void read_fast_cand(lua_State *L, struct policy_version *v, int el, struc
 static double fast_recent(struct fast_cand *c, const struct atc_signal_params *p, uint64_t now)
 {
     if (c->recent < 0)
-        c->recent = atc_signals_recent(&c->ep->sig, p, now);
+        c->recent = atc_signals_recent(&c->ep->sig, p, now) + remote_recent(c->ep);
     return c->recent;
 }
 

@@ -134,6 +134,7 @@ t.test("ep: every field and method of a scraped endpoint, and of one nothing is 
       kv_usage = 0.5, prefix_hit_rate = 0.25, scrape_age = { near = 300, within = 50 }, prefill_tokens = 3000,
       prefilling = 2, decoding = 1, recent_tokens = { near = 3950, within = 50 }, prefill_rate = 10000, itl = 20,
       uncached_mean = 2500, kv_tokens = 400000,
+      remote_inflight = 0, remote_tokens = 0, remote_prefill_tokens = 0, remote_age = NIL, -- no cluster
       has_tag = { call = function(ep) return ep:has_tag("big") end, value = true },
       prefix_overlap = { call = function(ep) return ep:prefix_overlap(req) end, value = SHARED_BLOCKS },
       predict_ttft = { call = function(ep) return ep:predict_ttft(req) end,
@@ -146,6 +147,7 @@ t.test("ep: every field and method of a scraped endpoint, and of one nothing is 
       kv_usage = NIL, prefix_hit_rate = NIL, scrape_age = NIL, prefill_tokens = 0, prefilling = 0, decoding = 0,
       recent_tokens = 0, prefill_rate = 15000, itl = 12, -- the signals.prefill_rate and signals.itl priors
       uncached_mean = NIL, kv_tokens = NIL,
+      remote_inflight = 0, remote_tokens = 0, remote_prefill_tokens = 0, remote_age = NIL,
       has_tag = { call = function(ep) return ep:has_tag("gpu") end, value = false },
       prefix_overlap = { call = function(ep) return ep:prefix_overlap(req) end, value = 0 },
       predict_ttft = { call = function(ep) return ep:predict_ttft(req) end, value = req.prompt_tokens * 1000 / 15000 + 12 },

@@ -1,0 +1,138 @@
+/* The defaults of every setting (a config before its file is read) and freeing a config: the two ends
+ * of the struct's life, apart from the YAML walk of config.c. */
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/config.h"
+#include "core/config_value.h"
+
+static void health_dispose(struct atc_health_config *h)
+{
+    free(h->live.path);
+    free(h->ready.path);
+    free(h->deep.path);
+    free(h->scrape.path);
+}
+
+struct atc_config *atc_config_new(const char *name, const char *dir)
+{
+    struct atc_config *cfg = calloc(1, sizeof *cfg);
+
+    if (!cfg)
+        return NULL;
+    cfg->path = strdup(name);
+    cfg->dir = strdup(dir && *dir ? dir : ".");
+    cfg->listen_host = strdup("127.0.0.1");
+    cfg->listen_port = 8080;
+    cfg->admin_host = strdup("127.0.0.1");
+    cfg->admin_port = 8081;
+    cfg->policy.entry = cfg->dir ? atc_config_path(cfg->dir, "scripts/policy.lua") : NULL;
+    cfg->policy.budget_us = 1000;
+    cfg->policy.memory = (size_t)64 << 20;
+    cfg->policy.rollback_after = 20;
+    atc_signal_params_init(&cfg->signals);
+    cfg->admission.queue = 1024;
+    cfg->admission.deadline_ms = 30000;
+    cfg->admission.max_deadline_ms = 120000;
+    cfg->admission.aging_ms = 10000;
+    cfg->policy.watch = true;
+    cfg->upstream.connect_timeout_ms = 2000;
+    cfg->upstream.first_byte_timeout_ms = 60000;
+    cfg->upstream.idle_timeout_ms = 60000;
+    cfg->upstream.tries = 2;
+    cfg->upstream.keepalive = 32;
+    cfg->record.dir = cfg->dir ? atc_config_path(cfg->dir, "traces") : NULL;
+    cfg->record.prefix = strdup("atc");
+    cfg->record.rotate_size = (size_t)256 << 20;
+    cfg->record.rotate_interval_ms = 3600 * 1000;
+    cfg->record.buffer = (size_t)8 << 20;
+    cfg->record.sample = 1;
+    cfg->cluster.sync_interval_ms = 50;
+    cfg->max_body = (size_t)8 << 20;
+    cfg->drain_timeout_ms = 10000;
+    cfg->client_timeout_ms = 30000;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    cfg->workers = cores < 1 ? 1 : cores > ATC_MAX_WORKERS ? ATC_MAX_WORKERS : (unsigned)cores;
+    cfg->health = (struct atc_health_config){
+        .enabled = true,
+        .live = {.enabled = true, .path = strdup("/health"), .interval_ms = 2000, .timeout_ms = 1000},
+        .ready = {.enabled = true, .path = strdup("/v1/models"), .interval_ms = 2000, .timeout_ms = 1000},
+        .deep = {.enabled = true,
+                 .path = strdup("/v1/chat/completions"),
+                 .interval_ms = 60000,
+                 .timeout_ms = 30000},
+        .scrape = {.enabled = true, .path = strdup("/metrics"), .interval_ms = 1000, .timeout_ms = 1000},
+        .failure_threshold = 3,
+        .recovery_threshold = 2,
+        .fast_interval_ms = 500,
+        .down_interval_ms = 2000,
+        .jitter = 0.1,
+        .eject = {.consecutive_errors = 5, .base_time_ms = 30000, .max_time_ms = 300000, .max_share = 0.5},
+        .panic = ATC_PANIC_ROUTE_ALL,
+        .slow_start_ms = 10000,
+    };
+    if (!cfg->health.live.path || !cfg->health.ready.path || !cfg->health.deep.path ||
+        !cfg->health.scrape.path || !cfg->path || !cfg->dir || !cfg->listen_host || !cfg->admin_host ||
+        !cfg->policy.entry || !cfg->record.dir || !cfg->record.prefix) {
+        atc_config_free(cfg);
+        return NULL;
+    }
+    return cfg;
+}
+
+static void free_strv(char **v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
+void atc_config_free(struct atc_config *cfg)
+{
+    if (!cfg)
+        return;
+    for (size_t i = 0; i < cfg->nmodels; i++) {
+        struct atc_model_config *m = &cfg->models[i];
+        for (size_t j = 0; j < m->nendpoints; j++) {
+            struct atc_endpoint_config *ep = &m->endpoints[j];
+            free(ep->id);
+            free(ep->url);
+            free(ep->host);
+            free(ep->model);
+            free(ep->version);
+            free_strv(ep->tags, ep->ntags);
+            health_dispose(&ep->health);
+        }
+        free(m->endpoints);
+        free(m->name);
+        health_dispose(&m->health);
+    }
+    health_dispose(&cfg->health);
+    free(cfg->models);
+    for (size_t i = 0; i < cfg->nsimulate; i++)
+        atc_sim_params_dispose(&cfg->simulate[i].params);
+    free(cfg->simulate);
+    free_strv(cfg->policy.path, cfg->policy.npath);
+    free(cfg->policy.entry);
+    free(cfg->record.dir);
+    free(cfg->record.prefix);
+    free_strv(cfg->record.headers, cfg->record.nheaders);
+    free(cfg->access_log);
+    free(cfg->admin_token);
+    for (size_t i = 0; i < cfg->admission.tenant_weights.n; i++)
+        free(cfg->admission.tenant_weights.names[i]);
+    free(cfg->admission.tenant_weights.names);
+    free(cfg->admission.tenant_weights.weights);
+    free(cfg->cluster.redis);
+    free(cfg->cluster.host);
+    free(cfg->cluster.name);
+    free_strv(cfg->limits.tenants, cfg->limits.ntenants);
+    free(cfg->limits.rules);
+    free(cfg->admin_host);
+    free(cfg->listen_host);
+    free(cfg->dir);
+    free(cfg->path);
+    free(cfg);
+}
