@@ -284,8 +284,11 @@ int atc_http_parse_request(char *buf, size_t len, size_t max_head, struct atc_ht
     if (h->chunked && h->content_length >= 0)
         return -400;
     char *q = strchr(h->path, '?');
-    if (q != NULL)
+    h->query = NULL;
+    if (q != NULL) {
         *q = '\0'; /* the path alone; the query follows its NUL */
+        h->query = q + 1;
+    }
     return (int)end;
 }
 

@@ -34,8 +34,9 @@ struct atc_http_header {
 struct atc_http_head {
     enum atc_http_method method;
     const char *method_name;
-    const char *target; /* as sent (origin-form "/p?q", or absolute-form), NUL-terminated */
+    const char *target; /* as sent (origin-form "/p", or absolute-form), up to any '?', NUL-terminated */
     const char *path;   /* the path alone ("/" for an absolute-form target without one), NUL-terminated */
+    const char *query;  /* what followed '?' in the target, NUL-terminated, or NULL */
     int minor;          /* HTTP/1.<minor>: 0 or 1 */
     struct atc_http_header headers[ATC_HTTP_MAX_HEADERS];
     unsigned nheaders;
