@@ -234,7 +234,9 @@ static void conn_free(struct http_conn *c)
     free(c);
 }
 
-/* Closes the socket; the struct goes from the loop. @p tell: an unfinished answer's owner hears on_gone. */
+/* Closes the socket; the struct goes from the loop. @p tell: the owner of an unfinished answer hears
+ * on_gone, from the loop too (a write that fails is under the owner's own call; it must not be freed
+ * there): until then its calls on the request do nothing. */
 static void conn_close(struct http_conn *c, bool tell)
 {
     if (c->state == CONN_CLOSED)
@@ -249,10 +251,18 @@ static void conn_close(struct http_conn *c, bool tell)
     c->fd = -1;
     LIST_REMOVE(c, link);
     c->s->nconns--;
+    if (!tell || !owed)
+        r->cb = NULL;
     event_active(&c->defer, EV_TIMEOUT, 1);
+}
+
+/* The owner of a closed connection's request hears that it went (if it still listens). */
+static void conn_tell_gone(struct http_conn *c)
+{
+    struct atc_http_req *r = &c->req;
     const struct atc_http_req_callbacks *cb = r->cb;
     r->cb = NULL;
-    if (tell && owed && cb != NULL && cb->on_gone != NULL)
+    if (cb != NULL && cb->on_gone != NULL)
         cb->on_gone(r->cb_arg);
 }
 
@@ -260,6 +270,7 @@ static void on_defer(evutil_socket_t fd, short what, void *arg)
 {
     struct http_conn *c = arg;
     if (c->state == CONN_CLOSED) {
+        conn_tell_gone(c);
         conn_free(c);
         return;
     }
@@ -696,6 +707,7 @@ void atc_http_server_destroy(struct atc_http_server *s)
     while ((c = LIST_FIRST(&s->conns)) != NULL) {
         conn_close(c, true);
         event_del(&c->defer);
+        conn_tell_gone(c);
         conn_free(c);
     }
     free(s); /* connections closed earlier free themselves from the loop; they do not touch the server */
@@ -742,6 +754,8 @@ const char *atc_http_req_peer(const struct atc_http_req *r)
 void atc_http_req_set_callbacks(struct atc_http_req *r, const struct atc_http_req_callbacks *cb, void *arg)
 {
     struct http_conn *c = r->c;
+    if (c->state == CONN_CLOSED && cb != NULL)
+        return; /* gone already: nothing more will be heard */
     r->cb = cb;
     r->cb_arg = arg;
     if (cb == NULL && c->state == CONN_DONE)
