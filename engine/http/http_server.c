@@ -961,3 +961,10 @@ void atc_http_reply_error(struct atc_http_req *r, int status, const char *type, 
     atc_http_reply(r, status, "application/json", h, evbuffer_pullup(b, -1), len);
     evbuffer_free(b);
 }
+
+void atc_http_reply_json(struct atc_http_req *r, int status, struct evbuffer *body)
+{
+    size_t len = evbuffer_get_length(body);
+    atc_http_reply(r, status, "application/json", NULL, evbuffer_pullup(body, -1), len);
+    evbuffer_drain(body, len);
+}

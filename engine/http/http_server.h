@@ -119,6 +119,9 @@ void atc_http_req_abort(struct atc_http_req *r);
 /** Bytes of the answer not yet taken by the client. */
 size_t atc_http_req_backlog(const struct atc_http_req *r);
 
+/** Answers @p r with @p status and the JSON in @p body (drained), as application/json. */
+void atc_http_reply_json(struct atc_http_req *r, int status, struct evbuffer *body);
+
 /** An OpenAI-style error answer {"error":{"message","type","param":null,"code"}}; @p code NULL: "error";
  * @p retry_after_s > 0 adds Retry-After; @p headers as for atc_http_reply. */
 void atc_http_reply_error(struct atc_http_req *r, int status, const char *type, const char *code,
