@@ -27,6 +27,7 @@
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
 #include "http/http_front.h"
+#include "http/http_server.h"
 #include "core/log.h"
 #include "ops/metrics.h"
 #include "policy/policy.h"
@@ -797,7 +798,7 @@ static void cluster_wake(void *ctx)
 }
 
 struct atc_server *atc_server_create(struct event_base *base, struct atc_config *cfg,
-                                     void (*admin_handle)(struct evhttp_request *req, void *srv), char **err)
+                                     void (*admin_handle)(struct atc_http_req *req, void *srv), char **err)
 {
     const char *why = NULL; /* the static reason of a step that failed */
     *err = NULL;
@@ -922,9 +923,16 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
         goto error;
     }
     srv->admin_port = bound_port(admin_fd);
-    if ((srv->admin = http_on_socket(base, cfg, admin_fd, admin_handle, srv, NULL, &srv->admin_deadline,
-                                     &why)) == NULL) {
-        fail(err, "%s", why);
+    const struct atc_http_server_config admin_cfg = {
+        .max_body = cfg->max_body,
+        .timeout_ms = cfg->client_timeout_ms,
+        .methods = ATC_HTTP_GET | ATC_HTTP_POST | ATC_HTTP_HEAD,
+    };
+    if ((srv->admin = atc_http_server_create(base, &admin_cfg, admin_handle, srv)) == NULL ||
+        atc_http_server_listen(srv->admin, admin_fd) < 0) {
+        if (srv->admin == NULL)
+            evutil_closesocket(admin_fd);
+        fail(err, "admin port: out of memory");
         goto error;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -1005,9 +1013,7 @@ void atc_server_destroy(struct atc_server *srv)
         event_free(srv->drain_timer);
     for (unsigned i = 0; i < srv->group.nworkers; i++)
         free_worker(&srv->group.workers[i]);
-    if (srv->admin != NULL)
-        evhttp_free(srv->admin);
-    atc_client_deadline_destroy(srv->admin_deadline);
+    atc_http_server_destroy(srv->admin);
     atc_recorder_destroy(srv->recorder); /* writes what is still buffered */
     atc_cluster_destroy(srv->cluster); /* before the tables it writes to */
     srv->cluster = NULL;

@@ -17,7 +17,8 @@ struct event_base;
 struct event;
 struct evhttp;
 struct evhttp_bound_socket;
-struct evhttp_request;
+struct atc_http_req;
+struct atc_http_server;
 struct atc_config;
 struct atc_endpoint_table;
 struct atc_sim_server;
@@ -54,8 +55,7 @@ struct atc_server {
      * hooks into this file: see core/worker.h for who touches what. */
     struct atc_worker_group group;
     struct event *sig_usr1;
-    struct evhttp *admin;
-    struct atc_client_deadline *admin_deadline; /* client_timeout per request */
+    struct atc_http_server *admin;
     uint16_t front_port;                        /* as bound (config port 0 picks a free one) */
     uint16_t admin_port;
     struct atc_endpoint **retired; /* left the config; freed once nothing is in flight on them */
@@ -76,7 +76,7 @@ struct atc_server {
  * Takes ownership of @p cfg. Returns the server, or NULL with an owned message in *err (NULL when out of
  * memory). */
 struct atc_server *atc_server_create(struct event_base *base, struct atc_config *cfg,
-                                     void (*admin_handle)(struct evhttp_request *req, void *srv), char **err);
+                                     void (*admin_handle)(struct atc_http_req *req, void *srv), char **err);
 
 /** Calls @p cb(@p arg) once from the loop when the first round of health checks has ended, so that
  * endpoints that are up take traffic (at most one check timeout after start). */

@@ -6,7 +6,6 @@
 #include <strings.h>
 
 #include <event2/buffer.h>
-#include <event2/http.h>
 
 #include "fleet/admission.h"
 #include "core/clock.h"
@@ -16,6 +15,7 @@
 #include "fleet/health.h"
 #include "fleet/health_report.h"
 #include "fleet/recent.h"
+#include "http/http_server.h"
 #include "http/http_util.h"
 #include "ops/metrics.h"
 #include "ops/status_page.h"
@@ -27,6 +27,35 @@
 #include "core/server.h"
 #include "http/upstream.h"
 #include "core/worker.h"
+
+static void admin_error(struct atc_http_req *req, int status, const char *type, const char *code,
+                        const char *message, int retry_after_s)
+{
+    atc_http_reply_error(req, status, type, code, message, retry_after_s, NULL);
+}
+
+/* %XX-decodes @p in into @p out (@p size bytes); its length, or -1 when cut, malformed or too long. */
+static long percent_decode(const char *in, char *out, size_t size)
+{
+    size_t n = 0;
+    for (const char *p = in; *p; p++) {
+        int c = (unsigned char)*p;
+        if (c == '%') {
+            int hi = p[1], lo = hi ? p[2] : 0;
+            char hex[3] = {(char)hi, (char)lo, 0};
+            char *end;
+            if (!hi || !lo || !strchr("0123456789abcdefABCDEF", hi) || !strchr("0123456789abcdefABCDEF", lo))
+                return -1;
+            c = (int)strtol(hex, &end, 16);
+            p += 2;
+        }
+        if (n + 1 >= size)
+            return -1;
+        out[n++] = (char)c;
+    }
+    out[n] = '\0';
+    return (long)n;
+}
 
 static void json_str(struct evbuffer *out, const char *key, const char *value)
 {
@@ -87,7 +116,7 @@ static size_t admissions(const struct atc_server *srv, struct atc_admission **ou
 }
 
 /* Called with the workers paused: their counters and queues hold still. */
-static void send_endpoints(struct atc_server *srv, struct evhttp_request *req)
+static void send_endpoints(struct atc_server *srv, struct atc_http_req *req)
 {
     struct evbuffer *b = evbuffer_new();
     uint64_t now_ms = atc_mono_ms();
@@ -152,11 +181,11 @@ static void send_endpoints(struct atc_server *srv, struct evhttp_request *req)
                         (unsigned long long)s->upstream_errors_total, active);
     atc_health_status_json(srv->health, b);
     evbuffer_add(b, "}\n", 2);
-    atc_http_send_json(req, 200, b);
+    atc_http_reply_json(req, 200, b);
     evbuffer_free(b);
 }
 
-static void send_policy(struct atc_server *srv, struct evhttp_request *req)
+static void send_policy(struct atc_server *srv, struct atc_http_req *req)
 {
     struct evbuffer *b = evbuffer_new();
     struct atc_policy_runtime *rts[ATC_MAX_WORKERS];
@@ -167,66 +196,88 @@ static void send_policy(struct atc_server *srv, struct evhttp_request *req)
     else
         evbuffer_add_printf(b, "{\"version\":0,\"enabled\":false}\n");
     atc_workers_resume(&srv->group);
-    atc_http_send_json(req, 200, b);
+    atc_http_reply_json(req, 200, b);
     evbuffer_free(b);
 }
 
 /* The answer to POST /admin/policy/reload, once every worker decides with the new version (the reload
  * builds it off the serving threads: the request waits, the workers do not). */
+struct pending_reload {
+    struct atc_http_req *req; /* NULL once the client left */
+};
+
+static void on_reload_client_gone(void *arg)
+{
+    struct pending_reload *p = arg;
+    p->req = NULL;
+}
+
+static const struct atc_http_req_callbacks reload_client_cb = {.on_gone = on_reload_client_gone};
+
 static void on_policy_reloaded(void *arg, uint64_t version, const char *err)
 {
-    struct evhttp_request *req = arg;
+    struct pending_reload *p = arg;
+    struct atc_http_req *req = p->req;
+    free(p);
+    if (req == NULL)
+        return; /* nobody is waiting for the answer any more; the reload happened all the same */
+    atc_http_req_set_callbacks(req, NULL, NULL);
     if (version == 0) {
-        atc_http_send_error(req, 422, "invalid_request_error", "policy_reload_failed", err ? err : "failed", 0);
+        admin_error(req, 422, "invalid_request_error", "policy_reload_failed", err ? err : "failed", 0);
         return;
     }
     struct evbuffer *b = evbuffer_new();
     evbuffer_add_printf(b, "{\"version\":%llu}\n", (unsigned long long)version);
-    atc_http_send_json(req, 200, b);
+    atc_http_reply_json(req, 200, b);
     evbuffer_free(b);
 }
 
 /* 200 with the new version when the reload took; 422 with the error (file:line) when it did not, and
  * the old version keeps routing. */
-static void reload_policy(struct atc_server *srv, struct evhttp_request *req)
+static void reload_policy(struct atc_server *srv, struct atc_http_req *req)
 {
-    if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
-        atc_http_send_error(req, 405, "invalid_request_error", "method_not_allowed", "use POST", 0);
+    if (atc_http_req_method(req) != ATC_HTTP_POST) {
+        admin_error(req, 405, "invalid_request_error", "method_not_allowed", "use POST", 0);
         return;
     }
     if (srv->group.workers[0].policy == NULL) {
-        atc_http_send_error(req, 422, "invalid_request_error", "no_policy",
+        admin_error(req, 422, "invalid_request_error", "no_policy",
                             "the config has no policy: section", 0);
         return;
     }
-    atc_server_reload_policy(srv, on_policy_reloaded, req);
+    struct pending_reload *p = malloc(sizeof(*p));
+    if (p == NULL) {
+        admin_error(req, 500, "server_error", "out_of_memory", "out of memory", 0);
+        return;
+    }
+    p->req = req;
+    atc_http_req_set_callbacks(req, &reload_client_cb, p);
+    atc_server_reload_policy(srv, on_policy_reloaded, p);
 }
 
 /* POST /admin/endpoints/<id>/drain or /enable: drain stops new traffic to the endpoint and lets its
  * in-flight requests finish; enable undoes it. Answers the endpoint's id, state and in-flight count. */
-static void drain_endpoint(struct atc_server *srv, struct evhttp_request *req, const char *rest)
+static void drain_endpoint(struct atc_server *srv, struct atc_http_req *req, const char *rest)
 {
     const char *slash = strrchr(rest, '/');
     bool drain = slash != NULL && strcmp(slash, "/drain") == 0;
     if (slash == NULL || slash == rest || (!drain && strcmp(slash, "/enable") != 0)) {
-        atc_http_send_error(req, 404, "invalid_request_error", "not_found", "no such admin route", 0);
+        admin_error(req, 404, "invalid_request_error", "not_found", "no such admin route", 0);
         return;
     }
-    char raw[256];
+    char raw[256], id[256];
     snprintf(raw, sizeof(raw), "%.*s", (int)(slash - rest), rest);
-    size_t idlen = 0;
-    char *id = evhttp_uridecode(raw, 0, &idlen); /* ids are percent-encoded in paths */
+    long idlen = percent_decode(raw, id, sizeof(id)); /* ids are percent-encoded in paths */
     /* an id that decodes to a NUL or a '/' names nothing: "ID%00x" must not drain ID */
-    bool bad = id == NULL || strlen(id) != idlen || strchr(id, '/') != NULL;
+    bool bad = idlen < 0 || strlen(id) != (size_t)idlen || strchr(id, '/') != NULL;
     struct atc_endpoint *ep = !bad ? atc_endpoint_table_find(srv->table, id) : NULL;
-    free(id);
     if (ep == NULL) {
-        atc_http_send_error(req, 404, "invalid_request_error", "endpoint_not_found",
+        admin_error(req, 404, "invalid_request_error", "endpoint_not_found",
                             "no endpoint with this id", 0);
         return;
     }
-    if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
-        atc_http_send_error(req, 405, "invalid_request_error", "method_not_allowed", "use POST", 0);
+    if (atc_http_req_method(req) != ATC_HTTP_POST) {
+        admin_error(req, 405, "invalid_request_error", "method_not_allowed", "use POST", 0);
         return;
     }
     atc_health_set_drained(srv->health, ep, drain);
@@ -236,12 +287,12 @@ static void drain_endpoint(struct atc_server *srv, struct evhttp_request *req, c
     evbuffer_add_printf(b, "\",\"state\":\"%s\",\"inflight\":%u}\n",
                         ep->health != NULL ? atc_health_state_name(ep->health->state) : "unknown",
                         ep->inflight);
-    atc_http_send_json(req, 200, b);
+    atc_http_reply_json(req, 200, b);
     evbuffer_free(b);
 }
 
 /* GET /admin/record: the trace recorder's counters (record:). */
-static void send_record(struct atc_server *srv, struct evhttp_request *req)
+static void send_record(struct atc_server *srv, struct atc_http_req *req)
 {
     struct evbuffer *b = evbuffer_new();
     if (srv->recorder == NULL) {
@@ -257,20 +308,20 @@ static void send_record(struct atc_server *srv, struct evhttp_request *req)
                             (unsigned long long)st.write_errors, (unsigned long long)st.files,
                             (unsigned long long)st.bytes);
     }
-    atc_http_send_json(req, 200, b);
+    atc_http_reply_json(req, 200, b);
     evbuffer_free(b);
 }
 
 /* POST /admin/config/reload: 200 with a summary, or 422 with every error (nothing changed). */
-static void reload_config(struct atc_server *srv, struct evhttp_request *req)
+static void reload_config(struct atc_server *srv, struct atc_http_req *req)
 {
-    if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
-        atc_http_send_error(req, 405, "invalid_request_error", "method_not_allowed", "use POST", 0);
+    if (atc_http_req_method(req) != ATC_HTTP_POST) {
+        admin_error(req, 405, "invalid_request_error", "method_not_allowed", "use POST", 0);
         return;
     }
     char *msg = NULL;
     if (atc_server_reload_config(srv, &msg) < 0) {
-        atc_http_send_error(req, 422, "invalid_request_error", "config_reload_failed", msg ? msg : "failed",
+        admin_error(req, 422, "invalid_request_error", "config_reload_failed", msg ? msg : "failed",
                             0);
         free(msg);
         return;
@@ -280,13 +331,13 @@ static void reload_config(struct atc_server *srv, struct evhttp_request *req)
     if (msg != NULL)
         atc_json_escape(b, msg, strlen(msg));
     evbuffer_add_printf(b, "\"}\n");
-    atc_http_send_json(req, 200, b);
+    atc_http_reply_json(req, 200, b);
     evbuffer_free(b);
     free(msg);
 }
 
 /* The effective configuration (no secrets). */
-static void send_config(struct atc_server *srv, struct evhttp_request *req)
+static void send_config(struct atc_server *srv, struct atc_http_req *req)
 {
     const struct atc_config *c = srv->cfg;
     struct evbuffer *b = evbuffer_new();
@@ -333,43 +384,38 @@ static void send_config(struct atc_server *srv, struct evhttp_request *req)
         evbuffer_add(b, "]}", 2);
     }
     evbuffer_add(b, "]}\n", 3);
-    atc_http_send_json(req, 200, b);
+    atc_http_reply_json(req, 200, b);
     evbuffer_free(b);
 }
 
 /* GET /: the status page. It holds no data (its script reads the admin API with the token), so it needs
  * no token itself; the rules of cross_site still apply to it. Framing is refused, so another site cannot
  * lay the page's drain buttons under a click of its own, and the page may fetch from this port only. */
-static void send_status_page(struct evhttp_request *req)
+static void send_status_page(struct atc_http_req *req)
 {
-    enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
-    if (cmd != EVHTTP_REQ_GET && cmd != EVHTTP_REQ_HEAD) {
-        atc_http_send_error(req, 405, "invalid_request_error", "method_not_allowed", "use GET", 0);
+    enum atc_http_method cmd = atc_http_req_method(req);
+    if (cmd != ATC_HTTP_GET && cmd != ATC_HTTP_HEAD) {
+        admin_error(req, 405, "invalid_request_error", "method_not_allowed", "use GET", 0);
         return;
     }
-    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    evhttp_add_header(h, "Content-Type", "text/html; charset=utf-8");
-    evhttp_add_header(h, "Cache-Control", "no-store");
-    evhttp_add_header(h, "X-Frame-Options", "DENY");
-    evhttp_add_header(h, "Content-Security-Policy",
-                      "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-                      "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
-                      "frame-ancestors 'none'");
-    evhttp_add_header(h, "Referrer-Policy", "no-referrer");
-    struct evbuffer *b = evbuffer_new();
-    evbuffer_add_reference(b, atc_status_page_html, atc_status_page_html_len, NULL, NULL);
-    evhttp_send_reply(req, 200, "OK", b);
-    evbuffer_free(b);
+    atc_http_reply(req, 200, "text/html; charset=utf-8",
+                   "Cache-Control: no-store\r\n"
+                   "X-Frame-Options: DENY\r\n"
+                   "Content-Security-Policy: default-src 'none'; script-src 'unsafe-inline'; "
+                   "style-src 'unsafe-inline'; connect-src 'self'; img-src data:; base-uri 'none'; "
+                   "form-action 'none'; frame-ancestors 'none'\r\n"
+                   "Referrer-Policy: no-referrer\r\n",
+                   atc_status_page_html, atc_status_page_html_len);
 }
 
 /* With admin_token set, every route but /health and / needs "Authorization: Bearer <token>". The
  * comparison takes the same time wherever the first difference is, so timing does not reveal the token. */
-static bool authorized(const struct atc_server *srv, struct evhttp_request *req)
+static bool authorized(const struct atc_server *srv, struct atc_http_req *req)
 {
     const char *token = srv->cfg->admin_token;
     if (token == NULL)
         return true;
-    const char *auth = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+    const char *auth = atc_http_req_header(req, "Authorization");
     if (auth == NULL || strncasecmp(auth, "Bearer ", 7) != 0) /* the scheme is case-insensitive (RFC 7235) */
         return false;
     const char *given = auth + 7;
@@ -405,43 +451,40 @@ static bool is_loopback_name(const char *host)
  * that is not ours, and a cross-site "simple" request (a form POST, or fetch with a text/plain body)
  * carries a foreign Origin or one of the three content types a browser sends without asking. Either is
  * refused; curl, atc's CLI and scripts send neither. With a token, the token decides. */
-static const char *cross_site(const struct atc_server *srv, struct evhttp_request *req)
+static const char *cross_site(const struct atc_server *srv, struct atc_http_req *req)
 {
     if (srv->cfg->admin_token != NULL)
         return NULL;
-    struct evkeyvalq *h = evhttp_request_get_input_headers(req);
-    const char *host = evhttp_find_header(h, "Host");
+    const char *host = atc_http_req_header(req, "Host");
     char name[256];
     if (host != NULL) {
         host_part(host, name, sizeof(name));
         if (!is_loopback_name(name) && strcasecmp(name, srv->cfg->admin_host) != 0)
             return "the Host header names another site (DNS rebinding?)";
     }
-    const char *origin = evhttp_find_header(h, "Origin");
+    const char *origin = atc_http_req_header(req, "Origin");
     if (origin != NULL) {
         const char *sep = strstr(origin, "://");
         if (host == NULL || sep == NULL || strcasecmp(sep + 3, host) != 0)
             return "a request from another origin";
     }
-    const char *type = evhttp_find_header(h, "Content-Type");
-    if (evhttp_request_get_command(req) == EVHTTP_REQ_POST && type != NULL &&
+    const char *type = atc_http_req_header(req, "Content-Type");
+    if (atc_http_req_method(req) == ATC_HTTP_POST && type != NULL &&
         (strncasecmp(type, "text/plain", 10) == 0 || strncasecmp(type, "application/x-www-form-urlencoded", 33) == 0 ||
          strncasecmp(type, "multipart/form-data", 19) == 0))
         return "a POST a web page could send (text/plain or form data)";
     return NULL;
 }
 
-void atc_admin_handle(struct evhttp_request *req, void *arg)
+void atc_admin_handle(struct atc_http_req *req, void *arg)
 {
     struct atc_server *srv = arg;
-    const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
-    if (path == NULL)
-        path = "/";
+    const char *path = atc_http_req_path(req);
     const char *why = cross_site(srv, req);
     if (why != NULL) {
-        atc_warn("admin API: refused %s %s: %s", evhttp_request_get_command(req) == EVHTTP_REQ_POST ? "POST" : "GET",
+        atc_warn("admin API: refused %s %s: %s", atc_http_req_method(req) == ATC_HTTP_POST ? "POST" : "GET",
                  path, why);
-        atc_http_send_error(req, 403, "permission_error", "cross_site_request", why, 0);
+        admin_error(req, 403, "permission_error", "cross_site_request", why, 0);
         return;
     }
     if (strcmp(path, "/") == 0) {
@@ -449,9 +492,9 @@ void atc_admin_handle(struct evhttp_request *req, void *arg)
         return;
     }
     if (strcmp(path, "/health") != 0 && !authorized(srv, req)) {
-        evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
-        atc_http_send_error(req, 401, "authentication_error", "invalid_admin_token",
-                            "the admin API needs Authorization: Bearer <admin_token>", 0);
+        atc_http_reply_error(req, 401, "authentication_error", "invalid_admin_token",
+                             "the admin API needs Authorization: Bearer <admin_token>", 0,
+                             "WWW-Authenticate: Bearer\r\n");
         return;
     }
     if (strcmp(path, "/admin/config") == 0) {
@@ -469,9 +512,8 @@ void atc_admin_handle(struct evhttp_request *req, void *arg)
         atc_server_metrics_sources(srv, &src);
         atc_metrics_render(srv->metrics, &src, b);
         atc_workers_resume(&srv->group);
-        evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
-                          "text/plain; version=0.0.4");
-        evhttp_send_reply(req, 200, "OK", b);
+        size_t len = evbuffer_get_length(b);
+        atc_http_reply(req, 200, "text/plain; version=0.0.4", NULL, evbuffer_pullup(b, -1), len);
         evbuffer_free(b);
     } else if (strcmp(path, "/admin/policy") == 0) {
         send_policy(srv, req);
@@ -497,9 +539,9 @@ void atc_admin_handle(struct evhttp_request *req, void *arg)
     } else if (strcmp(path, "/health") == 0) {
         struct evbuffer *b = evbuffer_new();
         evbuffer_add_printf(b, "{\"status\":\"%s\"}\n", srv->draining ? "draining" : "ok");
-        atc_http_send_json(req, 200, b);
+        atc_http_reply_json(req, 200, b);
         evbuffer_free(b);
     } else {
-        atc_http_send_error(req, 404, "invalid_request_error", "not_found", "no such admin route", 0);
+        admin_error(req, 404, "invalid_request_error", "not_found", "no such admin route", 0);
     }
 }

@@ -3,9 +3,9 @@
 
 /* The admin API on its own port (loopback by default): endpoint state as JSON, atc's own health. */
 
-struct evhttp_request;
+struct atc_http_req;
 
-/** evhttp generic callback of the admin server; @p arg is the struct atc_server. */
-void atc_admin_handle(struct evhttp_request *req, void *arg);
+/** The admin port's request handler (an atc_http_handler); @p arg is the struct atc_server. */
+void atc_admin_handle(struct atc_http_req *req, void *arg);
 
 #endif

@@ -1,10 +1,10 @@
-/* The simulated inference server: sim.c's model behind evhttp; see sim_server.h for the routes.
+/* The simulated inference server: sim.c's model behind atc's HTTP server (http/http_server.h); see
+ * sim_server.h for the routes.
  *
  * Lifetimes: every inference request we hold (being generated, or hanging) is a struct sim_req on the
- * server's list, with a close callback on its connection. When the client goes away, libevent detaches
- * the request from the connection and calls that callback; we cancel the sequence and free both the
- * request and our record. Before answering a request we clear the callback, because answering may free
- * the connection at once (Connection: close). */
+ * server's list, with callbacks on its HTTP request. When the client goes away the server tells us
+ * (on_client_gone, from the loop); we cancel the sequence and free our record. Before the last piece of
+ * an answer we clear the callbacks: the request is the server's again once answered. */
 
 #include "sim/sim_server.h"
 
@@ -22,14 +22,12 @@
 #include <sys/socket.h>
 
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/event.h>
-#include <event2/http.h>
-#include <event2/keyvalq_struct.h>
 
 #include "core/config.h"
 #include "core/json.h"
 #include "core/log.h"
+#include "http/http_server.h"
 #include "http/request_features.h"
 #include "core/clock.h"
 
@@ -41,7 +39,7 @@
 struct sim_req {
     struct sim_req *prev, *next;
     struct atc_sim_server *srv;
-    struct evhttp_request *req;
+    struct atc_http_req *req;
     uint64_t seq; /* sequence in the model; 0 = none (hanging) */
     uint64_t num; /* accept order: seeds the id and the words */
     enum atc_request_kind kind;
@@ -52,16 +50,15 @@ struct sim_req {
     uint32_t cut_at; /* die after sending this many tokens; 0 = never */
     int64_t created;
     struct evbuffer *text; /* non-streaming: the answer so far */
-    struct event *watch;   /* the client's socket, to see it leave before we write to it */
 };
 
 struct atc_sim_server {
     struct event_base *base;
-    struct evhttp *http; /* NULL once dead */
+    struct atc_http_server *http; /* NULL once dead */
     struct atc_sim_params p;
     struct atc_sim *sim;
     struct event *timer;  /* the model's next event */
-    struct event *die_ev; /* deferred death: never free evhttp from inside its own callbacks */
+    struct event *die_ev; /* deferred death: never free the server from inside its own callbacks */
     uint64_t t0;          /* CLOCK_MONOTONIC at start, us: model time is relative to it */
     uint64_t rng;         /* fault draws */
     uint64_t accepted;    /* inference requests accepted, for die_after */
@@ -117,25 +114,24 @@ static void add_json_string(struct evbuffer *b, const char *s)
     evbuffer_add(b, "\"", 1);
 }
 
-static void set_content_type(struct evhttp_request *req, const char *type)
+static void reply_buffer(struct atc_http_req *req, int code, const char *type, struct evbuffer *b)
 {
-    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    evhttp_add_header(h, "Content-Type", type);
+    size_t len = evbuffer_get_length(b);
+    atc_http_reply(req, code, type, NULL, evbuffer_pullup(b, -1), len);
 }
 
-/* An OpenAI error answer, as vLLM gives it. */
-static void send_error(struct evhttp_request *req, int code, const char *type, const char *msg)
+/* An OpenAI error answer, as vLLM gives it (its code a number, as vLLM's). */
+static void send_error(struct atc_http_req *req, int code, const char *type, const char *msg)
 {
     struct evbuffer *b = evbuffer_new();
     if (!b) {
-        evhttp_send_error(req, HTTP_INTERNAL, NULL);
+        atc_http_req_abort(req);
         return;
     }
     evbuffer_add_printf(b, "{\"error\":{\"message\":");
     add_json_string(b, msg);
     evbuffer_add_printf(b, ",\"type\":\"%s\",\"param\":null,\"code\":%d}}", type, code);
-    set_content_type(req, "application/json");
-    evhttp_send_reply(req, code, NULL, b);
+    reply_buffer(req, code, "application/json", b);
     evbuffer_free(b);
 }
 
@@ -154,67 +150,32 @@ static void req_unlink(struct sim_req *r)
         r->next->prev = r->prev;
     if (r->text)
         evbuffer_free(r->text);
-    if (r->watch)
-        event_free(r->watch);
     free(r);
 }
 
-/* Stops watching @p r's connection, so that libevent may free it without telling us. */
+/* Stops hearing of @p r's connection: the request is the HTTP server's again. */
 static void req_release(struct sim_req *r)
 {
-    struct evhttp_connection *conn = evhttp_request_get_connection(r->req);
-    if (conn)
-        evhttp_connection_set_closecb(conn, NULL, NULL);
+    atc_http_req_set_callbacks(r->req, NULL, NULL);
 }
 
-static void on_client_close(struct evhttp_connection *conn, void *arg)
+static void on_client_gone(void *arg)
 {
     struct sim_req *r = arg;
     struct atc_sim_server *srv = r->srv;
     if (r->seq)
         atc_sim_cancel(srv->sim, r->seq);
-    evhttp_connection_set_closecb(conn, NULL, NULL);
-    /* A request we still hold was detached from its connection and is ours to free; an attached one
-     * is freed by libevent with the connection. */
-    if (!evhttp_request_get_connection(r->req))
-        evhttp_request_free(r->req);
     req_unlink(r);
     schedule(srv);
 }
 
-/* evhttp 2.1 stops reading a connection while its request is being answered, so a client leaving
- * before the first byte of the answer goes unnoticed until we write. We peek at the socket instead. */
-static void on_client_readable(evutil_socket_t fd, short what, void *arg)
-{
-    struct sim_req *r = arg;
-    struct atc_sim_server *srv = r->srv;
-    char c;
-    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n > 0) {
-        event_del(r->watch); /* a pipelined request: evhttp reads it after our answer */
-        return;
-    }
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-        return;
-    struct evhttp_connection *conn = evhttp_request_get_connection(r->req);
-    if (r->seq)
-        atc_sim_cancel(srv->sim, r->seq);
-    req_release(r);
-    req_unlink(r);
-    evhttp_connection_free(conn); /* with the request */
-    schedule(srv);
-}
+static const struct atc_http_req_callbacks client_cb = {.on_gone = on_client_gone};
 
-static struct sim_req *req_track(struct atc_sim_server *srv, struct evhttp_request *req)
+static struct sim_req *req_track(struct atc_sim_server *srv, struct atc_http_req *req)
 {
-    struct evhttp_connection *conn = evhttp_request_get_connection(req);
-    struct bufferevent *bev = conn ? evhttp_connection_get_bufferevent(conn) : NULL;
     struct sim_req *r = calloc(1, sizeof(*r));
-    if (!r || !bev)
-        goto error;
-    r->watch = event_new(srv->base, bufferevent_getfd(bev), EV_READ | EV_PERSIST, on_client_readable, r);
-    if (!r->watch || event_add(r->watch, NULL) < 0)
-        goto error;
+    if (!r)
+        return NULL;
     r->srv = srv;
     r->req = req;
     r->created = (int64_t)time(NULL);
@@ -222,13 +183,8 @@ static struct sim_req *req_track(struct atc_sim_server *srv, struct evhttp_reque
     if (srv->reqs)
         srv->reqs->prev = r;
     srv->reqs = r;
-    evhttp_connection_set_closecb(conn, on_client_close, r);
+    atc_http_req_set_callbacks(req, &client_cb, r);
     return r;
-error:
-    if (r && r->watch)
-        event_free(r->watch);
-    free(r);
-    return NULL;
 }
 
 /* Forgets every request without answering; their connections are closed by the caller. */
@@ -277,7 +233,7 @@ static void on_die(evutil_socket_t fd, short what, void *arg)
     atc_warn("sim %s:%u: dying after %llu requests (die_after)", srv->p.model, srv->port,
              (unsigned long long)srv->p.die_after);
     drop_all(srv);
-    evhttp_free(srv->http); /* the listener and every connection, idle ones too */
+    atc_http_server_destroy(srv->http); /* the listener and every connection, idle ones too */
     srv->http = NULL;
     schedule(srv);
     if (srv->on_death)
@@ -352,16 +308,8 @@ static void send_whole(struct sim_req *r)
                         r->kind == ATC_KIND_CHAT ? "}" : "", finish);
     add_usage(b, r);
     evbuffer_add(b, "}", 1);
-    set_content_type(r->req, "application/json");
-    evhttp_send_reply(r->req, HTTP_OK, "OK", b);
+    reply_buffer(r->req, 200, "application/json", b);
     evbuffer_free(b);
-}
-
-static size_t pending_output(struct evhttp_request *req)
-{
-    struct evhttp_connection *conn = evhttp_request_get_connection(req);
-    struct bufferevent *bev = conn ? evhttp_connection_get_bufferevent(conn) : NULL;
-    return bev ? evbuffer_get_length(bufferevent_get_output(bev)) : 0;
 }
 
 static void on_token(void *ctx, const struct atc_sim_token *tok)
@@ -385,10 +333,7 @@ static void on_token(void *ctx, const struct atc_sim_token *tok)
         return;
     if (!r->started) {
         /* Like vLLM, the headers and the role go out with the first token. */
-        struct evkeyvalq *h = evhttp_request_get_output_headers(r->req);
-        evhttp_add_header(h, "Content-Type", "text/event-stream; charset=utf-8");
-        evhttp_add_header(h, "Cache-Control", "no-cache");
-        evhttp_send_reply_start(r->req, HTTP_OK, "OK");
+        atc_http_reply_start(r->req, 200, "text/event-stream; charset=utf-8", "Cache-Control: no-cache\r\n");
         r->started = true;
         if (r->kind == ATC_KIND_CHAT)
             add_event(b, r, "assistant", "", NULL);
@@ -398,23 +343,24 @@ static void on_token(void *ctx, const struct atc_sim_token *tok)
         add_event(b, r, NULL, NULL, r->length ? "length" : "stop");
         evbuffer_add_printf(b, "data: [DONE]\n\n");
     }
-    evhttp_send_reply_chunk(r->req, b);
+    if (tok->last)
+        req_release(r); /* before the last bytes: the request is the server's once they are out */
+    atc_http_reply_chunk_buffer(r->req, b);
     evbuffer_free(b);
     if (tok->last) {
-        req_release(r);
-        evhttp_send_reply_end(r->req);
+        atc_http_reply_end(r->req);
         req_unlink(r);
     } else if (r->cut_at && tok->index + 1 >= r->cut_at) {
         atc_sim_cancel(srv->sim, r->seq);
         r->seq = 0;
         die_soon(srv);
-    } else if (pending_output(r->req) > MAX_PENDING_OUTPUT) {
+    } else if (atc_http_req_backlog(r->req) > MAX_PENDING_OUTPUT) {
         /* The client does not read: drop it instead of buffering the rest of its answer. */
-        struct evhttp_connection *conn = evhttp_request_get_connection(r->req);
+        struct atc_http_req *req = r->req;
         atc_sim_cancel(srv->sim, r->seq);
         req_release(r);
         req_unlink(r);
-        evhttp_connection_free(conn);
+        atc_http_req_abort(req);
     }
 }
 
@@ -454,7 +400,7 @@ static int encoding_format(const char *body, size_t len)
 /* A small vector drawn from the prompt's first block: equal prompts get equal vectors. With
  * encoding_format "base64" (what the official OpenAI SDK asks for by default) the same vector goes as
  * base64 of little-endian float32s, as OpenAI and vLLM send it. */
-static void send_embedding(struct atc_sim_server *srv, struct evhttp_request *req,
+static void send_embedding(struct atc_sim_server *srv, struct atc_http_req *req,
                            const struct atc_features *f, int base64)
 {
     struct evbuffer *b = evbuffer_new();
@@ -489,12 +435,11 @@ static void send_embedding(struct atc_sim_server *srv, struct evhttp_request *re
     add_json_string(b, srv->p.model);
     evbuffer_add_printf(b, ",\"usage\":{\"prompt_tokens\":%u,\"total_tokens\":%u}}", f->prompt_tokens,
                         f->prompt_tokens);
-    set_content_type(req, "application/json");
-    evhttp_send_reply(req, HTTP_OK, "OK", b);
+    reply_buffer(req, 200, "application/json", b);
     evbuffer_free(b);
 }
 
-static void handle_inference(struct atc_sim_server *srv, struct evhttp_request *req,
+static void handle_inference(struct atc_sim_server *srv, struct atc_http_req *req,
                              enum atc_request_kind kind)
 {
     struct atc_features f;
@@ -503,9 +448,8 @@ static void handle_inference(struct atc_sim_server *srv, struct evhttp_request *
         send_error(req, 503, "ServiceUnavailableError", "The server is starting up.");
         return;
     }
-    struct evbuffer *in = evhttp_request_get_input_buffer(req);
-    size_t len = evbuffer_get_length(in);
-    const char *body = (const char *)evbuffer_pullup(in, -1);
+    size_t len;
+    const char *body = atc_http_req_body(req, &len);
     if (atc_features_scan(kind, body ? body : "", body ? len : 0, &f, &err) < 0) {
         send_error(req, 400, "BadRequestError", err);
         return;
@@ -577,7 +521,7 @@ oom:
     send_error(req, 500, "InternalServerError", "out of memory");
 }
 
-static void handle_models(struct atc_sim_server *srv, struct evhttp_request *req)
+static void handle_models(struct atc_sim_server *srv, struct atc_http_req *req)
 {
     struct evbuffer *b = evbuffer_new();
     if (!b) {
@@ -594,8 +538,7 @@ static void handle_models(struct atc_sim_server *srv, struct evhttp_request *req
         evbuffer_add_printf(b, ",\"parent\":null}");
     }
     evbuffer_add_printf(b, "]}");
-    set_content_type(req, "application/json");
-    evhttp_send_reply(req, HTTP_OK, "OK", b);
+    reply_buffer(req, 200, "application/json", b);
     evbuffer_free(b);
 }
 
@@ -607,7 +550,7 @@ static void add_metric(struct evbuffer *b, const struct atc_sim_server *srv, con
     evbuffer_add_printf(b, "} %.17g\n", v);
 }
 
-static void handle_metrics(struct atc_sim_server *srv, struct evhttp_request *req)
+static void handle_metrics(struct atc_sim_server *srv, struct atc_http_req *req)
 {
     struct atc_sim_stats st;
     struct evbuffer *b = evbuffer_new();
@@ -640,19 +583,16 @@ static void handle_metrics(struct atc_sim_server *srv, struct evhttp_request *re
                         "vllm:cache_config_info{block_size=\"%u\",num_gpu_blocks=\"%llu\"} 1.0\n",
                         (unsigned)ATC_SIM_KV_BLOCK_TOKENS,
                         (unsigned long long)(atc_sim_params_kv_tokens(&srv->p) / ATC_SIM_KV_BLOCK_TOKENS));
-    set_content_type(req, "text/plain; version=0.0.4; charset=utf-8");
-    evhttp_send_reply(req, HTTP_OK, "OK", b);
+    reply_buffer(req, 200, "text/plain; version=0.0.4; charset=utf-8", b);
     evbuffer_free(b);
 }
 
-static void on_request(struct evhttp_request *req, void *arg)
+static void on_request(struct atc_http_req *req, void *arg)
 {
     struct atc_sim_server *srv = arg;
-    const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
-    enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
-    bool get = cmd == EVHTTP_REQ_GET || cmd == EVHTTP_REQ_HEAD, post = cmd == EVHTTP_REQ_POST;
-    if (!path)
-        path = "";
+    const char *path = atc_http_req_path(req);
+    enum atc_http_method cmd = atc_http_req_method(req);
+    bool get = cmd == ATC_HTTP_GET || cmd == ATC_HTTP_HEAD, post = cmd == ATC_HTTP_POST;
 
     if (strcmp(path, "/v1/chat/completions") == 0 && post)
         handle_inference(srv, req, ATC_KIND_CHAT);
@@ -663,8 +603,7 @@ static void on_request(struct evhttp_request *req, void *arg)
     else if (strcmp(path, "/v1/models") == 0 && get)
         handle_models(srv, req);
     else if (strcmp(path, "/health") == 0 && get)
-        evhttp_send_reply(req, is_ready(srv) ? HTTP_OK : 503, is_ready(srv) ? "OK" : "Service Unavailable",
-                          NULL);
+        atc_http_reply(req, is_ready(srv) ? 200 : 503, NULL, NULL, "", 0);
     else if (strcmp(path, "/metrics") == 0 && get)
         handle_metrics(srv, req);
     else if (strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0 ||
@@ -681,6 +620,12 @@ struct atc_sim_server *atc_sim_server_start(struct event_base *base, const struc
                                             const char *host, uint16_t port, const char **err)
 {
     struct atc_sim_server *srv = calloc(1, sizeof(*srv));
+    const struct atc_http_server_config http_cfg = {
+        .max_body = MAX_BODY,
+        .timeout_ms = 60000, /* an idle keep-alive connection (atc keeps its own 30 s), a stalled request */
+        .methods = ATC_HTTP_GET | ATC_HTTP_HEAD | ATC_HTTP_POST | ATC_HTTP_PUT | ATC_HTTP_DELETE |
+                   ATC_HTTP_OPTIONS | ATC_HTTP_PATCH,
+    };
     *err = "out of memory";
     if (!srv)
         return NULL;
@@ -691,26 +636,13 @@ struct atc_sim_server *atc_sim_server_start(struct event_base *base, const struc
     srv->t0 = atc_mono_us();
     if (!srv->p.model || !(srv->sim = atc_sim_create(&srv->p, on_token, srv)) ||
         !(srv->timer = evtimer_new(base, on_timer, srv)) || !(srv->die_ev = evtimer_new(base, on_die, srv)) ||
-        !(srv->http = evhttp_new(base)))
+        !(srv->http = atc_http_server_create(base, &http_cfg, on_request, srv)))
         goto error;
-    evhttp_set_max_body_size(srv->http, MAX_BODY);
-    evhttp_set_allowed_methods(srv->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST |
-                                              EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS |
-                                              EVHTTP_REQ_PATCH);
-    evhttp_set_gencb(srv->http, on_request, srv);
-    struct evhttp_bound_socket *bound = evhttp_bind_socket_with_handle(srv->http, host, port);
-    if (!bound) {
+    if (atc_http_server_bind(srv->http, host, port, err) < 0) {
         *err = "cannot listen (address in use or invalid)";
         goto error;
     }
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof(ss);
-    if (getsockname(evhttp_bound_socket_get_fd(bound), (struct sockaddr *)&ss, &sl) < 0) {
-        *err = "getsockname failed";
-        goto error;
-    }
-    srv->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                               : ((struct sockaddr_in *)&ss)->sin_port);
+    srv->port = atc_http_server_port(srv->http);
     *err = NULL;
     return srv;
 error:
@@ -734,8 +666,7 @@ void atc_sim_server_stop(struct atc_sim_server *s)
     if (!s)
         return;
     drop_all(s);
-    if (s->http)
-        evhttp_free(s->http);
+    atc_http_server_destroy(s->http);
     if (s->timer)
         event_free(s->timer);
     if (s->die_ev)

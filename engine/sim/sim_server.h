@@ -1,7 +1,7 @@
 #ifndef ATC_SIM_SERVER_H
 #define ATC_SIM_SERVER_H
 
-/* A simulated OpenAI-compatible inference server: the model of sim.h behind evhttp, on wall-clock
+/* A simulated OpenAI-compatible inference server: the model of sim.h behind atc's HTTP server, on wall-clock
  * timers. Used by `atc sim`, by `simulate:` in atc's config (in-process, on atc's own loop) and by
  * tests. It answers like vLLM:
  *

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "fuzz_http.h"
+#include "http/http_server.h"
 #include "fuzz_server.h"
 
 static struct event_base *base;
@@ -17,7 +18,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     base = event_base_new();
     CHECK(base != NULL);
     srv = fuzz_server_start(base);
-    fuzz_http_listen(&fh, base, srv->admin);
+    CHECK(atc_http_server_listen(srv->admin, fuzz_http_listen_fd(&fh, base)) == 0);
     return 0;
 }
 

@@ -1,4 +1,4 @@
-/* The simulated server's request handling (sim_server.c, included for its evhttp) over any bytes a
+/* The simulated server's request handling (sim_server.c, included for its HTTP server) over any bytes a
  * client may send on one connection. The model runs with tiny latencies; a request still generating
  * when the client's EOF arrives is cancelled, as for a client that hangs up. Nothing may crash, leak or
  * hang, and once the connection is closed the server holds no request. */
@@ -27,7 +27,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     sim = atc_sim_server_start(base, &p, "127.0.0.1", 0, &err);
     CHECK(sim != NULL);
     atc_sim_params_dispose(&p);
-    fuzz_http_listen(&fh, base, sim->http);
+    CHECK(atc_http_server_listen(sim->http, fuzz_http_listen_fd(&fh, base)) == 0);
     return 0;
 }
 

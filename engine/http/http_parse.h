@@ -1,0 +1,78 @@
+#ifndef ATC_HTTP_PARSE_H
+#define ATC_HTTP_PARSE_H
+
+/* HTTP/1.x request heads and chunked bodies, parsed in place over one contiguous buffer.
+ *
+ * No allocation and no callbacks: the request line and every header are slices of the caller's
+ * buffer, and each slice is NUL-terminated in place (the byte after it is a delimiter the parse has
+ * consumed), so the server hands out plain C strings without copying. Why this is hand-written rather
+ * than Debian's libhttp-parser: see the measurement in http_parse.c. */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Most header lines in one request; one more is answered 431. */
+#define ATC_HTTP_MAX_HEADERS 100
+
+enum atc_http_method {
+    ATC_HTTP_GET = 1 << 0,
+    ATC_HTTP_HEAD = 1 << 1,
+    ATC_HTTP_POST = 1 << 2,
+    ATC_HTTP_PUT = 1 << 3,
+    ATC_HTTP_DELETE = 1 << 4,
+    ATC_HTTP_OPTIONS = 1 << 5,
+    ATC_HTTP_PATCH = 1 << 6,
+    ATC_HTTP_OTHER = 1 << 7, /* a well-formed token no one here serves (CONNECT, TRACE, BREW, ...) */
+};
+
+struct atc_http_header {
+    const char *name, *value; /* NUL-terminated slices of the buffer; value without surrounding OWS */
+    size_t name_len, value_len;
+};
+
+struct atc_http_head {
+    enum atc_http_method method;
+    const char *method_name;
+    const char *target; /* as sent (origin-form "/p", or absolute-form), up to any '?', NUL-terminated */
+    const char *path;   /* the path alone ("/" for an absolute-form target without one), NUL-terminated */
+    const char *query;  /* what followed '?' in the target, NUL-terminated, or NULL */
+    int minor;          /* HTTP/1.<minor>: 0 or 1 */
+    struct atc_http_header headers[ATC_HTTP_MAX_HEADERS];
+    unsigned nheaders;
+    /* framing, from the headers */
+    int64_t content_length; /* -1: none */
+    bool chunked;
+    bool keep_alive; /* HTTP/1.1 unless "Connection: close"; HTTP/1.0 only with "keep-alive" */
+    bool expect_continue;
+    bool conflicting_lengths; /* two Content-Length values that differ */
+};
+
+/** Parses the request head at the start of @p buf (@p len bytes, at most @p max_head of which may be the
+ * head). Returns the head's length in bytes (its slices in @p h point into @p buf, which it modifies:
+ * NULs after each slice), 0 when the head is not complete yet (nothing is modified), or -status when it
+ * is not acceptable: -400 (malformed, or longer than @p max_head), -431 (too many headers), -501 (a
+ * transfer coding other than chunked). */
+int atc_http_parse_request(char *buf, size_t len, size_t max_head, struct atc_http_head *h);
+
+/** The value of header @p name (case-insensitive) of @p h, or NULL. The first one when repeated. */
+const char *atc_http_head_find(const struct atc_http_head *h, const char *name);
+
+/* A chunked body being decoded in place. Zero it to start. */
+struct atc_http_chunked {
+    uint64_t left; /* bytes of the current chunk's data still to come */
+    int state;
+    unsigned size_digits;
+    bool done;
+};
+
+/** Decodes the chunked bytes at @p buf[*@p pos .. @p len): data moves down to @p buf[*@p out ..], so the
+ * decoded body stays contiguous. Advances *@p pos over what it consumed and *@p out over the data kept.
+ * Returns 1 when the body (its last chunk and trailers) is complete, with *@p pos just past it; 0 when
+ * more bytes are needed; -1 on a framing error. Chunk extensions and trailer fields are skipped. */
+int atc_http_chunked_decode(struct atc_http_chunked *c, char *buf, size_t len, size_t *pos, size_t *out);
+
+/** Whether the comma-separated header value @p v holds @p token (case-insensitive). */
+bool atc_http_has_token(const char *v, const char *token);
+
+#endif
