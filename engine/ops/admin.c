@@ -532,7 +532,7 @@ void atc_admin_handle(struct atc_http_req *req, void *arg)
         else
             evbuffer_add_printf(b, cluster ? "{\"mode\": \"off\"}" : "{\"mode\": \"off\", \"tenants\": []}");
         evbuffer_add_printf(b, "\n");
-        atc_http_send_json(req, 200, b);
+        atc_http_reply_json(req, 200, b);
         evbuffer_free(b);
     } else if (strcmp(path, "/admin/record") == 0) {
         send_record(srv, req);
