@@ -22,6 +22,7 @@
 #include "ops/access_log.h"
 #include "core/log.h"
 #include "ops/metrics.h"
+#include "policy/decision.h"
 #include "policy/policy.h"
 #include "trace/recorder.h"
 #include "trace/trace.h"
@@ -91,6 +92,9 @@ struct relay {
     struct atc_route_request rreq; /* what the policy sees */
     struct atc_queue_item qi;      /* while waiting for capacity */
     uint64_t policy_version;
+    struct atc_decision_record rec; /* the decision that routed it (its last one) */
+    struct atc_explain scores;      /* what atc.explain attached, when someone reads it (rreq.explain) */
+    bool explain_reply;             /* the client asked for the record and policy.explain allows it */
     char *rewritten; /* the body with "model" set to the endpoint's, when a policy mapped an alias */
     size_t rewritten_len;
 
@@ -203,7 +207,9 @@ static void account(struct relay *r)
         .retries = retries,
         .bytes = r->bytes,
         .sse_events = r->sse_events,
+        .decision = w->policy != NULL ? &r->rec : NULL,
     };
+    r->rec.endpoint = endpoint;
     atc_access_log_request(w->access_log, &rec);
 }
 
@@ -285,9 +291,27 @@ static void add_reply_headers(struct relay *r)
         evhttp_add_header(h, "x-atc-endpoint", r->tried[r->ntried - 1]->id);
     evhttp_add_header(h, "x-request-id", r->id);
     if (r->w->policy != NULL) {
-        char v[24];
-        snprintf(v, sizeof(v), "%llu", (unsigned long long)r->policy_version);
-        evhttp_add_header(h, "x-atc-policy-version", v);
+        /* The version is named only on what it decided: a client must be able to tell that the C
+         * balancer routed a request because the policy failed. */
+        char v[160];
+        if (strcmp(r->rec.kind, "fallback") == 0) {
+            snprintf(v, sizeof(v), "fallback; reason=%s", r->rec.reason);
+        } else {
+            snprintf(v, sizeof(v), "%llu", (unsigned long long)r->policy_version);
+            evhttp_add_header(h, "x-atc-policy-version", v);
+            snprintf(v, sizeof(v), "%s%s", r->rec.kind, r->rec.canary ? "; canary" : "");
+        }
+        evhttp_add_header(h, "x-atc-decision", v);
+    }
+    if (r->explain_reply) {
+        r->rec.endpoint = r->ntried > 0 ? r->tried[r->ntried - 1]->id : NULL;
+        struct evbuffer *b = evbuffer_new();
+        if (b != NULL) {
+            atc_decision_record_json(&r->rec, b);
+            evbuffer_add(b, "", 1);
+            evhttp_add_header(h, "x-atc-explain", (const char *)evbuffer_pullup(b, -1));
+            evbuffer_free(b);
+        }
     }
     if (r->w->draining)
         evhttp_add_header(h, "Connection", "close");
@@ -418,6 +442,7 @@ static enum choice decide(struct relay *r, struct atc_endpoint **ep)
                              d.kind == ATC_DECISION_FALLBACK ? d.reason : NULL);
         r->policy_version = d.version;
         r->marks.decision = (int)d.kind; /* the last decision is the one that routed it */
+        atc_decision_record_set(&r->rec, &d, r->rreq.explain);
         switch (d.kind) {
         case ATC_DECISION_ENDPOINT:
             *ep = d.endpoint;
@@ -899,6 +924,11 @@ void atc_relay_start(struct atc_worker *w, struct evhttp_request *client, const 
         .tokens = r->tokens,
         .header_ctx = r,
     };
+    r->rec.kind = "balancer";
+    const char *ask = client_header(r, "x-atc-explain");
+    r->explain_reply = w->cfg->policy.explain && ask != NULL && strcmp(ask, "1") == 0;
+    if (r->explain_reply || w->access_log != NULL || w->recorder != NULL)
+        r->rreq.explain = &r->scores;
     struct atc_endpoint *ep = NULL;
     switch (choose(r, &ep)) {
     case CHOSEN:

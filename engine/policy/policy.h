@@ -25,6 +25,7 @@ struct atc_endpoint;
 struct atc_endpoint_table;
 struct atc_affinity;
 struct atc_prefix_index;
+struct atc_explain;
 
 /* Shared by the runtimes of every worker (each worker has its own, loaded from the same files): a new
  * version's run of failed decisions counts process-wide, and a rollback on one worker rolls back the
@@ -32,6 +33,7 @@ struct atc_prefix_index;
 struct atc_policy_group {
     atomic_uint streak;                /* failed decisions in a row, on any worker */
     atomic_uint_least64_t rolled_back; /* the latest version rolled back (0: none) */
+    atomic_uint_least64_t served;      /* the latest version that made a good decision on any worker */
 };
 
 struct atc_policy_settings {
@@ -77,6 +79,7 @@ struct atc_decision {
     const char *reason; /* fallbacks: one of atc_policy_fallback_* (compare by pointer; _error also when
                          * no version matches the table yet), else NULL */
     uint64_t version;   /* the policy version that decided */
+    bool canary;        /* that version is a canary (atc_policy_canary) */
 };
 
 /* What the engine knows about a request, for the decision. */
@@ -96,6 +99,9 @@ struct atc_route_request {
     const char *(*header)(void *ctx, const char *name);
     void *header_ctx;
     uint32_t block_tokens; /* tokens per prefix block; 0: ATC_PREFIX_BLOCK_BYTES / 4 (live requests) */
+    /* Where atc.explain's scores go (policy/decision.h), reset by each decision; NULL: nobody reads
+     * them, and atc.explain does nothing. */
+    struct atc_explain *explain;
 };
 
 struct event_base;

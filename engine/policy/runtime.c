@@ -4,6 +4,7 @@
  * policy_api.c, the `atc test` runner in policy_test.c. */
 
 #include "policy/policy.h"
+#include "policy/decision.h"
 #include "policy/policy_api.h"
 
 #include <limits.h>
@@ -81,6 +82,9 @@ static void count_result(struct atc_policy_runtime *rt, struct policy_version *v
     struct atc_policy_group *g = rt->s.group;
     if (ok) {
         v->consecutive_failures = 0;
+        /* It served: from now on it is the version a later bad one rolls back to (swap_in). */
+        if (v->successes == 0 && g != NULL && atomic_load_explicit(&g->served, memory_order_relaxed) < v->version)
+            atomic_store(&g->served, v->version);
         if (g != NULL && atomic_load_explicit(&g->streak, memory_order_relaxed) != 0)
             atomic_store(&g->streak, 0);
         if (++v->successes == PROBATION_SUCCESSES && rt->last_good != NULL && rt->current == v) {
@@ -115,15 +119,53 @@ static bool interpret(struct policy_version *v, struct atc_decision *out)
     return true;
 }
 
-static void describe_invalid(lua_State *L, char *buf, size_t size, const char *entry)
+/* What a script returned, for the log: bounded, one line. */
+static void describe_value(lua_State *L, char *buf, size_t size)
 {
+    int t = lua_type(L, -1);
+    if (t == LUA_TSTRING) {
+        size_t len;
+        const char *s = lua_tolstring(L, -1, &len);
+        size_t n = len > 64 ? 64 : len, k = 0;
+        char text[65];
+        for (size_t i = 0; i < n; i++)
+            text[k++] = s[i] >= 0x20 && s[i] < 0x7f && s[i] != '"' ? s[i] : '?';
+        text[k] = '\0';
+        snprintf(buf, size, "\"%s\"%s", text, len > 64 ? "..." : "");
+    } else if (t == LUA_TNUMBER) {
+        snprintf(buf, size, "%.14g", lua_tonumber(L, -1));
+    } else if (t == LUA_TBOOLEAN) {
+        snprintf(buf, size, "%s", lua_toboolean(L, -1) ? "true" : "false");
+    } else {
+        snprintf(buf, size, "a %s", luaL_typename(L, -1));
+    }
+}
+
+/* Why the value at -1 is no decision, with the value and where route is defined (the return itself has
+ * left the stack by now). */
+static void describe_invalid(struct policy_version *v, char *buf, size_t size)
+{
+    lua_State *L = v->L;
+    char where[300] = "";
+    lua_Debug ar;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, v->route_ref);
+    if (lua_getinfo(L, ">S", &ar) != 0)
+        snprintf(where, sizeof(where), "%s:%d", ar.short_src, ar.linedefined);
+    char value[96];
+    describe_value(L, value, sizeof(value));
+    const struct atc_endpoint *ep = policy_api_to_endpoint(v, -1);
     if (lua_isnil(L, -1))
-        snprintf(buf, size, "%s: route returned nil (return an endpoint, atc.queue() or atc.reject())",
-                 entry);
-    else if (lua_type(L, -1) == LUA_TSTRING || lua_istable(L, -1))
-        snprintf(buf, size, "%s: route returned an endpoint that is unknown, full or unavailable", entry);
+        snprintf(buf, size, "%s: route returned nil (return an endpoint, atc.queue() or atc.reject())", where);
+    else if (ep != NULL)
+        snprintf(buf, size, "%s: route returned endpoint %s, which cannot take it now (full, unhealthy or tried)",
+                 where, ep->id);
+    else if (lua_type(L, -1) == LUA_TSTRING)
+        snprintf(buf, size, "%s: route returned %s, which is no endpoint id", where, value);
+    else if (lua_istable(L, -1))
+        snprintf(buf, size, "%s: route returned a table that is not an endpoint view", where);
     else
-        snprintf(buf, size, "%s: route returned a %s", entry, luaL_typename(L, -1));
+        snprintf(buf, size, "%s: route returned %s (return an endpoint, atc.queue() or atc.reject())", where,
+                 value);
 }
 
 /* Runs one decision on version @p v. Returns true when the policy decided. */
@@ -151,7 +193,7 @@ static bool decide(struct policy_version *v, const struct atc_route_request *req
         ok = true;
     } else {
         *why = atc_policy_fallback_invalid;
-        describe_invalid(L, errbuf, errsize, v->rt->s.entry);
+        describe_invalid(v, errbuf, errsize);
         v->c.invalid++;
     }
     lua_settop(L, 0);
@@ -174,6 +216,8 @@ void atc_policy_route(struct atc_policy_runtime *rt, const struct atc_route_requ
     }
     char err[512];
     const char *why = NULL;
+    if (req->explain != NULL)
+        req->explain->n = req->explain->dropped = 0;
     bool ok = decide(v, req, rt->s.budget_us, out, err, sizeof(err), &why);
     if (!ok) {
         out->kind = ATC_DECISION_FALLBACK;
@@ -276,13 +320,17 @@ static void reload_failed(struct atc_policy_runtime *rt, const char *err, bool l
 static void swap_in(struct atc_policy_runtime *rt, struct policy_version *v)
 {
     rt->last_reload_at = atc_wall_s();
-    /* The outgoing version stays as the fallback while the new one is on probation. */
+    /* The version a bad new one rolls back to is the last one that served: the outgoing one once it made a
+     * good decision (here or, through the group, on any worker), else the one kept before it. */
     struct policy_version *old = rt->current;
-    if (rt->last_good == NULL)
+    bool served = old->successes > 0 ||
+                  (rt->s.group != NULL && atomic_load(&rt->s.group->served) >= old->version);
+    if (rt->last_good == NULL || served) {
+        policy_version_free(rt->last_good);
         rt->last_good = old;
-    else
-        policy_version_free(
-            old); /* still on probation itself: the older, proven version stays the fallback */
+    } else {
+        policy_version_free(old);
+    }
     rt->current = v;
     rt->reloads_ok++;
     if (rt->s.group != NULL)
