@@ -981,10 +981,23 @@ static void record_finished(struct relay *r, bool flushed)
     t.endpoint = r->ntried > 0 ? r->tried[r->ntried - 1]->id : NULL;
     t.policy_version = r->policy_version;
     t.decision = r->marks.decision >= 0 && r->marks.decision <= 3 ? decisions[r->marks.decision] : "balancer";
+    if (r->rec.reason[0] != '\0')
+        t.reason = r->rec.reason;
+    t.shadow_version = r->rec.shadow_version;
+    t.shadow_decision = r->rec.shadow_kind;
+    t.shadow_endpoint = r->rec.shadow_endpoint;
+    struct evbuffer *scores = NULL;
+    if (r->rec.scores != NULL && (scores = evbuffer_new()) != NULL) {
+        atc_explain_json(r->rec.scores, scores);
+        evbuffer_add(scores, "", 1);
+        t.scores = (const char *)evbuffer_pullup(scores, -1);
+    }
     t.attempts = r->ntried;
     t.status = r->client_status != 0 ? r->client_status : r->status;
     if (r->marks.first_byte_us != 0)
         t.ttft_ms = (double)(r->marks.first_byte_us - r->t_start_us) / 1000.0;
     t.total_ms = (double)(now - r->t_start_us) / 1000.0;
     atc_recorder_add(rec, &t, atc_wall_us() - (now - r->t_start_us));
+    if (scores != NULL)
+        evbuffer_free(scores);
 }

@@ -60,6 +60,25 @@ static void json_string(struct evbuffer *out, const char *key, const char *value
     evbuffer_add(out, "\"", 1);
 }
 
+void atc_explain_json(const struct atc_explain *x, struct evbuffer *out)
+{
+    evbuffer_add(out, "[", 1);
+    for (unsigned i = 0; i < x->n; i++) {
+        const struct atc_explain_score *s = &x->s[i];
+        evbuffer_add_printf(out, "%s{\"endpoint\":\"", i ? "," : "");
+        atc_json_escape(out, s->endpoint, strlen(s->endpoint));
+        /* %.6g of a finite number is valid JSON; NaN and infinities are not */
+        if (isfinite(s->score))
+            evbuffer_add_printf(out, "\",\"score\":%.6g", s->score);
+        else
+            evbuffer_add_printf(out, "\",\"score\":null");
+        if (s->note[0] != '\0')
+            json_string(out, "note", s->note);
+        evbuffer_add(out, "}", 1);
+    }
+    evbuffer_add(out, "]", 1);
+}
+
 void atc_decision_record_json(const struct atc_decision_record *rec, struct evbuffer *out)
 {
     evbuffer_add_printf(out, "{\"version\":%llu", (unsigned long long)rec->version);
@@ -69,21 +88,8 @@ void atc_decision_record_json(const struct atc_decision_record *rec, struct evbu
     if (rec->canary)
         evbuffer_add_printf(out, ",\"canary\":true");
     if (rec->scores != NULL) {
-        evbuffer_add_printf(out, ",\"scores\":[");
-        for (unsigned i = 0; i < rec->scores->n; i++) {
-            const struct atc_explain_score *s = &rec->scores->s[i];
-            evbuffer_add_printf(out, "%s{\"endpoint\":\"", i ? "," : "");
-            atc_json_escape(out, s->endpoint, strlen(s->endpoint));
-            /* %.6g of a finite number is valid JSON; NaN and infinities are not */
-            if (isfinite(s->score))
-                evbuffer_add_printf(out, "\",\"score\":%.6g", s->score);
-            else
-                evbuffer_add_printf(out, "\",\"score\":null");
-            if (s->note[0] != '\0')
-                json_string(out, "note", s->note);
-            evbuffer_add(out, "}", 1);
-        }
-        evbuffer_add_printf(out, "]");
+        evbuffer_add_printf(out, ",\"scores\":");
+        atc_explain_json(rec->scores, out);
         if (rec->scores->dropped > 0)
             evbuffer_add_printf(out, ",\"scores_dropped\":%u", rec->scores->dropped);
     }

@@ -59,6 +59,9 @@ void atc_decision_record_set(struct atc_decision_record *rec, const struct atc_d
 /** Appends @p rec as one JSON object (one line, safe in an HTTP header value). */
 void atc_decision_record_json(const struct atc_decision_record *rec, struct evbuffer *out);
 
+/** Appends @p x's scores as a JSON array of {"endpoint", "score", "note"}. */
+void atc_explain_json(const struct atc_explain *x, struct evbuffer *out);
+
 /** Adds a score to @p x (the note is cut and made printable), or counts it as dropped when full. */
 void atc_explain_add(struct atc_explain *x, const char *endpoint, double score, const char *note);
 
