@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "ops/admin.h"
 #include "policy/policy.h"
+#include "core/rollout.h"
 #include "core/server.h"
 #include "core/worker.h"
 #include "trace/replay_cli.h"
@@ -236,6 +237,7 @@ static int cmd_serve(int argc, char **argv)
         event_base_free(base);
         return 1;
     }
+    atc_rollout_start(srv); /* policy.shadow */
     struct ready_file rf = {.srv = srv, .path = o.ready_file};
     if (o.ready_file != NULL)
         atc_server_when_ready(srv, on_ready, &rf);

@@ -95,6 +95,7 @@ struct relay {
     struct atc_decision_record rec; /* the decision that routed it (its last one) */
     struct atc_explain scores;      /* what atc.explain attached, when someone reads it (rreq.explain) */
     bool explain_reply;             /* the client asked for the record and policy.explain allows it */
+    bool shadowed;                  /* the shadow policy has seen it */
     char *rewritten; /* the body with "model" set to the endpoint's, when a policy mapped an alias */
     size_t rewritten_len;
 
@@ -187,6 +188,8 @@ static void account(struct relay *r)
         .broken = r->broken,
     };
     atc_metrics_request(w->metrics, &m);
+    if (w->policy != NULL && r->policy_version != 0)
+        atc_policy_observe(w->policy, r->policy_version, r->rec.canary, ttft_ms);
     if (w->access_log == NULL)
         return;
     struct atc_access_record rec = {
@@ -443,6 +446,10 @@ static enum choice decide(struct relay *r, struct atc_endpoint **ep)
         r->policy_version = d.version;
         r->marks.decision = (int)d.kind; /* the last decision is the one that routed it */
         atc_decision_record_set(&r->rec, &d, r->rreq.explain);
+        if (!r->shadowed) { /* the same request, once, on the same fleet: then agreement means the code */
+            r->shadowed = true;
+            atc_policy_shadow_route(w->policy, &r->rreq, &d, &r->rec);
+        }
         switch (d.kind) {
         case ATC_DECISION_ENDPOINT:
             *ep = d.endpoint;

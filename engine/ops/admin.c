@@ -21,6 +21,9 @@
 #include "ops/status_page.h"
 #include "policy/policy.h"
 #include "trace/recorder.h"
+#include "core/json.h"
+#include "core/config_value.h"
+#include "core/rollout.h"
 #include "core/server.h"
 #include "http/upstream.h"
 #include "core/worker.h"
@@ -183,8 +186,47 @@ static void on_policy_reloaded(void *arg, uint64_t version, const char *err)
     evbuffer_free(b);
 }
 
+/* The request's JSON body into @p j: 0; 1 when it has none; -1 when it was answered with a 400. */
+static int json_body(struct evhttp_request *req, struct atc_json *j)
+{
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    size_t len = evbuffer_get_length(in);
+    *j = (struct atc_json){0};
+    if (len == 0)
+        return 1;
+    const char *err = NULL;
+    if (len > 65536 || atc_json_parse(j, (const char *)evbuffer_pullup(in, -1), len, &err) < 0 ||
+        atc_json_type(j, 0) != ATC_JSON_OBJECT) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "the body must be a JSON object%s%s", err ? ": " : "", err ? err : "");
+        atc_http_send_error(req, 400, "invalid_request_error", "invalid_json", msg, 0);
+        atc_json_dispose(j);
+        return -1;
+    }
+    return 0;
+}
+
+static void answer_version(void *arg, uint64_t version, const char *err, const char *what)
+{
+    struct evhttp_request *req = arg;
+    if (err != NULL || version == 0) {
+        atc_http_send_error(req, 422, "invalid_request_error", "policy_reload_failed", err ? err : "failed", 0);
+        return;
+    }
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_printf(b, "{\"version\":%llu%s}\n", (unsigned long long)version, what);
+    atc_http_send_json(req, 200, b);
+    evbuffer_free(b);
+}
+
+static void on_canary_loaded(void *arg, uint64_t version, const char *err)
+{
+    answer_version(arg, version, err, ",\"canary\":true");
+}
+
 /* 200 with the new version when the reload took; 422 with the error (file:line) when it did not, and
- * the old version keeps routing. */
+ * the old version keeps routing. With {"canary": SHARE, "window": DURATION} the new version decides
+ * that share of the requests until its window ends and it is judged (core/rollout.h). */
 static void reload_policy(struct atc_server *srv, struct evhttp_request *req)
 {
     if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
@@ -196,7 +238,92 @@ static void reload_policy(struct atc_server *srv, struct evhttp_request *req)
                             "the config has no policy: section", 0);
         return;
     }
-    atc_server_reload_policy(srv, on_policy_reloaded, req);
+    struct atc_json j;
+    int rc = json_body(req, &j);
+    if (rc < 0)
+        return;
+    int at = rc == 0 ? atc_json_get(&j, 0, "canary") : -1;
+    if (at < 0) {
+        atc_json_dispose(&j);
+        atc_server_reload_policy(srv, on_policy_reloaded, req);
+        return;
+    }
+    double share = 0;
+    uint64_t window_ms = 300000;
+    char window[32] = "";
+    int w = atc_json_get(&j, 0, "window");
+    bool ok = atc_json_number(&j, at, &share) && share > 0 && share <= 1 &&
+              (w < 0 || (atc_json_string(&j, w, window, sizeof(window), NULL) == 0 &&
+                         atc_parse_duration_ms(window, &window_ms) == 0 && window_ms > 0));
+    atc_json_dispose(&j);
+    if (!ok) {
+        atc_http_send_error(req, 400, "invalid_request_error", "invalid_canary",
+                            "canary must be a share in (0, 1] and window a duration such as \"5m\"", 0);
+        return;
+    }
+    atc_rollout_canary(srv, share, window_ms, on_canary_loaded, req);
+}
+
+/* POST /admin/policy/promote, /admin/policy/rollback: ends the canary now. */
+static void end_canary(struct atc_server *srv, struct evhttp_request *req, enum atc_rollout_end how)
+{
+    if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
+        atc_http_send_error(req, 405, "invalid_request_error", "method_not_allowed", "use POST", 0);
+        return;
+    }
+    char why[640];
+    uint64_t version = atc_rollout_canary_end(srv, how, why, sizeof(why));
+    if (version == 0) {
+        atc_http_send_error(req, 409, "invalid_request_error", "no_canary", why, 0);
+        return;
+    }
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_printf(b, "{\"canary\":%llu,\"promoted\":%s,\"why\":\"", (unsigned long long)version,
+                        how == ATC_ROLLOUT_PROMOTE ? "true" : "false");
+    atc_json_escape(b, why, strlen(why));
+    evbuffer_add_printf(b, "\"}\n");
+    atc_http_send_json(req, 200, b);
+    evbuffer_free(b);
+}
+
+static void on_shadow_loaded(void *arg, uint64_t version, const char *err)
+{
+    answer_version(arg, version, err, ",\"shadow\":true");
+}
+
+static void on_shadow_cleared(void *arg, uint64_t version, const char *err)
+{
+    answer_version(arg, err != NULL ? 0 : 1, err, ",\"shadow\":false");
+}
+
+/* POST /admin/policy/shadow {"entry": FILE, "sample": 0-1} loads a shadow; POST /admin/policy/shadow/clear
+ * removes it (POST both: the admin port takes GET, HEAD and POST only). */
+static void shadow_policy(struct atc_server *srv, struct evhttp_request *req, bool clear)
+{
+    if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
+        atc_http_send_error(req, 405, "invalid_request_error", "method_not_allowed", "use POST", 0);
+        return;
+    }
+    if (clear) {
+        atc_rollout_shadow(srv, NULL, 0, on_shadow_cleared, req);
+        return;
+    }
+    struct atc_json j;
+    int rc = json_body(req, &j);
+    if (rc < 0)
+        return;
+    char entry[1024] = "";
+    double sample = 1;
+    int e = rc == 0 ? atc_json_get(&j, 0, "entry") : -1, s = rc == 0 ? atc_json_get(&j, 0, "sample") : -1;
+    bool ok = e >= 0 && atc_json_string(&j, e, entry, sizeof(entry), NULL) == 0 && entry[0] != '\0' &&
+              (s < 0 || (atc_json_number(&j, s, &sample) && sample >= 0 && sample <= 1));
+    atc_json_dispose(&j);
+    if (!ok) {
+        atc_http_send_error(req, 400, "invalid_request_error", "invalid_shadow",
+                            "the body must be {\"entry\": \"FILE.lua\", \"sample\": 0-1}", 0);
+        return;
+    }
+    atc_rollout_shadow(srv, entry, sample, on_shadow_loaded, req);
 }
 
 /* POST /admin/endpoints/<id>/drain or /enable: drain stops new traffic to the endpoint and lets its
@@ -476,6 +603,14 @@ void atc_admin_handle(struct evhttp_request *req, void *arg)
         reload_config(srv, req);
     } else if (strcmp(path, "/admin/policy/reload") == 0) {
         reload_policy(srv, req);
+    } else if (strcmp(path, "/admin/policy/promote") == 0) {
+        end_canary(srv, req, ATC_ROLLOUT_PROMOTE);
+    } else if (strcmp(path, "/admin/policy/rollback") == 0) {
+        end_canary(srv, req, ATC_ROLLOUT_ROLLBACK);
+    } else if (strcmp(path, "/admin/policy/shadow") == 0) {
+        shadow_policy(srv, req, false);
+    } else if (strcmp(path, "/admin/policy/shadow/clear") == 0) {
+        shadow_policy(srv, req, true);
     } else if (strcmp(path, "/admin/record") == 0) {
         send_record(srv, req);
     } else if (strcmp(path, "/health") == 0) {

@@ -4,8 +4,10 @@
  * policy_api.c, the `atc test` runner in policy_test.c. */
 
 #include "policy/policy.h"
+#include "policy/canary.h"
 #include "policy/decision.h"
 #include "policy/policy_api.h"
+#include "policy/shadow.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -207,7 +209,10 @@ void atc_policy_route(struct atc_policy_runtime *rt, const struct atc_route_requ
     memset(out, 0, sizeof(*out));
     atc_policy_sync(rt);
     struct policy_version *v = rt->current;
+    if (rt->canary != NULL && policy_canary_takes(rt, req))
+        v = rt->canary;
     out->version = v->version;
+    out->canary = v == rt->canary;
     if (rt->stale) {
         out->kind = ATC_DECISION_FALLBACK;
         out->reason = atc_policy_fallback_error;
@@ -224,7 +229,12 @@ void atc_policy_route(struct atc_policy_runtime *rt, const struct atc_route_requ
         out->reason = why;
         log_failure(rt, v, why, err);
     }
-    count_result(rt, v, ok);
+    if (rt->canary != NULL)
+        policy_canary_count(rt, out->canary, ok, why);
+    if (out->canary) /* no streak and no rollback of its own: its window judges it (canary.c) */
+        rt->fallbacks += !ok;
+    else
+        count_result(rt, v, ok);
 }
 
 size_t atc_policy_routed(struct atc_policy_runtime *rt, const struct atc_route_request *req,
@@ -283,7 +293,6 @@ static int smoke_test(struct atc_policy_runtime *rt, struct policy_version *v, c
 }
 
 static void reload_failed(struct atc_policy_runtime *rt, const char *err, bool log);
-static void swap_in(struct atc_policy_runtime *rt, struct policy_version *v);
 
 uint64_t atc_policy_reload(struct atc_policy_runtime *rt, char **err)
 {
@@ -300,7 +309,7 @@ uint64_t atc_policy_reload(struct atc_policy_runtime *rt, char **err)
         return 0;
     }
     v->version = ++rt->next_version;
-    swap_in(rt, v);
+    policy_swap_in(rt, v);
     return v->version;
 }
 
@@ -317,7 +326,7 @@ static void reload_failed(struct atc_policy_runtime *rt, const char *err, bool l
 }
 
 /* Makes @p v (built, numbered) the version that decides from the next decision on. */
-static void swap_in(struct atc_policy_runtime *rt, struct policy_version *v)
+void policy_swap_in(struct atc_policy_runtime *rt, struct policy_version *v)
 {
     rt->last_reload_at = atc_wall_s();
     /* The version a bad new one rolls back to is the last one that served: the outgoing one once it made a
@@ -354,7 +363,29 @@ struct atc_policy_build {
     uint64_t table_changes; /* the runtimes' when the build began: a later table makes the build stale */
     bool failed;
     char *err; /* why it failed (NULL: out of memory) */
+    struct atc_policy_target_spec as; /* as.entry owned */
 };
+
+int atc_policy_build_target(struct atc_policy_build *b, const struct atc_policy_target_spec *spec)
+{
+    b->as = *spec;
+    b->as.entry = NULL;
+    if (spec->target != ATC_POLICY_SHADOW)
+        return 0;
+    struct atc_policy_runtime *l = b->loader;
+    if ((b->as.entry = strdup(spec->entry)) == NULL)
+        return -1;
+    free((char *)l->s.entry);
+    l->s.entry = strdup(spec->entry);
+    l->affinity = l->s.shadow_affinity; /* its init() and smoke test pin nothing of the live policy's */
+    l->next_version = b->loader->shadow_next;
+    return l->s.entry != NULL ? 0 : -1;
+}
+
+uint64_t atc_policy_build_version(const struct atc_policy_build *b)
+{
+    return b->as.target == ATC_POLICY_SHADOW ? b->loader->next_version + 1 : b->version;
+}
 
 struct atc_policy_build *atc_policy_build_new(struct atc_policy_runtime *const *rts, size_t n)
 {
@@ -370,6 +401,7 @@ struct atc_policy_build *atc_policy_build_new(struct atc_policy_runtime *const *
     l->affinity = rts[0]->affinity;
     l->prefix = rts[0]->prefix;
     l->next_version = rts[0]->next_version; /* so that init() logs show the number it will have */
+    l->shadow_next = rts[0]->shadow_next;
     b->n = n;
     b->version = rts[0]->next_version + 1;
     b->table_changes = rts[0]->table_changes;
@@ -378,7 +410,7 @@ struct atc_policy_build *atc_policy_build_new(struct atc_policy_runtime *const *
 
 int atc_policy_build_run(struct atc_policy_build *b)
 {
-    for (size_t i = 0; i < b->n; i++) {
+    for (size_t i = 0; b->as.target != ATC_POLICY_SHADOW_CLEAR && i < b->n; i++) {
         char *err = NULL;
         struct policy_version *v = policy_version_create(b->loader, &err);
         if (v != NULL && smoke_test(b->loader, v, &err) < 0) {
@@ -405,8 +437,16 @@ const char *atc_policy_build_error(const struct atc_policy_build *b)
 uint64_t atc_policy_adopt(struct atc_policy_runtime *rt, struct atc_policy_build *b, size_t i)
 {
     bool first = i == 0;
+    if (b->as.target == ATC_POLICY_SHADOW_CLEAR) {
+        policy_shadow_clear(rt, first);
+        return 0;
+    }
     if (b->failed) {
-        reload_failed(rt, atc_policy_build_error(b), first);
+        if (b->as.target == ATC_POLICY_LIVE)
+            reload_failed(rt, atc_policy_build_error(b), first);
+        else if (first)
+            atc_error("policy %s failed to load: %s", b->as.target == ATC_POLICY_SHADOW ? "shadow" : "canary",
+                      atc_policy_build_error(b));
         return 0;
     }
     struct policy_version *v = b->versions[i];
@@ -415,9 +455,16 @@ uint64_t atc_policy_adopt(struct atc_policy_runtime *rt, struct atc_policy_build
         policy_version_free(v);
         return 0;
     }
+    if (b->as.target == ATC_POLICY_SHADOW)
+        return policy_shadow_adopt(rt, v, atc_policy_build_version(b), b->as.entry, b->as.sample, first);
     v->rt = rt; /* from here on its own watchdog, clock and random numbers */
+    if (b->as.target == ATC_POLICY_CANARY) {
+        v->version = rt->next_version = b->version;
+        policy_canary_adopt(rt, v, b->as.share, first);
+        return v->version;
+    }
     v->version = rt->next_version = b->version;
-    swap_in(rt, v);
+    policy_swap_in(rt, v);
     return v->version;
 }
 
@@ -429,6 +476,7 @@ void atc_policy_build_free(struct atc_policy_build *b)
         policy_version_free(b->versions[i]);
     free(b->versions);
     atc_policy_runtime_destroy(b->loader);
+    free((char *)b->as.entry);
     free(b->err);
     free(b);
 }
@@ -440,6 +488,9 @@ uint64_t atc_policy_set_table(struct atc_policy_runtime *rt, struct atc_endpoint
     rt->stale = true;
     policy_version_free(rt->last_good); /* its views index the old table */
     rt->last_good = NULL;
+    if (rt->canary != NULL) /* its views index the old table too */
+        atc_policy_canary_end(rt, false, "the config reload replaced the endpoint table");
+    policy_shadow_set_table(rt, table);
     uint64_t version = atc_policy_reload(rt, err);
     if (version != 0) {
         rt->stale = false;
@@ -541,6 +592,9 @@ void atc_policy_runtime_destroy(struct atc_policy_runtime *rt)
     if (rt == NULL)
         return;
     policy_watch_stop(rt);
+    policy_shadow_clear(rt, false);
+    policy_version_free(rt->canary);
+    free(rt->canary_last);
     policy_version_free(rt->current);
     policy_version_free(rt->last_good);
     policy_watchdog_stop(rt->watchdog);

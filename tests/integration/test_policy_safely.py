@@ -150,5 +150,143 @@ class DecisionRecordTest(SafelyTestCase):
         self.assertNotIn("x-atc-explain", headers)
 
 
+def load(port, n_requests, threads=4, headers_for=None, max_tokens=4):
+    """Sends n_requests chat requests from `threads` clients; returns [(status, headers)], every one."""
+    results, lock, counter = [], threading.Lock(), iter(range(n_requests))
+
+    def client():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        while True:
+            with lock:
+                n = next(counter, None)
+            if n is None:
+                return
+            body = json.dumps({"model": "m", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "x"}]})
+            hdrs = {"content-type": "application/json", "x-atc-session": f"s{n}"}
+            hdrs.update(headers_for(n) if headers_for else {})
+            try:
+                conn.request("POST", "/v1/chat/completions", body, hdrs)
+                resp = conn.getresponse()
+                resp.read()
+                item = (resp.status, {k.lower(): v for k, v in resp.getheaders()})
+            except Exception as e:  # a failed request is what these tests exist to catch
+                item = (0, {"error": repr(e)})
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            with lock:
+                results.append(item)
+    ts = [threading.Thread(target=client) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return results
+
+
+LEAST_LOADED = "return function(req, fleet) return atc.least_loaded(fleet:endpoints(req.model)) end -- %s\n"
+
+
+class CanaryTest(SafelyTestCase):
+    def canary(self, atc, source, share=0.5, window="2s"):
+        self.write_policy(source)
+        return self.reload(atc, {"canary": share, "window": window})
+
+    def wait_end(self, atc):
+        return wait_for(lambda: (lambda d: d if d["canary"] is None else None)(self.policy_status(atc)),
+                        timeout=20, what="the canary's end")
+
+    def test_a_canary_that_errors_rolls_back_and_no_request_fails(self):
+        atc = self.start(LEAST_LOADED % "v1")
+        status, doc = self.canary(atc, "return function(req, fleet)\n"
+                                       "  if req.session then error('canary bug') end\n"
+                                       "  return fleet:endpoints(req.model)[1]\nend\n")
+        self.assertEqual((status, doc), (200, {"version": 2, "canary": True}))
+        results = load(atc.port, 300)
+        self.assertEqual([r for r in results if r[0] != 200], [])
+        decided = {(h.get("x-atc-policy-version"), h["x-atc-decision"]) for _, h in results}
+        self.assertIn((None, "fallback; reason=error"), decided)  # the canary's share fell back
+        self.assertIn(("1", "policy"), decided)
+        doc = self.wait_end(atc)
+        self.assertEqual((doc["version"], doc["canary_rollbacks"], doc["canary_promotions"]), (1, 1, 0))
+        self.assertIn("error rate", doc["last_canary"])
+        self.assertIn("policy canary v2 rolled back: its error rate", atc.read_log())
+        results = load(atc.port, 40)
+        self.assertEqual({(r[0], r[1]["x-atc-policy-version"]) for r in results}, {(200, "1")})
+
+    def test_a_canary_that_sends_everything_to_one_endpoint_rolls_back_on_ttft(self):
+        self.policy_path = os.path.join(self.tmp.name, "policy.lua")
+        self.write_policy(LEAST_LOADED % "v1")
+        atc = self.start_atc(CONFIG.format(extra="", decode_ms=4).replace(
+            "    count: 3\n", "    count: 3\n    max_seqs: 1\n    capacity: 64\n"))
+        self.canary(atc, "return function(req, fleet) return fleet:endpoint('m-sim-1') end\n", share=0.5, window="4s")
+        results = load(atc.port, 600, threads=8)
+        self.assertEqual([r for r in results if r[0] != 200], [])
+        doc = self.wait_end(atc)
+        self.assertEqual((doc["version"], doc["canary_rollbacks"]), (1, 1), doc)
+        self.assertIn("TTFT p90", doc["last_canary"])
+
+    def test_a_good_canary_is_promoted_and_a_session_stays_on_its_side(self):
+        atc = self.start(LEAST_LOADED % "v1")
+        status, doc = self.canary(atc, LEAST_LOADED % "v2", share=0.3)
+        self.assertEqual(status, 200)
+        results = load(atc.port, 300, headers_for=lambda n: {"x-atc-session": f"s{n % 20}"})
+        self.assertEqual([r for r in results if r[0] != 200], [])
+        sides = {}
+        for _, h in results:
+            sides.setdefault(h.get("x-atc-decision"), set()).add(h["x-atc-policy-version"])
+        self.assertEqual(sides, {"policy": {"1"}, "policy; canary": {"2"}})
+        doc = self.policy_status(atc)
+        self.assertEqual(doc["canary"]["version"], 2)
+        doc = self.wait_end(atc)
+        self.assertEqual((doc["version"], doc["canary_promotions"]), (2, 1), doc)
+        self.assertIn("v2 promoted", doc["last_canary"])
+        results = load(atc.port, 20)
+        self.assertEqual({(r[0], r[1]["x-atc-decision"], r[1]["x-atc-policy-version"]) for r in results},
+                         {(200, "policy", "2")})
+
+    def test_promote_and_rollback_by_hand(self):
+        atc = self.start(LEAST_LOADED % "v1")
+        self.assertEqual(self.admin(atc, "POST", "/admin/policy/promote")[0], 409)  # no canary yet
+        self.canary(atc, LEAST_LOADED % "v2", window="1h")
+        status, doc = self.admin(atc, "POST", "/admin/policy/rollback")
+        self.assertEqual((status, doc["canary"], doc["promoted"]), (200, 2, False))
+        self.assertEqual(self.policy_status(atc)["version"], 1)
+        self.canary(atc, LEAST_LOADED % "v3", window="1h")
+        status, doc = self.admin(atc, "POST", "/admin/policy/promote")
+        self.assertEqual((status, doc["canary"]), (200, 3))
+        self.assertEqual(self.policy_status(atc)["version"], 3)
+
+
+class ShadowTest(SafelyTestCase):
+    def test_the_shipped_policy_shadowing_itself_agrees_on_every_decision(self):
+        self.policy_path = os.path.join(self.tmp.name, "policy.lua")
+        shipped = os.path.join(os.environ.get("ATC_SOURCE_DIR", "."), "scripts", "policy.lua")
+        atc = self.start_atc(CONFIG.format(extra=f"  shadow:\n    entry: {os.path.abspath(shipped)}\n    sample: 1",
+                                           decode_ms=1).replace("entry: policy.lua", f"entry: {os.path.abspath(shipped)}"))
+        wait_for(lambda: self.policy_status(atc)["shadow"], timeout=10, what="the shadow")
+        results = load(atc.port, 300, headers_for=lambda n: {"x-atc-session": f"s{n % 17}"})
+        self.assertEqual([r for r in results if r[0] != 200], [])
+        doc = self.policy_status(atc)["shadow"]
+        self.assertEqual((doc["version"], doc["live_version"], doc["decisions"]), (1, 1, 300), doc)
+        self.assertEqual(doc["agreed"], 300, doc)
+        self.assertEqual(doc["picks"], doc["live_picks"])
+        status, _, body = request("127.0.0.1", atc.admin_port, "GET", "/metrics")
+        self.assertIn('atc_policy_shadow_agreed_total{live="1",shadow="1"} 300', body.decode())
+
+    def test_a_shadow_loaded_and_cleared_at_run_time_is_never_acted_on(self):
+        atc = self.start(PICK_BY_N % 0)
+        other = self.write_policy(PICK_BY_N % 1, "candidate.lua")
+        status, doc = self.admin(atc, "POST", "/admin/policy/shadow", {"entry": other, "sample": 1})
+        self.assertEqual((status, doc), (200, {"version": 1, "shadow": True}))
+        results = load(atc.port, 90, headers_for=lambda n: {"x-n": str(n)})
+        for _, h in results:  # the live pick, always
+            self.assertEqual(h["x-atc-policy-version"], "1")
+        ends = {h["x-atc-endpoint"] for _, h in results}
+        self.assertEqual(ends, {"m-sim-1", "m-sim-2", "m-sim-3"})
+        doc = self.policy_status(atc)["shadow"]
+        self.assertEqual((doc["decisions"], doc["agreed"]), (90, 0))  # shifted by one: never the same
+        self.assertEqual(self.admin(atc, "POST", "/admin/policy/shadow/clear")[0], 200)
+        self.assertIsNone(self.policy_status(atc)["shadow"])
+
+
 if __name__ == "__main__":
     unittest.main()
