@@ -5,6 +5,7 @@ and a simulated fleet, and checks every request it sends."""
 import http.client
 import json
 import os
+import subprocess
 import threading
 import time
 import unittest
@@ -286,6 +287,43 @@ class ShadowTest(SafelyTestCase):
         self.assertEqual((doc["decisions"], doc["agreed"]), (90, 0))  # shifted by one: never the same
         self.assertEqual(self.admin(atc, "POST", "/admin/policy/shadow/clear")[0], 200)
         self.assertIsNone(self.policy_status(atc)["shadow"])
+
+    def test_a_shadow_that_differs_agrees_as_often_as_atc_replay_computes_from_the_recording(self):
+        by_session = """
+            return function(req, fleet)
+              local eps = fleet:endpoints(req.model)
+              local h = atc.hash(req.session or "")
+              %s
+              return eps[h %% #eps + 1]
+            end
+        """.replace("\n            ", "\n")
+        live = by_session % ""
+        candidate = self.write_policy(by_session % "if h % 2 == 1 then h = h + 1 end", "candidate.lua")
+        self.policy_path = os.path.join(self.tmp.name, "policy.lua")
+        self.write_policy(live)
+        traces = os.path.join(self.tmp.name, "traces")
+        atc = self.start_atc(CONFIG.format(
+            extra=f"  shadow:\n    entry: {candidate}\nrecord:\n  dir: {traces}", decode_ms=1))
+        wait_for(lambda: self.policy_status(atc)["shadow"], timeout=10, what="the shadow")
+        results = load(atc.port, 200, threads=2, headers_for=lambda n: {"x-atc-session": f"user-{n % 53}"})
+        self.assertEqual([r for r in results if r[0] != 200], [])
+        doc = self.policy_status(atc)["shadow"]
+        self.assertEqual(doc["decisions"], 200)
+        self.assertTrue(0 < doc["agreed"] < 200, doc)
+        atc.stop()  # the recorder flushes
+        trace = os.path.join(traces, sorted(os.listdir(traces))[0])
+        dump = subprocess.run([ATC_BIN, "trace", "dump", trace], capture_output=True, text=True, check=True)
+        records = [json.loads(l) for l in dump.stdout.splitlines() if not l.startswith("#")]
+        self.assertEqual(len(records), 200)
+        self.assertEqual(sum(r["shadow_endpoint"] == r["endpoint"] for r in records), doc["agreed"])
+        self.assertEqual({r["shadow_version"] for r in records}, {1})
+        out = subprocess.run([ATC_BIN, "replay", "-c", atc.config_path, "--trace", trace, "--vs",
+                              f"candidate={candidate}"], capture_output=True, text=True, cwd=self.tmp.name)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        line = [l for l in out.stdout.splitlines() if l.startswith("candidate: agreement")][0]
+        self.assertIn(f"recorded live picks {doc['agreed']}/200", line)
+        self.assertIn("with the recorded shadow picks 200/200", line)
+        self.assertIn("TTFT p90", line)
 
 
 if __name__ == "__main__":
