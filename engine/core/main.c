@@ -272,6 +272,7 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "replay") == 0)
         return atc_replay_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "status") == 0 || strcmp(argv[1], "reload") == 0 || strcmp(argv[1], "drain") == 0 ||
+        strcmp(argv[1], "policy") == 0 ||
         strcmp(argv[1], "enable") == 0)
         return atc_cli_main(argc - 1, argv + 1);
     fprintf(stderr, "atc: unknown command '%s'\n%s", argv[1], usage_main);

@@ -16,6 +16,10 @@
 #include "policy/state.h"
 #include "policy/version.h"
 
+/* A TTFT p90 this close to the current version's passes whatever the ratio: at a few ms, scheduling
+ * noise alone moves a p90 by more than a ratio guard allows. */
+#define TTFT_SLACK_MS 5.0
+
 bool policy_canary_takes(const struct atc_policy_runtime *rt, const struct atc_route_request *req)
 {
     const char *key = req->session != NULL && req->session[0] != '\0' ? req->session : req->id;
@@ -150,7 +154,8 @@ int atc_policy_canary_judge(struct atc_policy_runtime *const *rts, size_t n, con
                      (unsigned long long)c.s.decisions);
             return 0;
         }
-    if (!isnan(c.p90_ms) && !isnan(b.p90_ms) && c.p90_ms > b.p90_ms * g->ttft_p90) {
+    if (!isnan(c.p90_ms) && !isnan(b.p90_ms) && c.p90_ms > b.p90_ms * g->ttft_p90 &&
+        c.p90_ms > b.p90_ms + TTFT_SLACK_MS) {
         snprintf(why, size, "its requests' TTFT p90 %.1f ms is above %.2f x the current version's %.1f ms",
                  c.p90_ms, g->ttft_p90, b.p90_ms);
         return 0;

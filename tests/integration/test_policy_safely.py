@@ -256,6 +256,29 @@ class CanaryTest(SafelyTestCase):
         self.assertEqual((status, doc["canary"]), (200, 3))
         self.assertEqual(self.policy_status(atc)["version"], 3)
 
+    def test_the_cli_runs_a_canary_and_a_shadow_and_status_shows_them(self):
+        atc = self.start(LEAST_LOADED % "v1")
+        admin = ["--admin", f"127.0.0.1:{atc.admin_port}"]
+
+        def cli(*args):
+            return subprocess.run([ATC_BIN, *args, *admin], capture_output=True, text=True, cwd=self.tmp.name)
+        self.write_policy(LEAST_LOADED % "v2")
+        out = cli("policy", "canary", "0.5", "1h")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn('"canary":true', out.stdout)
+        other = self.write_policy(LEAST_LOADED % "v9", "candidate.lua")
+        self.assertEqual(cli("policy", "shadow", other).returncode, 0)
+        load(atc.port, 40)
+        status = cli("status").stdout
+        self.assertRegex(status, r"shadow v1 beside v1: \d+ decisions, agreement")
+        self.assertRegex(status, r"canary v2 for 0.5 of the requests: \d+ decisions, 0 fallbacks")
+        out = cli("policy", "promote")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("last canary: v2 promoted: by hand", cli("status").stdout)
+        self.assertEqual(cli("policy", "rollback").returncode, 1)  # no canary left
+        self.assertEqual(cli("policy", "shadow", "clear").returncode, 0)
+        self.assertNotIn("shadow v", cli("status").stdout)
+
 
 class ShadowTest(SafelyTestCase):
     def test_the_shipped_policy_shadowing_itself_agrees_on_every_decision(self):
