@@ -22,6 +22,7 @@ static const char usage_admin[] =
     "       atc reload  [-c FILE | --admin HOST:PORT] [--token TOKEN] [--yaml]\n"
     "       atc drain ID  [-c FILE | --admin HOST:PORT] [--token TOKEN]\n"
     "       atc enable ID [-c FILE | --admin HOST:PORT] [--token TOKEN]\n"
+    "       atc policy canary SHARE [WINDOW] | promote | rollback | shadow FILE [SAMPLE] | shadow clear\n"
     "\n"
     "Talk to a running atc through its admin API.\n"
     "  status   a table of endpoints (state, load, errors), who waits per model, the policy version\n"
@@ -32,6 +33,10 @@ static const char usage_admin[] =
     "           policy: is refused (it takes a restart) and nothing changes. Exit 1 if refused.\n"
     "  drain    stop new traffic to endpoint ID; its in-flight requests finish\n"
     "  enable   undo drain\n"
+    "  policy   canary: reload the policy's files as a canary deciding SHARE (0-1] of the requests,\n"
+    "           sticky per session, judged after WINDOW (default 5m) against policy.canary's guards;\n"
+    "           promote / rollback: end it now; shadow: run FILE beside the live policy on SAMPLE\n"
+    "           (default 1) of the decisions, never acted on; shadow clear: stop it\n"
     "\n"
     "  -c, --config FILE     find the admin address and token in this config (it is not what --yaml\n"
     "                        re-reads: atc re-reads the file it was started with)\n"
@@ -47,7 +52,18 @@ struct admin_target {
 };
 
 /* One request; returns the status (or -1) and the body in *body (owned). */
+static int admin_call_with(const struct admin_target *t, const char *method, const char *path, const char *send,
+                           char **body);
+static void print_rollout(const struct atc_json *pj);
+
 static int admin_call(const struct admin_target *t, const char *method, const char *path, char **body)
+{
+    return admin_call_with(t, method, path, "", body);
+}
+
+/* One admin request with @p send as its body; the status, and the answer's body in *body (owned). */
+static int admin_call_with(const struct admin_target *t, const char *method, const char *path, const char *send,
+                           char **body)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
     char port[8];
@@ -71,10 +87,10 @@ static int admin_call(const struct admin_target *t, const char *method, const ch
         return -1;
     }
     freeaddrinfo(res);
-    char req[1024];
-    int n = snprintf(req, sizeof(req), "%s %s HTTP/1.0\r\nHost: %s\r\nContent-Length: 0\r\n%s%s%s\r\n",
-                     method, path, t->host, t->token[0] ? "Authorization: Bearer " : "", t->token,
-                     t->token[0] ? "\r\n" : "");
+    char req[3072];
+    int n = snprintf(req, sizeof(req), "%s %s HTTP/1.0\r\nHost: %s\r\nContent-Length: %zu\r\n%s%s%s\r\n%s",
+                     method, path, t->host, strlen(send), t->token[0] ? "Authorization: Bearer " : "", t->token,
+                     t->token[0] ? "\r\n" : "", send);
     if (n < 0 || (size_t)n >= sizeof(req) || write(fd, req, (size_t)n) != n) {
         close(fd);
         return -1;
@@ -235,6 +251,7 @@ static int cmd_status(const struct admin_target *t)
     if (errbuf[0])
         printf("last policy error: %s\n", errbuf);
     print_cluster(t);
+    print_rollout(&pj);
     atc_json_dispose(&j);
     atc_json_dispose(&pj);
     free(body);
@@ -242,10 +259,39 @@ static int cmd_status(const struct admin_target *t)
     return 0;
 }
 
-static int post(const struct admin_target *t, const char *path, const char *done)
+/* The shadow's and the canary's lines of atc status, from /admin/policy. */
+static void print_rollout(const struct atc_json *pj)
+{
+    char a[32], b[32], c[32], d[32], e[32], f[32], last[640];
+    int sh = atc_json_get(pj, 0, "shadow"), ca = atc_json_get(pj, 0, "canary");
+    if (sh >= 0 && atc_json_type(pj, sh) == ATC_JSON_OBJECT) {
+        json_text(pj, atc_json_get(pj, sh, "version"), a, sizeof(a));
+        json_text(pj, atc_json_get(pj, sh, "live_version"), b, sizeof(b));
+        json_text(pj, atc_json_get(pj, sh, "decisions"), c, sizeof(c));
+        json_text(pj, atc_json_get(pj, sh, "agreement"), d, sizeof(d));
+        json_text(pj, atc_json_get(pj, sh, "errors"), e, sizeof(e));
+        json_text(pj, atc_json_get(pj, sh, "budget_overruns"), f, sizeof(f));
+        printf("shadow v%s beside v%s: %s decisions, agreement %s, %s errors, %s overruns\n", a, b, c, d, e, f);
+    }
+    if (ca >= 0 && atc_json_type(pj, ca) == ATC_JSON_OBJECT) {
+        int rq = atc_json_get(pj, ca, "requests"), cur = atc_json_get(pj, ca, "current");
+        json_text(pj, atc_json_get(pj, ca, "version"), a, sizeof(a));
+        json_text(pj, atc_json_get(pj, ca, "share"), b, sizeof(b));
+        json_text(pj, atc_json_get(pj, rq, "decisions"), c, sizeof(c));
+        json_text(pj, atc_json_get(pj, rq, "fallbacks"), d, sizeof(d));
+        json_text(pj, atc_json_get(pj, rq, "ttft_p90_ms"), e, sizeof(e));
+        json_text(pj, atc_json_get(pj, cur, "ttft_p90_ms"), f, sizeof(f));
+        printf("canary v%s for %s of the requests: %s decisions, %s fallbacks, TTFT p90 %s ms (current %s ms)\n",
+               a, b, c, d, e, f);
+    }
+    if (atc_json_string(pj, atc_json_get(pj, 0, "last_canary"), last, sizeof(last), NULL) == 0)
+        printf("last canary: %s\n", last);
+}
+
+static int post_with(const struct admin_target *t, const char *path, const char *send, const char *done)
 {
     char *body = NULL;
-    int status = admin_call(t, "POST", path, &body);
+    int status = admin_call_with(t, "POST", path, send, &body);
     if (status == 200) {
         printf("%s: %s", done, body);
         free(body);
@@ -255,6 +301,44 @@ static int post(const struct admin_target *t, const char *path, const char *done
         print_error(status, body);
     free(body);
     return 1;
+}
+
+static int post(const struct admin_target *t, const char *path, const char *done)
+{
+    return post_with(t, path, "", done);
+}
+
+/* atc policy canary SHARE [WINDOW] | promote | rollback | shadow FILE [SAMPLE] | shadow clear */
+static int cmd_policy(const struct admin_target *t, int argc, char **argv)
+{
+    char send[2048];
+    const char *sub = argc > 0 ? argv[0] : "";
+    if (strcmp(sub, "canary") == 0 && (argc == 2 || argc == 3)) {
+        char *end;
+        double share = strtod(argv[1], &end);
+        if (*end != '\0' || !(share > 0 && share <= 1) || strchr(argc == 3 ? argv[2] : "", '"') != NULL) {
+            fputs(usage_admin, stderr);
+            return 2;
+        }
+        snprintf(send, sizeof(send), "{\"canary\":%g,\"window\":\"%s\"}", share, argc == 3 ? argv[2] : "5m");
+        return post_with(t, "/admin/policy/reload", send, "canary loaded");
+    }
+    if ((strcmp(sub, "promote") == 0 || strcmp(sub, "rollback") == 0) && argc == 1)
+        return post(t, sub[0] == 'p' ? "/admin/policy/promote" : "/admin/policy/rollback",
+                    sub[0] == 'p' ? "canary promoted" : "canary rolled back");
+    if (strcmp(sub, "shadow") == 0 && argc == 2 && strcmp(argv[1], "clear") == 0)
+        return post(t, "/admin/policy/shadow/clear", "shadow removed");
+    if (strcmp(sub, "shadow") == 0 && (argc == 2 || argc == 3) && strchr(argv[1], '"') == NULL) {
+        char path[1024];
+        if (realpath(argv[1], path) == NULL) { /* the server resolves nothing against our directory */
+            fprintf(stderr, "atc policy shadow: %s: %s\n", argv[1], strerror(errno));
+            return 1;
+        }
+        snprintf(send, sizeof(send), "{\"entry\":\"%s\",\"sample\":%s}", path, argc == 3 ? argv[2] : "1");
+        return post_with(t, "/admin/policy/shadow", send, "shadow loaded");
+    }
+    fputs(usage_admin, stderr);
+    return 2;
 }
 
 int atc_cli_main(int argc, char **argv)
@@ -301,7 +385,8 @@ int atc_cli_main(int argc, char **argv)
         return 2;
     }
     bool needs_id = strcmp(cmd, "drain") == 0 || strcmp(cmd, "enable") == 0;
-    if ((needs_id && optind + 1 != argc) || (!needs_id && optind != argc)) {
+    bool is_policy = strcmp(cmd, "policy") == 0;
+    if (!is_policy && ((needs_id && optind + 1 != argc) || (!needs_id && optind != argc))) {
         fputs(usage_admin, stderr);
         return 2;
     }
@@ -341,6 +426,8 @@ int atc_cli_main(int argc, char **argv)
 
     if (strcmp(cmd, "status") == 0)
         return cmd_status(&t);
+    if (is_policy)
+        return cmd_policy(&t, argc - optind, argv + optind);
     if (strcmp(cmd, "reload") == 0)
         return post(&t, reload_config ? "/admin/config/reload" : "/admin/policy/reload",
                     reload_config ? "reloaded the YAML and the policy" : "reloaded the policy");

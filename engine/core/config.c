@@ -150,6 +150,21 @@ struct field {
 #define SIM(m) offsetof(struct atc_simulate_config, m)
 #define HC(m) offsetof(struct atc_health_config, m)
 
+static const struct field shadow_fields[] = {
+    {.key = "entry", .kind = F_PATH, .off = CFG(policy.shadow_entry)},
+    {.key = "sample", .kind = F_SHARE, .off = CFG(policy.shadow_sample)},
+    {.key = NULL},
+};
+
+static const struct field canary_fields[] = {
+    {.key = "error_rate", .kind = F_SHARE, .off = CFG(policy.canary.error_rate)},
+    {.key = "fallback_rate", .kind = F_SHARE, .off = CFG(policy.canary.fallback_rate)},
+    {.key = "overrun_rate", .kind = F_SHARE, .off = CFG(policy.canary.overrun_rate)},
+    {.key = "ttft_p90", .kind = F_POSITIVE, .off = CFG(policy.canary.ttft_p90)},
+    {.key = "min_requests", .kind = F_UINT, .off = CFG(policy.canary.min_requests), .max = 1000000},
+    {.key = NULL},
+};
+
 static const struct field policy_fields[] = {
     {.key = "entry", .kind = F_PATH, .off = CFG(policy.entry)},
     {.key = "path", .kind = F_PATHS, .off = CFG(policy.path), .aux = CFG(policy.npath)},
@@ -158,6 +173,9 @@ static const struct field policy_fields[] = {
     {.key = "jit", .kind = F_BOOL, .off = CFG(policy.jit)},
     {.key = "rollback_after", .kind = F_UINT, .off = CFG(policy.rollback_after), .max = 1000000},
     {.key = "watch", .kind = F_BOOL, .off = CFG(policy.watch)},
+    {.key = "explain", .kind = F_BOOL, .off = CFG(policy.explain)},
+    {.key = "shadow", .kind = F_SECTION, .sub = shadow_fields},
+    {.key = "canary", .kind = F_SECTION, .sub = canary_fields},
     {.key = NULL},
 };
 

@@ -110,6 +110,15 @@ struct atc_config {
         size_t memory;      /* policy.memory in bytes (default 64 MiB) */
         bool jit;           /* policy.jit (default false) */
         bool watch;         /* policy.watch: reload when a .lua file changes (default true) */
+        bool explain;       /* policy.explain: a client's x-atc-explain: 1 gets the decision record */
+        char *shadow_entry; /* policy.shadow.entry: a candidate run beside the live policy (NULL: none) */
+        double shadow_sample; /* policy.shadow.sample: share of decisions it sees (default 1) */
+        /* policy.canary: how far a canary may be from the current version and still be promoted */
+        struct {
+            double error_rate, fallback_rate, overrun_rate; /* absolute, above the current's (0.01) */
+            double ttft_p90;  /* ratio to the current's TTFT p90 (1.25) */
+            unsigned min_requests; /* fewer canary requests in the window: rolled back (default 20) */
+        } canary;
         bool enabled;       /* the file has a policy: section; without one the C balancer routes */
         unsigned
             rollback_after; /* policy.rollback_after: consecutive failures of a new version (default 20) */

@@ -32,6 +32,10 @@ struct atc_config *atc_config_new(const char *name, const char *dir)
     cfg->policy.budget_us = 1000;
     cfg->policy.memory = (size_t)64 << 20;
     cfg->policy.rollback_after = 20;
+    cfg->policy.shadow_sample = 1;
+    cfg->policy.canary.error_rate = cfg->policy.canary.fallback_rate = cfg->policy.canary.overrun_rate = 0.01;
+    cfg->policy.canary.ttft_p90 = 1.25;
+    cfg->policy.canary.min_requests = 20;
     atc_signal_params_init(&cfg->signals);
     cfg->admission.queue = 1024;
     cfg->admission.deadline_ms = 30000;
@@ -116,6 +120,7 @@ void atc_config_free(struct atc_config *cfg)
     free(cfg->simulate);
     free_strv(cfg->policy.path, cfg->policy.npath);
     free(cfg->policy.entry);
+    free(cfg->policy.shadow_entry);
     free(cfg->record.dir);
     free(cfg->record.prefix);
     free_strv(cfg->record.headers, cfg->record.nheaders);

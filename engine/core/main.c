@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "ops/admin.h"
 #include "policy/policy.h"
+#include "core/rollout.h"
 #include "core/server.h"
 #include "core/worker.h"
 #include "trace/replay_cli.h"
@@ -236,6 +237,7 @@ static int cmd_serve(int argc, char **argv)
         event_base_free(base);
         return 1;
     }
+    atc_rollout_start(srv); /* policy.shadow */
     struct ready_file rf = {.srv = srv, .path = o.ready_file};
     if (o.ready_file != NULL)
         atc_server_when_ready(srv, on_ready, &rf);
@@ -270,6 +272,7 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "replay") == 0)
         return atc_replay_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "status") == 0 || strcmp(argv[1], "reload") == 0 || strcmp(argv[1], "drain") == 0 ||
+        strcmp(argv[1], "policy") == 0 ||
         strcmp(argv[1], "enable") == 0)
         return atc_cli_main(argc - 1, argv + 1);
     fprintf(stderr, "atc: unknown command '%s'\n%s", argv[1], usage_main);

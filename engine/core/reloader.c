@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/config.h"
 #include "core/log.h"
@@ -32,6 +33,7 @@ struct atc_reloader {
     struct atc_policy_build *build;
     struct waiter *waiters; /* answered by the round in progress */
     struct waiter *queued;  /* asked during it: one more round after */
+    struct atc_policy_target_spec spec; /* of the round in progress (its entry owned) */
     atomic_uint pending;    /* workers that have not swapped yet */
     struct adopt_task tasks[]; /* [g->nworkers] */
 };
@@ -60,7 +62,7 @@ static void on_all_adopted(void *arg)
 {
     struct atc_reloader *r = arg;
     struct atc_policy_runtime *rt0 = r->g->workers[0].policy;
-    uint64_t version = atc_policy_version(rt0);
+    uint64_t version = r->spec.target == ATC_POLICY_LIVE ? atc_policy_version(rt0) : atc_policy_build_version(r->build);
     const char *err = atc_policy_build_error(r->build);
     if (err != NULL)
         version = 0;
@@ -70,6 +72,8 @@ static void on_all_adopted(void *arg)
     atc_policy_build_free(r->build);
     r->build = NULL;
     r->adopting = false;
+    free((char *)r->spec.entry);
+    r->spec = (struct atc_policy_target_spec){.target = ATC_POLICY_LIVE};
     if (r->queued != NULL) {
         r->waiters = r->queued;
         r->queued = NULL;
@@ -125,6 +129,10 @@ static void begin_round(struct atc_reloader *r)
     struct atc_policy_runtime *rts[ATC_MAX_WORKERS];
     runtimes(r, rts);
     r->build = atc_policy_build_new(rts, r->g->nworkers);
+    if (r->build != NULL && atc_policy_build_target(r->build, &r->spec) < 0) {
+        atc_policy_build_free(r->build);
+        r->build = NULL;
+    }
     if (r->build == NULL) {
         struct waiter *w = r->waiters;
         r->waiters = NULL;
@@ -156,6 +164,7 @@ void atc_reloader_destroy(struct atc_reloader *r)
         return;
     join_loader(r);
     atc_policy_build_free(r->build);
+    free((char *)r->spec.entry);
     for (struct waiter *lists[] = {r->waiters, r->queued}, **l = lists; l < lists + 2; l++)
         while (*l != NULL) {
             struct waiter *next = (*l)->next;
@@ -180,6 +189,19 @@ void atc_reloader_start(struct atc_reloader *r, atc_reload_done done, void *arg)
     *list = w;
     if (!busy)
         begin_round(r);
+}
+
+void atc_reloader_start_as(struct atc_reloader *r, const struct atc_policy_target_spec *spec, atc_reload_done done,
+                           void *arg)
+{
+    if (r->loading || r->adopting || r->build != NULL) {
+        if (done != NULL)
+            done(arg, 0, "a policy reload is in progress; retry when it is answered");
+        return;
+    }
+    r->spec = *spec;
+    r->spec.entry = spec->entry != NULL ? strdup(spec->entry) : NULL;
+    atc_reloader_start(r, done, arg);
 }
 
 void atc_reloader_wait(struct atc_reloader *r)

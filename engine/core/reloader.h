@@ -33,6 +33,12 @@ void atc_reloader_destroy(struct atc_reloader *r);
  * with the new version, or when it failed to build (nothing changed). @p done may be NULL. Main thread. */
 void atc_reloader_start(struct atc_reloader *r, atc_reload_done done, void *arg);
 
+struct atc_policy_target_spec;
+/** Likewise, building for @p spec (a canary, a shadow, clearing the shadow; copied): @p done gets the
+ * build's version. Refused (done with an error) while another reload runs. Main thread. */
+void atc_reloader_start_as(struct atc_reloader *r, const struct atc_policy_target_spec *spec, atc_reload_done done,
+                           void *arg);
+
 /** Waits until no build is in progress, so that the caller may change what builds read (the endpoint
  * table: a config reload). A build that finished this way is dropped when the workers' runtimes have
  * been rebuilt since (atc_policy_adopt). Main thread. */

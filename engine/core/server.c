@@ -706,6 +706,7 @@ static int start_policy(struct atc_server *srv, struct atc_worker *w, char **err
         .jit = cfg->policy.jit,
         .rollback_after = cfg->policy.rollback_after,
         .group = srv->group.nworkers > 1 ? &srv->policy_group : NULL,
+        .shadow_affinity = srv->shadow_affinity,
         .quiet = w != main_worker(srv), /* worker 0 says it once for all */
     };
     char *msg = NULL;
@@ -861,6 +862,7 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
         goto error;
     }
     if (cfg->policy.enabled && ((srv->affinity = atc_affinity_create(0)) == NULL ||
+                                (srv->shadow_affinity = atc_affinity_create(0)) == NULL ||
                                 (srv->prefix = atc_prefix_index_create(0)) == NULL)) {
         fail(err, "out of memory");
         goto error;
@@ -1021,6 +1023,9 @@ void atc_server_destroy(struct atc_server *srv)
     atc_metrics_destroy(srv->metrics);
     atc_admission_shared_destroy(srv->admission_shared); /* after the workers' admissions */
     atc_affinity_destroy(srv->affinity);
+    atc_affinity_destroy(srv->shadow_affinity);
+    if (srv->canary_timer != NULL)
+        event_free(srv->canary_timer);
     atc_prefix_index_destroy(srv->prefix);
     atc_health_destroy(srv->health); /* its probes use the table's endpoints */
     if (srv->table != NULL) {

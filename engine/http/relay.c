@@ -23,6 +23,7 @@
 #include "ops/access_log.h"
 #include "core/log.h"
 #include "ops/metrics.h"
+#include "policy/decision.h"
 #include "policy/policy.h"
 #include "trace/recorder.h"
 #include "trace/trace.h"
@@ -94,6 +95,10 @@ struct relay {
     struct atc_route_request rreq; /* what the policy sees */
     struct atc_queue_item qi;      /* while waiting for capacity */
     uint64_t policy_version;
+    struct atc_decision_record rec; /* the decision that routed it (its last one) */
+    struct atc_explain scores;      /* what atc.explain attached, when someone reads it (rreq.explain) */
+    bool explain_reply;             /* the client asked for the record and policy.explain allows it */
+    bool shadowed;                  /* the shadow policy has seen it */
     char *rewritten; /* the body with "model" set to the endpoint's, when a policy mapped an alias */
     size_t rewritten_len;
 
@@ -189,6 +194,8 @@ static void account(struct relay *r)
         .broken = r->broken,
     };
     atc_metrics_request(w->metrics, &m);
+    if (w->policy != NULL && r->policy_version != 0)
+        atc_policy_observe(w->policy, r->policy_version, r->rec.canary, ttft_ms);
     if (w->access_log == NULL)
         return;
     struct atc_access_record rec = {
@@ -209,7 +216,9 @@ static void account(struct relay *r)
         .retries = retries,
         .bytes = r->bytes,
         .sse_events = r->sse_events,
+        .decision = w->policy != NULL ? &r->rec : NULL,
     };
+    r->rec.endpoint = endpoint;
     atc_access_log_request(w->access_log, &rec);
 }
 
@@ -236,6 +245,8 @@ static bool over_limit(struct relay *r)
     char msg[200];
     snprintf(msg, sizeof(msg), "Rate limit reached for tenant '%s' on %s per minute. Please try again in %ds.",
              r->tenant, what, retry);
+    r->rec.kind = "reject"; /* by the tenant's limit, before any decision */
+    snprintf(r->rec.reason, sizeof(r->rec.reason), "rate_limit_%s", what);
     reply_error(r, 429, what, "rate_limit_exceeded", msg, retry);
     return true;
 }
@@ -320,9 +331,29 @@ static void add_reply_headers(struct relay *r)
         evhttp_add_header(h, "x-atc-endpoint", r->tried[r->ntried - 1]->id);
     evhttp_add_header(h, "x-request-id", r->id);
     if (r->w->policy != NULL) {
-        char v[24];
-        snprintf(v, sizeof(v), "%llu", (unsigned long long)r->policy_version);
-        evhttp_add_header(h, "x-atc-policy-version", v);
+        /* The version is named only on what it decided: a client must be able to tell that the C
+         * balancer routed a request because the policy failed. */
+        char v[160];
+        if (strcmp(r->rec.kind, "fallback") == 0) {
+            snprintf(v, sizeof(v), "fallback; reason=%s", r->rec.reason);
+        } else {
+            if (r->policy_version != 0) { /* 0: refused before any decision (a tenant's limit) */
+                snprintf(v, sizeof(v), "%llu", (unsigned long long)r->policy_version);
+                evhttp_add_header(h, "x-atc-policy-version", v);
+            }
+            snprintf(v, sizeof(v), "%s%s", r->rec.kind, r->rec.canary ? "; canary" : "");
+        }
+        evhttp_add_header(h, "x-atc-decision", v);
+    }
+    if (r->explain_reply) {
+        r->rec.endpoint = r->ntried > 0 ? r->tried[r->ntried - 1]->id : NULL;
+        struct evbuffer *b = evbuffer_new();
+        if (b != NULL) {
+            atc_decision_record_json(&r->rec, b);
+            evbuffer_add(b, "", 1);
+            evhttp_add_header(h, "x-atc-explain", (const char *)evbuffer_pullup(b, -1));
+            evbuffer_free(b);
+        }
     }
     if (r->w->draining)
         evhttp_add_header(h, "Connection", "close");
@@ -453,6 +484,11 @@ static enum choice decide(struct relay *r, struct atc_endpoint **ep)
                              d.kind == ATC_DECISION_FALLBACK ? d.reason : NULL);
         r->policy_version = d.version;
         r->marks.decision = (int)d.kind; /* the last decision is the one that routed it */
+        atc_decision_record_set(&r->rec, &d, r->rreq.explain);
+        if (!r->shadowed) { /* the same request, once, on the same fleet: then agreement means the code */
+            r->shadowed = true;
+            atc_policy_shadow_route(w->policy, &r->rreq, &d, &r->rec);
+        }
         switch (d.kind) {
         case ATC_DECISION_ENDPOINT:
             *ep = d.endpoint;
@@ -938,6 +974,11 @@ void atc_relay_start(struct atc_worker *w, struct evhttp_request *client, const 
     };
     if (over_limit(r))
         return;
+    r->rec.kind = "balancer";
+    const char *ask = client_header(r, "x-atc-explain");
+    r->explain_reply = w->cfg->policy.explain && ask != NULL && strcmp(ask, "1") == 0;
+    if (r->explain_reply || w->access_log != NULL || w->recorder != NULL)
+        r->rreq.explain = &r->scores;
     struct atc_endpoint *ep = NULL;
     switch (choose(r, &ep)) {
     case CHOSEN:
@@ -996,10 +1037,23 @@ static void record_finished(struct relay *r, bool flushed)
     t.endpoint = r->ntried > 0 ? r->tried[r->ntried - 1]->id : NULL;
     t.policy_version = r->policy_version;
     t.decision = r->marks.decision >= 0 && r->marks.decision <= 3 ? decisions[r->marks.decision] : "balancer";
+    if (r->rec.reason[0] != '\0')
+        t.reason = r->rec.reason;
+    t.shadow_version = r->rec.shadow_version;
+    t.shadow_decision = r->rec.shadow_kind;
+    t.shadow_endpoint = r->rec.shadow_endpoint;
+    struct evbuffer *scores = NULL;
+    if (r->rec.scores != NULL && (scores = evbuffer_new()) != NULL) {
+        atc_explain_json(r->rec.scores, scores);
+        evbuffer_add(scores, "", 1);
+        t.scores = (const char *)evbuffer_pullup(scores, -1);
+    }
     t.attempts = r->ntried;
     t.status = r->client_status != 0 ? r->client_status : r->status;
     if (r->marks.first_byte_us != 0)
         t.ttft_ms = (double)(r->marks.first_byte_us - r->t_start_us) / 1000.0;
     t.total_ms = (double)(now - r->t_start_us) / 1000.0;
     atc_recorder_add(rec, &t, atc_wall_us() - (now - r->t_start_us));
+    if (scores != NULL)
+        evbuffer_free(scores);
 }

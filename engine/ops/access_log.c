@@ -15,6 +15,7 @@
 
 #include "http/http_util.h"
 #include "core/log.h"
+#include "policy/decision.h"
 
 #define FLUSH_MS 200
 /* Past this much unwritten log, new lines are dropped (and counted) rather than growing memory. */
@@ -251,6 +252,16 @@ void atc_access_log_request(struct atc_access_log *log, const struct atc_access_
     LINE_LIT(&l, ",\"sse_events\":");
     line_u64(&l, r->sse_events);
     JSON_FIELD(&l, "error", r->error);
+    const struct atc_decision_record *d = r->decision;
+    if (d != NULL) {
+        JSON_FIELD(&l, "decision", d->kind);
+        JSON_FIELD(&l, "reason", d->reason);
+        if (d->scores != NULL || d->shadow_version != 0) {
+            LINE_LIT(&l, ",\"explain\":");
+            line_flush(&l);
+            atc_decision_record_json(d, l.out);
+        }
+    }
     LINE_LIT(&l, "}\n");
     line_flush(&l);
     if (evbuffer_get_length(log->pending) > FLUSH_AT)

@@ -11,6 +11,7 @@
 struct event_base;
 struct evbuffer;
 struct atc_access_log;
+struct atc_decision_record;
 
 /** Opens @p path for appending ("stderr" writes to standard error). NULL and errno on failure. */
 struct atc_access_log *atc_access_log_open(struct event_base *base, const char *path);
@@ -30,6 +31,9 @@ struct atc_access_record {
     int64_t max_tokens; /* < 0: not set */
     unsigned retries;
     uint64_t bytes, sse_events;
+    /* the decision that routed it: kind and reason always, the whole record (scores, the shadow's pick)
+     * when it has scores or a shadow ran; NULL: none (no policy) */
+    const struct atc_decision_record *decision;
 };
 
 /** Appends @p r as one JSON line. */

@@ -23,7 +23,9 @@
 #include "trace/recorder.h"
 #include "cluster/cluster.h"
 #include "cluster/limits.h"
-#include "core/clock.h"
+#include "core/config_value.h"
+#include "core/json.h"
+#include "core/rollout.h"
 #include "core/server.h"
 #include "http/upstream.h"
 #include "core/worker.h"
@@ -200,10 +202,11 @@ static void send_policy(struct atc_server *srv, struct atc_http_req *req)
     evbuffer_free(b);
 }
 
-/* The answer to POST /admin/policy/reload, once every worker decides with the new version (the reload
- * builds it off the serving threads: the request waits, the workers do not). */
+/* An admin request answered once a reload, canary or shadow is built (off the serving threads: the request
+ * waits, the workers do not); forgotten if its client leaves. */
 struct pending_reload {
     struct atc_http_req *req; /* NULL once the client left */
+    const char *what;         /* more of the answer's JSON, after the version */
 };
 
 static void on_reload_client_gone(void *arg)
@@ -214,26 +217,61 @@ static void on_reload_client_gone(void *arg)
 
 static const struct atc_http_req_callbacks reload_client_cb = {.on_gone = on_reload_client_gone};
 
-static void on_policy_reloaded(void *arg, uint64_t version, const char *err)
+static struct pending_reload *pending(struct atc_http_req *req, const char *what)
+{
+    struct pending_reload *p = malloc(sizeof(*p));
+    if (p == NULL) {
+        admin_error(req, 500, "server_error", "out_of_memory", "out of memory", 0);
+        return NULL;
+    }
+    p->req = req;
+    p->what = what;
+    atc_http_req_set_callbacks(req, &reload_client_cb, p);
+    return p;
+}
+
+/* 200 {"version": N, ...what} or 422 with the error; @p arg is a pending_reload. */
+static void answer_version(void *arg, uint64_t version, const char *err)
 {
     struct pending_reload *p = arg;
     struct atc_http_req *req = p->req;
+    const char *what = p->what;
     free(p);
     if (req == NULL)
         return; /* nobody is waiting for the answer any more; the reload happened all the same */
     atc_http_req_set_callbacks(req, NULL, NULL);
-    if (version == 0) {
+    if (err != NULL || version == 0) {
         admin_error(req, 422, "invalid_request_error", "policy_reload_failed", err ? err : "failed", 0);
         return;
     }
     struct evbuffer *b = evbuffer_new();
-    evbuffer_add_printf(b, "{\"version\":%llu}\n", (unsigned long long)version);
+    evbuffer_add_printf(b, "{\"version\":%llu%s}\n", (unsigned long long)version, what);
     atc_http_reply_json(req, 200, b);
     evbuffer_free(b);
 }
 
+/* The request's JSON body into @p j: 0; 1 when it has none; -1 when it was answered with a 400. */
+static int json_body(struct atc_http_req *req, struct atc_json *j)
+{
+    size_t len = 0;
+    const char *body = atc_http_req_body(req, &len);
+    *j = (struct atc_json){0};
+    if (body == NULL || len == 0)
+        return 1;
+    const char *err = NULL;
+    if (len > 65536 || atc_json_parse(j, body, len, &err) < 0 || atc_json_type(j, 0) != ATC_JSON_OBJECT) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "the body must be a JSON object%s%s", err ? ": " : "", err ? err : "");
+        admin_error(req, 400, "invalid_request_error", "invalid_json", msg, 0);
+        atc_json_dispose(j);
+        return -1;
+    }
+    return 0;
+}
+
 /* 200 with the new version when the reload took; 422 with the error (file:line) when it did not, and
- * the old version keeps routing. */
+ * the old version keeps routing. With {"canary": SHARE, "window": DURATION} the new version decides
+ * that share of the requests until its window ends and it is judged (core/rollout.h). */
 static void reload_policy(struct atc_server *srv, struct atc_http_req *req)
 {
     if (atc_http_req_method(req) != ATC_HTTP_POST) {
@@ -245,14 +283,95 @@ static void reload_policy(struct atc_server *srv, struct atc_http_req *req)
                             "the config has no policy: section", 0);
         return;
     }
-    struct pending_reload *p = malloc(sizeof(*p));
-    if (p == NULL) {
-        admin_error(req, 500, "server_error", "out_of_memory", "out of memory", 0);
+    struct atc_json j;
+    int rc = json_body(req, &j);
+    if (rc < 0)
+        return;
+    int at = rc == 0 ? atc_json_get(&j, 0, "canary") : -1;
+    if (at < 0) {
+        atc_json_dispose(&j);
+        struct pending_reload *p = pending(req, "");
+        if (p != NULL)
+            atc_server_reload_policy(srv, answer_version, p);
         return;
     }
-    p->req = req;
-    atc_http_req_set_callbacks(req, &reload_client_cb, p);
-    atc_server_reload_policy(srv, on_policy_reloaded, p);
+    double share = 0;
+    uint64_t window_ms = 300000;
+    char window[32] = "";
+    int w = atc_json_get(&j, 0, "window");
+    bool ok = atc_json_number(&j, at, &share) && share > 0 && share <= 1 &&
+              (w < 0 || (atc_json_string(&j, w, window, sizeof(window), NULL) == 0 &&
+                         atc_parse_duration_ms(window, &window_ms) == 0 && window_ms > 0));
+    atc_json_dispose(&j);
+    if (!ok) {
+        admin_error(req, 400, "invalid_request_error", "invalid_canary",
+                    "canary must be a share in (0, 1] and window a duration such as \"5m\"", 0);
+        return;
+    }
+    struct pending_reload *p = pending(req, ",\"canary\":true");
+    if (p != NULL)
+        atc_rollout_canary(srv, share, window_ms, answer_version, p);
+}
+
+/* POST /admin/policy/promote, /admin/policy/rollback: ends the canary now. */
+static void end_canary(struct atc_server *srv, struct atc_http_req *req, enum atc_rollout_end how)
+{
+    if (atc_http_req_method(req) != ATC_HTTP_POST) {
+        admin_error(req, 405, "invalid_request_error", "method_not_allowed", "use POST", 0);
+        return;
+    }
+    char why[640];
+    uint64_t version = atc_rollout_canary_end(srv, how, why, sizeof(why));
+    if (version == 0) {
+        admin_error(req, 409, "invalid_request_error", "no_canary", why, 0);
+        return;
+    }
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_printf(b, "{\"canary\":%llu,\"promoted\":%s,\"why\":\"", (unsigned long long)version,
+                        how == ATC_ROLLOUT_PROMOTE ? "true" : "false");
+    atc_json_escape(b, why, strlen(why));
+    evbuffer_add_printf(b, "\"}\n");
+    atc_http_reply_json(req, 200, b);
+    evbuffer_free(b);
+}
+
+static void on_shadow_cleared(void *arg, uint64_t version, const char *err)
+{
+    answer_version(arg, err != NULL ? 0 : 1, err);
+}
+
+/* POST /admin/policy/shadow {"entry": FILE, "sample": 0-1} loads a shadow; POST /admin/policy/shadow/clear
+ * removes it (POST both: the admin port takes GET, HEAD and POST only). */
+static void shadow_policy(struct atc_server *srv, struct atc_http_req *req, bool clear)
+{
+    if (atc_http_req_method(req) != ATC_HTTP_POST) {
+        admin_error(req, 405, "invalid_request_error", "method_not_allowed", "use POST", 0);
+        return;
+    }
+    if (clear) {
+        struct pending_reload *p = pending(req, ",\"shadow\":false");
+        if (p != NULL)
+            atc_rollout_shadow(srv, NULL, 0, on_shadow_cleared, p);
+        return;
+    }
+    struct atc_json j;
+    int rc = json_body(req, &j);
+    if (rc < 0)
+        return;
+    char entry[1024] = "";
+    double sample = 1;
+    int e = rc == 0 ? atc_json_get(&j, 0, "entry") : -1, s = rc == 0 ? atc_json_get(&j, 0, "sample") : -1;
+    bool ok = e >= 0 && atc_json_string(&j, e, entry, sizeof(entry), NULL) == 0 && entry[0] != '\0' &&
+              (s < 0 || (atc_json_number(&j, s, &sample) && sample >= 0 && sample <= 1));
+    atc_json_dispose(&j);
+    if (!ok) {
+        admin_error(req, 400, "invalid_request_error", "invalid_shadow",
+                    "the body must be {\"entry\": \"FILE.lua\", \"sample\": 0-1}", 0);
+        return;
+    }
+    struct pending_reload *p = pending(req, ",\"shadow\":true");
+    if (p != NULL)
+        atc_rollout_shadow(srv, entry, sample, answer_version, p);
 }
 
 /* POST /admin/endpoints/<id>/drain or /enable: drain stops new traffic to the endpoint and lets its
@@ -534,6 +653,14 @@ void atc_admin_handle(struct atc_http_req *req, void *arg)
         evbuffer_add_printf(b, "\n");
         atc_http_reply_json(req, 200, b);
         evbuffer_free(b);
+    } else if (strcmp(path, "/admin/policy/promote") == 0) {
+        end_canary(srv, req, ATC_ROLLOUT_PROMOTE);
+    } else if (strcmp(path, "/admin/policy/rollback") == 0) {
+        end_canary(srv, req, ATC_ROLLOUT_ROLLBACK);
+    } else if (strcmp(path, "/admin/policy/shadow") == 0) {
+        shadow_policy(srv, req, false);
+    } else if (strcmp(path, "/admin/policy/shadow/clear") == 0) {
+        shadow_policy(srv, req, true);
     } else if (strcmp(path, "/admin/record") == 0) {
         send_record(srv, req);
     } else if (strcmp(path, "/health") == 0) {

@@ -25,6 +25,7 @@ struct atc_endpoint;
 struct atc_endpoint_table;
 struct atc_affinity;
 struct atc_prefix_index;
+struct atc_explain;
 
 /* Shared by the runtimes of every worker (each worker has its own, loaded from the same files): a new
  * version's run of failed decisions counts process-wide, and a rollback on one worker rolls back the
@@ -32,6 +33,7 @@ struct atc_prefix_index;
 struct atc_policy_group {
     atomic_uint streak;                /* failed decisions in a row, on any worker */
     atomic_uint_least64_t rolled_back; /* the latest version rolled back (0: none) */
+    atomic_uint_least64_t served;      /* the latest version that made a good decision on any worker */
 };
 
 struct atc_policy_settings {
@@ -49,6 +51,7 @@ struct atc_policy_settings {
     double (*now_ms)(void *ctx);
     void *now_ctx;
     uint64_t seed;
+    struct atc_affinity *shadow_affinity; /* the shadow's own pins (borrowed; NULL: it keeps none) */
     /* A runtime that repeats the leader's work (every worker but the first): its successful loads and
      * its init()'s atc.log lines are not logged, so one reload is one log line, not one per worker. */
     bool quiet;
@@ -81,6 +84,7 @@ struct atc_decision {
     const char *reason; /* fallbacks: one of atc_policy_fallback_* (compare by pointer; _error also when
                          * no version matches the table yet), else NULL */
     uint64_t version;   /* the policy version that decided */
+    bool canary;        /* that version is a canary (atc_policy_canary) */
 };
 
 /* What the engine knows about a request, for the decision. */
@@ -100,6 +104,9 @@ struct atc_route_request {
     const char *(*header)(void *ctx, const char *name);
     void *header_ctx;
     uint32_t block_tokens; /* tokens per prefix block; 0: ATC_PREFIX_BLOCK_BYTES / 4 (live requests) */
+    /* Where atc.explain's scores go (policy/decision.h), reset by each decision; NULL: nobody reads
+     * them, and atc.explain does nothing. */
+    struct atc_explain *explain;
 };
 
 struct event_base;
@@ -151,6 +158,20 @@ const char *atc_policy_build_error(const struct atc_policy_build *b);
  * build on @p rt (logged when @p i is 0) and returns 0; or, when a config reload rebuilt @p rt since the
  * build began (its version would index the old table), drops it and returns 0. */
 uint64_t atc_policy_adopt(struct atc_policy_runtime *rt, struct atc_policy_build *b, size_t i);
+/* What a build becomes: the version that decides (a reload), a canary deciding a share of the requests,
+ * a shadow beside the live policy (built from .entry), or nothing (clears the shadow). */
+enum atc_policy_target { ATC_POLICY_LIVE, ATC_POLICY_CANARY, ATC_POLICY_SHADOW, ATC_POLICY_SHADOW_CLEAR };
+struct atc_policy_target_spec {
+    enum atc_policy_target target;
+    double share;      /* canary: share of the requests (0-1], sticky per session */
+    const char *entry; /* shadow: its entry file (copied) */
+    double sample;     /* shadow: share of decisions it sees */
+};
+/** Makes @p b build for @p spec (before atc_policy_build_run). 0, or -1 when out of memory. */
+int atc_policy_build_target(struct atc_policy_build *b, const struct atc_policy_target_spec *spec);
+/** The version number the build's versions take (shadows count apart). */
+uint64_t atc_policy_build_version(const struct atc_policy_build *b);
+
 /** Frees @p b and any version not adopted (NULL: nothing); on any thread once no call on @p b runs. */
 void atc_policy_build_free(struct atc_policy_build *b);
 
@@ -187,6 +208,40 @@ const char *atc_policy_stdlib_dir(void);
 
 /** `atc test [-c FILE] [--budget DURATION] TEST.lua...`: runs policy unit tests in the sandbox. */
 int atc_policy_test_main(int argc, char **argv);
+
+/* ---- shadow (shadow.c) ---- */
+
+/** After the live decision @p live on @p req (first attempts only), the shadow decides the same request
+ * (when one is loaded and the sample draws it), within its own budget; its pick is counted against
+ * @p live and written into @p rec's shadow fields (may be NULL), never acted on. */
+struct atc_decision_record;
+void atc_policy_shadow_route(struct atc_policy_runtime *rt, const struct atc_route_request *req,
+                             const struct atc_decision *live, struct atc_decision_record *rec);
+
+/* ---- canary (canary.c) ---- */
+
+/* How far a canary may be from the current version and be promoted (policy.canary). */
+struct atc_canary_guards {
+    double error_rate, fallback_rate, overrun_rate; /* added to the current version's rate */
+    double ttft_p90;                                /* times the current version's TTFT p90 */
+    unsigned min_requests;                          /* fewer canary requests: rolled back */
+};
+
+/** A request decided by @p version ended with TTFT @p ttft_ms (< 0: none): counted to its canary side. */
+void atc_policy_observe(struct atc_policy_runtime *rt, uint64_t version, bool canary, double ttft_ms);
+/** The canary's version, or 0 when none. */
+uint64_t atc_policy_canary_version(const struct atc_policy_runtime *rt);
+/** Judges the canary of the runtimes @p rts (every worker's; parked) against @p g: 1 promote, 0 roll back
+ * (why in @p why), -1 no canary. */
+int atc_policy_canary_judge(struct atc_policy_runtime *const *rts, size_t n, const struct atc_canary_guards *g,
+                            char *why, size_t size);
+/** Ends @p rt's canary: promoted (it decides everything from now on) or rolled back (freed); @p why is
+ * kept for status. Parked, or on @p rt's thread. */
+void atc_policy_canary_end(struct atc_policy_runtime *rt, bool promote, const char *why);
+
+/** Makes @p v (built, numbered) the version that decides; the runtime's files only (canary.c). */
+struct policy_version;
+void policy_swap_in(struct atc_policy_runtime *rt, struct policy_version *v);
 
 /** A runtime with no version loaded yet (strings of @p s copied), its watchdog running; NULL: no memory.
  * For the runtime's own files and the `atc test` runner (atc_policy_create loads a version too). */

@@ -15,6 +15,7 @@
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
 #include "core/log.h"
+#include "policy/decision.h"
 #include "policy/policy_api.h"
 #include "policy/state.h"
 
@@ -550,6 +551,22 @@ static int atc_log(lua_State *L)
     return 0;
 }
 
+/* atc.explain(ep, score [, note]): a candidate's score for the decision record. Checked always, kept only
+ * when someone reads the record (the request's explain is set), so that explaining costs nothing then. */
+static int atc_explain(lua_State *L)
+{
+    struct policy_version *v = lua_touserdata(L, lua_upvalueindex(1));
+    const struct atc_endpoint *ep = policy_api_to_endpoint(v, 1);
+    int t = lua_type(L, 1); /* without a table (atc test's mocks), any table or id passes */
+    if (ep == NULL && (v->rt->table != NULL || (t != LUA_TTABLE && t != LUA_TSTRING)))
+        luaL_argerror(L, 1, "expected an endpoint or an endpoint id");
+    double score = luaL_checknumber(L, 2);
+    const char *note = luaL_optstring(L, 3, NULL);
+    if (ep != NULL && v->req != NULL && v->req->explain != NULL)
+        atc_explain_add(v->req->explain, ep->id, score, note);
+    return 0;
+}
+
 /* ---- affinity ---- */
 
 static const char *affinity_target(lua_State *L, struct policy_version *v, int idx)
@@ -800,6 +817,7 @@ void policy_api_open(struct policy_version *v)
     set_closure(L, v, "random", atc_random);
     set_closure(L, v, "now", atc_now);
     set_closure(L, v, "log", atc_log);
+    set_closure(L, v, "explain", atc_explain);
     set_closure(L, v, "least_loaded", policy_pick_least_loaded);
     set_closure(L, v, "p2c", policy_pick_p2c);
     set_closure(L, v, "rendezvous", policy_pick_rendezvous);

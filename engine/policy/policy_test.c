@@ -28,6 +28,7 @@
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
 #include "http/request_features.h"
+#include "policy/decision.h"
 #include "policy/policy_api.h"
 #include "policy/sandbox.h"
 #include "policy/state.h"
@@ -614,6 +615,8 @@ static int test_route(lua_State *L)
         .header_ctx = x,
         .block_tokens = (uint32_t)spec_number(L, 1, "block_tokens", 0),
     };
+    struct atc_explain scores = {0};
+    rq.explain = &scores; /* d.scores: what atc.explain attached */
 
     /* The decision, on the serving path, with this state deciding. Everything it needs is anchored in
      * the registry: atc_policy_route clears this function's stack. */
@@ -644,11 +647,26 @@ static int test_route(lua_State *L)
         snprintf(endpoint, sizeof(endpoint), "%s", d.endpoint->id);
     if (d.kind == ATC_DECISION_FALLBACK && x->rt->last_error != NULL) /* what log_failure logged */
         snprintf(error, sizeof(error), "%s", x->rt->last_error);
+    char score_ids[ATC_EXPLAIN_MAX][128]; /* the ids are the scratch table's, freed next */
+    for (unsigned i = 0; i < scores.n; i++)
+        snprintf(score_ids[i], sizeof(score_ids[i]), "%s", scores.s[i].endpoint);
     scratch_free(x);
     luaL_unref(L, LUA_REGISTRYINDEX, scratch_ref);
     if (restored != 0)
         return lua_error(L);
-    lua_createtable(L, 0, 5);
+    lua_createtable(L, 0, 6);
+    lua_createtable(L, (int)scores.n, 0);
+    for (unsigned i = 0; i < scores.n; i++) {
+        lua_createtable(L, 0, 3);
+        lua_pushstring(L, score_ids[i]);
+        lua_setfield(L, -2, "endpoint");
+        lua_pushnumber(L, scores.s[i].score);
+        lua_setfield(L, -2, "score");
+        lua_pushstring(L, scores.s[i].note);
+        lua_setfield(L, -2, "note");
+        lua_rawseti(L, -2, (int)i + 1);
+    }
+    lua_setfield(L, -2, "scores");
     lua_pushstring(L, kinds[d.kind]);
     lua_setfield(L, -2, "kind");
     if (endpoint[0] != '\0') {

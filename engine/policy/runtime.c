@@ -4,7 +4,10 @@
  * policy_api.c, the `atc test` runner in policy_test.c. */
 
 #include "policy/policy.h"
+#include "policy/canary.h"
+#include "policy/decision.h"
 #include "policy/policy_api.h"
+#include "policy/shadow.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -81,6 +84,9 @@ static void count_result(struct atc_policy_runtime *rt, struct policy_version *v
     struct atc_policy_group *g = rt->s.group;
     if (ok) {
         v->consecutive_failures = 0;
+        /* It served: from now on it is the version a later bad one rolls back to (swap_in). */
+        if (v->successes == 0 && g != NULL && atomic_load_explicit(&g->served, memory_order_relaxed) < v->version)
+            atomic_store(&g->served, v->version);
         if (g != NULL && atomic_load_explicit(&g->streak, memory_order_relaxed) != 0)
             atomic_store(&g->streak, 0);
         if (++v->successes == PROBATION_SUCCESSES && rt->last_good != NULL && rt->current == v) {
@@ -115,15 +121,53 @@ static bool interpret(struct policy_version *v, struct atc_decision *out)
     return true;
 }
 
-static void describe_invalid(lua_State *L, char *buf, size_t size, const char *entry)
+/* What a script returned, for the log: bounded, one line. */
+static void describe_value(lua_State *L, char *buf, size_t size)
 {
+    int t = lua_type(L, -1);
+    if (t == LUA_TSTRING) {
+        size_t len;
+        const char *s = lua_tolstring(L, -1, &len);
+        size_t n = len > 64 ? 64 : len, k = 0;
+        char text[65];
+        for (size_t i = 0; i < n; i++)
+            text[k++] = s[i] >= 0x20 && s[i] < 0x7f && s[i] != '"' ? s[i] : '?';
+        text[k] = '\0';
+        snprintf(buf, size, "\"%s\"%s", text, len > 64 ? "..." : "");
+    } else if (t == LUA_TNUMBER) {
+        snprintf(buf, size, "%.14g", lua_tonumber(L, -1));
+    } else if (t == LUA_TBOOLEAN) {
+        snprintf(buf, size, "%s", lua_toboolean(L, -1) ? "true" : "false");
+    } else {
+        snprintf(buf, size, "a %s", luaL_typename(L, -1));
+    }
+}
+
+/* Why the value at -1 is no decision, with the value and where route is defined (the return itself has
+ * left the stack by now). */
+static void describe_invalid(struct policy_version *v, char *buf, size_t size)
+{
+    lua_State *L = v->L;
+    char where[300] = "";
+    lua_Debug ar;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, v->route_ref);
+    if (lua_getinfo(L, ">S", &ar) != 0)
+        snprintf(where, sizeof(where), "%s:%d", ar.short_src, ar.linedefined);
+    char value[96];
+    describe_value(L, value, sizeof(value));
+    const struct atc_endpoint *ep = policy_api_to_endpoint(v, -1);
     if (lua_isnil(L, -1))
-        snprintf(buf, size, "%s: route returned nil (return an endpoint, atc.queue() or atc.reject())",
-                 entry);
-    else if (lua_type(L, -1) == LUA_TSTRING || lua_istable(L, -1))
-        snprintf(buf, size, "%s: route returned an endpoint that is unknown, full or unavailable", entry);
+        snprintf(buf, size, "%s: route returned nil (return an endpoint, atc.queue() or atc.reject())", where);
+    else if (ep != NULL)
+        snprintf(buf, size, "%s: route returned endpoint %s, which cannot take it now (full, unhealthy or tried)",
+                 where, ep->id);
+    else if (lua_type(L, -1) == LUA_TSTRING)
+        snprintf(buf, size, "%s: route returned %s, which is no endpoint id", where, value);
+    else if (lua_istable(L, -1))
+        snprintf(buf, size, "%s: route returned a table that is not an endpoint view", where);
     else
-        snprintf(buf, size, "%s: route returned a %s", entry, luaL_typename(L, -1));
+        snprintf(buf, size, "%s: route returned %s (return an endpoint, atc.queue() or atc.reject())", where,
+                 value);
 }
 
 /* Runs one decision on version @p v. Returns true when the policy decided. */
@@ -151,7 +195,7 @@ static bool decide(struct policy_version *v, const struct atc_route_request *req
         ok = true;
     } else {
         *why = atc_policy_fallback_invalid;
-        describe_invalid(L, errbuf, errsize, v->rt->s.entry);
+        describe_invalid(v, errbuf, errsize);
         v->c.invalid++;
     }
     lua_settop(L, 0);
@@ -165,7 +209,10 @@ void atc_policy_route(struct atc_policy_runtime *rt, const struct atc_route_requ
     memset(out, 0, sizeof(*out));
     atc_policy_sync(rt);
     struct policy_version *v = rt->current;
+    if (rt->canary != NULL && policy_canary_takes(rt, req))
+        v = rt->canary;
     out->version = v->version;
+    out->canary = v == rt->canary;
     if (rt->stale) {
         out->kind = ATC_DECISION_FALLBACK;
         out->reason = atc_policy_fallback_error;
@@ -174,13 +221,20 @@ void atc_policy_route(struct atc_policy_runtime *rt, const struct atc_route_requ
     }
     char err[512];
     const char *why = NULL;
+    if (req->explain != NULL)
+        req->explain->n = req->explain->dropped = 0;
     bool ok = decide(v, req, rt->s.budget_us, out, err, sizeof(err), &why);
     if (!ok) {
         out->kind = ATC_DECISION_FALLBACK;
         out->reason = why;
         log_failure(rt, v, why, err);
     }
-    count_result(rt, v, ok);
+    if (rt->canary != NULL)
+        policy_canary_count(rt, out->canary, ok, why);
+    if (out->canary) /* no streak and no rollback of its own: its window judges it (canary.c) */
+        rt->fallbacks += !ok;
+    else
+        count_result(rt, v, ok);
 }
 
 size_t atc_policy_routed(struct atc_policy_runtime *rt, const struct atc_route_request *req,
@@ -239,7 +293,6 @@ static int smoke_test(struct atc_policy_runtime *rt, struct policy_version *v, c
 }
 
 static void reload_failed(struct atc_policy_runtime *rt, const char *err, bool log);
-static void swap_in(struct atc_policy_runtime *rt, struct policy_version *v);
 
 uint64_t atc_policy_reload(struct atc_policy_runtime *rt, char **err)
 {
@@ -256,7 +309,7 @@ uint64_t atc_policy_reload(struct atc_policy_runtime *rt, char **err)
         return 0;
     }
     v->version = ++rt->next_version;
-    swap_in(rt, v);
+    policy_swap_in(rt, v);
     return v->version;
 }
 
@@ -273,16 +326,20 @@ static void reload_failed(struct atc_policy_runtime *rt, const char *err, bool l
 }
 
 /* Makes @p v (built, numbered) the version that decides from the next decision on. */
-static void swap_in(struct atc_policy_runtime *rt, struct policy_version *v)
+void policy_swap_in(struct atc_policy_runtime *rt, struct policy_version *v)
 {
     rt->last_reload_at = atc_wall_s();
-    /* The outgoing version stays as the fallback while the new one is on probation. */
+    /* The version a bad new one rolls back to is the last one that served: the outgoing one once it made a
+     * good decision (here or, through the group, on any worker), else the one kept before it. */
     struct policy_version *old = rt->current;
-    if (rt->last_good == NULL)
+    bool served = old->successes > 0 ||
+                  (rt->s.group != NULL && atomic_load(&rt->s.group->served) >= old->version);
+    if (rt->last_good == NULL || served) {
+        policy_version_free(rt->last_good);
         rt->last_good = old;
-    else
-        policy_version_free(
-            old); /* still on probation itself: the older, proven version stays the fallback */
+    } else {
+        policy_version_free(old);
+    }
     rt->current = v;
     rt->reloads_ok++;
     if (rt->s.group != NULL)
@@ -306,7 +363,29 @@ struct atc_policy_build {
     uint64_t table_changes; /* the runtimes' when the build began: a later table makes the build stale */
     bool failed;
     char *err; /* why it failed (NULL: out of memory) */
+    struct atc_policy_target_spec as; /* as.entry owned */
 };
+
+int atc_policy_build_target(struct atc_policy_build *b, const struct atc_policy_target_spec *spec)
+{
+    b->as = *spec;
+    b->as.entry = NULL;
+    if (spec->target != ATC_POLICY_SHADOW)
+        return 0;
+    struct atc_policy_runtime *l = b->loader;
+    if ((b->as.entry = strdup(spec->entry)) == NULL)
+        return -1;
+    free((char *)l->s.entry);
+    l->s.entry = strdup(spec->entry);
+    l->affinity = l->s.shadow_affinity; /* its init() and smoke test pin nothing of the live policy's */
+    l->next_version = b->loader->shadow_next;
+    return l->s.entry != NULL ? 0 : -1;
+}
+
+uint64_t atc_policy_build_version(const struct atc_policy_build *b)
+{
+    return b->as.target == ATC_POLICY_SHADOW ? b->loader->next_version + 1 : b->version;
+}
 
 struct atc_policy_build *atc_policy_build_new(struct atc_policy_runtime *const *rts, size_t n)
 {
@@ -322,6 +401,7 @@ struct atc_policy_build *atc_policy_build_new(struct atc_policy_runtime *const *
     l->affinity = rts[0]->affinity;
     l->prefix = rts[0]->prefix;
     l->next_version = rts[0]->next_version; /* so that init() logs show the number it will have */
+    l->shadow_next = rts[0]->shadow_next;
     b->n = n;
     b->version = rts[0]->next_version + 1;
     b->table_changes = rts[0]->table_changes;
@@ -330,7 +410,7 @@ struct atc_policy_build *atc_policy_build_new(struct atc_policy_runtime *const *
 
 int atc_policy_build_run(struct atc_policy_build *b)
 {
-    for (size_t i = 0; i < b->n; i++) {
+    for (size_t i = 0; b->as.target != ATC_POLICY_SHADOW_CLEAR && i < b->n; i++) {
         char *err = NULL;
         struct policy_version *v = policy_version_create(b->loader, &err);
         if (v != NULL && smoke_test(b->loader, v, &err) < 0) {
@@ -357,8 +437,16 @@ const char *atc_policy_build_error(const struct atc_policy_build *b)
 uint64_t atc_policy_adopt(struct atc_policy_runtime *rt, struct atc_policy_build *b, size_t i)
 {
     bool first = i == 0;
+    if (b->as.target == ATC_POLICY_SHADOW_CLEAR) {
+        policy_shadow_clear(rt, first);
+        return 0;
+    }
     if (b->failed) {
-        reload_failed(rt, atc_policy_build_error(b), first);
+        if (b->as.target == ATC_POLICY_LIVE)
+            reload_failed(rt, atc_policy_build_error(b), first);
+        else if (first)
+            atc_error("policy %s failed to load: %s", b->as.target == ATC_POLICY_SHADOW ? "shadow" : "canary",
+                      atc_policy_build_error(b));
         return 0;
     }
     struct policy_version *v = b->versions[i];
@@ -367,9 +455,16 @@ uint64_t atc_policy_adopt(struct atc_policy_runtime *rt, struct atc_policy_build
         policy_version_free(v);
         return 0;
     }
+    if (b->as.target == ATC_POLICY_SHADOW)
+        return policy_shadow_adopt(rt, v, atc_policy_build_version(b), b->as.entry, b->as.sample, first);
     v->rt = rt; /* from here on its own watchdog, clock and random numbers */
+    if (b->as.target == ATC_POLICY_CANARY) {
+        v->version = rt->next_version = b->version;
+        policy_canary_adopt(rt, v, b->as.share, first);
+        return v->version;
+    }
     v->version = rt->next_version = b->version;
-    swap_in(rt, v);
+    policy_swap_in(rt, v);
     return v->version;
 }
 
@@ -381,6 +476,7 @@ void atc_policy_build_free(struct atc_policy_build *b)
         policy_version_free(b->versions[i]);
     free(b->versions);
     atc_policy_runtime_destroy(b->loader);
+    free((char *)b->as.entry);
     free(b->err);
     free(b);
 }
@@ -392,6 +488,9 @@ uint64_t atc_policy_set_table(struct atc_policy_runtime *rt, struct atc_endpoint
     rt->stale = true;
     policy_version_free(rt->last_good); /* its views index the old table */
     rt->last_good = NULL;
+    if (rt->canary != NULL) /* its views index the old table too */
+        atc_policy_canary_end(rt, false, "the config reload replaced the endpoint table");
+    policy_shadow_set_table(rt, table);
     uint64_t version = atc_policy_reload(rt, err);
     if (version != 0) {
         rt->stale = false;
@@ -493,6 +592,9 @@ void atc_policy_runtime_destroy(struct atc_policy_runtime *rt)
     if (rt == NULL)
         return;
     policy_watch_stop(rt);
+    policy_shadow_clear(rt, false);
+    policy_version_free(rt->canary);
+    free(rt->canary_last);
     policy_version_free(rt->current);
     policy_version_free(rt->last_good);
     policy_watchdog_stop(rt->watchdog);

@@ -9,6 +9,8 @@
 #include <event2/buffer.h>
 
 #include "http/http_util.h"
+#include "policy/canary.h"
+#include "policy/shadow.h"
 #include "policy/state.h"
 
 /* Version @p v's record summed over every worker's runtime (each loads the same files, so a version
@@ -24,8 +26,8 @@ static struct version_totals version_totals(struct atc_policy_runtime *const *rt
 {
     struct version_totals t = {0};
     for (size_t i = 0; i < n; i++) {
-        const struct policy_version *vs[] = {rts[i]->current, rts[i]->last_good};
-        for (size_t k = 0; k < 2; k++) {
+        const struct policy_version *vs[] = {rts[i]->current, rts[i]->last_good, rts[i]->canary};
+        for (size_t k = 0; k < 3; k++) {
             const struct policy_version *o = vs[k];
             if (o == NULL || o->version != v->version)
                 continue;
@@ -120,6 +122,8 @@ void atc_policy_status_json(struct atc_policy_runtime *const *rts, size_t n, str
         counters_json(out, rts, n, rt->last_good);
     else
         evbuffer_add(out, "null", 4);
+    policy_shadow_status_json(rts, n, out);
+    policy_canary_status_json(rts, n, out);
     evbuffer_add(out, "}\n", 2);
 }
 
@@ -166,4 +170,6 @@ void atc_policy_metrics(struct atc_policy_runtime *const *rts, size_t n, struct 
         "# HELP atc_policy_memory_bytes Memory of the deciding policy's Lua states (every worker's).\n"
         "# TYPE atc_policy_memory_bytes gauge\natc_policy_memory_bytes %zu\n",
         version_totals(rts, n, rt->current).mem_used);
+    policy_shadow_metrics(rts, n, out);
+    policy_canary_metrics(rts, n, out);
 }

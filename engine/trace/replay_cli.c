@@ -21,6 +21,39 @@
 
 /* ---- atc replay ---- */
 
+/* A recorded trace holds the live pick (endpoint) and the shadow's (shadow_endpoint): how often each
+ * replayed policy picks what they picked, and what its picks cost against the first policy's, so that
+ * a shadow's live agreement can be checked offline and its TTFT priced under the simulated fleet. */
+static void print_agreement(const struct atc_trace *t, const struct atc_replay_result *res, size_t n)
+{
+    size_t live = 0, shadow = 0;
+    for (size_t k = 0; k < t->n; k++) {
+        live += t->records[k].endpoint != NULL;
+        shadow += t->records[k].shadow_endpoint != NULL;
+    }
+    if (live == 0)
+        return;
+    printf("\n");
+    for (size_t i = 0; i < n; i++) {
+        const struct atc_replay_result *r = &res[i];
+        size_t same = 0, same_shadow = 0;
+        for (size_t k = 0; k < t->n && k < r->requests; k++) {
+            const char *id = r->endpoint[k] >= 0 ? r->endpoints[r->endpoint[k]].id : NULL;
+            const struct atc_trace_record *rec = &t->records[k];
+            same += id != NULL && rec->endpoint != NULL && strcmp(id, rec->endpoint) == 0;
+            same_shadow += id != NULL && rec->shadow_endpoint != NULL && strcmp(id, rec->shadow_endpoint) == 0;
+        }
+        printf("%s: agreement with the recorded live picks %zu/%zu (%.4f)", r->name, same, live,
+               (double)same / (double)live);
+        if (shadow > 0)
+            printf(", with the recorded shadow picks %zu/%zu (%.4f)", same_shadow, shadow,
+                   (double)same_shadow / (double)shadow);
+        if (i > 0)
+            printf("; TTFT p90 %+.1f ms against %s", r->ttft_p90_ms - res[0].ttft_p90_ms, res[0].name);
+        printf("\n");
+    }
+}
+
 static const char usage_replay[] =
     "usage: atc replay -c FLEET.yaml --trace FILE [--policy P] [--vs P2 ...] [--speed LIST] [--servers LIST]\n"
     "       atc replay --live --speed X --trace FILE (--target HOST:PORT | -c CONFIG) [flags]\n"
@@ -453,6 +486,8 @@ int atc_replay_main(int argc, char **argv)
         free(err);
         rc = 1;
     }
+    if (!json)
+        print_agreement(trace, results, nresults);
     for (size_t i = 0; i < nresults; i++)
         if (results[i].rejected == results[i].requests && results[i].requests > 0)
             fprintf(stderr,

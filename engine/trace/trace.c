@@ -130,12 +130,19 @@ int atc_trace_encode_header(struct atc_trace_buf *out, const struct atc_trace_he
     return 0;
 }
 
+static size_t opt_len(const char *s)
+{
+    return s != NULL ? strlen(s) : 0;
+}
+
 int atc_trace_encode_record(struct atc_trace_buf *out, const struct atc_trace_record *r)
 {
     /* Every key and value fits in this, so no write in the middle can fail. */
     size_t need = 512 + r->nblocks * 9 + (r->prompt ? r->prompt_len : 0) + strlen(r->model) +
                   strlen(r->tenant) + strlen(r->session) + (r->id ? strlen(r->id) : 0) +
-                  (r->endpoint ? strlen(r->endpoint) : 0) + (r->decision ? strlen(r->decision) : 0);
+                  (r->endpoint ? strlen(r->endpoint) : 0) + (r->decision ? strlen(r->decision) : 0) +
+                  opt_len(r->reason) + opt_len(r->scores) + opt_len(r->shadow_decision) +
+                  opt_len(r->shadow_endpoint);
     for (size_t i = 0; i < r->nheaders; i++)
         need += 16 + strlen(r->headers[i].name) + strlen(r->headers[i].value);
     if (reserve(out, need) < 0)
@@ -145,7 +152,8 @@ int atc_trace_encode_record(struct atc_trace_buf *out, const struct atc_trace_re
                  (r->session[0] != 0) + (r->stream) + (r->nblocks > 0 ? 2 : 0) + (r->prompt != NULL) +
                  (r->nheaders > 0) + (r->endpoint != NULL) + (r->policy_version != 0) +
                  (r->decision != NULL) + (r->attempts != 0) + (r->status != 0) + (r->ttft_ms >= 0) +
-                 (r->total_ms >= 0);
+                 (r->total_ms >= 0) + (r->reason != NULL) + (r->scores != NULL) + (r->shadow_version != 0) +
+                 (r->shadow_decision != NULL) + (r->shadow_endpoint != NULL);
     msgpack_packer pk;
     msgpack_packer_init(&pk, out, buf_write);
     msgpack_pack_map(&pk, n);
@@ -203,6 +211,18 @@ int atc_trace_encode_record(struct atc_trace_buf *out, const struct atc_trace_re
     }
     if (r->decision != NULL)
         pack_str(&pk, "decision", r->decision, strlen(r->decision));
+    if (r->reason != NULL)
+        pack_str(&pk, "reason", r->reason, strlen(r->reason));
+    if (r->scores != NULL)
+        pack_str(&pk, "scores", r->scores, strlen(r->scores));
+    if (r->shadow_version != 0) {
+        pack_key(&pk, "shadow_version");
+        msgpack_pack_uint64(&pk, r->shadow_version);
+    }
+    if (r->shadow_decision != NULL)
+        pack_str(&pk, "shadow_decision", r->shadow_decision, strlen(r->shadow_decision));
+    if (r->shadow_endpoint != NULL)
+        pack_str(&pk, "shadow_endpoint", r->shadow_endpoint, strlen(r->shadow_endpoint));
     if (r->attempts != 0) {
         pack_key(&pk, "attempts");
         msgpack_pack_unsigned_int(&pk, r->attempts);
@@ -451,6 +471,17 @@ static int decode_record(struct atc_trace_reader *rd, const msgpack_object *o, s
                 goto bad;
         } else if (key_is(k, "decision") && is_str) {
             r->decision = take_str(rd, &used, v);
+        } else if (key_is(k, "reason") && is_str) {
+            r->reason = take_str(rd, &used, v);
+        } else if (key_is(k, "scores") && is_str) {
+            r->scores = take_str(rd, &used, v);
+        } else if (key_is(k, "shadow_version")) {
+            if (!get_u64(v, &r->shadow_version))
+                goto bad;
+        } else if (key_is(k, "shadow_decision") && is_str) {
+            r->shadow_decision = take_str(rd, &used, v);
+        } else if (key_is(k, "shadow_endpoint") && is_str) {
+            r->shadow_endpoint = take_str(rd, &used, v);
         } else if (key_is(k, "attempts")) {
             if (!get_u64(v, &u) || u > 1000)
                 goto bad;
@@ -771,6 +802,10 @@ int atc_trace_append(struct atc_trace *t, const struct atc_trace_record *r)
         }
         c.headers = h;
     }
+    c.reason = arena_str(t, r->reason, opt_len(r->reason), &oom);
+    c.scores = arena_str(t, r->scores, opt_len(r->scores), &oom);
+    c.shadow_decision = arena_str(t, r->shadow_decision, opt_len(r->shadow_decision), &oom);
+    c.shadow_endpoint = arena_str(t, r->shadow_endpoint, opt_len(r->shadow_endpoint), &oom);
     if (r->nblocks > 0) {
         uint64_t *b = arena_alloc(t, r->nblocks * sizeof(uint64_t));
         if (b == NULL)
@@ -944,6 +979,16 @@ void atc_trace_record_json(FILE *out, const struct atc_trace_record *r)
         fprintf(out, ",\"policy_version\":%llu", (unsigned long long)r->policy_version);
     if (r->decision != NULL)
         json_key_str(out, "decision", r->decision);
+    if (r->reason != NULL)
+        json_key_str(out, "reason", r->reason);
+    if (r->scores != NULL)
+        fprintf(out, ",\"scores\":%s", r->scores); /* JSON already */
+    if (r->shadow_version != 0)
+        fprintf(out, ",\"shadow_version\":%llu", (unsigned long long)r->shadow_version);
+    if (r->shadow_decision != NULL)
+        json_key_str(out, "shadow_decision", r->shadow_decision);
+    if (r->shadow_endpoint != NULL)
+        json_key_str(out, "shadow_endpoint", r->shadow_endpoint);
     if (r->attempts != 0)
         fprintf(out, ",\"attempts\":%u", r->attempts);
     if (r->status != 0)

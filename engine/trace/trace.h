@@ -33,6 +33,12 @@
  *        policy_version policy version that decided (0: no policy, the C balancer)
  *        decision       "endpoint" | "queue" | "reject" | "fallback" (the policy failed: the built-in
  *                       balancer routed it) | "balancer" (no policy configured)
+ *        reason         why a fallback fell back ("error", "overrun", "memory", "invalid_return"), or
+ *                       a queue / reject verdict's message
+ *        scores         what the policy attached with atc.explain: JSON text, an array of
+ *                       {"endpoint", "score", "note"}
+ *        shadow_version, shadow_decision, shadow_endpoint
+ *                       the shadow policy's pick on the same request (policy.shadow), never acted on
  *        attempts       upstream attempts made
  *        status         HTTP status the client got (499: the client went away first)
  *        ttft_ms        time to the first byte of the answer's body, from the request's arrival
@@ -93,6 +99,10 @@ struct atc_trace_record {
     const char *endpoint;
     uint64_t policy_version;
     const char *decision;
+    const char *reason; /* NULL: none */
+    const char *scores; /* JSON text; NULL: none */
+    uint64_t shadow_version; /* 0: no shadow ran */
+    const char *shadow_decision, *shadow_endpoint; /* NULL: none */
     unsigned attempts;
     int status;      /* 0: unknown */
     double ttft_ms;  /* < 0: unknown */

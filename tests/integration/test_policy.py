@@ -360,13 +360,14 @@ class ReloadTest(PolicyTestCase):
                           "  return fleet:endpoints(req.model)[1]\nend\n")
         status, doc = self.reload(atc)
         self.assertEqual((status, doc["version"]), (200, 2))
-        versions = []
+        answers = []
         for _ in range(8):
             status, headers, _ = chat(atc.port, model="m", max_tokens=1, headers={"x-real": "1"})
             self.assertEqual(status, 200)
-            versions.append(headers["x-atc-policy-version"])
-        self.assertEqual(versions[:5], ["2"] * 5)
-        self.assertEqual(versions[5:], ["1"] * 3)
+            answers.append((headers.get("x-atc-policy-version"), headers["x-atc-decision"]))
+        # v2 decided nothing: the C balancer routed those five, and the answers say so
+        self.assertEqual(answers[:5], [(None, "fallback; reason=error")] * 5)
+        self.assertEqual(answers[5:], [("1", "policy")] * 3)
         status = self.policy_status(atc)
         self.assertEqual((status["version"], status["rollbacks"]), (1, 1))
         self.assertIn("rolling back", atc.read_log())

@@ -242,6 +242,11 @@ t.test("atc: every host function on the engine's views", function()
       t.expect(atc.hash("k")).to_be_at_most(2 ^ 52)
     end)
     check("log", function() t.expect(atc.log("contract test")).to_be_nil() end)
+    check("explain", function()
+      t.expect(atc.explain(pool[1], 0.5, "a note")).to_be_nil()
+      t.expect(function() atc.explain("no-such-endpoint", 1) end).to_raise("expected an endpoint")
+      t.expect(function() atc.explain(pool[1], "x") end).to_raise("number expected")
+    end)
     check("least_loaded", function() t.expect(atc.least_loaded(pool)).to_be(fleet:endpoint("b")) end)
     check("p2c", function()
       for _ = 1, 20 do -- two available: p2c draws both and takes the lighter
@@ -375,4 +380,20 @@ t.test("t.route refuses what atc refuses, and a decision keeps its budget", func
   local d = t.route({ endpoints = eps, body = ok, allow_error = true, budget_ms = 5 }, function() while true do end end)
   t.expect(d.kind).to_be("fallback")
   t.expect(d.reason).to_be("budget")
+end)
+
+t.test("atc.explain: the scores a policy attaches reach the decision record, eight at most", function()
+  local d = t.route({ endpoints = { { id = "a", model = "m" }, { id = "b", model = "m" } },
+                      body = { model = "m", messages = { { role = "user", content = "hi" } } } },
+    function(req, fleet)
+      local eps = fleet:endpoints("m")
+      atc.explain(eps[1], 1.5, "near")
+      atc.explain("b", 2, "far\nline")
+      for i = 1, 10 do atc.explain(eps[1], i) end
+      return eps[1]
+    end)
+  t.expect(d.endpoint).to_be("a")
+  t.expect(#d.scores).to_be(8)
+  t.expect(d.scores[1]).to_equal({ endpoint = "a", score = 1.5, note = "near" })
+  t.expect(d.scores[2]).to_equal({ endpoint = "b", score = 2, note = "far?line" })
 end)

@@ -1,0 +1,68 @@
+#ifndef ATC_POLICY_DECISION_H
+#define ATC_POLICY_DECISION_H
+
+/* The record of one routing decision: which version decided, what kind of decision it was, where the
+ * request went and why, and the per-candidate scores a policy attached with atc.explain(ep, score, note).
+ * The relay fills one per request; the access log, the trace recorder and (when policy.explain allows
+ * and the client sent x-atc-explain: 1) a response header print it with atc_decision_record_json.
+ *
+ * Scores are collected only when someone asks (struct atc_route_request.explain not NULL): otherwise
+ * atc.explain returns at once, so a policy that explains costs nothing when nobody reads it. */
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "policy/policy.h"
+
+struct evbuffer;
+
+#define ATC_EXPLAIN_MAX 8 /* scores kept per decision; more are counted in .dropped */
+
+struct atc_explain_score {
+    const char *endpoint; /* the endpoint's id (borrowed from the endpoint table) */
+    double score;
+    char note[48]; /* printable ASCII, cut */
+};
+
+/* What atc.explain collects during one decision; reset by each decision. */
+struct atc_explain {
+    unsigned n, dropped;
+    struct atc_explain_score s[ATC_EXPLAIN_MAX];
+};
+
+struct atc_decision_record {
+    uint64_t version;     /* the version that decided (0: no policy, the C balancer routes) */
+    const char *kind;     /* "policy", "fallback", "queue", "reject", or "balancer" (no policy) */
+    const char *endpoint; /* where the request went, NULL when it went nowhere */
+    char reason[128];     /* fallback: why ("error", "overrun", "memory", "invalid_return"); queue or
+                           * reject: the verdict's message; else "" */
+    bool canary;          /* the version deciding was a canary (policy/canary.h) */
+    const struct atc_explain *scores; /* NULL: none collected */
+    /* The shadow's pick on the same request (policy/shadow.h); shadow_version 0: no shadow ran. */
+    uint64_t shadow_version;
+    const char *shadow_kind;
+    const char *shadow_endpoint;
+};
+
+/** "policy", "fallback", "queue" or "reject" for a decision's kind. */
+const char *atc_decision_kind_name(enum atc_decision_kind kind);
+
+/** The decision record's word for a fallback reason (atc_policy_fallback_*): "overrun" for a budget
+ * overrun, else the reason as it is. */
+const char *atc_decision_reason_name(const char *fallback_reason);
+
+/** Fills @p rec from decision @p d (its strings are static, copied, or borrowed from the endpoint table
+ * and @p scores, which must outlive @p rec's use). Leaves the shadow's fields as they are. */
+void atc_decision_record_set(struct atc_decision_record *rec, const struct atc_decision *d,
+                             const struct atc_explain *scores);
+
+/** Appends @p rec as one JSON object (one line, safe in an HTTP header value). */
+void atc_decision_record_json(const struct atc_decision_record *rec, struct evbuffer *out);
+
+/** Appends @p x's scores as a JSON array of {"endpoint", "score", "note"}. */
+void atc_explain_json(const struct atc_explain *x, struct evbuffer *out);
+
+/** Adds a score to @p x (the note is cut and made printable), or counts it as dropped when full. */
+void atc_explain_add(struct atc_explain *x, const char *endpoint, double score, const char *note);
+
+#endif

@@ -1,0 +1,264 @@
+/* The shadow policy (see shadow.h). */
+
+#include "policy/shadow.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+
+#include "core/log.h"
+#include "fleet/endpoint.h"
+#include "http/http_util.h"
+#include "policy/decision.h"
+#include "policy/state.h"
+#include "policy/version.h"
+
+static void stats_reset(struct policy_shadow_stats *ss, uint64_t live_version)
+{
+    ss->live_version = live_version;
+    ss->decisions = ss->agreed = 0;
+    memset(ss->picks, 0, ss->npicks * sizeof(uint64_t));
+    memset(ss->live_picks, 0, ss->npicks * sizeof(uint64_t));
+}
+
+static void stats_free(struct policy_shadow_stats *ss)
+{
+    free(ss->picks);
+    free(ss->live_picks);
+    *ss = (struct policy_shadow_stats){0};
+}
+
+static int stats_alloc(struct policy_shadow_stats *ss, size_t n)
+{
+    stats_free(ss);
+    ss->picks = calloc(n ? n : 1, sizeof(uint64_t));
+    ss->live_picks = calloc(n ? n : 1, sizeof(uint64_t));
+    ss->npicks = n;
+    return ss->picks != NULL && ss->live_picks != NULL ? 0 : -1;
+}
+
+void policy_shadow_clear(struct atc_policy_runtime *rt, bool log)
+{
+    if (rt->shadow == NULL)
+        return;
+    if (log)
+        atc_info("policy shadow v%llu (%s) removed", (unsigned long long)rt->shadow->current->version,
+                 rt->shadow_entry);
+    atc_policy_runtime_destroy(rt->shadow);
+    rt->shadow = NULL;
+    free(rt->shadow_entry);
+    rt->shadow_entry = NULL;
+    stats_free(&rt->ss);
+}
+
+uint64_t policy_shadow_adopt(struct atc_policy_runtime *rt, struct policy_version *v, uint64_t version,
+                             const char *entry, double sample, bool log)
+{
+    policy_shadow_clear(rt, false);
+    rt->shadow_next = version;
+    /* Its own runtime: the live policy's settings but for the entry, no group (its failures roll
+     * nothing back), and the shadow's affinity table, so that its pins never steer live requests. */
+    struct atc_policy_settings s = rt->s;
+    s.entry = entry;
+    s.group = NULL;
+    s.rollback_after = 0;
+    s.quiet = true;
+    struct atc_policy_runtime *sh = policy_runtime_new(&s);
+    if (sh == NULL || (rt->shadow_entry = strdup(entry)) == NULL ||
+        stats_alloc(&rt->ss, rt->table->nendpoints) < 0) {
+        atc_policy_runtime_destroy(sh);
+        policy_version_free(v);
+        stats_free(&rt->ss);
+        atc_error("policy shadow: out of memory");
+        return 0;
+    }
+    sh->table = rt->table;
+    sh->affinity = rt->s.shadow_affinity;
+    sh->prefix = rt->prefix; /* read only: atc_policy_routed is never called on a shadow */
+    v->rt = sh;
+    v->version = sh->next_version = version;
+    sh->current = v;
+    rt->shadow = sh;
+    rt->shadow_sample = sample;
+    stats_reset(&rt->ss, rt->current->version);
+    if (log)
+        atc_info("policy shadow v%llu loaded from %s (sample %.3g, files hash %016llx), beside v%llu",
+                 (unsigned long long)version, entry, sample, (unsigned long long)v->files_hash,
+                 (unsigned long long)rt->current->version);
+    return version;
+}
+
+void policy_shadow_set_table(struct atc_policy_runtime *rt, struct atc_endpoint_table *table)
+{
+    if (rt->shadow == NULL)
+        return;
+    char *err = NULL;
+    if (atc_policy_set_table(rt->shadow, table, &err) == 0 || stats_alloc(&rt->ss, table->nendpoints) < 0) {
+        atc_error("policy shadow removed: it does not load against the new endpoint table: %s",
+                  err != NULL ? err : "out of memory");
+        policy_shadow_clear(rt, false);
+    } else {
+        stats_reset(&rt->ss, rt->current->version);
+    }
+    free(err);
+}
+
+/* xorshift64*, of the shadow's own stream: sampling must not move the live policy's random numbers. */
+static double draw(struct atc_policy_runtime *sh)
+{
+    sh->rng ^= sh->rng >> 12;
+    sh->rng ^= sh->rng << 25;
+    sh->rng ^= sh->rng >> 27;
+    return (double)((sh->rng * 0x2545F4914F6CDD1Dull) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static bool same_pick(const struct atc_decision *a, const struct atc_decision *b)
+{
+    if (a->kind != b->kind)
+        return false;
+    return a->kind != ATC_DECISION_ENDPOINT || a->endpoint == b->endpoint;
+}
+
+void atc_policy_shadow_route(struct atc_policy_runtime *rt, const struct atc_route_request *req,
+                             const struct atc_decision *live, struct atc_decision_record *rec)
+{
+    struct atc_policy_runtime *sh = rt->shadow;
+    if (sh == NULL || (rt->shadow_sample < 1 && draw(sh) >= rt->shadow_sample))
+        return;
+    if (rt->ss.live_version != live->version)
+        stats_reset(&rt->ss, live->version);
+    struct atc_route_request q = *req;
+    q.explain = NULL; /* the record explains the live decision */
+    struct atc_decision d;
+    atc_policy_route(sh, &q, &d);
+    struct policy_shadow_stats *ss = &rt->ss;
+    ss->decisions++;
+    if (same_pick(&d, live))
+        ss->agreed++;
+    if (d.kind == ATC_DECISION_ENDPOINT && d.endpoint->index < ss->npicks)
+        ss->picks[d.endpoint->index]++;
+    if (live->kind == ATC_DECISION_ENDPOINT && live->endpoint->index < ss->npicks)
+        ss->live_picks[live->endpoint->index]++;
+    if (rec != NULL) {
+        rec->shadow_version = d.version;
+        rec->shadow_kind = atc_decision_kind_name(d.kind);
+        rec->shadow_endpoint = d.kind == ATC_DECISION_ENDPOINT ? d.endpoint->id : NULL;
+    }
+}
+
+/* The shadow's record summed over the workers whose shadow and live version are rts[0]'s. */
+struct shadow_totals {
+    uint64_t decisions, agreed, errors, overruns, invalid;
+    uint64_t *picks, *live_picks;
+    size_t npicks;
+};
+
+static bool totals(struct atc_policy_runtime *const *rts, size_t n, struct shadow_totals *t)
+{
+    const struct atc_policy_runtime *r0 = rts[0];
+    if (r0->shadow == NULL)
+        return false;
+    *t = (struct shadow_totals){.npicks = r0->ss.npicks};
+    t->picks = calloc(t->npicks ? t->npicks : 1, sizeof(uint64_t));
+    t->live_picks = calloc(t->npicks ? t->npicks : 1, sizeof(uint64_t));
+    if (t->picks == NULL || t->live_picks == NULL) {
+        free(t->picks);
+        free(t->live_picks);
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const struct atc_policy_runtime *rt = rts[i];
+        if (rt->shadow == NULL || rt->shadow->current->version != r0->shadow->current->version)
+            continue;
+        const struct policy_counters *c = &rt->shadow->current->c;
+        t->errors += c->errors + c->oom;
+        t->overruns += c->overruns;
+        t->invalid += c->invalid;
+        if (rt->ss.live_version != r0->ss.live_version || rt->ss.npicks != t->npicks)
+            continue;
+        t->decisions += rt->ss.decisions;
+        t->agreed += rt->ss.agreed;
+        for (size_t k = 0; k < t->npicks; k++) {
+            t->picks[k] += rt->ss.picks[k];
+            t->live_picks[k] += rt->ss.live_picks[k];
+        }
+    }
+    return true;
+}
+
+static void picks_json(struct evbuffer *out, const struct atc_endpoint_table *table, const uint64_t *picks,
+                       size_t n)
+{
+    evbuffer_add(out, "{", 1);
+    bool first = true;
+    for (size_t k = 0; k < n && k < table->nendpoints; k++) {
+        if (picks[k] == 0)
+            continue;
+        const char *id = table->endpoints[k]->id;
+        evbuffer_add_printf(out, "%s\"", first ? "" : ",");
+        atc_json_escape(out, id, strlen(id));
+        evbuffer_add_printf(out, "\":%llu", (unsigned long long)picks[k]);
+        first = false;
+    }
+    evbuffer_add(out, "}", 1);
+}
+
+void policy_shadow_status_json(struct atc_policy_runtime *const *rts, size_t n, struct evbuffer *out)
+{
+    struct shadow_totals t;
+    if (!totals(rts, n, &t)) {
+        evbuffer_add_printf(out, ",\"shadow\":null");
+        return;
+    }
+    const struct atc_policy_runtime *r0 = rts[0];
+    evbuffer_add_printf(out, ",\"shadow\":{\"version\":%llu,\"live_version\":%llu,\"entry\":\"",
+                        (unsigned long long)r0->shadow->current->version, (unsigned long long)r0->ss.live_version);
+    atc_json_escape(out, r0->shadow_entry, strlen(r0->shadow_entry));
+    evbuffer_add_printf(out,
+                        "\",\"files_hash\":\"%016llx\",\"sample\":%g,\"decisions\":%llu,\"agreed\":%llu,"
+                        "\"agreement\":%.6f,\"errors\":%llu,\"budget_overruns\":%llu,\"invalid_returns\":%llu,"
+                        "\"picks\":",
+                        (unsigned long long)r0->shadow->current->files_hash, r0->shadow_sample,
+                        (unsigned long long)t.decisions, (unsigned long long)t.agreed,
+                        t.decisions ? (double)t.agreed / (double)t.decisions : 0.0, (unsigned long long)t.errors,
+                        (unsigned long long)t.overruns, (unsigned long long)t.invalid);
+    picks_json(out, r0->table, t.picks, t.npicks);
+    evbuffer_add_printf(out, ",\"live_picks\":");
+    picks_json(out, r0->table, t.live_picks, t.npicks);
+    evbuffer_add(out, "}", 1);
+    free(t.picks);
+    free(t.live_picks);
+}
+
+void policy_shadow_metrics(struct atc_policy_runtime *const *rts, size_t n, struct evbuffer *out)
+{
+    struct shadow_totals t;
+    if (!totals(rts, n, &t))
+        return;
+    const struct atc_policy_runtime *r0 = rts[0];
+    char labels[64];
+    snprintf(labels, sizeof(labels), "live=\"%llu\",shadow=\"%llu\"", (unsigned long long)r0->ss.live_version,
+             (unsigned long long)r0->shadow->current->version);
+    evbuffer_add_printf(out,
+                        "# HELP atc_policy_shadow_decisions_total Decisions the shadow policy made beside the live one.\n"
+                        "# TYPE atc_policy_shadow_decisions_total counter\natc_policy_shadow_decisions_total{%s} %llu\n"
+                        "# HELP atc_policy_shadow_agreed_total Shadow decisions that matched the live pick.\n"
+                        "# TYPE atc_policy_shadow_agreed_total counter\natc_policy_shadow_agreed_total{%s} %llu\n"
+                        "# HELP atc_policy_shadow_failures_total Shadow decisions that failed, by kind.\n"
+                        "# TYPE atc_policy_shadow_failures_total counter\n"
+                        "atc_policy_shadow_failures_total{%s,kind=\"error\"} %llu\n"
+                        "atc_policy_shadow_failures_total{%s,kind=\"budget\"} %llu\n"
+                        "atc_policy_shadow_failures_total{%s,kind=\"invalid_return\"} %llu\n"
+                        "# HELP atc_policy_shadow_picks_total Endpoints the shadow picked.\n"
+                        "# TYPE atc_policy_shadow_picks_total counter\n",
+                        labels, (unsigned long long)t.decisions, labels, (unsigned long long)t.agreed, labels,
+                        (unsigned long long)t.errors, labels, (unsigned long long)t.overruns, labels,
+                        (unsigned long long)t.invalid);
+    for (size_t k = 0; k < t.npicks && k < r0->table->nendpoints; k++)
+        evbuffer_add_printf(out, "atc_policy_shadow_picks_total{%s,endpoint=\"%s\"} %llu\n", labels,
+                            r0->table->endpoints[k]->id, (unsigned long long)t.picks[k]);
+    free(t.picks);
+    free(t.live_picks);
+}
