@@ -40,7 +40,7 @@ class Client(threading.Thread):
     done_order = []
     lock = threading.Lock()
 
-    def __init__(self, port, name, headers, max_tokens=3):
+    def __init__(self, port, name, headers, max_tokens=15):  # ~100 ms each: longer than a thread's wake-up on a busy machine
         super().__init__(daemon=True)
         self.port, self.name, self.headers, self.max_tokens = port, name, headers, max_tokens
         self.status = None
