@@ -14,6 +14,7 @@
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
 #include "fleet/health_report.h"
+#include "http/request_vet.h"
 #include "http/http_util.h"
 #include "ops/metrics.h"
 #include "policy/policy.h"
@@ -371,6 +372,12 @@ void atc_admin_handle(struct evhttp_request *req, void *arg)
     const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
     if (path == NULL)
         path = "/";
+    const char *refusal = atc_request_vet_refusal(req);
+    if (refusal != NULL) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+        atc_http_send_error(req, 400, "invalid_request_error", refusal, atc_request_vet_message(refusal), 0);
+        return;
+    }
     const char *why = cross_site(srv, req);
     if (why != NULL) {
         atc_warn("admin API: refused %s %s: %s", evhttp_request_get_command(req) == EVHTTP_REQ_POST ? "POST" : "GET",
