@@ -115,10 +115,14 @@ def versions(rng):
 
 
 def metric_values(admin, name):
-    conn = http.client.HTTPConnection("127.0.0.1", admin, timeout=10)
-    conn.request("GET", "/metrics")
-    text = conn.getresponse().read().decode()
-    conn.close()
+    """{labels: value} of metric @name, or None when the admin API does not answer."""
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", admin, timeout=10)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+    except (OSError, http.client.HTTPException):
+        return None
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^%s\{([^}]*)\} (\S+)$" % name, text, re.M)}
 
 
@@ -240,7 +244,7 @@ models:
     print(f"| requests sent | {sent[0]} |\n| outcomes counted | {outcomes} |")
     print(f"| latency p50 / p99 / max (ms) | {pct(0.5):.1f} / {pct(0.99):.1f} / {pct(1.0):.1f} |")
     print("\n| policy fallback (C balancer routed) | count |\n|---|--:|")
-    for k in sorted(fallbacks):
+    for k in sorted(fallbacks or {}):
         print(f"| {k} | {fallbacks[k]:.0f} |")
     print("\n| reload: version | answers |\n|---|--:|")
     for k in sorted(reloads.c):
@@ -266,6 +270,8 @@ models:
         problems.append(f"reloads without an answer: {bad_reloads}")
     if "ok" not in final.c:
         problems.append("atc did not answer after the soak")
+    if fallbacks is None:
+        problems.append("the admin API did not answer after the soak")
     if exit_code != 0 or term_s > 12:
         problems.append(f"SIGTERM: exit {exit_code} after {term_s:.1f} s")
     for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
