@@ -42,6 +42,7 @@ struct atc_request_vet {
     size_t scanned;                 /* VET_HEAD: bytes of `work` whose lines were checked */
     bool head_line_seen;            /* VET_HEAD: the request line has been seen */
     bool no_body, chunked, have_length;
+    bool framing_unknown;           /* a framing header too long to parse: the rest passes unvetted */
     uint64_t length;
     const char *refusal;
     bool busy;                      /* our own changes to `in` call our callback back */
@@ -133,19 +134,19 @@ static void head_line(struct atc_request_vet *v, size_t start, size_t len)
         return;
     }
     char line[LINE_PARSE_MAX];
-    size_t n = len < sizeof(line) ? len : 0;
-    if (n == 0 && len > 0) {
-        char c;
-        struct evbuffer_ptr p;
-        evbuffer_ptr_set(v->work, &p, start, EVBUFFER_PTR_SET);
-        if (evbuffer_copyout_from(v->work, &p, &c, 1) == 1 && v->head_line_seen && (c == ' ' || c == '\t'))
-            v->refusal = refused_obs_fold;
-        v->head_line_seen = true;
-        return;
-    }
+    size_t n = len < sizeof(line) ? len : sizeof(line);
     struct evbuffer_ptr p;
     evbuffer_ptr_set(v->work, &p, start, EVBUFFER_PTR_SET);
     evbuffer_copyout_from(v->work, &p, line, n);
+    if (n < len) { /* too long to parse: only what it is */
+        if (v->head_line_seen && (line[0] == ' ' || line[0] == '\t'))
+            v->refusal = refused_obs_fold;
+        else if (v->head_line_seen && (strncasecmp(line, "Content-Length", 14) == 0 ||
+                                       strncasecmp(line, "Transfer-Encoding", 17) == 0))
+            v->framing_unknown = true; /* padded past what is parsed: let evhttp judge the rest */
+        v->head_line_seen = true;
+        return;
+    }
     if (!v->head_line_seen) { /* the request line: HEAD has no body */
         v->head_line_seen = true;
         v->no_body = n >= 5 && memcmp(line, "HEAD ", 5) == 0;
@@ -180,7 +181,7 @@ static void reset_head(struct atc_request_vet *v)
 {
     v->state = VET_HEAD;
     v->scanned = 0;
-    v->head_line_seen = v->no_body = v->chunked = v->have_length = false;
+    v->head_line_seen = v->no_body = v->chunked = v->have_length = v->framing_unknown = false;
     v->length = 0;
 }
 
@@ -202,10 +203,12 @@ static void end_head(struct atc_request_vet *v, size_t end)
         return;
     }
     pass(v, end);
-    bool chunked = v->chunked, body = !v->no_body;
+    bool chunked = v->chunked, body = !v->no_body, unknown = v->framing_unknown;
     uint64_t length = v->length;
     reset_head(v);
-    if (body && chunked) {
+    if (unknown) {
+        v->state = VET_PASS;
+    } else if (body && chunked) {
         v->state = VET_CHUNK_SIZE;
     } else if (body && length > 0) {
         v->state = VET_BODY;

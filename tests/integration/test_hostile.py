@@ -295,6 +295,7 @@ class FramingTest(HostileTestCase):
             "quoted extension with spaces": chunked_post(body, ext=b' ; n="a b;c"'),
             "trailers": chunked_post(body, trailer=b"X-Checksum: 1234\r\nX-More: 2\r\n"),
             "both": chunked_post(body, ext=b";x", trailer=b"X-Checksum: 1234\r\n"),
+            "a Content-Length padded long": post(body, length=" " * 300 + str(len(body))),
         }
         for name, data in cases.items():
             with self.subTest(name):
