@@ -33,6 +33,11 @@ simulate:
 """
 
 
+# Sanitizer builds (tests/run's build-asan/ and build-tsan/) instrument the policy allocator, which the
+# collector calls for every object it frees: their decisions run slower, so budgets are overrun more.
+SANITIZED = bool(os.environ.get("ASAN_OPTIONS") or os.environ.get("TSAN_OPTIONS"))
+
+
 def decision_histogram(atc):
     """{le: count} of atc_policy_decision_seconds from /metrics."""
     _, _, body = request("127.0.0.1", atc.admin_port, "GET", "/metrics")
@@ -114,7 +119,7 @@ class GarbageCollectionTest(StallTestCase):
         # The garbage of 200 decisions (about 7 MiB) was collected as it came: no decision ran out of
         # memory, and no more ran out of time than the small one's (a busy machine preempts some).
         self.assertEqual((status["errors"], status["memory_errors"]), (0, 0))
-        self.assertLessEqual(status["budget_overruns"], overruns + n * 0.05)
+        self.assertLessEqual(status["budget_overruns"], overruns + n * (0.25 if SANITIZED else 0.05))
         # A full collection after each decision of the large one took 10-25 ms here; collected in steps
         # its decisions take about as long as the small one's, give or take the noise.
         self.assertLess(slow[big], slow[small] + 0.2,
