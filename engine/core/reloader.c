@@ -55,6 +55,16 @@ static void answer(struct waiter *w, uint64_t version, const char *err)
     }
 }
 
+/* Frees a list of waiters without calling them (their requests go with the admin server). */
+static void drop(struct waiter *w)
+{
+    while (w != NULL) {
+        struct waiter *next = w->next;
+        free(w);
+        w = next;
+    }
+}
+
 static void begin_round(struct atc_reloader *r);
 
 /* Main thread: every worker swapped (or could not: its loop had stopped). */
@@ -165,12 +175,8 @@ void atc_reloader_destroy(struct atc_reloader *r)
     join_loader(r);
     atc_policy_build_free(r->build);
     free((char *)r->spec.entry);
-    for (struct waiter *lists[] = {r->waiters, r->queued}, **l = lists; l < lists + 2; l++)
-        while (*l != NULL) {
-            struct waiter *next = (*l)->next;
-            free(*l);
-            *l = next;
-        }
+    drop(r->waiters);
+    drop(r->queued);
     free(r);
 }
 

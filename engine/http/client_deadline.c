@@ -26,6 +26,7 @@
 #include <event2/http.h>
 
 #include "core/log.h"
+#include "http/request_vet.h"
 
 /* Freed guards kept for reuse: enough for the connections that finish a request in one loop turn. */
 #define SPARE_MAX 256
@@ -36,6 +37,7 @@ struct guard {
     struct bufferevent *bev;        /* referenced while adopting */
     struct event *timer;            /* adopt (at once), then the deadline */
     int fd;                         /* its slot in d->by_fd, or -1 */
+    struct atc_request_vet *vet;    /* what the client sends, vetted while a request is read */
     TAILQ_ENTRY(guard) link;
 };
 
@@ -63,6 +65,8 @@ static void guard_free(struct guard *g)
     TAILQ_REMOVE(&d->guards, g, link);
     if (g->fd >= 0 && (size_t)g->fd < d->cap && d->by_fd[g->fd] == g)
         d->by_fd[g->fd] = NULL;
+    atc_request_vet_stop(g->vet); /* the connection's bufferevent is still there (in its close callback too) */
+    g->vet = NULL;
     if (g->conn != NULL)
         evhttp_connection_set_closecb(g->conn, NULL, NULL);
     if (g->bev != NULL)
@@ -134,16 +138,23 @@ static struct guard *guard_new(struct atc_client_deadline *d, void (*cb)(evutil_
     return g;
 }
 
-/* Starts the deadline of the next request on @p conn. Without memory the connection goes untimed, as
- * evhttp alone would leave it (its idle timeout still holds). */
-static void watch_connection(struct atc_client_deadline *d, struct evhttp_connection *conn)
+/* Starts the deadline of the next request on @p conn, and the vetting of its bytes (@p vet: the one that
+ * began at the accept, taken; NULL: a new one, the next request starting at the front of the input).
+ * Without memory the connection goes untimed and unvetted, as evhttp alone would leave it (its idle
+ * timeout still holds). */
+static void watch_connection(struct atc_client_deadline *d, struct evhttp_connection *conn,
+                             struct atc_request_vet *vet)
 {
-    int fd = bufferevent_getfd(evhttp_connection_get_bufferevent(conn));
-    if (fd < 0 || reserve(d, fd) < 0)
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(conn);
+    if (vet == NULL)
+        vet = atc_request_vet_start(bev);
+    int fd = bufferevent_getfd(bev);
+    struct guard *g = NULL;
+    if (fd < 0 || reserve(d, fd) < 0 || (g = guard_new(d, on_deadline)) == NULL) {
+        atc_request_vet_stop(vet);
         return;
-    struct guard *g = guard_new(d, on_deadline);
-    if (g == NULL)
-        return;
+    }
+    g->vet = vet;
     if (d->by_fd[fd] != NULL) { /* cannot happen (closed connections release theirs); never leave two */
         d->by_fd[fd]->conn = NULL;
         guard_free(d->by_fd[fd]);
@@ -162,9 +173,14 @@ static void on_adopt(evutil_socket_t fd, short what, void *arg)
     struct atc_client_deadline *d = g->d;
     void *conn = NULL;
     bufferevent_getcb(g->bev, NULL, NULL, NULL, &conn); /* evhttp's callback argument: the connection */
+    struct atc_request_vet *vet = NULL;
+    if (conn != NULL) { /* the vet goes on with the connection (else it stops with the guard) */
+        vet = g->vet;
+        g->vet = NULL;
+    }
     guard_free(g); /* drops our reference: the connection holds its own */
     if (conn != NULL)
-        watch_connection(d, conn);
+        watch_connection(d, conn, vet);
 }
 
 static struct bufferevent *on_new_bufferevent(struct event_base *base, void *arg)
@@ -176,6 +192,7 @@ static struct bufferevent *on_new_bufferevent(struct event_base *base, void *arg
         return bev;
     bufferevent_incref(bev); /* valid when on_adopt runs, even if evhttp dropped it meanwhile */
     g->bev = bev;
+    g->vet = atc_request_vet_start(bev); /* from the first byte */
     event_active(g->timer, EV_TIMEOUT, 1);
     return bev;
 }
@@ -184,7 +201,7 @@ static void on_answer_sent(struct evhttp_request *req, void *arg)
 {
     struct evhttp_connection *conn = evhttp_request_get_connection(req);
     if (conn != NULL)
-        watch_connection(arg, conn); /* freed with it if evhttp closes it now (Connection: close) */
+        watch_connection(arg, conn, NULL); /* freed with it if evhttp closes it now (Connection: close) */
 }
 
 static void on_request(struct evhttp_request *req, void *arg)

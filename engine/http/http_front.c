@@ -19,6 +19,7 @@
 #include "ops/metrics.h"
 #include "http/relay.h"
 #include "http/request_features.h"
+#include "http/request_vet.h"
 #include "core/worker.h"
 
 static void send_models(struct atc_worker *w, struct evhttp_request *req)
@@ -191,6 +192,15 @@ void atc_http_front_handle(struct evhttp_request *req, void *arg)
     const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
     if (path == NULL)
         path = "/";
+    const char *refusal = atc_request_vet_refusal(req);
+    if (refusal != NULL) { /* the request that stands for one the vet refused: answer, and close */
+        char id[80];
+        request_id(w, req, id, sizeof(id));
+        w->stats.requests_total++;
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+        front_error(w, req, id, NULL, 400, "invalid_request_error", refusal, atc_request_vet_message(refusal));
+        return;
+    }
     if (conflicting_lengths(req)) {
         evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
         atc_http_send_error(req, 400, "invalid_request_error", "conflicting_content_length",

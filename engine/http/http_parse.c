@@ -239,8 +239,11 @@ int atc_http_parse_request(char *buf, size_t len, size_t max_head, struct atc_ht
         return len >= max_head + skip ? -400 : 0;
     end += skip;
     char *p = buf + skip, *stop = buf + end;
-    if (memchr(p, '\0', (size_t)(stop - p)) != NULL)
+    h->refused = NULL;
+    if (memchr(p, '\0', (size_t)(stop - p)) != NULL) {
+        h->refused = "nul_in_header"; /* evhttp cut a value there: the next hop may read the rest */
         return -400;
+    }
     h->nheaders = 0;
     h->content_length = -1;
     h->chunked = h->expect_continue = h->conflicting_lengths = false;
@@ -259,8 +262,11 @@ int atc_http_parse_request(char *buf, size_t len, size_t max_head, struct atc_ht
         char *colon = p;
         while (colon < e && tchar[(unsigned char)*colon])
             colon++;
-        if (colon == p || colon == e || *colon != ':') /* obs-fold starts with SP/HTAB: refused here too */
+        if (colon == p || colon == e || *colon != ':') { /* obs-fold starts with SP/HTAB: refused here too */
+            if (*p == ' ' || *p == '\t')
+                h->refused = "obs_fold"; /* joined to the line before by some hops, not by others */
             return -400;
+        }
         char *v = colon + 1, *ve = e;
         while (v < ve && (*v == ' ' || *v == '\t'))
             v++;

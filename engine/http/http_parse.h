@@ -46,6 +46,8 @@ struct atc_http_head {
     bool keep_alive; /* HTTP/1.1 unless "Connection: close"; HTTP/1.0 only with "keep-alive" */
     bool expect_continue;
     bool conflicting_lengths; /* two Content-Length values that differ */
+    const char *refused;      /* after -400: the error code of what was refused when it has one of its own
+                                 ("obs_fold", "nul_in_header"), else NULL */
 };
 
 /** Parses the request head at the start of @p buf (@p len bytes, at most @p max_head of which may be the

@@ -447,6 +447,11 @@ static void conn_process(struct http_conn *c)
                     conn_error(c, 431, "headers_too_many", "too many header lines");
                 else if (rc == -501)
                     conn_error(c, 501, "not_implemented", "transfer coding not supported");
+                else if (h->refused != NULL && strcmp(h->refused, "obs_fold") == 0)
+                    conn_error(c, 400, h->refused,
+                               "a header line starts with a space or tab (obs-fold); send each header on one line");
+                else if (h->refused != NULL)
+                    conn_error(c, 400, h->refused, "a header contains a NUL byte");
                 else
                     conn_error(c, 400, "bad_request", "malformed request");
                 return;

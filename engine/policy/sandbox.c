@@ -47,6 +47,8 @@ void *policy_sandbox_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
     if (p == NULL)
         return NULL;
     v->mem_used = v->mem_used - osize + nsize;
+    if (nsize > osize)
+        v->mem_allocated += nsize - osize;
     return p;
 }
 

@@ -33,6 +33,7 @@ struct policy_version {
     double loaded_at;    /* unix seconds */
     uint64_t files_hash; /* of the sources it was built from (policy_files_hash) */
     size_t mem_used, mem_limit;
+    size_t mem_allocated; /* bytes ever grown by (wraps): what a call allocated paces the collector */
     bool mem_refused; /* the allocator said no during the current call */
     int route_ref;    /* registry ref of route(req, fleet) */
     int req_ref;      /* the one req userdata, pointed at the current request during a decision */

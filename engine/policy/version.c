@@ -35,27 +35,34 @@ void policy_version_free(struct policy_version *v)
     free(v);
 }
 
-/* Garbage must not pile up to the cap (LuaJIT has no emergency collection: an allocation past the cap
- * fails however much is garbage), and with the live set above half the cap the collector's own pace
- * (a cycle when memory doubles) would start too late. A full collection of such a state takes tens of
- * ms, so the collector is stepped instead, in steps of GC_STEP_KB, for what is left of the call's budget
- * and at least one step: over a few decisions that is a whole cycle, each inside its budget. The cap is
+/* Garbage must not pile up to the cap: LuaJIT has no emergency collection (an allocation past the cap
+ * fails however much is garbage), and with the live set above half the cap the collector's own pace (a
+ * cycle once memory doubles) starts too late. A full collection of such a state takes tens of ms, so
+ * instead, after each call of a state above half its cap, the collector is stepped in proportion to what
+ * the call allocated (GC_PACE times as much work, at least one step of GC_STEP_KB), in steps of
+ * GC_STEP_KB, until the call's budget has passed (at least one step): over a few hundred decisions that
+ * is a whole cycle, each within its budget, and a call that allocates little costs little. The cap is
  * lifted during a step, which may reallocate the string table: a refusal there would raise outside any
- * protected call; a policy's code cannot run in it (it has no __gc). */
+ * protected call (a policy's code cannot run in it: it has no __gc). */
 #define GC_STEP_KB 64
+#define GC_PACE 4
 
-static void collect_some(struct policy_version *v, uint64_t t0_ns, uint64_t budget_us)
+static void collect_some(struct policy_version *v, uint64_t t0_ns, uint64_t budget_us, size_t allocated)
 {
     uint64_t deadline = t0_ns + budget_us * 1000;
+    size_t work_kb = allocated / 1024 * GC_PACE;
     size_t limit = v->mem_limit;
     v->mem_limit = SIZE_MAX;
-    do {
+    for (size_t done = 0;;) {
         v->c.gc_steps++;
         if (lua_gc(v->L, LUA_GCSTEP, GC_STEP_KB)) {
             v->c.gc_cycles++;
             break;
         }
-    } while (atc_mono_ns() < deadline);
+        done += GC_STEP_KB;
+        if (done >= work_kb || atc_mono_ns() >= deadline)
+            break;
+    }
     v->mem_limit = limit;
 }
 
@@ -69,6 +76,7 @@ int policy_protected_call(struct policy_version *v, int nargs, uint64_t budget_u
     struct watchdog *w = v->rt->watchdog;
     v->mem_refused = false;
     uint64_t t0 = atc_mono_ns();
+    size_t allocated0 = v->mem_allocated;
     policy_budget_begin(w, L, budget_us);
     int status = lua_pcall(L, nargs, 1, errfunc);
     bool overran = policy_budget_end(w, L);
@@ -89,7 +97,7 @@ int policy_protected_call(struct policy_version *v, int nargs, uint64_t budget_u
         lua_pushliteral(L, NOT_A_STRING);
     }
     if (v->mem_used > v->mem_limit / 2)
-        collect_some(v, t0, budget_us);
+        collect_some(v, t0, budget_us, v->mem_allocated - allocated0);
     return status;
 }
 

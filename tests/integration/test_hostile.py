@@ -230,6 +230,91 @@ class MalformedTest(HostileTestCase):
         self.assert_normal_request_works()
 
 
+def chunked_post(body, ext=b"", trailer=b"", close=True):
+    """A chunked chat POST: the body in two chunks, each size line followed by @ext, then @trailer lines."""
+    half = len(body) // 2
+    chunks = b"".join(b"%x%s\r\n%s\r\n" % (len(part), ext, part) for part in (body[:half], body[half:]))
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: atc\r\nContent-Type: application/json\r\n" +
+            (b"Connection: close\r\n" if close else b"") + b"Transfer-Encoding: chunked\r\n\r\n" + chunks +
+            b"0" + ext + b"\r\n" + trailer + b"\r\n")
+
+
+class FramingTest(HostileTestCase):
+    """Headers evhttp would take wrongly (obs-fold joined to the previous header, a NUL cutting a value
+    short) are refused; valid chunked framing it would refuse (extensions, trailers) is accepted."""
+
+    def assert_refused(self, answer, code):
+        status, headers, body = split_response(answer)
+        self.assertEqual(status, 400, answer[:300])
+        self.assertEqual(headers.get("connection", "").lower(), "close")
+        self.assertEqual(headers["content-type"], "application/json")
+        err = openai_error(body)
+        self.assertEqual((err["type"], err["code"]), ("invalid_request_error", code))
+
+    def test_obs_fold_and_nul_in_headers_get_400_in_the_openai_shape(self):
+        body = chat_body()
+        cases = {
+            "obs-fold with a space": (post(body, headers=b"X-Note: a\r\n  folded\r\n"), "obs_fold"),
+            "obs-fold with a tab": (post(body, headers=b"X-Note: a\r\n\tfolded\r\n"), "obs_fold"),
+            "folded Content-Length": (post(body, headers=b"X-A: 1\r\n Content-Length: 0\r\n"), "obs_fold"),
+            "NUL in a value": (post(body, headers=b"X-Note: a\x00b\r\n"), "nul_in_header"),
+            "NUL in a name": (post(body, headers=b"X-N\x00ote: a\r\n"), "nul_in_header"),
+        }
+        for name, (data, code) in cases.items():
+            with self.subTest(name):
+                self.assert_refused(exchange(self.atc.port, data), code)
+        # Sent a byte at a time, and with a second request behind it: one answer, the refusal, then close.
+        c = Raw(self.atc.port)
+        try:
+            try:
+                for b in post(body, headers=b"X-Note: a\r\n b\r\n") + post(body):
+                    c.send(bytes([b]))
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # atc answered and closed while the rest was still being sent
+            answer = c.read_until_closed(5)
+        finally:
+            c.close()
+        self.assert_refused(answer, "obs_fold")
+        self.assertEqual(answer.count(b"HTTP/1.1 "), 1)
+        # The admin port vets the same way.
+        self.assert_refused(exchange(self.atc.admin_port, b"GET /health HTTP/1.1\r\nHost: x\r\n"
+                                                          b"X-A: 1\r\n\tb\r\n\r\n"), "obs_fold")
+        def logged():  # each refusal has its access log line (the log is written in batches)
+            with open(os.path.join(self.tmp.name, "access.log")) as f:
+                text = f.read()
+            return text.count("obs-fold") >= 4 and text.count("NUL byte") >= 2
+        wait_for(logged, timeout=5, what="the refusals in the access log")
+        self.assert_released()
+        self.assert_normal_request_works()
+
+    def test_chunk_extensions_and_trailers_are_accepted(self):
+        body = chat_body()
+        cases = {
+            "plain": chunked_post(body),
+            "extension": chunked_post(body, ext=b";name=value"),
+            "quoted extension with spaces": chunked_post(body, ext=b' ; n="a b;c"'),
+            "trailers": chunked_post(body, trailer=b"X-Checksum: 1234\r\nX-More: 2\r\n"),
+            "both": chunked_post(body, ext=b";x", trailer=b"X-Checksum: 1234\r\n"),
+            "a Content-Length padded long": post(body, length=" " * 300 + str(len(body))),
+        }
+        for name, data in cases.items():
+            with self.subTest(name):
+                status, _, answer = split_response(exchange(self.atc.port, data))
+                self.assertEqual(status, 200, answer[:300])
+                self.assertEqual(json.loads(answer)["object"], "chat.completion")
+        # Two on one keep-alive connection, a byte at a time: each answered (the framing is followed).
+        c = Raw(self.atc.port)
+        try:
+            for b in chunked_post(body, ext=b";a=b", trailer=b"X-T: 1\r\n", close=False) + chunked_post(body):
+                c.send(bytes([b]))
+            answer = c.read_until_closed(10)
+        finally:
+            c.close()
+        self.assertEqual(answer.count(b"HTTP/1.1 200 OK"), 2, answer[:500])
+        self.assert_released()
+        self.assert_normal_request_works()
+
+
 class BodyTest(HostileTestCase):
     def test_body_over_max_body_gets_openai_413(self):
         body = chat_body(pad="x" * 100_000)  # over 64 KiB, under 4x

@@ -273,7 +273,7 @@ static void test_limits_and_errors(void **state)
     expect_error(fx, "POST /echo HTTP/1.1\r\nContent-Length: 1001\r\n\r\n", "HTTP/1.1 413 ",
                  "\"code\":\"request_too_large\"");
     expect_error(fx, "GET /hello HTTP/9.9\r\n\r\n", "HTTP/1.1 400 ", "\"code\":\"bad_request\"");
-    expect_error(fx, "GET / HTTP/1.1\r\nX: a\r\n b\r\n\r\n", "HTTP/1.1 400 ", "\"code\":\"bad_request\"");
+    expect_error(fx, "GET / HTTP/1.1\r\nX: a\r\n b\r\n\r\n", "HTTP/1.1 400 ", "\"code\":\"obs_fold\"");
     expect_error(fx, "DELETE /hello HTTP/1.1\r\n\r\n", "HTTP/1.1 501 ", "\"code\":\"not_implemented\"");
     expect_error(fx, "POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "HTTP/1.1 413 ",
                  "\"code\":\"request_too_large\"");
