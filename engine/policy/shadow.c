@@ -125,8 +125,8 @@ void atc_policy_shadow_route(struct atc_policy_runtime *rt, const struct atc_rou
                              const struct atc_decision *live, struct atc_decision_record *rec)
 {
     struct atc_policy_runtime *sh = rt->shadow;
-    if (sh == NULL || (rt->shadow_sample < 1 && draw(sh) >= rt->shadow_sample))
-        return;
+    if (sh == NULL || live->canary || (rt->shadow_sample < 1 && draw(sh) >= rt->shadow_sample))
+        return; /* a canary's decisions are not the live version's: comparing them would mix two records */
     if (rt->ss.live_version != live->version)
         stats_reset(&rt->ss, live->version);
     struct atc_route_request q = *req;

@@ -149,10 +149,14 @@ class ClusterTest(AtcTestCase):
         for s in range(12):
             seen = set()
             for k in range(6):
+                before = [self.cluster(a)["pins_received_total"] for a in atcs[1:]] if k == 0 else None
                 status, headers, body = chat(atcs[k % 3].port, model="m", max_tokens=2,
                                              headers={"x-atc-session": f"conv-{s}"})
                 self.assertEqual(status, 200, body)
                 seen.add(headers["x-atc-endpoint"])
+                if k == 0:  # a conversation's next turn comes after its pin has reached the others (eventual)
+                    wait_for(lambda: all(self.cluster(a)["pins_received_total"] > n
+                                         for a, n in zip(atcs[1:], before)), timeout=5, what="the pin shared")
             self.assertEqual(len(seen), 1, f"session conv-{s} went to {sorted(seen)}")
         pins = sum(self.cluster(a)["pins_received_total"] + self.cluster(a)["pins_fetched_total"] for a in atcs)
         self.assertGreaterEqual(pins, 12)
