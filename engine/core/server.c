@@ -36,8 +36,9 @@
 #include "core/reloader.h"
 #include "core/worker.h"
 
-/* Bodies between max_body and this get a proper OpenAI-style 413 from atc; beyond it evhttp stops
- * reading at once (a bare 413 and a closed connection), so a hostile upload cannot fill memory. */
+/* Bodies between max_body and this get the front's OpenAI-style 413 (with the request's id and its
+ * metrics); beyond it the HTTP server refuses at the head, before reading the body (413 and a closed
+ * connection), so a hostile upload cannot fill memory. */
 #define HARD_BODY_FACTOR 4
 
 static void stop_sims(struct atc_server *srv)
@@ -101,8 +102,8 @@ static uint16_t bound_port(evutil_socket_t fd)
     return ntohs(((struct sockaddr_in *)&ss)->sin_port);
 }
 
-/* A listening socket with the kernel's largest accept queue: evhttp's own listens with 128, and a burst
- * of thousands of clients (streams opening at once) overflows that, so some wait seconds to retry.
+/* A listening socket with the kernel's largest accept queue: a backlog of 128 is too short, a burst of
+ * thousands of clients (streams opening at once) overflows it, so some wait seconds to retry.
  * With @p reuseport, every worker binds its own socket to the same port and the kernel spreads new
  * connections over them. */
 static evutil_socket_t listen_socket(const char *host, uint16_t port, bool reuseport)

@@ -25,7 +25,6 @@ struct atc_endpoint_table;
 struct atc_policy_runtime;
 struct atc_admission;
 struct atc_access_log;
-struct atc_client_deadline;
 struct atc_metrics;
 struct atc_recorder;
 struct atc_limits;
