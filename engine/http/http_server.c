@@ -107,6 +107,7 @@ struct atc_http_server {
     LIST_HEAD(, http_conn) conns;
     size_t nconns;
     size_t high; /* the most connections open at once since memory was last given back */
+    bool wave;   /* high reached TRIM_AT_LEAST: memory goes back as they close, down to none open */
     time_t date_sec;
     char date[64]; /* "Date: Sun, 06 Nov 1994 08:49:37 GMT\r\n" */
     size_t date_len;
@@ -273,16 +274,20 @@ static void conn_free(struct http_conn *c)
 
 /* After thousands of connections (held streams) have gone, glibc keeps the heap they freed: the
  * process stays at its peak RSS though nothing leaked (README, "Where the time goes"). Each time the
- * open connections fall to a quarter of their high mark, the free memory is given back to the kernel
- * (malloc_trim: a few ms of one walk over the heap, a handful of times per wave of closes; what the
- * closing connections themselves hold goes back at the next one). */
+ * open connections fall to a quarter of their high mark (once it passed TRIM_AT_LEAST), and when the
+ * last has gone, the free memory is given back to the kernel (malloc_trim: a few ms of one walk over
+ * the heap, a handful of times per wave of closes; what the closing connections themselves hold goes
+ * back at the next one). */
 #define TRIM_AT_LEAST 256
 
 static void give_back_memory(struct atc_http_server *s)
 {
-    if (s->high < TRIM_AT_LEAST || s->nconns > s->high / 4)
+    if (s->high >= TRIM_AT_LEAST)
+        s->wave = true; /* until every connection has gone */
+    if (!s->wave || (s->nconns > s->high / 4 && s->nconns > 0))
         return;
     s->high = s->nconns;
+    s->wave = s->nconns > 0;
     malloc_trim(0);
 }
 

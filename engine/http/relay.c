@@ -918,6 +918,14 @@ void atc_relay_start(struct atc_worker *w, struct atc_http_req *client, const st
     copy_str(r->tenant, sizeof(r->tenant), info->tenant);
     copy_str(r->session, sizeof(r->session), info->session);
     copy_str(r->id, sizeof(r->id), info->request_id);
+    /* Most of a features struct is room for prefix hashes (4 KiB); a stream, which may be held for
+     * minutes, keeps only those it has (8,000 held streams: half a KiB each instead of 4.6; a short
+     * answer is not worth the allocator call). After the copies above: info->session may point into it. */
+    struct atc_features *kept =
+        r->f->stream ? realloc(r->f, offsetof(struct atc_features, blocks) + r->f->nblocks * sizeof(uint64_t))
+                     : NULL;
+    if (kept != NULL)
+        r->f = kept;
     snprintf(r->extra_headers, sizeof(r->extra_headers), "x-request-id: %s\r\n", r->id);
     r->tokens =
         r->f->prompt_tokens + (uint64_t)(r->f->max_tokens >= 0 ? r->f->max_tokens : DEFAULT_OUTPUT_TOKENS);

@@ -18,7 +18,7 @@ struct atc_request_info {
     const char *path; /* upstream path, e.g. "/v1/chat/completions" */
     const char *body; /* the client's body, contiguous, owned by the client's request */
     size_t bodylen;
-    struct atc_features *features; /* taken: freed with the request */
+    struct atc_features *features; /* taken: freed with the request (cut after blocks[nblocks]) */
     int priority;                  /* x-atc-priority, 0-9 */
     const char *tenant;            /* x-atc-tenant or "" (copied) */
     const char *session;           /* x-atc-session, else the body's user, or "" (copied) */
