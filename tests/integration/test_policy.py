@@ -302,9 +302,10 @@ class ReloadTest(PolicyTestCase):
                     conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
                     resp = conn.getresponse()
                     resp.read()
-                    results.append((resp.status, resp.getheader("x-atc-policy-version")))
+                    results.append((resp.status, resp.getheader("x-atc-policy-version"),
+                                    resp.getheader("x-atc-decision")))
                 except Exception as e:  # a failed request is what this test exists to catch
-                    results.append((0, repr(e)))
+                    results.append((0, repr(e), None))
                     conn = http.client.HTTPConnection("127.0.0.1", atc.port, timeout=10)
 
         threads = [threading.Thread(target=client) for _ in range(3)]
@@ -331,7 +332,10 @@ class ReloadTest(PolicyTestCase):
         self.assertGreater(len(results), 100)
         failed = [r for r in results if r[0] != 200]
         self.assertEqual(failed, [])
-        seen = {int(v) for _, v in results}
+        # a version is named only on what it decided; the rest say the C balancer routed them, and why (a
+        # slow build's decision may overrun its budget)
+        self.assertEqual([r for r in results if r[1] is None and not (r[2] or "").startswith("fallback")], [])
+        seen = {int(v) for _, v, _ in results if v is not None}
         self.assertTrue(seen <= good_versions, f"versions {seen - good_versions} were never good")
         self.assertGreater(len(seen), 5)
         status = self.policy_status(atc)
