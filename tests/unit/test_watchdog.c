@@ -67,10 +67,10 @@ static void test_a_spinning_call_is_stopped_within_twice_its_budget(void **state
         assert_non_null(strstr(lua_tostring(L, -1), "spin.lua:1: " POLICY_BUDGET_ERROR));
         lua_pop(L, 1);
         assert_true(ns >= budget_us * 1000);
-        /* within 2x the budget of the thread's running time (and of wall-clock, but for the time a shared
-         * machine gave the core to someone else) */
+        /* within 2x the budget of the thread's running time; of wall-clock too on a quiet machine, but a
+         * busy one may hold the thread off its core for longer than that: wall-clock only says "stopped" */
         assert_true(cpu < 2 * budget_us * 1000 + 500000);
-        assert_true(ns < 2 * budget_us * 1000 + 20000000);
+        assert_true(ns < 1000000000ull);
         assert_int_equal(lua_gethookmask(L), LUA_MASKCOUNT); /* the kill hook went with its call */
     }
     lua_settop(L, 0);
