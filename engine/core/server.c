@@ -15,14 +15,12 @@
 
 #include <event2/buffer.h>
 #include <event2/event.h>
-#include <event2/http.h>
 
 #include "cluster/cluster.h"
 #include "cluster/limits.h"
 #include "ops/access_log.h"
 #include "fleet/admission.h"
 #include "fleet/affinity.h"
-#include "http/client_deadline.h"
 #include "core/config.h"
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
@@ -38,8 +36,9 @@
 #include "core/reloader.h"
 #include "core/worker.h"
 
-/* Bodies between max_body and this get a proper OpenAI-style 413 from atc; beyond it evhttp stops
- * reading at once (a bare 413 and a closed connection), so a hostile upload cannot fill memory. */
+/* Bodies between max_body and this get the front's OpenAI-style 413 (with the request's id and its
+ * metrics); beyond it the HTTP server refuses at the head, before reading the body (413 and a closed
+ * connection), so a hostile upload cannot fill memory. */
 #define HARD_BODY_FACTOR 4
 
 static void stop_sims(struct atc_server *srv)
@@ -103,8 +102,8 @@ static uint16_t bound_port(evutil_socket_t fd)
     return ntohs(((struct sockaddr_in *)&ss)->sin_port);
 }
 
-/* A listening socket with the kernel's largest accept queue: evhttp's own listens with 128, and a burst
- * of thousands of clients (streams opening at once) overflows that, so some wait seconds to retry.
+/* A listening socket with the kernel's largest accept queue: a backlog of 128 is too short, a burst of
+ * thousands of clients (streams opening at once) overflows it, so some wait seconds to retry.
  * With @p reuseport, every worker binds its own socket to the same port and the kernel spreads new
  * connections over them. */
 static evutil_socket_t listen_socket(const char *host, uint16_t port, bool reuseport)
@@ -145,42 +144,6 @@ static int cannot_listen(char **err, const char *host, uint16_t port)
     return fail(err, "cannot listen on %s:%u: address in use or not available", host, (unsigned)port);
 }
 
-/* An HTTP server on @p base accepting on @p fd (taken over, closed on failure). */
-static struct evhttp *http_on_socket(struct event_base *base, const struct atc_config *cfg,
-                                     evutil_socket_t fd, void (*handler)(struct evhttp_request *, void *),
-                                     void *arg, struct evhttp_bound_socket **listener,
-                                     struct atc_client_deadline **deadline, const char **err)
-{
-    struct evhttp *http = evhttp_new(base);
-    /* client_timeout bounds each request as a whole, not only the silence between two reads */
-    if (http == NULL ||
-        (*deadline = atc_client_deadline_attach(http, base, cfg->client_timeout_ms, handler, arg)) == NULL) {
-        if (http != NULL)
-            evhttp_free(http);
-        evutil_closesocket(fd);
-        *err = "out of memory";
-        return NULL;
-    }
-    evhttp_set_allowed_methods(http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD);
-    evhttp_set_max_headers_size(http, 64 * 1024);
-    uint64_t hard = (uint64_t)cfg->max_body * HARD_BODY_FACTOR;
-    evhttp_set_max_body_size(http, (ev_ssize_t)(hard < (1ull << 40) ? hard : (1ull << 40)));
-    struct timeval tv = {.tv_sec = (time_t)(cfg->client_timeout_ms / 1000),
-                         .tv_usec = (suseconds_t)(cfg->client_timeout_ms % 1000) * 1000};
-    evhttp_set_timeout_tv(http, &tv);
-    struct evhttp_bound_socket *b = evhttp_accept_socket_with_handle(http, fd);
-    if (b == NULL) {
-        evutil_closesocket(fd);
-        atc_client_deadline_destroy(*deadline);
-        *deadline = NULL;
-        evhttp_free(http);
-        *err = "out of memory";
-        return NULL;
-    }
-    if (listener != NULL)
-        *listener = b;
-    return http;
-}
 
 /* ---- workers ---- */
 
@@ -405,10 +368,8 @@ static void drain_worker(void *arg)
 {
     struct atc_worker *w = arg;
     w->draining = true;
-    if (w->front_listener != NULL) {
-        evhttp_del_accept_socket(w->front, w->front_listener);
-        w->front_listener = NULL;
-    }
+    if (w->front != NULL)
+        atc_http_server_stop_listening(w->front);
     check_idle(w);
 }
 
@@ -728,7 +689,6 @@ static int start_worker(struct atc_server *srv, struct atc_worker *w, const char
                         evutil_socket_t listen_fd, char **err)
 {
     const struct atc_config *cfg = srv->cfg;
-    const char *why = NULL;
     w->cfg = srv->cfg;
     w->table = srv->table;
     w->metrics = srv->metrics;
@@ -757,9 +717,19 @@ static int start_worker(struct atc_server *srv, struct atc_worker *w, const char
         evutil_closesocket(listen_fd);
         return -1;
     }
-    w->front = http_on_socket(w->base, cfg, listen_fd, atc_http_front_handle, w, &w->front_listener,
-                              &w->front_deadline, &why);
-    return w->front != NULL ? 0 : fail(err, "%s", why);
+    uint64_t hard = (uint64_t)cfg->max_body * HARD_BODY_FACTOR;
+    const struct atc_http_server_config http_cfg = {
+        .max_head = 64 * 1024,
+        .max_body = hard < (1ull << 40) ? hard : (1ull << 40),
+        .timeout_ms = cfg->client_timeout_ms,
+        .methods = ATC_HTTP_GET | ATC_HTTP_POST | ATC_HTTP_HEAD,
+        .on_refused = atc_http_front_refused,
+    };
+    if ((w->front = atc_http_server_create(w->base, &http_cfg, atc_http_front_handle, w)) == NULL) {
+        evutil_closesocket(listen_fd);
+        return fail(err, "out of memory");
+    }
+    return atc_http_server_listen(w->front, listen_fd) == 0 ? 0 : fail(err, "out of memory");
 }
 
 /* The front port, checked free without SO_REUSEPORT first: another process listening there with it
@@ -776,9 +746,7 @@ static uint16_t claim_front_port(const struct atc_config *cfg)
 
 static void free_worker(struct atc_worker *w)
 {
-    if (w->front != NULL)
-        evhttp_free(w->front);
-    atc_client_deadline_destroy(w->front_deadline); /* after evhttp_free: its connections are gone */
+    atc_http_server_destroy(w->front);
     atc_admission_destroy(w->admission);
     atc_access_log_close(w->access_log);
     atc_policy_runtime_destroy(w->policy);

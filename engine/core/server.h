@@ -15,8 +15,6 @@
 
 struct event_base;
 struct event;
-struct evhttp;
-struct evhttp_bound_socket;
 struct atc_http_req;
 struct atc_http_server;
 struct atc_config;
@@ -34,7 +32,6 @@ struct atc_metrics_sources;
 struct atc_access_log;
 struct atc_limits;
 struct atc_cluster;
-struct atc_client_deadline;
 
 struct atc_server {
     struct event_base *base; /* the main thread's loop: worker 0, health, admin, signals, simulated servers */

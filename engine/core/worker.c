@@ -105,11 +105,6 @@ int atc_worker_init(struct atc_worker *w, struct atc_worker_group *g, unsigned i
     w->next_id = (uint64_t)id << 48; /* request ids stay unique across workers */
     w->rng = seed ^ ((uint64_t)id * 0x9e3779b97f4a7c15ull);
     pthread_mutex_init(&w->mu, NULL);
-    /* A relay watches its client for a hang-up only once the answer takes this long: most small answers
-     * come sooner, and watching costs an epoll_ctl pair. A common timeout: arming it is a list append. */
-    struct timeval delay = {0, 20 * 1000};
-    const struct timeval *common = event_base_init_common_timeout(base, &delay);
-    w->watch_delay = common != NULL ? *common : delay;
     if (id == 0)
         this_worker = w; /* worker 0 runs on the thread that sets the workers up */
     w->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

@@ -18,15 +18,13 @@
 
 struct event_base;
 struct event;
-struct evhttp;
-struct evhttp_bound_socket;
+struct atc_http_server;
 struct atc_config;
 struct atc_endpoint;
 struct atc_endpoint_table;
 struct atc_policy_runtime;
 struct atc_admission;
 struct atc_access_log;
-struct atc_client_deadline;
 struct atc_metrics;
 struct atc_recorder;
 struct atc_limits;
@@ -95,9 +93,7 @@ struct atc_worker {
     struct atc_policy_runtime *policy; /* NULL without a policy: section */
     struct atc_admission *admission;   /* NULL when admission.queue is 0 */
     struct atc_access_log *access_log; /* this worker's buffer on the shared file; NULL without one */
-    struct evhttp *front;
-    struct evhttp_bound_socket *front_listener;
-    struct atc_client_deadline *front_deadline;
+    struct atc_http_server *front; /* this worker's listener and client connections */
     /* Shared by every worker, lent by the server when it starts the worker and never changed (a reload
      * keeps them: record: takes effect at the next restart): read plainly. */
     struct atc_metrics *metrics;   /* its own lock (ops/metrics.h) */
@@ -109,7 +105,6 @@ struct atc_worker {
     bool idle_reported; /* draining, and told the main thread it has nothing left in flight */
     uint64_t rng;
     uint64_t next_id;
-    struct timeval watch_delay; /* when a relay starts watching its client for a hang-up (a common timeout) */
     struct atc_deferred *deferred; /* atc_worker_defer's list, run by defer_ev */
     struct event *defer_ev;
 

@@ -4,25 +4,22 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/queue.h>
 
 #include <event2/buffer.h>
-#include <event2/http.h>
-#include <event2/keyvalq_struct.h>
 
 #include "core/config.h"
 #include "core/config_value.h"
 #include "ops/access_log.h"
 #include "fleet/endpoint.h"
+#include "http/http_server.h"
 #include "http/http_util.h"
 #include "core/log.h"
 #include "ops/metrics.h"
 #include "http/relay.h"
 #include "http/request_features.h"
-#include "http/request_vet.h"
 #include "core/worker.h"
 
-static void send_models(struct atc_worker *w, struct evhttp_request *req)
+static void send_models(struct atc_worker *w, struct atc_http_req *req)
 {
     struct evbuffer *body = evbuffer_new();
     evbuffer_add_printf(body, "{\"object\":\"list\",\"data\":[");
@@ -33,13 +30,13 @@ static void send_models(struct atc_worker *w, struct evhttp_request *req)
         evbuffer_add_printf(body, "\",\"object\":\"model\",\"created\":0,\"owned_by\":\"atc\"}");
     }
     evbuffer_add_printf(body, "]}\n");
-    atc_http_send_json(req, 200, body);
+    atc_http_reply_json(req, 200, body);
     evbuffer_free(body);
 }
 
-static int header_priority(struct evkeyvalq *h, const char **err)
+static int header_priority(struct atc_http_req *req, const char **err)
 {
-    const char *v = evhttp_find_header(h, "x-atc-priority");
+    const char *v = atc_http_req_header(req, "x-atc-priority");
     if (v == NULL)
         return 0;
     if (v[0] < '0' || v[0] > '9' || v[1] != '\0') {
@@ -50,9 +47,9 @@ static int header_priority(struct evkeyvalq *h, const char **err)
 }
 
 /* The client's x-request-id (kept to a safe charset: it is passed on to servers and logs), or a new one. */
-static void request_id(struct atc_worker *w, struct evhttp_request *req, char *id, size_t size)
+static void request_id(struct atc_worker *w, struct atc_http_req *req, char *id, size_t size)
 {
-    const char *given = evhttp_find_header(evhttp_request_get_input_headers(req), "x-request-id");
+    const char *given = atc_http_req_header(req, "x-request-id");
     if (given != NULL && given[0] != '\0')
         snprintf(id, size, "%s", given);
     else
@@ -63,13 +60,14 @@ static void request_id(struct atc_worker *w, struct evhttp_request *req, char *i
 }
 
 /* A request answered before it could be routed: the answer, its metrics and its access log line. */
-static void front_error(struct atc_worker *w, struct evhttp_request *req, const char *id,
+static void front_error(struct atc_worker *w, struct atc_http_req *req, const char *id,
                         const struct atc_features *f, int status, const char *type, const char *code,
                         const char *message)
 {
     const char *model = f != NULL ? f->model : "";
-    evhttp_add_header(evhttp_request_get_output_headers(req), "x-request-id", id);
-    atc_http_send_error(req, status, type, code, message, 0);
+    char h[128];
+    snprintf(h, sizeof(h), "x-request-id: %s\r\n", id);
+    atc_http_reply_error(req, status, type, code, message, 0, h);
     w->stats.responses_total++;
     struct atc_request_metrics m = {
         .model = atc_endpoint_table_model_label(w->table, model), .status = status, .ttft_s = -1};
@@ -88,18 +86,33 @@ static void front_error(struct atc_worker *w, struct evhttp_request *req, const 
     atc_access_log_request(w->access_log, &rec);
 }
 
-static void handle_inference(struct atc_worker *w, struct evhttp_request *req, enum atc_request_kind kind,
+void atc_http_front_refused(void *arg, int status, const char *code, const char *message)
+{
+    struct atc_worker *w = arg;
+    w->stats.requests_total++;
+    w->stats.responses_total++;
+    struct atc_request_metrics m = {.model = atc_endpoint_table_model_label(w->table, ""), .status = status,
+                                    .ttft_s = -1};
+    atc_metrics_request(w->metrics, &m);
+    if (w->access_log == NULL)
+        return;
+    struct atc_access_record rec = {
+        .id = "", .model = "", .status = status, .error = message, .ttft_ms = -1, .max_tokens = -1}; /* no head: no id */
+    atc_access_log_request(w->access_log, &rec);
+}
+
+static void handle_inference(struct atc_worker *w, struct atc_http_req *req, enum atc_request_kind kind,
                              const char *path)
 {
     char id[80];
     request_id(w, req, id, sizeof(id));
     w->stats.requests_total++;
-    if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
+    if (atc_http_req_method(req) != ATC_HTTP_POST) {
         front_error(w, req, id, NULL, 405, "invalid_request_error", "method_not_allowed", "use POST");
         return;
     }
-    struct evbuffer *in = evhttp_request_get_input_buffer(req);
-    size_t len = evbuffer_get_length(in);
+    size_t len;
+    const char *body = atc_http_req_body(req, &len);
     if (len > w->cfg->max_body) {
         char msg[128];
         snprintf(msg, sizeof(msg), "request body of %zu bytes is over the limit of %zu bytes", len,
@@ -107,8 +120,7 @@ static void handle_inference(struct atc_worker *w, struct evhttp_request *req, e
         front_error(w, req, id, NULL, 413, "invalid_request_error", "request_too_large", msg);
         return;
     }
-    /* jsmn needs contiguous bytes; this is the only copy of the body, and only when evhttp's is chunked. */
-    const char *body = len > 0 ? (const char *)evbuffer_pullup(in, -1) : "";
+    /* contiguous in the connection's buffer, also when it came chunked: jsmn reads it there */
     struct atc_features *f = malloc(sizeof(*f));
     if (f == NULL) {
         front_error(w, req, id, NULL, 500, "server_error", "out_of_memory", "out of memory");
@@ -137,22 +149,21 @@ static void handle_inference(struct atc_worker *w, struct evhttp_request *req, e
         free(f);
         return;
     }
-    struct evkeyvalq *h = evhttp_request_get_input_headers(req);
-    int priority = header_priority(h, &err);
+    int priority = header_priority(req, &err);
     if (priority < 0) {
         front_error(w, req, id, f, 400, "invalid_request_error", "invalid_priority", err);
         free(f);
         return;
     }
     uint64_t deadline_ms = 0;
-    const char *deadline = evhttp_find_header(h, "x-atc-deadline");
+    const char *deadline = atc_http_req_header(req, "x-atc-deadline");
     if (deadline != NULL && (atc_parse_duration_ms(deadline, &deadline_ms) < 0 || deadline_ms == 0)) {
         front_error(w, req, id, f, 400, "invalid_request_error", "invalid_deadline",
                     "x-atc-deadline must be a duration such as 500ms or 5s");
         free(f);
         return;
     }
-    const char *session = evhttp_find_header(h, "x-atc-session");
+    const char *session = atc_http_req_header(req, "x-atc-session");
     struct atc_request_info info = {
         .kind = kind,
         .path = path,
@@ -160,7 +171,7 @@ static void handle_inference(struct atc_worker *w, struct evhttp_request *req, e
         .bodylen = len,
         .features = f,
         .priority = priority,
-        .tenant = evhttp_find_header(h, "x-atc-tenant"),
+        .tenant = atc_http_req_header(req, "x-atc-tenant"),
         .session = session != NULL ? session : f->user,
         .request_id = id,
         .deadline_ms = deadline_ms,
@@ -168,48 +179,13 @@ static void handle_inference(struct atc_worker *w, struct evhttp_request *req, e
     atc_relay_start(w, req, &info);
 }
 
-/* Two Content-Length headers that disagree: where this request's body ends is a matter of opinion, and
- * a proxy that takes one while the next hop takes the other is how requests are smuggled. */
-static bool conflicting_lengths(struct evhttp_request *req)
-{
-    const char *first = NULL;
-    struct evkeyval *kv;
-    TAILQ_FOREACH(kv, evhttp_request_get_input_headers(req), next)
-    {
-        if (strcasecmp(kv->key, "Content-Length") != 0)
-            continue;
-        if (first == NULL)
-            first = kv->value;
-        else if (strcmp(first, kv->value) != 0)
-            return true;
-    }
-    return false;
-}
-
-void atc_http_front_handle(struct evhttp_request *req, void *arg)
+void atc_http_front_handle(struct atc_http_req *req, void *arg)
 {
     struct atc_worker *w = arg;
-    const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
-    if (path == NULL)
-        path = "/";
-    const char *refusal = atc_request_vet_refusal(req);
-    if (refusal != NULL) { /* the request that stands for one the vet refused: answer, and close */
-        char id[80];
-        request_id(w, req, id, sizeof(id));
-        w->stats.requests_total++;
-        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
-        front_error(w, req, id, NULL, 400, "invalid_request_error", refusal, atc_request_vet_message(refusal));
-        return;
-    }
-    if (conflicting_lengths(req)) {
-        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
-        atc_http_send_error(req, 400, "invalid_request_error", "conflicting_content_length",
-                            "two Content-Length headers that differ", 0);
-        return;
-    }
+    const char *path = atc_http_req_path(req);
     if (w->draining) {
-        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
-        atc_http_send_error(req, 503, "server_error", "shutting_down", "atc is shutting down; retry", 1);
+        atc_http_req_close_after(req);
+        atc_http_reply_error(req, 503, "server_error", "shutting_down", "atc is shutting down; retry", 1, NULL);
         return;
     }
     if (strcmp(path, "/v1/chat/completions") == 0) {
@@ -221,11 +197,9 @@ void atc_http_front_handle(struct evhttp_request *req, void *arg)
     } else if (strcmp(path, "/v1/models") == 0) {
         send_models(w, req);
     } else if (strcmp(path, "/health") == 0) {
-        struct evbuffer *body = evbuffer_new();
-        evbuffer_add_printf(body, "{\"status\":\"ok\"}\n");
-        atc_http_send_json(req, 200, body);
-        evbuffer_free(body);
+        static const char ok[] = "{\"status\":\"ok\"}\n";
+        atc_http_reply(req, 200, "application/json", NULL, ok, sizeof(ok) - 1);
     } else {
-        atc_http_send_error(req, 404, "invalid_request_error", "not_found", "no such route", 0);
+        atc_http_reply_error(req, 404, "invalid_request_error", "not_found", "no such route", 0, NULL);
     }
 }

@@ -19,6 +19,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -83,6 +84,11 @@ struct http_conn {
     bool reading; /* rev is added */
     bool eof;     /* the client closed its side */
     struct evbuffer *out; /* what the socket did not take (NULL until needed) */
+    /* The head of a streamed answer waits here for its first piece of body, or for the end of the loop
+     * turn that started it (wev made active): a client reads head and first event in one read, and a
+     * stream costs one writev less. NULL when none waits. */
+    char *held;
+    size_t held_len;
     struct atc_http_req req;
     char peer[64];
     LIST_ENTRY(http_conn) link;
@@ -100,6 +106,8 @@ struct atc_http_server {
     struct timeval timeout, linger; /* common timeouts */
     LIST_HEAD(, http_conn) conns;
     size_t nconns;
+    size_t high; /* the most connections open at once since memory was last given back */
+    bool wave;   /* high reached TRIM_AT_LEAST: memory goes back as they close, down to none open */
     time_t date_sec;
     char date[64]; /* "Date: Sun, 06 Nov 1994 08:49:37 GMT\r\n" */
     size_t date_len;
@@ -153,7 +161,7 @@ static const char *date_header(struct atc_http_server *s, size_t *len)
 
 static size_t backlog(const struct http_conn *c)
 {
-    return c->out != NULL ? evbuffer_get_length(c->out) : 0;
+    return (c->out != NULL ? evbuffer_get_length(c->out) : 0) + c->held_len;
 }
 
 static void arm_write_stall(struct http_conn *c)
@@ -162,8 +170,31 @@ static void arm_write_stall(struct http_conn *c)
     event_add(&c->timer, &c->s->timeout); /* no byte taken for client_timeout: dropped */
 }
 
-/* Sends the pieces: at once when nothing waits before them, the rest kept for EV_WRITE. */
+static void conn_write(struct http_conn *c, const struct iovec *iov, int n);
+
+/* Sends the pieces, after a held head if one waits. */
 static void conn_send(struct http_conn *c, const struct iovec *iov, int n)
+{
+    char *held = c->held;
+    if (held == NULL || c->state == CONN_CLOSED) {
+        conn_write(c, iov, n);
+        return;
+    }
+    struct iovec all[MAX_IOV + 3]; /* the most pieces a call here sends is MAX_IOV + 2 */
+    int k = n < MAX_IOV + 2 ? n : MAX_IOV + 2;
+    all[0] = (struct iovec){held, c->held_len};
+    for (int i = 0; i < k; i++)
+        all[1 + i] = iov[i];
+    c->held = NULL;
+    c->held_len = 0;
+    conn_write(c, all, k + 1);
+    free(held);
+    if (k < n)
+        conn_write(c, iov + k, n - k);
+}
+
+/* Sends the pieces: at once when nothing waits before them, the rest kept for EV_WRITE. */
+static void conn_write(struct http_conn *c, const struct iovec *iov, int n)
 {
     if (c->state == CONN_CLOSED || n == 0)
         return;
@@ -203,6 +234,12 @@ static void conn_answer_done(struct http_conn *c);
 static void on_writable(evutil_socket_t fd, short what, void *arg)
 {
     struct http_conn *c = arg;
+    if (c->held != NULL) { /* the loop turn that started a stream ended before its first piece: the head alone */
+        conn_send(c, NULL, 0);
+        return;
+    }
+    if (!event_pending(&c->wev, EV_WRITE, NULL))
+        return; /* made active for a held head that went out with its first piece since */
     int n = evbuffer_write(c->out, fd);
     if (n < 0 && errno != EAGAIN && errno != EINTR) {
         conn_close(c, true);
@@ -230,8 +267,28 @@ static void conn_free(struct http_conn *c)
 {
     if (c->out != NULL)
         evbuffer_free(c->out);
+    free(c->held);
     free(c->buf);
     free(c);
+}
+
+/* After thousands of connections (held streams) have gone, glibc keeps the heap they freed: the
+ * process stays at its peak RSS though nothing leaked (README, "Where the time goes"). Each time the
+ * open connections fall to a quarter of their high mark (once it passed TRIM_AT_LEAST), and when the
+ * last has gone, the free memory is given back to the kernel (malloc_trim: a few ms of one walk over
+ * the heap, a handful of times per wave of closes; what the closing connections themselves hold goes
+ * back at the next one). */
+#define TRIM_AT_LEAST 256
+
+static void give_back_memory(struct atc_http_server *s)
+{
+    if (s->high >= TRIM_AT_LEAST)
+        s->wave = true; /* until every connection has gone */
+    if (!s->wave || (s->nconns > s->high / 4 && s->nconns > 0))
+        return;
+    s->high = s->nconns;
+    s->wave = s->nconns > 0;
+    malloc_trim(0);
 }
 
 /* Closes the socket; the struct goes from the loop. @p tell: the owner of an unfinished answer hears
@@ -251,6 +308,7 @@ static void conn_close(struct http_conn *c, bool tell)
     c->fd = -1;
     LIST_REMOVE(c, link);
     c->s->nconns--;
+    give_back_memory(c->s);
     if (!tell || !owed)
         r->cb = NULL;
     event_active(&c->defer, EV_TIMEOUT, 1);
@@ -344,6 +402,8 @@ static void conn_error(struct http_conn *c, int status, const char *code, const 
     event_del(&c->timer);
     atc_http_reply_error(r, status, status < 500 ? "invalid_request_error" : "server_error", code, message, 0,
                          NULL);
+    if (c->s->cfg.on_refused != NULL && status != 500) /* not an out-of-memory: nothing to log it with */
+        c->s->cfg.on_refused(c->s->arg, status, code, message);
 }
 
 static int reserve(struct http_conn *c, size_t need)
@@ -459,6 +519,12 @@ static void conn_process(struct http_conn *c)
             c->head_len = (size_t)rc;
             if ((h->method & s->cfg.methods) == 0) {
                 conn_error(c, 501, "not_implemented", "method not implemented");
+                return;
+            }
+            /* Two Content-Length values that differ: where this body ends is a matter of opinion, and a
+             * proxy that takes one while the next hop takes the other is how requests are smuggled. */
+            if (h->conflicting_lengths) {
+                conn_error(c, 400, "conflicting_content_length", "two Content-Length headers that differ");
                 return;
             }
             if (h->content_length > 0 && (uint64_t)h->content_length > s->cfg.max_body) {
@@ -613,7 +679,8 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg)
             snprintf(c->peer, sizeof(c->peer), "local");
         }
         LIST_INSERT_HEAD(&s->conns, c, link);
-        s->nconns++;
+        if (++s->nconns > s->high)
+            s->high = s->nconns;
         start_reading(c);
         event_add(&c->timer, &s->timeout);
     }
@@ -889,9 +956,19 @@ void atc_http_reply(struct atc_http_req *r, int status, const char *content_type
 
 void atc_http_reply_start(struct atc_http_req *r, int status, const char *content_type, const char *headers)
 {
-    if (r->c->state != CONN_ACTIVE || r->started)
+    struct http_conn *c = r->c;
+    if (c->state != CONN_ACTIVE || r->started)
         return;
-    send_head_and(r, status, content_type, headers, -1, NULL, 0);
+    char head[2048];
+    size_t n = build_head(r, head, sizeof(head), status, content_type, headers, -1);
+    if (n == 0 || backlog(c) > 0 || (c->held = malloc(n)) == NULL) {
+        send_head_and(r, status, content_type, headers, -1, NULL, 0);
+        return;
+    }
+    r->started = true;
+    memcpy(c->held, head, n);
+    c->held_len = n;
+    event_active(&c->wev, EV_WRITE, 1); /* sent at the end of this loop turn if no piece comes first */
 }
 
 void atc_http_reply_chunk(struct atc_http_req *r, const void *data, size_t len)
@@ -956,9 +1033,11 @@ void atc_http_reply_end(struct atc_http_req *r)
     if (r->chunked && r->head.method != ATC_HTTP_HEAD) {
         struct iovec v = {"0\r\n\r\n", 5};
         conn_send(c, &v, 1);
-        if (c->state == CONN_CLOSED)
-            return;
+    } else {
+        conn_send(c, NULL, 0); /* a held head */
     }
+    if (c->state == CONN_CLOSED)
+        return;
     conn_answer_done(c);
 }
 
@@ -983,14 +1062,21 @@ void atc_http_reply_error(struct atc_http_req *r, int status, const char *type, 
     /* the code a string, as OpenAI's: clients switch on it, and a number there breaks their parsers */
     evbuffer_add_printf(b, "\",\"type\":\"%s\",\"param\":null,\"code\":\"%s\"}}\n", type,
                         code != NULL ? code : "error");
-    char extra[512];
+    /* Retry-After after the caller's lines (which may be long: a decision record) */
+    char stack[512], *extra = NULL;
     const char *h = headers;
     if (retry_after_s > 0) {
-        snprintf(extra, sizeof(extra), "%sRetry-After: %d\r\n", headers != NULL ? headers : "", retry_after_s);
-        h = extra;
+        size_t size = (headers != NULL ? strlen(headers) : 0) + 32;
+        extra = size <= sizeof(stack) ? stack : malloc(size);
+        if (extra != NULL) {
+            snprintf(extra, size, "%sRetry-After: %d\r\n", headers != NULL ? headers : "", retry_after_s);
+            h = extra;
+        }
     }
     size_t len = evbuffer_get_length(b);
     atc_http_reply(r, status, "application/json", h, evbuffer_pullup(b, -1), len);
+    if (extra != stack)
+        free(extra);
     evbuffer_free(b);
 }
 

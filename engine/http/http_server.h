@@ -35,6 +35,10 @@ struct atc_http_server_config {
     uint64_t max_body;   /* a larger request body is answered 413 (0: 1 MiB) */
     uint64_t timeout_ms; /* client_timeout (0: 60 s) */
     unsigned methods;    /* enum atc_http_method bits served; any other method is answered 501 */
+    /* Called (with the handler's arg) when the server answers a request itself, before any handler saw
+     * it: a malformed or oversized head, a body over max_body, a bad chunk, a method not served. For the
+     * access log; NULL: nothing. */
+    void (*on_refused)(void *arg, int status, const char *code, const char *message);
 };
 
 /** Called once per complete request, on the loop. The handler (now or later) answers it with exactly one

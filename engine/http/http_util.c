@@ -4,7 +4,6 @@
 #include <string.h>
 
 #include <event2/buffer.h>
-#include <event2/http.h>
 
 /* The length of the well-formed UTF-8 sequence at @p s (at most @p n bytes), or 0 if it is not one:
  * a stray continuation byte, a cut sequence, an overlong form, a surrogate or a code point past U+10FFFF. */
@@ -108,34 +107,4 @@ const char *atc_http_reason(int status)
     default:
         return status < 300 ? "OK" : status < 500 ? "Client Error" : "Server Error";
     }
-}
-
-void atc_http_send_json(struct evhttp_request *req, int status, struct evbuffer *body)
-{
-    struct evkeyvalq *out = evhttp_request_get_output_headers(req);
-    evhttp_remove_header(out, "Content-Type"); /* one per answer: an upstream's may already be there */
-    evhttp_add_header(out, "Content-Type", "application/json");
-    evhttp_send_reply(req, status, atc_http_reason(status), body);
-}
-
-void atc_http_send_error(struct evhttp_request *req, int status, const char *type, const char *code,
-                         const char *message, int retry_after_s)
-{
-    struct evbuffer *body = evbuffer_new();
-    if (body == NULL) {
-        evhttp_send_error(req, status, NULL);
-        return;
-    }
-    evbuffer_add_printf(body, "{\"error\":{\"message\":\"");
-    atc_json_escape(body, message, strlen(message));
-    evbuffer_add_printf(body, "\",\"type\":\"%s\",\"param\":null,\"code\":", type);
-    /* A string, as OpenAI's codes are: clients switch on it, and a number there breaks their parsers. */
-    evbuffer_add_printf(body, "\"%s\"}}\n", code != NULL ? code : "error");
-    if (retry_after_s > 0) {
-        char v[16];
-        snprintf(v, sizeof(v), "%d", retry_after_s);
-        evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", v);
-    }
-    atc_http_send_json(req, status, body);
-    evbuffer_free(body);
 }

@@ -9,16 +9,14 @@
 #include <time.h>
 
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/event.h>
-#include <event2/event_struct.h>
-#include <event2/http.h>
 
 #include "cluster/limits.h"
 #include "fleet/admission.h"
 #include "fleet/balancer.h"
 #include "core/config.h"
 #include "fleet/endpoint.h"
+#include "http/http_server.h"
 #include "http/http_util.h"
 #include "ops/access_log.h"
 #include "core/log.h"
@@ -75,11 +73,7 @@ struct relay {
     struct atc_worker *w; /* the worker (thread) it runs on */
     enum relay_state state;
     struct atc_deferred deferred; /* the free after the end */
-    struct evhttp_request *client;
-    struct evhttp_connection *client_conn;
-    /* Notices a client that hangs up while we wait for the server; armed only once the answer takes
-     * the worker's watch_delay (most small answers come sooner; arming costs two epoll_ctl calls). */
-    struct event watch, watch_delay;
+    struct atc_http_req *client; /* NULL once it went, or once the relay ended */
     struct atc_features *f;
     const char *path;
     const char *body;
@@ -91,6 +85,7 @@ struct relay {
     char extra_headers[160];
     char *recorded_headers; /* record.headers the request had (atc_recorder_capture), taken at its start */
     size_t nrecorded_headers;
+    char content_type[128]; /* the server's, for the answer */
 
     struct atc_route_request rreq; /* what the policy sees */
     struct atc_queue_item qi;      /* while waiting for capacity */
@@ -251,12 +246,6 @@ static bool over_limit(struct relay *r)
     return true;
 }
 
-static void stop_watching(struct relay *r)
-{
-    event_del(&r->watch_delay);
-    event_del(&r->watch);
-}
-
 /* The one function that frees a relay: from the loop, after relay_end. */
 static void relay_free(struct atc_deferred *d)
 {
@@ -279,10 +268,8 @@ static void relay_end(struct relay *r)
         atc_admission_remove(r->w->admission, &r->qi);
     atc_worker_queue_changed(r->w); /* it left the queue now, or earlier (placed, expired) */
     release_endpoint(r);
-    stop_watching(r);
-    if (r->client_conn != NULL)
-        evhttp_connection_set_closecb(r->client_conn, NULL, NULL);
-    r->client_conn = NULL;
+    if (r->client != NULL)
+        atc_http_req_set_callbacks(r->client, NULL, NULL); /* the request is the HTTP server's again */
     r->client = NULL;
     if (r->buffered != NULL)
         evbuffer_free(r->buffered);
@@ -295,75 +282,84 @@ static void relay_end(struct relay *r)
     atc_worker_defer(r->w, &r->deferred, relay_free);
 }
 
-static struct evbuffer *client_output(const struct relay *r)
-{
-    return bufferevent_get_output(evhttp_connection_get_bufferevent(r->client_conn));
-}
-
-static void on_client_flushed(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
-{
-    struct relay *r = arg;
-    relay_expect(r, RELAY_IN(RELAY_FLUSHING));
-    if (evbuffer_get_length(buf) > 0)
-        return;
-    evbuffer_remove_cb(buf, on_client_flushed, r);
-    relay_end(r);
-}
-
-/* The answer is handed to evhttp. While draining, the process must not exit before the client has it,
- * so the relay (and the server's count of active requests) lives until the bytes are written. */
+/* The answer is handed to the HTTP server. While draining, the process must not exit before the client
+ * has it, so the relay (and the server's count of active requests) lives until the bytes are written
+ * (on_client_drained). */
 static void relay_done(struct relay *r)
 {
     release_endpoint(r);
-    stop_watching(r);
-    if (r->w->draining && r->client_conn != NULL && evbuffer_get_length(client_output(r)) > 0) {
+    if (r->w->draining && r->client != NULL && atc_http_req_backlog(r->client) > 0) {
         relay_set_state(r, RELAY_FLUSHING);
-        evbuffer_add_cb(client_output(r), on_client_flushed, r);
         return;
     }
     relay_end(r);
 }
 
-static void add_reply_headers(struct relay *r)
+/* The headers atc adds to an answer, as "Name: value\r\n" lines. They fit in line[] but for an
+ * x-atc-explain record, which goes to the heap (heap; reply_head_free). */
+struct reply_head {
+    char line[512];
+    char *heap;
+};
+
+static void reply_head_free(struct reply_head *h)
 {
-    struct evkeyvalq *h = evhttp_request_get_output_headers(r->client);
+    free(h->heap);
+    h->heap = NULL;
+}
+
+static const char *reply_headers(struct relay *r, struct reply_head *h, bool event_stream)
+{
+    char *out = h->line;
+    size_t size = sizeof(h->line), n = 0;
+    h->heap = NULL;
+#define ADD(...)                                                                                              \
+    do {                                                                                                     \
+        int k_ = snprintf(out + n, size - n, __VA_ARGS__);                                                   \
+        n = k_ > 0 && (size_t)k_ < size - n ? n + (size_t)k_ : n;                                            \
+    } while (0)
+    if (event_stream)
+        ADD("Cache-Control: no-cache\r\n");
     if (r->ntried > 0)
-        evhttp_add_header(h, "x-atc-endpoint", r->tried[r->ntried - 1]->id);
-    evhttp_add_header(h, "x-request-id", r->id);
+        ADD("x-atc-endpoint: %s\r\n", r->tried[r->ntried - 1]->id);
+    ADD("x-request-id: %s\r\n", r->id);
     if (r->w->policy != NULL) {
         /* The version is named only on what it decided: a client must be able to tell that the C
          * balancer routed a request because the policy failed. */
-        char v[160];
         if (strcmp(r->rec.kind, "fallback") == 0) {
-            snprintf(v, sizeof(v), "fallback; reason=%s", r->rec.reason);
+            ADD("x-atc-decision: fallback; reason=%s\r\n", r->rec.reason);
         } else {
-            if (r->policy_version != 0) { /* 0: refused before any decision (a tenant's limit) */
-                snprintf(v, sizeof(v), "%llu", (unsigned long long)r->policy_version);
-                evhttp_add_header(h, "x-atc-policy-version", v);
-            }
-            snprintf(v, sizeof(v), "%s%s", r->rec.kind, r->rec.canary ? "; canary" : "");
+            if (r->policy_version != 0) /* 0: refused before any decision (a tenant's limit) */
+                ADD("x-atc-policy-version: %llu\r\n", (unsigned long long)r->policy_version);
+            ADD("x-atc-decision: %s%s\r\n", r->rec.kind, r->rec.canary ? "; canary" : "");
         }
-        evhttp_add_header(h, "x-atc-decision", v);
     }
+#undef ADD
     if (r->explain_reply) {
         r->rec.endpoint = r->ntried > 0 ? r->tried[r->ntried - 1]->id : NULL;
         struct evbuffer *b = evbuffer_new();
         if (b != NULL) {
+            evbuffer_add(b, out, n);
+            evbuffer_add(b, "x-atc-explain: ", 15);
             atc_decision_record_json(&r->rec, b);
-            evbuffer_add(b, "", 1);
-            evhttp_add_header(h, "x-atc-explain", (const char *)evbuffer_pullup(b, -1));
+            evbuffer_add(b, "\r\n", 3); /* with its NUL */
+            size_t len = evbuffer_get_length(b);
+            if ((h->heap = malloc(len)) != NULL)
+                evbuffer_remove(b, h->heap, len);
             evbuffer_free(b);
         }
     }
     if (r->w->draining)
-        evhttp_add_header(h, "Connection", "close");
+        atc_http_req_close_after(r->client);
+    return h->heap != NULL ? h->heap : out;
 }
 
 static void reply_error(struct relay *r, int status, const char *type, const char *code, const char *message,
                         int retry_after)
 {
-    add_reply_headers(r);
-    atc_http_send_error(r->client, status, type, code, message, retry_after);
+    struct reply_head h;
+    atc_http_reply_error(r->client, status, type, code, message, retry_after, reply_headers(r, &h, false));
+    reply_head_free(&h);
     r->w->stats.responses_total++;
     r->client_status = status;
     snprintf(r->error, sizeof(r->error), "%s", message);
@@ -384,51 +380,36 @@ static void client_gone(struct relay *r)
     relay_end(r);
 }
 
-/* evhttp noticed the hang-up while writing. The request is detached from its (dying) connection when
- * we had not finished it, and then it is ours to free. */
-static void on_client_close(struct evhttp_connection *conn, void *arg)
+/* The HTTP server saw the client go (hung up, reset, or took nothing of its answer for client_timeout). */
+static void on_client_gone(void *arg)
 {
     struct relay *r = arg;
-    struct evhttp_request *client = r->client;
     relay_expect(r, ~RELAY_IN(RELAY_ENDED));
-    if (r->state == RELAY_FLUSHING) { /* answered already: the request is evhttp's, only the relay is left */
-        evbuffer_remove_cb(client_output(r), on_client_flushed, r);
-        r->client_conn = NULL;
+    r->client = NULL; /* gone with its connection */
+    if (r->state == RELAY_FLUSHING) { /* answered already: only the relay is left */
         relay_end(r);
         return;
     }
-    r->client_conn = NULL; /* being freed by evhttp */
     client_gone(r);
-    if (evhttp_request_get_connection(client) == NULL)
-        evhttp_request_free(client);
 }
 
-/* evhttp does not read from a client while its request is being handled, so a hang-up before we write
- * would go unnoticed until the server answers. Peek at the socket instead. */
-static void on_client_readable(evutil_socket_t fd, short what, void *arg)
+/* Everything written to the client so far is out: a paused server may send again, a drain may end. */
+static void on_client_drained(void *arg)
 {
     struct relay *r = arg;
-    relay_expect(r, RELAY_IN(RELAY_QUEUED) | RELAY_IN(RELAY_ATTEMPT) | RELAY_IN(RELAY_STREAMING));
-    char byte;
-    ssize_t n = recv(fd, &byte, 1, MSG_PEEK);
-    if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR))) {
-        /* A pipelined request (or junk): evhttp reads it after this answer; stop watching. */
-        event_del(&r->watch);
+    relay_expect(r, RELAY_IN(RELAY_STREAMING) | RELAY_IN(RELAY_FLUSHING) | RELAY_IN(RELAY_ATTEMPT) |
+                        RELAY_IN(RELAY_QUEUED));
+    if (r->state == RELAY_FLUSHING) {
+        relay_end(r);
         return;
     }
-    struct evhttp_connection *conn = r->client_conn;
-    evhttp_connection_set_closecb(conn, NULL, NULL);
-    r->client_conn = NULL;
-    client_gone(r);
-    evhttp_connection_free(conn); /* frees the client request too */
+    if (r->paused && r->up != NULL) {
+        r->paused = false;
+        atc_upstream_resume(r->up);
+    }
 }
 
-static void on_watch_delay(evutil_socket_t fd, short what, void *arg)
-{
-    struct relay *r = arg;
-    relay_expect(r, RELAY_IN(RELAY_QUEUED) | RELAY_IN(RELAY_ATTEMPT) | RELAY_IN(RELAY_STREAMING));
-    event_add(&r->watch, NULL);
-}
+static const struct atc_http_req_callbacks client_cb = {.on_gone = on_client_gone, .on_drained = on_client_drained};
 
 static int error_status(enum atc_upstream_error err)
 {
@@ -574,19 +555,9 @@ static int body_for(struct relay *r, const struct atc_endpoint *ep, const char *
     return r->rewritten != NULL ? 0 : -1;
 }
 
-static void on_chunk_sent(struct evhttp_connection *conn, void *arg)
-{
-    struct relay *r = arg;
-    relay_expect(r, RELAY_IN(RELAY_STREAMING) | RELAY_IN(RELAY_FLUSHING));
-    if (r->paused && r->up != NULL) {
-        r->paused = false;
-        atc_upstream_resume(r->up);
-    }
-}
-
 static size_t client_backlog(const struct relay *r)
 {
-    return r->client_conn != NULL ? evbuffer_get_length(client_output(r)) : 0;
+    return r->client != NULL ? atc_http_req_backlog(r->client) : 0;
 }
 
 static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
@@ -616,15 +587,13 @@ static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
     r->event_stream = resp->event_stream;
     r->streaming = resp->event_stream || resp->content_length < 0 ||
                    (uint64_t)resp->content_length > MAX_BUFFERED_RESPONSE;
-    struct evkeyvalq *h = evhttp_request_get_output_headers(r->client);
-    evhttp_add_header(h, "Content-Type",
-                      resp->content_type != NULL ? resp->content_type : "application/json");
+    snprintf(r->content_type, sizeof(r->content_type), "%s",
+             resp->content_type != NULL ? resp->content_type : "application/json");
     if (r->streaming) {
-        if (r->event_stream)
-            evhttp_add_header(h, "Cache-Control", "no-cache");
-        add_reply_headers(r);
+        struct reply_head h;
         relay_set_state(r, RELAY_STREAMING);
-        evhttp_send_reply_start(r->client, r->status, atc_http_reason(r->status));
+        atc_http_reply_start(r->client, r->status, r->content_type, reply_headers(r, &h, r->event_stream));
+        reply_head_free(&h);
     } else if (r->buffered == NULL) {
         r->buffered = evbuffer_new();
     } else {
@@ -743,7 +712,7 @@ static void on_up_body(void *arg, struct evbuffer *data)
     }
     if (r->event_stream)
         count_events(r, data, len);
-    evhttp_send_reply_chunk_with_cb(r->client, data, on_chunk_sent, r);
+    atc_http_reply_chunk_buffer(r->client, data);
     if (!r->paused && client_backlog(r) > CLIENT_HIGH_WATERMARK) {
         r->paused = true;
         atc_upstream_pause(r->up);
@@ -758,10 +727,13 @@ static void on_up_done(void *arg)
     r->w->stats.responses_total++;
     r->client_status = r->status;
     if (r->streaming) {
-        evhttp_send_reply_end(r->client);
+        atc_http_reply_end(r->client);
     } else {
-        add_reply_headers(r);
-        evhttp_send_reply(r->client, r->status, atc_http_reason(r->status), r->buffered);
+        struct reply_head h;
+        size_t len = evbuffer_get_length(r->buffered);
+        atc_http_reply(r->client, r->status, r->content_type, reply_headers(r, &h, false),
+                       evbuffer_pullup(r->buffered, -1), len);
+        reply_head_free(&h);
     }
     relay_done(r);
 }
@@ -778,11 +750,9 @@ static void end_broken_stream(struct relay *r, enum atc_upstream_error err)
     if (!r->event_stream) {
         /* No in-band way to say so: cut the connection, so the client sees a truncated answer rather
          * than a short one that looks complete. */
-        struct evhttp_connection *conn = r->client_conn;
-        evhttp_connection_set_closecb(conn, NULL, NULL);
-        r->client_conn = NULL;
+        struct atc_http_req *client = r->client;
         relay_end(r);
-        evhttp_connection_free(conn); /* and the client request with it */
+        atc_http_req_abort(client);
         return;
     }
     struct evbuffer *ev = evbuffer_new();
@@ -792,10 +762,10 @@ static void end_broken_stream(struct relay *r, enum atc_upstream_error err)
                             "\"param\":null,\"code\":\"%s\"}}\n\n",
                             r->tried[r->ntried - 1]->id, atc_upstream_strerror(err),
                             atc_upstream_is_timeout(err) ? "timeout" : "upstream_error", error_code(err));
-        evhttp_send_reply_chunk(r->client, ev);
+        atc_http_reply_chunk_buffer(r->client, ev);
         evbuffer_free(ev);
     }
-    evhttp_send_reply_end(r->client);
+    atc_http_reply_end(r->client);
     relay_done(r);
 }
 
@@ -919,7 +889,7 @@ const struct atc_admission_callbacks atc_relay_admission = {
 static const char *client_header(void *ctx, const char *name)
 {
     struct relay *r = ctx;
-    return evhttp_find_header(evhttp_request_get_input_headers(r->client), name);
+    return r->client != NULL ? atc_http_req_header(r->client, name) : NULL;
 }
 
 static void copy_str(char *dst, size_t size, const char *src)
@@ -927,12 +897,12 @@ static void copy_str(char *dst, size_t size, const char *src)
     snprintf(dst, size, "%s", src != NULL ? src : "");
 }
 
-void atc_relay_start(struct atc_worker *w, struct evhttp_request *client, const struct atc_request_info *info)
+void atc_relay_start(struct atc_worker *w, struct atc_http_req *client, const struct atc_request_info *info)
 {
     struct relay *r = calloc(1, sizeof(*r));
     if (r == NULL) {
         free(info->features);
-        atc_http_send_error(client, 500, "server_error", "out_of_memory", "out of memory", 0);
+        atc_http_reply_error(client, 500, "server_error", "out_of_memory", "out of memory", 0, NULL);
         return;
     }
     atc_worker_request_started(w);
@@ -940,7 +910,6 @@ void atc_relay_start(struct atc_worker *w, struct evhttp_request *client, const 
     r->t_start_us = atc_mono_us();
     atc_record_marks_init(&r->marks);
     r->client = client;
-    r->client_conn = evhttp_request_get_connection(client);
     r->f = info->features;
     r->path = info->path;
     r->body = info->body;
@@ -949,17 +918,21 @@ void atc_relay_start(struct atc_worker *w, struct evhttp_request *client, const 
     copy_str(r->tenant, sizeof(r->tenant), info->tenant);
     copy_str(r->session, sizeof(r->session), info->session);
     copy_str(r->id, sizeof(r->id), info->request_id);
+    /* Most of a features struct is room for prefix hashes (4 KiB); a stream, which may be held for
+     * minutes, keeps only those it has (8,000 held streams: half a KiB each instead of 4.6; a short
+     * answer is not worth the allocator call). After the copies above: info->session may point into it. */
+    struct atc_features *kept =
+        r->f->stream ? realloc(r->f, offsetof(struct atc_features, blocks) + r->f->nblocks * sizeof(uint64_t))
+                     : NULL;
+    if (kept != NULL)
+        r->f = kept;
     snprintf(r->extra_headers, sizeof(r->extra_headers), "x-request-id: %s\r\n", r->id);
     r->tokens =
         r->f->prompt_tokens + (uint64_t)(r->f->max_tokens >= 0 ? r->f->max_tokens : DEFAULT_OUTPUT_TOKENS);
     if (w->recorder != NULL) /* now: the client's request may be gone when the record is made */
         r->recorded_headers = atc_recorder_capture(w->recorder, client_header, r, &r->nrecorded_headers);
 
-    evhttp_connection_set_closecb(r->client_conn, on_client_close, r);
-    struct bufferevent *bev = evhttp_connection_get_bufferevent(r->client_conn);
-    event_assign(&r->watch, w->base, bufferevent_getfd(bev), EV_READ | EV_PERSIST, on_client_readable, r);
-    evtimer_assign(&r->watch_delay, w->base, on_watch_delay, r);
-    event_add(&r->watch_delay, &w->watch_delay);
+    atc_http_req_set_callbacks(client, &client_cb, r);
     r->rreq = (struct atc_route_request){
         .id = r->id,
         .path = r->path,

@@ -11,14 +11,14 @@
 #include "http/request_features.h"
 
 struct atc_worker;
-struct evhttp_request;
+struct atc_http_req;
 
 struct atc_request_info {
     enum atc_request_kind kind;
     const char *path; /* upstream path, e.g. "/v1/chat/completions" */
-    const char *body; /* the client's body, contiguous, owned by the evhttp request */
+    const char *body; /* the client's body, contiguous, owned by the client's request */
     size_t bodylen;
-    struct atc_features *features; /* taken: freed with the request */
+    struct atc_features *features; /* taken: freed with the request (cut after blocks[nblocks]) */
     int priority;                  /* x-atc-priority, 0-9 */
     const char *tenant;            /* x-atc-tenant or "" (copied) */
     const char *session;           /* x-atc-session, else the body's user, or "" (copied) */
@@ -31,7 +31,7 @@ extern const struct atc_admission_callbacks atc_relay_admission;
 
 /** Routes @p client (whose model exists and whose body has been scanned) and relays the answer.
  * Always answers the client, also on failure. */
-void atc_relay_start(struct atc_worker *w, struct evhttp_request *client,
+void atc_relay_start(struct atc_worker *w, struct atc_http_req *client,
                      const struct atc_request_info *info);
 
 #endif

@@ -27,8 +27,9 @@ struct atc_features {
     const char *prompt;               /* raw JSON bytes of "messages" (chat) / "prompt" / "input" */
     size_t prompt_len;
     uint32_t prompt_tokens;                 /* estimate: about 4 bytes of text per token */
-    uint64_t blocks[ATC_PREFIX_BLOCKS_MAX]; /* chained XXH3: blocks[k] covers prompt bytes 0..(k+1)*BLOCK */
     size_t nblocks;                         /* full blocks only */
+    /* last: a holder may cut the struct after blocks[nblocks] (relay.c does, for a stream) */
+    uint64_t blocks[ATC_PREFIX_BLOCKS_MAX]; /* chained XXH3: blocks[k] covers prompt bytes 0..(k+1)*BLOCK */
 };
 
 /** Scans @p body (@p len bytes, not NUL-terminated) of a request of @p kind. The body must be exactly

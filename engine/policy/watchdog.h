@@ -1,9 +1,9 @@
 #ifndef ATC_POLICY_WATCHDOG_H
 #define ATC_POLICY_WATCHDOG_H
 
-/* The budget watchdog of one policy runtime: a thread that stops a Lua call which runs past its
- * deadline (see watchdog.c for how). The runtime's worker thread calls every function here; the
- * watchdog thread only reads the deadline and the lua_State published by policy_budget_begin. */
+/* The budget of one policy runtime's calls: stops a Lua call which runs past its deadline, from a count
+ * hook that looks at the clock (see watchdog.c for how and why; there is no thread). Every function here
+ * runs on the thread that makes the call. */
 
 #include <lua.h>
 #include <stdbool.h>
@@ -14,19 +14,20 @@
 
 struct watchdog;
 
-/** Starts the watchdog thread, ticking about once per @p budget_us (clamped to 50 us .. 10 ms).
- * Returns it (owned: pass to policy_watchdog_stop), or NULL when the thread cannot start. */
+/** A watchdog for calls of about @p budget_us (each call gives its own budget). Returns it (owned: pass
+ * to policy_watchdog_stop), or NULL without memory. */
 struct watchdog *policy_watchdog_start(uint64_t budget_us);
 
-/** Stops and joins the thread and frees @p w (NULL: nothing). No call may be in progress. */
+/** Frees @p w (NULL: nothing). No call may be in progress. */
 void policy_watchdog_stop(struct watchdog *w);
 
 /** Arms @p w for a call on @p L that may run @p budget_us of wall-clock time; @p L is borrowed until
- * policy_budget_end. One call at a time per watchdog. */
+ * policy_budget_end. One call at a time per watchdog; calls of several watchdogs on one thread nest
+ * (begin and end in reverse order). Sets the budget's count hook on @p L (kept after the call). */
 void policy_budget_begin(struct watchdog *w, lua_State *L, uint64_t budget_us);
 
-/** Disarms @p w after the call; returns true when the call overran (and was stopped), having removed
- * the kill hook from @p L. */
+/** Disarms @p w after the call; returns true when the call overran (and was stopped), having put the
+ * budget's hook back in place of the kill hook on @p L. */
 bool policy_budget_end(struct watchdog *w, lua_State *L);
 
 /** True while the call in progress has been stopped: for pcall and xpcall, which must not swallow it. */
