@@ -557,7 +557,9 @@ class NeverReadsTest(HostileTestCase):
             c.close()
         if os.environ.get("ATC_TEST_LOGS"):
             print(f"never-reading client: atc grew by {peak[0] - before} KiB")
-        self.assertLess(peak[0] - before, 16 * 1024, f"atc grew by {peak[0] - before} KiB for one stalled client")
+        # (an ASan build keeps freed memory in quarantine, so its RSS says less: the release build is the check)
+        bound = 64 * 1024 if "ASAN_OPTIONS" in os.environ else 16 * 1024
+        self.assertLess(peak[0] - before, bound, f"atc grew by {peak[0] - before} KiB for one stalled client")
         self.assert_released()
         self.assert_normal_request_works()
 
