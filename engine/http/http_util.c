@@ -75,6 +75,18 @@ void atc_json_escape(struct evbuffer *out, const char *s, size_t len)
     evbuffer_add(out, s + start, len - start);
 }
 
+void atc_json_key_string(struct evbuffer *out, const char *key, const char *value)
+{
+    evbuffer_add_printf(out, "\"%s\":", key);
+    if (value == NULL) {
+        evbuffer_add(out, "null", 4);
+        return;
+    }
+    evbuffer_add(out, "\"", 1);
+    atc_json_escape(out, value, strlen(value));
+    evbuffer_add(out, "\"", 1);
+}
+
 const char *atc_http_reason(int status)
 {
     switch (status) {

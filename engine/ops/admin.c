@@ -59,18 +59,6 @@ static long percent_decode(const char *in, char *out, size_t size)
     return (long)n;
 }
 
-static void json_str(struct evbuffer *out, const char *key, const char *value)
-{
-    evbuffer_add_printf(out, "\"%s\":", key);
-    if (value == NULL) {
-        evbuffer_add(out, "null", 4);
-        return;
-    }
-    evbuffer_add(out, "\"", 1);
-    atc_json_escape(out, value, strlen(value));
-    evbuffer_add(out, "\"", 1);
-}
-
 static size_t idle_connections(const struct atc_server *srv, const struct atc_endpoint *ep)
 {
     size_t n = 0;
@@ -126,13 +114,13 @@ static void send_endpoints(struct atc_server *srv, struct atc_http_req *req)
     for (size_t i = 0; i < srv->table->nendpoints; i++) {
         const struct atc_endpoint *ep = srv->table->endpoints[i];
         evbuffer_add_printf(b, "%s{", i ? "," : "");
-        json_str(b, "id", ep->id);
+        atc_json_key_string(b, "id", ep->id);
         evbuffer_add(b, ",", 1);
-        json_str(b, "model", ep->model);
+        atc_json_key_string(b, "model", ep->model);
         evbuffer_add(b, ",", 1);
-        json_str(b, "url", ep->url);
+        atc_json_key_string(b, "url", ep->url);
         evbuffer_add(b, ",", 1);
-        json_str(b, "version", ep->version);
+        atc_json_key_string(b, "version", ep->version);
         evbuffer_add_printf(b, ",\"tags\":[");
         for (size_t t = 0; t < ep->ntags; t++) {
             evbuffer_add_printf(b, "%s\"", t ? "," : "");
@@ -461,11 +449,11 @@ static void send_config(struct atc_server *srv, struct atc_http_req *req)
     const struct atc_config *c = srv->cfg;
     struct evbuffer *b = evbuffer_new();
     evbuffer_add(b, "{", 1);
-    json_str(b, "path", c->path);
+    atc_json_key_string(b, "path", c->path);
     evbuffer_add_printf(b, ",\"listen\":\"%s:%u\",\"admin\":\"%s:%u\",\"admin_token\":%s,", c->listen_host,
                         (unsigned)srv->front_port, c->admin_host, (unsigned)srv->admin_port,
                         c->admin_token != NULL ? "\"(set)\"" : "null");
-    json_str(b, "access_log", c->access_log);
+    atc_json_key_string(b, "access_log", c->access_log);
     evbuffer_add_printf(
         b,
         ",\"workers\":%u,\"max_body\":%zu,\"drain_timeout_ms\":%llu,\"client_timeout_ms\":%llu,"
@@ -481,7 +469,7 @@ static void send_config(struct atc_server *srv, struct atc_http_req *req)
         (unsigned long long)c->admission.max_deadline_ms, (unsigned long long)c->admission.aging_ms);
     if (c->policy.enabled) {
         evbuffer_add(b, "{", 1);
-        json_str(b, "entry", c->policy.entry);
+        atc_json_key_string(b, "entry", c->policy.entry);
         evbuffer_add_printf(
             b, ",\"budget_us\":%llu,\"memory\":%zu,\"jit\":%s,\"watch\":%s,\"rollback_after\":%u}",
             (unsigned long long)c->policy.budget_us, c->policy.memory, c->policy.jit ? "true" : "false",
@@ -493,7 +481,7 @@ static void send_config(struct atc_server *srv, struct atc_http_req *req)
     for (size_t i = 0; i < srv->table->nmodels; i++) {
         const struct atc_model *m = &srv->table->models[i];
         evbuffer_add_printf(b, "%s{", i ? "," : "");
-        json_str(b, "name", m->name);
+        atc_json_key_string(b, "name", m->name);
         evbuffer_add_printf(b, ",\"endpoints\":[");
         for (size_t j = 0; j < m->nendpoints; j++) {
             evbuffer_add_printf(b, "%s\"", j ? "," : "");

@@ -48,16 +48,11 @@ void atc_decision_record_set(struct atc_decision_record *rec, const struct atc_d
     rec->scores = scores != NULL && scores->n + scores->dropped > 0 ? scores : NULL;
 }
 
+/* ,"key":"value" (or null): the record's fields after its first. */
 static void json_string(struct evbuffer *out, const char *key, const char *value)
 {
-    evbuffer_add_printf(out, ",\"%s\":", key);
-    if (value == NULL) {
-        evbuffer_add(out, "null", 4);
-        return;
-    }
-    evbuffer_add(out, "\"", 1);
-    atc_json_escape(out, value, strlen(value));
-    evbuffer_add(out, "\"", 1);
+    evbuffer_add(out, ",", 1);
+    atc_json_key_string(out, key, value);
 }
 
 void atc_explain_json(const struct atc_explain *x, struct evbuffer *out)

@@ -99,16 +99,10 @@ void atc_policy_status_json(struct atc_policy_runtime *const *rts, size_t n, str
      * every host); "loaded"/"last_reload" are the same times as *_at, in UTC ISO 8601. */
     evbuffer_add_printf(out,
                         "\",\"files_hash\":\"%016llx\",\"loaded\":\"%s\",\"last_reload\":\"%s\","
-                        "\"loaded_at\":%.3f,\"last_reload_at\":%.3f,\"last_error\":",
+                        "\"loaded_at\":%.3f,\"last_reload_at\":%.3f,",
                         (unsigned long long)rt->current->files_hash, loaded, reloaded, rt->current->loaded_at,
                         rt->last_reload_at);
-    if (last_error != NULL) {
-        evbuffer_add(out, "\"", 1);
-        atc_json_escape(out, last_error, strlen(last_error));
-        evbuffer_add(out, "\"", 1);
-    } else {
-        evbuffer_add(out, "null", 4);
-    }
+    atc_json_key_string(out, "last_error", last_error);
     evbuffer_add_printf(out,
                         ",\"budget_us\":%llu,\"memory_limit\":%zu,\"jit\":%s,\"reloads_ok\":%llu,"
                         "\"reloads_failed\":%llu,\"rollbacks\":%llu,\"fallbacks\":%llu,\"runtimes\":%zu,"
