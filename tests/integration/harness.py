@@ -196,6 +196,21 @@ class AtcTestCase(unittest.TestCase):
         self.processes.append(atc)
         return atc
 
+    def write_policy(self, source, name="policy.lua"):
+        """Writes a policy file in the test's directory the way an editor saves (a rename, so a watch sees
+        one whole file); returns its path."""
+        path = os.path.join(self.tmp.name, name)
+        with open(path + ".new", "w") as f:
+            f.write(source)
+        os.replace(path + ".new", path)
+        return path
+
+    def policy_status(self, atc):
+        """GET /admin/policy, which must answer 200."""
+        status, _, body = request("127.0.0.1", atc.admin_port, "GET", "/admin/policy")
+        self.assertEqual(status, 200, body)
+        return json.loads(body)
+
     def start_sim(self, name="sim", model="llama-3-8b", extra=()):
         sim = Sim(self.tmp.name, name, model, extra)
         self.processes.append(sim)

@@ -121,20 +121,10 @@ end
 
 class PolicyTestCase(AtcTestCase):
     def start_policy(self, source, rollback_after=20, watch=True):
-        self.policy_path = os.path.join(self.tmp.name, "policy.lua")
         self.write_policy(source)
         return self.start_atc(CONFIG.format(rollback_after=rollback_after, watch=str(watch).lower()))
 
-    def write_policy(self, source):
-        tmp = self.policy_path + ".new"
-        with open(tmp, "w") as f:
-            f.write(source)
-        os.replace(tmp, self.policy_path)
 
-    def policy_status(self, atc):
-        status, _, body = request("127.0.0.1", atc.admin_port, "GET", "/admin/policy")
-        self.assertEqual(status, 200)
-        return json.loads(body)
 
     def reload(self, atc):
         status, _, body = request("127.0.0.1", atc.admin_port, "POST", "/admin/policy/reload")
@@ -217,7 +207,6 @@ class ReloadLogTest(PolicyTestCase):
         layer = os.path.join(self.tmp.name, "layer.lua")
         with open(layer, "w") as f:
             f.write("return { n = 1 }\n")
-        self.policy_path = os.path.join(self.tmp.name, "policy.lua")
         self.write_policy("local layer = require 'layer'\n"
                           "return function(req, fleet) return fleet:endpoints(req.model)[1] end\n")
         atc = self.start_atc("workers: 2\n" + CONFIG.format(rollback_after=20, watch="true"))
@@ -414,7 +403,6 @@ class ReloadTest(PolicyTestCase):
 class StartupTest(PolicyTestCase):
     def assert_stops_startup(self, source, message):
         """serve and check both exit 1 with message on a policy that cannot load."""
-        self.policy_path = os.path.join(self.tmp.name, "policy.lua")
         self.write_policy(source)
         cfg = os.path.join(self.tmp.name, "atc.yaml")
         with open(cfg, "w") as f:

@@ -49,21 +49,9 @@ class SafelyTestCase(AtcTestCase):
         self.write_policy(source)
         return self.start_atc(CONFIG.format(extra=extra, decode_ms=decode_ms))
 
-    def write_policy(self, source, name="policy.lua"):
-        path = os.path.join(self.tmp.name, name)
-        with open(path + ".new", "w") as f:
-            f.write(source)
-        os.replace(path + ".new", path)
-        return path
-
     def admin(self, atc, method, path, body=None):
         status, _, data = request("127.0.0.1", atc.admin_port, method, path, body)
         return status, json.loads(data) if data else None
-
-    def policy_status(self, atc):
-        status, doc = self.admin(atc, "GET", "/admin/policy")
-        self.assertEqual(status, 200)
-        return doc
 
     def reload(self, atc, body=None):
         return self.admin(atc, "POST", "/admin/policy/reload", body)

@@ -54,20 +54,10 @@ def percentile(values, p):
 
 class StallTestCase(AtcTestCase):
     def start_policy(self, source, workers=1, memory="16MiB", budget="1ms"):
-        self.policy_path = os.path.join(self.tmp.name, "policy.lua")
         self.write_policy(source)
         return self.start_atc(CONFIG.format(workers=workers, memory=memory, budget=budget))
 
-    def write_policy(self, source):
-        tmp = self.policy_path + ".new"
-        with open(tmp, "w") as f:
-            f.write(source)
-        os.replace(tmp, self.policy_path)
 
-    def policy_status(self, atc):
-        status, _, body = request("127.0.0.1", atc.admin_port, "GET", "/admin/policy")
-        self.assertEqual(status, 200)
-        return json.loads(body)
 
 
 # Keeps many small tables alive (400k: about 27 MiB, over half of a 48 MiB cap), built 10k a decision so
