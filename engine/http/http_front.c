@@ -1,5 +1,6 @@
 #include "http/http_front.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,6 +8,7 @@
 
 #include <event2/buffer.h>
 
+#include "core/strbuf.h"
 #include "core/config.h"
 #include "core/config_value.h"
 #include "ops/access_log.h"
@@ -50,10 +52,17 @@ static int header_priority(struct atc_http_req *req, const char **err)
 static void request_id(struct atc_worker *w, struct atc_http_req *req, char *id, size_t size)
 {
     const char *given = atc_http_req_header(req, "x-request-id");
-    if (given != NULL && given[0] != '\0')
-        snprintf(id, size, "%s", given);
-    else
-        snprintf(id, size, "atc-%016llx", (unsigned long long)++w->next_id);
+    if (given != NULL && given[0] != '\0') {
+        atc_strlcpy(id, size, given);
+    } else {
+        static const char hex[] = "0123456789abcdef";
+        uint64_t n = ++w->next_id;
+        char made[] = "atc-0000000000000000";
+        for (int i = 0; i < 16; i++)
+            made[sizeof(made) - 2 - i] = hex[(n >> (4 * i)) & 15];
+        struct atc_strbuf b = atc_strbuf_init(id, size);
+        atc_strbuf_addn(&b, made, sizeof(made) - 1);
+    }
     for (char *p = id; *p; p++)
         if (*p < 0x21 || *p > 0x7e)
             *p = '_';

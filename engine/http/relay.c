@@ -20,6 +20,7 @@
 #include "http/http_util.h"
 #include "ops/access_log.h"
 #include "core/log.h"
+#include "core/strbuf.h"
 #include "ops/metrics.h"
 #include "policy/decision.h"
 #include "policy/policy.h"
@@ -310,31 +311,39 @@ static void reply_head_free(struct reply_head *h)
 
 static const char *reply_headers(struct relay *r, struct reply_head *h, bool event_stream)
 {
-    char *out = h->line;
-    size_t size = sizeof(h->line), n = 0;
+    struct atc_strbuf hb = atc_strbuf_init(h->line, sizeof(h->line));
     h->heap = NULL;
-#define ADD(...)                                                                                              \
-    do {                                                                                                     \
-        int k_ = snprintf(out + n, size - n, __VA_ARGS__);                                                   \
-        n = k_ > 0 && (size_t)k_ < size - n ? n + (size_t)k_ : n;                                            \
-    } while (0)
     if (event_stream)
-        ADD("Cache-Control: no-cache\r\n");
-    if (r->ntried > 0)
-        ADD("x-atc-endpoint: %s\r\n", r->tried[r->ntried - 1]->id);
-    ADD("x-request-id: %s\r\n", r->id);
+        atc_strbuf_add(&hb, "Cache-Control: no-cache\r\n");
+    if (r->ntried > 0) {
+        atc_strbuf_add(&hb, "x-atc-endpoint: ");
+        atc_strbuf_add(&hb, r->tried[r->ntried - 1]->id);
+        atc_strbuf_add(&hb, "\r\n");
+    }
+    atc_strbuf_add(&hb, "x-request-id: ");
+    atc_strbuf_add(&hb, r->id);
+    atc_strbuf_add(&hb, "\r\n");
     if (r->w->policy != NULL) {
         /* The version is named only on what it decided: a client must be able to tell that the C
          * balancer routed a request because the policy failed. */
         if (strcmp(r->rec.kind, "fallback") == 0) {
-            ADD("x-atc-decision: fallback; reason=%s\r\n", r->rec.reason);
+            atc_strbuf_add(&hb, "x-atc-decision: fallback; reason=");
+            atc_strbuf_add(&hb, r->rec.reason);
         } else {
-            if (r->policy_version != 0) /* 0: refused before any decision (a tenant's limit) */
-                ADD("x-atc-policy-version: %llu\r\n", (unsigned long long)r->policy_version);
-            ADD("x-atc-decision: %s%s\r\n", r->rec.kind, r->rec.canary ? "; canary" : "");
+            if (r->policy_version != 0) { /* 0: refused before any decision (a tenant's limit) */
+                atc_strbuf_add(&hb, "x-atc-policy-version: ");
+                atc_strbuf_u64(&hb, r->policy_version);
+                atc_strbuf_add(&hb, "\r\n");
+            }
+            atc_strbuf_add(&hb, "x-atc-decision: ");
+            atc_strbuf_add(&hb, r->rec.kind);
+            if (r->rec.canary)
+                atc_strbuf_add(&hb, "; canary");
         }
+        atc_strbuf_add(&hb, "\r\n");
     }
-#undef ADD
+    char *out = hb.p;
+    size_t n = hb.len;
     if (r->explain_reply) {
         r->rec.endpoint = r->ntried > 0 ? r->tried[r->ntried - 1]->id : NULL;
         struct evbuffer *b = evbuffer_new();
@@ -587,8 +596,8 @@ static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
     r->event_stream = resp->event_stream;
     r->streaming = resp->event_stream || resp->content_length < 0 ||
                    (uint64_t)resp->content_length > MAX_BUFFERED_RESPONSE;
-    snprintf(r->content_type, sizeof(r->content_type), "%s",
-             resp->content_type != NULL ? resp->content_type : "application/json");
+    atc_strlcpy(r->content_type, sizeof(r->content_type),
+                resp->content_type != NULL ? resp->content_type : "application/json");
     if (r->streaming) {
         struct reply_head h;
         relay_set_state(r, RELAY_STREAMING);
@@ -892,11 +901,6 @@ static const char *client_header(void *ctx, const char *name)
     return r->client != NULL ? atc_http_req_header(r->client, name) : NULL;
 }
 
-static void copy_str(char *dst, size_t size, const char *src)
-{
-    snprintf(dst, size, "%s", src != NULL ? src : "");
-}
-
 void atc_relay_start(struct atc_worker *w, struct atc_http_req *client, const struct atc_request_info *info)
 {
     struct relay *r = calloc(1, sizeof(*r));
@@ -915,9 +919,9 @@ void atc_relay_start(struct atc_worker *w, struct atc_http_req *client, const st
     r->body = info->body;
     r->bodylen = info->bodylen;
     r->priority = info->priority;
-    copy_str(r->tenant, sizeof(r->tenant), info->tenant);
-    copy_str(r->session, sizeof(r->session), info->session);
-    copy_str(r->id, sizeof(r->id), info->request_id);
+    atc_strlcpy(r->tenant, sizeof(r->tenant), info->tenant);
+    atc_strlcpy(r->session, sizeof(r->session), info->session);
+    atc_strlcpy(r->id, sizeof(r->id), info->request_id);
     /* Most of a features struct is room for prefix hashes (4 KiB); a stream, which may be held for
      * minutes, keeps only those it has (8,000 held streams: half a KiB each instead of 4.6; a short
      * answer is not worth the allocator call). After the copies above: info->session may point into it. */
@@ -926,7 +930,10 @@ void atc_relay_start(struct atc_worker *w, struct atc_http_req *client, const st
                      : NULL;
     if (kept != NULL)
         r->f = kept;
-    snprintf(r->extra_headers, sizeof(r->extra_headers), "x-request-id: %s\r\n", r->id);
+    struct atc_strbuf xh = atc_strbuf_init(r->extra_headers, sizeof(r->extra_headers));
+    atc_strbuf_add(&xh, "x-request-id: ");
+    atc_strbuf_add(&xh, r->id);
+    atc_strbuf_add(&xh, "\r\n");
     r->tokens =
         r->f->prompt_tokens + (uint64_t)(r->f->max_tokens >= 0 ? r->f->max_tokens : DEFAULT_OUTPUT_TOKENS);
     if (w->recorder != NULL) /* now: the client's request may be gone when the record is made */

@@ -1,6 +1,7 @@
 #include "ops/metrics.h"
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,27 +80,35 @@ void atc_metrics_destroy(struct atc_metrics *m)
     free(m);
 }
 
+/* The bytes of a label as its series stores it (cut to the field's size), so that a long name finds its
+ * own series. */
+static size_t label_len(const char *s)
+{
+    return strnlen(s, sizeof(((struct series *)0)->model) - 1);
+}
+
+static bool label_is(const char *stored, const char *s, size_t len)
+{
+    return memcmp(stored, s, len) == 0 && stored[len] == '\0';
+}
+
+/* Called twice for every request, under the lock: no formatting, one hash over the labels' bytes. */
 static struct series *series_of(struct atc_metrics *m, const char *model, const char *endpoint, int status,
                                 int priority)
 {
-    /* Labels as they are stored (cut to the fields' size), so that a long name finds its own series. */
-    char mod[sizeof(((struct series *)0)->model)], end[sizeof(((struct series *)0)->endpoint)];
-    snprintf(mod, sizeof(mod), "%s", model);
-    snprintf(end, sizeof(end), "%s", endpoint);
-    model = mod;
-    endpoint = end;
-    char key[300];
-    int n = snprintf(key, sizeof(key), "%s|%s|%d|%d", model, endpoint, status, priority);
-    size_t b = XXH3_64bits(key, (size_t)(n > 0 ? n : 0)) % NBUCKETS;
+    size_t mlen = label_len(model), elen = label_len(endpoint);
+    uint64_t h = XXH3_64bits_withSeed(endpoint, elen, XXH3_64bits(model, mlen));
+    h ^= ((uint64_t)(uint32_t)status << 32 | (uint32_t)priority) * 0x9E3779B97F4A7C15ull;
+    size_t b = (h ^ h >> 29) % NBUCKETS;
     for (struct series *s = m->buckets[b]; s != NULL; s = s->next)
-        if (s->status == status && s->priority == priority && strcmp(s->model, model) == 0 &&
-            strcmp(s->endpoint, endpoint) == 0)
+        if (s->status == status && s->priority == priority && label_is(s->model, model, mlen) &&
+            label_is(s->endpoint, endpoint, elen))
             return s;
     struct series *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return NULL;
-    snprintf(s->model, sizeof(s->model), "%s", model);
-    snprintf(s->endpoint, sizeof(s->endpoint), "%s", endpoint);
+    memcpy(s->model, model, mlen);
+    memcpy(s->endpoint, endpoint, elen);
     s->status = status;
     s->priority = priority;
     atc_histogram_init(&s->ttft, latency_bounds, NELEMS(latency_bounds));

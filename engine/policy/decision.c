@@ -8,6 +8,7 @@
 
 #include <event2/buffer.h>
 
+#include "core/strbuf.h"
 #include "fleet/endpoint.h"
 #include "http/http_util.h"
 
@@ -43,7 +44,7 @@ void atc_decision_record_set(struct atc_decision_record *rec, const struct atc_d
     const char *reason = d->kind == ATC_DECISION_FALLBACK  ? atc_decision_reason_name(d->reason)
                          : d->kind == ATC_DECISION_ENDPOINT ? ""
                                                             : d->message;
-    snprintf(rec->reason, sizeof(rec->reason), "%.127s", reason);
+    atc_strlcpy(rec->reason, sizeof(rec->reason), reason);
     rec->canary = d->canary;
     rec->scores = scores != NULL && scores->n + scores->dropped > 0 ? scores : NULL;
 }

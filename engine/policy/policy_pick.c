@@ -507,6 +507,7 @@ static double fast_recent(struct fast_cand *c, const struct atc_signal_params *p
  * batch a request joins. opts.skip: an endpoint never chosen. Ties go to less recent work, then the
  * lower in-flight share. The loop runs in C, so a decision at 512 endpoints stays in microseconds. */
 #define CONGESTION_MAX 16.0
+#define FAST_STACK 32
 int policy_pick_fastest(lua_State *L)
 {
     struct policy_version *v = policy_api_version(L);
@@ -532,9 +533,11 @@ int policy_pick_fastest(lua_State *L)
     const struct atc_signal_params *p = signal_params(v);
     uint64_t now = signals_now_us(v);
     int n = pool_len(L, 1), best = 0;
-    /* One pass reads every element (a userdata array: a Lua error leaks nothing) and the pool's mean
-     * speeds; the next finds the cheapest. */
-    struct fast_cand *c = lua_newuserdata(L, (size_t)(n > 0 ? n : 1) * sizeof(*c));
+    /* One pass reads every element and the pool's mean speeds; the next finds the cheapest. The array is
+     * on the C stack for a pool of up to FAST_STACK (no allocation and no garbage per decision), else a
+     * userdata; either way a Lua error raised while reading leaks nothing. */
+    struct fast_cand stack[FAST_STACK];
+    struct fast_cand *c = n <= FAST_STACK ? stack : lua_newuserdata(L, (size_t)n * sizeof(*c));
     double pool_tps = 0, pool_itl = 0, pool_queued = 0, pool_uncached = 0;
     for (int i = 1; i <= n; i++) {
         lua_rawgeti(L, 1, i);

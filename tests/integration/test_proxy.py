@@ -41,7 +41,7 @@ class ProxyTest(AtcTestCase):
         self.assertEqual(status, 200)
         self.assertTrue(headers["content-type"].startswith("text/event-stream"))
         self.assertIn(headers["x-atc-endpoint"], ("llama-3-8b-sim-1", "llama-3-8b-sim-2"))
-        self.assertTrue(headers.get("x-request-id"))
+        self.assertRegex(headers.get("x-request-id", ""), r"^atc-[0-9a-f]{16}$")  # made by atc: none was sent
         self.assertEqual(events[-1][1], "[DONE]")
         chunks = [json.loads(data) for _, data in events[:-1]]
         self.assertGreaterEqual(len(chunks), 20)
