@@ -105,11 +105,11 @@ end
 
 -- A fleet's endpoint lists do not change while a policy version lives (a config reload loads a new
 -- one), so a model's list and its version sides are built once per fleet rather than per request.
-local cached_fleet, by_model, by_version = nil, {}, {}
+local cached_fleet, by_model, by_version, single_version = nil, {}, {}, {}
 
 local function endpoints_of(fleet, model)
   if fleet ~= cached_fleet then
-    cached_fleet, by_model, by_version = fleet, {}, {}
+    cached_fleet, by_model, by_version, single_version = fleet, {}, {}, {}
   end
   local eps = by_model[model]
   if eps == nil then
@@ -156,6 +156,26 @@ local function of_version(eps, version)
   return side
 end
 
+-- Whether every endpoint of eps runs one version: no split can narrow such a pool, so outside a rollout
+-- a request is not hashed at all (decided once per model's list, per request for a list cut by tags).
+local function one_version(eps)
+  local one = single_version[eps]
+  if one == nil then
+    one = true
+    local first = eps[1].version or STABLE
+    for i = 2, #eps do
+      if (eps[i].version or STABLE) ~= first then
+        one = false
+        break
+      end
+    end
+    if by_model[eps[1].model] == eps then
+      single_version[eps] = one
+    end
+  end
+  return one
+end
+
 local function any_available(eps)
   for i = 1, #eps do
     if eps[i].available then
@@ -167,9 +187,10 @@ end
 
 -- The model's endpoints with the tags, resolving an alias to its first target that has some.
 local function resolve(req, fleet, tags)
-  local alias = ALIASES[req.model]
+  local model = req.model
+  local alias = ALIASES[model]
   if alias == nil then
-    return with_tags(endpoints_of(fleet, req.model), tags)
+    return with_tags(endpoints_of(fleet, model), tags)
   end
   local targets = alias
   if alias.small ~= nil then
@@ -189,7 +210,7 @@ end
 -- stable endpoint the split does not narrow at all.
 local function split_versions(req, eps)
   local weights = SPLITS[eps[1].model] or SPLITS["*"]
-  if weights == nil then
+  if weights == nil or one_version(eps) then
     return eps
   end
   local key = req.session or req.id

@@ -894,7 +894,8 @@ void policy_api_open(struct policy_version *v)
     set_closure(L, v, "p2c", policy_pick_p2c);
     set_closure(L, v, "rendezvous", policy_pick_rendezvous);
     set_closure(L, v, "prefix_pick", policy_pick_prefix_pick);
-    set_closure(L, v, "fastest", policy_pick_fastest);
+    policy_pick_push_fastest(L, v);
+    lua_setfield(L, -2, "fastest");
     if (v->rt->test_replay != NULL) /* atc test only: t.replay(...) runs a trace through a policy */
         set_closure(L, v, "replay", v->rt->test_replay);
     if (v->rt->test_route != NULL) /* atc test only: t.route(...) runs a decision on real views */

@@ -46,6 +46,8 @@ int policy_pick_p2c(struct lua_State *L);
 int policy_pick_rendezvous(struct lua_State *L);
 int policy_pick_prefix_pick(struct lua_State *L);
 int policy_pick_fastest(struct lua_State *L);
+/** Pushes atc.fastest: policy_pick_fastest as a closure over @p v and the option names it reads. */
+void policy_pick_push_fastest(struct lua_State *L, struct policy_version *v);
 int policy_pick_predict_ttft(struct lua_State *L);
 /** Pushes the signal field @p k (length @p len) of @p ep and returns 1, or returns 0 when @p k is not
  * one. */

@@ -2,7 +2,8 @@
  * Not a test: prints a markdown table, or with --format json one line "ATC-BENCH {...}" for tests/bench/run
  * (latencies in µs). Reaches the budget functions through policy/watchdog.h. Usage:
  *   policy_bench [--entry scripts/policy.lua] [--endpoints 64] [--prompt-tokens 8192] [--decisions 200000]
- *                [--jit on|off] [--format table|json] */
+ *                [--jit on|off] [--format table|json] [--sessions on|off]
+ * --sessions off: every request as tests/bench/run's chat load sends it (no session, priority 0). */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,7 +39,7 @@ static const char *bench_header(void *ctx, const char *name)
 int main(int argc, char **argv)
 {
     const char *entry = "scripts/policy.lua";
-    bool jit = false, json = false;
+    bool jit = false, json = false, sessions = true;
     size_t nendpoints = 64, prompt_tokens = 8192, n = 200000;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--entry") == 0)
@@ -51,6 +52,8 @@ int main(int argc, char **argv)
             n = strtoul(argv[i + 1], NULL, 10);
         else if (strcmp(argv[i], "--jit") == 0)
             jit = strcmp(argv[i + 1], "on") == 0;
+        else if (strcmp(argv[i], "--sessions") == 0)
+            sessions = strcmp(argv[i + 1], "off") != 0;
         else if (strcmp(argv[i], "--format") == 0)
             json = strcmp(argv[i + 1], "json") == 0;
     }
@@ -118,9 +121,9 @@ int main(int argc, char **argv)
             .path = "/v1/chat/completions",
             .kind = ATC_KIND_CHAT,
             .features = &f,
-            .priority = (int)(i % 10),
+            .priority = sessions ? (int)(i % 10) : 0,
             .tenant = "t",
-            .session = i % 2 ? session : "",
+            .session = sessions && i % 2 ? session : "",
             .attempt = 1,
             .header = bench_header,
         };
