@@ -616,16 +616,13 @@ static void on_probe_headers(void *arg, const struct atc_upstream_response *resp
     pr->status = resp->status;
 }
 
-static void on_probe_body(void *arg, struct evbuffer *data)
+static void on_probe_body(void *arg, const char *data, size_t len)
 {
     struct probe *pr = arg;
-    if (evbuffer_get_length(pr->body) + evbuffer_get_length(data) > pr->body_max) {
-        evbuffer_drain(data, evbuffer_get_length(data));
+    if (evbuffer_get_length(pr->body) + len > pr->body_max || evbuffer_add(pr->body, data, len) < 0) {
         atc_upstream_cancel(pr->req); /* no more callbacks: end the probe here */
         probe_end(pr, false, "the answer is too large", false);
-        return;
     }
-    evbuffer_add_buffer(pr->body, data);
 }
 
 static void on_probe_done(void *arg)

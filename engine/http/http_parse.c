@@ -310,6 +310,7 @@ const char *atc_http_head_find(const struct atc_http_head *h, const char *name)
 enum {
     CH_SIZE,     /* hex digits of the size */
     CH_EXT,      /* after the size: extensions up to the LF */
+    CH_EXT_LF,   /* the size line's LF after its CR */
     CH_DATA,     /* chunk data */
     CH_DATA_END, /* the CRLF after the data */
     CH_DATA_LF,
@@ -348,16 +349,24 @@ int atc_http_chunked_decode(struct atc_http_chunked *c, char *buf, size_t len, s
             break;
         }
         case CH_EXT:
-            /* ";name=value" extensions (or OWS before them): skipped, control bytes refused */
-            if (ch == '\n') {
-                i++;
-                c->size_digits = 0;
-                c->state = c->left > 0 ? CH_DATA : CH_TRAILER;
-            } else if (ch == '\r' ? i + 1 < len && buf[i + 1] != '\n' : !value_byte((unsigned char)ch)) {
+            /* ";name=value" extensions (or OWS before them): skipped, control bytes refused. A CR is a
+             * state of its own, so that the verdict on what follows it does not depend on whether the CR
+             * was the last byte of a read. */
+            if (ch == '\r' || ch == '\n') {
+                c->state = CH_EXT_LF;
+                i += ch == '\r';
+            } else if (!value_byte((unsigned char)ch)) {
                 return -1;
             } else {
                 i++;
             }
+            break;
+        case CH_EXT_LF:
+            if (ch != '\n')
+                return -1;
+            i++;
+            c->size_digits = 0;
+            c->state = c->left > 0 ? CH_DATA : CH_TRAILER;
             break;
         case CH_DATA: {
             size_t n = len - i < c->left ? len - i : (size_t)c->left;

@@ -610,36 +610,6 @@ static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
     }
 }
 
-/* SSE events end with an empty line: count the "\n\n"s, left to right, each '\n' ending at most one,
- * also when a chunk boundary splits one. after_newline: the stream so far ends with a '\n' that did
- * not end an event (so "\n\n" | "\n" is one event, as "\n\n\n" in one piece is). */
-static void count_events(struct relay *r, struct evbuffer *data, size_t len)
-{
-    struct evbuffer_ptr p;
-    size_t from = 0, end = 0; /* end: just past the last '\n' that ended an event */
-    if (r->after_newline && len > 0) {
-        char first;
-        evbuffer_copyout(data, &first, 1);
-        if (first == '\n') {
-            r->sse_events++;
-            from = end = 1;
-        }
-    }
-    evbuffer_ptr_set(data, &p, from, EVBUFFER_PTR_SET);
-    while ((p = evbuffer_search(data, "\n\n", 2, &p)).pos >= 0) {
-        r->sse_events++;
-        end = (size_t)p.pos + 2;
-        evbuffer_ptr_set(data, &p, 2, EVBUFFER_PTR_ADD);
-    }
-    if (len > 0) {
-        struct evbuffer_ptr last;
-        char c;
-        evbuffer_ptr_set(data, &last, len - 1, EVBUFFER_PTR_SET);
-        evbuffer_copyout_from(data, &last, &c, 1);
-        r->after_newline = c == '\n' && end != len;
-    }
-}
-
 /* Whether the start of an SSE line (@p n bytes of it, the whole line when @p complete) can be what an
  * inference server sends: a field (data, event, id, retry) or a comment. */
 static bool sse_line_ok(const char *head, size_t n, bool complete)
@@ -659,56 +629,63 @@ static bool sse_line_ok(const char *head, size_t n, bool complete)
     return false;
 }
 
-/* Checks the framing of an event stream as it arrives: every line is a field or a comment. */
-static bool sse_well_formed(struct relay *r, struct evbuffer *data)
+/* One pass over the next bytes of an event stream, left to right, that checks its framing and counts its
+ * events. Every line must be a field or a comment (sse_line_ok on its first bytes: only those are
+ * looked at one by one, memchr finds the line's end). An event ends with an empty line: each "\n\n"
+ * counts, each '\n' ending at most one, also when a read splits one (after_newline: the stream so far
+ * ends with a '\n' that did not end an event, so "\n\n" | "\n" is one event, as "\n\n\n" in one piece
+ * is). The events are counted once the whole piece has passed: a piece that fails is not relayed.
+ * Returns false on a line that cannot be server-sent events. */
+static bool sse_scan(struct relay *r, const char *p, size_t len)
 {
-    struct evbuffer_iovec vec[16];
-    struct evbuffer_ptr pos;
-    evbuffer_ptr_set(data, &pos, 0, EVBUFFER_PTR_SET);
-    for (;;) {
-        int n = evbuffer_peek(data, -1, &pos, vec, 16);
-        if (n <= 0)
-            return true;
-        size_t seen = 0;
-        for (int i = 0; i < n && i < 16; i++) {
-            const char *p = vec[i].iov_base;
-            for (size_t k = 0; k < vec[i].iov_len; k++) {
-                char c = p[k];
-                if (c == '\n') {
-                    if (!sse_line_ok(r->sse_head, r->sse_line_len < 8 ? r->sse_line_len : 8, true))
-                        return false;
-                    r->sse_line_len = 0;
-                } else if (c != '\r') {
-                    if (r->sse_line_len < sizeof(r->sse_head))
-                        r->sse_head[r->sse_line_len] = c;
-                    if (++r->sse_line_len == sizeof(r->sse_head) && !sse_line_ok(r->sse_head, 8, false))
-                        return false;
-                }
-            }
-            seen += vec[i].iov_len;
+    const char *end = p + len;
+    unsigned line_len = r->sse_line_len; /* at most sizeof(sse_head): past it the length is not needed */
+    bool after_newline = r->after_newline;
+    uint64_t events = 0;
+    while (p < end) {
+        if (line_len == sizeof(r->sse_head)) { /* the line's head passed: skip to its end */
+            const char *nl = memchr(p, '\n', (size_t)(end - p));
+            if (nl == NULL)
+                break; /* (after_newline is false: the line has bytes) */
+            p = nl;
         }
-        if (n <= 16)
-            return true;
-        evbuffer_ptr_set(data, &pos, seen, EVBUFFER_PTR_ADD);
+        char c = *p++;
+        if (c == '\n') {
+            if (!sse_line_ok(r->sse_head, line_len, true))
+                return false;
+            line_len = 0;
+            events += after_newline;
+            after_newline = !after_newline;
+            continue;
+        }
+        after_newline = false;
+        if (c == '\r')
+            continue;
+        r->sse_head[line_len] = c;
+        if (++line_len == sizeof(r->sse_head) && !sse_line_ok(r->sse_head, line_len, false))
+            return false;
     }
+    r->sse_line_len = line_len;
+    r->after_newline = after_newline;
+    r->sse_events += events;
+    return true;
 }
 
-static void on_up_body(void *arg, struct evbuffer *data)
+/* The body bytes of one read from the server (borrowed for the call). */
+static void on_up_body(void *arg, const char *data, size_t len)
 {
     struct relay *r = arg;
     relay_expect(r, RELAY_IN(RELAY_ATTEMPT) | RELAY_IN(RELAY_STREAMING));
-    size_t len = evbuffer_get_length(data);
     r->bytes += len;
     if (r->w->recorder != NULL || r->limit.slot >= 0) /* the usage corrects the tenant's tokens */
-        atc_record_marks_observe(&r->marks, data, r->streaming, atc_mono_us());
+        atc_record_marks_observe_bytes(&r->marks, data, len, r->streaming, atc_mono_us());
     if (!r->streaming) {
-        evbuffer_add_buffer(r->buffered, data);
+        evbuffer_add(r->buffered, data, len);
         return;
     }
-    if (r->event_stream && !sse_well_formed(r, data)) {
+    if (r->event_stream && !sse_scan(r, data, len)) {
         /* Not server-sent events: the server is broken. It counts against it, and the client's stream
          * ends with an error event rather than with garbage. */
-        evbuffer_drain(data, len);
         r->w->stats.upstream_errors_total++;
         record_outcome(r, false, -1);
         atc_warn("request %s: upstream %s: %s", r->id, r->ep->id,
@@ -719,9 +696,8 @@ static void on_up_body(void *arg, struct evbuffer *data)
         end_broken_stream(r, ATC_UPSTREAM_ERR_BAD_STREAM);
         return;
     }
-    if (r->event_stream)
-        count_events(r, data, len);
-    atc_http_reply_chunk_buffer(r->client, data);
+    /* At once, in one writev with its chunk framing: no copy unless the client's socket is full. */
+    atc_http_reply_chunk(r->client, data, len);
     if (!r->paused && client_backlog(r) > CLIENT_HIGH_WATERMARK) {
         r->paused = true;
         atc_upstream_pause(r->up);

@@ -16,6 +16,7 @@
 #include <event2/event.h>
 
 #include "core/log.h"
+#include "http/http_parse.h"
 
 /* A status line or header longer than this, or headers larger in total, is a protocol error. */
 #define MAX_HEADER_BYTES (64 * 1024)
@@ -27,11 +28,8 @@
 enum parse_state {
     PARSE_STATUS,
     PARSE_HEADERS,
-    PARSE_BODY_LENGTH,
-    PARSE_CHUNK_SIZE,
-    PARSE_CHUNK_DATA,
-    PARSE_CHUNK_END,
-    PARSE_TRAILERS,
+    PARSE_BODY_LENGTH, /* the body states: the head has been parsed, on_headers called */
+    PARSE_CHUNKED,
     PARSE_BODY_UNTIL_CLOSE,
     PARSE_DONE,
 };
@@ -47,7 +45,6 @@ struct upstream_conn {
     struct event *timer;
     struct evbuffer *in, *out;
     struct atc_upstream_req *req; /* NULL while idle */
-    struct evbuffer *body_out;    /* dechunked body bytes handed to on_body; empty between requests */
     TAILQ_ENTRY(upstream_conn) idle_link;
     bool connecting;
     bool connect_failed; /* connect() failed at once; the timer reports it from the loop */
@@ -86,7 +83,8 @@ struct atc_upstream_req {
     bool has_content_type;
     bool keepalive; /* the server allows reuse (HTTP/1.1 without "Connection: close") */
     bool chunked;
-    uint64_t remaining; /* of a content-length body or of the current chunk */
+    uint64_t remaining;            /* of a content-length body */
+    struct atc_http_chunked chunk; /* a chunked body's framing, decoded as it comes (http_parse.c) */
     size_t header_bytes;
     bool got_response; /* any byte of the status line arrived */
     bool stale_retried;
@@ -189,8 +187,6 @@ static void conn_close(struct upstream_conn *c)
         evbuffer_free(c->in);
     if (c->out != NULL)
         evbuffer_free(c->out);
-    if (c->body_out != NULL)
-        evbuffer_free(c->body_out);
     if (c->fd >= 0)
         close(c->fd);
     free(c);
@@ -233,9 +229,7 @@ static struct upstream_conn *conn_new(struct atc_upstream_pool *pool)
     c->timer = evtimer_new(pool->base, on_conn_timer, c);
     c->in = evbuffer_new();
     c->out = evbuffer_new();
-    c->body_out = evbuffer_new();
-    if (c->rev == NULL || c->wev == NULL || c->timer == NULL || c->in == NULL || c->out == NULL ||
-        c->body_out == NULL) {
+    if (c->rev == NULL || c->wev == NULL || c->timer == NULL || c->in == NULL || c->out == NULL) {
         conn_close(c);
         return NULL;
     }
@@ -251,7 +245,6 @@ static void conn_release(struct upstream_conn *c, bool reusable)
         conn_close(c);
         return;
     }
-    evbuffer_drain(c->body_out, evbuffer_get_length(c->body_out)); /* what on_body left */
     c->req = NULL;
     c->reused = true;
     TAILQ_INSERT_HEAD(&pool->idle, c, idle_link); /* LIFO: the warmest connection is reused first */
@@ -518,15 +511,6 @@ static void finish(struct atc_upstream_req *req)
     req_free(req);
 }
 
-/* Moves up to @p max body bytes from the connection into body_out. */
-static size_t take_body(struct atc_upstream_req *req, struct evbuffer *in, uint64_t max)
-{
-    size_t avail = evbuffer_get_length(in);
-    size_t n = max < avail ? (size_t)max : avail;
-    evbuffer_remove_buffer(in, req->conn->body_out, n);
-    return n;
-}
-
 /* The next line of @p in (CRLF or LF), NUL-terminated in place of its end of line, without copying
  * unless it spans two chunks of the buffer; *n is its length and *size the bytes to drain after it (with
  * the end of line). NULL while the line is incomplete. */
@@ -546,188 +530,184 @@ static char *peek_line(struct evbuffer *in, size_t *n, size_t *size)
     return line;
 }
 
-/* Runs the parser over what has arrived. Returns 1 when the response is complete, 0 when more is
- * needed, -1 on a protocol error, -2 when the user cancelled from a callback. */
-static int parse(struct atc_upstream_req *req, struct evbuffer *in)
+/* Parses the status line and the headers that have arrived in @p in, and calls on_headers once they are
+ * complete. Returns 1 when they are (the state is then a body state, or PARSE_DONE), 0 when more is
+ * needed, -1 on a protocol error, -2 when the user cancelled from on_headers. */
+static int parse_head(struct atc_upstream_req *req, struct evbuffer *in)
 {
-    char *line;
-    for (;;) {
-        if (req->paused)
-            return 0;
+    while (req->state < PARSE_BODY_LENGTH) {
         size_t n = 0, size = 0;
-        switch (req->state) {
-        case PARSE_STATUS:
-        case PARSE_HEADERS:
-        case PARSE_CHUNK_SIZE:
-        case PARSE_CHUNK_END:
-        case PARSE_TRAILERS:
-            line = peek_line(in, &n, &size);
-            /* A line this long is refused whether it arrived in one read or in many. */
-            if (n > MAX_HEADER_BYTES)
-                return -1;
-            if (line == NULL)
-                return evbuffer_get_length(in) > MAX_HEADER_BYTES ? -1 : 0;
-            req->header_bytes += n;
-            break;
-        default:
-            line = NULL;
-            break;
-        }
-
-        switch (req->state) {
-        case PARSE_STATUS:
+        char *line = peek_line(in, &n, &size);
+        /* A line this long is refused whether it arrived in one read or in many. */
+        if (n > MAX_HEADER_BYTES)
+            return -1;
+        if (line == NULL)
+            return evbuffer_get_length(in) > MAX_HEADER_BYTES ? -1 : 0;
+        req->header_bytes += n;
+        if (req->state == PARSE_STATUS) {
             req->got_response = true;
             if (parse_status(req, line) < 0)
-                goto malformed;
+                return -1;
             req->state = PARSE_HEADERS;
-            break;
-        case PARSE_HEADERS:
-            if (req->header_bytes > MAX_HEADER_BYTES)
-                goto malformed;
-            if (n > 0) {
-                if (parse_header(req, line) < 0)
-                    goto malformed;
-                break;
-            }
-            evbuffer_drain(in, size); /* the empty line: gone before the user may look at the buffer */
-            size = 0;
-            if (req->resp.status < 200) { /* 100 Continue and friends: the real answer follows */
-                req->state = PARSE_STATUS;
-                break;
-            }
-            /* Transfer-Encoding overrides Content-Length (RFC 9112 6.3): a chunked body's length is
-             * unknown, whatever the server also claimed. */
-            if (req->chunked)
-                req->resp.content_length = -1;
-            req->resp.content_type = req->has_content_type ? req->content_type : NULL;
-            arm_timer(req->conn, &req->pool->idle_tv);
-            CALL_USER(req, req->cb->on_headers(req->arg, &req->resp));
-            if (req->cancelled)
-                return -2;
-            if (req->resp.status == 204 || req->resp.status == 304)
-                req->state = PARSE_DONE;
-            else if (req->chunked)
-                req->state = PARSE_CHUNK_SIZE;
-            else if (req->resp.content_length >= 0) {
-                req->remaining = (uint64_t)req->resp.content_length;
-                req->state = req->remaining > 0 ? PARSE_BODY_LENGTH : PARSE_DONE;
-            } else {
-                req->keepalive = false;
-                req->state = PARSE_BODY_UNTIL_CLOSE;
-            }
-            break;
-        case PARSE_BODY_LENGTH:
-            req->remaining -= take_body(req, in, req->remaining);
-            if (req->remaining > 0)
-                return 0;
-            req->state = PARSE_DONE;
-            break;
-        case PARSE_CHUNK_SIZE: {
-            /* hex digits only: strtoull alone would take "-1" (a chunk of 2^64 - 1), " 5" and "0x5" */
-            char *end;
-            errno = 0;
-            unsigned long long chunk = strtoull(line, &end, 16);
-            if (!isxdigit((unsigned char)line[0]) || errno != 0 ||
-                (*end != '\0' && *end != ';' && *end != ' ') ||
-                (line[0] == '0' && (line[1] == 'x' || line[1] == 'X')))
-                goto malformed;
-            req->remaining = chunk;
-            req->state = chunk == 0 ? PARSE_TRAILERS : PARSE_CHUNK_DATA;
-            req->header_bytes = 0;
-            break;
+            evbuffer_drain(in, size);
+            continue;
         }
-        case PARSE_CHUNK_DATA:
-            req->remaining -= take_body(req, in, req->remaining);
-            if (req->remaining > 0)
-                return 0;
-            req->state = PARSE_CHUNK_END;
-            break;
-        case PARSE_CHUNK_END:
-            if (n != 0)
-                goto malformed;
-            req->state = PARSE_CHUNK_SIZE;
-            break;
-        case PARSE_TRAILERS:
-            if (req->header_bytes > MAX_HEADER_BYTES)
-                goto malformed;
-            if (n == 0)
-                req->state = PARSE_DONE;
-            break;
-        case PARSE_BODY_UNTIL_CLOSE:
-            take_body(req, in, UINT64_MAX);
-            return 0;
-        case PARSE_DONE:
-            return 1;
+        if (req->header_bytes > MAX_HEADER_BYTES)
+            return -1;
+        if (n > 0) {
+            if (parse_header(req, line) < 0)
+                return -1;
+            evbuffer_drain(in, size);
+            continue;
         }
+        /* the empty line: gone before the user may look at the buffer */
         evbuffer_drain(in, size);
+        if (req->resp.status < 200) { /* 100 Continue and friends: the real answer follows */
+            req->state = PARSE_STATUS;
+            continue;
+        }
+        /* Transfer-Encoding overrides Content-Length (RFC 9112 6.3): a chunked body's length is unknown,
+         * whatever the server also claimed. */
+        if (req->chunked)
+            req->resp.content_length = -1;
+        req->resp.content_type = req->has_content_type ? req->content_type : NULL;
+        arm_timer(req->conn, &req->pool->idle_tv);
+        CALL_USER(req, req->cb->on_headers(req->arg, &req->resp));
+        if (req->cancelled)
+            return -2;
+        if (req->resp.status == 204 || req->resp.status == 304) {
+            req->state = PARSE_DONE;
+        } else if (req->chunked) {
+            memset(&req->chunk, 0, sizeof(req->chunk));
+            req->state = PARSE_CHUNKED;
+        } else if (req->resp.content_length >= 0) {
+            req->remaining = (uint64_t)req->resp.content_length;
+            req->state = req->remaining > 0 ? PARSE_BODY_LENGTH : PARSE_DONE;
+        } else {
+            req->keepalive = false;
+            req->state = PARSE_BODY_UNTIL_CLOSE;
+        }
     }
-malformed:
-    return -1;
+    return 1;
 }
 
-static void deliver_body(struct atc_upstream_req *req)
-{
-    if (evbuffer_get_length(req->conn->body_out) > 0)
-        CALL_USER(req, req->cb->on_body(req->arg, req->conn->body_out));
-}
-
-/* The server closed the connection (@p eof) or it failed, before the response was complete. */
-static void conn_broken(struct upstream_conn *c, bool eof);
-
-/* Parses what arrived on an active connection. */
-static void conn_parse(struct upstream_conn *c)
+/* Takes body bytes @p buf[0..n) (one read from the socket, or what the input buffer held) and hands the
+ * body among them to on_body as one piece. A chunked body's framing is decoded in place (@p buf is
+ * rewritten), so the events of one read reach the client in one write, without a copy or an allocation
+ * on the way: on a stream this runs once per read, the cost that counts per relayed event. Bytes after
+ * the end of the response go back to the front of the input buffer, where they keep the connection from
+ * being reused. Returns 1 when the response is complete, 0 when more is needed, -1 on a protocol error,
+ * -2 when the user cancelled from on_body. */
+static int take_body(struct upstream_conn *c, char *buf, size_t n)
 {
     struct atc_upstream_req *req = c->req;
-    if (req->state >= PARSE_BODY_LENGTH && !req->paused)
-        arm_timer(c, &req->pool->idle_tv);
-    int rc = parse(req, c->in);
-    if (rc == -2)
-        goto cancelled;
-    deliver_body(req);
-    if (req->cancelled)
-        goto cancelled;
-    if (rc == -1) {
+    size_t used = n, body = n;
+    int rc = 0;
+    switch (req->state) {
+    case PARSE_BODY_LENGTH:
+        used = body = n < req->remaining ? n : (size_t)req->remaining;
+        req->remaining -= used;
+        rc = req->remaining == 0;
+        break;
+    case PARSE_CHUNKED:
+        used = body = 0;
+        rc = atc_http_chunked_decode(&req->chunk, buf, n, &used, &body);
+        break;
+    case PARSE_BODY_UNTIL_CLOSE:
+        break;
+    default: /* PARSE_DONE: nothing more belongs to this response */
+        used = body = 0;
+        rc = 1;
+        break;
+    }
+    if (rc < 0)
+        return -1;
+    if (rc == 1)
+        req->state = PARSE_DONE;
+    if (used < n && evbuffer_prepend(c->in, buf + used, n - used) < 0)
+        return -1;
+    if (body > 0) {
+        CALL_USER(req, req->cb->on_body(req->arg, buf, body));
+        if (req->cancelled)
+            return -2;
+    }
+    return rc;
+}
+
+/* Body bytes that wait in the input buffer (those that came with the head, or were left while paused):
+ * through a buffer on the stack, as a read would bring them. */
+static int take_buffered_body(struct upstream_conn *c)
+{
+    char buf[READ_MAX];
+    int n = evbuffer_remove(c->in, buf, sizeof(buf));
+    return n > 0 ? take_body(c, buf, (size_t)n) : -1;
+}
+
+/* What the parse of some bytes came to: @p rc as take_body returns it. */
+static void conn_parsed(struct atc_upstream_req *req, int rc)
+{
+    if (rc == -2) {
+        req_fail(req, ATC_UPSTREAM_ERR_CLOSED);
+    } else if (rc == -1) {
         atc_warn("upstream %s: invalid HTTP response", req->pool->hostport);
         req_fail(req, ATC_UPSTREAM_ERR_PROTOCOL);
     } else if (rc == 1) {
         finish(req);
     }
-    return;
-cancelled:
-    req_fail(req, ATC_UPSTREAM_ERR_CLOSED);
 }
 
-/* One read from the socket into c->in: 1 with bytes, 0 when there were none, -1 at the end (*eof) or on
- * an error. Through a buffer on the stack, so the input buffer grows by the bytes that came, not by a
- * fixed reservation: a response's buffers travel on to the client's output and stay there while the
- * client is slow. Not inlined, so that the buffer is off the stack before the callbacks run. */
-__attribute__((noinline)) static int conn_read(struct upstream_conn *c, bool *eof)
+/* The server closed the connection (@p eof) or it failed, before the response was complete. */
+static void conn_broken(struct upstream_conn *c, bool eof);
+
+/* Parses what waits in the input buffer of an active connection. */
+static void conn_parse(struct upstream_conn *c)
 {
-    char buf[READ_MAX];
-    ssize_t n = recv(c->fd, buf, sizeof(buf), 0);
-    *eof = n == 0;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-        return 0;
-    if (n <= 0 || evbuffer_add(c->in, buf, (size_t)n) < 0)
-        return -1;
-    return 1;
+    struct atc_upstream_req *req = c->req;
+    if (req->state >= PARSE_BODY_LENGTH && !req->paused)
+        arm_timer(c, &req->pool->idle_tv);
+    int rc = req->state < PARSE_BODY_LENGTH ? parse_head(req, c->in) : 1;
+    if (rc == 1) {
+        rc = req->state == PARSE_DONE ? 1 : 0;
+        while (rc == 0 && !req->paused && evbuffer_get_length(c->in) > 0)
+            rc = take_buffered_body(c);
+    }
+    conn_parsed(req, rc);
 }
 
 /* Reads what the socket has (one read per readiness, as a bufferevent does), then parses it. Also run
- * without EV_READ by atc_upstream_resume, to parse what is buffered. */
+ * without EV_READ by atc_upstream_resume, to parse what is buffered. A body's bytes are handed on from
+ * the buffer on the stack they were read into when nothing waits before them (the common case: every
+ * read of a stream); the input buffer holds only the head, and what a read brings while it does. */
 static void on_conn_readable(evutil_socket_t fd, short what, void *arg)
 {
     struct upstream_conn *c = arg;
-    if (c->req == NULL) { /* idle: closed by the server, or garbage */
+    struct atc_upstream_req *req = c->req;
+    if (req == NULL) { /* idle: closed by the server, or garbage */
         conn_free(c);
         return;
     }
-    bool eof = false;
-    int rc = what & EV_READ ? conn_read(c, &eof) : 0;
-    if (rc < 0)
-        conn_broken(c, eof);
-    else if (rc > 0 || (what & EV_TIMEOUT))
+    if (!(what & EV_READ)) {
         conn_parse(c);
+        return;
+    }
+    char buf[READ_MAX];
+    ssize_t n = recv(c->fd, buf, sizeof(buf), 0);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return;
+    if (n <= 0) {
+        conn_broken(c, n == 0);
+        return;
+    }
+    if (req->state >= PARSE_BODY_LENGTH && req->state < PARSE_DONE && evbuffer_get_length(c->in) == 0) {
+        arm_timer(c, &req->pool->idle_tv); /* (reading: not paused) */
+        conn_parsed(req, take_body(c, buf, (size_t)n));
+        return;
+    }
+    if (evbuffer_add(c->in, buf, (size_t)n) < 0) {
+        conn_broken(c, false);
+        return;
+    }
+    conn_parse(c);
 }
 
 /* Writes what is pending: after the connect, and what a send left. */
@@ -780,14 +760,13 @@ static bool retry_stale(struct atc_upstream_req *req)
 static void conn_broken(struct upstream_conn *c, bool eof)
 {
     struct atc_upstream_req *req = c->req;
-    if (eof && req->state == PARSE_BODY_UNTIL_CLOSE) {
-        take_body(req, c->in, UINT64_MAX);
-        req->state = PARSE_DONE;
-        deliver_body(req);
-        if (req->cancelled)
-            req_fail(req, ATC_UPSTREAM_ERR_CLOSED);
-        else
-            finish(req);
+    if (eof && req->state == PARSE_BODY_UNTIL_CLOSE) { /* the end of such a body */
+        int rc = 0;
+        while (rc == 0 && evbuffer_get_length(c->in) > 0)
+            rc = take_buffered_body(c);
+        if (rc == 0)
+            req->state = PARSE_DONE;
+        conn_parsed(req, rc == 0 ? 1 : rc);
         return;
     }
     if (retry_stale(req))

@@ -49,8 +49,9 @@ struct atc_upstream_response {
  * on_error the request is gone: the caller must forget its handle. */
 struct atc_upstream_callbacks {
     void (*on_headers)(void *arg, const struct atc_upstream_response *resp);
-    /* Some body bytes (dechunked) are in @p data; take them with evbuffer_remove_buffer or drain. */
-    void (*on_body)(void *arg, struct evbuffer *data);
+    /* The next @p len bytes of the body (dechunked), all that one read brought: borrowed for the call only
+     * (they are on the reading function's stack), so a caller that keeps them copies them. */
+    void (*on_body)(void *arg, const char *data, size_t len);
     void (*on_done)(void *arg);
     /* @p got_response: whether any byte of the response had arrived. */
     void (*on_error)(void *arg, enum atc_upstream_error err, bool got_response);

@@ -398,37 +398,44 @@ void atc_record_marks_init(struct atc_record_marks *m)
     *m = (struct atc_record_marks){.completion_tokens = -1, .decision = -1};
 }
 
+void atc_record_marks_observe_bytes(struct atc_record_marks *m, const char *p, size_t len, bool streaming,
+                                    uint64_t now_us)
+{
+    static const char usage_key[] = "\"completion_tokens\":";
+    const char *end = p + len;
+    if (m->first_byte_us == 0)
+        m->first_byte_us = now_us;
+    /* Events and the usage object seldom straddle two pieces; when they do, this undercounts. */
+    for (const char *q = p; streaming && (q = memmem(q, (size_t)(end - q), "data:", 5)) != NULL; q += 5) {
+        if (q == p || q[-1] == '\n') {
+            m->events++;
+            if ((size_t)(end - q) >= 11 && memcmp(q + 5, " [DONE]", 7) == 0)
+                m->done_event = true;
+        }
+    }
+    const char *u = memmem(p, len, usage_key, sizeof(usage_key) - 1);
+    if (u != NULL) {
+        u += sizeof(usage_key) - 1;
+        while (u < end && *u == ' ')
+            u++;
+        int64_t v = 0;
+        bool digits = false;
+        for (; u < end && *u >= '0' && *u <= '9' && v < INT64_MAX / 10; u++, digits = true)
+            v = v * 10 + (*u - '0');
+        if (digits)
+            m->completion_tokens = v;
+    }
+}
+
 void atc_record_marks_observe(struct atc_record_marks *m, const struct evbuffer *data, bool streaming,
                               uint64_t now_us)
 {
-    static const char usage_key[] = "\"completion_tokens\":";
-    if (m->first_byte_us == 0)
-        m->first_byte_us = now_us;
     struct evbuffer_iovec vec[16];
     int n = evbuffer_peek((struct evbuffer *)data, -1, NULL, vec, 16);
-    for (int i = 0; i < n && i < 16; i++) {
-        const char *p = vec[i].iov_base, *end = p + vec[i].iov_len;
-        /* Events and the usage object seldom straddle two chunks; when they do, this undercounts. */
-        for (const char *q = p; streaming && (q = memmem(q, (size_t)(end - q), "data:", 5)) != NULL; q += 5) {
-            if (q == p || q[-1] == '\n') {
-                m->events++;
-                if ((size_t)(end - q) >= 11 && memcmp(q + 5, " [DONE]", 7) == 0)
-                    m->done_event = true;
-            }
-        }
-        const char *u = memmem(p, (size_t)(end - p), usage_key, sizeof(usage_key) - 1);
-        if (u != NULL) {
-            u += sizeof(usage_key) - 1;
-            while (u < end && *u == ' ')
-                u++;
-            int64_t v = 0;
-            bool digits = false;
-            for (; u < end && *u >= '0' && *u <= '9' && v < INT64_MAX / 10; u++, digits = true)
-                v = v * 10 + (*u - '0');
-            if (digits)
-                m->completion_tokens = v;
-        }
-    }
+    if (n <= 0 && m->first_byte_us == 0)
+        m->first_byte_us = now_us;
+    for (int i = 0; i < n && i < 16; i++)
+        atc_record_marks_observe_bytes(m, vec[i].iov_base, vec[i].iov_len, streaming, now_us);
 }
 
 int64_t atc_record_marks_output_tokens(const struct atc_record_marks *m, bool chat)

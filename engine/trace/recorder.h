@@ -89,6 +89,9 @@ void atc_record_marks_init(struct atc_record_marks *m);
  * events when @p streaming, a usage object's completion_tokens. */
 void atc_record_marks_observe(struct atc_record_marks *m, const struct evbuffer *data, bool streaming,
                               uint64_t now_us);
+/** The same for the @p len bytes at @p data (borrowed). */
+void atc_record_marks_observe_bytes(struct atc_record_marks *m, const char *data, size_t len, bool streaming,
+                                    uint64_t now_us);
 
 /** Output tokens an answer had, as far as the marks tell: the usage object's count, else for a chat
  * stream its content events (role and finish events and [DONE] not counted; an estimate, since a server

@@ -1,11 +1,11 @@
-/* The SSE framing atc reads while it relays a stream: relay.c counts events (an event ends with a blank
- * line, "\n\n") for its metrics and access log, chunk by chunk as the body arrives, without holding or
- * splitting events. relay.c is included for its statics.
+/* The SSE framing atc reads while it relays a stream: relay.c (sse_scan) checks that every line is a
+ * field or a comment and counts events (an event ends with a blank line, "\n\n") for its metrics and
+ * access log, piece by piece as the body arrives (one piece per read from the server), without holding
+ * or splitting events. relay.c is included for its statics.
  *
- * Input: byte 0 seeds how the stream is cut into the bodies the upstream hands to the relay (each one
- * made of several evbuffer chains, as libevent builds them), the rest is the stream. However it is
- * cut, the count must be the one over the whole stream: the blank-line terminators found left to
- * right, each "\n" ending at most one of them. */
+ * Input: byte 0 seeds how the stream is cut into pieces, the rest is the stream. However it is cut, the
+ * verdict must be the one over the whole stream in one piece, and for a well-formed stream the count
+ * must be the blank-line terminators found left to right, each "\n" ending at most one of them. */
 
 #include "../../engine/http/relay.c"
 
@@ -41,28 +41,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     data++;
     size--;
 
-    struct relay *r = calloc(1, sizeof(*r));
-    CHECK(r != NULL);
-    for (size_t i = 0; i < size;) {
+    struct relay *whole = calloc(1, sizeof(*whole)), *r = calloc(1, sizeof(*r));
+    CHECK(whole != NULL && r != NULL);
+    bool ok = sse_scan(whole, (const char *)data, size), cut_ok = true;
+    for (size_t i = 0; i < size && cut_ok;) {
         size_t n = 1 + next(&s) % 24;
         if (n > size - i)
             n = size - i;
-        struct evbuffer *b = evbuffer_new();
-        for (size_t k = 0; k < n;) { /* several chains per body */
-            size_t m = 1 + next(&s) % 4;
-            if (m > n - k)
-                m = n - k;
-            struct evbuffer *chain = evbuffer_new();
-            evbuffer_add(chain, data + i + k, m);
-            evbuffer_add_buffer(b, chain);
-            evbuffer_free(chain);
-            k += m;
-        }
-        count_events(r, b, n);
-        evbuffer_free(b);
+        char *piece = malloc(n); /* its own allocation: a read past it is caught by ASan */
+        CHECK(piece != NULL);
+        memcpy(piece, data + i, n);
+        cut_ok = sse_scan(r, piece, n);
+        free(piece);
         i += n;
     }
-    CHECK(r->sse_events == reference_count(data, size));
+    CHECK(ok == cut_ok);
+    if (ok) {
+        CHECK(r->sse_events == reference_count(data, size));
+        CHECK(whole->sse_events == r->sse_events);
+    }
+    free(whole);
     free(r);
     return 0;
 }

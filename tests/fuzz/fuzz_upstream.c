@@ -56,11 +56,11 @@ static void on_headers(void *arg, const struct atc_upstream_response *resp)
     maybe_cancel(o);
 }
 
-static void on_body(void *arg, struct evbuffer *data)
+static void on_body(void *arg, const char *data, size_t len)
 {
     struct outcome *o = arg;
-    CHECK(!o->ended && o->headers == 1);
-    evbuffer_add_buffer(o->body, data);
+    CHECK(!o->ended && o->headers == 1 && len > 0);
+    evbuffer_add(o->body, data, len);
     maybe_cancel(o);
 }
 

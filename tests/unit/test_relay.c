@@ -67,11 +67,52 @@ static void test_bad_moves_assert(void **state)
     assert_false(aborts(RELAY_ATTEMPT, expect_live, 0));
 }
 
+/* sse_scan over @p text cut after byte @p cut (0: one piece): the events counted, or -1 when refused. */
+static long scan_cut(const char *text, size_t cut)
+{
+    struct relay r = {0};
+    size_t len = strlen(text);
+    bool ok =
+        cut == 0 ? sse_scan(&r, text, len) : sse_scan(&r, text, cut) && sse_scan(&r, text + cut, len - cut);
+    return ok ? (long)r.sse_events : -1;
+}
+
+/* What a stream's events count, and which streams are refused, does not depend on where the reads from
+ * the server split it: an event's blank line split across two reads counts once, a line's head split
+ * before its colon is still judged whole. */
+static void test_sse_scan_counts_and_refuses_whatever_the_reads(void **state)
+{
+    static const struct {
+        const char *text;
+        long events; /* -1: refused */
+    } cases[] = {
+        {"data: {\"a\":1}\n\ndata: [DONE]\n\n", 2},
+        {"data: x\r\n\r\n", 0}, /* "\n\r\n" is no "\n\n" (as before) */
+        {"event: token\ndata: a long line past its head\n\n: comment\n\nid: 7\nretry: 10\n\n", 3},
+        {"data: x\n\n\n", 1}, /* each "\n" ends at most one event */
+        {"data: x\n\n\n\n", 2},
+        {"data\n\n", 1}, /* a field with no value */
+        {"<html>oops</html>\n\n", -1},
+        {"dat\n\n", -1},
+        {"datum: x\n\n", -1},
+        {"data: ok\n\nHTTP/1.1 500 Internal Server Error\n", -1},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        size_t len = strlen(cases[i].text);
+        for (size_t cut = 0; cut < len; cut++) {
+            long got = scan_cut(cases[i].text, cut);
+            if (got != cases[i].events)
+                fail_msg("case %zu cut at %zu: %ld events, want %ld", i, cut, got, cases[i].events);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_allowed_moves),
         cmocka_unit_test(test_bad_moves_assert),
+        cmocka_unit_test(test_sse_scan_counts_and_refuses_whatever_the_reads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
