@@ -620,7 +620,7 @@ static int get_list(struct parse *p, const struct field *f, const yaml_node_t *n
     char ***out = (char ***)((char *)base + f->off), k[KEY_MAX];
     size_t *nout = (size_t *)((char *)base + f->aux), count;
     const struct field item = {.kind = f->kind == F_PATHS ? F_PATH : F_STR};
-    yaml_node_item_t *items;
+    yaml_node_item_t *items = NULL;
     int rc = 0;
 
     *out = alloc_items(p, n, key, sizeof **out, &count, &items);
@@ -815,7 +815,7 @@ static void parse_endpoint(struct parse *p, yaml_node_t *n, const char *key, str
 static void parse_model(struct parse *p, yaml_node_t *n, const char *key, struct atc_model_config *m)
 {
     yaml_node_t *found[MAX_FIELDS], *eps, *health;
-    yaml_node_item_t *items;
+    yaml_node_item_t *items = NULL;
     char k[KEY_MAX];
 
     health_copy(p, &m->health, &p->cfg->health);
@@ -974,7 +974,7 @@ static void parse_root(struct parse *p, yaml_node_t *root)
 {
     struct atc_config *cfg = p->cfg;
     yaml_node_t *found[MAX_FIELDS], *models, *simulate, *admin, *health;
-    yaml_node_item_t *items;
+    yaml_node_item_t *items = NULL;
     char k[KEY_MAX];
 
     if (parse_section(p, root, "", false, root_fields, cfg, found) < 0)
