@@ -413,20 +413,18 @@ static int reserve(struct http_conn *c, size_t need)
     size_t cap = c->cap * 2;
     while (cap < need)
         cap *= 2;
-    /* a parsed head waiting for its body: its slices become offsets, then pointers into the new buffer */
+    /* a parsed head waiting for its body: its pointers become offsets, then pointers into the new buffer
+     * (its header lines are offsets from h->base already) */
     struct atc_http_head *h = &c->req.head;
     bool rebase = c->head_len > 0;
     bool own_path = rebase && h->path >= c->buf && h->path < c->buf + c->len; /* not the static "/" */
-    size_t off[2 * ATC_HTTP_MAX_HEADERS + 4];
+    size_t off[5];
     if (rebase) {
-        off[0] = (size_t)(h->method_name - c->buf);
-        off[1] = (size_t)(h->target - c->buf);
-        off[2] = own_path ? (size_t)(h->path - c->buf) : 0;
-        off[3] = h->query != NULL ? (size_t)(h->query - c->buf) : 0;
-        for (unsigned i = 0; i < h->nheaders; i++) {
-            off[4 + 2 * i] = (size_t)(h->headers[i].name - c->buf);
-            off[5 + 2 * i] = (size_t)(h->headers[i].value - c->buf);
-        }
+        off[0] = (size_t)(h->base - c->buf);
+        off[1] = (size_t)(h->method_name - c->buf);
+        off[2] = (size_t)(h->target - c->buf);
+        off[3] = own_path ? (size_t)(h->path - c->buf) : 0;
+        off[4] = h->query != NULL ? (size_t)(h->query - c->buf) : 0;
     }
     char *b = realloc(c->buf, cap + 1); /* +1: a NUL may follow the last byte */
     if (b == NULL)
@@ -434,16 +432,13 @@ static int reserve(struct http_conn *c, size_t need)
     c->buf = b;
     c->cap = cap;
     if (rebase) {
-        h->method_name = b + off[0];
-        h->target = b + off[1];
+        h->base = b + off[0];
+        h->method_name = b + off[1];
+        h->target = b + off[2];
         if (own_path)
-            h->path = b + off[2];
+            h->path = b + off[3];
         if (h->query != NULL)
-            h->query = b + off[3];
-        for (unsigned i = 0; i < h->nheaders; i++) {
-            h->headers[i].name = b + off[4 + 2 * i];
-            h->headers[i].value = b + off[5 + 2 * i];
-        }
+            h->query = b + off[4];
     }
     return 0;
 }

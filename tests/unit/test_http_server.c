@@ -60,6 +60,17 @@ static void handler(struct atc_http_req *r, void *arg)
         char body[64];
         int n = snprintf(body, sizeof(body), "hello%s%s", q ? " " : "", q ? q : "");
         atc_http_reply(r, 200, "text/plain", "x-test: 1\r\n", body, (size_t)n);
+    } else if (strcmp(path, "/header") == 0) {
+        /* the value of the header the query names, whether it lies in the head just before the body (as
+         * it does unless a moved buffer left it behind), the body's length and first bytes */
+        const char *v = atc_http_req_header(r, atc_http_req_query(r));
+        size_t len;
+        const char *b = atc_http_req_body(r, &len);
+        bool in_head = v != NULL && v < b && v > b - 8192;
+        char out[2048];
+        int n = snprintf(out, sizeof(out), "[%s] %s %zu %.*s", v ? v : "(none)",
+                         in_head ? "in-head" : "elsewhere", len, (int)(len < 16 ? len : 16), b);
+        atc_http_reply(r, 200, "text/plain", NULL, out, (size_t)n);
     } else if (strcmp(path, "/echo") == 0) {
         size_t len;
         const char *b = atc_http_req_body(r, &len);
@@ -294,6 +305,53 @@ static void test_limits_and_errors(void **state)
     close(fd);
 }
 
+/* A head of @p nlines lines "X-<i>: value-<i>-" and @p pad dots (at most 32), and a Content-Length when
+ * @p body_len > 0. */
+static size_t many_lines(char *out, size_t size, const char *line, int nlines, int pad, size_t body_len)
+{
+    size_t n = (size_t)snprintf(out, size, "%s", line);
+    for (int i = 0; i < nlines; i++)
+        n += (size_t)snprintf(out + n, size - n, "X-%d: value-%d-%.*s\r\n", i, i, pad,
+                              "................................");
+    if (body_len > 0)
+        n += (size_t)snprintf(out + n, size - n, "Content-Length: %zu\r\n", body_len);
+    n += (size_t)snprintf(out + n, size - n, "\r\n");
+    return n;
+}
+
+/* Every header line of a head is found by name: the last of ATC_HTTP_MAX_HEADERS (one more is 431,
+ * test_limits_and_errors), and after the body that follows a head made the connection's buffer move (the
+ * head's slices are rebased). */
+static void test_header_lines(void **state)
+{
+    struct fixture *fx = *state;
+    int fd = client(fx);
+    struct reply rp = {0};
+    char head[8192];
+    size_t n = many_lines(head, sizeof(head), "GET /header?X-99 HTTP/1.1\r\n", 100, 32, 0);
+    assert_true(n > 4096); /* past the buffer a connection starts with, too */
+    send_all(fd, head);
+    wait_reply(fx, fd, &rp, "]", 1, 2000);
+    assert_non_null(strstr(rp.data, "HTTP/1.1 200 OK\r\n"));
+    assert_non_null(strstr(rp.data, "[value-99-................................] in-head 0"));
+    close(fd);
+    /* a fresh connection: the head fits its 4 KiB, and is parsed; the body that follows does not fit */
+    fd = client(fx);
+    memset(&rp, 0, sizeof(rp));
+    n = many_lines(head, sizeof(head), "POST /header?x-7 HTTP/1.1\r\n", 99, 16, 1000);
+    assert_true(n < 4096 && n + 1000 > 4096);
+    send_all(fd, head);
+    wait_reply(fx, fd, &rp, "HTTP/1.1", 1, 50);
+    char body[1001];
+    memset(body, 'b', 1000);
+    body[1000] = '\0';
+    send_all(fd, body);
+    wait_reply(fx, fd, &rp, "]", 1, 2000);
+    assert_non_null(strstr(rp.data, "[value-7-................] in-head 1000 bbbbbbbbbbbbbbbb"));
+    assert_false(rp.closed);
+    close(fd);
+}
+
 static void test_client_leaving_is_told(void **state)
 {
     struct fixture *fx = *state;
@@ -352,6 +410,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_chunked_both_ways, setup, teardown),
         cmocka_unit_test_setup_teardown(test_expect_continue, setup, teardown),
         cmocka_unit_test_setup_teardown(test_limits_and_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_header_lines, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_leaving_is_told, setup, teardown),
         cmocka_unit_test_setup_teardown(test_request_deadline, setup, teardown),
         cmocka_unit_test(test_parse_forms),
