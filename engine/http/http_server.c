@@ -277,7 +277,8 @@ static void conn_free(struct http_conn *c)
  * open connections fall to a quarter of their high mark (once it passed TRIM_AT_LEAST), and when the
  * last has gone, the free memory is given back to the kernel (malloc_trim: a few ms of one walk over
  * the heap, a handful of times per wave of closes; what the closing connections themselves hold goes
- * back at the next one). */
+ * back at the next one). What would keep many of those pages anyway, libevent's record of every fd number
+ * it has watched, lives in a region of its own (core/event_memory.h). */
 #define TRIM_AT_LEAST 256
 
 static void give_back_memory(struct atc_http_server *s)
