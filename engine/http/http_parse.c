@@ -184,15 +184,16 @@ bool atc_http_has_token(const char *v, const char *token)
 }
 
 /* The framing headers: lengths, codings, connection, expectation. */
-static int framing(struct atc_http_head *h, const struct atc_http_header *hd)
+static int framing(struct atc_http_head *h, const char *name, size_t name_len, const char *value,
+                   size_t value_len)
 {
-    switch (hd->name_len) {
+    switch (name_len) {
     case 14:
-        if (strcasecmp(hd->name, "content-length") == 0) {
-            if (hd->value_len == 0 || hd->value_len > 15)
+        if (strcasecmp(name, "content-length") == 0) {
+            if (value_len == 0 || value_len > 15)
                 return -400;
             int64_t n = 0;
-            for (const char *s = hd->value; *s; s++) {
+            for (const char *s = value; *s; s++) {
                 if (*s < '0' || *s > '9')
                     return -400;
                 n = n * 10 + (*s - '0');
@@ -203,25 +204,25 @@ static int framing(struct atc_http_head *h, const struct atc_http_header *hd)
         }
         break;
     case 17:
-        if (strcasecmp(hd->name, "transfer-encoding") == 0) {
+        if (strcasecmp(name, "transfer-encoding") == 0) {
             /* chunked must be the last coding, and the only one this server decodes */
-            if (strcasecmp(hd->value, "chunked") != 0)
-                return atc_http_has_token(hd->value, "chunked") ? -400 : -501;
+            if (strcasecmp(value, "chunked") != 0)
+                return atc_http_has_token(value, "chunked") ? -400 : -501;
             if (h->chunked)
                 return -400;
             h->chunked = true;
         }
         break;
     case 10:
-        if (strcasecmp(hd->name, "connection") == 0) {
-            if (atc_http_has_token(hd->value, "close"))
+        if (strcasecmp(name, "connection") == 0) {
+            if (atc_http_has_token(value, "close"))
                 h->keep_alive = false;
-            else if (atc_http_has_token(hd->value, "keep-alive"))
+            else if (atc_http_has_token(value, "keep-alive"))
                 h->keep_alive = true;
         }
         break;
     case 6:
-        if (strcasecmp(hd->name, "expect") == 0 && strcasecmp(hd->value, "100-continue") == 0)
+        if (strcasecmp(name, "expect") == 0 && strcasecmp(value, "100-continue") == 0)
             h->expect_continue = true;
         break;
     }
@@ -244,6 +245,7 @@ int atc_http_parse_request(char *buf, size_t len, size_t max_head, struct atc_ht
         h->refused = "nul_in_header"; /* evhttp cut a value there: the next hop may read the rest */
         return -400;
     }
+    h->base = buf;
     h->nheaders = 0;
     h->content_length = -1;
     h->chunked = h->expect_continue = h->conflicting_lengths = false;
@@ -277,14 +279,11 @@ int atc_http_parse_request(char *buf, size_t len, size_t max_head, struct atc_ht
                 return -400;
         if (h->nheaders == ATC_HTTP_MAX_HEADERS)
             return -431;
-        struct atc_http_header *hd = &h->headers[h->nheaders++];
         *colon = '\0';
         *ve = '\0';
-        hd->name = p;
-        hd->name_len = (size_t)(colon - p);
-        hd->value = v;
-        hd->value_len = (size_t)(ve - v);
-        if ((rc = framing(h, hd)) < 0)
+        /* the head is shorter than max_head, itself an int's worth at most (the return value) */
+        h->headers[h->nheaders++] = (struct atc_http_header){(uint32_t)(p - buf), (uint32_t)(v - buf)};
+        if ((rc = framing(h, p, (size_t)(colon - p), v, (size_t)(ve - v))) < 0)
             return rc;
     }
     if (h->chunked && h->content_length >= 0)
@@ -300,10 +299,9 @@ int atc_http_parse_request(char *buf, size_t len, size_t max_head, struct atc_ht
 
 const char *atc_http_head_find(const struct atc_http_head *h, const char *name)
 {
-    size_t n = strlen(name);
     for (unsigned i = 0; i < h->nheaders; i++)
-        if (h->headers[i].name_len == n && strcasecmp(h->headers[i].name, name) == 0)
-            return h->headers[i].value;
+        if (strcasecmp(atc_http_header_name(h, i), name) == 0)
+            return atc_http_header_value(h, i);
     return NULL;
 }
 

@@ -106,8 +106,9 @@ struct atc_http_server {
     struct timeval timeout, linger; /* common timeouts */
     LIST_HEAD(, http_conn) conns;
     size_t nconns;
-    size_t high; /* the most connections open at once since memory was last given back */
-    bool wave;   /* high reached TRIM_AT_LEAST: memory goes back as they close, down to none open */
+    size_t high;       /* the most connections open at once since memory was last given back */
+    bool wave;         /* high reached TRIM_AT_LEAST: memory goes back as they close, down to none open */
+    struct event trim; /* gives memory back a moment after a connection closed (give_back_memory) */
     time_t date_sec;
     char date[64]; /* "Date: Sun, 06 Nov 1994 08:49:37 GMT\r\n" */
     size_t date_len;
@@ -276,9 +277,19 @@ static void conn_free(struct http_conn *c)
  * process stays at its peak RSS though nothing leaked (README, "Where the time goes"). Each time the
  * open connections fall to a quarter of their high mark (once it passed TRIM_AT_LEAST), and when the
  * last has gone, the free memory is given back to the kernel (malloc_trim: a few ms of one walk over
- * the heap, a handful of times per wave of closes; what the closing connections themselves hold goes
- * back at the next one). */
+ * the heap, a handful of times per wave of closes). What would keep many of those pages anyway, libevent's
+ * record of every fd number it has watched, lives in a region of its own (core/event_memory.h).
+ * The trim runs TRIM_DELAY_MS after the last close that called for one, not under it: a closing
+ * connection and the relay it served are freed from the loop after the close, and the last closes of a
+ * wave come within a few ms of each other (measured after 8,000 held streams: RSS 6.2 MiB before, 8.5
+ * after with the trim under the close, 2.7 of it free pages; 7.1 with the trim 100 ms later). */
 #define TRIM_AT_LEAST 256
+#define TRIM_DELAY_MS 100
+
+static void on_trim(evutil_socket_t fd, short what, void *arg)
+{
+    malloc_trim(0);
+}
 
 static void give_back_memory(struct atc_http_server *s)
 {
@@ -288,7 +299,8 @@ static void give_back_memory(struct atc_http_server *s)
         return;
     s->high = s->nconns;
     s->wave = s->nconns > 0;
-    malloc_trim(0);
+    struct timeval tv = ms_tv(TRIM_DELAY_MS);
+    evtimer_add(&s->trim, &tv); /* a pending one moves later: the last closes of a wave come close together */
 }
 
 /* Closes the socket; the struct goes from the loop. @p tell: the owner of an unfinished answer hears
@@ -413,20 +425,18 @@ static int reserve(struct http_conn *c, size_t need)
     size_t cap = c->cap * 2;
     while (cap < need)
         cap *= 2;
-    /* a parsed head waiting for its body: its slices become offsets, then pointers into the new buffer */
+    /* a parsed head waiting for its body: its pointers become offsets, then pointers into the new buffer
+     * (its header lines are offsets from h->base already) */
     struct atc_http_head *h = &c->req.head;
     bool rebase = c->head_len > 0;
     bool own_path = rebase && h->path >= c->buf && h->path < c->buf + c->len; /* not the static "/" */
-    size_t off[2 * ATC_HTTP_MAX_HEADERS + 4];
+    size_t off[5];
     if (rebase) {
-        off[0] = (size_t)(h->method_name - c->buf);
-        off[1] = (size_t)(h->target - c->buf);
-        off[2] = own_path ? (size_t)(h->path - c->buf) : 0;
-        off[3] = h->query != NULL ? (size_t)(h->query - c->buf) : 0;
-        for (unsigned i = 0; i < h->nheaders; i++) {
-            off[4 + 2 * i] = (size_t)(h->headers[i].name - c->buf);
-            off[5 + 2 * i] = (size_t)(h->headers[i].value - c->buf);
-        }
+        off[0] = (size_t)(h->base - c->buf);
+        off[1] = (size_t)(h->method_name - c->buf);
+        off[2] = (size_t)(h->target - c->buf);
+        off[3] = own_path ? (size_t)(h->path - c->buf) : 0;
+        off[4] = h->query != NULL ? (size_t)(h->query - c->buf) : 0;
     }
     char *b = realloc(c->buf, cap + 1); /* +1: a NUL may follow the last byte */
     if (b == NULL)
@@ -434,16 +444,13 @@ static int reserve(struct http_conn *c, size_t need)
     c->buf = b;
     c->cap = cap;
     if (rebase) {
-        h->method_name = b + off[0];
-        h->target = b + off[1];
+        h->base = b + off[0];
+        h->method_name = b + off[1];
+        h->target = b + off[2];
         if (own_path)
-            h->path = b + off[2];
+            h->path = b + off[3];
         if (h->query != NULL)
-            h->query = b + off[3];
-        for (unsigned i = 0; i < h->nheaders; i++) {
-            h->headers[i].name = b + off[4 + 2 * i];
-            h->headers[i].value = b + off[5 + 2 * i];
-        }
+            h->query = b + off[4];
     }
     return 0;
 }
@@ -714,6 +721,7 @@ struct atc_http_server *atc_http_server_create(struct event_base *base, const st
     common = event_base_init_common_timeout(base, &tv);
     s->linger = common != NULL ? *common : tv;
     LIST_INIT(&s->conns);
+    evtimer_assign(&s->trim, base, on_trim, s);
     return s;
 }
 
@@ -809,6 +817,7 @@ void atc_http_server_destroy(struct atc_http_server *s)
         conn_tell_gone(c);
         conn_free(c);
     }
+    event_del(&s->trim);
     free(s); /* connections closed earlier free themselves from the loop; they do not touch the server */
 }
 

@@ -57,8 +57,10 @@ static void handler(struct atc_http_req *r, void *arg)
     size_t len;
     const char *body = atc_http_req_body(r, &len);
     CHECK(body != NULL);
-    for (unsigned i = 0; i < atc_http_req_head(r)->nheaders; i++)
-        CHECK(strlen(atc_http_req_head(r)->headers[i].name) == atc_http_req_head(r)->headers[i].name_len);
+    const struct atc_http_head *h = atc_http_req_head(r);
+    for (unsigned i = 0; i < h->nheaders; i++) /* every line's slices inside the head, found again by name */
+        CHECK(atc_http_header_name(h, i) < atc_http_header_value(h, i) &&
+              atc_http_head_find(h, atc_http_header_name(h, i)) != NULL);
     if (strncmp(p, "/later", 6) == 0 && pending == NULL) {
         pending = r;
         atc_http_req_set_callbacks(r, &cbs, NULL);

@@ -41,6 +41,21 @@ static void on_gone(void *arg)
 
 static const struct atc_http_req_callbacks hold_cb = {.on_gone = on_gone};
 
+/* What a relay holds for a request (/big): freed when its client goes, from the loop, after the close. */
+struct big {
+    struct fixture *fx;
+    char data[64 * 1024];
+};
+
+static void on_big_gone(void *arg)
+{
+    struct big *b = arg;
+    b->fx->gone++;
+    free(b);
+}
+
+static const struct atc_http_req_callbacks big_cb = {.on_gone = on_big_gone};
+
 static void on_later(evutil_socket_t fd, short what, void *arg)
 {
     struct fixture *fx = arg;
@@ -60,6 +75,23 @@ static void handler(struct atc_http_req *r, void *arg)
         char body[64];
         int n = snprintf(body, sizeof(body), "hello%s%s", q ? " " : "", q ? q : "");
         atc_http_reply(r, 200, "text/plain", "x-test: 1\r\n", body, (size_t)n);
+    } else if (strcmp(path, "/header") == 0) {
+        /* the value of the header the query names, whether it lies in the head just before the body (as
+         * it does unless a moved buffer left it behind), the body's length and first bytes */
+        const char *v = atc_http_req_header(r, atc_http_req_query(r));
+        size_t len;
+        const char *b = atc_http_req_body(r, &len);
+        bool in_head = v != NULL && v < b && v > b - 8192;
+        char out[2048];
+        int n = snprintf(out, sizeof(out), "[%s] %s %zu %.*s", v ? v : "(none)",
+                         in_head ? "in-head" : "elsewhere", len, (int)(len < 16 ? len : 16), b);
+        atc_http_reply(r, 200, "text/plain", NULL, out, (size_t)n);
+    } else if (strcmp(path, "/big") == 0) {
+        struct big *b = malloc(sizeof(*b));
+        assert_non_null(b);
+        b->fx = fx;
+        memset(b->data, 1, sizeof(b->data));
+        atc_http_req_set_callbacks(r, &big_cb, b);
     } else if (strcmp(path, "/echo") == 0) {
         size_t len;
         const char *b = atc_http_req_body(r, &len);
@@ -294,6 +326,112 @@ static void test_limits_and_errors(void **state)
     close(fd);
 }
 
+/* A head of @p nlines lines "X-<i>: value-<i>-" and @p pad dots (at most 32), and a Content-Length when
+ * @p body_len > 0. */
+static size_t many_lines(char *out, size_t size, const char *line, int nlines, int pad, size_t body_len)
+{
+    size_t n = (size_t)snprintf(out, size, "%s", line);
+    for (int i = 0; i < nlines; i++)
+        n += (size_t)snprintf(out + n, size - n, "X-%d: value-%d-%.*s\r\n", i, i, pad,
+                              "................................");
+    if (body_len > 0)
+        n += (size_t)snprintf(out + n, size - n, "Content-Length: %zu\r\n", body_len);
+    n += (size_t)snprintf(out + n, size - n, "\r\n");
+    return n;
+}
+
+/* Every header line of a head is found by name: the last of ATC_HTTP_MAX_HEADERS (one more is 431,
+ * test_limits_and_errors), and after the body that follows a head made the connection's buffer move (the
+ * head's slices are rebased). */
+static void test_header_lines(void **state)
+{
+    struct fixture *fx = *state;
+    int fd = client(fx);
+    struct reply rp = {0};
+    char head[8192];
+    size_t n = many_lines(head, sizeof(head), "GET /header?X-99 HTTP/1.1\r\n", 100, 32, 0);
+    assert_true(n > 4096); /* past the buffer a connection starts with, too */
+    send_all(fd, head);
+    wait_reply(fx, fd, &rp, "]", 1, 2000);
+    assert_non_null(strstr(rp.data, "HTTP/1.1 200 OK\r\n"));
+    assert_non_null(strstr(rp.data, "[value-99-................................] in-head 0"));
+    close(fd);
+    /* a fresh connection: the head fits its 4 KiB, and is parsed; the body that follows does not fit */
+    fd = client(fx);
+    memset(&rp, 0, sizeof(rp));
+    n = many_lines(head, sizeof(head), "POST /header?x-7 HTTP/1.1\r\n", 99, 16, 1000);
+    assert_true(n < 4096 && n + 1000 > 4096);
+    send_all(fd, head);
+    wait_reply(fx, fd, &rp, "HTTP/1.1", 1, 50);
+    char body[1001];
+    memset(body, 'b', 1000);
+    body[1000] = '\0';
+    send_all(fd, body);
+    wait_reply(fx, fd, &rp, "]", 1, 2000);
+    assert_non_null(strstr(rp.data, "[value-7-................] in-head 1000 bbbbbbbbbbbbbbbb"));
+    assert_false(rp.closed);
+    close(fd);
+}
+
+/* The heap's resident KiB ([heap] in smaps: the main arena, where this thread allocates). */
+static long heap_rss_kib(void)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    assert_non_null(f);
+    char line[512];
+    bool in_heap = false;
+    long rss = 0;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (strchr(line, '-') != NULL && strstr(line, " rw-p ") != NULL)
+            in_heap = strstr(line, "[heap]") != NULL;
+        else if (in_heap && strncmp(line, "Rss:", 4) == 0)
+            rss = strtol(line + 4, NULL, 10);
+    }
+    fclose(f);
+    return rss;
+}
+
+/* A wave of connections, each holding 64 KiB in its handler's hands, all closed at once: what the
+ * handlers free after the closes (as relays do, from the loop) goes back to the kernel too. */
+static void test_memory_goes_back_after_a_wave(void **state)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    skip(); /* ASan's allocator keeps freed blocks in quarantine: no RSS to compare */
+#endif
+    struct fixture *fx = *state;
+    enum { N = 300 }; /* past the server's TRIM_AT_LEAST */
+    static int fds[N];
+    long before = heap_rss_kib();
+    for (int i = 0; i < N; i++) {
+        fds[i] = client(fx);
+        send_all(fds[i], "GET /big HTTP/1.1\r\n\r\n");
+    }
+    uint64_t end = atc_mono_us() + 5000000;
+    while (fx->requests < N && atc_mono_us() < end)
+        event_base_loop(fx->base, EVLOOP_NONBLOCK);
+    assert_int_equal(fx->requests, N);
+    char *fence = malloc(1024); /* above them all: the heap's top cannot shrink, only malloc_trim helps */
+    assert_non_null(fence);
+    memset(fence, 1, 1024);
+    long peak = heap_rss_kib();
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
+    end = atc_mono_us() + 5000000;
+    while (fx->gone < N && atc_mono_us() < end)
+        event_base_loop(fx->base, EVLOOP_NONBLOCK);
+    assert_int_equal(fx->gone, N);
+    end = atc_mono_us() + 300000; /* the trim comes a moment after the last close */
+    while (atc_mono_us() < end) {
+        event_base_loop(fx->base, EVLOOP_NONBLOCK);
+        usleep(1000);
+    }
+    long after = heap_rss_kib();
+    print_message("heap RSS before %ld KiB, peak %ld KiB, after %ld KiB\n", before, peak, after);
+    assert_true(peak - before >= N * 64 / 2);
+    assert_true(after - before < (peak - before) / 4);
+    free(fence);
+}
+
 static void test_client_leaving_is_told(void **state)
 {
     struct fixture *fx = *state;
@@ -352,6 +490,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_chunked_both_ways, setup, teardown),
         cmocka_unit_test_setup_teardown(test_expect_continue, setup, teardown),
         cmocka_unit_test_setup_teardown(test_limits_and_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_header_lines, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_memory_goes_back_after_a_wave, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_leaving_is_told, setup, teardown),
         cmocka_unit_test_setup_teardown(test_request_deadline, setup, teardown),
         cmocka_unit_test(test_parse_forms),
