@@ -10,6 +10,8 @@
 
 #include <cmocka.h>
 
+#include "heap_rss.h"
+
 #include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,24 +33,6 @@
 #endif
 
 static void on_nothing(evutil_socket_t fd, short what, void *arg) {}
-
-/* The heap's resident KiB ([heap] in smaps: the main arena, this thread's). */
-static long heap_rss_kib(void)
-{
-    FILE *f = fopen("/proc/self/smaps", "r");
-    assert_non_null(f);
-    char line[512];
-    bool in_heap = false;
-    long rss = 0;
-    while (fgets(line, sizeof(line), f) != NULL) {
-        if (strchr(line, '-') != NULL && strstr(line, " rw-p ") != NULL)
-            in_heap = strstr(line, "[heap]") != NULL;
-        else if (in_heap && strncmp(line, "Rss:", 4) == 0)
-            rss = strtol(line + 4, NULL, 10);
-    }
-    fclose(f);
-    return rss;
-}
 
 /* Each fd number an event_base has watched keeps a record in the region, after its event is gone. */
 static void test_fd_records_take_slots(void **state)

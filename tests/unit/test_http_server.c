@@ -9,6 +9,8 @@
 
 #include <cmocka.h>
 
+#include "heap_rss.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -371,24 +373,6 @@ static void test_header_lines(void **state)
     assert_non_null(strstr(rp.data, "[value-7-................] in-head 1000 bbbbbbbbbbbbbbbb"));
     assert_false(rp.closed);
     close(fd);
-}
-
-/* The heap's resident KiB ([heap] in smaps: the main arena, where this thread allocates). */
-static long heap_rss_kib(void)
-{
-    FILE *f = fopen("/proc/self/smaps", "r");
-    assert_non_null(f);
-    char line[512];
-    bool in_heap = false;
-    long rss = 0;
-    while (fgets(line, sizeof(line), f) != NULL) {
-        if (strchr(line, '-') != NULL && strstr(line, " rw-p ") != NULL)
-            in_heap = strstr(line, "[heap]") != NULL;
-        else if (in_heap && strncmp(line, "Rss:", 4) == 0)
-            rss = strtol(line + 4, NULL, 10);
-    }
-    fclose(f);
-    return rss;
 }
 
 /* A wave of connections, each holding 64 KiB in its handler's hands, all closed at once: what the
