@@ -252,7 +252,15 @@ class ReplayTest(AtcTestCase):
         self.assertEqual(code, 0, err)
         code, second, err = atc(*args)
         self.assertEqual(code, 0, err)
-        self.assertEqual(first, second)
+        # Every decision and figure is the same, but for budget_overruns: a count of decisions that took
+        # more than the budget of the thread's CPU time, a measurement of this machine (under a loaded test
+        # run one of 274 crossed 1 ms in one replay and not in the other).
+        first_doc, second_doc = json.loads(first), json.loads(second)
+        for doc in (first_doc, second_doc):
+            for p in doc["policies"]:
+                self.assertLessEqual(p["budget_overruns"], 3, p["name"])
+                p["budget_overruns"] = 0
+        self.assertEqual(first_doc, second_doc)
         report = json.loads(first)
         self.assertEqual([p["name"] for p in report["policies"]], ["scripts/policy", "round_robin", "dynamo_kv"])
         for p in report["policies"]:
