@@ -695,8 +695,11 @@ static int parse_section(struct parse *p, yaml_node_t *n, const char *key, bool 
     char d[64];
 
     if (n->type != YAML_MAPPING_NODE) {
-        if (null_ok && atc_yaml_is_null(n))
+        if (null_ok && atc_yaml_is_null(n)) { /* an empty section: every field absent */
+            if (found)
+                memcpy(found, seen, sizeof seen);
             return 0;
+        }
         atc_config_report(&p->errs, n->start_mark, key, "expected a mapping, got %s",
                           atc_yaml_describe(n, d, sizeof d));
         return -1;

@@ -905,6 +905,24 @@ static void test_parse_hostport(void **state)
     assert_null(host); /* nothing is allocated on failure */
 }
 
+/* An empty section (`limits:` with nothing under it) is one with every field absent: found by the fuzzer,
+ * parse_limits then read the fields' nodes from an array the empty section had left unset. */
+static void test_empty_sections(void **state)
+{
+    (void)state;
+    const char *sections[] = {"limits:\n", "limits:\nupstream:\n", "upstream:\nlimits:\nsignals:\n"};
+    for (size_t i = 0; i < sizeof(sections) / sizeof(sections[0]); i++) {
+        char yaml[1024];
+        snprintf(yaml, sizeof(yaml), "%s" MODELS, sections[i]);
+        struct atc_config *cfg = parse_ok(yaml);
+        assert_true(cfg->limits.enabled);
+        assert_int_equal(cfg->limits.ntenants, 0);
+        assert_int_equal(cfg->limits.dflt.requests_per_minute, 0);
+        assert_int_equal(cfg->limits.dflt.tokens_per_minute, 0);
+        atc_config_free(cfg);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -936,6 +954,7 @@ int main(void)
         cmocka_unit_test(test_all_errors_reported),
         cmocka_unit_test(test_load_file),
         cmocka_unit_test(test_error_with_control_characters_stays_on_one_line),
+        cmocka_unit_test(test_empty_sections),
         cmocka_unit_test(test_parse_duration),
         cmocka_unit_test(test_parse_size),
         cmocka_unit_test(test_parse_hostport),
