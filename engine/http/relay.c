@@ -309,38 +309,43 @@ static void reply_head_free(struct reply_head *h)
     h->heap = NULL;
 }
 
+/* Appends "name: value suffix\r\n" when the whole line fits, else nothing: a line cut short would run
+ * into the next header (an endpoint's id has no length limit). */
+static void header_line(struct atc_strbuf *b, const char *name, const char *value, const char *suffix)
+{
+    size_t n = strlen(name), v = strlen(value), x = strlen(suffix);
+    if (b->len + n + v + x + 4 >= b->size)
+        return;
+    atc_strbuf_addn(b, name, n);
+    atc_strbuf_addn(b, ": ", 2);
+    atc_strbuf_addn(b, value, v);
+    atc_strbuf_addn(b, suffix, x);
+    atc_strbuf_addn(b, "\r\n", 2);
+}
+
 static const char *reply_headers(struct relay *r, struct reply_head *h, bool event_stream)
 {
     struct atc_strbuf hb = atc_strbuf_init(h->line, sizeof(h->line));
     h->heap = NULL;
     if (event_stream)
-        atc_strbuf_add(&hb, "Cache-Control: no-cache\r\n");
-    if (r->ntried > 0) {
-        atc_strbuf_add(&hb, "x-atc-endpoint: ");
-        atc_strbuf_add(&hb, r->tried[r->ntried - 1]->id);
-        atc_strbuf_add(&hb, "\r\n");
-    }
-    atc_strbuf_add(&hb, "x-request-id: ");
-    atc_strbuf_add(&hb, r->id);
-    atc_strbuf_add(&hb, "\r\n");
+        header_line(&hb, "Cache-Control", "no-cache", "");
+    if (r->ntried > 0)
+        header_line(&hb, "x-atc-endpoint", r->tried[r->ntried - 1]->id, "");
+    header_line(&hb, "x-request-id", r->id, "");
     if (r->w->policy != NULL) {
         /* The version is named only on what it decided: a client must be able to tell that the C
          * balancer routed a request because the policy failed. */
         if (strcmp(r->rec.kind, "fallback") == 0) {
-            atc_strbuf_add(&hb, "x-atc-decision: fallback; reason=");
-            atc_strbuf_add(&hb, r->rec.reason);
+            header_line(&hb, "x-atc-decision", "fallback; reason=", r->rec.reason);
         } else {
             if (r->policy_version != 0) { /* 0: refused before any decision (a tenant's limit) */
-                atc_strbuf_add(&hb, "x-atc-policy-version: ");
-                atc_strbuf_u64(&hb, r->policy_version);
-                atc_strbuf_add(&hb, "\r\n");
+                char version[24];
+                struct atc_strbuf vb = atc_strbuf_init(version, sizeof(version));
+                atc_strbuf_u64(&vb, r->policy_version);
+                header_line(&hb, "x-atc-policy-version", version, "");
             }
-            atc_strbuf_add(&hb, "x-atc-decision: ");
-            atc_strbuf_add(&hb, r->rec.kind);
-            if (r->rec.canary)
-                atc_strbuf_add(&hb, "; canary");
+            header_line(&hb, "x-atc-decision", r->rec.kind, r->rec.canary ? "; canary" : "");
         }
-        atc_strbuf_add(&hb, "\r\n");
     }
     char *out = hb.p;
     size_t n = hb.len;

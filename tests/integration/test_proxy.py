@@ -195,6 +195,36 @@ class ProxyTest(AtcTestCase):
         self.assertLess(time.monotonic() - start, 5)
         self.assertEqual(atc.endpoints()["hung"]["inflight"], 0)
 
+    def test_an_endpoint_id_too_long_for_a_header_leaves_the_answer_whole(self):
+        # atc's own headers are built in a fixed buffer; a line that does not fit is left out whole: cut
+        # short, it ran into the next header line. Streamed and not, with and without the policy.
+        sim = self.start_sim()
+        long_id = "e" * 600
+        shipped = os.path.join(SOURCE_DIR, "scripts", "policy.lua")
+        for policy in ("", f"policy: {{entry: \"{shipped}\"}}"):
+            atc = self.start_atc(f"""
+                listen: 127.0.0.1:0
+                admin: 127.0.0.1:0
+                {policy}
+                models:
+                  - name: llama-3-8b
+                    endpoints:
+                      - {{id: {long_id}, url: "{sim.url}"}}
+            """, name=f"atc{len(policy)}")
+            status, headers, body = chat(atc.port, max_tokens=2, headers={"x-request-id": "req-long"})
+            self.assertEqual(status, 200, body)
+            self.assertEqual(headers["x-request-id"], "req-long")
+            self.assertNotIn("x-atc-endpoint", headers)
+            if policy:
+                self.assertEqual(headers["x-atc-decision"], "policy")
+            self.assertEqual(json.loads(body)["object"], "chat.completion")
+            body = {"model": "llama-3-8b", "stream": True, "max_tokens": 3,
+                    "messages": [{"role": "user", "content": "hi"}]}
+            status, headers, events = stream_events(atc.port, body)
+            self.assertEqual(status, 200)
+            self.assertEqual(headers["cache-control"], "no-cache")
+            self.assertEqual(events[-1][1], "[DONE]")
+
     def test_retry_on_another_server_when_the_first_refuses(self):
         sim = self.start_sim()
         # Without active checks, so that the dead endpoint is tried (with them it never gets traffic).
