@@ -321,6 +321,7 @@ enum {
     CH_TRAILER,      /* start of a trailer line, or the final empty line */
     CH_TRAILER_LINE, /* inside a trailer field line */
     CH_LAST_LF,      /* the final line's LF after its CR */
+    CH_SIZE_WS,      /* OWS between the size and ';' or the line's end */
 };
 
 static int hexval(char c)
@@ -341,33 +342,50 @@ int atc_http_chunked_decode(struct atc_http_chunked *c, char *buf, size_t len, s
         case CH_SIZE: {
             int d = hexval(ch);
             if (d >= 0) {
-                if (++c->size_digits > 15)
-                    return -1;
+                if (c->left >> 60) { /* one more digit would not fit in 64 bits (leading zeros do) */
+                    rc = -1;
+                    break;
+                }
+                c->size_digits++;
                 c->left = c->left * 16 + (uint64_t)d;
                 i++;
                 break;
             }
-            if (c->size_digits == 0)
-                return -1;
-            c->state = CH_EXT;
+            /* The size ends at OWS, ';' or the line's end: "0x5" or "5zz" is no size (read leniently it
+             * was a last chunk, and the data after it a trailer). */
+            if (c->size_digits == 0 || (ch != ' ' && ch != '\t' && ch != ';' && ch != '\r' && ch != '\n')) {
+                rc = -1;
+                break;
+            }
+            c->state = ch == ' ' || ch == '\t' ? CH_SIZE_WS : CH_EXT;
             break;
         }
+        case CH_SIZE_WS: /* OWS after the size: more of it, then ';' or the line's end */
+            if (ch == ' ' || ch == '\t') {
+                i++;
+            } else if (ch == ';' || ch == '\r' || ch == '\n') {
+                c->state = CH_EXT;
+            } else {
+                rc = -1;
+            }
+            break;
         case CH_EXT:
-            /* ";name=value" extensions (or OWS before them): skipped, control bytes refused. A CR is a
-             * state of its own, so that the verdict on what follows it does not depend on whether the CR
-             * was the last byte of a read. */
+            /* ";name=value" extensions: skipped, control bytes refused. A CR is a state of its own, so that
+             * the verdict on what follows it does not depend on whether the CR was the last byte of a read. */
             if (ch == '\r' || ch == '\n') {
                 c->state = CH_EXT_LF;
                 i += ch == '\r';
-            } else if (!value_byte((unsigned char)ch)) {
-                return -1;
-            } else {
+            } else if (value_byte((unsigned char)ch)) {
                 i++;
+            } else {
+                rc = -1;
             }
             break;
         case CH_EXT_LF:
-            if (ch != '\n')
-                return -1;
+            if (ch != '\n') {
+                rc = -1;
+                break;
+            }
             i++;
             c->size_digits = 0;
             c->state = c->left > 0 ? CH_DATA : CH_TRAILER;
@@ -391,8 +409,10 @@ int atc_http_chunked_decode(struct atc_http_chunked *c, char *buf, size_t len, s
             /* a bare LF */
             __attribute__((fallthrough));
         case CH_DATA_LF:
-            if (ch != '\n')
-                return -1;
+            if (ch != '\n') {
+                rc = -1;
+                break;
+            }
             i++;
             c->state = CH_SIZE;
             break;
@@ -404,21 +424,25 @@ int atc_http_chunked_decode(struct atc_http_chunked *c, char *buf, size_t len, s
                 i++;
                 c->state = CH_LAST_LF;
             } else if (ch == ' ' || ch == '\t' || !tchar[(unsigned char)ch]) {
-                return -1;
+                rc = -1;
             } else {
                 c->state = CH_TRAILER_LINE;
             }
             break;
         case CH_TRAILER_LINE:
+            if (ch != '\n' && ch != '\r' && !value_byte((unsigned char)ch)) {
+                rc = -1;
+                break;
+            }
             if (ch == '\n')
                 c->state = CH_TRAILER;
-            else if (!value_byte((unsigned char)ch) && ch != '\r')
-                return -1;
             i++;
             break;
         case CH_LAST_LF:
-            if (ch != '\n')
-                return -1;
+            if (ch != '\n') {
+                rc = -1;
+                break;
+            }
             i++;
             rc = 1;
             break;

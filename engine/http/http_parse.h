@@ -87,7 +87,8 @@ struct atc_http_chunked {
 /** Decodes the chunked bytes at @p buf[*@p pos .. @p len): data moves down to @p buf[*@p out ..], so the
  * decoded body stays contiguous. Advances *@p pos over what it consumed and *@p out over the data kept.
  * Returns 1 when the body (its last chunk and trailers) is complete, with *@p pos just past it; 0 when
- * more bytes are needed; -1 on a framing error. Chunk extensions and trailer fields are skipped. */
+ * more bytes are needed; -1 on a framing error (the data decoded before it is in place and counted in
+ * *@p out all the same). Chunk extensions and trailer fields are skipped. */
 int atc_http_chunked_decode(struct atc_http_chunked *c, char *buf, size_t len, size_t *pos, size_t *out);
 
 /** Whether the comma-separated header value @p v holds @p token (case-insensitive). */

@@ -118,8 +118,8 @@ struct relay {
     /* what the access log and the metrics say about it */
     uint64_t t_start_us, t_first_us; /* arrival; the answer's first byte from the server (0: none) */
     uint64_t bytes, sse_events;
-    bool after_newline;    /* the last byte relayed was '\n': an SSE event may end with the next one */
-    unsigned sse_line_len; /* bytes of the current SSE line seen so far */
+    bool after_newline;    /* the stream so far ends with a '\n' that did not end an event (sse_scan) */
+    unsigned sse_line_len; /* bytes of the current SSE line seen so far, counted up to sizeof(sse_head) */
     char sse_head[8];      /* its first bytes: enough to tell a field from garbage */
     int client_status;     /* as the client saw it; 499 when it left first */
     char error[512];

@@ -589,7 +589,7 @@ static int parse_head(struct atc_upstream_req *req, struct evbuffer *in)
         if (line == NULL)
             return evbuffer_get_length(in) > MAX_HEADER_BYTES ? -1 : 0;
         int rc = head_line(req, line, n);
-        evbuffer_drain(in, size); /* the empty line too: gone before the user may look at the buffer */
+        evbuffer_drain(in, size);
         if (rc != 0)
             return rc;
     }
@@ -658,8 +658,14 @@ static int take_body(struct upstream_conn *c, char *buf, size_t n)
         rc = 1;
         break;
     }
-    if (rc < 0)
+    if (rc < 0) {
+        if (body > 0) { /* what was decoded before the fault goes out, as it would have in an earlier read */
+            CALL_USER(req, req->cb->on_body(req->arg, buf, body));
+            if (req->cancelled)
+                return -2;
+        }
         return -1;
+    }
     if (rc == 1)
         req->state = PARSE_DONE;
     if (used < n && evbuffer_prepend(c->in, buf + used, n - used) < 0)
@@ -727,22 +733,19 @@ static void conn_took(struct upstream_conn *c, char *buf, size_t n)
     size_t head = req->state == PARSE_STATUS && evbuffer_get_length(c->in) == 0 ? head_end(buf, n) : 0;
     if (head > 0) { /* the common answer: its whole head, often its body too, in one read */
         int rc = parse_head_in_place(req, buf, head);
-        if (rc == 1 && req->state != PARSE_DONE && !req->paused && n > head) {
-            conn_parsed(req, take_body(c, buf + head, n - head));
+        if (rc < 0) {
+            conn_parsed(req, rc);
             return;
         }
-        if (rc >= 0 && n > head && evbuffer_add(c->in, buf + head, n - head) < 0) {
-            conn_broken(c, false);
+        buf += head;
+        n -= head;
+        if (rc == 1 && req->state != PARSE_DONE && !req->paused && n > 0) {
+            conn_parsed(req, take_body(c, buf, n));
             return;
         }
-        if (rc == 0 || (rc == 1 && req->state != PARSE_DONE)) {
-            conn_parse(c); /* a 1xx's head, a paused answer or one whose body has not come yet */
-            return;
-        }
-        conn_parsed(req, rc);
-        return;
     }
-    if (evbuffer_add(c->in, buf, n) < 0) {
+    /* the rest waits in the input buffer: a head in pieces, a 1xx's answer, a paused answer's body */
+    if (n > 0 && evbuffer_add(c->in, buf, n) < 0) {
         conn_broken(c, false);
         return;
     }

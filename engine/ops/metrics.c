@@ -36,6 +36,9 @@ struct series {
     struct series *next;
 };
 
+_Static_assert(sizeof(((struct series *)0)->model) == sizeof(((struct series *)0)->endpoint),
+               "label_len cuts both labels at one size");
+
 #define NBUCKETS 256
 
 /* One per process, fed by every worker: the mutex covers all of it (series, histograms, counters). A

@@ -39,14 +39,13 @@ const struct atc_route_request *policy_api_current_req(struct lua_State *L, stru
 /** Leading prefix blocks of the current request recently routed to @p ep (computed once a decision). */
 unsigned policy_api_overlap(struct lua_State *L, struct policy_version *v, const struct atc_endpoint *ep);
 
-/** policy_pick.c: atc.least_loaded, atc.p2c, atc.rendezvous, atc.prefix_pick, atc.fastest and
+/** policy_pick.c: atc.least_loaded, atc.p2c, atc.rendezvous, atc.prefix_pick, atc.fastest (below) and
  * ep:predict_ttft (see stdlib/atc/contract.lua). */
 int policy_pick_least_loaded(struct lua_State *L);
 int policy_pick_p2c(struct lua_State *L);
 int policy_pick_rendezvous(struct lua_State *L);
 int policy_pick_prefix_pick(struct lua_State *L);
-int policy_pick_fastest(struct lua_State *L);
-/** Pushes atc.fastest: policy_pick_fastest as a closure over @p v and the option names it reads. */
+/** Pushes atc.fastest: a closure over @p v and the option names it reads (its upvalues). */
 void policy_pick_push_fastest(struct lua_State *L, struct policy_version *v);
 int policy_pick_predict_ttft(struct lua_State *L);
 /** Pushes the signal field @p k (length @p len) of @p ep and returns 1, or returns 0 when @p k is not

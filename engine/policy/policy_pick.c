@@ -491,6 +491,30 @@ static double fast_recent(struct fast_cand *c, const struct atc_signal_params *p
     return c->recent;
 }
 
+#define FAST_STACK 32 /* candidates read into a C stack array; a larger pool takes a userdata */
+
+/* The option names atc.fastest reads, kept as upvalues 2.. of its closure: a raw get with a string
+ * already interned, where lua_getfield would hash and look up the C string on every call (6 of them were
+ * an eighth of a decision of the shipped policy, callgrind). Raw: a policy cannot set metatables. */
+enum { FAST_RECENT, FAST_DECODE, FAST_UNCACHED, FAST_CONGESTION, FAST_POOLED, FAST_SKIP, FAST_NOPTIONS };
+static const char *const fast_options[FAST_NOPTIONS] = {"recent", "decode", "uncached", "congestion", "pooled",
+                                                        "skip"};
+
+/* Pushes option @p which of the options table (argument 3). */
+static void fast_option_push(lua_State *L, int which)
+{
+    lua_pushvalue(L, lua_upvalueindex(2 + which));
+    lua_rawget(L, 3);
+}
+
+static double fast_option(lua_State *L, int which, double dflt)
+{
+    fast_option_push(L, which);
+    double x = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : dflt;
+    lua_pop(L, 1);
+    return x;
+}
+
 /* atc.fastest(pool, req [, opts]): the available endpoint of pool where req would get its first token
  * soonest; returns it, its cost and its predicted TTFT (ms), or nil when none is available. The cost of
  * ep, in ms:
@@ -507,38 +531,7 @@ static double fast_recent(struct fast_cand *c, const struct atc_signal_params *p
  * batch a request joins. opts.skip: an endpoint never chosen. Ties go to less recent work, then the
  * lower in-flight share. The loop runs in C, so a decision at 512 endpoints stays in microseconds. */
 #define CONGESTION_MAX 16.0
-#define FAST_STACK 32
-
-/* The option names atc.fastest reads, kept as upvalues 2.. of its closure: a raw get with a string
- * already interned, where lua_getfield would hash and look up the C string on every call (6 of them were
- * an eighth of a decision of the shipped policy, callgrind). Raw: a policy cannot set metatables. */
-enum { FAST_RECENT, FAST_DECODE, FAST_UNCACHED, FAST_CONGESTION, FAST_POOLED, FAST_SKIP, FAST_NOPTIONS };
-static const char *const fast_options[FAST_NOPTIONS] = {"recent", "decode", "uncached", "congestion", "pooled",
-                                                        "skip"};
-
-void policy_pick_push_fastest(lua_State *L, struct policy_version *v)
-{
-    lua_pushlightuserdata(L, v);
-    for (int i = 0; i < FAST_NOPTIONS; i++)
-        lua_pushstring(L, fast_options[i]);
-    lua_pushcclosure(L, policy_pick_fastest, 1 + FAST_NOPTIONS);
-}
-
-/* Pushes option @p which of the options table (argument 3). */
-static void fast_option_push(lua_State *L, int which)
-{
-    lua_pushvalue(L, lua_upvalueindex(2 + which));
-    lua_rawget(L, 3);
-}
-
-static double fast_option(lua_State *L, int which, double dflt)
-{
-    fast_option_push(L, which);
-    double x = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : dflt;
-    lua_pop(L, 1);
-    return x;
-}
-int policy_pick_fastest(lua_State *L)
+static int policy_pick_fastest(lua_State *L)
 {
     struct policy_version *v = policy_api_version(L);
     luaL_checktype(L, 1, LUA_TTABLE);
@@ -619,4 +612,12 @@ int policy_pick_fastest(lua_State *L)
     lua_pushnumber(L, best_cost);
     lua_pushnumber(L, best_ttft);
     return 3;
+}
+
+void policy_pick_push_fastest(lua_State *L, struct policy_version *v)
+{
+    lua_pushlightuserdata(L, v);
+    for (int i = 0; i < FAST_NOPTIONS; i++)
+        lua_pushstring(L, fast_options[i]);
+    lua_pushcclosure(L, policy_pick_fastest, 1 + FAST_NOPTIONS);
 }
