@@ -46,6 +46,20 @@ static inline void atc_strbuf_u64(struct atc_strbuf *b, uint64_t v)
     atc_strbuf_addn(b, digits + sizeof(digits) - n, n);
 }
 
+/** Appends @p v in lowercase hex, at least @p width digits (zeros before). */
+static inline void atc_strbuf_hex(struct atc_strbuf *b, uint64_t v, unsigned width)
+{
+    static const char hex[] = "0123456789abcdef";
+    char digits[16];
+    size_t n = 0;
+    do
+        digits[sizeof(digits) - ++n] = hex[v & 15];
+    while ((v >>= 4) != 0);
+    while (n < width && n < sizeof(digits))
+        digits[sizeof(digits) - ++n] = '0';
+    atc_strbuf_addn(b, digits + sizeof(digits) - n, n);
+}
+
 /** Copies @p src (NULL: "") into @p dst of @p size bytes, cut to fit: snprintf(dst, size, "%s", src). */
 static inline void atc_strlcpy(char *dst, size_t size, const char *src)
 {

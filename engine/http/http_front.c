@@ -55,13 +55,9 @@ static void request_id(struct atc_worker *w, struct atc_http_req *req, char *id,
     if (given != NULL && given[0] != '\0') {
         atc_strlcpy(id, size, given);
     } else {
-        static const char hex[] = "0123456789abcdef";
-        uint64_t n = ++w->next_id;
-        char made[] = "atc-0000000000000000";
-        for (int i = 0; i < 16; i++)
-            made[sizeof(made) - 2 - i] = hex[(n >> (4 * i)) & 15];
         struct atc_strbuf b = atc_strbuf_init(id, size);
-        atc_strbuf_addn(&b, made, sizeof(made) - 1);
+        atc_strbuf_add(&b, "atc-");
+        atc_strbuf_hex(&b, ++w->next_id, 16);
     }
     for (char *p = id; *p; p++)
         if (*p < 0x21 || *p > 0x7e)

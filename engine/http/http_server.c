@@ -35,6 +35,7 @@
 #include <event2/event.h>
 #include <event2/event_struct.h>
 
+#include "core/strbuf.h"
 #include "core/log.h"
 #include "http/http_util.h"
 
@@ -133,14 +134,9 @@ static size_t put(char *dst, const char *s, size_t n)
 static size_t put_u64(char *dst, uint64_t v)
 {
     char tmp[24];
-    size_t n = 0;
-    do {
-        tmp[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v > 0);
-    for (size_t i = 0; i < n; i++)
-        dst[i] = tmp[n - 1 - i];
-    return n;
+    struct atc_strbuf b = atc_strbuf_init(tmp, sizeof(tmp));
+    atc_strbuf_u64(&b, v);
+    return put(dst, tmp, b.len);
 }
 
 static const char *date_header(struct atc_http_server *s, size_t *len)
@@ -991,17 +987,10 @@ void atc_http_reply_chunk(struct atc_http_req *r, const void *data, size_t len)
         return;
     }
     char size[24];
-    static const char hex[] = "0123456789abcdef";
-    size_t n = 0;
-    char tmp[20];
-    size_t t = 0;
-    for (size_t v = len; v > 0; v >>= 4)
-        tmp[t++] = hex[v & 15];
-    while (t > 0)
-        size[n++] = tmp[--t];
-    size[n++] = '\r';
-    size[n++] = '\n';
-    struct iovec v[3] = {{size, n}, {(void *)data, len}, {"\r\n", 2}};
+    struct atc_strbuf b = atc_strbuf_init(size, sizeof(size));
+    atc_strbuf_hex(&b, len, 0);
+    atc_strbuf_addn(&b, "\r\n", 2);
+    struct iovec v[3] = {{size, b.len}, {(void *)data, len}, {"\r\n", 2}};
     conn_send(c, v, 3);
 }
 

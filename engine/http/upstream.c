@@ -15,6 +15,7 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 
+#include "core/strbuf.h"
 #include "core/log.h"
 #include "http/http_parse.h"
 
@@ -345,12 +346,11 @@ struct atc_upstream_req *atc_upstream_send(struct atc_upstream_pool *pool, const
     }
     /* "METHOD PATH" + pool->head_mid + "LENGTH\r\n" + extra headers + "\r\n", in the request's own
      * allocation. */
-    char num[24], *d = num + sizeof(num);
-    size_t v = len;
-    do
-        *--d = (char)('0' + v % 10);
-    while ((v /= 10) > 0);
-    size_t ndigits = (size_t)(num + sizeof(num) - d);
+    char num[24];
+    struct atc_strbuf nb = atc_strbuf_init(num, sizeof(num));
+    atc_strbuf_u64(&nb, len);
+    const char *d = num;
+    size_t ndigits = nb.len;
     size_t nmethod = strlen(method), npath = strlen(path), nextra = extra_headers ? strlen(extra_headers) : 0;
     size_t headlen = nmethod + 1 + npath + pool->head_mid_len + ndigits + 2 + nextra + 2;
     struct atc_upstream_req *req = calloc(1, sizeof(*req) + headlen + 1);

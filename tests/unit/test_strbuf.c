@@ -23,6 +23,16 @@ static void test_appends_and_numbers(void **state)
     atc_strbuf_addn(&b, "\r\nnot this", 2);
     assert_string_equal(buf, "x-atc-policy-version: 0 18446744073709551615\r\n");
     assert_int_equal(b.len, strlen(buf));
+
+    b = atc_strbuf_init(buf, sizeof(buf));
+    atc_strbuf_hex(&b, 0, 0);
+    atc_strbuf_add(&b, " ");
+    atc_strbuf_hex(&b, 0x1a2f, 0);
+    atc_strbuf_add(&b, " ");
+    atc_strbuf_hex(&b, 0x2a, 16);
+    atc_strbuf_add(&b, " ");
+    atc_strbuf_hex(&b, UINT64_MAX, 16);
+    assert_string_equal(buf, "0 1a2f 000000000000002a ffffffffffffffff");
 }
 
 /* Output is cut at the buffer's size and stays terminated, as snprintf's does; nothing is written
