@@ -912,9 +912,7 @@ void atc_relay_start(struct atc_worker *w, struct atc_http_req *client, const st
     if (kept != NULL)
         r->f = kept;
     struct atc_strbuf xh = atc_strbuf_init(r->extra_headers, sizeof(r->extra_headers));
-    atc_strbuf_add(&xh, "x-request-id: ");
-    atc_strbuf_add(&xh, r->id);
-    atc_strbuf_add(&xh, "\r\n");
+    header_line(&xh, "x-request-id", r->id, "");
     r->tokens =
         r->f->prompt_tokens + (uint64_t)(r->f->max_tokens >= 0 ? r->f->max_tokens : DEFAULT_OUTPUT_TOKENS);
     if (w->recorder != NULL) /* now: the client's request may be gone when the record is made */

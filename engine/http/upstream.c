@@ -658,19 +658,11 @@ static int take_body(struct upstream_conn *c, char *buf, size_t n)
         rc = 1;
         break;
     }
-    if (rc < 0) {
-        if (body > 0) { /* what was decoded before the fault goes out, as it would have in an earlier read */
-            CALL_USER(req, req->cb->on_body(req->arg, buf, body));
-            if (req->cancelled)
-                return -2;
-        }
-        return -1;
-    }
     if (rc == 1)
         req->state = PARSE_DONE;
-    if (used < n && evbuffer_prepend(c->in, buf + used, n - used) < 0)
+    if (rc >= 0 && used < n && evbuffer_prepend(c->in, buf + used, n - used) < 0)
         return -1;
-    if (body > 0) {
+    if (body > 0) { /* also before a framing fault: what was decoded before it, as an earlier read would */
         CALL_USER(req, req->cb->on_body(req->arg, buf, body));
         if (req->cancelled)
             return -2;

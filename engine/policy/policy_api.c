@@ -315,59 +315,6 @@ static int req_header(lua_State *L)
     return 1;
 }
 
-/* Which field a key names: by length first, so a read costs one or two compares, not a chain of up to
- * 16 strcmp calls (a decision of the shipped policy reads about seven fields). */
-enum req_field {
-    REQ_NONE,
-    REQ_MODEL,
-    REQ_PRIORITY,
-    REQ_SESSION,
-    REQ_TENANT,
-    REQ_PROMPT_TOKENS,
-    REQ_MAX_TOKENS,
-    REQ_STREAM,
-    REQ_ID,
-    REQ_KIND,
-    REQ_PATH,
-    REQ_ATTEMPT,
-    REQ_BLOCKS,
-    REQ_BLOCK_TOKENS,
-    REQ_TOOLS,
-    REQ_HEADER,
-};
-
-static enum req_field req_field_of(const char *k, size_t len)
-{
-#define IS(name) (memcmp(k, name, sizeof(name) - 1) == 0)
-    switch (len) {
-    case 2:
-        return IS("id") ? REQ_ID : REQ_NONE;
-    case 4:
-        return IS("kind") ? REQ_KIND : IS("path") ? REQ_PATH : REQ_NONE;
-    case 5:
-        return IS("model") ? REQ_MODEL : IS("tools") ? REQ_TOOLS : REQ_NONE;
-    case 6:
-        return IS("tenant")   ? REQ_TENANT
-               : IS("stream") ? REQ_STREAM
-               : IS("blocks") ? REQ_BLOCKS
-               : IS("header") ? REQ_HEADER
-                              : REQ_NONE;
-    case 7:
-        return IS("session") ? REQ_SESSION : IS("attempt") ? REQ_ATTEMPT : REQ_NONE;
-    case 8:
-        return IS("priority") ? REQ_PRIORITY : REQ_NONE;
-    case 10:
-        return IS("max_tokens") ? REQ_MAX_TOKENS : REQ_NONE;
-    case 12:
-        return IS("block_tokens") ? REQ_BLOCK_TOKENS : REQ_NONE;
-    case 13:
-        return IS("prompt_tokens") ? REQ_PROMPT_TOKENS : REQ_NONE;
-    default:
-        return REQ_NONE;
-    }
-#undef IS
-}
-
 static int req_index(lua_State *L)
 {
     struct policy_version *v = policy_api_version(L);
@@ -375,59 +322,45 @@ static int req_index(lua_State *L)
     const char *k = luaL_checklstring(L, 2, &len);
     const struct atc_route_request *req = policy_api_current_req(L, v);
     const struct atc_features *f = req->features;
-    switch (req_field_of(k, len)) {
-    case REQ_MODEL:
+/* The length first: a read costs a compare or two, not a strcmp per field before it (a decision of the
+ * shipped policy reads about seven). */
+#define IS(name) (len == sizeof(name) - 1 && memcmp(k, name, sizeof(name) - 1) == 0)
+    if (IS("model"))
         lua_pushstring(L, f->model);
-        break;
-    case REQ_PRIORITY:
+    else if (IS("priority"))
         lua_pushinteger(L, req->priority);
-        break;
-    case REQ_SESSION:
+    else if (IS("session"))
         push_known_string(L, req->session);
-        break;
-    case REQ_TENANT:
+    else if (IS("tenant"))
         push_known_string(L, req->tenant);
-        break;
-    case REQ_PROMPT_TOKENS:
+    else if (IS("prompt_tokens"))
         lua_pushinteger(L, (lua_Integer)f->prompt_tokens);
-        break;
-    case REQ_MAX_TOKENS:
+    else if (IS("max_tokens")) {
         if (f->max_tokens >= 0)
             lua_pushnumber(L, (double)f->max_tokens);
         else
             lua_pushnil(L);
-        break;
-    case REQ_STREAM:
+    } else if (IS("stream"))
         lua_pushboolean(L, f->stream);
-        break;
-    case REQ_ID:
+    else if (IS("id"))
         lua_pushstring(L, req->id);
-        break;
-    case REQ_KIND:
+    else if (IS("kind"))
         lua_pushstring(L, kind_name(req->kind));
-        break;
-    case REQ_PATH:
+    else if (IS("path"))
         lua_pushstring(L, req->path);
-        break;
-    case REQ_ATTEMPT:
+    else if (IS("attempt"))
         lua_pushinteger(L, (lua_Integer)req->attempt);
-        break;
-    case REQ_BLOCKS:
+    else if (IS("blocks"))
         lua_pushinteger(L, (lua_Integer)f->nblocks);
-        break;
-    case REQ_BLOCK_TOKENS:
+    else if (IS("block_tokens"))
         lua_pushinteger(L, req->block_tokens ? (lua_Integer)req->block_tokens : ATC_PREFIX_BLOCK_BYTES / 4);
-        break;
-    case REQ_TOOLS:
+    else if (IS("tools"))
         lua_pushboolean(L, f->has_tools);
-        break;
-    case REQ_HEADER:
+    else if (IS("header"))
         lua_pushvalue(L, lua_upvalueindex(2));
-        break;
-    case REQ_NONE:
+    else
         lua_pushnil(L);
-        break;
-    }
+#undef IS
     return 1;
 }
 
