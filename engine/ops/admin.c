@@ -1,4 +1,6 @@
 #include "ops/admin.h"
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -533,23 +535,42 @@ static bool authorized(const struct atc_server *srv, struct atc_http_req *req)
     return diff == 0;
 }
 
-/* The host part of a Host or Origin authority ("[::1]:8081" -> "::1"), into @p out. */
-static void host_part(const char *authority, char *out, size_t size)
+/* The host part of a Host authority ("[::1]:8081" -> "::1") into @p out; -1 when it is not a host with
+ * an optional ":port" ("[::1].rebind.example", "a:b:c", a name too long for @p out). */
+static int host_part(const char *authority, char *out, size_t size)
 {
-    const char *end;
+    const char *start = authority, *end;
     if (*authority == '[') {
-        authority++;
-        end = strchr(authority, ']');
+        start++;
+        end = strchr(start, ']');
+        if (end == NULL)
+            return -1;
     } else {
-        end = strrchr(authority, ':');
+        end = strchr(start, ':');
+        if (end == NULL)
+            end = start + strlen(start);
     }
-    size_t n = end != NULL ? (size_t)(end - authority) : strlen(authority);
-    snprintf(out, size, "%.*s", (int)(n < size ? n : size - 1), authority);
+    const char *port = end + (*authority == '[');
+    if (*port == ':')
+        port += 1 + strspn(port + 1, "0123456789");
+    if (*port != '\0' || (size_t)(end - start) >= size)
+        return -1;
+    memcpy(out, start, (size_t)(end - start));
+    out[end - start] = '\0';
+    return 0;
 }
 
+/* The name is loopback if it is "localhost" or an address literal in 127.0.0.0/8 or ::1, parsed as an
+ * address: a prefix test let "127.0.0.1.rebind.example", a name anyone can point at 127.0.0.1, pass. */
 static bool is_loopback_name(const char *host)
 {
-    return strcasecmp(host, "localhost") == 0 || strncmp(host, "127.", 4) == 0 || strcmp(host, "::1") == 0;
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (strcasecmp(host, "localhost") == 0)
+        return true;
+    if (inet_pton(AF_INET, host, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    return inet_pton(AF_INET6, host, &a6) == 1 && IN6_IS_ADDR_LOOPBACK(&a6);
 }
 
 /* Without admin_token the admin API is only as safe as who can reach it, and it listens on loopback
@@ -565,8 +586,8 @@ static const char *cross_site(const struct atc_server *srv, struct atc_http_req 
     const char *host = atc_http_req_header(req, "Host");
     char name[256];
     if (host != NULL) {
-        host_part(host, name, sizeof(name));
-        if (!is_loopback_name(name) && strcasecmp(name, srv->cfg->admin_host) != 0)
+        if (host_part(host, name, sizeof(name)) < 0 ||
+            (!is_loopback_name(name) && strcasecmp(name, srv->cfg->admin_host) != 0))
             return "the Host header names another site (DNS rebinding?)";
     }
     const char *origin = atc_http_req_header(req, "Origin");

@@ -190,6 +190,13 @@ class AdminSafetyTest(AtcTestCase):
             ("POST", "/admin/policy/reload", {"origin": "http://evil.example"}),
             ("GET", "/admin/config", {"host": "evil.example:%d" % port}),  # DNS rebinding
             ("GET", "/metrics", {"host": "rebind.evil.example"}),
+            # names that start like a loopback address but are names anyone can point at 127.0.0.1
+            ("GET", "/admin/config", {"host": "127.0.0.1.rebind.example"}),
+            ("GET", "/admin/config", {"host": "127.0.0.1.rebind.example:%d" % port,
+                                      "origin": "http://127.0.0.1.rebind.example:%d" % port}),
+            ("POST", "/admin/endpoints/llama-3-8b-sim-1/drain", {"host": "127.anything"}),
+            ("POST", "/admin/policy/reload", {"host": "127.1"}),
+            ("GET", "/admin/config", {"host": "[::1].rebind.example"}),
         ]
         for method, path, headers in refused:
             status, _, body = request("127.0.0.1", port, method, path, headers=headers)
@@ -205,6 +212,9 @@ class AdminSafetyTest(AtcTestCase):
         self.assertEqual(status, 200)
         status, _, _ = request("localhost", port, "GET", "/admin/config")
         self.assertEqual(status, 200)
+        for host in ("127.0.0.1:%d" % port, "127.1.2.3", "[::1]:%d" % port, "LOCALHOST"):
+            status, _, _ = request("127.0.0.1", port, "GET", "/admin/config", headers={"host": host})
+            self.assertEqual(status, 200, host)
         # an id that decodes to a NUL or a '/' names no endpoint
         for bad in ("llama-3-8b-sim-1%00x", "llama-3-8b-sim-1%2Fx"):
             status, _, _ = request("127.0.0.1", port, "POST", f"/admin/endpoints/{bad}/drain")
