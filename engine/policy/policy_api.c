@@ -420,8 +420,10 @@ static int fleet_endpoint(lua_State *L)
 {
     struct policy_version *v = policy_api_version(L);
     luaL_checkudata(L, 1, POLICY_MT_FLEET);
-    const char *id = luaL_checkstring(L, 2);
-    const struct atc_endpoint *ep = v->rt->table != NULL ? atc_endpoint_table_find(v->rt->table, id) : NULL;
+    size_t len;
+    const char *id = luaL_checklstring(L, 2, &len);
+    const struct atc_endpoint *ep =
+        v->rt->table != NULL && strlen(id) == len ? atc_endpoint_table_find(v->rt->table, id) : NULL;
     if (ep == NULL)
         lua_pushnil(L);
     else
