@@ -3,6 +3,7 @@
  * before it changes anything: a Lua error longjmps out of it. */
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,10 +186,194 @@ static void push_known_string(lua_State *L, const char *s)
     push_opt_string(L, s != NULL && s[0] != '\0' ? s : NULL);
 }
 
-/* An endpoint view is a table (static fields: id, model, version, capacity, weight, and the methods,
- * read at table speed) whose static part falls back to this function for the live fields. The view's
- * index is kept in the static table under a key no script can name. */
+/* ---- field tables ----
+ * A view's reads go through one table of its fields (struct policy_field). The live reads are found by
+ * open addressing over the name's length and first and last letters, built once per process: a read
+ * costs a hash and usually one compare, as the first-letter switch it replaced. */
+
+#define FIELD_SLOTS 64 /* a power of two, above twice the fields of the largest view */
+
+struct field_index {
+    const struct policy_field *slot[FIELD_SLOTS];
+};
+
+static unsigned field_hash(const char *k, size_t len)
+{
+    return (unsigned)(len * 7 + (unsigned char)k[0] * 3 + (unsigned char)k[len - 1]) & (FIELD_SLOTS - 1);
+}
+
+static void field_index_add(struct field_index *ix, const struct policy_field *f)
+{
+    for (; f->name != NULL; f++) {
+        unsigned h = field_hash(f->name, strlen(f->name));
+        while (ix->slot[h] != NULL)
+            h = (h + 1) & (FIELD_SLOTS - 1);
+        ix->slot[h] = f;
+    }
+}
+
+static const struct policy_field *field_find(const struct field_index *ix, const char *k, size_t len)
+{
+    if (len == 0)
+        return NULL;
+    for (unsigned h = field_hash(k, len);; h = (h + 1) & (FIELD_SLOTS - 1)) {
+        const struct policy_field *f = ix->slot[h];
+        if (f == NULL || (strncmp(f->name, k, len) == 0 && f->name[len] == '\0'))
+            return f;
+    }
+}
+
+/* ---- endpoint views ----
+ * An endpoint view is a table (static fields: id, model, version, capacity, weight, and the methods,
+ * read at table speed) whose static part falls back to ep_live for the live fields. The view's index is
+ * kept in the static table under a key no script can name. */
+
+#define EP const struct atc_endpoint *ep = of
+static void push_ep_id(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    lua_pushstring(L, ep->id);
+}
+static void push_ep_model(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    lua_pushstring(L, ep->model);
+}
+static void push_ep_version(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    push_opt_string(L, ep->version);
+}
+static void push_ep_capacity(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    lua_pushinteger(L, (lua_Integer)ep->capacity);
+}
+static void push_ep_weight(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    lua_pushinteger(L, (lua_Integer)ep->weight);
+}
+static void push_ep_available(lua_State *L, struct policy_version *v, const void *of)
+{
+    lua_pushboolean(L, policy_api_available(v, of));
+}
+static void push_ep_inflight(lua_State *L, struct policy_version *v, const void *of)
+{
+    (void)v;
+    lua_pushinteger(L, (lua_Integer)atc_endpoint_fleet_inflight(of)); /* every replica's */
+}
+static void push_ep_inflight_tokens(lua_State *L, struct policy_version *v, const void *of)
+{
+    (void)v;
+    lua_pushnumber(L, (double)atc_endpoint_fleet_tokens(of));
+}
+static void push_ep_load(lua_State *L, struct policy_version *v, const void *of)
+{
+    (void)v;
+    unsigned cap = atc_endpoint_capacity_now(of); /* less while slow-starting */
+    lua_pushnumber(L, cap ? (double)atc_endpoint_fleet_inflight(of) / cap : 1.0);
+}
+static void push_ep_last_error(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    char err[ATC_HEALTH_TEXT_WORDS * 8]; /* a copy: the main thread may rewrite it meanwhile */
+    if (ep->health != NULL && atc_health_last_error(ep->health, err, sizeof(err)) > 0)
+        lua_pushstring(L, err);
+    else
+        lua_pushnil(L);
+}
+static void push_ep_last_check(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    double at = ep->health != NULL ? atomic_load_explicit(&ep->health->last_check_ms, memory_order_relaxed) : 0;
+    if (at > 0)
+        lua_pushnumber(L, at); /* atc.now()'s clock */
+    else
+        lua_pushnil(L);
+}
+static void push_ep_ttft_ewma(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    if (ep->ttft_ewma_ms > 0) /* 0: no answer measured yet */
+        lua_pushnumber(L, ep->ttft_ewma_ms);
+    else
+        lua_pushnil(L);
+}
+static void push_ep_tags(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    lua_createtable(L, (int)ep->ntags, 0);
+    for (size_t i = 0; i < ep->ntags; i++) {
+        lua_pushstring(L, ep->tags[i]);
+        lua_rawseti(L, -2, (int)i + 1);
+    }
+}
+static void push_ep_health(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    lua_pushstring(L, ep->health != NULL ? atc_health_state_name(atc_health_state_of(ep->health))
+                      : ep->routable     ? "healthy"
+                                         : "draining");
+}
+static void push_ep_consecutive_failures(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    lua_pushinteger(L, ep->health != NULL ? (lua_Integer)atomic_load_explicit(&ep->health->consecutive_failures,
+                                                                              memory_order_relaxed)
+                                          : 0);
+}
+static void push_ep_errors(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    lua_pushnumber(L, (double)ep->errors_total);
+}
+#undef EP
+
+/* Set in each view's static part when the views are built (a version's table does not change). */
+static const struct policy_field ep_static_fields[] = {
+    {"id", push_ep_id, NULL},
+    {"model", push_ep_model, NULL},
+    {"version", push_ep_version, NULL},
+    {"capacity", push_ep_capacity, NULL},
+    {"weight", push_ep_weight, NULL},
+    {"has_tag", NULL, ep_has_tag},
+    {"prefix_overlap", NULL, ep_prefix_overlap},
+    {"predict_ttft", NULL, policy_pick_predict_ttft},
+    {NULL, NULL, NULL},
+};
+
+/* Read at each access (with policy_pick.c's policy_pick_signal_fields). */
+static const struct policy_field ep_live_fields[] = {
+    {"available", push_ep_available, NULL},
+    {"inflight", push_ep_inflight, NULL},
+    {"inflight_tokens", push_ep_inflight_tokens, NULL},
+    {"load", push_ep_load, NULL},
+    {"last_error", push_ep_last_error, NULL},
+    {"last_check", push_ep_last_check, NULL},
+    {"ttft_ewma", push_ep_ttft_ewma, NULL},
+    {"tags", push_ep_tags, NULL},
+    {"health", push_ep_health, NULL},
+    {"consecutive_failures", push_ep_consecutive_failures, NULL},
+    {"errors", push_ep_errors, NULL},
+    {NULL, NULL, NULL},
+};
+
 static const char view_index_key;
+
+static struct field_index ep_index, req_index_of; /* built by build_indexes, read-only after */
 
 static int ep_live(lua_State *L)
 {
@@ -199,98 +384,11 @@ static int ep_live(lua_State *L)
         lua_isnumber(L, -1) ? policy_api_endpoint_at(v, (unsigned)lua_tointeger(L, -1)) : NULL;
     size_t len;
     const char *k = lua_tolstring(L, 2, &len);
-    if (ep == NULL || k == NULL) {
+    const struct policy_field *f = ep != NULL && k != NULL ? field_find(&ep_index, k, len) : NULL;
+    if (f != NULL)
+        f->push(L, v, ep);
+    else
         lua_pushnil(L);
-        return 1;
-    }
-    if (policy_pick_push_signal(L, v, ep, k, len))
-        return 1;
-    /* The common reads first; first letter and length tell them apart. */
-    switch (k[0]) {
-    case 'a':
-        if (len == 9 && memcmp(k, "available", 9) == 0) {
-            lua_pushboolean(L, policy_api_available(v, ep));
-            return 1;
-        }
-        break;
-    case 'i':
-        if (len == 8 && memcmp(k, "inflight", 8) == 0) {
-            lua_pushinteger(L, (lua_Integer)atc_endpoint_fleet_inflight(ep)); /* every replica's */
-            return 1;
-        }
-        if (len == 15 && memcmp(k, "inflight_tokens", 15) == 0) {
-            lua_pushnumber(L, (double)atc_endpoint_fleet_tokens(ep));
-            return 1;
-        }
-        break;
-    case 'l':
-        if (len == 4 && memcmp(k, "load", 4) == 0) {
-            unsigned cap = atc_endpoint_capacity_now(ep); /* less while slow-starting */
-            lua_pushnumber(L, cap ? (double)atc_endpoint_fleet_inflight(ep) / cap : 1.0);
-            return 1;
-        }
-        if (len == 10 && memcmp(k, "last_error", 10) == 0) {
-            char err[ATC_HEALTH_TEXT_WORDS * 8]; /* a copy: the main thread may rewrite it meanwhile */
-            if (ep->health != NULL && atc_health_last_error(ep->health, err, sizeof(err)) > 0)
-                lua_pushstring(L, err);
-            else
-                lua_pushnil(L);
-            return 1;
-        }
-        if (len == 10 && memcmp(k, "last_check", 10) == 0) {
-            double at = ep->health != NULL
-                            ? atomic_load_explicit(&ep->health->last_check_ms, memory_order_relaxed)
-                            : 0;
-            if (at > 0)
-                lua_pushnumber(L, at); /* atc.now()'s clock */
-            else
-                lua_pushnil(L);
-            return 1;
-        }
-        break;
-    case 't':
-        if (len == 9 && memcmp(k, "ttft_ewma", 9) == 0) {
-            double ttft = ep->ttft_ewma_ms;
-            if (ttft > 0) /* 0: no answer measured yet */
-                lua_pushnumber(L, ttft);
-            else
-                lua_pushnil(L);
-            return 1;
-        }
-        if (len == 4 && memcmp(k, "tags", 4) == 0) {
-            lua_createtable(L, (int)ep->ntags, 0);
-            for (size_t i = 0; i < ep->ntags; i++) {
-                lua_pushstring(L, ep->tags[i]);
-                lua_rawseti(L, -2, (int)i + 1);
-            }
-            return 1;
-        }
-        break;
-    case 'h':
-        if (len == 6 && memcmp(k, "health", 6) == 0) {
-            lua_pushstring(L, ep->health != NULL ? atc_health_state_name(atc_health_state_of(ep->health))
-                              : ep->routable     ? "healthy"
-                                                 : "draining");
-            return 1;
-        }
-        break;
-    case 'c':
-        if (len == 20 && memcmp(k, "consecutive_failures", 20) == 0) {
-            lua_pushinteger(L, ep->health != NULL
-                                   ? (lua_Integer)atomic_load_explicit(&ep->health->consecutive_failures,
-                                                                       memory_order_relaxed)
-                                   : 0);
-            return 1;
-        }
-        break;
-    case 'e':
-        if (len == 6 && memcmp(k, "errors", 6) == 0) {
-            lua_pushnumber(L, (double)ep->errors_total);
-            return 1;
-        }
-        break;
-    }
-    lua_pushnil(L);
     return 1;
 }
 
@@ -315,52 +413,137 @@ static int req_header(lua_State *L)
     return 1;
 }
 
+#define REQ const struct atc_route_request *req = of
+static void push_req_model(lua_State *L, struct policy_version *v, const void *of)
+{
+    REQ;
+    (void)v;
+    lua_pushstring(L, req->features->model);
+}
+static void push_req_priority(lua_State *L, struct policy_version *v, const void *of)
+{
+    REQ;
+    (void)v;
+    lua_pushinteger(L, req->priority);
+}
+static void push_req_session(lua_State *L, struct policy_version *v, const void *of)
+{
+    REQ;
+    (void)v;
+    push_known_string(L, req->session);
+}
+static void push_req_tenant(lua_State *L, struct policy_version *v, const void *of)
+{
+    REQ;
+    (void)v;
+    push_known_string(L, req->tenant);
+}
+static void push_req_prompt_tokens(lua_State *L, struct policy_version *v, const void *of)
+{
+    REQ;
+    (void)v;
+    lua_pushinteger(L, (lua_Integer)req->features->prompt_tokens);
+}
+static void push_req_max_tokens(lua_State *L, struct policy_version *v, const void *of)
+{
+    REQ;
+    (void)v;
+    if (req->features->max_tokens >= 0)
+        lua_pushnumber(L, (double)req->features->max_tokens);
+    else
+        lua_pushnil(L);
+}
+static void push_req_stream(lua_State *L, struct policy_version *v, const void *of)
+{
+    REQ;
+    (void)v;
+    lua_pushboolean(L, req->features->stream);
+}
+static void push_req_id(lua_State *L, struct policy_version *v, const void *of)
+{
+    REQ;
+    (void)v;
+    lua_pushstring(L, req->id);
+}
+static void push_req_kind(lua_State *L, struct policy_version *v, const void *of)
+{
+    REQ;
+    (void)v;
+    lua_pushstring(L, kind_name(req->kind));
+}
+static void push_req_path(lua_State *L, struct policy_version *v, const void *of)
+{
+    REQ;
+    (void)v;
+    lua_pushstring(L, req->path);
+}
+static void push_req_attempt(lua_State *L, struct policy_version *v, const void *of)
+{
+    REQ;
+    (void)v;
+    lua_pushinteger(L, (lua_Integer)req->attempt);
+}
+static void push_req_blocks(lua_State *L, struct policy_version *v, const void *of)
+{
+    REQ;
+    (void)v;
+    lua_pushinteger(L, (lua_Integer)req->features->nblocks);
+}
+static void push_req_block_tokens(lua_State *L, struct policy_version *v, const void *of)
+{
+    REQ;
+    (void)v;
+    lua_pushinteger(L, req->block_tokens ? (lua_Integer)req->block_tokens : ATC_PREFIX_BLOCK_BYTES / 4);
+}
+static void push_req_tools(lua_State *L, struct policy_version *v, const void *of)
+{
+    REQ;
+    (void)v;
+    lua_pushboolean(L, req->features->has_tools);
+}
+#undef REQ
+
+static const struct policy_field req_fields[] = {
+    {"id", push_req_id, NULL},
+    {"model", push_req_model, NULL},
+    {"kind", push_req_kind, NULL},
+    {"path", push_req_path, NULL},
+    {"priority", push_req_priority, NULL},
+    {"tenant", push_req_tenant, NULL},
+    {"session", push_req_session, NULL},
+    {"stream", push_req_stream, NULL},
+    {"prompt_tokens", push_req_prompt_tokens, NULL},
+    {"max_tokens", push_req_max_tokens, NULL},
+    {"attempt", push_req_attempt, NULL},
+    {"blocks", push_req_blocks, NULL},
+    {"block_tokens", push_req_block_tokens, NULL},
+    {"tools", push_req_tools, NULL},
+    {"header", NULL, req_header}, /* one closure, req_index's second upvalue */
+    {NULL, NULL, NULL},
+};
+
+static pthread_once_t indexes_once = PTHREAD_ONCE_INIT;
+
+static void build_indexes(void)
+{
+    field_index_add(&ep_index, ep_live_fields);
+    field_index_add(&ep_index, policy_pick_signal_fields);
+    field_index_add(&req_index_of, req_fields);
+}
+
 static int req_index(lua_State *L)
 {
     struct policy_version *v = policy_api_version(L);
     size_t len;
     const char *k = luaL_checklstring(L, 2, &len);
     const struct atc_route_request *req = policy_api_current_req(L, v);
-    const struct atc_features *f = req->features;
-/* The length first: a read costs a compare or two, not a strcmp per field before it (a decision of the
- * shipped policy reads about seven). */
-#define IS(name) (len == sizeof(name) - 1 && memcmp(k, name, sizeof(name) - 1) == 0)
-    if (IS("model"))
-        lua_pushstring(L, f->model);
-    else if (IS("priority"))
-        lua_pushinteger(L, req->priority);
-    else if (IS("session"))
-        push_known_string(L, req->session);
-    else if (IS("tenant"))
-        push_known_string(L, req->tenant);
-    else if (IS("prompt_tokens"))
-        lua_pushinteger(L, (lua_Integer)f->prompt_tokens);
-    else if (IS("max_tokens")) {
-        if (f->max_tokens >= 0)
-            lua_pushnumber(L, (double)f->max_tokens);
-        else
-            lua_pushnil(L);
-    } else if (IS("stream"))
-        lua_pushboolean(L, f->stream);
-    else if (IS("id"))
-        lua_pushstring(L, req->id);
-    else if (IS("kind"))
-        lua_pushstring(L, kind_name(req->kind));
-    else if (IS("path"))
-        lua_pushstring(L, req->path);
-    else if (IS("attempt"))
-        lua_pushinteger(L, (lua_Integer)req->attempt);
-    else if (IS("blocks"))
-        lua_pushinteger(L, (lua_Integer)f->nblocks);
-    else if (IS("block_tokens"))
-        lua_pushinteger(L, req->block_tokens ? (lua_Integer)req->block_tokens : ATC_PREFIX_BLOCK_BYTES / 4);
-    else if (IS("tools"))
-        lua_pushboolean(L, f->has_tools);
-    else if (IS("header"))
+    const struct policy_field *f = field_find(&req_index_of, k, len);
+    if (f == NULL)
+        lua_pushnil(L);
+    else if (f->method != NULL)
         lua_pushvalue(L, lua_upvalueindex(2));
     else
-        lua_pushnil(L);
-#undef IS
+        f->push(L, v, req);
     return 1;
 }
 
@@ -473,18 +656,43 @@ static int verdict_tostring(lua_State *L)
     return 1;
 }
 
+static void push_verdict_kind(lua_State *L, struct policy_version *v, const void *of)
+{
+    (void)v;
+    lua_pushstring(L, ((const struct policy_verdict *)of)->kind == ATC_DECISION_QUEUE ? "queue" : "reject");
+}
+static void push_verdict_status(lua_State *L, struct policy_version *v, const void *of)
+{
+    const struct policy_verdict *vd = of;
+    (void)v;
+    if (vd->kind == ATC_DECISION_REJECT)
+        lua_pushinteger(L, vd->status);
+    else
+        lua_pushnil(L);
+}
+static void push_verdict_message(lua_State *L, struct policy_version *v, const void *of)
+{
+    (void)v;
+    lua_pushstring(L, ((const struct policy_verdict *)of)->message);
+}
+
+static const struct policy_field verdict_fields[] = {
+    {"kind", push_verdict_kind, NULL},
+    {"status", push_verdict_status, NULL},
+    {"message", push_verdict_message, NULL},
+    {NULL, NULL, NULL},
+};
+
 static int verdict_index(lua_State *L)
 {
     struct policy_verdict *vd = lua_touserdata(L, 1);
     const char *k = luaL_checkstring(L, 2);
-    if (strcmp(k, "kind") == 0)
-        lua_pushstring(L, vd->kind == ATC_DECISION_QUEUE ? "queue" : "reject");
-    else if (strcmp(k, "status") == 0 && vd->kind == ATC_DECISION_REJECT)
-        lua_pushinteger(L, vd->status);
-    else if (strcmp(k, "message") == 0)
-        lua_pushstring(L, vd->message);
-    else
-        lua_pushnil(L);
+    for (const struct policy_field *f = verdict_fields; f->name != NULL; f++)
+        if (strcmp(k, f->name) == 0) {
+            f->push(L, NULL, vd);
+            return 1;
+        }
+    lua_pushnil(L);
     return 1;
 }
 
@@ -638,7 +846,83 @@ static int affinity_del(lua_State *L)
     return 0;
 }
 
+/* ---- the tables a policy calls ---- */
+
+static const struct policy_field fleet_methods[] = {
+    {"endpoints", NULL, fleet_endpoints},
+    {"all", NULL, fleet_all},
+    {"models", NULL, fleet_models},
+    {"endpoint", NULL, fleet_endpoint},
+    {NULL, NULL, NULL},
+};
+
+/* atc.fastest is registered beside these (policy_pick_push_fastest: a closure with more upvalues). */
+static const struct policy_field atc_functions[] = {
+    {"queue", NULL, atc_queue},
+    {"reject", NULL, atc_reject},
+    {"random", NULL, atc_random},
+    {"now", NULL, atc_now},
+    {"hash", NULL, atc_hash},
+    {"log", NULL, atc_log},
+    {"explain", NULL, atc_explain},
+    {"least_loaded", NULL, policy_pick_least_loaded},
+    {"p2c", NULL, policy_pick_p2c},
+    {"rendezvous", NULL, policy_pick_rendezvous},
+    {"prefix_pick", NULL, policy_pick_prefix_pick},
+    {NULL, NULL, NULL},
+};
+
+static const struct policy_field affinity_functions[] = {
+    {"get", NULL, affinity_get},
+    {"set", NULL, affinity_set},
+    {"del", NULL, affinity_del},
+    {NULL, NULL, NULL},
+};
+
+static void push_names(lua_State *L, const char *prefix, const struct policy_field *f, int *n)
+{
+    for (; f->name != NULL; f++) {
+        lua_pushfstring(L, "%s%s", prefix, f->name);
+        lua_rawseti(L, -2, ++*n);
+    }
+}
+
+/* atc.test_contract() (atc test only): the names the tables above serve, by contract section, for
+ * tests/policy/contract_test.lua to compare with stdlib/atc/contract.lua. */
+static int atc_test_contract(lua_State *L)
+{
+    int n;
+    lua_createtable(L, 0, 5);
+    lua_newtable(L);
+    n = 0;
+    push_names(L, "", req_fields, &n);
+    lua_setfield(L, -2, "req");
+    lua_newtable(L);
+    n = 0;
+    push_names(L, "", ep_static_fields, &n);
+    push_names(L, "", ep_live_fields, &n);
+    push_names(L, "", policy_pick_signal_fields, &n);
+    lua_setfield(L, -2, "ep");
+    lua_newtable(L);
+    n = 0;
+    push_names(L, "", fleet_methods, &n);
+    lua_setfield(L, -2, "fleet");
+    lua_newtable(L);
+    n = 0;
+    push_names(L, "", verdict_fields, &n);
+    lua_setfield(L, -2, "verdict");
+    lua_newtable(L);
+    n = 0;
+    push_names(L, "", atc_functions, &n);
+    lua_pushstring(L, "fastest");
+    lua_rawseti(L, -2, ++n);
+    push_names(L, "affinity.", affinity_functions, &n);
+    lua_setfield(L, -2, "atc");
+    return 1;
+}
+
 /* ---- installing it all ---- */
+
 
 /* Creates metatable @p name with __index = a closure of @p index over (v, extra upvalues at the top),
  * __metatable locked. Pops the extra upvalues. */
@@ -660,6 +944,12 @@ static void set_closure(lua_State *L, struct policy_version *v, const char *name
     lua_pushlightuserdata(L, v);
     lua_pushcclosure(L, fn, 1);
     lua_setfield(L, -2, name);
+}
+
+static void register_methods(lua_State *L, struct policy_version *v, const struct policy_field *f)
+{
+    for (; f->name != NULL; f++)
+        set_closure(L, v, f->name, f->method);
 }
 
 /* A read-only view of the table at -1, replacing it. */
@@ -709,37 +999,24 @@ static void open_views(struct policy_version *v)
     lua_pushcclosure(L, ep_live, 1);
     lua_setfield(L, -2, "__index");
     int live_mt = lua_gettop(L);
-    lua_pushlightuserdata(L, v);
-    lua_pushcclosure(L, ep_has_tag, 1);
-    int has_tag = lua_gettop(L);
-    lua_pushlightuserdata(L, v);
-    lua_pushcclosure(L, ep_prefix_overlap, 1);
-    int prefix_overlap = lua_gettop(L);
-    lua_pushlightuserdata(L, v);
-    lua_pushcclosure(L, policy_pick_predict_ttft, 1);
-    int predict_ttft = lua_gettop(L);
+    int methods = lua_gettop(L) + 1; /* ep_static_fields' methods, one closure each for every view */
+    for (const struct policy_field *f = ep_static_fields; f->name != NULL; f++)
+        if (f->method != NULL) {
+            lua_pushlightuserdata(L, v);
+            lua_pushcclosure(L, f->method, 1);
+        }
     for (size_t i = 0; i < n; i++) {
         const struct atc_endpoint *ep = v->rt->table->endpoints[i];
         lua_newtable(L);          /* the view */
         lua_createtable(L, 0, 8); /* its static part */
-        lua_pushstring(L, ep->id);
-        lua_setfield(L, -2, "id");
-        lua_pushstring(L, ep->model);
-        lua_setfield(L, -2, "model");
-        if (ep->version != NULL) {
-            lua_pushstring(L, ep->version);
-            lua_setfield(L, -2, "version");
+        int m = methods;
+        for (const struct policy_field *f = ep_static_fields; f->name != NULL; f++) {
+            if (f->method != NULL)
+                lua_pushvalue(L, m++);
+            else
+                f->push(L, v, ep);
+            lua_setfield(L, -2, f->name); /* a nil (no version) sets nothing */
         }
-        lua_pushinteger(L, (lua_Integer)ep->capacity);
-        lua_setfield(L, -2, "capacity");
-        lua_pushinteger(L, (lua_Integer)ep->weight);
-        lua_setfield(L, -2, "weight");
-        lua_pushvalue(L, has_tag);
-        lua_setfield(L, -2, "has_tag");
-        lua_pushvalue(L, prefix_overlap);
-        lua_setfield(L, -2, "prefix_overlap");
-        lua_pushvalue(L, predict_ttft);
-        lua_setfield(L, -2, "predict_ttft");
         lua_pushlightuserdata(L, (void *)&view_index_key);
         lua_pushinteger(L, (lua_Integer)i);
         lua_rawset(L, -3);
@@ -783,6 +1060,7 @@ void policy_api_set_table(struct policy_version *v)
 void policy_api_open(struct policy_version *v)
 {
     lua_State *L = v->L; /* the sandbox globals table is at -1 */
+    pthread_once(&indexes_once, build_indexes);
     open_views(v);
 
     /* req: one userdata, pointed at the request of the decision in progress */
@@ -798,10 +1076,7 @@ void policy_api_open(struct policy_version *v)
     /* fleet: methods only */
     luaL_newmetatable(L, POLICY_MT_FLEET);
     lua_newtable(L);
-    set_closure(L, v, "endpoints", fleet_endpoints);
-    set_closure(L, v, "all", fleet_all);
-    set_closure(L, v, "models", fleet_models);
-    set_closure(L, v, "endpoint", fleet_endpoint);
+    register_methods(L, v, fleet_methods);
     lua_setfield(L, -2, "__index");
     lua_pushboolean(L, 0);
     lua_setfield(L, -2, "__metatable");
@@ -815,30 +1090,17 @@ void policy_api_open(struct policy_version *v)
 
     /* the atc table */
     lua_newtable(L);
-    lua_pushcfunction(L, atc_queue);
-    lua_setfield(L, -2, "queue");
-    lua_pushcfunction(L, atc_reject);
-    lua_setfield(L, -2, "reject");
-    lua_pushcfunction(L, atc_hash);
-    lua_setfield(L, -2, "hash");
-    set_closure(L, v, "random", atc_random);
-    set_closure(L, v, "now", atc_now);
-    set_closure(L, v, "log", atc_log);
-    set_closure(L, v, "explain", atc_explain);
-    set_closure(L, v, "least_loaded", policy_pick_least_loaded);
-    set_closure(L, v, "p2c", policy_pick_p2c);
-    set_closure(L, v, "rendezvous", policy_pick_rendezvous);
-    set_closure(L, v, "prefix_pick", policy_pick_prefix_pick);
+    register_methods(L, v, atc_functions);
     policy_pick_push_fastest(L, v);
     lua_setfield(L, -2, "fastest");
     if (v->rt->test_replay != NULL) /* atc test only: t.replay(...) runs a trace through a policy */
         set_closure(L, v, "replay", v->rt->test_replay);
-    if (v->rt->test_route != NULL) /* atc test only: t.route(...) runs a decision on real views */
+    if (v->rt->test_route != NULL) { /* atc test only: t.route(...) runs a decision on real views */
         set_closure(L, v, "test_route", v->rt->test_route);
+        set_closure(L, v, "test_contract", atc_test_contract);
+    }
     lua_newtable(L);
-    set_closure(L, v, "get", affinity_get);
-    set_closure(L, v, "set", affinity_set);
-    set_closure(L, v, "del", affinity_del);
+    register_methods(L, v, affinity_functions);
     make_readonly(L);
     lua_setfield(L, -2, "affinity");
     make_readonly(L);

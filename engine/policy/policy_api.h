@@ -48,9 +48,16 @@ int policy_pick_prefix_pick(struct lua_State *L);
 /** Pushes atc.fastest: a closure over @p v and the option names it reads (its upvalues). */
 void policy_pick_push_fastest(struct lua_State *L, struct policy_version *v);
 int policy_pick_predict_ttft(struct lua_State *L);
-/** Pushes the signal field @p k (length @p len) of @p ep and returns 1, or returns 0 when @p k is not
- * one. */
-int policy_pick_push_signal(struct lua_State *L, struct policy_version *v, const struct atc_endpoint *ep,
-                            const char *k, size_t len);
+/** One name a view or table offers a policy: a value pushed by @p push (of the request, endpoint or
+ * verdict it is read from), or a @p method (pushed as a closure over the version). The views' reads and
+ * the atc table's registration go through these tables only, so what the C side serves is exactly what
+ * they list; tests/policy/contract_test.lua checks the lists against stdlib/atc/contract.lua both ways. */
+struct policy_field {
+    const char *name;
+    void (*push)(struct lua_State *L, struct policy_version *v, const void *of);
+    int (*method)(struct lua_State *L);
+};
+/** policy_pick.c: the routing-signal fields of an endpoint view, NULL-terminated. */
+extern const struct policy_field policy_pick_signal_fields[];
 
 #endif

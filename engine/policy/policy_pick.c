@@ -358,78 +358,156 @@ int policy_pick_predict_ttft(lua_State *L)
     return 1;
 }
 
-/* The signal fields of an endpoint view; 0 when @p k is not one. The server's own load (running,
- * server_queue, kv_usage, prefix_hit_rate) is what the last scrape of its /metrics said (health.c), or what
- * the simulated server reports (replay); nil until the first scrape, and for what the server does not
- * report. */
-int policy_pick_push_signal(lua_State *L, struct policy_version *v, const struct atc_endpoint *ep,
-                            const char *k, size_t len)
+/* The signal fields of an endpoint view (policy_api.c's ep_fields reads this table). The server's own
+ * load (running, server_queue, kv_usage, prefix_hit_rate) is what the last scrape of its /metrics said
+ * (health.c), or what the simulated server reports (replay); nil until the first scrape, and for what the
+ * server does not report. */
+#define EP const struct atc_endpoint *ep = of
+static void push_positive(lua_State *L, double x)
 {
-    const struct atc_signals *s = &ep->sig;
-    const struct atc_signal_params *p = signal_params(v);
-#define IS(name) (len == sizeof(name) - 1 && memcmp(k, name, sizeof(name) - 1) == 0)
-    const struct atc_remote_load *rl = &ep->remote;
-    if (IS("prefill_tokens"))
-        lua_pushnumber(L, (double)atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed) + remote_prefill(ep));
-    else if (IS("prefilling"))
-        lua_pushinteger(L, (lua_Integer)(atomic_load_explicit(&s->prefilling, memory_order_relaxed) +
-                                         atomic_load_explicit(&rl->prefilling, memory_order_relaxed)));
-    else if (IS("decoding"))
-        lua_pushinteger(L, (lua_Integer)atomic_load_explicit(&s->decoding, memory_order_relaxed) +
-                               (lua_Integer)remote_decoding(ep));
-    else if (IS("recent_tokens"))
-        lua_pushnumber(L, atc_signals_recent(s, p, signals_now_us(v)) + remote_recent(ep));
-    else if (IS("remote_inflight"))
-        lua_pushinteger(L, (lua_Integer)atomic_load_explicit(&rl->inflight, memory_order_relaxed));
-    else if (IS("remote_tokens"))
-        lua_pushnumber(L, (double)atomic_load_explicit(&rl->tokens, memory_order_relaxed));
-    else if (IS("remote_prefill_tokens"))
-        lua_pushnumber(L, remote_prefill(ep));
-    else if (IS("remote_age")) {
-        uint64_t at = atomic_load_explicit(&rl->at_ms, memory_order_relaxed), now = atc_mono_ms();
-        if (at > 0) /* the cluster's clock is the monotonic one, not the runtime's (no cluster in replay) */
-            lua_pushnumber(L, now > at ? (double)(now - at) : 0);
-        else
-            lua_pushnil(L);
-    }
-    else if (IS("prefill_rate"))
-        lua_pushnumber(L, atc_signals_prefill_tps(s, p));
-    else if (IS("itl"))
-        lua_pushnumber(L, atc_signals_itl_ms(s, p));
-    else if (IS("uncached_mean") || IS("kv_tokens")) {
-        double x = IS("kv_tokens") ? (double)atomic_load_explicit(&ep->kv_tokens, memory_order_relaxed)
-                                   : atc_signals_uncached_mean(s);
-        if (x > 0)
-            lua_pushnumber(L, x);
-        else
-            lua_pushnil(L);
-    } else if (IS("running") || IS("prefix_hit_rate") || IS("kv_usage") || IS("server_queue") ||
-               IS("scrape_age")) {
-        uint64_t at = atomic_load_explicit(&s->scraped_at_us, memory_order_acquire);
-        double x = NAN;
-        if (at == 0)
-            x = NAN;
-        else if (IS("running"))
-            x = s->scraped_running;
-        else if (IS("prefix_hit_rate"))
-            x = s->scraped_prefix_hit_rate;
-        else if (IS("kv_usage"))
-            x = s->scraped_kv_usage;
-        else if (IS("server_queue"))
-            x = s->scraped_waiting;
-        else {
-            uint64_t now = signals_now_us(v);
-            x = now > at ? (double)(now - at) / 1000.0 : 0;
-        }
-        if (isfinite(x))
-            lua_pushnumber(L, x);
-        else
-            lua_pushnil(L);
-    } else
-        return 0;
-#undef IS
-    return 1;
+    if (x > 0)
+        lua_pushnumber(L, x);
+    else
+        lua_pushnil(L);
 }
+static void push_prefill_tokens(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    lua_pushnumber(L, (double)atomic_load_explicit(&ep->sig.prefill_tokens, memory_order_relaxed) + remote_prefill(ep));
+}
+static void push_prefilling(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    lua_pushinteger(L, (lua_Integer)(atomic_load_explicit(&ep->sig.prefilling, memory_order_relaxed) +
+                                     atomic_load_explicit(&ep->remote.prefilling, memory_order_relaxed)));
+}
+static void push_decoding(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    lua_pushinteger(L, (lua_Integer)atomic_load_explicit(&ep->sig.decoding, memory_order_relaxed) +
+                           (lua_Integer)remote_decoding(ep));
+}
+static void push_recent_tokens(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    lua_pushnumber(L, atc_signals_recent(&ep->sig, signal_params(v), signals_now_us(v)) + remote_recent(ep));
+}
+static void push_remote_inflight(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    lua_pushinteger(L, (lua_Integer)atomic_load_explicit(&ep->remote.inflight, memory_order_relaxed));
+}
+static void push_remote_tokens(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    lua_pushnumber(L, (double)atomic_load_explicit(&ep->remote.tokens, memory_order_relaxed));
+}
+static void push_remote_prefill_tokens(lua_State *L, struct policy_version *v, const void *of)
+{
+    (void)v;
+    lua_pushnumber(L, remote_prefill(of));
+}
+static void push_remote_age(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    uint64_t at = atomic_load_explicit(&ep->remote.at_ms, memory_order_relaxed), now = atc_mono_ms();
+    if (at > 0) /* the cluster's clock is the monotonic one, not the runtime's (no cluster in replay) */
+        lua_pushnumber(L, now > at ? (double)(now - at) : 0);
+    else
+        lua_pushnil(L);
+}
+static void push_prefill_rate(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    lua_pushnumber(L, atc_signals_prefill_tps(&ep->sig, signal_params(v)));
+}
+static void push_itl(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    lua_pushnumber(L, atc_signals_itl_ms(&ep->sig, signal_params(v)));
+}
+static void push_uncached_mean(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    push_positive(L, atc_signals_uncached_mean(&ep->sig));
+}
+static void push_kv_tokens(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    push_positive(L, (double)atomic_load_explicit(&ep->kv_tokens, memory_order_relaxed));
+}
+/* One scraped value: nil before the first scrape and for what the server does not report (NaN). */
+static void push_scraped(lua_State *L, const struct atc_endpoint *ep, const _Atomic double *x)
+{
+    double value = atomic_load_explicit(&ep->sig.scraped_at_us, memory_order_acquire) != 0 ? *x : NAN;
+    if (isfinite(value))
+        lua_pushnumber(L, value);
+    else
+        lua_pushnil(L);
+}
+static void push_running(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    push_scraped(L, ep, &ep->sig.scraped_running);
+}
+static void push_prefix_hit_rate(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    push_scraped(L, ep, &ep->sig.scraped_prefix_hit_rate);
+}
+static void push_kv_usage(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    push_scraped(L, ep, &ep->sig.scraped_kv_usage);
+}
+static void push_server_queue(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    push_scraped(L, ep, &ep->sig.scraped_waiting);
+}
+static void push_scrape_age(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    uint64_t at = atomic_load_explicit(&ep->sig.scraped_at_us, memory_order_acquire), now = signals_now_us(v);
+    if (at != 0)
+        lua_pushnumber(L, now > at ? (double)(now - at) / 1000.0 : 0);
+    else
+        lua_pushnil(L);
+}
+#undef EP
+
+const struct policy_field policy_pick_signal_fields[] = {
+    {"prefill_tokens", push_prefill_tokens, NULL},
+    {"prefilling", push_prefilling, NULL},
+    {"decoding", push_decoding, NULL},
+    {"recent_tokens", push_recent_tokens, NULL},
+    {"remote_inflight", push_remote_inflight, NULL},
+    {"remote_tokens", push_remote_tokens, NULL},
+    {"remote_prefill_tokens", push_remote_prefill_tokens, NULL},
+    {"remote_age", push_remote_age, NULL},
+    {"prefill_rate", push_prefill_rate, NULL},
+    {"itl", push_itl, NULL},
+    {"uncached_mean", push_uncached_mean, NULL},
+    {"kv_tokens", push_kv_tokens, NULL},
+    {"running", push_running, NULL},
+    {"prefix_hit_rate", push_prefix_hit_rate, NULL},
+    {"kv_usage", push_kv_usage, NULL},
+    {"server_queue", push_server_queue, NULL},
+    {"scrape_age", push_scrape_age, NULL},
+    {NULL, NULL, NULL},
+};
 
 /* One element of atc.fastest's pool, read once: from the engine's endpoint behind a view, or from an
  * atc.testing mock's fields (ep = NULL), so a policy's unit tests can use it too. */

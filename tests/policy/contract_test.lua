@@ -401,3 +401,24 @@ t.test("atc.explain: the scores a policy attaches reach the decision record, eig
   t.expect(d.scores[1]).to_equal({ endpoint = "a", score = 1.5, note = "near" })
   t.expect(d.scores[2]).to_equal({ endpoint = "b", score = 2, note = "far?line" })
 end)
+
+-- The other way round: the engine's own tables of what it serves (the C views' dispatch and the atc
+-- table's registration read them) name exactly the contract's entries. A field or function added in C
+-- without an entry in contract.lua fails here, as an entry without C behind it does.
+t.test("contract: the engine serves exactly the contract's names, section by section", function()
+  local served = atc.test_contract()
+  for _, sec in ipairs(contract.SECTIONS) do
+    local in_contract, in_engine = {}, {}
+    for _, e in ipairs(contract[sec.key]) do
+      in_contract[e.name] = true
+    end
+    for _, name in ipairs(served[sec.key]) do
+      t.expect(in_engine[name], sec.key .. "." .. name .. " served twice").to_be(nil)
+      in_engine[name] = true
+      t.expect(in_contract[name], sec.key .. "." .. name .. " is served by the engine but not in contract.lua").to_be(true)
+    end
+    for name in pairs(in_contract) do
+      t.expect(in_engine[name], sec.key .. "." .. name .. " is in contract.lua but the engine does not serve it").to_be(true)
+    end
+  end
+end)
