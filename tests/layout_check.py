@@ -5,7 +5,10 @@ Parses every `#include "dir/name.h"` in engine/**/*.c and *.h, folds each file o
 (engine/fleet/endpoint.c and endpoint.h are one node, "fleet/endpoint"), and fails when
   - the stem graph has a cycle (two subsystems that include each other, directly or through others),
   - a file is longer than MAX_LINES,
-  - an include does not name its folder or names a header that does not exist.
+  - an include does not name its folder or names a header that does not exist,
+  - an include reaches up: engine/README.md ranks the folders in one line, "Layers, bottom up: base,
+    request, ...", and a file may include only its own folder's headers and those of folders below it
+    (so no two folders include each other), or a folder is missing from that line.
 Usage: tests/layout_check.py [ENGINE_DIR]   (default: engine/ beside this tests/ directory)
 """
 import os
@@ -19,6 +22,17 @@ MAX_LINES = 1200
 KNOWN_CIRCLES = set()
 KNOWN_LONG = set()
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+LAYERS = re.compile(r"^Layers, bottom up: (.*)$", re.M)
+
+
+def layers(root):
+    """The folder ranks engine/README.md gives (its "Layers, bottom up:" line), or None."""
+    with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
+        m = LAYERS.search(f.read())
+    if not m:
+        return None
+    names = [n.strip(" `.") for n in m.group(1).split(",")]
+    return {n: i for i, n in enumerate(names)}
 
 
 def main():
@@ -26,6 +40,10 @@ def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "engine")
     root = os.path.normpath(root)
     problems, notes, seen_long = [], [], set()
+    rank = layers(root)
+    if rank is None:
+        problems.append('README.md: no "Layers, bottom up: ..." line ranking the folders')
+        rank = {}
     edges = {}  # stem -> {stem: "file:line" of the first include that made the edge}
     nfiles = 0
     for dirpath, _, names in os.walk(root):
@@ -58,6 +76,14 @@ def main():
                     problems.append('%s: #include "%s": no such file under engine/' % (where, target))
                     continue
                 dep = os.path.splitext(target)[0]
+                here_dir, there_dir = rel.split(os.sep)[0], target.split("/")[0]
+                if rank and there_dir != here_dir:
+                    if here_dir not in rank or there_dir not in rank:
+                        problems.append("%s: folder %s is not ranked in README.md's layers"
+                                        % (where, there_dir if here_dir in rank else here_dir))
+                    elif rank[there_dir] > rank[here_dir]:
+                        problems.append('%s: #include "%s" reaches up (%s is above %s in README.md\'s layers)'
+                                        % (where, target, there_dir, here_dir))
                 if dep != stem:
                     edges[stem].setdefault(dep, where)
     seen_circles = set()

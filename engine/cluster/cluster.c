@@ -23,11 +23,11 @@
 #include "cluster/cluster.h"
 #include "cluster/limits.h"
 #include "cluster/load_share.h"
-#include "core/clock.h"
-#include "core/log.h"
+#include "base/clock.h"
+#include "base/log.h"
 #include "fleet/affinity.h"
 #include "fleet/endpoint.h"
-#include "http/http_util.h"
+#include "base/json.h"
 
 #define QUEUE_MAX 4096     /* pin operations waiting to be sent; more are dropped (and counted) */
 #define REFILLS_MAX 64     /* lease refills sent per flush */

@@ -11,8 +11,8 @@
 #include <xxhash.h>
 
 #include "cluster/limits.h"
-#include "core/config.h"
-#include "http/http_util.h"
+#include "config/config.h"
+#include "base/json.h"
 
 #define DYNAMIC_SLOTS 1024 /* other tenants tracked at once within a window */
 #define PROBES 16

@@ -13,9 +13,9 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-#include "core/config.h"
-#include "core/config_value.h"
-#include "core/json.h"
+#include "config/config.h"
+#include "base/config_value.h"
+#include "base/json.h"
 
 static const char usage_admin[] =
     "usage: atc status  [-c FILE | --admin HOST:PORT] [--token TOKEN]\n"

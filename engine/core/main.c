@@ -8,15 +8,16 @@
 #include <event2/event.h>
 
 #include "core/cli.h"
-#include "core/config.h"
-#include "core/event_memory.h"
+#include "config/config.h"
+#include "base/event_memory.h"
 #include "fleet/endpoint.h"
-#include "core/log.h"
-#include "ops/admin.h"
+#include "base/log.h"
+#include "core/admin.h"
 #include "policy/policy.h"
+#include "trace/replay_lua.h"
 #include "core/rollout.h"
 #include "core/server.h"
-#include "core/worker.h"
+#include "proxy/worker.h"
 #include "trace/replay_cli.h"
 #include "sim/sim_cli.h"
 #include "trace/trace_cli.h"
@@ -272,7 +273,7 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "sim") == 0)
         return atc_sim_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "test") == 0)
-        return atc_policy_test_main(argc - 1, argv + 1);
+        return atc_policy_test_main(argc - 1, argv + 1, atc_replay_lua);
     if (strcmp(argv[1], "trace") == 0)
         return atc_trace_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "replay") == 0)

@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/config.h"
-#include "core/log.h"
-#include "core/worker.h"
+#include "config/config.h"
+#include "base/log.h"
+#include "proxy/worker.h"
 #include "policy/policy.h"
 
 struct waiter {

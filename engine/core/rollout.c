@@ -7,10 +7,10 @@
 
 #include <event2/event.h>
 
-#include "core/config.h"
-#include "core/log.h"
+#include "config/config.h"
+#include "base/log.h"
 #include "core/server.h"
-#include "core/worker.h"
+#include "proxy/worker.h"
 #include "policy/policy.h"
 
 static bool has_policy(struct atc_server *srv, atc_reload_done done, void *arg)

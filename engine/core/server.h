@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "core/reloader.h"
-#include "core/worker.h"
+#include "proxy/worker.h"
 #include "policy/policy.h"
 
 struct event_base;
@@ -52,7 +52,7 @@ struct atc_server {
     struct event *canary_timer;           /* the canary's window (core/rollout.c); main thread */
     uint64_t canary_version;              /* the canary the timer judges (0: none) */
     /* The workers ([group.nworkers], worker 0 on the main thread), their pause and the request path's
-     * hooks into this file: see core/worker.h for who touches what. */
+     * hooks into this file: see proxy/worker.h for who touches what. */
     struct atc_worker_group group;
     struct event *sig_usr1;
     struct atc_http_server *admin;
@@ -71,7 +71,7 @@ struct atc_server {
 };
 
 /** Starts everything @p cfg describes on @p base (simulated servers first, so their endpoints exist).
- * The admin listener's requests go to @p admin_handle(req, the server): ops/admin.c's atc_admin_handle,
+ * The admin listener's requests go to @p admin_handle(req, the server): core/admin.c's atc_admin_handle,
  * passed in by the caller so that the server does not include the admin API, which reads the server.
  * Takes ownership of @p cfg. Returns the server, or NULL with an owned message in *err (NULL when out of
  * memory). */

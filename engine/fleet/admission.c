@@ -9,10 +9,10 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 
-#include "http/http_util.h"
-#include "core/log.h"
-#include "core/histogram.h"
-#include "core/clock.h"
+#include "base/json.h"
+#include "base/log.h"
+#include "base/histogram.h"
+#include "base/clock.h"
 
 /* Deadlines are checked, and capacity retried, this often even when nothing is released. */
 #define TICK_MS 50

@@ -1,7 +1,7 @@
 /* The session affinity table and the prefix index: see affinity.h. */
 
 #include "fleet/affinity.h"
-#include "core/clock.h"
+#include "base/clock.h"
 
 #include <pthread.h>
 #include <stdbool.h>

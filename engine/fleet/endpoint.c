@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/clock.h"
-#include "core/config.h"
+#include "base/clock.h"
+#include "config/config.h"
 
 /* Weight of a new TTFT sample: about the last ten requests dominate. */
 #define TTFT_EWMA_ALPHA 0.1

@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/config.h"
+#include "config/config.h"
 #include "fleet/recent.h"
 #include "fleet/signals.h"
 

@@ -27,15 +27,15 @@
 #include <event2/event.h>
 
 #include "fleet/balancer.h"
-#include "core/config.h"
+#include "config/config.h"
 #include "fleet/endpoint.h"
 #include "fleet/load_scrape.h"
 #include "fleet/probe_answer.h"
 #include "fleet/recent.h"
-#include "http/http_util.h"
-#include "core/log.h"
+#include "base/json.h"
+#include "base/log.h"
 #include "http/upstream.h"
-#include "core/clock.h"
+#include "base/clock.h"
 
 /* Bodies kept per probe; a larger answer fails the probe (a models list or a metrics page that big is
  * not what we asked for). Live and deep bodies are only looked at briefly. */

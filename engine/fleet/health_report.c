@@ -10,10 +10,10 @@
 
 #include <event2/buffer.h>
 
-#include "core/clock.h"
-#include "core/histogram.h"
+#include "base/clock.h"
+#include "base/histogram.h"
 #include "fleet/health.h"
-#include "http/http_util.h"
+#include "base/json.h"
 
 static void json_number(struct evbuffer *out, const char *key, double v)
 {

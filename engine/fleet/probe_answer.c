@@ -1,12 +1,12 @@
 /* What a good answer to a health probe is (probe_answer.h): the ready check's model list and the deep
- * check's inference answer, read with the engine's JSON reader (core/json.h). */
+ * check's inference answer, read with the engine's JSON reader (base/json.h). */
 
 #include "fleet/probe_answer.h"
 
 #include <stdbool.h>
 #include <string.h>
 
-#include "core/json.h"
+#include "base/json.h"
 
 const char *atc_probe_answer_lists_model(const char *js, size_t len, const char *model)
 {

@@ -13,13 +13,6 @@
 #define RATE_CLAMP 8.0
 #define EWMA_ALPHA 0.1
 
-void atc_signal_params_init(struct atc_signal_params *p)
-{
-    p->prefill_tps = 15000;
-    p->itl_us = 12000;
-    p->recent_half_life_ms = 2000;
-}
-
 void atc_signals_init(struct atc_signals *s)
 {
     memset(s, 0, sizeof(*s));

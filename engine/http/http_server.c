@@ -35,8 +35,9 @@
 #include <event2/event.h>
 #include <event2/event_struct.h>
 
-#include "core/strbuf.h"
-#include "core/log.h"
+#include "base/strbuf.h"
+#include "base/log.h"
+#include "base/json.h"
 #include "http/http_util.h"
 
 /* The input buffer made at accept: a small request and its answer's pipelined successor fit. */
@@ -274,7 +275,7 @@ static void conn_free(struct http_conn *c)
  * open connections fall to a quarter of their high mark (once it passed TRIM_AT_LEAST), and when the
  * last has gone, the free memory is given back to the kernel (malloc_trim: a few ms of one walk over
  * the heap, a handful of times per wave of closes). What would keep many of those pages anyway, libevent's
- * record of every fd number it has watched, lives in a region of its own (core/event_memory.h).
+ * record of every fd number it has watched, lives in a region of its own (base/event_memory.h).
  * The trim runs TRIM_DELAY_MS after the last close that called for one, not under it: a closing
  * connection and the relay it served are freed from the loop after the close, and the last closes of a
  * wave come within a few ms of each other (measured after 8,000 held streams: RSS 6.2 MiB before, 8.5

@@ -15,8 +15,8 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 
-#include "core/strbuf.h"
-#include "core/log.h"
+#include "base/strbuf.h"
+#include "base/log.h"
 #include "http/http_parse.h"
 
 /* A status line or header longer than this, or headers larger in total, is a protocol error. */

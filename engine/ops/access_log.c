@@ -13,8 +13,8 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 
-#include "http/http_util.h"
-#include "core/log.h"
+#include "base/json.h"
+#include "base/log.h"
 #include "policy/decision.h"
 
 #define FLUSH_MS 200

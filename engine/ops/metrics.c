@@ -11,8 +11,8 @@
 
 #include "cluster/cluster.h"
 #include "cluster/limits.h"
-#include "core/clock.h"
-#include "core/histogram.h"
+#include "base/clock.h"
+#include "base/histogram.h"
 #include "fleet/admission.h"
 #include "fleet/endpoint.h"
 #include "fleet/health.h"

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/config.h" /* ATC_MAX_WORKERS */
+#include "config/config.h" /* ATC_MAX_WORKERS */
 
 struct evbuffer;
 struct atc_metrics;

@@ -10,9 +10,9 @@
 #include <event2/buffer.h>
 #include <xxhash.h>
 
-#include "core/clock.h"
-#include "core/log.h"
-#include "http/http_util.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/json.h"
 #include "policy/state.h"
 #include "policy/version.h"
 

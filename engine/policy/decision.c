@@ -8,9 +8,9 @@
 
 #include <event2/buffer.h>
 
-#include "core/strbuf.h"
+#include "base/strbuf.h"
 #include "fleet/endpoint.h"
-#include "http/http_util.h"
+#include "base/json.h"
 
 const char *atc_decision_kind_name(enum atc_decision_kind kind)
 {

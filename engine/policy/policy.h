@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "http/request_features.h"
+#include "request/request_features.h"
 
 struct atc_endpoint;
 struct atc_endpoint_table;
@@ -110,6 +110,7 @@ struct atc_route_request {
 };
 
 struct event_base;
+struct lua_State;
 struct evbuffer;
 struct atc_policy_runtime;
 
@@ -207,7 +208,11 @@ void atc_policy_seed(struct atc_policy_runtime *rt, uint64_t seed);
 const char *atc_policy_stdlib_dir(void);
 
 /** `atc test [-c FILE] [--budget DURATION] TEST.lua...`: runs policy unit tests in the sandbox. */
-int atc_policy_test_main(int argc, char **argv);
+int atc_policy_test_main(int argc, char **argv, int (*replay)(struct lua_State *L));
+
+/** The settings of the policy whose Lua state runs the current C function: for a host function registered
+ * through the policy API (upvalue 1 is its version), such as t.replay. */
+const struct atc_policy_settings *atc_policy_settings_of(struct lua_State *L);
 
 /* ---- shadow (shadow.c) ---- */
 

@@ -15,7 +15,7 @@
 #include "fleet/balancer.h"
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
-#include "core/log.h"
+#include "base/log.h"
 #include "policy/decision.h"
 #include "policy/policy_api.h"
 #include "policy/state.h"
@@ -27,6 +27,11 @@
 struct policy_version *policy_api_version(lua_State *L)
 {
     return lua_touserdata(L, lua_upvalueindex(1));
+}
+
+const struct atc_policy_settings *atc_policy_settings_of(lua_State *L)
+{
+    return &policy_api_version(L)->rt->s;
 }
 
 static const char *kind_name(enum atc_request_kind kind)
@@ -293,7 +298,8 @@ static void push_ep_last_check(lua_State *L, struct policy_version *v, const voi
 {
     EP;
     (void)v;
-    double at = ep->health != NULL ? atomic_load_explicit(&ep->health->last_check_ms, memory_order_relaxed) : 0;
+    double at =
+        ep->health != NULL ? atomic_load_explicit(&ep->health->last_check_ms, memory_order_relaxed) : 0;
     if (at > 0)
         lua_pushnumber(L, at); /* atc.now()'s clock */
     else
@@ -330,8 +336,8 @@ static void push_ep_consecutive_failures(lua_State *L, struct policy_version *v,
 {
     EP;
     (void)v;
-    lua_pushinteger(L, ep->health != NULL ? (lua_Integer)atomic_load_explicit(&ep->health->consecutive_failures,
-                                                                              memory_order_relaxed)
+    lua_pushinteger(L, ep->health != NULL ? (lua_Integer)atomic_load_explicit(
+                                                &ep->health->consecutive_failures, memory_order_relaxed)
                                           : 0);
 }
 static void push_ep_errors(lua_State *L, struct policy_version *v, const void *of)
@@ -849,11 +855,8 @@ static int affinity_del(lua_State *L)
 /* ---- the tables a policy calls ---- */
 
 static const struct policy_field fleet_methods[] = {
-    {"endpoints", NULL, fleet_endpoints},
-    {"all", NULL, fleet_all},
-    {"models", NULL, fleet_models},
-    {"endpoint", NULL, fleet_endpoint},
-    {NULL, NULL, NULL},
+    {"endpoints", NULL, fleet_endpoints}, {"all", NULL, fleet_all}, {"models", NULL, fleet_models},
+    {"endpoint", NULL, fleet_endpoint},   {NULL, NULL, NULL},
 };
 
 /* atc.fastest is registered beside these (policy_pick_push_fastest: a closure with more upvalues). */
@@ -922,7 +925,6 @@ static int atc_test_contract(lua_State *L)
 }
 
 /* ---- installing it all ---- */
-
 
 /* Creates metatable @p name with __index = a closure of @p index over (v, extra upvalues at the top),
  * __metatable locked. Pops the extra upvalues. */

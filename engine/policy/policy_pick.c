@@ -11,7 +11,7 @@
 #include <lauxlib.h>
 #include <xxhash.h>
 
-#include "core/clock.h"
+#include "base/clock.h"
 #include "fleet/balancer.h"
 #include "fleet/endpoint.h"
 #include "fleet/signals.h"
@@ -60,7 +60,7 @@ static void read_candidate(lua_State *L, struct policy_version *v, int arr, int 
     if (ep != NULL) {
         c->available = policy_api_available(v, ep);
         c->inflight = atc_endpoint_fleet_inflight(ep); /* every replica's (ep->remote) */
-        c->capacity = atc_endpoint_capacity_now(ep);    /* less while slow-starting */
+        c->capacity = atc_endpoint_capacity_now(ep);   /* less while slow-starting */
         c->load = c->capacity > 0 ? c->inflight / c->capacity : 1.0;
         c->tokens = (double)atc_endpoint_fleet_tokens(ep);
         c->weight = ep->weight;
@@ -374,7 +374,8 @@ static void push_prefill_tokens(lua_State *L, struct policy_version *v, const vo
 {
     EP;
     (void)v;
-    lua_pushnumber(L, (double)atomic_load_explicit(&ep->sig.prefill_tokens, memory_order_relaxed) + remote_prefill(ep));
+    lua_pushnumber(L, (double)atomic_load_explicit(&ep->sig.prefill_tokens, memory_order_relaxed) +
+                          remote_prefill(ep));
 }
 static void push_prefilling(lua_State *L, struct policy_version *v, const void *of)
 {
@@ -513,7 +514,7 @@ const struct policy_field policy_pick_signal_fields[] = {
  * atc.testing mock's fields (ep = NULL), so a policy's unit tests can use it too. */
 struct fast_cand {
     const struct atc_endpoint *ep;
-    bool usable; /* available, not skipped */
+    bool usable;                                               /* available, not skipped */
     double queued, uncached, tps, itl, decoding, recent, load; /* recent < 0: not read yet */
     double uncached_mean;
 };
@@ -528,7 +529,8 @@ static void read_fast_cand(lua_State *L, struct policy_version *v, int el, struc
     if (ep != NULL) {
         const struct atc_signals *s = &ep->sig;
         c->usable = policy_api_available(v, ep);
-        c->queued = (double)atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed) + remote_prefill(ep);
+        c->queued =
+            (double)atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed) + remote_prefill(ep);
         c->uncached = (double)uncached_at(L, v, ep);
         c->tps = atc_signals_prefill_tps(s, p);
         c->itl = atc_signals_itl_ms(s, p);
@@ -575,8 +577,8 @@ static double fast_recent(struct fast_cand *c, const struct atc_signal_params *p
  * already interned, where lua_getfield would hash and look up the C string on every call (6 of them were
  * an eighth of a decision of the shipped policy, callgrind). Raw: a policy cannot set metatables. */
 enum { FAST_RECENT, FAST_DECODE, FAST_UNCACHED, FAST_CONGESTION, FAST_POOLED, FAST_SKIP, FAST_NOPTIONS };
-static const char *const fast_options[FAST_NOPTIONS] = {"recent", "decode", "uncached", "congestion", "pooled",
-                                                        "skip"};
+static const char *const fast_options[FAST_NOPTIONS] = {"recent",     "decode", "uncached",
+                                                        "congestion", "pooled", "skip"};
 
 /* Pushes option @p which of the options table (argument 3). */
 static void fast_option_push(lua_State *L, int which)

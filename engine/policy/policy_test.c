@@ -20,21 +20,19 @@
 
 #include <lauxlib.h>
 
-#include "core/clock.h"
-#include "core/config.h"
-#include "core/config_value.h"
-#include "core/log.h"
+#include "base/clock.h"
+#include "config/config.h"
+#include "base/config_value.h"
+#include "base/log.h"
 #include "fleet/affinity.h"
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
-#include "http/request_features.h"
+#include "request/request_features.h"
 #include "policy/decision.h"
 #include "policy/policy_api.h"
 #include "policy/sandbox.h"
 #include "policy/state.h"
 #include "policy/version.h"
-#include "trace/replay.h"
-#include "trace/replay_lua.h"
 
 static const char usage_test[] =
     "usage: atc test [-c FILE] [--scripts DIR] [--budget DURATION] [--filter TEXT] [-v] [PATH...]\n"
@@ -834,7 +832,7 @@ done:
     return rc;
 }
 
-int atc_policy_test_main(int argc, char **argv)
+int atc_policy_test_main(int argc, char **argv, int (*replay)(lua_State *L))
 {
     static const struct option longopts[] = {
         {"config", required_argument, NULL, 'c'}, {"scripts", required_argument, NULL, 's'},
@@ -924,7 +922,7 @@ int atc_policy_test_main(int argc, char **argv)
     if (r.rt == NULL)
         return 1;
     r.rt->test_mode = true;
-    r.rt->test_replay = (lua_CFunction)atc_replay_lua;
+    r.rt->test_replay = replay;
     r.rt->test_route = test_route;
     r.rt->affinity = atc_affinity_create(0);
     for (size_t i = 0; i < files.n; i++) {

@@ -18,8 +18,8 @@
 
 #include <lauxlib.h>
 
-#include "core/clock.h"
-#include "core/log.h"
+#include "base/clock.h"
+#include "base/log.h"
 #include "fleet/affinity.h"
 #include "fleet/endpoint.h"
 #include "policy/state.h"

@@ -8,9 +8,9 @@
 
 #include <event2/buffer.h>
 
-#include "core/log.h"
+#include "base/log.h"
 #include "fleet/endpoint.h"
-#include "http/http_util.h"
+#include "base/json.h"
 #include "policy/decision.h"
 #include "policy/state.h"
 #include "policy/version.h"

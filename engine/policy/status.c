@@ -8,7 +8,7 @@
 
 #include <event2/buffer.h>
 
-#include "http/http_util.h"
+#include "base/json.h"
 #include "policy/canary.h"
 #include "policy/shadow.h"
 #include "policy/state.h"

@@ -11,8 +11,8 @@
 #include <lauxlib.h>
 #include <luajit.h>
 
-#include "core/clock.h"
-#include "core/log.h"
+#include "base/clock.h"
+#include "base/log.h"
 #include "fleet/endpoint.h"
 #include "policy/state.h"
 #include "policy/sandbox.h"

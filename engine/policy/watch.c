@@ -13,7 +13,7 @@
 
 #include <event2/event.h>
 
-#include "core/log.h"
+#include "base/log.h"
 #include "policy/state.h"
 #include "policy/sandbox.h"
 

@@ -5,7 +5,7 @@
 
 #include <stdlib.h>
 
-#include "core/clock.h"
+#include "base/clock.h"
 
 /* A count hook stays set on every policy state: each CHECK_EVERY VM instructions it looks at the clock
  * (the vDSO: no syscall) against the deadline of the call in progress on this thread. Past it, the

@@ -48,7 +48,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "sim/sim_params.h"
+#include "config/sim_params.h"
 
 
 struct atc_sim;

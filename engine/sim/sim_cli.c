@@ -14,9 +14,9 @@
 
 #include <event2/event.h>
 
-#include "core/config.h"
-#include "core/config_value.h"
-#include "core/log.h"
+#include "config/config.h"
+#include "base/config_value.h"
+#include "base/log.h"
 #include "sim/sim.h"
 #include "sim/sim_server.h"
 

@@ -24,12 +24,12 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 
-#include "core/config.h"
-#include "core/json.h"
-#include "core/log.h"
+#include "config/config.h"
+#include "base/json.h"
+#include "base/log.h"
 #include "http/http_server.h"
-#include "http/request_features.h"
-#include "core/clock.h"
+#include "request/request_features.h"
+#include "base/clock.h"
 
 #define BLOCK_TOKENS (ATC_PREFIX_BLOCK_BYTES / 4) /* request_features estimates 4 bytes per token */
 #define MAX_BODY (32u << 20)

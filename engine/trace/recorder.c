@@ -17,10 +17,10 @@
 
 #include <event2/buffer.h>
 
-#include "core/config.h"
-#include "core/log.h"
+#include "config/config.h"
+#include "base/log.h"
 #include "trace/trace.h"
-#include "core/clock.h"
+#include "base/clock.h"
 
 #define WRITE_INTERVAL_MS 200   /* the writer takes the buffer at least this often */
 #define WAKE_BYTES (256 * 1024) /* ... and as soon as this much is waiting */

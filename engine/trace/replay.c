@@ -10,13 +10,13 @@
 
 #include "fleet/affinity.h"
 #include "fleet/balancer.h"
-#include "core/config.h"
+#include "config/config.h"
 #include "fleet/endpoint.h"
-#include "core/log.h"
+#include "base/log.h"
 #include "sim/sim.h"
 #include "trace/trace.h"
 #include "trace/trace_import.h"
-#include "core/clock.h"
+#include "base/clock.h"
 
 #define DEFAULT_SAMPLES 240
 /* A decision is stopped only at this many times its budget (and at least KILL_MIN_US): on a busy

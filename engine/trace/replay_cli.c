@@ -9,9 +9,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/config.h"
-#include "core/config_value.h"
-#include "core/log.h"
+#include "config/config.h"
+#include "base/config_value.h"
+#include "base/log.h"
 #include "trace/replay.h"
 #include "trace/replay_grid.h"
 #include "trace/replay_live.h"

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/config.h"
+#include "config/config.h"
 #include "sim/sim.h"
 #include "trace/replay_report.h"
 #include "trace/trace.h"

@@ -17,12 +17,12 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
-#include "core/log.h"
+#include "base/log.h"
 #include "trace/recorder.h"
 #include "trace/replay.h"
 #include "trace/replay_live.h"
 #include "trace/trace.h"
-#include "core/clock.h"
+#include "base/clock.h"
 
 #define DEFAULT_MAX_INFLIGHT 1024
 #define DEFAULT_TIMEOUT_MS (300 * 1000)

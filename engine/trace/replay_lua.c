@@ -7,10 +7,10 @@
 
 #include <lauxlib.h>
 
-#include "core/config.h"
+#include "config/config.h"
 #include "fleet/endpoint.h"
 #include "policy/sandbox.h"
-#include "policy/state.h"
+#include "policy/policy.h"
 #include "trace/replay.h"
 #include "trace/replay_lua.h"
 #include "trace/trace.h"
@@ -278,7 +278,7 @@ static bool in_dir(const char *path, const char *dir)
  * module the test file required itself, so that a test of examples/x.lua does not silently replay
  * scripts/policy.lua; with none, the policy under test (-c's entry, else scripts/policy.lua). Two
  * policy modules and no policy option is an error that names them. */
-static const char *replayed_policy(lua_State *L, struct policy_version *v, int idx)
+static const char *replayed_policy(lua_State *L, const struct atc_policy_settings *ps, int idx)
 {
     if (lua_type(L, idx) == LUA_TSTRING)
         return lua_tostring(L, idx);
@@ -301,7 +301,7 @@ static const char *replayed_policy(lua_State *L, struct policy_version *v, int i
             lua_pushvalue(L, -1);
             lua_rawget(L, loaded);
             const char *mf = is_policy(L, -1) ? module_file(L, lua_gettop(L)) : NULL;
-            if (mf != NULL && !in_dir(mf, v->rt->s.stdlib_dir)) { /* atc.test has a route too */
+            if (mf != NULL && !in_dir(mf, ps->stdlib_dir)) { /* atc.test has a route too */
                 file = mf;
                 lua_pushfstring(L, "%s%s\"%s\"", lua_tostring(L, found), n++ > 0 ? ", " : "",
                                 lua_tostring(L, -2));
@@ -315,7 +315,7 @@ static const char *replayed_policy(lua_State *L, struct policy_version *v, int i
                        "policy = require \"NAME\"",
                        lua_tostring(L, found));
         if (n == 0)
-            file = v->rt->s.entry;
+            file = ps->entry;
         lua_settop(L, names - 1);
     }
     if (file == NULL)
@@ -327,7 +327,7 @@ static const char *replayed_policy(lua_State *L, struct policy_version *v, int i
 
 int atc_replay_lua(struct lua_State *L)
 {
-    struct policy_version *v = lua_touserdata(L, lua_upvalueindex(1));
+    const struct atc_policy_settings *ps = atc_policy_settings_of(L);
     luaL_checktype(L, 1, LUA_TTABLE);
     lua_settop(L, 1);
 
@@ -335,7 +335,7 @@ int atc_replay_lua(struct lua_State *L)
     lua_getfield(L, 1, "trace");
     const char *trace_path = luaL_checkstring(L, -1); /* kept alive at index 2 */
     lua_getfield(L, 1, "policy");
-    const char *entry = replayed_policy(L, v, 3); /* index 3 */
+    const char *entry = replayed_policy(L, ps, 3); /* index 3 */
     lua_getfield(L, 1, "model");
     const char *model = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1); /* index 4 */
     lua_getfield(L, 1, "fleet");                                           /* index 5 */
@@ -352,10 +352,10 @@ int atc_replay_lua(struct lua_State *L)
         .seed = (uint64_t)opt_number(L, 1, "seed", 1),
         .limit = (size_t)opt_number(L, 1, "limit", 0),
         .model = model,
-        .module_path = v->rt->s.path,
-        .nmodule_path = v->rt->s.npath,
-        .log = v->rt->s.log,
-        .log_ctx = v->rt->s.log_ctx,
+        .module_path = ps->path,
+        .nmodule_path = ps->npath,
+        .log = ps->log,
+        .log_ctx = ps->log_ctx,
     };
     struct atc_replay_outage outages[MAX_OUTAGES];
     lua_getfield(L, 1, "outages");

@@ -52,7 +52,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "http/request_features.h"
+#include "request/request_features.h"
 
 #define ATC_TRACE_VERSION 1
 #define ATC_TRACE_BLOCKS_MAX 65536     /* a record with more block hashes is refused as malformed */

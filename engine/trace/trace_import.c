@@ -26,7 +26,7 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
-#include "core/json.h"
+#include "base/json.h"
 #include "trace/trace.h"
 
 #define DEFAULT_MODEL "llama-3-8b"

@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/clock.h"
-#include "core/config.h"
-#include "core/log.h"
+#include "base/clock.h"
+#include "config/config.h"
+#include "base/log.h"
 #include "fleet/affinity.h"
 #include "fleet/balancer.h"
 #include "fleet/endpoint.h"

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/config.h"
+#include "config/config.h"
 #include "fuzz.h"
 
 #define NAME "fuzz.yaml"

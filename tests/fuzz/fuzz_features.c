@@ -14,8 +14,8 @@
 #include <event2/buffer.h>
 
 #include "fuzz.h"
-#include "http/http_util.h"
-#include "http/request_features.h"
+#include "base/json.h"
+#include "request/request_features.h"
 
 static struct atc_features f, g; /* 4 KiB of hashes each: off the stack */
 

@@ -15,7 +15,7 @@
 
 #include <event2/event.h>
 
-#include "core/log.h"
+#include "base/log.h"
 #include "fuzz.h"
 #include "http/http_server.h"
 

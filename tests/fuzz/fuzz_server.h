@@ -9,13 +9,13 @@
 
 #include <event2/event.h>
 
-#include "core/config.h"
+#include "config/config.h"
 #include "fleet/endpoint.h"
 #include "fuzz.h"
-#include "core/log.h"
-#include "ops/admin.h"
+#include "base/log.h"
+#include "core/admin.h"
 #include "core/server.h"
-#include "core/worker.h"
+#include "proxy/worker.h"
 
 /* The shipped policy, so that fuzzed requests run through the real Lua layers and req:header(). */
 #define FUZZ_SCRIPTS ATC_SOURCE_STDLIB "/../scripts"

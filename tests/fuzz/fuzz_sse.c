@@ -7,7 +7,7 @@
  * verdict must be the one over the whole stream in one piece, and for a well-formed stream the count
  * must be the blank-line terminators found left to right, each "\n" ending at most one of them. */
 
-#include "../../engine/http/relay.c"
+#include "../../engine/proxy/relay.c"
 
 #include <stdint.h>
 

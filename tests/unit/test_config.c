@@ -11,8 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/config.h"
-#include "core/config_value.h"
+#include "config/config.h"
+#include "base/config_value.h"
 
 /* A valid models: block, appended to files whose other lines are under test; it starts on the line
  * after them, so the lines of the bad values stay easy to count. */

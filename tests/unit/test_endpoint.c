@@ -8,7 +8,7 @@
 #include <cmocka.h>
 
 #include "fleet/balancer.h"
-#include "core/config.h"
+#include "config/config.h"
 #include "fleet/endpoint.h"
 
 static struct atc_endpoint_table *three_endpoints(void)

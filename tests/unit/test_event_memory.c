@@ -21,8 +21,8 @@
 
 #include <event2/event.h>
 
-#include "core/event_memory.c" /* the hooks themselves, for the contract tests */
-#include "core/worker.h"
+#include "base/event_memory.c" /* the hooks themselves, for the contract tests */
+#include "proxy/worker.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define UNDER_ASAN 1

@@ -1,4 +1,4 @@
-/* Unit tests for engine/http/request_features.c: what a router reads from OpenAI request bodies. */
+/* Unit tests for engine/request/request_features.c: what a router reads from OpenAI request bodies. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "http/request_features.h"
+#include "request/request_features.h"
 
 static struct atc_features f; /* 4 KiB of hashes: keep it off the stack */
 

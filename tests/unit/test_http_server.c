@@ -22,7 +22,7 @@
 
 #include <event2/event.h>
 
-#include "core/clock.h"
+#include "base/clock.h"
 #include "http/http_server.h"
 
 struct fixture {

@@ -1,4 +1,4 @@
-/* core/json.c: the small JSON reader that cli.c, health.c and trace_import.c share. */
+/* base/json.c: the small JSON reader that cli.c, health.c and trace_import.c share. */
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,7 +8,7 @@
 
 #include <string.h>
 
-#include "core/json.h"
+#include "base/json.h"
 
 static int parse(struct atc_json *j, const char *s, const char **why)
 {

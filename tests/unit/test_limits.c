@@ -11,7 +11,7 @@
 #include <cmocka.h>
 
 #include "cluster/limits.h"
-#include "core/config.h"
+#include "config/config.h"
 
 static char *names[] = {"gold"};
 static struct atc_limit_rule rules[] = {{.requests_per_minute = 6, .tokens_per_minute = 1000}};

@@ -11,7 +11,7 @@
 #include <cmocka.h>
 
 #include "cluster/load_share.h"
-#include "core/config.h"
+#include "config/config.h"
 #include "fleet/endpoint.h"
 
 static struct atc_endpoint_table *table(void)

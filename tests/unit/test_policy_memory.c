@@ -18,8 +18,8 @@
 
 #include <lauxlib.h>
 
-#include "core/config.h"
-#include "core/log.h"
+#include "config/config.h"
+#include "base/log.h"
 #include "fleet/affinity.h"
 #include "fleet/endpoint.h"
 #include "policy/sandbox.h"

@@ -9,7 +9,7 @@
 #include <cmocka.h>
 
 #undef NDEBUG
-#include "../../engine/http/relay.c"
+#include "../../engine/proxy/relay.c"
 
 #include <signal.h>
 #include <sys/wait.h>

@@ -1,4 +1,4 @@
-/* core/strbuf.h: the bounded string building the request path uses instead of snprintf. */
+/* base/strbuf.h: the bounded string building the request path uses instead of snprintf. */
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,7 +8,7 @@
 
 #include <string.h>
 
-#include "core/strbuf.h"
+#include "base/strbuf.h"
 
 static void test_appends_and_numbers(void **state)
 {

@@ -22,9 +22,9 @@
 
 #include <event2/buffer.h>
 
-#include "core/clock.h"
+#include "base/clock.h"
 #include "fleet/affinity.h"
-#include "core/config.h"
+#include "config/config.h"
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
 #include "ops/metrics.h"

@@ -14,7 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/config.h"
+#include "config/config.h"
 #include "trace/replay.h"
 #include "trace/trace.h"
 #include "trace/trace_import.h"

@@ -16,7 +16,7 @@
 #include <lualib.h>
 #include <luajit.h>
 
-#include "core/clock.h"
+#include "base/clock.h"
 #include "policy/watchdog.h"
 
 static lua_State *new_state(const char *chunk)

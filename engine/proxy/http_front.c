@@ -1,4 +1,4 @@
-#include "http/http_front.h"
+#include "proxy/http_front.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -8,18 +8,18 @@
 
 #include <event2/buffer.h>
 
-#include "core/strbuf.h"
-#include "core/config.h"
-#include "core/config_value.h"
+#include "base/strbuf.h"
+#include "config/config.h"
+#include "base/config_value.h"
 #include "ops/access_log.h"
 #include "fleet/endpoint.h"
 #include "http/http_server.h"
-#include "http/http_util.h"
-#include "core/log.h"
+#include "base/json.h"
+#include "base/log.h"
 #include "ops/metrics.h"
-#include "http/relay.h"
-#include "http/request_features.h"
-#include "core/worker.h"
+#include "proxy/relay.h"
+#include "request/request_features.h"
+#include "proxy/worker.h"
 
 static void send_models(struct atc_worker *w, struct atc_http_req *req)
 {

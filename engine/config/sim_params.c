@@ -1,7 +1,7 @@
 /* Defaults of the simulated server's knobs (sim_params.h). Kept apart from sim.c so the config parser can
  * build simulate: entries without pulling in the simulator itself. */
 
-#include "sim/sim_params.h"
+#include "config/sim_params.h"
 
 #include <stdlib.h>
 #include <string.h>

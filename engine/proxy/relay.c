@@ -1,4 +1,4 @@
-#include "http/relay.h"
+#include "proxy/relay.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -14,21 +14,21 @@
 #include "cluster/limits.h"
 #include "fleet/admission.h"
 #include "fleet/balancer.h"
-#include "core/config.h"
+#include "config/config.h"
 #include "fleet/endpoint.h"
 #include "http/http_server.h"
-#include "http/http_util.h"
+#include "base/json.h"
 #include "ops/access_log.h"
-#include "core/log.h"
-#include "core/strbuf.h"
+#include "base/log.h"
+#include "base/strbuf.h"
 #include "ops/metrics.h"
 #include "policy/decision.h"
 #include "policy/policy.h"
 #include "trace/recorder.h"
 #include "trace/trace.h"
 #include "http/upstream.h"
-#include "core/worker.h"
-#include "core/clock.h"
+#include "proxy/worker.h"
+#include "base/clock.h"
 
 /* Above this many bytes waiting for a slow client, stop reading from the server until they drain. */
 #define CLIENT_HIGH_WATERMARK (256 * 1024)

@@ -1,4 +1,4 @@
-#include "ops/admin.h"
+#include "core/admin.h"
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
@@ -10,27 +10,26 @@
 #include <event2/buffer.h>
 
 #include "fleet/admission.h"
-#include "core/clock.h"
-#include "core/config.h"
-#include "core/log.h"
+#include "base/clock.h"
+#include "config/config.h"
+#include "base/log.h"
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
 #include "fleet/health_report.h"
 #include "fleet/recent.h"
 #include "http/http_server.h"
-#include "http/http_util.h"
 #include "ops/metrics.h"
 #include "ops/status_page.h"
 #include "policy/policy.h"
 #include "trace/recorder.h"
 #include "cluster/cluster.h"
 #include "cluster/limits.h"
-#include "core/config_value.h"
-#include "core/json.h"
+#include "base/config_value.h"
+#include "base/json.h"
 #include "core/rollout.h"
 #include "core/server.h"
 #include "http/upstream.h"
-#include "core/worker.h"
+#include "proxy/worker.h"
 
 static void admin_error(struct atc_http_req *req, int status, const char *type, const char *code,
                         const char *message, int retry_after_s)
@@ -269,8 +268,7 @@ static void reload_policy(struct atc_server *srv, struct atc_http_req *req)
         return;
     }
     if (srv->group.workers[0].policy == NULL) {
-        admin_error(req, 422, "invalid_request_error", "no_policy",
-                            "the config has no policy: section", 0);
+        admin_error(req, 422, "invalid_request_error", "no_policy", "the config has no policy: section", 0);
         return;
     }
     struct atc_json j;
@@ -381,8 +379,7 @@ static void drain_endpoint(struct atc_server *srv, struct atc_http_req *req, con
     bool bad = idlen < 0 || strlen(id) != (size_t)idlen || strchr(id, '/') != NULL;
     struct atc_endpoint *ep = !bad ? atc_endpoint_table_find(srv->table, id) : NULL;
     if (ep == NULL) {
-        admin_error(req, 404, "invalid_request_error", "endpoint_not_found",
-                            "no endpoint with this id", 0);
+        admin_error(req, 404, "invalid_request_error", "endpoint_not_found", "no endpoint with this id", 0);
         return;
     }
     if (atc_http_req_method(req) != ATC_HTTP_POST) {
@@ -430,8 +427,7 @@ static void reload_config(struct atc_server *srv, struct atc_http_req *req)
     }
     char *msg = NULL;
     if (atc_server_reload_config(srv, &msg) < 0) {
-        admin_error(req, 422, "invalid_request_error", "config_reload_failed", msg ? msg : "failed",
-                            0);
+        admin_error(req, 422, "invalid_request_error", "config_reload_failed", msg ? msg : "failed", 0);
         free(msg);
         return;
     }
@@ -598,7 +594,8 @@ static const char *cross_site(const struct atc_server *srv, struct atc_http_req 
     }
     const char *type = atc_http_req_header(req, "Content-Type");
     if (atc_http_req_method(req) == ATC_HTTP_POST && type != NULL &&
-        (strncasecmp(type, "text/plain", 10) == 0 || strncasecmp(type, "application/x-www-form-urlencoded", 33) == 0 ||
+        (strncasecmp(type, "text/plain", 10) == 0 ||
+         strncasecmp(type, "application/x-www-form-urlencoded", 33) == 0 ||
          strncasecmp(type, "multipart/form-data", 19) == 0))
         return "a POST a web page could send (text/plain or form data)";
     return NULL;

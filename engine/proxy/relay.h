@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "http/request_features.h"
+#include "request/request_features.h"
 
 struct atc_worker;
 struct atc_http_req;

@@ -1,4 +1,4 @@
-#include "core/histogram.h"
+#include "base/histogram.h"
 
 #include <string.h>
 

@@ -1,4 +1,4 @@
-#include "core/worker.h"
+#include "proxy/worker.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -7,8 +7,8 @@
 
 #include <event2/event.h>
 
-#include "core/log.h"
-#include "http/request_features.h"
+#include "base/log.h"
+#include "request/request_features.h"
 
 struct worker_task {
     void (*fn)(void *arg);

@@ -14,7 +14,7 @@
  * Duplicate top-level keys: the last one wins, as in Python's json module (vLLM, SGLang). A JSON null
  * counts as absent for optional fields, as pydantic's Optional[...] does.
  */
-#include "http/request_features.h"
+#include "request/request_features.h"
 
 #include <limits.h>
 #include <stdlib.h>

@@ -5,8 +5,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/config.h"
-#include "core/config_value.h"
+#include "config/config.h"
+#include "base/config_value.h"
+
+void atc_signal_params_init(struct atc_signal_params *p)
+{
+    p->prefill_tps = 15000;
+    p->itl_us = 12000;
+    p->recent_half_life_ms = 2000;
+}
 
 static void health_dispose(struct atc_health_config *h)
 {

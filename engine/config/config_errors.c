@@ -1,6 +1,6 @@
 /* A config file's errors (config_errors.h): collected, then sorted by position and joined. */
 
-#include "core/config_errors.h"
+#include "config/config_errors.h"
 
 #include <stdarg.h>
 #include <stdint.h>

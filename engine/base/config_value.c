@@ -1,7 +1,7 @@
 /* The value syntaxes of the config file and of the command lines (config_value.h): durations, sizes,
  * host:port and upstream URLs, and paths relative to the config file. */
 
-#include "core/config_value.h"
+#include "base/config_value.h"
 
 #include <ctype.h>
 #include <stdint.h>

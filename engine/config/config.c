@@ -17,9 +17,9 @@
 
 #include <yaml.h>
 
-#include "core/config.h"
-#include "core/config_errors.h"
-#include "core/config_value.h"
+#include "config/config.h"
+#include "config/config_errors.h"
+#include "base/config_value.h"
 
 /* Per-endpoint ceilings: far above any real server, low enough that sums over a fleet cannot overflow. */
 #define CAPACITY_MAX 1000000u

@@ -5,7 +5,7 @@
  * model lists and probe answers (health), trace lines (trace_import). A document is parsed into tokens
  * once; values are then named by token index (0 is the top value; -1 is "none", which every function
  * takes and answers with "not found" / false). The request path has its own scanner
- * (http/request_features.c), which checks more and allocates nothing per request. */
+ * (request/request_features.c), which checks more and allocates nothing per request. */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -71,5 +71,13 @@ bool atc_json_uint(const struct atc_json *j, int i, uint64_t max, uint64_t *out)
 
 /** true or false. */
 bool atc_json_bool(const struct atc_json *j, int i, bool *out);
+
+struct evbuffer;
+
+/** Appends @p s (@p len bytes) to @p out as the inside of a JSON string (no quotes); bytes that are not
+ * well-formed UTF-8 become U+FFFD. */
+void atc_json_escape(struct evbuffer *out, const char *s, size_t len);
+/** Appends "key":"value" (escaped), or "key":null when @p value is NULL. */
+void atc_json_key_string(struct evbuffer *out, const char *key, const char *value);
 
 #endif

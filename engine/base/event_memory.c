@@ -5,7 +5,7 @@
  * the untouched rest. Whether a pointer is a slot is one range check, so free and realloc know which
  * allocator a pointer came from without a header. The state is static because libevent's hooks take
  * no context. */
-#include "core/event_memory.h"
+#include "base/event_memory.h"
 
 #include <pthread.h>
 #include <stdint.h>

@@ -11,8 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "fleet/signals.h"
-#include "sim/sim_params.h"
+#include "config/signal_params.h"
+#include "config/sim_params.h"
 
 /* What atc does when every endpoint of a model is out (unhealthy or ejected; not draining or starting). */
 enum atc_panic_mode {
@@ -163,7 +163,7 @@ struct atc_config {
     unsigned workers;           /* workers: threads serving clients (default: one per core, at most 16) */
 
     struct atc_health_config health;  /* health: the top-level settings */
-    struct atc_signal_params signals; /* signals: priors of the routing signals (fleet/signals.h) */
+    struct atc_signal_params signals; /* signals: priors of the routing signals (config/signal_params.h) */
 
     struct {
         bool enabled;      /* the file has a cluster: section: replicas share state through Redis */

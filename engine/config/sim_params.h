@@ -2,7 +2,7 @@
 #define ATC_SIM_PARAMS_H
 
 /* The simulated server's knobs and their defaults (sim.h says what each does and where the default
- * numbers come from). Apart from sim.h so that the config (core/config.h) can hold simulate: entries
+ * numbers come from). Apart from sim.h so that the config (config/config.h) can hold simulate: entries
  * without the simulator's interface. */
 
 #include <stdint.h>
