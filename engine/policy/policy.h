@@ -168,7 +168,9 @@ struct atc_policy_target_spec {
     const char *entry; /* shadow: its entry file (copied) */
     double sample;     /* shadow: share of decisions it sees */
 };
-/** Makes @p b build for @p spec (before atc_policy_build_run). 0, or -1 when out of memory. */
+/** Makes @p b build for @p spec (before atc_policy_build_run). 0, or -1 when out of memory. A shadow's
+ * entry must be a regular file of at most 1 MiB inside the live entry's folder or a policy.path directory:
+ * any other path fails the build at once (atc_policy_build_error says which and why; nothing is read). */
 int atc_policy_build_target(struct atc_policy_build *b, const struct atc_policy_target_spec *spec);
 /** The version number the build's versions take (shadows count apart). */
 uint64_t atc_policy_build_version(const struct atc_policy_build *b);

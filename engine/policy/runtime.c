@@ -22,6 +22,7 @@
 #include "base/log.h"
 #include "fleet/affinity.h"
 #include "fleet/endpoint.h"
+#include "policy/sandbox.h"
 #include "policy/state.h"
 #include "policy/version.h"
 #include "policy/watch.h"
@@ -375,6 +376,12 @@ int atc_policy_build_target(struct atc_policy_build *b, const struct atc_policy_
     struct atc_policy_runtime *l = b->loader;
     if ((b->as.entry = strdup(spec->entry)) == NULL)
         return -1;
+    /* Checked here, on the main thread before the loader starts, against the live settings: a refused
+     * path fails the build with its reason and the loader reads nothing. */
+    if (policy_check_entry(l, spec->entry, &b->err) < 0) {
+        b->failed = true;
+        return b->err != NULL ? 0 : -1;
+    }
     free((char *)l->s.entry);
     l->s.entry = strdup(spec->entry);
     l->affinity = l->s.shadow_affinity; /* its init() and smoke test pin nothing of the live policy's */
@@ -410,6 +417,8 @@ struct atc_policy_build *atc_policy_build_new(struct atc_policy_runtime *const *
 
 int atc_policy_build_run(struct atc_policy_build *b)
 {
+    if (b->failed) /* refused before it began (atc_policy_build_target) */
+        return -1;
     for (size_t i = 0; b->as.target != ATC_POLICY_SHADOW_CLEAR && i < b->n; i++) {
         char *err = NULL;
         struct policy_version *v = policy_version_create(b->loader, &err);

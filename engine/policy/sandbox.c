@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <lauxlib.h>
 #include <xxhash.h>
@@ -357,32 +359,86 @@ static void set_chunk_env(lua_State *L)
     lua_setfenv(L, -2);
 }
 
+/* Reads a policy source file whole into an owned buffer; NULL with errno set (EFBIG: over
+ * POLICY_FILE_MAX; EINVAL: not a regular file). The path is resolved first and the result opened with
+ * O_NOFOLLOW (a link swapped in between is refused) and O_NONBLOCK (a FIFO returns at once instead of
+ * blocking the loader), then fstat'd: only a regular file is read, so that /dev/zero, a FIFO or a socket
+ * never are. */
 static char *read_file(const char *path, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
+    char real[PATH_MAX];
+    if (realpath(path, real) == NULL)
         return NULL;
+    int fd = open(real, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    struct stat st;
     char *buf = NULL;
-    size_t cap = 0, n = 0;
+    size_t n = 0;
+    int e = 0;
+    if (fstat(fd, &st) != 0) {
+        e = errno;
+        goto out;
+    }
+    if (!S_ISREG(st.st_mode) || st.st_size < 0) {
+        e = EINVAL;
+        goto out;
+    }
+    if (st.st_size > POLICY_FILE_MAX) {
+        e = EFBIG;
+        goto out;
+    }
+    /* One byte more than the cap: a file that grew since fstat is refused rather than cut. */
+    size_t cap = (size_t)st.st_size + 1;
+    if ((buf = malloc(cap)) == NULL) {
+        e = ENOMEM;
+        goto out;
+    }
     for (;;) {
-        if (n == cap) {
-            cap = cap ? cap * 2 : 16384;
-            char *nb = realloc(buf, cap);
-            if (nb == NULL) {
-                free(buf);
-                fclose(f);
-                return NULL;
-            }
-            buf = nb;
+        ssize_t r = read(fd, buf + n, cap - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            e = errno;
+            break;
         }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
         if (r == 0)
             break;
+        n += (size_t)r;
+        if (n == cap) {
+            if (cap > POLICY_FILE_MAX) {
+                e = EFBIG;
+                break;
+            }
+            size_t ncap = cap * 2 > POLICY_FILE_MAX + 1 ? POLICY_FILE_MAX + 1 : cap * 2;
+            char *nb = realloc(buf, ncap);
+            if (nb == NULL) {
+                e = ENOMEM;
+                break;
+            }
+            buf = nb;
+            cap = ncap;
+        }
     }
-    fclose(f);
+out:
+    close(fd);
+    if (e != 0) {
+        free(buf);
+        errno = e;
+        return NULL;
+    }
     *len = n;
     return buf;
+}
+
+/* Why read_file failed, for a message that names the path and never its content. */
+static const char *read_error(int e)
+{
+    if (e == EINVAL)
+        return "not a regular file";
+    if (e == EFBIG)
+        return "larger than " POLICY_FILE_MAX_TEXT;
+    return strerror(e);
 }
 
 /* Where load_protected leaves the chunk for policy_load_chunk (a registry key). */
@@ -425,7 +481,7 @@ static int load_protected(lua_State *L)
     size_t len;
     char *src = read_file(path, &len);
     if (src == NULL) {
-        lua_pushfstring(L, "cannot read %s: %s", path, strerror(errno));
+        lua_pushfstring(L, "cannot read %s: %s", path, read_error(errno));
         return lua_error(L);
     }
     char chunkname[PATH_MAX + 2];
@@ -474,6 +530,48 @@ size_t policy_module_dirs(const struct atc_policy_runtime *rt, const char **dirs
     for (size_t i = 0; i < rt->s.npath && n < max; i++)
         dirs[n++] = rt->s.path[i];
     return n;
+}
+
+/* Whether the resolved path @p real is inside the directory @p dir (resolved here). */
+static bool under(const char *real, const char *dir)
+{
+    char root[PATH_MAX];
+    if (dir == NULL || realpath(dir, root) == NULL)
+        return false;
+    size_t n = strlen(root);
+    if (n == 1) /* "/" */
+        return true;
+    return strncmp(real, root, n) == 0 && real[n] == '/';
+}
+
+int policy_check_entry(const struct atc_policy_runtime *rt, const char *entry, char **err)
+{
+    *err = NULL;
+    char real[PATH_MAX];
+    struct stat st;
+    const char *why = NULL;
+    if (realpath(entry, real) == NULL || stat(real, &st) != 0)
+        why = strerror(errno);
+    if (why == NULL) {
+        char entry_dir[PATH_MAX];
+        const char *dirs[16];
+        size_t n = policy_module_dirs(rt, dirs, entry_dir, 16), i = 0;
+        /* The live policy's folder and policy.path: not the stdlib (dirs[1] when there is one). */
+        for (; i < n; i++)
+            if ((i == 0 || dirs[i] != rt->s.stdlib_dir) && under(real, dirs[i]))
+                break;
+        if (i == n)
+            why = "outside the live policy's folder and policy.path";
+        else if (!S_ISREG(st.st_mode))
+            why = "not a regular file";
+        else if (st.st_size > POLICY_FILE_MAX)
+            why = "larger than " POLICY_FILE_MAX_TEXT;
+    }
+    if (why == NULL)
+        return 0;
+    if (asprintf(err, "%s: %s", entry, why) < 0)
+        *err = NULL;
+    return -1;
 }
 
 /* Pushes the registry table @p key, made when missing. */

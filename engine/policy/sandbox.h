@@ -30,7 +30,14 @@ void policy_sandbox_open(struct policy_version *v);
 #define POLICY_MODULE_FILES "atc.module_files"
 #define POLICY_TEST_MODULES "atc.test_modules"
 
-/** Loads a Lua source file as a sandboxed chunk; pushes it, or an error message. 0 / -1. */
+/* The largest policy source file (an entry or a module) that is read: anything larger is refused
+ * (a policy is a few kB; this bounds what a wrong path makes the loader read). */
+#define POLICY_FILE_MAX (1024 * 1024)
+#define POLICY_FILE_MAX_TEXT "1MiB"
+
+/** Loads a Lua source file as a sandboxed chunk (a regular file of at most POLICY_FILE_MAX bytes,
+ * opened without blocking: a FIFO or a device is refused, never waited on; the message names the path
+ * and why, never the file's content); pushes it, or an error message. 0 / -1. */
 int policy_load_chunk(lua_State *L, const char *path);
 
 /** A hash (XXH3, chained in load order) of the contents of every file policy_load_chunk loaded into
@@ -42,5 +49,11 @@ uint64_t policy_files_hash(lua_State *L);
  * Returns how many. */
 size_t policy_module_dirs(const struct atc_policy_runtime *rt, const char **dirs, char *entry_dir,
                           size_t max);
+
+/** Whether @p entry may be loaded as a shadow beside @p rt's live policy: a regular file of at most
+ * POLICY_FILE_MAX bytes, inside (once links are resolved) the live entry's folder or a policy.path
+ * directory. 0, or -1 with an owned message in *err ("FILE: why", naming no content; NULL: out of
+ * memory). Reads no file. */
+int policy_check_entry(const struct atc_policy_runtime *rt, const char *entry, char **err);
 
 #endif

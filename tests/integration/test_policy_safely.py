@@ -339,5 +339,55 @@ class ShadowTest(SafelyTestCase):
         self.assertIn("TTFT p90", line)
 
 
+class EntryPathTest(SafelyTestCase):
+    """A shadow's entry is a regular file of at most 1 MiB under the live policy's folder (issue 25): a FIFO,
+    a device or a file elsewhere is refused at once with a message that quotes no content, and atc still
+    reloads and stops on SIGTERM."""
+
+    def refused(self, atc, entry):
+        t0 = time.monotonic()
+        status, doc = self.admin(atc, "POST", "/admin/policy/shadow", {"entry": entry, "sample": 1})
+        elapsed = time.monotonic() - t0
+        self.assertLess(elapsed, 2.0, f"{entry}: answered after {elapsed:.2f}s")
+        self.assertEqual(status, 422, doc)
+        return doc["error"]["message"]
+
+    def test_a_fifo_a_device_or_a_file_elsewhere_is_refused_within_2s_and_atc_still_stops(self):
+        atc = self.start(LEAST_LOADED % "v1")
+        fifo = os.path.join(self.tmp.name, "fifo.lua")
+        os.mkfifo(fifo)
+        self.assertEqual(self.refused(atc, fifo), f"{fifo}: not a regular file")
+        self.assertEqual(self.refused(atc, "/dev/zero"),
+                         "/dev/zero: outside the live policy's folder and policy.path")
+        link = os.path.join(self.tmp.name, "zero.lua")
+        os.symlink("/dev/zero", link)  # inside by name, not once resolved
+        self.assertEqual(self.refused(atc, link), f"{link}: outside the live policy's folder and policy.path")
+        msg = self.refused(atc, "/etc/passwd")
+        self.assertEqual(msg, "/etc/passwd: outside the live policy's folder and policy.path")  # no line of it
+        big = self.write_policy("-- " + "x" * (1024 * 1024) + "\nreturn function() end\n", "big.lua")
+        self.assertEqual(self.refused(atc, big), f"{big}: larger than 1MiB")
+        self.assertIn(f"policy shadow failed to load: {fifo}: not a regular file", atc.read_log())
+        # The live entry and a module it requires are read the same way: a FIFO there fails the reload
+        # at once (the loader thread is not stuck on it) and the next reload works.
+        os.mkfifo(os.path.join(self.tmp.name, "policy.fifo"))
+        os.replace(os.path.join(self.tmp.name, "policy.fifo"), self.policy_path)
+        t0 = time.monotonic()
+        status, doc = self.reload(atc)
+        self.assertLess(time.monotonic() - t0, 2.0)
+        self.assertEqual((status, doc["error"]["message"]), (422, f"cannot read {self.policy_path}: not a regular file"))
+        self.write_policy("return require('big')\n")
+        status, doc = self.reload(atc)
+        self.assertEqual(status, 422)
+        self.assertIn(f"cannot read {big}: larger than 1MiB", doc["error"]["message"])
+        self.write_policy(LEAST_LOADED % "v2")
+        self.assertEqual(self.reload(atc), (200, {"version": 2}))
+        status, doc = self.admin(atc, "POST", "/admin/policy/shadow", {"entry": self.policy_path, "sample": 1})
+        self.assertEqual((status, doc), (200, {"version": 1, "shadow": True}))
+        self.assertEqual(chat(atc.port, model="m", max_tokens=1)[0], 200)
+        t0 = time.monotonic()
+        self.assertEqual(atc.stop(timeout=5), 0)  # SIGTERM, not the SIGKILL after 5 s
+        self.assertLess(time.monotonic() - t0, 5.0)
+
+
 if __name__ == "__main__":
     unittest.main()
