@@ -2,6 +2,7 @@
 
 #include "core/reloader.h"
 
+#include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -25,18 +26,47 @@ struct adopt_task {
     unsigned worker;
 };
 
+/* Where the round of reloading is (main thread only: the loader thread never reads it). Every move goes
+ * through set_state, checked against `moves` (debug and sanitizer builds: assert), as proxy/relay.c does.
+ *
+ *   IDLE --> LOADING --> BUILT --> ADOPTING --> IDLE (or at once LOADING again for the reloads asked
+ *     |                             ^            during the round)
+ *     +----> BUILDING --------------+   (no thread could start: built on the main thread, this once) */
+enum reloader_state {
+    RELOADER_IDLE,     /* no round: a start begins one (no build) */
+    RELOADER_LOADING,  /* the loader thread builds; it must be joined */
+    RELOADER_BUILDING, /* the main thread builds, inline */
+    RELOADER_BUILT,    /* the loader thread has been joined; on_built, posted, has yet to run */
+    RELOADER_ADOPTING, /* the workers swap the build in; `pending` counts those left */
+};
+
+#define RELOADER_IN(s) (1u << (s))
+static const unsigned moves[] = {
+    [RELOADER_IDLE] = RELOADER_IN(RELOADER_LOADING) | RELOADER_IN(RELOADER_BUILDING),
+    [RELOADER_LOADING] = RELOADER_IN(RELOADER_BUILT),
+    [RELOADER_BUILDING] = RELOADER_IN(RELOADER_ADOPTING),
+    [RELOADER_BUILT] = RELOADER_IN(RELOADER_ADOPTING),
+    [RELOADER_ADOPTING] = RELOADER_IN(RELOADER_IDLE),
+};
+
 struct atc_reloader {
     struct atc_worker_group *g;
     pthread_t thread;
-    bool loading;  /* the loader thread runs (or has not been joined) */
-    bool adopting; /* the workers are swapping the build in */
-    struct atc_policy_build *build;
+    enum reloader_state state;
+    struct atc_policy_build *build; /* NULL exactly when IDLE */
     struct waiter *waiters; /* answered by the round in progress */
     struct waiter *queued;  /* asked during it: one more round after */
     struct atc_policy_target_spec spec; /* of the round in progress (its entry owned) */
     atomic_uint pending;    /* workers that have not swapped yet */
     struct adopt_task tasks[]; /* [g->nworkers] */
 };
+
+static void set_state(struct atc_reloader *r, enum reloader_state to)
+{
+    assert(r->state <= RELOADER_ADOPTING && (moves[r->state] & RELOADER_IN(to)) != 0);
+    (void)moves; /* (NDEBUG) */
+    r->state = to;
+}
 
 static void runtimes(const struct atc_reloader *r, struct atc_policy_runtime **out)
 {
@@ -79,9 +109,9 @@ static void on_all_adopted(void *arg)
     struct waiter *w = r->waiters;
     r->waiters = NULL;
     answer(w, version, err);
-    atc_policy_build_free(r->build);
+    atc_policy_build_destroy(r->build);
     r->build = NULL;
-    r->adopting = false;
+    set_state(r, RELOADER_IDLE);
     free((char *)r->spec.entry);
     r->spec = (struct atc_policy_target_spec){.target = ATC_POLICY_LIVE};
     if (r->queued != NULL) {
@@ -107,9 +137,10 @@ static void on_adopt(void *arg)
 
 static void join_loader(struct atc_reloader *r)
 {
-    if (r->loading)
-        pthread_join(r->thread, NULL);
-    r->loading = false;
+    if (r->state != RELOADER_LOADING)
+        return;
+    pthread_join(r->thread, NULL);
+    set_state(r, RELOADER_BUILT);
 }
 
 /* Main thread: the loader has finished; every worker swaps at its next turn. */
@@ -117,7 +148,7 @@ static void on_built(void *arg)
 {
     struct atc_reloader *r = arg;
     join_loader(r);
-    r->adopting = true;
+    set_state(r, RELOADER_ADOPTING);
     atomic_store(&r->pending, r->g->nworkers);
     for (unsigned i = 1; i < r->g->nworkers; i++)
         if (atc_worker_post(&r->g->workers[i], on_adopt, &r->tasks[i]) < 0)
@@ -138,9 +169,9 @@ static void begin_round(struct atc_reloader *r)
 {
     struct atc_policy_runtime *rts[ATC_MAX_WORKERS];
     runtimes(r, rts);
-    r->build = atc_policy_build_new(rts, r->g->nworkers);
+    r->build = atc_policy_build_create(rts, r->g->nworkers);
     if (r->build != NULL && atc_policy_build_target(r->build, &r->spec) < 0) {
-        atc_policy_build_free(r->build);
+        atc_policy_build_destroy(r->build);
         r->build = NULL;
     }
     if (r->build == NULL) {
@@ -149,12 +180,14 @@ static void begin_round(struct atc_reloader *r)
         answer(w, 0, "out of memory");
         return;
     }
-    r->loading = true;
-    if (pthread_create(&r->thread, NULL, loader_main, r) != 0) {
-        r->loading = false; /* no thread: build here, and let the workers wait this once */
-        atc_policy_build_run(r->build);
-        on_built(r);
+    /* on_built runs on this thread's loop, after this returns: the state may follow the thread's start. */
+    if (pthread_create(&r->thread, NULL, loader_main, r) == 0) {
+        set_state(r, RELOADER_LOADING);
+        return;
     }
+    set_state(r, RELOADER_BUILDING); /* no thread: build here, and let the workers wait this once */
+    atc_policy_build_run(r->build);
+    on_built(r);
 }
 
 struct atc_reloader *atc_reloader_create(struct atc_worker_group *g)
@@ -173,7 +206,7 @@ void atc_reloader_destroy(struct atc_reloader *r)
     if (r == NULL)
         return;
     join_loader(r);
-    atc_policy_build_free(r->build);
+    atc_policy_build_destroy(r->build);
     free((char *)r->spec.entry);
     drop(r->waiters);
     drop(r->queued);
@@ -189,7 +222,7 @@ void atc_reloader_start(struct atc_reloader *r, atc_reload_done done, void *arg)
         return;
     }
     *w = (struct waiter){.done = done, .arg = arg};
-    bool busy = r->loading || r->adopting || r->build != NULL;
+    bool busy = r->state != RELOADER_IDLE;
     struct waiter **list = busy ? &r->queued : &r->waiters;
     w->next = *list;
     *list = w;
@@ -200,7 +233,7 @@ void atc_reloader_start(struct atc_reloader *r, atc_reload_done done, void *arg)
 void atc_reloader_start_as(struct atc_reloader *r, const struct atc_policy_target_spec *spec, atc_reload_done done,
                            void *arg)
 {
-    if (r->loading || r->adopting || r->build != NULL) {
+    if (r->state != RELOADER_IDLE) {
         if (done != NULL)
             done(arg, 0, "a policy reload is in progress; retry when it is answered");
         return;

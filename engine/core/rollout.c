@@ -58,7 +58,6 @@ static void on_canary_loaded(void *arg, uint64_t version, const char *err)
         struct timeval tv = {(time_t)(c->window_ms / 1000), (suseconds_t)(c->window_ms % 1000) * 1000};
         if (srv->canary_timer != NULL)
             evtimer_add(srv->canary_timer, &tv);
-        srv->canary_version = version;
     }
     if (c->done != NULL)
         c->done(c->arg, version, err);
@@ -111,7 +110,6 @@ uint64_t atc_rollout_canary_end(struct atc_server *srv, enum atc_rollout_end how
     atc_workers_resume(&srv->group);
     if (srv->canary_timer != NULL)
         evtimer_del(srv->canary_timer);
-    srv->canary_version = 0;
     if (version == 0)
         snprintf(why, size, "no canary is running");
     else if (promote == 1)

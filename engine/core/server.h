@@ -50,7 +50,6 @@ struct atc_server {
     struct atc_reloader *reloader;        /* policy reloads (made at the first); main thread */
     struct atc_affinity *shadow_affinity; /* the shadow policy's pins, apart from the live ones */
     struct event *canary_timer;           /* the canary's window (core/rollout.c); main thread */
-    uint64_t canary_version;              /* the canary the timer judges (0: none) */
     /* The workers ([group.nworkers], worker 0 on the main thread), their pause and the request path's
      * hooks into this file: see proxy/worker.h for who touches what. */
     struct atc_worker_group group;

@@ -20,17 +20,60 @@
  * noise alone moves a p90 by more than a ratio guard allows. */
 #define TTFT_SLACK_MS 5.0
 
-bool policy_canary_takes(const struct atc_policy_runtime *rt, const struct atc_route_request *req)
+#define TTFT_BUCKETS 128 /* 8 per doubling of 1 + ms: within 9% */
+
+/* One side of a canary: its requests' TTFT, and its failures since the canary began. */
+struct side {
+    uint64_t decisions, errors, overruns, fallbacks; /* fallbacks: every failed decision */
+    uint64_t ttft_n;
+    uint32_t ttft[TTFT_BUCKETS];
+};
+
+/* The canary of one runtime: created and destroyed with it, holding at most one running canary, and
+ * the record of those that ended. */
+struct atc_policy_canary {
+    /* A new version deciding a share of the requests, sticky per session; NULL: none. */
+    struct policy_version *v;
+    double share;
+    double since;             /* unix seconds */
+    struct side cside, bside; /* the canary's requests and the current version's */
+    uint64_t promotions, rollbacks;
+    char *last; /* the last canary's outcome, for status (NULL: none yet) */
+};
+
+struct atc_policy_canary *policy_canary_create(void)
 {
-    const char *key = req->session != NULL && req->session[0] != '\0' ? req->session : req->id;
-    if (key == NULL)
-        return false;
-    /* A stable hash, so that a session stays on one side, on every worker and every replica. */
-    uint64_t h = XXH3_64bits(key, strlen(key));
-    return (double)(h >> 11) * (1.0 / 9007199254740992.0) < rt->canary_share;
+    return calloc(1, sizeof(struct atc_policy_canary));
 }
 
-static void side_count(struct policy_canary_side *s, bool ok, const char *why)
+void policy_canary_destroy(struct atc_policy_canary *c)
+{
+    if (c == NULL)
+        return;
+    policy_version_destroy(c->v);
+    free(c->last);
+    free(c);
+}
+
+struct policy_version *policy_canary_running(const struct atc_policy_canary *c)
+{
+    return c->v;
+}
+
+struct policy_version *policy_canary_takes(const struct atc_policy_canary *c,
+                                           const struct atc_route_request *req)
+{
+    if (c->v == NULL)
+        return NULL;
+    const char *key = req->session != NULL && req->session[0] != '\0' ? req->session : req->id;
+    if (key == NULL)
+        return NULL;
+    /* A stable hash, so that a session stays on one side, on every worker and every replica. */
+    uint64_t h = XXH3_64bits(key, strlen(key));
+    return (double)(h >> 11) * (1.0 / 9007199254740992.0) < c->share ? c->v : NULL;
+}
+
+static void side_count(struct side *s, bool ok, const char *why)
 {
     s->decisions++;
     if (ok)
@@ -42,16 +85,17 @@ static void side_count(struct policy_canary_side *s, bool ok, const char *why)
         s->errors++;
 }
 
-void policy_canary_count(struct atc_policy_runtime *rt, bool canary, bool ok, const char *why)
+void policy_canary_count(struct atc_policy_canary *c, bool canary, bool ok, const char *why)
 {
-    side_count(canary ? &rt->cside : &rt->bside, ok, why);
+    if (c->v != NULL)
+        side_count(canary ? &c->cside : &c->bside, ok, why);
 }
 
 /* 8 buckets per doubling of 1 + ms. */
 static unsigned ttft_bucket(double ms)
 {
     double b = 8 * log2(1 + ms);
-    return b < 0 ? 0 : b >= POLICY_TTFT_BUCKETS - 1 ? POLICY_TTFT_BUCKETS - 1 : (unsigned)b;
+    return b < 0 ? 0 : b >= TTFT_BUCKETS - 1 ? TTFT_BUCKETS - 1 : (unsigned)b;
 }
 
 static double bucket_ms(unsigned b)
@@ -61,13 +105,14 @@ static double bucket_ms(unsigned b)
 
 void atc_policy_observe(struct atc_policy_runtime *rt, uint64_t version, bool canary, double ttft_ms)
 {
-    if (rt->canary == NULL || ttft_ms < 0)
+    struct atc_policy_canary *c = rt->canary;
+    if (c->v == NULL || ttft_ms < 0)
         return;
-    struct policy_canary_side *s = NULL;
-    if (canary && version == rt->canary->version)
-        s = &rt->cside;
+    struct side *s = NULL;
+    if (canary && version == c->v->version)
+        s = &c->cside;
     else if (!canary && version == rt->current->version)
-        s = &rt->bside;
+        s = &c->bside;
     if (s == NULL)
         return;
     s->ttft[ttft_bucket(ttft_ms)]++;
@@ -76,17 +121,18 @@ void atc_policy_observe(struct atc_policy_runtime *rt, uint64_t version, bool ca
 
 uint64_t atc_policy_canary_version(const struct atc_policy_runtime *rt)
 {
-    return rt->canary != NULL ? rt->canary->version : 0;
+    return rt->canary->v != NULL ? rt->canary->v->version : 0;
 }
 
 void policy_canary_adopt(struct atc_policy_runtime *rt, struct policy_version *v, double share, bool log)
 {
-    policy_version_free(rt->canary);
-    rt->canary = v;
-    rt->canary_share = share;
-    rt->canary_since = atc_wall_s();
-    memset(&rt->cside, 0, sizeof(rt->cside));
-    memset(&rt->bside, 0, sizeof(rt->bside));
+    struct atc_policy_canary *c = rt->canary;
+    policy_version_destroy(c->v);
+    c->v = v;
+    c->share = share;
+    c->since = atc_wall_s();
+    memset(&c->cside, 0, sizeof(c->cside));
+    memset(&c->bside, 0, sizeof(c->bside));
     if (log)
         atc_info("policy v%llu loaded from %s as a canary for %.3g of the requests (files hash %016llx); "
                  "v%llu decides the rest",
@@ -95,7 +141,7 @@ void policy_canary_adopt(struct atc_policy_runtime *rt, struct policy_version *v
 }
 
 struct side_totals {
-    struct policy_canary_side s;
+    struct side s;
     double p90_ms; /* NAN: no TTFT seen */
 };
 
@@ -103,19 +149,20 @@ static struct side_totals side_totals(struct atc_policy_runtime *const *rts, siz
 {
     struct side_totals t = {.p90_ms = NAN};
     for (size_t i = 0; i < n; i++) {
-        const struct policy_canary_side *s = canary ? &rts[i]->cside : &rts[i]->bside;
-        if (rts[i]->canary == NULL)
+        const struct atc_policy_canary *ci = rts[i]->canary;
+        const struct side *s = canary ? &ci->cside : &ci->bside;
+        if (ci->v == NULL)
             continue;
         t.s.decisions += s->decisions;
         t.s.errors += s->errors;
         t.s.overruns += s->overruns;
         t.s.fallbacks += s->fallbacks;
         t.s.ttft_n += s->ttft_n;
-        for (unsigned b = 0; b < POLICY_TTFT_BUCKETS; b++)
+        for (unsigned b = 0; b < TTFT_BUCKETS; b++)
             t.s.ttft[b] += s->ttft[b];
     }
     uint64_t seen = 0, want = (uint64_t)ceil(0.9 * (double)t.s.ttft_n);
-    for (unsigned b = 0; t.s.ttft_n > 0 && b < POLICY_TTFT_BUCKETS; b++)
+    for (unsigned b = 0; t.s.ttft_n > 0 && b < TTFT_BUCKETS; b++)
         if ((seen += t.s.ttft[b]) >= want) {
             t.p90_ms = bucket_ms(b);
             break;
@@ -131,7 +178,7 @@ static double rate(uint64_t k, uint64_t n)
 int atc_policy_canary_judge(struct atc_policy_runtime *const *rts, size_t n, const struct atc_canary_guards *g,
                             char *why, size_t size)
 {
-    if (rts[0]->canary == NULL)
+    if (rts[0]->canary->v == NULL)
         return -1;
     struct side_totals c = side_totals(rts, n, true), b = side_totals(rts, n, false);
     const struct {
@@ -170,23 +217,25 @@ int atc_policy_canary_judge(struct atc_policy_runtime *const *rts, size_t n, con
 
 void atc_policy_canary_end(struct atc_policy_runtime *rt, bool promote, const char *why)
 {
-    struct policy_version *v = rt->canary;
+    struct atc_policy_canary *c = rt->canary;
+    struct policy_version *v = c->v;
     if (v == NULL)
         return;
-    rt->canary = NULL;
+    c->v = NULL;
     char *last = NULL;
     if (asprintf(&last, "v%llu %s: %s", (unsigned long long)v->version, promote ? "promoted" : "rolled back",
                  why) < 0)
         last = NULL;
-    free(rt->canary_last);
-    rt->canary_last = last;
+    free(c->last);
+    c->last = last;
     if (promote) {
-        rt->canary_promotions++;
-        v->successes += rt->cside.decisions - rt->cside.fallbacks; /* it served: a later bad one rolls back to it */
+        c->promotions++;
+        /* It served: a later bad one rolls back to it. */
+        v->successes += c->cside.decisions - c->cside.fallbacks;
         policy_swap_in(rt, v);
     } else {
-        rt->canary_rollbacks++;
-        policy_version_free(v);
+        c->rollbacks++;
+        policy_version_destroy(v);
     }
 }
 
@@ -206,25 +255,26 @@ static void side_json(struct evbuffer *out, const struct side_totals *t)
 
 void policy_canary_status_json(struct atc_policy_runtime *const *rts, size_t n, struct evbuffer *out)
 {
-    const struct atc_policy_runtime *r0 = rts[0];
+    const struct atc_policy_canary *c0 = rts[0]->canary;
     evbuffer_add_printf(out, ",\"canary_promotions\":%llu,\"canary_rollbacks\":%llu,\"last_canary\":",
-                        (unsigned long long)r0->canary_promotions, (unsigned long long)r0->canary_rollbacks);
-    if (r0->canary_last != NULL) {
+                        (unsigned long long)c0->promotions, (unsigned long long)c0->rollbacks);
+    if (c0->last != NULL) {
         evbuffer_add(out, "\"", 1);
-        atc_json_escape(out, r0->canary_last, strlen(r0->canary_last));
+        atc_json_escape(out, c0->last, strlen(c0->last));
         evbuffer_add(out, "\"", 1);
     } else {
         evbuffer_add_printf(out, "null");
     }
-    if (r0->canary == NULL) {
+    if (c0->v == NULL) {
         evbuffer_add_printf(out, ",\"canary\":null");
         return;
     }
     struct side_totals c = side_totals(rts, n, true), b = side_totals(rts, n, false);
-    evbuffer_add_printf(out, ",\"canary\":{\"version\":%llu,\"files_hash\":\"%016llx\",\"share\":%g,\"since\":%.3f,"
-                             "\"requests\":",
-                        (unsigned long long)r0->canary->version, (unsigned long long)r0->canary->files_hash,
-                        r0->canary_share, r0->canary_since);
+    evbuffer_add_printf(
+        out,
+        ",\"canary\":{\"version\":%llu,\"files_hash\":\"%016llx\",\"share\":%g,\"since\":%.3f,"
+        "\"requests\":",
+        (unsigned long long)c0->v->version, (unsigned long long)c0->v->files_hash, c0->share, c0->since);
     side_json(out, &c);
     evbuffer_add_printf(out, ",\"current\":");
     side_json(out, &b);
@@ -234,6 +284,7 @@ void policy_canary_status_json(struct atc_policy_runtime *const *rts, size_t n, 
 void policy_canary_metrics(struct atc_policy_runtime *const *rts, size_t n, struct evbuffer *out)
 {
     const struct atc_policy_runtime *r0 = rts[0];
+    const struct atc_policy_canary *c0 = r0->canary;
     evbuffer_add_printf(out,
                         "# HELP atc_policy_canary_version The canary version deciding a share (0: none).\n"
                         "# TYPE atc_policy_canary_version gauge\natc_policy_canary_version %llu\n"
@@ -241,17 +292,17 @@ void policy_canary_metrics(struct atc_policy_runtime *const *rts, size_t n, stru
                         "# TYPE atc_policy_canaries_total counter\n"
                         "atc_policy_canaries_total{outcome=\"promoted\"} %llu\n"
                         "atc_policy_canaries_total{outcome=\"rolled_back\"} %llu\n",
-                        (unsigned long long)atc_policy_canary_version(r0), (unsigned long long)r0->canary_promotions,
-                        (unsigned long long)r0->canary_rollbacks);
-    if (r0->canary == NULL)
+                        (unsigned long long)atc_policy_canary_version(r0), (unsigned long long)c0->promotions,
+                        (unsigned long long)c0->rollbacks);
+    if (c0->v == NULL)
         return;
     struct side_totals c = side_totals(rts, n, true);
-    evbuffer_add_printf(out,
-                        "# HELP atc_policy_canary_decisions_total The canary's decisions, and those that fell back.\n"
-                        "# TYPE atc_policy_canary_decisions_total counter\n"
-                        "atc_policy_canary_decisions_total{version=\"%llu\",result=\"ok\"} %llu\n"
-                        "atc_policy_canary_decisions_total{version=\"%llu\",result=\"fallback\"} %llu\n",
-                        (unsigned long long)r0->canary->version,
-                        (unsigned long long)(c.s.decisions - c.s.fallbacks), (unsigned long long)r0->canary->version,
-                        (unsigned long long)c.s.fallbacks);
+    evbuffer_add_printf(
+        out,
+        "# HELP atc_policy_canary_decisions_total The canary's decisions, and those that fell back.\n"
+        "# TYPE atc_policy_canary_decisions_total counter\n"
+        "atc_policy_canary_decisions_total{version=\"%llu\",result=\"ok\"} %llu\n"
+        "atc_policy_canary_decisions_total{version=\"%llu\",result=\"fallback\"} %llu\n",
+        (unsigned long long)c0->v->version, (unsigned long long)(c.s.decisions - c.s.fallbacks),
+        (unsigned long long)c0->v->version, (unsigned long long)c.s.fallbacks);
 }

@@ -13,15 +13,24 @@
 #include <stddef.h>
 
 struct atc_policy_runtime;
+struct atc_policy_canary;
 struct atc_route_request;
 struct policy_version;
 struct evbuffer;
 
-/** Whether the canary decides @p req. */
-bool policy_canary_takes(const struct atc_policy_runtime *rt, const struct atc_route_request *req);
-/** Counts a decision made while a canary runs, to the canary's side or the current version's: good
- * (@p ok) or failed because of @p why (atc_policy_fallback_*). */
-void policy_canary_count(struct atc_policy_runtime *rt, bool canary, bool ok, const char *why);
+/** The canary slot of a runtime (no canary yet), owned by the runtime (atc_policy_runtime's `canary`,
+ * from policy_runtime_create to atc_policy_runtime_destroy). NULL when out of memory. */
+struct atc_policy_canary *policy_canary_create(void);
+/** Frees @p c and the canary version it holds (NULL: nothing). */
+void policy_canary_destroy(struct atc_policy_canary *c);
+/** The running canary's version (borrowed), or NULL when none runs. */
+struct policy_version *policy_canary_running(const struct atc_policy_canary *c);
+/** The canary's version (borrowed) when one runs and it decides @p req; NULL otherwise. */
+struct policy_version *policy_canary_takes(const struct atc_policy_canary *c,
+                                           const struct atc_route_request *req);
+/** Counts a decision made while a canary runs (none: nothing), to the canary's side or the current
+ * version's: good (@p ok) or failed because of @p why (atc_policy_fallback_*). */
+void policy_canary_count(struct atc_policy_canary *c, bool canary, bool ok, const char *why);
 /** Makes @p v (built, numbered) @p rt's canary for @p share of the requests; replaces any canary. */
 void policy_canary_adopt(struct atc_policy_runtime *rt, struct policy_version *v, double share, bool log);
 /** Appends ,"canary":{...} or ,"canary":null, and the counts of canaries promoted and rolled back. */

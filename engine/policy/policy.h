@@ -115,8 +115,9 @@ struct evbuffer;
 struct atc_policy_runtime;
 
 /** Loads the first version of the policy described by @p s (strings are copied). @p table, @p affinity
- * and @p prefix are borrowed and must outlive the runtime (affinity and prefix may be NULL). Starts the
- * budget watchdog thread. Returns the runtime, or NULL with an owned message in *err (file:line). */
+ * and @p prefix are borrowed and must outlive the runtime (affinity and prefix may be NULL). Each call
+ * into the policy runs under the runtime's budget watchdog (a count hook, policy/watchdog.h). Returns
+ * the runtime, or NULL with an owned message in *err (file:line). */
 struct atc_policy_runtime *atc_policy_runtime_create(const struct atc_policy_settings *s,
                                                      struct atc_endpoint_table *table,
                                                      struct atc_affinity *affinity,
@@ -147,8 +148,8 @@ struct atc_policy_build;
 
 /** Starts a build for the runtimes @p rts[@p n] (every worker's, loaded from the same files), on the thread
  * that may read them unparked (the main thread: it reads their settings and tables, which only it changes,
- * while the workers are parked). Returns it (owned: atc_policy_build_free), or NULL when out of memory. */
-struct atc_policy_build *atc_policy_build_new(struct atc_policy_runtime *const *rts, size_t n);
+ * while the workers are parked). Returns it (owned: atc_policy_build_destroy), or NULL when out of memory. */
+struct atc_policy_build *atc_policy_build_create(struct atc_policy_runtime *const *rts, size_t n);
 /** Builds the versions, on any thread (one at a time per build). 0, or -1 with atc_policy_build_error. */
 int atc_policy_build_run(struct atc_policy_build *b);
 /** Why the build failed (file:line, as atc_policy_reload's *err; borrowed from @p b), or NULL when it
@@ -176,7 +177,7 @@ int atc_policy_build_target(struct atc_policy_build *b, const struct atc_policy_
 uint64_t atc_policy_build_version(const struct atc_policy_build *b);
 
 /** Frees @p b and any version not adopted (NULL: nothing); on any thread once no call on @p b runs. */
-void atc_policy_build_free(struct atc_policy_build *b);
+void atc_policy_build_destroy(struct atc_policy_build *b);
 
 /** The endpoint table changed (a config reload): every Lua state is rebuilt against @p table (views
  * know endpoints by their place in the table). Returns the new version, or 0 with *err: until a reload
@@ -201,10 +202,6 @@ void atc_policy_metrics(struct atc_policy_runtime *const *rts, size_t n, struct 
  * @p on_change(@p arg) instead when it is set (the server reloads every worker's runtime). 0 or -1. */
 int atc_policy_watch(struct atc_policy_runtime *rt, struct event_base *base, void (*on_change)(void *arg),
                      void *arg);
-
-/** Sets the clock atc.now() reads (milliseconds) and the seed of atc.random(); for replay and tests. */
-void atc_policy_set_clock(struct atc_policy_runtime *rt, double (*now_ms)(void *ctx), void *ctx);
-void atc_policy_seed(struct atc_policy_runtime *rt, uint64_t seed);
 
 /** Where stdlib/ is: $ATC_STDLIB, else the source tree atc was built from, else the install prefix. */
 const char *atc_policy_stdlib_dir(void);
@@ -250,8 +247,9 @@ void atc_policy_canary_end(struct atc_policy_runtime *rt, bool promote, const ch
 struct policy_version;
 void policy_swap_in(struct atc_policy_runtime *rt, struct policy_version *v);
 
-/** A runtime with no version loaded yet (strings of @p s copied), its watchdog running; NULL: no memory.
- * For the runtime's own files and the `atc test` runner (atc_policy_create loads a version too). */
-struct atc_policy_runtime *policy_runtime_new(const struct atc_policy_settings *s);
+/** A runtime with no version loaded yet (strings of @p s copied), with its watchdog and its empty shadow
+ * and canary slots; NULL: no memory. Freed by atc_policy_runtime_destroy. For the runtime's own files and
+ * the `atc test` runner (atc_policy_runtime_create loads a version too). */
+struct atc_policy_runtime *policy_runtime_create(const struct atc_policy_settings *s);
 
 #endif

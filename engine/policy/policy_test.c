@@ -515,7 +515,7 @@ static int test_route(lua_State *L)
     double budget_ms = spec_number(L, 1, "budget_ms", 0); /* a decision's budget (default: the test's) */
     if (budget_ms > 0)
         settings.budget_us = (uint64_t)(budget_ms * 1000);
-    x->rt = check_alloc(L, policy_runtime_new(&settings));
+    x->rt = check_alloc(L, policy_runtime_create(&settings));
     x->rt->test_mode = true;
     x->rt->table = x->table;
     x->rt->prefix = x->prefix;
@@ -716,7 +716,7 @@ static void run_file(struct runner *r, const char *file)
         printf("FAIL %s: %s\n", file, lua_isstring(L, -1) ? lua_tostring(L, -1) : "cannot load");
         flush_log(r);
         r->failed++;
-        policy_version_free(v);
+        policy_version_destroy(v);
         return;
     }
     int returned = lua_gettop(L), found = 0;
@@ -786,7 +786,7 @@ static void run_file(struct runner *r, const char *file)
             file);
         r->failed++;
     }
-    policy_version_free(v);
+    policy_version_destroy(v);
 }
 
 /* `atc test --contract`: stdlib/atc/contract.lua's markdown(), run in the sandbox, on stdout. */
@@ -797,7 +797,7 @@ static int print_contract(void)
         .budget_us = 10 * 1000 * 1000,
         .memory = (size_t)64 << 20,
     };
-    struct atc_policy_runtime *rt = policy_runtime_new(&s);
+    struct atc_policy_runtime *rt = policy_runtime_create(&s);
     if (rt == NULL)
         return 1;
     rt->test_mode = true;
@@ -827,7 +827,7 @@ static int print_contract(void)
     fputs(lua_tostring(L, -1), stdout);
     rc = 0;
 done:
-    policy_version_free(v);
+    policy_version_destroy(v);
     atc_policy_runtime_destroy(rt);
     return rc;
 }
@@ -917,7 +917,7 @@ int atc_policy_test_main(int argc, char **argv, int (*replay)(lua_State *L))
         .log = on_policy_log,
         .log_ctx = &r,
     };
-    r.rt = policy_runtime_new(&s);
+    r.rt = policy_runtime_create(&s);
     atc_config_free(cfg);
     if (r.rt == NULL)
         return 1;

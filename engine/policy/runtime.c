@@ -68,7 +68,7 @@ static void rollback(struct atc_policy_runtime *rt)
         atomic_store(&rt->s.group->rolled_back, bad->version);
         atomic_store(&rt->s.group->streak, 0);
     }
-    policy_version_free(bad); /* decisions are synchronous: nothing else uses it now */
+    policy_version_destroy(bad); /* decisions are synchronous: nothing else uses it now */
 }
 
 void atc_policy_sync(struct atc_policy_runtime *rt)
@@ -91,7 +91,7 @@ static void count_result(struct atc_policy_runtime *rt, struct policy_version *v
         if (g != NULL && atomic_load_explicit(&g->streak, memory_order_relaxed) != 0)
             atomic_store(&g->streak, 0);
         if (++v->successes == PROBATION_SUCCESSES && rt->last_good != NULL && rt->current == v) {
-            policy_version_free(rt->last_good); /* proven: the previous version is no longer needed */
+            policy_version_destroy(rt->last_good); /* proven: the previous version is no longer needed */
             rt->last_good = NULL;
         }
         return;
@@ -209,11 +209,10 @@ void atc_policy_route(struct atc_policy_runtime *rt, const struct atc_route_requ
 {
     memset(out, 0, sizeof(*out));
     atc_policy_sync(rt);
-    struct policy_version *v = rt->current;
-    if (rt->canary != NULL && policy_canary_takes(rt, req))
-        v = rt->canary;
+    struct policy_version *cv = policy_canary_takes(rt->canary, req);
+    struct policy_version *v = cv != NULL ? cv : rt->current;
     out->version = v->version;
-    out->canary = v == rt->canary;
+    out->canary = cv != NULL;
     if (rt->stale) {
         out->kind = ATC_DECISION_FALLBACK;
         out->reason = atc_policy_fallback_error;
@@ -230,8 +229,7 @@ void atc_policy_route(struct atc_policy_runtime *rt, const struct atc_route_requ
         out->reason = why;
         log_failure(rt, v, why, err);
     }
-    if (rt->canary != NULL)
-        policy_canary_count(rt, out->canary, ok, why);
+    policy_canary_count(rt->canary, out->canary, ok, why);
     if (out->canary) /* no streak and no rollback of its own: its window judges it (canary.c) */
         rt->fallbacks += !ok;
     else
@@ -300,7 +298,7 @@ uint64_t atc_policy_reload(struct atc_policy_runtime *rt, char **err)
     *err = NULL;
     struct policy_version *v = policy_version_create(rt, err);
     if (v != NULL && smoke_test(rt, v, err) < 0) {
-        policy_version_free(v);
+        policy_version_destroy(v);
         v = NULL;
     }
     if (v == NULL) {
@@ -336,10 +334,10 @@ void policy_swap_in(struct atc_policy_runtime *rt, struct policy_version *v)
     bool served = old->successes > 0 ||
                   (rt->s.group != NULL && atomic_load(&rt->s.group->served) >= old->version);
     if (rt->last_good == NULL || served) {
-        policy_version_free(rt->last_good);
+        policy_version_destroy(rt->last_good);
         rt->last_good = old;
     } else {
-        policy_version_free(old);
+        policy_version_destroy(old);
     }
     rt->current = v;
     rt->reloads_ok++;
@@ -362,6 +360,7 @@ struct atc_policy_build {
     size_t n;
     uint64_t version;       /* the number they take */
     uint64_t table_changes; /* the runtimes' when the build began: a later table makes the build stale */
+    uint64_t shadow_versions; /* the runtimes' shadows loaded so far: a shadow build numbers from there */
     bool failed;
     char *err; /* why it failed (NULL: out of memory) */
     struct atc_policy_target_spec as; /* as.entry owned */
@@ -385,7 +384,7 @@ int atc_policy_build_target(struct atc_policy_build *b, const struct atc_policy_
     free((char *)l->s.entry);
     l->s.entry = strdup(spec->entry);
     l->affinity = l->s.shadow_affinity; /* its init() and smoke test pin nothing of the live policy's */
-    l->next_version = b->loader->shadow_next;
+    l->next_version = b->shadow_versions;
     return l->s.entry != NULL ? 0 : -1;
 }
 
@@ -394,12 +393,12 @@ uint64_t atc_policy_build_version(const struct atc_policy_build *b)
     return b->as.target == ATC_POLICY_SHADOW ? b->loader->next_version + 1 : b->version;
 }
 
-struct atc_policy_build *atc_policy_build_new(struct atc_policy_runtime *const *rts, size_t n)
+struct atc_policy_build *atc_policy_build_create(struct atc_policy_runtime *const *rts, size_t n)
 {
     struct atc_policy_build *b = calloc(1, sizeof(*b));
     if (b == NULL || (b->versions = calloc(n, sizeof(*b->versions))) == NULL ||
-        (b->loader = policy_runtime_new(&rts[0]->s)) == NULL) {
-        atc_policy_build_free(b);
+        (b->loader = policy_runtime_create(&rts[0]->s)) == NULL) {
+        atc_policy_build_destroy(b);
         return NULL;
     }
     struct atc_policy_runtime *l = b->loader;
@@ -408,7 +407,7 @@ struct atc_policy_build *atc_policy_build_new(struct atc_policy_runtime *const *
     l->affinity = rts[0]->affinity;
     l->prefix = rts[0]->prefix;
     l->next_version = rts[0]->next_version; /* so that init() logs show the number it will have */
-    l->shadow_next = rts[0]->shadow_next;
+    b->shadow_versions = policy_shadow_versions(rts[0]->shadow);
     b->n = n;
     b->version = rts[0]->next_version + 1;
     b->table_changes = rts[0]->table_changes;
@@ -423,7 +422,7 @@ int atc_policy_build_run(struct atc_policy_build *b)
         char *err = NULL;
         struct policy_version *v = policy_version_create(b->loader, &err);
         if (v != NULL && smoke_test(b->loader, v, &err) < 0) {
-            policy_version_free(v);
+            policy_version_destroy(v);
             v = NULL;
         }
         if (v == NULL) {
@@ -461,7 +460,7 @@ uint64_t atc_policy_adopt(struct atc_policy_runtime *rt, struct atc_policy_build
     struct policy_version *v = b->versions[i];
     b->versions[i] = NULL;
     if (b->table_changes != rt->table_changes) { /* a config reload rebuilt the runtime meanwhile */
-        policy_version_free(v);
+        policy_version_destroy(v);
         return 0;
     }
     if (b->as.target == ATC_POLICY_SHADOW)
@@ -477,12 +476,12 @@ uint64_t atc_policy_adopt(struct atc_policy_runtime *rt, struct atc_policy_build
     return v->version;
 }
 
-void atc_policy_build_free(struct atc_policy_build *b)
+void atc_policy_build_destroy(struct atc_policy_build *b)
 {
     if (b == NULL)
         return;
     for (size_t i = 0; b->versions != NULL && i < b->n; i++)
-        policy_version_free(b->versions[i]);
+        policy_version_destroy(b->versions[i]);
     free(b->versions);
     atc_policy_runtime_destroy(b->loader);
     free((char *)b->as.entry);
@@ -495,15 +494,15 @@ uint64_t atc_policy_set_table(struct atc_policy_runtime *rt, struct atc_endpoint
     rt->table = table;
     rt->table_changes++;
     rt->stale = true;
-    policy_version_free(rt->last_good); /* its views index the old table */
+    policy_version_destroy(rt->last_good); /* its views index the old table */
     rt->last_good = NULL;
-    if (rt->canary != NULL) /* its views index the old table too */
+    if (policy_canary_running(rt->canary) != NULL) /* its views index the old table too */
         atc_policy_canary_end(rt, false, "the config reload replaced the endpoint table");
     policy_shadow_set_table(rt, table);
     uint64_t version = atc_policy_reload(rt, err);
     if (version != 0) {
         rt->stale = false;
-        policy_version_free(rt->last_good); /* the outgoing version: same problem */
+        policy_version_destroy(rt->last_good); /* the outgoing version: same problem */
         rt->last_good = NULL;
     }
     return version;
@@ -541,7 +540,7 @@ static char *dup_or_null(const char *s)
     return s != NULL ? strdup(s) : NULL;
 }
 
-struct atc_policy_runtime *policy_runtime_new(const struct atc_policy_settings *s)
+struct atc_policy_runtime *policy_runtime_create(const struct atc_policy_settings *s)
 {
     struct atc_policy_runtime *rt = calloc(1, sizeof(*rt));
     if (rt == NULL)
@@ -560,8 +559,10 @@ struct atc_policy_runtime *policy_runtime_new(const struct atc_policy_settings *
     rt->now_ms = s->now_ms != NULL ? s->now_ms : default_now_ms;
     rt->now_ctx = s->now_ctx;
     rt->inotify_fd = -1;
-    rt->watchdog = policy_watchdog_start(s->budget_us);
-    if (rt->watchdog == NULL) {
+    rt->watchdog = policy_watchdog_create();
+    rt->shadow = policy_shadow_create();
+    rt->canary = policy_canary_create();
+    if (rt->watchdog == NULL || rt->shadow == NULL || rt->canary == NULL) {
         atc_policy_runtime_destroy(rt);
         return NULL;
     }
@@ -573,7 +574,7 @@ struct atc_policy_runtime *atc_policy_runtime_create(const struct atc_policy_set
                                                      struct atc_affinity *affinity,
                                                      struct atc_prefix_index *prefix, char **err)
 {
-    struct atc_policy_runtime *rt = policy_runtime_new(s);
+    struct atc_policy_runtime *rt = policy_runtime_create(s);
     if (rt == NULL) {
         *err = strdup("cannot start the policy runtime");
         return NULL;
@@ -583,7 +584,7 @@ struct atc_policy_runtime *atc_policy_runtime_create(const struct atc_policy_set
     rt->prefix = prefix;
     struct policy_version *v = policy_version_create(rt, err);
     if (v == NULL || smoke_test(rt, v, err) < 0) {
-        policy_version_free(v);
+        policy_version_destroy(v);
         atc_policy_runtime_destroy(rt);
         return NULL;
     }
@@ -601,12 +602,11 @@ void atc_policy_runtime_destroy(struct atc_policy_runtime *rt)
     if (rt == NULL)
         return;
     policy_watch_stop(rt);
-    policy_shadow_clear(rt, false);
-    policy_version_free(rt->canary);
-    free(rt->canary_last);
-    policy_version_free(rt->current);
-    policy_version_free(rt->last_good);
-    policy_watchdog_stop(rt->watchdog);
+    policy_shadow_destroy(rt->shadow);
+    policy_canary_destroy(rt->canary);
+    policy_version_destroy(rt->current);
+    policy_version_destroy(rt->last_good);
+    policy_watchdog_destroy(rt->watchdog);
     free((char *)rt->s.entry);
     free((char *)rt->s.stdlib_dir);
     for (size_t i = 0; rt->s.path != NULL && i < rt->s.npath; i++)
@@ -619,15 +619,4 @@ void atc_policy_runtime_destroy(struct atc_policy_runtime *rt)
 uint64_t atc_policy_version(const struct atc_policy_runtime *rt)
 {
     return rt->current->version;
-}
-
-void atc_policy_set_clock(struct atc_policy_runtime *rt, double (*now_ms)(void *ctx), void *ctx)
-{
-    rt->now_ms = now_ms;
-    rt->now_ctx = ctx;
-}
-
-void atc_policy_seed(struct atc_policy_runtime *rt, uint64_t seed)
-{
-    rt->rng = seed ? seed : 1;
 }

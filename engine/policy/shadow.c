@@ -15,7 +15,27 @@
 #include "policy/state.h"
 #include "policy/version.h"
 
-static void stats_reset(struct policy_shadow_stats *ss, uint64_t live_version)
+/* The shadow of one live runtime: created and destroyed with it, holding at most one loaded shadow. */
+struct atc_policy_shadow {
+    /* A runtime of its own (watchdog, clock, the shadow's affinity table) that decides the same requests
+     * after the live decision; its picks are counted, never acted on. NULL: none loaded. */
+    struct atc_policy_runtime *rt;
+    char *entry;
+    double sample;
+    uint64_t versions; /* shadow versions loaded so far (each worker's the same) */
+    /* Its record beside one live version: reset when the live version changes. */
+    uint64_t live_version;
+    uint64_t decisions, agreed;
+    uint64_t *picks, *live_picks; /* per endpoint index [npicks] */
+    size_t npicks;
+};
+
+struct atc_policy_shadow *policy_shadow_create(void)
+{
+    return calloc(1, sizeof(struct atc_policy_shadow));
+}
+
+static void stats_reset(struct atc_policy_shadow *ss, uint64_t live_version)
 {
     ss->live_version = live_version;
     ss->decisions = ss->agreed = 0;
@@ -23,14 +43,16 @@ static void stats_reset(struct policy_shadow_stats *ss, uint64_t live_version)
     memset(ss->live_picks, 0, ss->npicks * sizeof(uint64_t));
 }
 
-static void stats_free(struct policy_shadow_stats *ss)
+static void stats_free(struct atc_policy_shadow *ss)
 {
     free(ss->picks);
     free(ss->live_picks);
-    *ss = (struct policy_shadow_stats){0};
+    ss->picks = ss->live_picks = NULL;
+    ss->npicks = 0;
+    ss->live_version = ss->decisions = ss->agreed = 0;
 }
 
-static int stats_alloc(struct policy_shadow_stats *ss, size_t n)
+static int stats_alloc(struct atc_policy_shadow *ss, size_t n)
 {
     stats_free(ss);
     ss->picks = calloc(n ? n : 1, sizeof(uint64_t));
@@ -39,25 +61,45 @@ static int stats_alloc(struct policy_shadow_stats *ss, size_t n)
     return ss->picks != NULL && ss->live_picks != NULL ? 0 : -1;
 }
 
+/* Unloads the shadow of @p ss, keeping the count of versions loaded. */
+static void unload(struct atc_policy_shadow *ss)
+{
+    atc_policy_runtime_destroy(ss->rt);
+    ss->rt = NULL;
+    free(ss->entry);
+    ss->entry = NULL;
+    stats_free(ss);
+}
+
+void policy_shadow_destroy(struct atc_policy_shadow *ss)
+{
+    if (ss == NULL)
+        return;
+    unload(ss);
+    free(ss);
+}
+
+uint64_t policy_shadow_versions(const struct atc_policy_shadow *ss)
+{
+    return ss->versions;
+}
+
 void policy_shadow_clear(struct atc_policy_runtime *rt, bool log)
 {
-    if (rt->shadow == NULL)
+    struct atc_policy_shadow *ss = rt->shadow;
+    if (ss->rt == NULL)
         return;
     if (log)
-        atc_info("policy shadow v%llu (%s) removed", (unsigned long long)rt->shadow->current->version,
-                 rt->shadow_entry);
-    atc_policy_runtime_destroy(rt->shadow);
-    rt->shadow = NULL;
-    free(rt->shadow_entry);
-    rt->shadow_entry = NULL;
-    stats_free(&rt->ss);
+        atc_info("policy shadow v%llu (%s) removed", (unsigned long long)ss->rt->current->version, ss->entry);
+    unload(ss);
 }
 
 uint64_t policy_shadow_adopt(struct atc_policy_runtime *rt, struct policy_version *v, uint64_t version,
                              const char *entry, double sample, bool log)
 {
+    struct atc_policy_shadow *ss = rt->shadow;
     policy_shadow_clear(rt, false);
-    rt->shadow_next = version;
+    ss->versions = version;
     /* Its own runtime: the live policy's settings but for the entry, no group (its failures roll
      * nothing back), and the shadow's affinity table, so that its pins never steer live requests. */
     struct atc_policy_settings s = rt->s;
@@ -65,12 +107,11 @@ uint64_t policy_shadow_adopt(struct atc_policy_runtime *rt, struct policy_versio
     s.group = NULL;
     s.rollback_after = 0;
     s.quiet = true;
-    struct atc_policy_runtime *sh = policy_runtime_new(&s);
-    if (sh == NULL || (rt->shadow_entry = strdup(entry)) == NULL ||
-        stats_alloc(&rt->ss, rt->table->nendpoints) < 0) {
+    struct atc_policy_runtime *sh = policy_runtime_create(&s);
+    if (sh == NULL || (ss->entry = strdup(entry)) == NULL || stats_alloc(ss, rt->table->nendpoints) < 0) {
         atc_policy_runtime_destroy(sh);
-        policy_version_free(v);
-        stats_free(&rt->ss);
+        policy_version_destroy(v);
+        unload(ss);
         atc_error("policy shadow: out of memory");
         return 0;
     }
@@ -80,9 +121,9 @@ uint64_t policy_shadow_adopt(struct atc_policy_runtime *rt, struct policy_versio
     v->rt = sh;
     v->version = sh->next_version = version;
     sh->current = v;
-    rt->shadow = sh;
-    rt->shadow_sample = sample;
-    stats_reset(&rt->ss, rt->current->version);
+    ss->rt = sh;
+    ss->sample = sample;
+    stats_reset(ss, rt->current->version);
     if (log)
         atc_info("policy shadow v%llu loaded from %s (sample %.3g, files hash %016llx), beside v%llu",
                  (unsigned long long)version, entry, sample, (unsigned long long)v->files_hash,
@@ -92,15 +133,16 @@ uint64_t policy_shadow_adopt(struct atc_policy_runtime *rt, struct policy_versio
 
 void policy_shadow_set_table(struct atc_policy_runtime *rt, struct atc_endpoint_table *table)
 {
-    if (rt->shadow == NULL)
+    struct atc_policy_shadow *ss = rt->shadow;
+    if (ss->rt == NULL)
         return;
     char *err = NULL;
-    if (atc_policy_set_table(rt->shadow, table, &err) == 0 || stats_alloc(&rt->ss, table->nendpoints) < 0) {
+    if (atc_policy_set_table(ss->rt, table, &err) == 0 || stats_alloc(ss, table->nendpoints) < 0) {
         atc_error("policy shadow removed: it does not load against the new endpoint table: %s",
                   err != NULL ? err : "out of memory");
         policy_shadow_clear(rt, false);
     } else {
-        stats_reset(&rt->ss, rt->current->version);
+        stats_reset(ss, rt->current->version);
     }
     free(err);
 }
@@ -124,16 +166,16 @@ static bool same_pick(const struct atc_decision *a, const struct atc_decision *b
 void atc_policy_shadow_route(struct atc_policy_runtime *rt, const struct atc_route_request *req,
                              const struct atc_decision *live, struct atc_decision_record *rec)
 {
-    struct atc_policy_runtime *sh = rt->shadow;
-    if (sh == NULL || live->canary || (rt->shadow_sample < 1 && draw(sh) >= rt->shadow_sample))
+    struct atc_policy_shadow *ss = rt->shadow;
+    struct atc_policy_runtime *sh = ss->rt;
+    if (sh == NULL || live->canary || (ss->sample < 1 && draw(sh) >= ss->sample))
         return; /* a canary's decisions are not the live version's: comparing them would mix two records */
-    if (rt->ss.live_version != live->version)
-        stats_reset(&rt->ss, live->version);
+    if (ss->live_version != live->version)
+        stats_reset(ss, live->version);
     struct atc_route_request q = *req;
     q.explain = NULL; /* the record explains the live decision */
     struct atc_decision d;
     atc_policy_route(sh, &q, &d);
-    struct policy_shadow_stats *ss = &rt->ss;
     ss->decisions++;
     if (same_pick(&d, live))
         ss->agreed++;
@@ -157,10 +199,10 @@ struct shadow_totals {
 
 static bool totals(struct atc_policy_runtime *const *rts, size_t n, struct shadow_totals *t)
 {
-    const struct atc_policy_runtime *r0 = rts[0];
-    if (r0->shadow == NULL)
+    const struct atc_policy_shadow *s0 = rts[0]->shadow;
+    if (s0->rt == NULL)
         return false;
-    *t = (struct shadow_totals){.npicks = r0->ss.npicks};
+    *t = (struct shadow_totals){.npicks = s0->npicks};
     t->picks = calloc(t->npicks ? t->npicks : 1, sizeof(uint64_t));
     t->live_picks = calloc(t->npicks ? t->npicks : 1, sizeof(uint64_t));
     if (t->picks == NULL || t->live_picks == NULL) {
@@ -169,20 +211,20 @@ static bool totals(struct atc_policy_runtime *const *rts, size_t n, struct shado
         return false;
     }
     for (size_t i = 0; i < n; i++) {
-        const struct atc_policy_runtime *rt = rts[i];
-        if (rt->shadow == NULL || rt->shadow->current->version != r0->shadow->current->version)
+        const struct atc_policy_shadow *ss = rts[i]->shadow;
+        if (ss->rt == NULL || ss->rt->current->version != s0->rt->current->version)
             continue;
-        const struct policy_counters *c = &rt->shadow->current->c;
+        const struct policy_counters *c = &ss->rt->current->c;
         t->errors += c->errors + c->oom;
         t->overruns += c->overruns;
         t->invalid += c->invalid;
-        if (rt->ss.live_version != r0->ss.live_version || rt->ss.npicks != t->npicks)
+        if (ss->live_version != s0->live_version || ss->npicks != t->npicks)
             continue;
-        t->decisions += rt->ss.decisions;
-        t->agreed += rt->ss.agreed;
+        t->decisions += ss->decisions;
+        t->agreed += ss->agreed;
         for (size_t k = 0; k < t->npicks; k++) {
-            t->picks[k] += rt->ss.picks[k];
-            t->live_picks[k] += rt->ss.live_picks[k];
+            t->picks[k] += ss->picks[k];
+            t->live_picks[k] += ss->live_picks[k];
         }
     }
     return true;
@@ -213,17 +255,18 @@ void policy_shadow_status_json(struct atc_policy_runtime *const *rts, size_t n, 
         return;
     }
     const struct atc_policy_runtime *r0 = rts[0];
+    const struct atc_policy_shadow *s0 = r0->shadow;
     evbuffer_add_printf(out, ",\"shadow\":{\"version\":%llu,\"live_version\":%llu,\"entry\":\"",
-                        (unsigned long long)r0->shadow->current->version, (unsigned long long)r0->ss.live_version);
-    atc_json_escape(out, r0->shadow_entry, strlen(r0->shadow_entry));
-    evbuffer_add_printf(out,
-                        "\",\"files_hash\":\"%016llx\",\"sample\":%g,\"decisions\":%llu,\"agreed\":%llu,"
-                        "\"agreement\":%.6f,\"errors\":%llu,\"budget_overruns\":%llu,\"invalid_returns\":%llu,"
-                        "\"picks\":",
-                        (unsigned long long)r0->shadow->current->files_hash, r0->shadow_sample,
-                        (unsigned long long)t.decisions, (unsigned long long)t.agreed,
-                        t.decisions ? (double)t.agreed / (double)t.decisions : 0.0, (unsigned long long)t.errors,
-                        (unsigned long long)t.overruns, (unsigned long long)t.invalid);
+                        (unsigned long long)s0->rt->current->version, (unsigned long long)s0->live_version);
+    atc_json_escape(out, s0->entry, strlen(s0->entry));
+    evbuffer_add_printf(
+        out,
+        "\",\"files_hash\":\"%016llx\",\"sample\":%g,\"decisions\":%llu,\"agreed\":%llu,"
+        "\"agreement\":%.6f,\"errors\":%llu,\"budget_overruns\":%llu,\"invalid_returns\":%llu,"
+        "\"picks\":",
+        (unsigned long long)s0->rt->current->files_hash, s0->sample, (unsigned long long)t.decisions,
+        (unsigned long long)t.agreed, t.decisions ? (double)t.agreed / (double)t.decisions : 0.0,
+        (unsigned long long)t.errors, (unsigned long long)t.overruns, (unsigned long long)t.invalid);
     picks_json(out, r0->table, t.picks, t.npicks);
     evbuffer_add_printf(out, ",\"live_picks\":");
     picks_json(out, r0->table, t.live_picks, t.npicks);
@@ -238,9 +281,10 @@ void policy_shadow_metrics(struct atc_policy_runtime *const *rts, size_t n, stru
     if (!totals(rts, n, &t))
         return;
     const struct atc_policy_runtime *r0 = rts[0];
+    const struct atc_policy_shadow *s0 = r0->shadow;
     char labels[64];
-    snprintf(labels, sizeof(labels), "live=\"%llu\",shadow=\"%llu\"", (unsigned long long)r0->ss.live_version,
-             (unsigned long long)r0->shadow->current->version);
+    snprintf(labels, sizeof(labels), "live=\"%llu\",shadow=\"%llu\"", (unsigned long long)s0->live_version,
+             (unsigned long long)s0->rt->current->version);
     evbuffer_add_printf(out,
                         "# HELP atc_policy_shadow_decisions_total Decisions the shadow policy made beside the live one.\n"
                         "# TYPE atc_policy_shadow_decisions_total counter\natc_policy_shadow_decisions_total{%s} %llu\n"

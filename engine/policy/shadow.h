@@ -13,10 +13,18 @@
 #include <stdint.h>
 
 struct atc_policy_runtime;
+struct atc_policy_shadow;
 struct atc_endpoint_table;
 struct policy_version;
 struct evbuffer;
 
+/** The shadow slot of a live runtime (none loaded yet), owned by the runtime (atc_policy_runtime's
+ * `shadow`, from policy_runtime_create to atc_policy_runtime_destroy). NULL when out of memory. */
+struct atc_policy_shadow *policy_shadow_create(void);
+/** Frees @p ss and the shadow it holds (NULL: nothing). */
+void policy_shadow_destroy(struct atc_policy_shadow *ss);
+/** Shadow versions loaded so far (the last one's number; shadows count apart from the live policy). */
+uint64_t policy_shadow_versions(const struct atc_policy_shadow *ss);
 /** Makes @p v (built from @p entry by a shadow build) @p rt's shadow, numbered @p version, seeing
  * @p sample of the decisions; replaces any shadow. Returns @p version, or 0 when out of memory (v freed).
  * @p log: say so (once per load, not per worker). */

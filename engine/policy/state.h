@@ -56,23 +56,6 @@ struct policy_version {
     unsigned log_count;
 };
 
-/* A shadow's record beside one live version (shadow.c): reset when the live version changes. */
-struct policy_shadow_stats {
-    uint64_t live_version;
-    uint64_t decisions, agreed;
-    uint64_t *picks, *live_picks; /* per endpoint index [npicks] */
-    size_t npicks;
-};
-
-#define POLICY_TTFT_BUCKETS 128 /* 8 per doubling of 1 + ms: within 9% */
-
-/* One side of a canary (canary.c): its requests' TTFT, and its failures since the canary began. */
-struct policy_canary_side {
-    uint64_t decisions, errors, overruns, fallbacks; /* fallbacks: every failed decision */
-    uint64_t ttft_n;
-    uint32_t ttft[POLICY_TTFT_BUCKETS];
-};
-
 struct atc_policy_runtime {
     struct atc_policy_settings s; /* strings owned */
     struct atc_endpoint_table *table;
@@ -105,21 +88,9 @@ struct atc_policy_runtime {
     lua_CFunction test_replay; /* atc test: installed as atc.replay (upvalue 1: the version) */
     lua_CFunction test_route;  /* atc test: installed as atc.test_route (upvalue 1: the version) */
 
-    /* The shadow (shadow.c): a runtime of its own (watchdog, clock, the shadow's affinity table) that
-     * decides the same requests after the live decision; its picks are counted, never acted on. */
-    struct atc_policy_runtime *shadow; /* NULL: none */
-    char *shadow_entry;
-    double shadow_sample;
-    uint64_t shadow_next; /* shadow versions loaded (each worker's the same) */
-    struct policy_shadow_stats ss;
-
-    /* The canary (canary.c): a new version deciding a share of the requests, sticky per session. */
-    struct policy_version *canary; /* NULL: none */
-    double canary_share;
-    double canary_since;            /* unix seconds */
-    struct policy_canary_side cside, bside; /* the canary's requests and the current version's */
-    uint64_t canary_promotions, canary_rollbacks;
-    char *canary_last; /* the last canary's outcome, for status (NULL: none yet) */
+    /* Owned, from policy_runtime_create to atc_policy_runtime_destroy; opaque outside their files. */
+    struct atc_policy_shadow *shadow; /* shadow.c: a second policy beside this one, only recorded */
+    struct atc_policy_canary *canary; /* canary.c: a new version on a share of the requests */
 };
 
 /* A verdict returned by atc.queue() / atc.reject(). */

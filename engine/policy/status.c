@@ -26,7 +26,8 @@ static struct version_totals version_totals(struct atc_policy_runtime *const *rt
 {
     struct version_totals t = {0};
     for (size_t i = 0; i < n; i++) {
-        const struct policy_version *vs[] = {rts[i]->current, rts[i]->last_good, rts[i]->canary};
+        const struct policy_version *vs[] = {rts[i]->current, rts[i]->last_good,
+                                             policy_canary_running(rts[i]->canary)};
         for (size_t k = 0; k < 3; k++) {
             const struct policy_version *o = vs[k];
             if (o == NULL || o->version != v->version)

@@ -24,7 +24,7 @@
 #define NOT_A_STRING "error object is not a string"
 static const char keep_key;
 
-void policy_version_free(struct policy_version *v)
+void policy_version_destroy(struct policy_version *v)
 {
     if (v == NULL)
         return;
@@ -233,6 +233,6 @@ oom:
 fail:
     if (*err == NULL)
         *err = strdup("policy failed to load");
-    policy_version_free(v);
+    policy_version_destroy(v);
     return NULL;
 }

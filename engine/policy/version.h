@@ -18,7 +18,7 @@ struct policy_version;
 /** A fresh state with the sandbox; in test mode nothing else, otherwise the entry loaded and checked.
  * NULL with an owned message in *err. */
 struct policy_version *policy_version_create(struct atc_policy_runtime *rt, char **err);
-void policy_version_free(struct policy_version *v);
+void policy_version_destroy(struct policy_version *v);
 /** lua_pcall of the function below its @p nargs arguments with message handler @p errfunc (0: none),
  * within @p budget_us; returns the Lua status and says why in *why (atc_policy_fallback_budget, _memory
  * or _error). One result (or the message) is left on the stack. */

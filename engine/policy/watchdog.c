@@ -59,13 +59,12 @@ static void budget_hook(lua_State *L, lua_Debug *ar)
     kill_hook(L, ar);
 }
 
-struct watchdog *policy_watchdog_start(uint64_t budget_us)
+struct watchdog *policy_watchdog_create(void)
 {
-    (void)budget_us; /* each call says its own */
     return calloc(1, sizeof(struct watchdog));
 }
 
-void policy_watchdog_stop(struct watchdog *w)
+void policy_watchdog_destroy(struct watchdog *w)
 {
     free(w);
 }

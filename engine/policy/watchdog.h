@@ -14,12 +14,12 @@
 
 struct watchdog;
 
-/** A watchdog for calls of about @p budget_us (each call gives its own budget). Returns it (owned: pass
- * to policy_watchdog_stop), or NULL without memory. */
-struct watchdog *policy_watchdog_start(uint64_t budget_us);
+/** A watchdog (each call gives its own budget, policy_budget_begin). Returns it (owned: pass to
+ * policy_watchdog_destroy), or NULL without memory. */
+struct watchdog *policy_watchdog_create(void);
 
 /** Frees @p w (NULL: nothing). No call may be in progress. */
-void policy_watchdog_stop(struct watchdog *w);
+void policy_watchdog_destroy(struct watchdog *w);
 
 /** Arms @p w for a call on @p L that may run @p budget_us of wall-clock time; @p L is borrowed until
  * policy_budget_end. One call at a time per watchdog; calls of several watchdogs on one thread nest

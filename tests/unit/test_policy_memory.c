@@ -109,7 +109,7 @@ static struct atc_policy_runtime *test_runtime(size_t cap)
         .budget_us = 30 * 1000000,
         .memory = cap,
     };
-    struct atc_policy_runtime *rt = policy_runtime_new(&s);
+    struct atc_policy_runtime *rt = policy_runtime_create(&s);
     assert_non_null(rt);
     rt->test_mode = true;
     rt->test_replay = (lua_CFunction)atc_replay_lua;
@@ -138,7 +138,7 @@ static void test_load_chunk_at_the_cap(void **state)
             ok++;
         }
         assert_int_equal(lua_gettop(L), top + 1);
-        policy_version_free(v);
+        policy_version_destroy(v);
         atc_policy_runtime_destroy(rt);
     }
     assert_true(failed > 0);
@@ -160,7 +160,7 @@ static int run_chunk(size_t headroom, const char *code, const char **why, char *
         v->mem_limit = v->mem_used + headroom;
     int status = policy_protected_call(v, 0, rt->s.budget_us, 0, why);
     snprintf(out, outsize, "%s", lua_tostring(v->L, -1) != NULL ? lua_tostring(v->L, -1) : "?");
-    policy_version_free(v);
+    policy_version_destroy(v);
     atc_affinity_destroy(rt->affinity);
     atc_policy_runtime_destroy(rt);
     return status;

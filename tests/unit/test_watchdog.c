@@ -57,7 +57,7 @@ static void test_a_spinning_call_is_stopped_within_twice_its_budget(void **state
     /* the inner pcall must not swallow the stop: the hook raises again on the next instruction */
     lua_State *L = new_state("return function() while true do pcall(function() while true do end end) end end");
     const uint64_t budget_us = 5000;
-    struct watchdog *w = policy_watchdog_start(budget_us);
+    struct watchdog *w = policy_watchdog_create();
     assert_non_null(w);
     for (int i = 0; i < 5; i++) {
         bool overran;
@@ -81,7 +81,7 @@ static void test_a_spinning_call_is_stopped_within_twice_its_budget(void **state
     assert_int_equal(call(w, L, budget_us, &overran, &ns, &cpu), 0);
     assert_false(overran);
     assert_int_equal(lua_tointeger(L, -1), 7);
-    policy_watchdog_stop(w);
+    policy_watchdog_destroy(w);
     lua_close(L);
 }
 
@@ -90,7 +90,7 @@ static void test_short_calls_are_never_stopped(void **state)
     (void)state;
     lua_State *L = new_state("return function() local s = 0 for i = 1, 200 do s = s + i end return s end");
     /* a budget far above a call's few us, so that a shared machine's preemption does not make an overrun */
-    struct watchdog *w = policy_watchdog_start(20000);
+    struct watchdog *w = policy_watchdog_create();
     assert_non_null(w);
     uint64_t start = atc_mono_ns();
     unsigned calls = 0;
@@ -104,7 +104,7 @@ static void test_short_calls_are_never_stopped(void **state)
         calls++;
     }
     assert_true(calls > 1000);
-    policy_watchdog_stop(w);
+    policy_watchdog_destroy(w);
     lua_close(L);
 }
 
@@ -123,10 +123,10 @@ static void test_the_watchdog_runs_no_thread(void **state)
 {
     (void)state;
     unsigned before = threads_now();
-    struct watchdog *w = policy_watchdog_start(1000);
+    struct watchdog *w = policy_watchdog_create();
     assert_non_null(w);
     assert_int_equal(threads_now(), before);
-    policy_watchdog_stop(w);
+    policy_watchdog_destroy(w);
 }
 
 int main(void)
