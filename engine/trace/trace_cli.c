@@ -28,9 +28,9 @@ static const char usage_trace[] =
 static const char usage_import[] =
     "usage: atc trace import [--format FORMAT] [--model NAME] [--block-tokens N] [--max-errors N] IN -o OUT\n"
     "\n"
-    "Converts a public trace into an atc trace (MessagePack, see README 'Trace format'). Malformed input\n"
-    "lines are reported as IN:LINE: reason and skipped; the exit status is then 1 (OUT still holds every\n"
-    "good line).\n"
+    "Converts a public trace into an atc trace (MessagePack, see docs/replay.md 'Trace format'). Malformed\n"
+    "input lines are reported as IN:LINE: reason and skipped; the exit status is then 1 (OUT still holds\n"
+    "every good line).\n"
     "\n"
     "  -f, --format FORMAT    mooncake (JSON lines: timestamp, input_length, output_length, hash_ids),\n"
     "                         azure (CSV: TIMESTAMP, ContextTokens, GeneratedTokens), jsonl (atc's\n"

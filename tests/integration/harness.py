@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import textwrap
 import time
@@ -215,3 +216,31 @@ class AtcTestCase(unittest.TestCase):
         sim = Sim(self.tmp.name, name, model, extra)
         self.processes.append(sim)
         return sim
+
+
+SKIPPED = 77  # ctest's SKIP_RETURN_CODE for the integration tests (tests/CMakeLists.txt)
+
+
+def run_file(path):
+    """Runs the tests of one test file, as ctest does: exits 1 when a test failed or none ran, SKIPPED
+    when none failed but one skipped (redis-server or chromium missing), so that ctest reports the file
+    as not run rather than passed, and 0 when every test ran and passed."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    name = os.path.splitext(os.path.basename(path))[0]
+    result = unittest.TextTestRunner(verbosity=2).run(unittest.defaultTestLoader.loadTestsFromName(name))
+    if not result.wasSuccessful() or result.testsRun == 0:
+        return 1
+    if result.skipped:
+        print(f"{len(result.skipped)} of {result.testsRun} tests skipped:", file=sys.stderr)
+        for test, reason in result.skipped:
+            print(f"  {test.id()}: {reason}", file=sys.stderr)
+        return SKIPPED
+    return 0
+
+
+if __name__ == "__main__":
+    # python3 harness.py tests/integration/test_x.py: through the module the test files import, not a
+    # second copy of it under the name __main__.
+    import harness
+
+    sys.exit(harness.run_file(sys.argv[1]))

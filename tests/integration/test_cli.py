@@ -13,6 +13,44 @@ def run(*args, timeout=10):
     return subprocess.run([ATC_BIN, *args], capture_output=True, text=True, timeout=timeout, cwd=SOURCE_DIR)
 
 
+def read_doc(path):
+    with open(os.path.join(SOURCE_DIR, path), encoding="utf-8") as f:
+        return f.read()
+
+
+def docs():
+    """(path, text) of the README and every guide in docs/."""
+    names = ["README.md"] + sorted(os.path.join("docs", n) for n in os.listdir(os.path.join(SOURCE_DIR, "docs"))
+                                   if n.endswith(".md"))
+    return [(n, read_doc(n)) for n in names]
+
+
+def fenced_blocks(text):
+    """(language, body, line of the opening fence) of every ``` block."""
+    return [(m.group(1), m.group(2), text.count("\n", 0, m.start()) + 1)
+            for m in re.finditer(r"(?ms)^```(\w*)\n(.*?)^```[ \t]*$", text)]
+
+
+def strip_code(text):
+    return re.sub(r"`[^`\n]*`", "", re.sub(r"(?ms)^```.*?^```[ \t]*$", "", text))
+
+
+def section(text, heading):
+    """The text under a heading, up to the next heading of the same level or above."""
+    level = heading.split(" ", 1)[0]
+    body = text.split("\n" + heading + "\n", 1)[1]
+    return re.split(r"(?m)^#{1,%d} " % len(level), body, 1)[0]
+
+
+def anchors(text):
+    """GitHub's anchors of a markdown file: its headings' slugs and explicit ids."""
+    found = set(re.findall(r'<a id="([^"]+)"', text))
+    for heading in re.findall(r"(?m)^#+ (.+)$", re.sub(r"(?ms)^```.*?^```[ \t]*$", "", text)):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        found.add(slug)
+    return found
+
+
 class CliTest(AtcTestCase):
     def test_version_and_help(self):
         out = run("--version")
@@ -239,23 +277,128 @@ class CliTest(AtcTestCase):
         write(good)
         self.assertTrue(systemctl_reload())
 
-    def test_readme_says_what_the_commands_say(self):
-        with open(os.path.join(SOURCE_DIR, "README.md")) as f:
-            readme = f.read()
-        using = readme.split("## Using it", 1)[1].split("\n## ", 1)[0]
-        for cmd in ("atc status", "atc reload", "atc drain", "atc enable", "cmake --install"):
-            self.assertIn(cmd, using)
-        self.assertRegex(readme, r"watch: true +# the default")
+    def test_readme_has_the_two_set_up_commands(self):
+        readme = read_doc("README.md")
+        setup = section(readme, "## Set up")
+        blocks = [body for lang, body, _ in fenced_blocks(setup) if lang == "sh"]
+        # 1: one line that installs, builds and starts atc on the simulated fleet
+        install = next((b.strip() for b in blocks if b.startswith("apt-get update && apt-get install -y ")), None)
+        self.assertIsNotNone(install, setup)
+        self.assertNotIn("\n", install)
+        self.assertTrue(install.endswith(' && cmake -S . -B build && cmake --build build -j"$(nproc)"'
+                                         " && ./build/atc serve -c examples/quickstart.yaml"), install)
+        # everything the quick start installs, tests/run installs too
+        with open(os.path.join(SOURCE_DIR, "tests", "run")) as f:
+            run_script = f.read()
+        packages = install.split("apt-get install -y ", 1)[1].split(" && ", 1)[0].split()
+        listed = set(re.findall(r"[\w.+-]+", run_script.split("packages=(", 1)[1].split(")", 1)[0]))
+        self.assertEqual([p for p in packages if p not in listed], [])
+        # 2: the whole suite
+        self.assertIn("tests/run\n", blocks)
+        commands = section(readme, "## Commands")
+        for cmd in ("atc status", "atc reload", "atc drain", "atc enable", "atc policy", "cmake --install"):
+            self.assertIn(cmd, commands)
+        self.assertLessEqual(readme.count("\n"), 400)
+
+    def test_docs_yaml_blocks_pass_check(self):
+        # Every YAML block of the README and docs/ is a config atc check accepts, relative paths resolving
+        # as in the repository (a fragment without models: gets one endpoint).
+        root = os.path.join(self.tmp.name, "cfg")
+        os.makedirs(os.path.join(root, "lib"))
+        for name in ("scripts", "examples"):
+            os.symlink(os.path.join(os.path.abspath(SOURCE_DIR), name), os.path.join(root, name))
+        models = 'models:\n  - name: llama-3-8b\n    endpoints:\n      - {id: x, url: "http://127.0.0.1:9001"}\n'
+        count = 0
+        for doc, text in docs():
+            for lang, body, line in fenced_blocks(text):
+                if lang != "yaml":
+                    continue
+                count += 1
+                with self.subTest(f"{doc}:{line}"):
+                    path = os.path.join(root, "block.yaml")
+                    with open(path, "w") as f:
+                        f.write(body if re.search(r"(?m)^models:", body) else body + models)
+                    out = run("check", "-c", path)
+                    self.assertEqual(out.returncode, 0, f"{doc}:{line}: atc check refuses:\n{out.stderr}")
+        self.assertGreaterEqual(count, 6)
+        self.assertRegex(read_doc("README.md"), r"watch: true +# the default")
+
+    def test_docs_commands_exist_and_the_tour_runs(self):
+        # Every atc command of a shell block (and of the README's command list) exists, with every flag
+        # it is given; every script it names exists. The tour's offline commands run as written.
+        targets = read_doc("CMakeLists.txt") + read_doc(os.path.join("tests", "CMakeLists.txt"))
+        helps = {}
+
+        def help_of(words):
+            key = tuple(words)
+            if key not in helps:
+                helps[key] = run(*words, "--help")
+            return helps[key]
+
+        for doc, text in docs():
+            lines = []
+            for lang, body, line in fenced_blocks(text):
+                if lang == "sh":
+                    lines += [(line, l) for l in body.replace("\\\n", " ").splitlines()]
+                elif lang == "" and doc == "README.md" and "atc serve -c FILE" in body:
+                    lines += [(line, c) for l in body.splitlines() for c in l.split("  ")[0].split(", ")]
+            for line, cmd in lines:
+                for part in re.split(r"&&|\|\||\||;|>", cmd.split(" #")[0]):
+                    words = part.split()
+                    if not words:
+                        continue
+                    with self.subTest(f"{doc}:{line}: {part.strip()}"):
+                        if words[0] in ("atc", "build/atc", "./build/atc"):
+                            sub = words[1:2] if len(words) > 1 and re.fullmatch(r"[a-z]+", words[1]) else []
+                            if sub == ["trace"] and len(words) > 2:
+                                sub.append(words[2])  # atc trace import --help
+                            out = help_of(sub)
+                            self.assertEqual(out.returncode, 0, f"atc {' '.join(sub)} --help: {out.stderr}")
+                            for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*", part):
+                                self.assertTrue(flag in out.stdout, f"atc {' '.join(sub)} --help names no {flag}")
+                        elif words[0].startswith("build/"):  # a program the build makes
+                            made = re.search(r"add_executable\(" + re.escape(os.path.basename(words[0])) + r"\b", targets)
+                            self.assertTrue(made, f"{words[0]}: no such target in the CMakeLists")
+                        elif "/" in words[0]:
+                            self.assertTrue(os.path.exists(os.path.join(SOURCE_DIR, words[0])), words[0])
+        tour = section(read_doc("README.md"), "## A tour")
+        ran = 0
+        for lang, body, line in fenced_blocks(tour):
+            for cmd in body.splitlines():
+                if lang == "sh" and re.match(r"build/atc (test|replay|check)\b", cmd):
+                    out = subprocess.run(cmd.replace("build/atc", ATC_BIN, 1), shell=True, capture_output=True,
+                                         text=True, timeout=120, cwd=SOURCE_DIR)
+                    self.assertEqual(out.returncode, 0, f"README.md:{line}: {cmd}\n{out.stdout}{out.stderr}")
+                    ran += 1
+        self.assertGreaterEqual(ran, 2)
+
+    def test_docs_links_resolve(self):
+        # Relative links name files that exist, and anchors name headings (or ids) that exist.
+        for doc, text in docs():
+            base = os.path.dirname(os.path.join(SOURCE_DIR, doc))
+            for target in re.findall(r"\]\(([^)\s]+)\)", strip_code(text)):
+                if re.match(r"[a-z]+:", target):
+                    continue
+                with self.subTest(f"{doc}: {target}"):
+                    path, _, anchor = target.partition("#")
+                    full = os.path.normpath(os.path.join(base, path)) if path else os.path.join(SOURCE_DIR, doc)
+                    self.assertTrue(os.path.exists(full), f"{doc}: {target}: no such file")
+                    if anchor:
+                        self.assertTrue(full.endswith(".md"), target)
+                        with open(full) as f:
+                            self.assertIn(anchor, anchors(f.read()), f"{doc}: {target}: no such anchor")
+        self.assertGreaterEqual(len([d for d, _ in docs() if d.startswith("docs/")]), 6)
         # the section `atc trace import --help` sends the reader to exists under that name
-        section = re.search(r"see README '([^']+)'", run("trace", "import", "--help").stdout).group(1)
-        self.assertRegex(readme, r"(?m)^#+ " + re.escape(section) + "$")
-        # one figure for the decision latency: the benchmark table's, in both READMEs
-        row = re.search(r"\| Lua policy scripts/policy\.lua, interpreted \| ([\d.]+) \| ([\d.]+) \|", readme)
+        where, name = re.search(r"see (\S+) '([^']+)'", run("trace", "import", "--help").stdout).groups()
+        self.assertRegex(read_doc(where), r"(?m)^#+ " + re.escape(name) + "$")
+
+    def test_decision_latency_is_one_figure(self):
+        # one figure for the decision latency: the benchmark table's, in docs/benchmarks.md and scripts/README.md
+        bench = read_doc(os.path.join("docs", "benchmarks.md"))
+        row = re.search(r"\| Lua policy scripts/policy\.lua, interpreted \| ([\d.]+) \| ([\d.]+) \|", bench)
         p50, p99 = (f"{float(x):.1f} µs" for x in row.groups())
-        with open(os.path.join(SOURCE_DIR, "scripts", "README.md")) as f:
-            scripts = f.read()
-        self.assertIn(f"{p50} at p50 and {p99} at p99", scripts)
-        self.assertIn(f"p99 {p99}", readme.split("### Where atc stands", 1)[1].split("###", 1)[0])
+        self.assertIn(f"{p50} at p50 and {p99} at p99", read_doc(os.path.join("scripts", "README.md")))
+        self.assertIn(f"takes {p50} at p50", read_doc(os.path.join("docs", "policies.md")))
 
     def test_cmake_install_gives_an_atc_that_finds_its_stdlib(self):
         build = os.path.dirname(os.path.abspath(ATC_BIN))
