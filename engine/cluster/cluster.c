@@ -35,6 +35,13 @@
 #define STALE_SYNCS 4      /* another replica's figures older than this many sync intervals are left out */
 #define FORGET_MS 600000   /* a replica silent this long leaves the status */
 #define HANG_MS_MIN 2000   /* a connection with an answer missing this long is dropped and made again */
+#define INFLIGHT_MAX 16384 /* commands awaiting their answer on cmd; more are not sent (as if Redis were away) */
+/* What one sync reads of atc:load, whoever wrote it: values over ATC_LOAD_SHARE_TEXT_MAX, names over 63
+ * bytes, fields beyond LOAD_FIELDS_MAX or beyond LOAD_READ_MAX bytes in all are left in Redis and
+ * counted (oversized), never sent: a 64 MiB value read 64 times in flight took Redis from 13 MB to
+ * 2.5 GB of output buffers in 10 s. */
+#define LOAD_FIELDS_MAX (4 * ATC_LOAD_SHARE_REPLICAS)
+#define LOAD_READ_MAX (4u << 20)
 
 enum op_kind { OP_SET, OP_DEL, OP_MISS };
 
@@ -80,9 +87,11 @@ struct atc_cluster {
     bool shared;         /* the last sync was whole and in time: shared mode */
     bool down_logged;    /* local mode was logged (once per outage) */
     unsigned outstanding; /* answers awaited on cmd */
+    bool sync_in_flight;  /* a sync round's read is awaited: the next round waits for it */
     uint64_t busy_since_ms, last_sync_ms, next_connect_ms, seq;
     unsigned replicas;   /* others summed at the last sync */
     uint64_t syncs, local_entries, pins_sent, pins_received, pins_fetched;
+    uint64_t oversized; /* values in Redis left unread for their size (atc:load's fields, pins) */
     char last_error[160];
 
     /* the workers' queue */
@@ -105,17 +114,22 @@ static void wake_once(struct atc_cluster *c)
 
 static void on_reply(redisAsyncContext *ac, void *r, void *priv);
 
-static void send_argv(struct atc_cluster *c, struct pending *p, int argc, const char **argv, const size_t *lens)
+/* Sends a command whose answer goes to on_reply with @p p (owned; freed here when not sent). Returns 0, or
+ * -1 when it was not sent (no connection, too many in flight, out of memory). */
+static int send_argv(struct atc_cluster *c, struct pending *p, int argc, const char **argv, const size_t *lens)
 {
-    if (c->cmd == NULL || !c->cmd_up ||
+    if (p == NULL)
+        return -1; /* out of memory: an answer without its pending would not be counted */
+    if (c->cmd == NULL || !c->cmd_up || c->outstanding >= INFLIGHT_MAX ||
         redisAsyncCommandArgv(c->cmd, on_reply, p, argc, argv, lens) != REDIS_OK) {
         if (p != NULL && p->kind == R_REFILL && c->limits != NULL)
             atc_limits_refilled(c->limits, &p->refill, -1);
         free(p);
-        return;
+        return -1;
     }
     if (c->outstanding++ == 0)
         c->busy_since_ms = atc_mono_ms();
+    return 0;
 }
 
 static struct pending *pending_new(struct atc_cluster *c, enum reply_kind kind)
@@ -128,12 +142,14 @@ static struct pending *pending_new(struct atc_cluster *c, enum reply_kind kind)
     return p;
 }
 
+/* The answer of LOAD_SCRIPT: {oversized, field, value, field, value, ...}. */
 static void on_load(struct atc_cluster *c, const redisReply *r)
 {
     uint64_t now = atc_mono_ms();
-    if (r->type != REDIS_REPLY_ARRAY)
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 || r->element[0]->type != REDIS_REPLY_INTEGER)
         return;
-    for (size_t i = 0; i + 1 < r->elements; i += 2) {
+    c->oversized += r->element[0]->integer > 0 ? (uint64_t)r->element[0]->integer : 0;
+    for (size_t i = 1; i + 1 < r->elements; i += 2) {
         const redisReply *k = r->element[i], *v = r->element[i + 1];
         if (k->type == REDIS_REPLY_STRING && v->type == REDIS_REPLY_STRING)
             atc_load_share_update(c->share, k->str, k->len, v->str, v->len, now);
@@ -152,9 +168,12 @@ static void on_load(struct atc_cluster *c, const redisReply *r)
         atc_limits_set_shared(c->limits, true, c->replicas + 1);
 }
 
-/* A pin this replica asked for: {id or nil, pttl}. */
+/* A pin this replica asked for: {id or nil, pttl}; {nil, -3} when its value is too long to be an id. */
 static void on_pin(struct atc_cluster *c, const struct pending *p, const redisReply *r)
 {
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 && r->element[1]->type == REDIS_REPLY_INTEGER &&
+        r->element[1]->integer == -3)
+        c->oversized++;
     if (c->aff == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
         r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_INTEGER ||
         r->element[1]->integer <= 0 || r->element[0]->len > ATC_AFFINITY_ID_MAX)
@@ -179,6 +198,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
     }
     switch (p->kind) {
     case R_LOAD:
+        c->sync_in_flight = false; /* answered, failed, or dropped with its connection */
         if (r != NULL)
             on_load(c, r);
         break;
@@ -258,6 +278,7 @@ static void on_disconnect(const redisAsyncContext *ac, int status)
         c->cmd = NULL;
         c->cmd_up = false;
         c->outstanding = 0;
+        c->sync_in_flight = false;
         go_local(c, status == REDIS_OK ? "disconnected" : ac->errstr);
     } else if (ac == c->sub) {
         c->sub = NULL;
@@ -328,15 +349,19 @@ static void send_op(struct atc_cluster *c, const struct op *o)
     memcpy(key + klen, o->key, o->keylen);
     klen += o->keylen;
     if (o->kind == OP_MISS) {
-        static const char script[] = "return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}";
+        /* STRLEN first: a value too long to be an id is not sent */
+        static const char script[] = "if redis.call('STRLEN', KEYS[1]) > tonumber(ARGV[1]) then return {false, -3} end "
+                                     "return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}";
         struct pending *p = pending_new(c, R_PIN);
         if (p == NULL)
             return;
         memcpy(p->key, o->key, o->keylen);
         p->keylen = o->keylen;
-        const char *argv[] = {"EVAL", script, "1", key};
-        size_t lens[] = {4, sizeof(script) - 1, 1, klen};
-        send_argv(c, p, 4, argv, lens);
+        char idmax[16];
+        snprintf(idmax, sizeof(idmax), "%d", ATC_AFFINITY_ID_MAX);
+        const char *argv[] = {"EVAL", script, "1", key, idmax};
+        size_t lens[] = {4, sizeof(script) - 1, 1, klen, strlen(idmax)};
+        send_argv(c, p, 5, argv, lens);
         return;
     }
     snprintf(ttl, sizeof(ttl), "%" PRIu64, o->kind == OP_SET ? o->ttl_ms : 0);
@@ -397,6 +422,37 @@ void atc_cluster_flush(struct atc_cluster *c)
     }
 }
 
+/* Reads the other replicas' fields of atc:load within the bounds above: Redis checks each length
+ * (HSTRLEN) before it sends a value, so an oversized one costs neither Redis's output buffers nor this
+ * replica's memory. Our own field is not read back. */
+static void send_load_read(struct atc_cluster *c)
+{
+    static const char script[] =
+        "local key, vmax, nmax, total, self = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), "
+        "ARGV[4] "
+        "local n = redis.call('HLEN', key) "
+        "if n > nmax then return {n} end "
+        "local out, skipped = {0}, 0 "
+        "for _, f in ipairs(redis.call('HKEYS', key)) do "
+        "  if f ~= self then "
+        "    local len = redis.call('HSTRLEN', key, f) "
+        "    if #f > 63 or len > vmax or len > total then skipped = skipped + 1 "
+        "    else total = total - len; out[#out + 1] = f; out[#out + 1] = redis.call('HGET', key, f) end "
+        "  end "
+        "end "
+        "out[1] = skipped "
+        "return out";
+    char vmax[24], nmax[24], total[24];
+    snprintf(vmax, sizeof(vmax), "%d", ATC_LOAD_SHARE_TEXT_MAX);
+    snprintf(nmax, sizeof(nmax), "%d", LOAD_FIELDS_MAX);
+    snprintf(total, sizeof(total), "%u", LOAD_READ_MAX);
+    struct pending *p = pending_new(c, R_LOAD);
+    const char *argv[] = {"EVAL", script, "1", "atc:load", vmax, nmax, total, c->name};
+    size_t lens[] = {4, sizeof(script) - 1, 1, 8, strlen(vmax), strlen(nmax), strlen(total), strlen(c->name)};
+    if (p != NULL && send_argv(c, p, 8, argv, lens) == 0)
+        c->sync_in_flight = true; /* until on_reply, which runs for every command sent */
+}
+
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     struct atc_cluster *c = arg;
@@ -412,6 +468,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
             c->cmd_up = false;
             redisAsyncFree(ac);
             c->outstanding = 0;
+            c->sync_in_flight = false;
             if (c->sub != NULL) {
                 ac = c->sub;
                 c->sub = NULL;
@@ -423,7 +480,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     }
     if (c->cmd == NULL || c->sub == NULL)
         connect_all(c, now);
-    if (c->cmd_up && c->outstanding < 64) {
+    if (c->cmd_up && !c->sync_in_flight) { /* one round at a time: a slow Redis is not sent more */
         size_t len;
         char *text = atc_load_share_encode(c->table, ++c->seq, atc_mono_us(), &len);
         if (text != NULL) {
@@ -432,8 +489,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
             send_argv(c, pending_new(c, R_IGNORE), 4, hset, hlens);
             free(text);
         }
-        const char *hgetall[] = {"HGETALL", "atc:load"};
-        send_argv(c, pending_new(c, R_LOAD), 2, hgetall, NULL);
+        send_load_read(c);
     }
     atc_cluster_flush(c);
 }
@@ -595,8 +651,10 @@ void atc_cluster_json(struct atc_cluster *c, struct evbuffer *out)
         evbuffer_add_printf(out, ", \"last_sync_ms_ago\": null");
     evbuffer_add_printf(out, ", \"syncs_total\": %" PRIu64 ", \"local_mode_total\": %" PRIu64
                              ", \"pins_sent_total\": %" PRIu64 ", \"pins_received_total\": %" PRIu64
-                             ", \"pins_fetched_total\": %" PRIu64 ", \"last_error\": \"",
-                        c->syncs, c->local_entries, c->pins_sent, c->pins_received, c->pins_fetched);
+                             ", \"pins_fetched_total\": %" PRIu64 ", \"oversized_total\": %" PRIu64
+                             ", \"last_error\": \"",
+                        c->syncs, c->local_entries, c->pins_sent, c->pins_received, c->pins_fetched,
+                        c->oversized);
     atc_json_escape(out, c->last_error, strlen(c->last_error));
     evbuffer_add_printf(out, "\", \"replicas\": [");
     struct each_ctx e = {.out = out};
@@ -628,8 +686,10 @@ void atc_cluster_metrics(struct atc_cluster *c, struct evbuffer *out)
         "(received, fetched), or dropped (queue full).\n# TYPE atc_cluster_pins_total counter\n"
         "atc_cluster_pins_total{op=\"sent\"} %" PRIu64 "\natc_cluster_pins_total{op=\"received\"} %" PRIu64
         "\natc_cluster_pins_total{op=\"fetched\"} %" PRIu64 "\natc_cluster_pins_total{op=\"dropped\"} %" PRIu64
-        "\n",
+        "\n# HELP atc_cluster_oversized_total Values in Redis left unread for their size (other replicas' "
+        "load over the bound, pins too long to be an id).\n# TYPE atc_cluster_oversized_total counter\n"
+        "atc_cluster_oversized_total %" PRIu64 "\n",
         c->shared ? 1 : 0, c->cmd_up ? 1 : 0, c->replicas,
         c->last_sync_ms ? (double)(now - c->last_sync_ms) / 1000.0 : -1.0, c->syncs, c->local_entries,
-        c->pins_sent, c->pins_received, c->pins_fetched, dropped);
+        c->pins_sent, c->pins_received, c->pins_fetched, dropped, c->oversized);
 }
