@@ -44,7 +44,7 @@ struct atc_limits {
     struct atc_limit_rule dflt;
     bool shared;
     unsigned replicas;
-    uint64_t clock; /* admissions so far: the slots' last_used */
+    uint64_t clock;   /* admissions so far: the slots' last_used */
     uint64_t evicted; /* other tenants' slots taken within their window by a new name */
     uint64_t other_admitted, other_limited, other_tokens; /* every tenant not configured */
     void (*on_low)(void *ctx);
@@ -346,9 +346,10 @@ void atc_limits_metrics(struct atc_limits *l, struct evbuffer *out, uint64_t now
             if (limit_of(&l->slots[i].rule, k) > 0)
                 evbuffer_add_printf(out, "atc_tenant_remaining{tenant=\"%s\",kind=\"%s\"} %" PRIu64 "\n",
                                     l->slots[i].name, kinds[k], remaining(l, &l->slots[i], k, w));
-    evbuffer_add_printf(out, "# HELP atc_limits_evicted_total Tenants under the default budget whose slot a new "
-                             "name took within their window (they start again from nothing spent).\n"
-                             "# TYPE atc_limits_evicted_total counter\natc_limits_evicted_total %" PRIu64 "\n",
+    evbuffer_add_printf(out,
+                        "# HELP atc_limits_evicted_total Tenants under the default budget whose slot a new "
+                        "name took within their window (they start again from nothing spent).\n"
+                        "# TYPE atc_limits_evicted_total counter\natc_limits_evicted_total %" PRIu64 "\n",
                         l->evicted);
     evbuffer_add_printf(out, "# HELP atc_limits_shared 1 while tenant budgets are shared through Redis, 0 "
                              "while each replica spends its own.\n# TYPE atc_limits_shared gauge\n"
