@@ -4,6 +4,7 @@
  * atc:pins:<db> (pins as they are set). */
 
 #include <arpa/inet.h>
+#include <assert.h>
 #include <inttypes.h>
 #include <netdb.h>
 #include <pthread.h>
@@ -31,10 +32,51 @@
 
 #define QUEUE_MAX 4096     /* pin operations waiting to be sent; more are dropped (and counted) */
 #define REFILLS_MAX 64     /* lease refills sent per flush */
-#define LIMIT_KEY_TTL_MS 120000
+#define LIMIT_KEY_TTL_MS (2 * ATC_LIMITS_WINDOW_MS) /* a window's counter outlives its minute, then goes */
 #define STALE_SYNCS 4      /* another replica's figures older than this many sync intervals are left out */
 #define FORGET_MS 600000   /* a replica silent this long leaves the status */
 #define HANG_MS_MIN 2000   /* a connection with an answer missing this long is dropped and made again */
+/* Commands awaiting their answer on cmd; more are not sent (as if Redis were away). */
+#define INFLIGHT_MAX 16384
+/* What one sync reads of atc:load, whoever wrote it: values over ATC_LOAD_SHARE_TEXT_MAX, names over 63
+ * bytes, fields beyond LOAD_FIELDS_MAX or beyond LOAD_READ_MAX bytes in all are left in Redis and
+ * counted (oversized), never sent: a 64 MiB value read 64 times in flight took Redis from 13 MB to
+ * 2.5 GB of output buffers in 10 s. */
+#define LOAD_FIELDS_MAX (4 * ATC_LOAD_SHARE_REPLICAS)
+#define LOAD_READ_MAX (4u << 20)
+
+/* A connection to Redis, cmd's and sub's alike. The states and the moves allowed between them (checked by
+ * link_set, as relay.c checks a relay's): */
+enum link {
+    LINK_DOWN,       /* none: not made yet, refused, lost, or dropped for hanging. cmd: local mode */
+    LINK_CONNECTING, /* made, its socket not up yet. cmd: local mode */
+    LINK_UP,         /* connected. cmd: no whole sync in time yet (local mode); sub: not confirmed yet */
+    LINK_SHARED,     /* cmd: the last sync was whole and in time (shared mode); sub: subscribed, so other
+                      * replicas' pins arrive */
+    LINK_SLOW,       /* cmd: connected, an answer missing for more than sync_interval (local mode) */
+};
+
+#define LINK_IN(s) (1u << (s))
+static const unsigned link_moves[] = {
+    [LINK_DOWN] = LINK_IN(LINK_CONNECTING),
+    [LINK_CONNECTING] = LINK_IN(LINK_UP) | LINK_IN(LINK_DOWN),
+    [LINK_UP] = LINK_IN(LINK_SHARED) | LINK_IN(LINK_DOWN),
+    [LINK_SHARED] = LINK_IN(LINK_SLOW) | LINK_IN(LINK_DOWN),
+    [LINK_SLOW] = LINK_IN(LINK_SHARED) | LINK_IN(LINK_DOWN),
+};
+
+static void link_set(enum link *l, enum link to)
+{
+    assert(*l <= LINK_SLOW && (link_moves[*l] & LINK_IN(to)) != 0);
+    (void)link_moves; /* (NDEBUG) */
+    *l = to;
+}
+
+/* Connected: commands may be sent. */
+static bool link_up(enum link l)
+{
+    return l == LINK_UP || l == LINK_SHARED || l == LINK_SLOW;
+}
 
 enum op_kind { OP_SET, OP_DEL, OP_MISS };
 
@@ -75,14 +117,15 @@ struct atc_cluster {
 
     /* main thread */
     redisAsyncContext *cmd, *sub;
-    bool cmd_up, sub_up; /* connected */
-    bool subscribed;     /* Redis confirmed the subscription: other replicas' pins arrive */
-    bool shared;         /* the last sync was whole and in time: shared mode */
-    bool down_logged;    /* local mode was logged (once per outage) */
+    enum link link;       /* cmd's, and the mode: shared in LINK_SHARED only */
+    enum link sub_link;   /* sub's: LINK_SHARED once Redis confirmed the subscription */
+    bool outage_logged;   /* local mode was logged: once per outage, from the first failure to a sync */
     unsigned outstanding; /* answers awaited on cmd */
+    bool sync_in_flight;  /* a sync round's read is awaited: the next round waits for it */
     uint64_t busy_since_ms, last_sync_ms, next_connect_ms, seq;
     unsigned replicas;   /* others summed at the last sync */
     uint64_t syncs, local_entries, pins_sent, pins_received, pins_fetched;
+    uint64_t oversized; /* values in Redis left unread for their size (atc:load's fields, pins) */
     char last_error[160];
 
     /* the workers' queue */
@@ -93,7 +136,7 @@ struct atc_cluster {
     atomic_bool wake_posted; /* one wake in flight at a time: set by whoever wakes, cleared by the flush */
 };
 
-static void go_local(struct atc_cluster *c, const char *why);
+static void go_local(struct atc_cluster *c, enum link to, const char *why);
 
 static void wake_once(struct atc_cluster *c)
 {
@@ -105,17 +148,23 @@ static void wake_once(struct atc_cluster *c)
 
 static void on_reply(redisAsyncContext *ac, void *r, void *priv);
 
-static void send_argv(struct atc_cluster *c, struct pending *p, int argc, const char **argv, const size_t *lens)
+/* Sends a command whose answer goes to on_reply with @p p (owned; freed here when not sent). Returns 0, or
+ * -1 when it was not sent (no connection, too many in flight, out of memory). */
+static int send_argv(struct atc_cluster *c, struct pending *p, int argc, const char **argv,
+                     const size_t *lens)
 {
-    if (c->cmd == NULL || !c->cmd_up ||
+    if (p == NULL)
+        return -1; /* out of memory: an answer without its pending would not be counted */
+    if (c->cmd == NULL || !link_up(c->link) || c->outstanding >= INFLIGHT_MAX ||
         redisAsyncCommandArgv(c->cmd, on_reply, p, argc, argv, lens) != REDIS_OK) {
         if (p != NULL && p->kind == R_REFILL && c->limits != NULL)
             atc_limits_refilled(c->limits, &p->refill, -1);
         free(p);
-        return;
+        return -1;
     }
     if (c->outstanding++ == 0)
         c->busy_since_ms = atc_mono_ms();
+    return 0;
 }
 
 static struct pending *pending_new(struct atc_cluster *c, enum reply_kind kind)
@@ -128,12 +177,14 @@ static struct pending *pending_new(struct atc_cluster *c, enum reply_kind kind)
     return p;
 }
 
+/* The answer of LOAD_SCRIPT: {oversized, field, value, field, value, ...}. */
 static void on_load(struct atc_cluster *c, const redisReply *r)
 {
     uint64_t now = atc_mono_ms();
-    if (r->type != REDIS_REPLY_ARRAY)
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 || r->element[0]->type != REDIS_REPLY_INTEGER)
         return;
-    for (size_t i = 0; i + 1 < r->elements; i += 2) {
+    c->oversized += r->element[0]->integer > 0 ? (uint64_t)r->element[0]->integer : 0;
+    for (size_t i = 1; i + 1 < r->elements; i += 2) {
         const redisReply *k = r->element[i], *v = r->element[i + 1];
         if (k->type == REDIS_REPLY_STRING && v->type == REDIS_REPLY_STRING)
             atc_load_share_update(c->share, k->str, k->len, v->str, v->len, now);
@@ -141,20 +192,23 @@ static void on_load(struct atc_cluster *c, const redisReply *r)
     c->replicas = atc_load_share_apply(c->share, c->table, now, STALE_SYNCS * c->interval_ms);
     c->last_sync_ms = now;
     c->syncs++;
-    if (!c->shared) {
-        c->shared = true;
-        if (c->down_logged)
+    if (c->link != LINK_SHARED) {
+        link_set(&c->link, LINK_SHARED);
+        if (c->outage_logged)
             atc_info("cluster: Redis at %s answers again: shared mode (%u other replica(s))", c->where,
                      c->replicas);
-        c->down_logged = false;
+        c->outage_logged = false;
     }
     if (c->limits != NULL)
         atc_limits_set_shared(c->limits, true, c->replicas + 1);
 }
 
-/* A pin this replica asked for: {id or nil, pttl}. */
+/* A pin this replica asked for: {id or nil, pttl}; {nil, -3} when its value is too long to be an id. */
 static void on_pin(struct atc_cluster *c, const struct pending *p, const redisReply *r)
 {
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 && r->element[1]->type == REDIS_REPLY_INTEGER &&
+        r->element[1]->integer == -3)
+        c->oversized++;
     if (c->aff == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
         r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_INTEGER ||
         r->element[1]->integer <= 0 || r->element[0]->len > ATC_AFFINITY_ID_MAX)
@@ -179,6 +233,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
     }
     switch (p->kind) {
     case R_LOAD:
+        c->sync_in_flight = false; /* answered, failed, or dropped with its connection */
         if (r != NULL)
             on_load(c, r);
         break;
@@ -204,9 +259,10 @@ static void on_pin_message(redisAsyncContext *ac, void *reply, void *priv)
 {
     struct atc_cluster *c = priv;
     const redisReply *r = reply;
-    if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 3 && r->element[0]->type == REDIS_REPLY_STRING &&
-        strcmp(r->element[0]->str, "subscribe") == 0)
-        c->subscribed = true;
+    if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
+        r->element[0]->type == REDIS_REPLY_STRING && strcmp(r->element[0]->str, "subscribe") == 0 &&
+        c->sub_link == LINK_UP)
+        link_set(&c->sub_link, LINK_SHARED);
     if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
         r->element[2]->type != REDIS_REPLY_STRING || c->aff == NULL)
         return;
@@ -239,16 +295,14 @@ static void on_connect(const redisAsyncContext *ac, int status)
         snprintf(c->last_error, sizeof(c->last_error), "%s", ac->errstr);
         if (is_cmd) {
             c->cmd = NULL;
-            go_local(c, ac->errstr);
+            go_local(c, LINK_DOWN, ac->errstr);
         } else {
             c->sub = NULL;
+            link_set(&c->sub_link, LINK_DOWN);
         }
         return;
     }
-    if (is_cmd)
-        c->cmd_up = true;
-    else
-        c->sub_up = true;
+    link_set(is_cmd ? &c->link : &c->sub_link, LINK_UP);
 }
 
 static void on_disconnect(const redisAsyncContext *ac, int status)
@@ -256,13 +310,12 @@ static void on_disconnect(const redisAsyncContext *ac, int status)
     struct atc_cluster *c = ac->data;
     if (ac == c->cmd) {
         c->cmd = NULL;
-        c->cmd_up = false;
         c->outstanding = 0;
-        go_local(c, status == REDIS_OK ? "disconnected" : ac->errstr);
+        c->sync_in_flight = false;
+        go_local(c, LINK_DOWN, status == REDIS_OK ? "disconnected" : ac->errstr);
     } else if (ac == c->sub) {
         c->sub = NULL;
-        c->sub_up = false;
-        c->subscribed = false;
+        link_set(&c->sub_link, LINK_DOWN);
     }
 }
 
@@ -292,28 +345,35 @@ static void connect_all(struct atc_cluster *c, uint64_t now)
     char db[16];
     snprintf(db, sizeof(db), "%u", c->db);
     if (c->cmd == NULL && (c->cmd = connect_one(c)) != NULL) {
-        c->cmd_up = true; /* commands queue until the socket connects; SELECT goes first */
+        link_set(&c->link, LINK_CONNECTING);
+        /* hiredis queues commands until the socket connects: SELECT goes first, the only one sent before */
+        struct pending *p = pending_new(c, R_IGNORE);
         const char *argv[] = {"SELECT", db};
-        send_argv(c, pending_new(c, R_IGNORE), 2, argv, NULL);
-        c->cmd_up = false;
+        if (p != NULL && redisAsyncCommandArgv(c->cmd, on_reply, p, 2, argv, NULL) == REDIS_OK) {
+            if (c->outstanding++ == 0)
+                c->busy_since_ms = atc_mono_ms();
+        } else {
+            free(p);
+        }
     }
     if (c->sub == NULL && (c->sub = connect_one(c)) != NULL) {
+        link_set(&c->sub_link, LINK_CONNECTING);
         const char *argv[] = {"SUBSCRIBE", c->channel};
         redisAsyncCommandArgv(c->sub, on_pin_message, c, 2, argv, NULL);
     }
 }
 
-static void go_local(struct atc_cluster *c, const char *why)
+/* cmd's link goes to @p to (LINK_DOWN, or LINK_SLOW from shared mode), and the replica to local mode. */
+static void go_local(struct atc_cluster *c, enum link to, const char *why)
 {
-    if (c->shared || !c->down_logged) {
-        if (!c->down_logged)
-            atc_warn("cluster: Redis at %s %s: local mode (each replica its own load, pins and limits) until "
-                     "it answers again",
-                     c->where, why);
-        c->down_logged = true;
-        c->local_entries += c->shared;
-    }
-    c->shared = false;
+    if (!c->outage_logged)
+        atc_warn("cluster: Redis at %s %s: local mode (each replica its own load, pins and limits) until "
+                 "it answers again",
+                 c->where, why);
+    c->outage_logged = true;
+    c->local_entries += c->link == LINK_SHARED;
+    if (c->link != to)
+        link_set(&c->link, to);
     atc_load_share_clear(c->table);
     if (c->limits != NULL)
         atc_limits_set_shared(c->limits, false, 1);
@@ -328,15 +388,20 @@ static void send_op(struct atc_cluster *c, const struct op *o)
     memcpy(key + klen, o->key, o->keylen);
     klen += o->keylen;
     if (o->kind == OP_MISS) {
-        static const char script[] = "return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}";
+        /* STRLEN first: a value too long to be an id is not sent */
+        static const char script[] =
+            "if redis.call('STRLEN', KEYS[1]) > tonumber(ARGV[1]) then return {false, -3} end "
+            "return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}";
         struct pending *p = pending_new(c, R_PIN);
         if (p == NULL)
             return;
         memcpy(p->key, o->key, o->keylen);
         p->keylen = o->keylen;
-        const char *argv[] = {"EVAL", script, "1", key};
-        size_t lens[] = {4, sizeof(script) - 1, 1, klen};
-        send_argv(c, p, 4, argv, lens);
+        char idmax[16];
+        snprintf(idmax, sizeof(idmax), "%d", ATC_AFFINITY_ID_MAX);
+        const char *argv[] = {"EVAL", script, "1", key, idmax};
+        size_t lens[] = {4, sizeof(script) - 1, 1, klen, strlen(idmax)};
+        send_argv(c, p, 5, argv, lens);
         return;
     }
     snprintf(ttl, sizeof(ttl), "%" PRIu64, o->kind == OP_SET ? o->ttl_ms : 0);
@@ -370,10 +435,10 @@ void atc_cluster_flush(struct atc_cluster *c)
     }
     c->nops = 0;
     pthread_mutex_unlock(&c->mu);
-    for (size_t i = 0; i < n && c->shared; i++) /* in local mode pins stay local */
+    for (size_t i = 0; i < n && c->link == LINK_SHARED; i++) /* in local mode pins stay local */
         send_op(c, &ops[i]);
     free(ops);
-    if (c->limits == NULL || !c->shared)
+    if (c->limits == NULL || c->link != LINK_SHARED)
         return;
     struct atc_limit_refill rf[REFILLS_MAX];
     size_t nr = atc_limits_refills(c->limits, atc_wall_us() / 1000, rf, REFILLS_MAX);
@@ -391,39 +456,72 @@ void atc_cluster_flush(struct atc_cluster *c)
         const char *incr[] = {"INCRBY", key, amount};
         size_t ilens[] = {6, (size_t)klen, strlen(amount)};
         send_argv(c, p, 3, incr, ilens);
-        const char *exp[] = {"PEXPIRE", key, "120000"};
-        size_t elens[] = {7, (size_t)klen, 6};
+        char ttl[24];
+        snprintf(ttl, sizeof(ttl), "%d", LIMIT_KEY_TTL_MS);
+        const char *exp[] = {"PEXPIRE", key, ttl};
+        size_t elens[] = {7, (size_t)klen, strlen(ttl)};
         send_argv(c, pending_new(c, R_IGNORE), 3, exp, elens);
     }
+}
+
+/* Reads the other replicas' fields of atc:load within the bounds above: Redis checks each length
+ * (HSTRLEN) before it sends a value, so an oversized one costs neither Redis's output buffers nor this
+ * replica's memory. Our own field is not read back. */
+static void send_load_read(struct atc_cluster *c)
+{
+    static const char script[] =
+        "local key, vmax, nmax = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]) "
+        "local total, self = tonumber(ARGV[3]), ARGV[4] "
+        "local n = redis.call('HLEN', key) "
+        "if n > nmax then return {n} end "
+        "local out, skipped = {0}, 0 "
+        "for _, f in ipairs(redis.call('HKEYS', key)) do "
+        "  if f ~= self then "
+        "    local len = redis.call('HSTRLEN', key, f) "
+        "    if #f > 63 or len > vmax or len > total then skipped = skipped + 1 "
+        "    else total = total - len; out[#out + 1] = f; out[#out + 1] = redis.call('HGET', key, f) end "
+        "  end "
+        "end "
+        "out[1] = skipped "
+        "return out";
+    char vmax[24], nmax[24], total[24];
+    snprintf(vmax, sizeof(vmax), "%d", ATC_LOAD_SHARE_TEXT_MAX);
+    snprintf(nmax, sizeof(nmax), "%d", LOAD_FIELDS_MAX);
+    snprintf(total, sizeof(total), "%u", LOAD_READ_MAX);
+    struct pending *p = pending_new(c, R_LOAD);
+    const char *argv[] = {"EVAL", script, "1", "atc:load", vmax, nmax, total, c->name};
+    size_t lens[] = {4, sizeof(script) - 1, 1, 8, strlen(vmax), strlen(nmax), strlen(total), strlen(c->name)};
+    if (p != NULL && send_argv(c, p, 8, argv, lens) == 0)
+        c->sync_in_flight = true; /* until on_reply, which runs for every command sent */
 }
 
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     struct atc_cluster *c = arg;
     uint64_t now = atc_mono_ms();
-    if (c->cmd_up && c->outstanding > 0 && now - c->busy_since_ms > c->interval_ms) {
+    if (link_up(c->link) && c->outstanding > 0 && now - c->busy_since_ms > c->interval_ms) {
         /* Slow counts as down: a decision must not lean on figures this old. */
-        if (c->shared)
-            go_local(c, "is slow to answer");
+        if (c->link == LINK_SHARED)
+            go_local(c, LINK_SLOW, "is slow to answer");
         uint64_t hang = c->interval_ms * 20 > HANG_MS_MIN ? c->interval_ms * 20 : HANG_MS_MIN;
         if (now - c->busy_since_ms > hang) {
             redisAsyncContext *ac = c->cmd; /* pending callbacks get NULL: refills are given back */
             c->cmd = NULL;
-            c->cmd_up = false;
+            link_set(&c->link, LINK_DOWN); /* from LINK_UP or LINK_SLOW: local mode already */
             redisAsyncFree(ac);
             c->outstanding = 0;
+            c->sync_in_flight = false;
             if (c->sub != NULL) {
                 ac = c->sub;
                 c->sub = NULL;
-                c->sub_up = false;
-                c->subscribed = false;
+                link_set(&c->sub_link, LINK_DOWN);
                 redisAsyncFree(ac);
             }
         }
     }
     if (c->cmd == NULL || c->sub == NULL)
         connect_all(c, now);
-    if (c->cmd_up && c->outstanding < 64) {
+    if (link_up(c->link) && !c->sync_in_flight) { /* one round at a time: a slow Redis is not sent more */
         size_t len;
         char *text = atc_load_share_encode(c->table, ++c->seq, atc_mono_us(), &len);
         if (text != NULL) {
@@ -432,8 +530,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
             send_argv(c, pending_new(c, R_IGNORE), 4, hset, hlens);
             free(text);
         }
-        const char *hgetall[] = {"HGETALL", "atc:load"};
-        send_argv(c, pending_new(c, R_LOAD), 2, hgetall, NULL);
+        send_load_read(c);
     }
     atc_cluster_flush(c);
 }
@@ -510,7 +607,7 @@ struct atc_cluster *atc_cluster_create(struct event_base *base, const struct atc
         snprintf(c->name, sizeof(c->name), "%s:%d", host, (int)getpid());
     }
     pthread_mutex_init(&c->mu, NULL);
-    c->down_logged = false;
+    c->link = c->sub_link = LINK_DOWN;
     if ((c->share = atc_load_share_create(c->name)) == NULL ||
         (c->tick = event_new(base, -1, EV_PERSIST, on_tick, c)) == NULL) {
         atc_cluster_destroy(c);
@@ -562,7 +659,17 @@ void atc_cluster_set_table(struct atc_cluster *c, struct atc_endpoint_table *tab
 
 static const char *state_of(const struct atc_cluster *c)
 {
-    return c->shared ? "connected" : c->cmd_up ? (c->outstanding > 0 ? "slow" : "connecting") : "down";
+    switch (c->link) {
+    case LINK_SHARED:
+        return "connected";
+    case LINK_UP: /* no whole sync in time yet */
+    case LINK_SLOW:
+        return c->outstanding > 0 ? "slow" : "connecting";
+    case LINK_DOWN:
+    case LINK_CONNECTING:
+        break;
+    }
+    return "down";
 }
 
 struct each_ctx {
@@ -585,18 +692,21 @@ void atc_cluster_json(struct atc_cluster *c, struct evbuffer *out)
     atc_json_escape(out, c->name, strlen(c->name));
     evbuffer_add_printf(out, "\", \"redis\": \"");
     atc_json_escape(out, c->where, strlen(c->where));
-    evbuffer_add_printf(out,
-                        "\", \"state\": \"%s\", \"mode\": \"%s\", \"pins_subscribed\": %s, \"sync_interval_ms\": %" PRIu64,
-                        state_of(c), c->shared ? "shared" : "local", c->subscribed ? "true" : "false",
-                        c->interval_ms);
+    evbuffer_add_printf(
+        out,
+        "\", \"state\": \"%s\", \"mode\": \"%s\", \"pins_subscribed\": %s, \"sync_interval_ms\": %" PRIu64,
+        state_of(c), c->link == LINK_SHARED ? "shared" : "local",
+        c->sub_link == LINK_SHARED ? "true" : "false", c->interval_ms);
     if (c->last_sync_ms > 0)
         evbuffer_add_printf(out, ", \"last_sync_ms_ago\": %" PRIu64, now - c->last_sync_ms);
     else
         evbuffer_add_printf(out, ", \"last_sync_ms_ago\": null");
-    evbuffer_add_printf(out, ", \"syncs_total\": %" PRIu64 ", \"local_mode_total\": %" PRIu64
-                             ", \"pins_sent_total\": %" PRIu64 ", \"pins_received_total\": %" PRIu64
-                             ", \"pins_fetched_total\": %" PRIu64 ", \"last_error\": \"",
-                        c->syncs, c->local_entries, c->pins_sent, c->pins_received, c->pins_fetched);
+    evbuffer_add_printf(
+        out,
+        ", \"syncs_total\": %" PRIu64 ", \"local_mode_total\": %" PRIu64 ", \"pins_sent_total\": %" PRIu64
+        ", \"pins_received_total\": %" PRIu64 ", \"pins_fetched_total\": %" PRIu64
+        ", \"oversized_total\": %" PRIu64 ", \"last_error\": \"",
+        c->syncs, c->local_entries, c->pins_sent, c->pins_received, c->pins_fetched, c->oversized);
     atc_json_escape(out, c->last_error, strlen(c->last_error));
     evbuffer_add_printf(out, "\", \"replicas\": [");
     struct each_ctx e = {.out = out};
@@ -627,9 +737,12 @@ void atc_cluster_metrics(struct atc_cluster *c, struct evbuffer *out)
         "# HELP atc_cluster_pins_total Session pins written to Redis (sent), learnt from other replicas "
         "(received, fetched), or dropped (queue full).\n# TYPE atc_cluster_pins_total counter\n"
         "atc_cluster_pins_total{op=\"sent\"} %" PRIu64 "\natc_cluster_pins_total{op=\"received\"} %" PRIu64
-        "\natc_cluster_pins_total{op=\"fetched\"} %" PRIu64 "\natc_cluster_pins_total{op=\"dropped\"} %" PRIu64
-        "\n",
-        c->shared ? 1 : 0, c->cmd_up ? 1 : 0, c->replicas,
+        "\natc_cluster_pins_total{op=\"fetched\"} %" PRIu64
+        "\natc_cluster_pins_total{op=\"dropped\"} %" PRIu64
+        "\n# HELP atc_cluster_oversized_total Values in Redis left unread for their size (other replicas' "
+        "load over the bound, pins too long to be an id).\n# TYPE atc_cluster_oversized_total counter\n"
+        "atc_cluster_oversized_total %" PRIu64 "\n",
+        c->link == LINK_SHARED ? 1 : 0, link_up(c->link) ? 1 : 0, c->replicas,
         c->last_sync_ms ? (double)(now - c->last_sync_ms) / 1000.0 : -1.0, c->syncs, c->local_entries,
-        c->pins_sent, c->pins_received, c->pins_fetched, dropped);
+        c->pins_sent, c->pins_received, c->pins_fetched, dropped, c->oversized);
 }

@@ -15,7 +15,7 @@
 #include "base/json.h"
 
 #define DYNAMIC_SLOTS 1024 /* other tenants tracked at once within a window */
-#define PROBES 16
+#define PROBES 16          /* the slots a name may take: where it hashes, and the 15 after */
 
 struct bucket {
     uint64_t used;     /* admitted this window: requests, or tokens (corrected) */
@@ -31,17 +31,21 @@ struct slot {
     bool in_use, configured;
     struct atc_limit_rule rule;
     uint64_t window;
+    uint64_t last_used; /* the table's clock at this slot's last admission: the older goes first */
+    uint32_t gen;       /* bumped when the slot is given to another tenant: tickets of the last one miss */
     struct bucket b[2];
     uint64_t admitted, limited, tokens; /* since start: configured tenants' own counters */
 };
 
 struct atc_limits {
     pthread_mutex_t mu; /* covers everything below */
-    struct slot *slots; /* [nconf] configured, then [DYNAMIC_SLOTS], then the overflow slot */
+    struct slot *slots; /* [nconf] configured, then [DYNAMIC_SLOTS] */
     size_t nconf;
     struct atc_limit_rule dflt;
     bool shared;
     unsigned replicas;
+    uint64_t clock;   /* admissions so far: the slots' last_used */
+    uint64_t evicted; /* other tenants' slots taken within their window by a new name */
     uint64_t other_admitted, other_limited, other_tokens; /* every tenant not configured */
     void (*on_low)(void *ctx);
     void *on_low_ctx;
@@ -78,7 +82,7 @@ struct atc_limits *atc_limits_create(const struct atc_config *cfg)
     l->nconf = cfg->limits.ntenants;
     l->dflt = cfg->limits.dflt;
     l->replicas = 1;
-    if ((l->slots = calloc(l->nconf + DYNAMIC_SLOTS + 1, sizeof(*l->slots))) == NULL) {
+    if ((l->slots = calloc(l->nconf + DYNAMIC_SLOTS, sizeof(*l->slots))) == NULL) {
         free(l);
         return NULL;
     }
@@ -88,10 +92,6 @@ struct atc_limits *atc_limits_create(const struct atc_config *cfg)
         s->in_use = s->configured = true;
         s->rule = cfg->limits.rules[i];
     }
-    struct slot *overflow = &l->slots[l->nconf + DYNAMIC_SLOTS];
-    snprintf(overflow->name, sizeof(overflow->name), "(overflow)");
-    overflow->in_use = true;
-    overflow->rule = l->dflt;
     pthread_mutex_init(&l->mu, NULL);
     return l;
 }
@@ -105,7 +105,23 @@ void atc_limits_destroy(struct atc_limits *l)
     free(l);
 }
 
-/* The slot of @p name (under the lock), made or reused for window @p w; -1 when it is not limited. */
+/* Which of two slots a new name takes: a free one, else one of an older window, else the one that
+ * spent least of this window's requests, else the one admitted longest ago. So a client rotating names
+ * evicts its own names (each spent once) before a tenant that spent its budget, and never shares a
+ * budget with another tenant. */
+static bool better_victim(const struct slot *a, const struct slot *b, uint64_t w)
+{
+    if (!a->in_use || !b->in_use)
+        return !a->in_use && b->in_use;
+    if ((a->window < w) != (b->window < w))
+        return a->window < w;
+    if (a->b[ATC_LIMIT_REQUESTS].used != b->b[ATC_LIMIT_REQUESTS].used)
+        return a->b[ATC_LIMIT_REQUESTS].used < b->b[ATC_LIMIT_REQUESTS].used;
+    return a->last_used < b->last_used;
+}
+
+/* The slot of @p name (under the lock), made or taken for window @p w when @p create; -1 when it is not
+ * limited (or not found). */
 static int find_slot(struct atc_limits *l, const char *name, uint64_t w, bool create)
 {
     for (size_t i = 0; i < l->nconf; i++)
@@ -114,20 +130,26 @@ static int find_slot(struct atc_limits *l, const char *name, uint64_t w, bool cr
     if (l->dflt.requests_per_minute == 0 && l->dflt.tokens_per_minute == 0)
         return -1;
     size_t h = (size_t)XXH3_64bits(name, strlen(name)) % DYNAMIC_SLOTS;
-    for (int p = 0; p < PROBES; p++) {
+    struct slot *victim = NULL;
+    for (int p = 0; p < PROBES; p++) { /* the whole run first: a name is in at most one of its slots */
         struct slot *s = &l->slots[l->nconf + (h + (size_t)p) % DYNAMIC_SLOTS];
         if (s->in_use && strcmp(s->name, name) == 0)
             return (int)(s - l->slots);
-        if (create && (!s->in_use || s->window < w)) { /* free, or a tenant of an older window */
-            memset(s, 0, sizeof(*s));
-            snprintf(s->name, sizeof(s->name), "%s", name);
-            s->in_use = true;
-            s->rule = l->dflt;
-            s->window = w;
-            return (int)(s - l->slots);
-        }
+        if (victim == NULL || better_victim(s, victim, w))
+            victim = s;
     }
-    return create ? (int)(l->nconf + DYNAMIC_SLOTS) : -1;
+    if (!create)
+        return -1;
+    if (victim->in_use && victim->window == w)
+        l->evicted++;
+    uint32_t gen = victim->gen + 1;
+    memset(victim, 0, sizeof(*victim));
+    snprintf(victim->name, sizeof(victim->name), "%s", name);
+    victim->in_use = true;
+    victim->rule = l->dflt;
+    victim->window = w;
+    victim->gen = gen;
+    return (int)(victim - l->slots);
 }
 
 /* A new window starts from nothing spent and nothing leased. */
@@ -157,6 +179,7 @@ int atc_limits_admit(struct atc_limits *l, const char *tenant, uint64_t tokens, 
     }
     struct slot *s = &l->slots[i];
     roll(s, w);
+    s->last_used = ++l->clock;
     for (int k = 0; k < 2; k++) {
         if (limit_of(&s->rule, k) > 0 && available(l, s, k) <= 0) {
             *kind = (enum atc_limit_kind)k;
@@ -185,7 +208,7 @@ int atc_limits_admit(struct atc_limits *l, const char *tenant, uint64_t tokens, 
         if (limit > 0 && s->b[k].pending == 0 && available(l, s, k) <= (int64_t)(chunk_of(l, limit) / 2))
             low = true;
     }
-    *t = (struct atc_limit_ticket){.slot = i, .window = w, .tokens = tokens};
+    *t = (struct atc_limit_ticket){.slot = i, .gen = s->gen, .window = w, .tokens = tokens};
     pthread_mutex_unlock(&l->mu);
     if (low && l->on_low != NULL)
         l->on_low(l->on_low_ctx);
@@ -198,7 +221,7 @@ void atc_limits_settle(struct atc_limits *l, const struct atc_limit_ticket *t, u
         return;
     pthread_mutex_lock(&l->mu);
     struct slot *s = &l->slots[t->slot];
-    if (s->window == t->window) {
+    if (s->window == t->window && s->gen == t->gen) { /* still that tenant's slot */
         struct bucket *b = &s->b[ATC_LIMIT_TOKENS];
         b->used = b->used + actual_tokens > t->tokens ? b->used + actual_tokens - t->tokens : 0;
         uint64_t *sum = s->configured ? &s->tokens : &l->other_tokens;
@@ -226,7 +249,7 @@ size_t atc_limits_refills(struct atc_limits *l, uint64_t now_ms, struct atc_limi
     uint64_t w = now_ms / ATC_LIMITS_WINDOW_MS;
     size_t n = 0;
     pthread_mutex_lock(&l->mu);
-    for (size_t i = 0; l->shared && i < l->nconf + DYNAMIC_SLOTS + 1 && n < max; i++) {
+    for (size_t i = 0; l->shared && i < l->nconf + DYNAMIC_SLOTS && n < max; i++) {
         struct slot *s = &l->slots[i];
         if (!s->in_use || s->window != w)
             continue; /* nothing spent this window (a configured tenant rolls at its first request) */
@@ -254,8 +277,7 @@ size_t atc_limits_refills(struct atc_limits *l, uint64_t now_ms, struct atc_limi
 void atc_limits_refilled(struct atc_limits *l, const struct atc_limit_refill *r, int64_t total)
 {
     pthread_mutex_lock(&l->mu);
-    int i = strcmp(r->tenant, "(overflow)") == 0 ? (int)(l->nconf + DYNAMIC_SLOTS)
-                                                 : find_slot(l, r->tenant, r->window, false);
+    int i = find_slot(l, r->tenant, r->window, false);
     struct slot *s = i >= 0 ? &l->slots[i] : NULL;
     if (s != NULL && s->window == r->window && s->b[r->kind].pending == r->amount) {
         struct bucket *b = &s->b[r->kind];
@@ -324,6 +346,11 @@ void atc_limits_metrics(struct atc_limits *l, struct evbuffer *out, uint64_t now
             if (limit_of(&l->slots[i].rule, k) > 0)
                 evbuffer_add_printf(out, "atc_tenant_remaining{tenant=\"%s\",kind=\"%s\"} %" PRIu64 "\n",
                                     l->slots[i].name, kinds[k], remaining(l, &l->slots[i], k, w));
+    evbuffer_add_printf(out,
+                        "# HELP atc_limits_evicted_total Tenants under the default budget whose slot a new "
+                        "name took within their window (they start again from nothing spent).\n"
+                        "# TYPE atc_limits_evicted_total counter\natc_limits_evicted_total %" PRIu64 "\n",
+                        l->evicted);
     evbuffer_add_printf(out, "# HELP atc_limits_shared 1 while tenant budgets are shared through Redis, 0 "
                              "while each replica spends its own.\n# TYPE atc_limits_shared gauge\n"
                              "atc_limits_shared %d\n",
@@ -353,8 +380,9 @@ void atc_limits_json(struct atc_limits *l, struct evbuffer *out, uint64_t now_ms
     }
     evbuffer_add_printf(out,
                         "], \"other\": {\"requests_per_minute\": %" PRIu64 ", \"tokens_per_minute\": %" PRIu64
-                        ", \"admitted_total\": %" PRIu64 ", \"limited_total\": %" PRIu64 "}}",
+                        ", \"admitted_total\": %" PRIu64 ", \"limited_total\": %" PRIu64
+                        ", \"evicted_total\": %" PRIu64 "}}",
                         l->dflt.requests_per_minute, l->dflt.tokens_per_minute, l->other_admitted,
-                        l->other_limited);
+                        l->other_limited, l->evicted);
     pthread_mutex_unlock(&l->mu);
 }

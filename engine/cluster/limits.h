@@ -21,9 +21,14 @@
  * increment, so the counter in Redis learns every request.
  *
  * Tenants: the configured ones each have a slot; any other tenant gets the default budget in a bounded
- * table of DYNAMIC_SLOTS (a slot from an older window is reused), or, when that is full of this
- * window's tenants, one overflow slot they share. Requests without a tenant are the tenant "" under
- * the default. /metrics shows configured tenants by name and every other under tenant="other".
+ * table of DYNAMIC_SLOTS, where a name may take one of PROBES slots by its hash. A new name takes a
+ * free slot, or one of an older window, or else the slot of the tenant there that spent least this
+ * window (then the one admitted longest ago), which starts again from nothing spent. No two tenants
+ * ever share a budget, so a client rotating names evicts mostly its own names and cannot spend anyone
+ * else's budget; what it can do is what any new name does: get the default budget. (An evicted tenant
+ * gets more, never less: locally it starts again from nothing; shared, Redis's counter still holds
+ * what the fleet spent.) Requests without a tenant are the tenant "" under the default. /metrics shows
+ * configured tenants by name and every other under tenant="other".
  *
  * Threads: any worker calls atc_limits_admit and atc_limits_settle; the main thread (cluster.c, the
  * admin API, /metrics) calls the rest. One mutex, beside the struct in limits.c, covers everything and
@@ -45,6 +50,7 @@ enum atc_limit_kind { ATC_LIMIT_REQUESTS, ATC_LIMIT_TOKENS };
 /* What one admitted request holds until it is settled. */
 struct atc_limit_ticket {
     int slot; /* -1: not counted (no limit applied) */
+    uint32_t gen; /* the slot's generation: settling misses a slot given to another tenant since */
     uint64_t window;
     uint64_t tokens; /* counted at admission */
 };

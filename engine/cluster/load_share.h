@@ -21,6 +21,10 @@ struct atc_endpoint_table;
 struct atc_load_share;
 
 #define ATC_LOAD_SHARE_REPLICAS 64 /* replicas tracked; more are ignored (and logged by the caller) */
+/* The longest text read from another replica: ~80 bytes an endpoint, so some 3,000 endpoints. A longer
+ * value (anyone with write access to Redis can write one) is not read at all: cluster.c asks Redis for
+ * the lengths first and counts it. */
+#define ATC_LOAD_SHARE_TEXT_MAX (256 * 1024)
 
 /** An empty view of the other replicas; @p self is this replica's name (its own field is skipped).
  * NULL when out of memory. */

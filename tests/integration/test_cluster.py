@@ -112,6 +112,35 @@ class Redis:
             return f.read()
 
 
+def redis_call(port, *args, timeout=30):
+    """One command to Redis in RESP; returns its answer (bytes, int, str, or a list of them)."""
+    parts = [a if isinstance(a, bytes) else str(a).encode() for a in args]
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts))
+        f = s.makefile("rb")
+
+        def read():
+            line = f.readline()
+            kind, rest = line[:1], line[1:-2]
+            if kind == b"+":
+                return rest.decode()
+            if kind == b"-":
+                raise AssertionError(f"Redis: {rest.decode()}")
+            if kind == b":":
+                return int(rest)
+            if kind == b"$":
+                return None if int(rest) < 0 else f.read(int(rest) + 2)[:-2]
+            if kind == b"*":
+                return [read() for _ in range(int(rest))]
+            raise AssertionError(f"Redis: unexpected {line!r}")
+        return read()
+
+
+def redis_memory(port):
+    info = redis_call(port, "INFO", "memory").decode()
+    return int(next(line.split(":")[1] for line in info.splitlines() if line.startswith("used_memory:")))
+
+
 @unittest.skipIf(REDIS is None, "redis-server is not installed (apt-get install -y redis-server)")
 class ClusterTest(AtcTestCase):
     def start_cluster(self, rpm=1000, replicas=3, sims=3, cluster=True, sim_extra=()):
@@ -189,6 +218,51 @@ class ClusterTest(AtcTestCase):
         killed = time.monotonic()
         wait_for(lambda: self.probe(a)["s0"][1] == 0, timeout=5, what="B's figures to age out")
         self.assertLessEqual(time.monotonic() - killed, 6 * SYNC_MS / 1000 + 0.5)
+
+    def test_an_oversized_value_in_the_load_key_is_skipped_and_the_rest_synced(self):
+        # someone with write access to Redis puts 64 MiB in atc:load: each replica leaves it in Redis, counts
+        # it, and still reads the other replica's load; Redis's memory stays about that one value
+        atcs = self.start_cluster(replicas=2, sims=1, sim_extra=("--decode-ms", "100"))
+        a, b = atcs
+        # a guard for this machine should the bound fail: Redis drops a client past 512 MiB of answers
+        redis_call(self.redis.port, "CONFIG", "SET", "client-output-buffer-limit", "normal 512mb 512mb 0")
+        used_before = redis_memory(self.redis.port)
+        big = 64 << 20
+        self.assertEqual(redis_call(self.redis.port, "HSET", "atc:load", "hostile", b"atc1 1\n" + b"9" * (big - 7)), 1)
+        # the write's own query buffer goes once the writer's connection is closed (Redis's cron)
+        settled = wait_for(lambda: (lambda m: m if m < used_before + big + (24 << 20) else None)(
+            redis_memory(self.redis.port)), timeout=10, what="Redis to free the write's query buffer")
+        before = [self.cluster(x) for x in atcs]
+        peak = [settled]
+
+        def bounded(pred):
+            peak[0] = max(peak[0], redis_memory(self.redis.port))
+            return pred()
+
+        for x, was in zip(atcs, before):
+            wait_for(lambda: bounded(lambda: (lambda c: c["oversized_total"] > was["oversized_total"] and
+                                              c["syncs_total"] >= was["syncs_total"] + 10)(self.cluster(x))),
+                     timeout=15, what="10 more syncs, the oversized value counted")
+        _, _, metrics = request("127.0.0.1", a.admin_port, "GET", "/metrics")
+        self.assertRegex(metrics.decode(), r"atc_cluster_oversized_total [1-9]")
+
+        def hold():
+            try:
+                chat(b.port, model="m", max_tokens=30)
+            except OSError:
+                pass
+
+        clients = [threading.Thread(target=hold, daemon=True) for _ in range(4)]
+        for t in clients:
+            t.start()
+        wait_for(lambda: bounded(lambda: (lambda p: p["s0"][1] == 4)(self.probe(a))), timeout=10,
+                 what="A to see B's 4 requests in flight despite the hostile value")
+        for x in atcs:
+            self.assertEqual(self.cluster(x)["mode"], "shared")
+        for t in clients:
+            t.join(timeout=30)
+        # not one copy of the value in an answer's output buffer
+        self.assertLess(peak[0] - settled, 16 << 20, f"Redis used_memory from {settled} peaked at {peak[0]}")
 
     def wait_window_start(self):
         """A minute's window ends at the next whole minute: a test counting one window's budget keeps

@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,6 +77,56 @@ static void test_the_default_applies_to_each_other_tenant_alone(void **state)
     atc_limits_destroy(l);
 }
 
+/* A client rotating tenant names (issue 25 finding 7: 2,000 names took the table, then one overflow
+ * budget every other new tenant shared, so each got 429 on its first request for the rest of the
+ * minute): a new tenant is still admitted, and a tenant that spent its budget is still refused. */
+static void test_rotating_tenant_names_starve_no_other_tenant(void **state)
+{
+    struct atc_limits *l = make(3);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(admit(l, "spent", 1, T0), 0);
+    assert_true(admit(l, "spent", 1, T0) > 0);
+    int admitted = 0;
+    for (int i = 0; i < 1200; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "rot-%d", i);
+        admitted += admit(l, name, 1, T0 + 1) == 0;
+    }
+    assert_int_equal(admit(l, "newcomer", 1, T0 + 2), 0); /* 429 before: the overflow budget was spent */
+    assert_int_equal(admitted, 1200); /* each name its first request: what any new tenant gets */
+    assert_int_equal(admit(l, "newcomer", 1, T0 + 2), 0);
+    assert_int_equal(admit(l, "newcomer", 1, T0 + 2), 0);
+    assert_true(admit(l, "newcomer", 1, T0 + 2) > 0); /* its own budget, whole */
+    assert_true(admit(l, "spent", 1, T0 + 3) > 0);    /* not evicted by names that spent less */
+    atc_limits_destroy(l);
+}
+
+/* A ticket of a tenant whose slot another name took corrects nothing of the new tenant's. */
+static void test_settling_after_eviction_touches_no_other_tenant(void **state)
+{
+    struct atc_config cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.limits.dflt.tokens_per_minute = 100;
+    struct atc_limits *l = atc_limits_create(&cfg);
+    assert_non_null(l);
+    struct atc_limit_ticket first, t;
+    enum atc_limit_kind kind;
+    assert_int_equal(atc_limits_admit(l, "a", 90, T0, &first, &kind), 0);
+    /* names until one takes a's slot */
+    char name[32];
+    for (int i = 0; i < 100000; i++) {
+        snprintf(name, sizeof(name), "n-%d", i);
+        assert_int_equal(atc_limits_admit(l, name, 100, T0, &t, &kind), 0); /* its budget, all of it */
+        if (t.slot == first.slot)
+            break;
+    }
+    assert_int_equal(t.slot, first.slot);
+    atc_limits_settle(l, &first, 0); /* a's answer used nothing: must not give the new tenant 90 back */
+    assert_true(atc_limits_admit(l, name, 1, T0, &t, &kind) > 0);
+    assert_int_equal(kind, ATC_LIMIT_TOKENS);
+    atc_limits_destroy(l);
+}
+
 /* Sends every due refill of @p l to the counters, as cluster.c does with INCRBY. */
 static void sync_one(struct atc_limits *l, int64_t *counter, uint64_t now)
 {
@@ -143,6 +194,8 @@ int main(void)
         cmocka_unit_test(test_local_window_admits_the_budget_then_refuses_until_the_next_minute),
         cmocka_unit_test(test_tokens_are_corrected_by_the_usage),
         cmocka_unit_test(test_the_default_applies_to_each_other_tenant_alone),
+        cmocka_unit_test(test_rotating_tenant_names_starve_no_other_tenant),
+        cmocka_unit_test(test_settling_after_eviction_touches_no_other_tenant),
         cmocka_unit_test(test_three_replicas_admit_the_budget_once_between_them),
         cmocka_unit_test(test_a_failed_refill_is_sent_again),
         cmocka_unit_test(test_spending_in_local_mode_is_reported_on_return),
