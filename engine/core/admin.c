@@ -145,8 +145,9 @@ static void send_endpoints(struct atc_server *srv, struct atc_http_req *req)
          * priors), the engine-reported cached share (null: never reported) */
         const struct atc_signals *sig = &ep->sig;
         double cached = atc_signals_cached_share(sig);
-        evbuffer_add_printf(b, ",\"signals\":{\"prefill_rate\":%.1f,\"prefill_samples\":%llu,\"itl_ms\":%.3f,"
-                               "\"itl_samples\":%llu,\"prefill_tokens\":%llu,\"cached_token_share\":",
+        evbuffer_add_printf(b,
+                            ",\"signals\":{\"prefill_rate\":%.1f,\"prefill_samples\":%llu,\"itl_ms\":%.3f,"
+                            "\"itl_samples\":%llu,\"prefill_tokens\":%llu,\"cached_token_share\":",
                             atc_signals_prefill_tps(sig, &srv->table->signals),
                             (unsigned long long)atomic_load(&sig->prefill_samples),
                             atc_signals_itl_ms(sig, &srv->table->signals),

@@ -151,7 +151,8 @@ void atc_signals_cached(struct atc_signals *s, uint64_t prompt, uint64_t cached)
     w = w > 0.5 ? 0.5 : w < EWMA_ALPHA / 10 ? EWMA_ALPHA / 10 : w;
     uint64_t n = atomic_fetch_add_explicit(&s->cached_samples, 1, memory_order_relaxed);
     double old = atomic_load_explicit(&s->cached_share_ewma, memory_order_relaxed);
-    atomic_store_explicit(&s->cached_share_ewma, n == 0 ? share : old + w * (share - old), memory_order_relaxed);
+    atomic_store_explicit(&s->cached_share_ewma, n == 0 ? share : old + w * (share - old),
+                          memory_order_relaxed);
 }
 
 double atc_signals_cached_share(const struct atc_signals *s)

@@ -51,7 +51,7 @@ struct atc_signals {
     _Atomic uint64_t recent; /* float tokens (high 32 bits) as of a ms timestamp (low 32 bits) */
     _Atomic double prefill_tps_ewma, itl_ms_ewma, uncached_ewma; /* 0 = no sample yet */
     _Atomic uint64_t prefill_samples, itl_samples, uncached_samples;
-    _Atomic double cached_share_ewma;  /* meaningful once cached_samples > 0 */
+    _Atomic double cached_share_ewma; /* meaningful once cached_samples > 0 */
     _Atomic uint64_t cached_samples;
     /* scraped (main thread writes); scraped_at_us 0 = never */
     _Atomic double scraped_running, scraped_waiting, scraped_kv_usage, scraped_prefix_hit_rate;

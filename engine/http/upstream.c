@@ -442,8 +442,8 @@ static bool value_has_token(const char *value, const char *token)
 /* Hop-by-hop headers (RFC 9110 7.6.1), and the framing a reader makes again: never passed on. */
 static bool hop_by_hop(const char *name, size_t n)
 {
-    static const char *const names[] = {"connection", "keep-alive", "transfer-encoding", "te", "trailer",
-                                        "upgrade",    "content-length"};
+    static const char *const names[] = {"connection", "keep-alive", "transfer-encoding", "te",
+                                        "trailer",    "upgrade",    "content-length"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (header_is(name, n, names[i]))
             return true;

@@ -21,7 +21,7 @@ struct atc_upstream_settings {
     /* from the request written to the answer's head, or for an event stream to its first event
      * (atc_upstream_first_event): vLLM, SGLang and TGI send a stream's head before prefill */
     uint64_t first_byte_timeout_ms;
-    uint64_t idle_timeout_ms; /* longest gap between two reads of the body, after the above */
+    uint64_t idle_timeout_ms;       /* longest gap between two reads of the body, after the above */
     unsigned keepalive;             /* idle connections kept per endpoint */
 };
 

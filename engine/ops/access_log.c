@@ -254,7 +254,8 @@ void atc_access_log_request(struct atc_access_log *log, const struct atc_access_
     if (!r->usage) {
         LINE_LIT(&l, ",\"usage\":null");
     } else {
-        static const char *const keys[] = {"{\"prompt_tokens\":", ",\"completion_tokens\":", ",\"cached_tokens\":"};
+        static const char *const keys[] = {
+            "{\"prompt_tokens\":", ",\"completion_tokens\":", ",\"cached_tokens\":"};
         const int64_t v[] = {r->usage_prompt_tokens, r->usage_completion_tokens, r->usage_cached_tokens};
         LINE_LIT(&l, ",\"usage\":");
         for (int i = 0; i < 3; i++) {

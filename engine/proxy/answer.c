@@ -29,7 +29,8 @@ size_t atc_answer_pass_headers(char *dst, const char *src, size_t len, bool even
         size_t n = colon != NULL ? (size_t)(colon - line) : 0;
         at += linelen;
         if (n == 0 || name_is(line, n, "date") || name_is(line, n, "x-request-id") ||
-            (n >= 6 && strncasecmp(line, "x-atc-", 6) == 0) || (event_stream && name_is(line, n, "cache-control")))
+            (n >= 6 && strncasecmp(line, "x-atc-", 6) == 0) ||
+            (event_stream && name_is(line, n, "cache-control")))
             continue;
         memcpy(dst + out, line, linelen);
         out += linelen;

@@ -129,8 +129,8 @@ struct relay {
      * not an event stream, whose first token atc cannot see) */
     uint64_t t_start_us, t_first_us;
     uint64_t bytes, sse_events;
-    uint64_t data_events; /* events with a data field; comments and empty events are not tokens */
-    bool event_has_data;  /* the event being scanned has had a data line (sse_scan) */
+    uint64_t data_events;  /* events with a data field; comments and empty events are not tokens */
+    bool event_has_data;   /* the event being scanned has had a data line (sse_scan) */
     bool after_newline;    /* the stream so far ends with a '\n' that did not end an event (sse_scan) */
     unsigned sse_line_len; /* bytes of the current SSE line seen so far, counted up to sizeof(sse_head) */
     char sse_head[8];      /* its first bytes: enough to tell a field from garbage */
@@ -734,7 +734,8 @@ static bool sse_scan(struct relay *r, const char *p, size_t len)
         if (c == '\n') {
             if (!sse_line_ok(r->sse_head, line_len, true))
                 return false;
-            if (line_len >= 4 && memcmp(r->sse_head, "data", 4) == 0 && (line_len == 4 || r->sse_head[4] == ':'))
+            if (line_len >= 4 && memcmp(r->sse_head, "data", 4) == 0 &&
+                (line_len == 4 || r->sse_head[4] == ':'))
                 has_data = true;
             if (after_newline) { /* an empty line: the event ends */
                 events++;
@@ -772,9 +773,9 @@ static void on_up_body(void *arg, const char *data, size_t len)
         evbuffer_add(r->buffered, data, len);
         return;
     }
-    if (r->event_stream && (!sse_scan(r, data, len) ||
-                            (r->holding && r->data_events == 0 &&
-                             evbuffer_get_length(r->buffered) + len > MAX_HELD_BEFORE_FIRST_EVENT))) {
+    if (r->event_stream &&
+        (!sse_scan(r, data, len) || (r->holding && r->data_events == 0 &&
+                                     evbuffer_get_length(r->buffered) + len > MAX_HELD_BEFORE_FIRST_EVENT))) {
         /* Not server-sent events: the server is broken. It counts against it; before the first event
          * another endpoint is tried, after it the client's stream ends with an error event rather than
          * with garbage. */
@@ -825,7 +826,8 @@ static void on_up_done(void *arg)
             type = "application/json";
             len = evbuffer_get_length(body);
         }
-        atc_http_reply(r->client, r->status, type, reply_headers(r, &h, false), evbuffer_pullup(body, -1), len);
+        atc_http_reply(r->client, r->status, type, reply_headers(r, &h, false), evbuffer_pullup(body, -1),
+                       len);
         reply_head_free(&h);
         if (shaped != NULL)
             evbuffer_free(shaped);

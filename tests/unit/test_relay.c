@@ -129,7 +129,8 @@ static void test_sse_scan_counts_data_events_whatever_the_reads(void **state)
         for (size_t cut = 0; cut < len; cut++) {
             struct relay r = {0};
             const char *t = cases[i].text;
-            assert_true(cut == 0 ? sse_scan(&r, t, len) : sse_scan(&r, t, cut) && sse_scan(&r, t + cut, len - cut));
+            assert_true(cut == 0 ? sse_scan(&r, t, len)
+                                 : sse_scan(&r, t, cut) && sse_scan(&r, t + cut, len - cut));
             if (r.data_events != cases[i].data_events)
                 fail_msg("case %zu cut at %zu: %llu data events, want %llu", i, cut,
                          (unsigned long long)r.data_events, (unsigned long long)cases[i].data_events);
@@ -171,9 +172,11 @@ static void test_error_bodies(void **state)
         {502, "Bad Gateway\n",
          "{\"error\":{\"message\":\"Bad Gateway\",\"type\":\"server_error\",\"param\":null,\"code\":null}}"},
         {400, "{\"object\":\"error\",\"message\":\"too long\"}",
-         "{\"error\":{\"message\":\"too long\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":null}}"},
-        {500, "", "{\"error\":{\"message\":\"the server answered with an error\",\"type\":\"server_error\","
-                  "\"param\":null,\"code\":null}}"},
+         "{\"error\":{\"message\":\"too "
+         "long\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":null}}"},
+        {500, "",
+         "{\"error\":{\"message\":\"the server answered with an error\",\"type\":\"server_error\","
+         "\"param\":null,\"code\":null}}"},
         {400, "{\"error\":{\"message\":\"m\",\"type\":\"t\",\"param\":null,\"code\":null}}", NULL},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -198,8 +201,9 @@ static void test_first_event_error(void **state)
     const char *tgi = ": ping\n\ndata:{\"error\":\"no\",\"error_type\":\"validation\"}\n\n";
     assert_true(atc_answer_first_event_error(tgi, strlen(tgi), b, &rewrote));
     assert_true(rewrote);
-    assert_string_equal(text_of(b), ": ping\n\ndata: {\"error\":{\"message\":\"no\",\"type\":\"server_error\","
-                                    "\"param\":null,\"code\":\"validation\"}}\n\n");
+    assert_string_equal(text_of(b),
+                        ": ping\n\ndata: {\"error\":{\"message\":\"no\",\"type\":\"server_error\","
+                        "\"param\":null,\"code\":\"validation\"}}\n\n");
     evbuffer_free(b);
     b = evbuffer_new();
     const char *openai = "data: {\"error\":{\"message\":\"m\"}}\n\n";
