@@ -141,6 +141,22 @@ static void send_endpoints(struct atc_server *srv, struct atc_http_req *req)
             evbuffer_add_printf(b, ",\"kv_tokens\":%llu", (unsigned long long)kv);
         else
             evbuffer_add_printf(b, ",\"kv_tokens\":null");
+        /* the routing signals atc observed (fleet/signals.h): the rate and ITL with their samples (0: the
+         * priors), the engine-reported cached share (null: never reported) */
+        const struct atc_signals *sig = &ep->sig;
+        double cached = atc_signals_cached_share(sig);
+        evbuffer_add_printf(b,
+                            ",\"signals\":{\"prefill_rate\":%.1f,\"prefill_samples\":%llu,\"itl_ms\":%.3f,"
+                            "\"itl_samples\":%llu,\"prefill_tokens\":%llu,\"cached_token_share\":",
+                            atc_signals_prefill_tps(sig, &srv->table->signals),
+                            (unsigned long long)atomic_load(&sig->prefill_samples),
+                            atc_signals_itl_ms(sig, &srv->table->signals),
+                            (unsigned long long)atomic_load(&sig->itl_samples),
+                            (unsigned long long)atomic_load(&sig->prefill_tokens));
+        if (cached >= 0)
+            evbuffer_add_printf(b, "%.4f}", cached);
+        else
+            evbuffer_add_printf(b, "null}");
         atc_health_endpoint_json(ep, b); /* state, checks, last error, scraped load */
         recent_json(ep, now_ms, b);
         evbuffer_add(b, "}", 1);

@@ -137,6 +137,31 @@ void atc_signals_done(struct atc_signals *s, struct atc_signal_ticket *t, uint64
     t->phase = ATC_SIGNAL_IDLE;
 }
 
+/* A share, weighted by the answer's prompt: a 10-token prompt with nothing cached says less about the
+ * server's cache than a 4,000-token one. The weight is capped so that one huge prompt moves it at most
+ * half way. */
+#define CACHED_WEIGHT_TOKENS 20000.0
+
+void atc_signals_cached(struct atc_signals *s, uint64_t prompt, uint64_t cached)
+{
+    if (prompt == 0)
+        return;
+    double share = cached >= prompt ? 1.0 : (double)cached / (double)prompt;
+    double w = (double)prompt / CACHED_WEIGHT_TOKENS;
+    w = w > 0.5 ? 0.5 : w < EWMA_ALPHA / 10 ? EWMA_ALPHA / 10 : w;
+    uint64_t n = atomic_fetch_add_explicit(&s->cached_samples, 1, memory_order_relaxed);
+    double old = atomic_load_explicit(&s->cached_share_ewma, memory_order_relaxed);
+    atomic_store_explicit(&s->cached_share_ewma, n == 0 ? share : old + w * (share - old),
+                          memory_order_relaxed);
+}
+
+double atc_signals_cached_share(const struct atc_signals *s)
+{
+    if (atomic_load_explicit(&s->cached_samples, memory_order_relaxed) == 0)
+        return -1;
+    return atomic_load_explicit(&s->cached_share_ewma, memory_order_relaxed);
+}
+
 void atc_signals_scraped(struct atc_signals *s, double running, double waiting, double kv_usage,
                          double prefix_hit_rate, uint64_t now_us)
 {

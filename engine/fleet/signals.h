@@ -3,24 +3,28 @@
 
 /* Routing signals: what the engine observes of each endpoint's work, for policies to weigh.
  *
- * atc sees every request go out to a server and its answer's first and last byte come back, so it
+ * atc sees every request go out to a server and its answer's first token and last byte come back, so it
  * knows better than any guess in Lua how much prompt work is queued on a server. Per endpoint:
  *
- *   prefill_tokens  uncached prompt tokens of the requests sent there whose first byte has not come back
+ *   prefill_tokens  uncached prompt tokens of the requests sent there whose first token has not come back
  *                   (the prefill queue a new request waits behind; "uncached" by the prefix index at send
- *                   time); prefilling / decoding: those requests, and the ones past their first byte;
+ *                   time); prefilling / decoding: those requests, and the ones past their first token;
  *   recent_tokens   the same uncached tokens, summed with exponential decay (half-life recent_half_life):
  *                   traffic that arrives one request at a time reads 0 in flight at every pick, but not 0
  *                   here;
  *   prefill_rate    prompt tokens per second the server gets through, an EWMA of (the backlog ahead of a
- *                   request at send + its own uncached tokens) / (its time to first byte - one decode
+ *                   request at send + its own uncached tokens) / (its time to first token - one decode
  *                   step), over streamed answers with at least MIN_RATE_TOKENS of such work; the prior
  *                   until then. Both the backlog and the rate count a prompt being prefilled as wholly
  *                   queued, so the prediction below divides like by like;
  *   uncached_mean   uncached prompt tokens per request sent there, an EWMA: the mean prefill a request
  *                   brings, so prefill_tokens / uncached_mean is how many requests' work is queued;
- *   itl             milliseconds per output token, an EWMA of (last byte - first byte) / (tokens - 1) over
+ *   itl             milliseconds per output token, an EWMA of (last byte - first token) / (events - 1) over
  *                   streamed answers; the prior until then;
+ *   cached_share    the share of prompt tokens the server itself reported cached (usage's
+ *                   prompt_tokens_details.cached_tokens / prompt_tokens), an EWMA over the answers that
+ *                   reported it, prompt-token weighted; not known (nil) until one did: the engine's real
+ *                   cache hits, beside the router's guess by its prefix index;
  *   scraped         the server's own running / waiting / KV usage / prefix hit rate from its /metrics,
  *                   with the time of that scrape (never scraped: not known, shown as nil).
  *
@@ -47,6 +51,8 @@ struct atc_signals {
     _Atomic uint64_t recent; /* float tokens (high 32 bits) as of a ms timestamp (low 32 bits) */
     _Atomic double prefill_tps_ewma, itl_ms_ewma, uncached_ewma; /* 0 = no sample yet */
     _Atomic uint64_t prefill_samples, itl_samples, uncached_samples;
+    _Atomic double cached_share_ewma; /* meaningful once cached_samples > 0 */
+    _Atomic uint64_t cached_samples;
     /* scraped (main thread writes); scraped_at_us 0 = never */
     _Atomic double scraped_running, scraped_waiting, scraped_kv_usage, scraped_prefix_hit_rate;
     _Atomic uint64_t scraped_at_us;
@@ -74,8 +80,10 @@ uint64_t atc_signals_uncached(uint64_t prompt_tokens, uint64_t cached_blocks, ui
 void atc_signals_sent(struct atc_signals *s, const struct atc_signal_params *p, struct atc_signal_ticket *t,
                       uint64_t uncached, uint64_t now_us);
 
-/** The answer's first byte came back at @p now_us: moves the request from prefilling to decoding and,
- * when @p sample (a streamed answer, whose first byte is its first token), takes a prefill-rate sample.
+/** The answer's first token came back at @p now_us (a stream's first data event, never its head: vLLM,
+ * SGLang and TGI send the head before prefill): moves the request from prefilling to decoding and, when
+ * @p sample, takes a prefill-rate sample. An answer that is not streamed never calls it: its prompt
+ * leaves the backlog at atc_signals_done, and it gives no rate sample.
  * Does nothing unless @p t is prefilling. */
 void atc_signals_first_byte(struct atc_signals *s, const struct atc_signal_params *p, struct atc_signal_ticket *t,
                             uint64_t now_us, bool sample);
@@ -84,6 +92,11 @@ void atc_signals_first_byte(struct atc_signals *s, const struct atc_signal_param
  * @p tokens output tokens (0 when unknown; >= 2 of a streamed answer gives an ITL sample). Undoes what
  * sent/first_byte counted; a ticket that is idle already is left alone, so calling it twice is safe. */
 void atc_signals_done(struct atc_signals *s, struct atc_signal_ticket *t, uint64_t now_us, uint64_t tokens);
+
+/** An answer's usage said @p cached of its @p prompt prompt tokens were cached (@p prompt > 0). */
+void atc_signals_cached(struct atc_signals *s, uint64_t prompt, uint64_t cached);
+/** cached_share in [0, 1]; -1 when no answer ever reported cached tokens. */
+double atc_signals_cached_share(const struct atc_signals *s);
 
 /** A scrape of the server's metrics at @p now_us (NaN for a value the server does not report). */
 void atc_signals_scraped(struct atc_signals *s, double running, double waiting, double kv_usage,

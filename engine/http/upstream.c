@@ -88,6 +88,13 @@ struct atc_upstream_req {
     struct atc_http_chunked chunk; /* a chunked body's framing, decoded as it comes (http_parse.c) */
     size_t header_bytes;
     bool got_response; /* any byte of the status line arrived */
+    /* an event stream's head came, its first event not yet (atc_upstream_first_event): the first-byte
+     * timer still runs, and reads do not re-arm it */
+    bool await_event;
+    char *fwd; /* the end-to-end headers (resp.headers), malloc'd at the first */
+    size_t fwd_len;
+    char conn_names[256]; /* the names a Connection header lists, ",name,name," lowercased */
+    size_t conn_names_len;
     bool stale_retried;
     bool unsent; /* the head and body wait for on_conn_writable, activated by hand */
     bool paused;
@@ -260,6 +267,7 @@ static void conn_release(struct upstream_conn *c, bool reusable)
 
 static void req_free(struct atc_upstream_req *req)
 {
+    free(req->fwd);
     free(req);
 }
 
@@ -387,13 +395,23 @@ void atc_upstream_pause(struct atc_upstream_req *req)
     event_del(req->conn->timer);
 }
 
+void atc_upstream_first_event(struct atc_upstream_req *req)
+{
+    if (!req->await_event)
+        return;
+    req->await_event = false;
+    if (req->conn != NULL && !req->paused)
+        arm_timer(req->conn, &req->pool->idle_tv);
+}
+
 void atc_upstream_resume(struct atc_upstream_req *req)
 {
     if (!req->paused || req->conn == NULL)
         return;
     req->paused = false;
     event_add(req->conn->rev, NULL);
-    arm_timer(req->conn, &req->pool->idle_tv);
+    /* (a stream paused before its first event, which the relay does not do, gets a whole new wait) */
+    arm_timer(req->conn, req->await_event ? &req->pool->first_byte_tv : &req->pool->idle_tv);
     /* Bytes may already wait in the input buffer: parse them from the loop, not from this caller (an
      * activation without EV_READ parses without reading). */
     if (evbuffer_get_length(req->conn->in) > 0)
@@ -419,6 +437,79 @@ static bool value_has_token(const char *value, const char *token)
 {
     /* "Connection: keep-alive, close" style lists: a case-insensitive substring is enough here. */
     return strcasestr(value, token) != NULL;
+}
+
+/* Hop-by-hop headers (RFC 9110 7.6.1), and the framing a reader makes again: never passed on. */
+static bool hop_by_hop(const char *name, size_t n)
+{
+    static const char *const names[] = {"connection", "keep-alive", "transfer-encoding", "te",
+                                        "trailer",    "upgrade",    "content-length"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (header_is(name, n, names[i]))
+            return true;
+    return n >= 6 && strncasecmp(name, "proxy-", 6) == 0;
+}
+
+/* Notes the names a Connection header lists (",a,b," lowercased): those headers are hop-by-hop too. */
+static void connection_names(struct atc_upstream_req *req, const char *value)
+{
+    for (const char *p = value; *p != '\0';) {
+        while (*p == ',' || *p == ' ' || *p == '\t')
+            p++;
+        size_t n = strcspn(p, ", \t");
+        if (n > 0 && req->conn_names_len + n + 2 < sizeof(req->conn_names)) {
+            if (req->conn_names_len == 0)
+                req->conn_names[req->conn_names_len++] = ',';
+            for (size_t i = 0; i < n; i++)
+                req->conn_names[req->conn_names_len++] = (char)tolower((unsigned char)p[i]);
+            req->conn_names[req->conn_names_len++] = ',';
+            req->conn_names[req->conn_names_len] = '\0';
+        }
+        p += n;
+    }
+}
+
+/* Appends "name: value\r\n" to the headers to pass on, when it fits in ATC_UPSTREAM_HEADERS_MAX. */
+static void keep_header(struct atc_upstream_req *req, const char *name, size_t n, const char *value)
+{
+    size_t v = strlen(value);
+    while (v > 0 && (value[v - 1] == ' ' || value[v - 1] == '\t'))
+        v--;
+    if (req->fwd_len + n + v + 5 > ATC_UPSTREAM_HEADERS_MAX)
+        return;
+    if (req->fwd == NULL && (req->fwd = malloc(ATC_UPSTREAM_HEADERS_MAX)) == NULL)
+        return;
+    char *p = req->fwd + req->fwd_len;
+    p = mempcpy(p, name, n);
+    p = mempcpy(p, ": ", 2);
+    p = mempcpy(p, value, v);
+    p = mempcpy(p, "\r\n", 3); /* with a NUL, not counted */
+    req->fwd_len += n + v + 4;
+}
+
+/* At the end of the head: drops the headers a Connection header named, and hands the rest over. */
+static void forwarded_headers(struct atc_upstream_req *req)
+{
+    size_t out = 0;
+    for (size_t at = 0; req->conn_names_len > 0 && req->fwd != NULL && at < req->fwd_len;) {
+        const char *line = req->fwd + at;
+        size_t len = (size_t)((const char *)memchr(line, '\n', req->fwd_len - at) + 1 - line);
+        size_t n = (size_t)((const char *)memchr(line, ':', len) - line);
+        bool named = false;
+        for (const char *q = req->conn_names; !named && (q = strchr(q, ',')) != NULL && q[1] != '\0'; q++)
+            named = strncasecmp(q + 1, line, n) == 0 && q[1 + n] == ',';
+        if (!named) {
+            memmove(req->fwd + out, line, len);
+            out += len;
+        }
+        at += len;
+    }
+    if (req->conn_names_len > 0 && req->fwd != NULL) {
+        req->fwd_len = out;
+        req->fwd[out] = '\0';
+    }
+    req->resp.headers = req->fwd_len > 0 ? req->fwd : NULL;
+    req->resp.headers_len = req->fwd_len;
 }
 
 /* Parses one header line; returns -1 on a malformed line. */
@@ -448,7 +539,11 @@ static int parse_header(struct atc_upstream_req *req, char *line)
     } else if (header_is(line, namelen, "connection")) {
         if (value_has_token(value, "close"))
             req->keepalive = false;
-    } else if (header_is(line, namelen, "content-type")) {
+        connection_names(req, value);
+    } else if (!hop_by_hop(line, namelen) && !header_is(line, namelen, "content-type")) {
+        keep_header(req, line, namelen, value);
+    }
+    if (header_is(line, namelen, "content-type")) {
         size_t len = strnlen(value, sizeof(req->content_type) - 1); /* a longer one is cut */
         memcpy(req->content_type, value, len);
         req->content_type[len] = '\0';
@@ -486,6 +581,8 @@ static int parse_status(struct atc_upstream_req *req, const char *line)
     req->has_content_type = false;
     req->chunked = false;
     req->keepalive = minor >= 1;
+    req->fwd_len = 0; /* (a 1xx's headers are not the answer's) */
+    req->conn_names_len = 0;
     return 0;
 }
 
@@ -551,12 +648,17 @@ static int head_line(struct atc_upstream_req *req, char *line, size_t n)
         req->state = PARSE_STATUS;
         return 0;
     }
+    forwarded_headers(req);
     /* Transfer-Encoding overrides Content-Length (RFC 9112 6.3): a chunked body's length is unknown,
      * whatever the server also claimed. */
     if (req->chunked)
         req->resp.content_length = -1;
     req->resp.content_type = req->has_content_type ? req->content_type : NULL;
-    arm_timer(req->conn, &req->pool->idle_tv);
+    /* An event stream's head is not its first token: the first-byte timeout waits on for its first
+     * event (vLLM, SGLang and TGI send the head at once and the first event after prefill). */
+    req->await_event = req->resp.event_stream;
+    if (!req->await_event)
+        arm_timer(req->conn, &req->pool->idle_tv);
     CALL_USER(req, req->cb->on_headers(req->arg, &req->resp));
     if (req->cancelled)
         return -2;
@@ -699,7 +801,7 @@ static void conn_broken(struct upstream_conn *c, bool eof);
 static void conn_parse(struct upstream_conn *c)
 {
     struct atc_upstream_req *req = c->req;
-    if (req->state >= PARSE_BODY_LENGTH && !req->paused)
+    if (req->state >= PARSE_BODY_LENGTH && !req->paused && !req->await_event)
         arm_timer(c, &req->pool->idle_tv);
     int rc = req->state < PARSE_BODY_LENGTH ? parse_head(req, c->in) : 1;
     if (rc == 1) {
@@ -718,7 +820,8 @@ static void conn_took(struct upstream_conn *c, char *buf, size_t n)
 {
     struct atc_upstream_req *req = c->req;
     if (req->state >= PARSE_BODY_LENGTH && req->state < PARSE_DONE && evbuffer_get_length(c->in) == 0) {
-        arm_timer(c, &req->pool->idle_tv); /* (reading: not paused) */
+        if (!req->await_event) /* (reading: not paused) */
+            arm_timer(c, &req->pool->idle_tv);
         conn_parsed(req, take_body(c, buf, n));
         return;
     }
@@ -845,5 +948,6 @@ static void on_conn_timer(evutil_socket_t fd, short what, void *arg)
         req_fail(req, c->connect_failed ? ATC_UPSTREAM_ERR_CONNECT : ATC_UPSTREAM_ERR_CONNECT_TIMEOUT);
         return;
     }
-    req_fail(req, req->got_response ? ATC_UPSTREAM_ERR_IDLE_TIMEOUT : ATC_UPSTREAM_ERR_FIRST_BYTE_TIMEOUT);
+    bool first = !req->got_response || req->state < PARSE_BODY_LENGTH || req->await_event;
+    req_fail(req, first ? ATC_UPSTREAM_ERR_FIRST_BYTE_TIMEOUT : ATC_UPSTREAM_ERR_IDLE_TIMEOUT);
 }

@@ -18,8 +18,10 @@ struct atc_upstream_req;
 
 struct atc_upstream_settings {
     uint64_t connect_timeout_ms;
-    uint64_t first_byte_timeout_ms; /* from the request written to the status line */
-    uint64_t idle_timeout_ms;       /* longest gap between two reads of the body */
+    /* from the request written to the answer's head, or for an event stream to its first event
+     * (atc_upstream_first_event): vLLM, SGLang and TGI send a stream's head before prefill */
+    uint64_t first_byte_timeout_ms;
+    uint64_t idle_timeout_ms;       /* longest gap between two reads of the body, after the above */
     unsigned keepalive;             /* idle connections kept per endpoint */
 };
 
@@ -43,7 +45,16 @@ struct atc_upstream_response {
     const char *content_type; /* NULL if absent; valid during on_headers only */
     bool event_stream;        /* content-type text/event-stream */
     int64_t content_length;   /* -1 if absent (chunked or until close) */
+    /* The end-to-end headers to pass on, as "Name: value\r\n" lines (@p headers_len bytes, NUL-terminated;
+     * valid during on_headers only): all but the hop-by-hop ones (Connection and those it names,
+     * Keep-Alive, Transfer-Encoding, TE, Trailer, Upgrade, Proxy-*) and the framing the reader makes
+     * again (Content-Length; Content-Type, which is content_type above). At most
+     * ATC_UPSTREAM_HEADERS_MAX bytes: the headers past it are dropped. */
+    const char *headers;
+    size_t headers_len;
 };
+
+#define ATC_UPSTREAM_HEADERS_MAX 8192
 
 /* Callbacks of one request. Each may call atc_upstream_cancel() on the request. After on_done or
  * on_error the request is gone: the caller must forget its handle. */
@@ -72,6 +83,11 @@ size_t atc_upstream_pool_idle(const struct atc_upstream_pool *pool);
 struct atc_upstream_req *atc_upstream_send(struct atc_upstream_pool *pool, const char *method,
                                            const char *path, const char *extra_headers, const char *body,
                                            size_t len, const struct atc_upstream_callbacks *cb, void *arg);
+
+/** The first event of an event-stream answer arrived. Until then the first-byte timeout, which an
+ * event stream's head does not stop, bounds the wait; from then on the idle timeout bounds each gap.
+ * Does nothing for an answer that is not an event stream (its head stopped the first-byte timeout). */
+void atc_upstream_first_event(struct atc_upstream_req *req);
 
 /** Stops reading the response (the client is slow); the idle timeout is suspended meanwhile. */
 void atc_upstream_pause(struct atc_upstream_req *req);

@@ -251,6 +251,22 @@ void atc_access_log_request(struct atc_access_log *log, const struct atc_access_
     line_u64(&l, r->bytes);
     LINE_LIT(&l, ",\"sse_events\":");
     line_u64(&l, r->sse_events);
+    if (!r->usage) {
+        LINE_LIT(&l, ",\"usage\":null");
+    } else {
+        static const char *const keys[] = {
+            "{\"prompt_tokens\":", ",\"completion_tokens\":", ",\"cached_tokens\":"};
+        const int64_t v[] = {r->usage_prompt_tokens, r->usage_completion_tokens, r->usage_cached_tokens};
+        LINE_LIT(&l, ",\"usage\":");
+        for (int i = 0; i < 3; i++) {
+            line_put(&l, keys[i], strlen(keys[i]));
+            if (v[i] >= 0)
+                line_i64(&l, v[i]);
+            else
+                LINE_LIT(&l, "null");
+        }
+        LINE_LIT(&l, "}");
+    }
     JSON_FIELD(&l, "error", r->error);
     const struct atc_decision_record *d = r->decision;
     if (d != NULL) {

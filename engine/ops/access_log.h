@@ -31,6 +31,11 @@ struct atc_access_record {
     int64_t max_tokens; /* < 0: not set */
     unsigned retries;
     uint64_t bytes, sse_events;
+    /* the answer's own usage (its "usage" object), when @p usage: written as
+     * "usage":{"prompt_tokens":..,"completion_tokens":..,"cached_tokens":..} beside the estimate above,
+     * each -1 (null) when it was not in the object; else "usage":null */
+    bool usage;
+    int64_t usage_prompt_tokens, usage_completion_tokens, usage_cached_tokens;
     /* the decision that routed it: kind and reason always, the whole record (scores, the shadow's pick)
      * when it has scores or a shadow ran; NULL: none (no policy) */
     const struct atc_decision_record *decision;

@@ -466,6 +466,18 @@ static void push_prefix_hit_rate(lua_State *L, struct policy_version *v, const v
     (void)v;
     push_scraped(L, ep, &ep->sig.scraped_prefix_hit_rate);
 }
+/* The engine's own count of cached prompt tokens (usage.prompt_tokens_details.cached_tokens): nil until
+ * an answer of the endpoint reported one. */
+static void push_cached_token_share(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    double share = atc_signals_cached_share(&ep->sig);
+    if (share >= 0)
+        lua_pushnumber(L, share);
+    else
+        lua_pushnil(L);
+}
 static void push_kv_usage(lua_State *L, struct policy_version *v, const void *of)
 {
     EP;
@@ -504,6 +516,7 @@ const struct policy_field policy_pick_signal_fields[] = {
     {"kv_tokens", push_kv_tokens, NULL},
     {"running", push_running, NULL},
     {"prefix_hit_rate", push_prefix_hit_rate, NULL},
+    {"cached_token_share", push_cached_token_share, NULL},
     {"kv_usage", push_kv_usage, NULL},
     {"server_queue", push_server_queue, NULL},
     {"scrape_age", push_scrape_age, NULL},

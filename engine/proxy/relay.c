@@ -23,6 +23,7 @@
 #include "base/strbuf.h"
 #include "ops/metrics.h"
 #include "policy/decision.h"
+#include "proxy/answer.h"
 #include "policy/policy.h"
 #include "trace/recorder.h"
 #include "trace/trace.h"
@@ -32,6 +33,9 @@
 
 /* Above this many bytes waiting for a slow client, stop reading from the server until they drain. */
 #define CLIENT_HIGH_WATERMARK (256 * 1024)
+/* An event stream that sends this much before its first data event (comments, empty events) is not
+ * held any longer: it is a broken server. */
+#define MAX_HELD_BEFORE_FIRST_EVENT (64 * 1024)
 /* A non-streamed answer larger than this is a server fault, not something to hold in memory. */
 #define MAX_BUFFERED_RESPONSE (64u * 1024 * 1024)
 /* Output tokens assumed for accounting when a request sets no max_tokens. */
@@ -112,12 +116,21 @@ struct relay {
     bool broken;       /* the answer broke after it started: counted apart in the metrics */
     bool event_stream; /* and it is SSE */
     bool paused;
+    /* An event stream whose first data event (its first token) has not come: its head and the bytes so
+     * far wait in buffered, the client has nothing yet, so a failure now is retried elsewhere, as
+     * llama.cpp holds its head until the first token (vLLM, SGLang and TGI send theirs before prefill). */
+    bool holding;
+    char *up_headers; /* the server's headers passed on (atc_answer_pass_headers), malloc'd; NULL: none */
     struct evbuffer *buffered;
     uint64_t t_attempt_us;
 
     /* what the access log and the metrics say about it */
-    uint64_t t_start_us, t_first_us; /* arrival; the answer's first byte from the server (0: none) */
+    /* arrival; the first token: a stream's first data event (0: none, and always for an answer that is
+     * not an event stream, whose first token atc cannot see) */
+    uint64_t t_start_us, t_first_us;
     uint64_t bytes, sse_events;
+    uint64_t data_events;  /* events with a data field; comments and empty events are not tokens */
+    bool event_has_data;   /* the event being scanned has had a data line (sse_scan) */
     bool after_newline;    /* the stream so far ends with a '\n' that did not end an event (sse_scan) */
     unsigned sse_line_len; /* bytes of the current SSE line seen so far, counted up to sizeof(sse_head) */
     char sse_head[8];      /* its first bytes: enough to tell a field from garbage */
@@ -153,7 +166,7 @@ static void release_endpoint(struct relay *r)
 {
     if (r->ep == NULL)
         return;
-    atc_signals_done(&r->ep->sig, &r->sig, atc_mono_us(), r->event_stream ? r->sse_events : 0);
+    atc_signals_done(&r->ep->sig, &r->sig, atc_mono_us(), r->data_events); /* (0 unless a stream) */
     atc_endpoint_release(r->ep, r->tokens);
     r->ep = NULL;
     atc_worker_capacity_freed(r->w); /* a slot freed: the most urgent waiting request may take it */
@@ -212,19 +225,28 @@ static void account(struct relay *r)
         .retries = retries,
         .bytes = r->bytes,
         .sse_events = r->sse_events,
+        .usage = r->marks.prompt_tokens >= 0 || r->marks.completion_tokens >= 0,
+        .usage_prompt_tokens = r->marks.prompt_tokens,
+        .usage_completion_tokens = r->marks.completion_tokens,
+        .usage_cached_tokens = r->marks.cached_tokens,
         .decision = w->policy != NULL ? &r->rec : NULL,
     };
     r->rec.endpoint = endpoint;
     atc_access_log_request(w->access_log, &rec);
 }
 
-/* The tenant's tokens as the answer's usage counted them (the prompt stays the estimate); an answer
- * that said nothing keeps the estimate made at admission. */
+/* The tenant's tokens as the answer's usage counted them (its prompt_tokens, else the estimate); an
+ * answer that said nothing keeps the estimate made at admission. A stream without usage (the client did
+ * not ask for stream_options.include_usage) is counted by its content events: vLLM, SGLang and TGI send
+ * one event per token, so the count is exact but for servers that pack several (speculative decoding),
+ * where it undercounts. atc does not add include_usage to the client's request: that would change the
+ * stream the client gets (an extra chunk) or make atc rewrite it. */
 static void settle_limit(struct relay *r)
 {
     int64_t out = atc_record_marks_output_tokens(&r->marks, r->rreq.kind == ATC_KIND_CHAT);
+    uint64_t prompt = r->marks.prompt_tokens >= 0 ? (uint64_t)r->marks.prompt_tokens : r->f->prompt_tokens;
     if (r->limit.slot >= 0 && out >= 0)
-        atc_limits_settle(r->w->limits, &r->limit, r->f->prompt_tokens + (uint64_t)out);
+        atc_limits_settle(r->w->limits, &r->limit, prompt + (uint64_t)out);
 }
 
 /* Over its tenant's budget (limits:): 429 with the seconds left in the window, as OpenAI answers. */
@@ -253,6 +275,7 @@ static void relay_free(struct atc_deferred *d)
     struct relay *r = (struct relay *)(void *)((char *)d - offsetof(struct relay, deferred));
     relay_expect(r, RELAY_IN(RELAY_ENDED));
     free(r->recorded_headers);
+    free(r->up_headers);
     free(r);
 }
 
@@ -349,14 +372,19 @@ static const char *reply_headers(struct relay *r, struct reply_head *h, bool eve
     }
     char *out = hb.p;
     size_t n = hb.len;
-    if (r->explain_reply) {
+    if (r->explain_reply || r->up_headers != NULL) {
         r->rec.endpoint = r->ntried > 0 ? r->tried[r->ntried - 1]->id : NULL;
         struct evbuffer *b = evbuffer_new();
         if (b != NULL) {
             evbuffer_add(b, out, n);
-            evbuffer_add(b, "x-atc-explain: ", 15);
-            atc_decision_record_json(&r->rec, b);
-            evbuffer_add(b, "\r\n", 3); /* with its NUL */
+            if (r->up_headers != NULL) /* the server's own (x-engine, ...), passed on */
+                evbuffer_add(b, r->up_headers, strlen(r->up_headers));
+            if (r->explain_reply) {
+                evbuffer_add(b, "x-atc-explain: ", 15);
+                atc_decision_record_json(&r->rec, b);
+                evbuffer_add(b, "\r\n", 2);
+            }
+            evbuffer_add(b, "", 1); /* its NUL */
             size_t len = evbuffer_get_length(b);
             if ((h->heap = malloc(len)) != NULL)
                 evbuffer_remove(b, h->heap, len);
@@ -574,14 +602,20 @@ static size_t client_backlog(const struct relay *r)
     return r->client != NULL ? atc_http_req_backlog(r->client) : 0;
 }
 
+static void attempt_failed(struct relay *r, enum atc_upstream_error err);
+
+/* The server's head. An event stream is held (r->holding) until its first data event, its first token
+ * (first_event); any other answer is a whole one whose first token atc cannot see. */
 static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
 {
     struct relay *r = arg;
     relay_expect(r, RELAY_IN(RELAY_ATTEMPT));
-    double ttft_ms = (double)(atc_mono_us() - r->t_attempt_us) / 1000.0;
     struct atc_endpoint *next;
-    if (resp->status >= 500 && (next = next_endpoint(r)) != NULL) {
-        /* The server failed before anything reached the client: another endpoint may do better. */
+    /* A 5xx, or a 429 (the server's own queue is full: TGI answers 429 "overloaded"), is the server's
+     * failure, not the client's: it counts against the server and, before anything reached the client,
+     * another endpoint may do better. */
+    bool server_failed = resp->status >= 500 || resp->status == 429;
+    if (server_failed && (next = next_endpoint(r)) != NULL) {
         record_outcome(r, false, -1);
         atc_warn("request %s: upstream %s answered %d, retrying on %s", r->id, r->ep->id, resp->status,
                  next->id);
@@ -592,26 +626,67 @@ static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
         attempt(r, next);
         return;
     }
-    record_outcome(r, resp->status < 500, resp->status < 500 ? ttft_ms : -1);
     r->status = resp->status;
-    r->t_first_us = atc_mono_us();
-    /* A streamed answer's headers come with its first token (vLLM, SGLang, atc sim): a prefill sample. */
-    atc_signals_first_byte(&r->ep->sig, &r->w->table->signals, &r->sig, r->t_first_us,
-                           resp->event_stream && resp->status < 400);
     r->event_stream = resp->event_stream;
-    r->streaming = resp->event_stream || resp->content_length < 0 ||
-                   (uint64_t)resp->content_length > MAX_BUFFERED_RESPONSE;
     atc_strlcpy(r->content_type, sizeof(r->content_type),
                 resp->content_type != NULL ? resp->content_type : "application/json");
+    free(r->up_headers);
+    r->up_headers = resp->headers != NULL ? malloc(resp->headers_len + 1) : NULL;
+    if (r->up_headers != NULL)
+        atc_answer_pass_headers(r->up_headers, resp->headers, resp->headers_len, resp->event_stream);
+    if (r->buffered == NULL)
+        r->buffered = evbuffer_new();
+    else
+        evbuffer_drain(r->buffered, evbuffer_get_length(r->buffered));
+    if (resp->event_stream) {
+        r->holding = true; /* the first-byte timeout runs on (upstream.c) until first_event */
+        return;
+    }
+    /* Not an event stream: no TTFT sample (its first token is not visible) and no prefill sample. Its
+     * prompt leaves the prefill backlog when it ends (release_endpoint: atc_signals_done), which for an
+     * answer sent whole after its generation, as vLLM's is, is when its head came anyway. */
+    record_outcome(r, !server_failed, -1);
+    r->streaming = resp->content_length < 0 || (uint64_t)resp->content_length > MAX_BUFFERED_RESPONSE;
     if (r->streaming) {
         struct reply_head h;
         relay_set_state(r, RELAY_STREAMING);
-        atc_http_reply_start(r->client, r->status, r->content_type, reply_headers(r, &h, r->event_stream));
+        atc_http_reply_start(r->client, r->status, r->content_type, reply_headers(r, &h, false));
         reply_head_free(&h);
-    } else if (r->buffered == NULL) {
-        r->buffered = evbuffer_new();
-    } else {
-        evbuffer_drain(r->buffered, evbuffer_get_length(r->buffered));
+    }
+}
+
+/* The held stream's first data event came: its first token. Everything fed from the first token is fed
+ * now (the endpoint's TTFT and outcome, the prefill sample, the trace's mark, the access log's ttft_ms),
+ * and the client gets the head and the held bytes. A first event that is an error (TGI's validation
+ * error in a stream) counts against the server, reaches the client in OpenAI's shape, and is no
+ * token. */
+static void first_event(struct relay *r)
+{
+    uint64_t now = atc_mono_us();
+    size_t held = evbuffer_get_length(r->buffered);
+    const char *p = (const char *)evbuffer_pullup(r->buffered, -1);
+    struct evbuffer *shaped = evbuffer_new();
+    bool rewrote = false;
+    bool error = shaped != NULL && atc_answer_first_event_error(p, held, shaped, &rewrote);
+    bool ok = r->status < 500 && r->status != 429 && !error;
+    r->holding = false;
+    r->t_first_us = error ? 0 : now;
+    r->marks.first_byte_us = r->t_first_us;
+    record_outcome(r, ok, ok ? (double)(now - r->t_attempt_us) / 1000.0 : -1);
+    atc_signals_first_byte(&r->ep->sig, &r->w->table->signals, &r->sig, now, ok && r->status < 400);
+    atc_upstream_first_event(r->up);
+    r->streaming = true;
+    relay_set_state(r, RELAY_STREAMING);
+    struct reply_head h;
+    atc_http_reply_start(r->client, r->status, r->content_type, reply_headers(r, &h, true));
+    reply_head_free(&h);
+    atc_http_reply_chunk_buffer(r->client, rewrote ? shaped : r->buffered);
+    evbuffer_drain(r->buffered, evbuffer_get_length(r->buffered));
+    if (shaped != NULL)
+        evbuffer_free(shaped);
+    if (!r->paused && client_backlog(r) > CLIENT_HIGH_WATERMARK) {
+        r->paused = true;
+        atc_upstream_pause(r->up);
     }
 }
 
@@ -646,7 +721,8 @@ static bool sse_scan(struct relay *r, const char *p, size_t len)
     const char *end = p + len;
     unsigned line_len = r->sse_line_len; /* at most sizeof(sse_head): past it the length is not needed */
     bool after_newline = r->after_newline;
-    uint64_t events = 0;
+    bool has_data = r->event_has_data;
+    uint64_t events = 0, data_events = 0;
     while (p < end) {
         if (line_len == sizeof(r->sse_head)) { /* the line's head passed: skip to its end */
             const char *nl = memchr(p, '\n', (size_t)(end - p));
@@ -658,8 +734,15 @@ static bool sse_scan(struct relay *r, const char *p, size_t len)
         if (c == '\n') {
             if (!sse_line_ok(r->sse_head, line_len, true))
                 return false;
+            if (line_len >= 4 && memcmp(r->sse_head, "data", 4) == 0 &&
+                (line_len == 4 || r->sse_head[4] == ':'))
+                has_data = true;
+            if (after_newline) { /* an empty line: the event ends */
+                events++;
+                data_events += has_data;
+                has_data = false;
+            }
             line_len = 0;
-            events += after_newline;
             after_newline = !after_newline;
             continue;
         }
@@ -672,7 +755,9 @@ static bool sse_scan(struct relay *r, const char *p, size_t len)
     }
     r->sse_line_len = line_len;
     r->after_newline = after_newline;
+    r->event_has_data = has_data;
     r->sse_events += events;
+    r->data_events += data_events;
     return true;
 }
 
@@ -682,23 +767,27 @@ static void on_up_body(void *arg, const char *data, size_t len)
     struct relay *r = arg;
     relay_expect(r, RELAY_IN(RELAY_ATTEMPT) | RELAY_IN(RELAY_STREAMING));
     r->bytes += len;
-    if (r->w->recorder != NULL || r->limit.slot >= 0) /* the usage corrects the tenant's tokens */
-        atc_record_marks_observe_bytes(&r->marks, data, len, r->streaming, atc_mono_us());
-    if (!r->streaming) {
+    /* the usage: the tenant's tokens, the access log, the trace, the endpoint's cached share */
+    atc_record_marks_observe_bytes(&r->marks, data, len, r->event_stream, atc_mono_us());
+    if (!r->streaming && !r->holding) {
         evbuffer_add(r->buffered, data, len);
         return;
     }
-    if (r->event_stream && !sse_scan(r, data, len)) {
-        /* Not server-sent events: the server is broken. It counts against it, and the client's stream
-         * ends with an error event rather than with garbage. */
-        r->w->stats.upstream_errors_total++;
-        record_outcome(r, false, -1);
-        atc_warn("request %s: upstream %s: %s", r->id, r->ep->id,
-                 atc_upstream_strerror(ATC_UPSTREAM_ERR_BAD_STREAM));
+    if (r->event_stream &&
+        (!sse_scan(r, data, len) || (r->holding && r->data_events == 0 &&
+                                     evbuffer_get_length(r->buffered) + len > MAX_HELD_BEFORE_FIRST_EVENT))) {
+        /* Not server-sent events: the server is broken. It counts against it; before the first event
+         * another endpoint is tried, after it the client's stream ends with an error event rather than
+         * with garbage. */
         atc_upstream_cancel(r->up);
         r->up = NULL;
-        release_endpoint(r);
-        end_broken_stream(r, ATC_UPSTREAM_ERR_BAD_STREAM);
+        attempt_failed(r, ATC_UPSTREAM_ERR_BAD_STREAM);
+        return;
+    }
+    if (r->holding) {
+        evbuffer_add(r->buffered, data, len);
+        if (r->data_events > 0)
+            first_event(r);
         return;
     }
     /* At once, in one writev with its chunk framing: no copy unless the client's socket is full. */
@@ -716,14 +805,32 @@ static void on_up_done(void *arg)
     r->up = NULL;
     r->w->stats.responses_total++;
     r->client_status = r->status;
+    if (r->holding) { /* an event stream that ended without a data event: no token, a whole answer */
+        r->holding = false;
+        record_outcome(r, r->status < 500 && r->status != 429, -1);
+    }
+    /* The engine's own count of the prompt tokens it found cached: the endpoint's real cache hits. */
+    if (r->marks.prompt_tokens > 0 && r->marks.cached_tokens >= 0)
+        atc_signals_cached(&r->ep->sig, (uint64_t)r->marks.prompt_tokens, (uint64_t)r->marks.cached_tokens);
     if (r->streaming) {
         atc_http_reply_end(r->client);
     } else {
         struct reply_head h;
-        size_t len = evbuffer_get_length(r->buffered);
-        atc_http_reply(r->client, r->status, r->content_type, reply_headers(r, &h, false),
-                       evbuffer_pullup(r->buffered, -1), len);
+        struct evbuffer *body = r->buffered;
+        struct evbuffer *shaped = r->status >= 400 ? evbuffer_new() : NULL;
+        const char *type = r->content_type;
+        size_t len = evbuffer_get_length(body);
+        if (shaped != NULL &&
+            atc_answer_error_body(shaped, r->status, (const char *)evbuffer_pullup(body, -1), len)) {
+            body = shaped; /* an error that is not in OpenAI's shape (TGI's, a plain text page) */
+            type = "application/json";
+            len = evbuffer_get_length(body);
+        }
+        atc_http_reply(r->client, r->status, type, reply_headers(r, &h, false), evbuffer_pullup(body, -1),
+                       len);
         reply_head_free(&h);
+        if (shaped != NULL)
+            evbuffer_free(shaped);
     }
     relay_done(r);
 }
@@ -764,12 +871,22 @@ static void on_up_error(void *arg, enum atc_upstream_error err, bool got_respons
     struct relay *r = arg;
     relay_expect(r, RELAY_IN(RELAY_ATTEMPT) | RELAY_IN(RELAY_STREAMING));
     r->up = NULL;
+    attempt_failed(r, err);
+}
+
+/* The attempt on r->ep failed (r->up is gone): it counts against the server. Another endpoint is tried
+ * while nothing reached the client (a held stream included); a stream the client has gets an end. */
+static void attempt_failed(struct relay *r, enum atc_upstream_error err)
+{
     r->w->stats.upstream_errors_total++;
     record_outcome(r, false, -1);
     atc_warn("request %s: upstream %s: %s", r->id, r->ep->id, atc_upstream_strerror(err));
     release_endpoint(r);
     r->last_error = err;
     r->had_error = true;
+    r->holding = false;
+    free(r->up_headers); /* the failed server's: not for the error atc answers with */
+    r->up_headers = NULL;
     if (r->state == RELAY_STREAMING) {
         end_broken_stream(r, err);
         return;
@@ -798,6 +915,15 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
     relay_set_state(r, RELAY_ATTEMPT);
     r->ep = ep;
     r->tried[r->ntried++] = ep;
+    /* what an earlier attempt's answer left (a stream held until its first event, then failed) */
+    free(r->up_headers);
+    r->up_headers = NULL;
+    r->bytes = r->sse_events = r->data_events = 0;
+    r->event_has_data = r->after_newline = false;
+    r->sse_line_len = 0;
+    int decision = r->marks.decision;
+    atc_record_marks_init(&r->marks);
+    r->marks.decision = decision;
     /* its slot was taken by choose() */
     size_t cached = r->w->policy != NULL ? atc_policy_routed(r->w->policy, &r->rreq, ep) : 0;
     r->t_attempt_us = atc_mono_us();

@@ -395,36 +395,52 @@ void atc_recorder_stats(struct atc_recorder *rec, struct atc_recorder_stats *st)
 
 void atc_record_marks_init(struct atc_record_marks *m)
 {
-    *m = (struct atc_record_marks){.completion_tokens = -1, .decision = -1};
+    *m = (struct atc_record_marks){
+        .prompt_tokens = -1, .completion_tokens = -1, .cached_tokens = -1, .decision = -1};
+}
+
+/* The whole number after @p key in @p p[0..end) (the first occurrence), into *out; left alone when the
+ * key is not there or no digits follow it. */
+static void usage_count(const char *p, const char *end, const char *key, size_t keylen, int64_t *out)
+{
+    const char *u = memmem(p, (size_t)(end - p), key, keylen);
+    if (u == NULL)
+        return;
+    u += keylen;
+    while (u < end && *u == ' ')
+        u++;
+    int64_t v = 0;
+    bool digits = false;
+    for (; u < end && *u >= '0' && *u <= '9' && v < INT64_MAX / 10; u++, digits = true)
+        v = v * 10 + (*u - '0');
+    if (digits)
+        *out = v;
 }
 
 void atc_record_marks_observe_bytes(struct atc_record_marks *m, const char *p, size_t len, bool streaming,
                                     uint64_t now_us)
 {
-    static const char usage_key[] = "\"completion_tokens\":";
+#define KEY(s) s, sizeof(s) - 1
     const char *end = p + len;
-    if (m->first_byte_us == 0)
-        m->first_byte_us = now_us;
     /* Events and the usage object seldom straddle two pieces; when they do, this undercounts. */
     for (const char *q = p; streaming && (q = memmem(q, (size_t)(end - q), "data:", 5)) != NULL; q += 5) {
         if (q == p || q[-1] == '\n') {
             m->events++;
+            if (m->first_byte_us == 0)
+                m->first_byte_us = now_us;
             if ((size_t)(end - q) >= 11 && memcmp(q + 5, " [DONE]", 7) == 0)
                 m->done_event = true;
         }
     }
-    const char *u = memmem(p, len, usage_key, sizeof(usage_key) - 1);
+    /* "usage" comes once, in the last chunk of a stream or the body of an answer; what follows its key
+     * are its counts (vLLM, SGLang and TGI write them in this order; the details object after). */
+    const char *u = memmem(p, len, "\"usage\"", 7);
     if (u != NULL) {
-        u += sizeof(usage_key) - 1;
-        while (u < end && *u == ' ')
-            u++;
-        int64_t v = 0;
-        bool digits = false;
-        for (; u < end && *u >= '0' && *u <= '9' && v < INT64_MAX / 10; u++, digits = true)
-            v = v * 10 + (*u - '0');
-        if (digits)
-            m->completion_tokens = v;
+        usage_count(u, end, KEY("\"prompt_tokens\":"), &m->prompt_tokens);
+        usage_count(u, end, KEY("\"completion_tokens\":"), &m->completion_tokens);
+        usage_count(u, end, KEY("\"cached_tokens\":"), &m->cached_tokens);
     }
+#undef KEY
 }
 
 void atc_record_marks_observe(struct atc_record_marks *m, const struct evbuffer *data, bool streaming,
@@ -432,8 +448,6 @@ void atc_record_marks_observe(struct atc_record_marks *m, const struct evbuffer 
 {
     struct evbuffer_iovec vec[16];
     int n = evbuffer_peek((struct evbuffer *)data, -1, NULL, vec, 16);
-    if (n <= 0 && m->first_byte_us == 0)
-        m->first_byte_us = now_us;
     for (int i = 0; i < n && i < 16; i++)
         atc_record_marks_observe_bytes(m, vec[i].iov_base, vec[i].iov_len, streaming, now_us);
 }

@@ -75,18 +75,22 @@ void atc_recorder_stats(struct atc_recorder *rec, struct atc_recorder_stats *st)
 
 /* What the relay notes about an answer as it passes, for its record. */
 struct atc_record_marks {
-    uint64_t first_byte_us;    /* monotonic; 0 until the answer's body starts */
+    /* monotonic; the first token: the first "data:" line of a stream (the relay sets it when that event
+     * is whole); 0 until then, and for an answer that is not streamed (its first token is not seen) */
+    uint64_t first_byte_us;
     uint32_t events;           /* SSE "data:" events relayed */
     bool done_event;           /* the stream ended with data: [DONE] */
-    int64_t completion_tokens; /* from a usage object in the answer, -1 if none seen */
+    /* from a usage object in the answer (the last chunk of a stream, a JSON body's "usage"), -1 if none
+     * seen: prompt_tokens, completion_tokens, prompt_tokens_details.cached_tokens */
+    int64_t prompt_tokens, completion_tokens, cached_tokens;
     int decision;              /* enum atc_decision_kind of the first decision; -1: no policy */
 };
 
 /** Resets @p m (before the first attempt). */
 void atc_record_marks_init(struct atc_record_marks *m);
 
-/** Notes the answer bytes in @p data (not consumed) at monotonic time @p now_us: first byte time, SSE
- * events when @p streaming, a usage object's completion_tokens. */
+/** Notes the answer bytes in @p data (not consumed) at monotonic time @p now_us: when @p streaming, the
+ * time of the first "data:" line and the SSE events; a usage object's counts. */
 void atc_record_marks_observe(struct atc_record_marks *m, const struct evbuffer *data, bool streaming,
                               uint64_t now_us);
 /** The same for the @p len bytes at @p data (borrowed). */

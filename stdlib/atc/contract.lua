@@ -66,6 +66,7 @@ M.ep = {
   { name = "server_queue", type = "number", unit = "requests", nil_when = "never scraped", doc = "server-reported: requests waiting inside the server (not atc's queue: that is `atc.queue()`)" },
   { name = "kv_usage", type = "number", unit = "share 0..1", nil_when = "never scraped", doc = "server-reported: KV cache in use" },
   { name = "prefix_hit_rate", type = "number", unit = "share 0..1", nil_when = "never scraped", doc = "server-reported: prompt tokens found in its prefix cache" },
+  { name = "cached_token_share", type = "number", unit = "share 0..1", nil_when = "no answer reported cached tokens", doc = "engine-reported in answers: the share of prompt tokens the server said were cached (`usage.prompt_tokens_details.cached_tokens`), a moving average weighted by prompt size; the server's real cache hits, beside atc's guess by its prefix index" },
   { name = "scrape_age", type = "number", unit = "ms", nil_when = "never scraped", doc = "how long ago the four server-reported values were read" },
   { name = "prefill_tokens", type = "integer", unit = "tokens", mock = 0, doc = "engine-observed: uncached prompt tokens (by the prefix index, at send) of the requests sent there whose first token has not come back: the prefill queue a new request waits behind (every replica's with `cluster:`)" },
   { name = "prefilling", type = "integer", unit = "requests", mock = 0, doc = "engine-observed: requests sent there before their first token (every replica's)" },

@@ -88,7 +88,8 @@ class ObservabilityTest(AtcTestCase):
         self.assertEqual(total(m, "atc_requests_total", status="400"), 1)
         self.assertEqual(total(m, "atc_requests_total", model="other", status="404"), 1)  # a client's name
         self.assertEqual(total(m, "atc_request_duration_seconds_count", model="llama-3-8b"), 5)
-        self.assertEqual(total(m, "atc_request_ttft_seconds_count", model="llama-3-8b"), 5)
+        # the 3 streams: a TTFT is a stream's first data event; a whole answer's first token is not seen
+        self.assertEqual(total(m, "atc_request_ttft_seconds_count", model="llama-3-8b"), 3)
         # 3 streams x (role + 4 tokens + finish + [DONE]) events
         self.assertEqual(total(m, "atc_relayed_sse_events_total"), 3 * 7)
         self.assertEqual(total(m, "atc_policy_decision_seconds_count"), 6)  # every routed request, and "nope"

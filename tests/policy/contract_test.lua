@@ -36,6 +36,7 @@ local ENDPOINTS = {
   { id = "a", model = "llama", version = "v2", tags = { "gpu", "big" }, weight = 3, capacity = 4, inflight = 1,
     inflight_tokens = 500, ttft_ewma = 120, errors = 2, consecutive_failures = 1, last_error = "timeout",
     last_check = 1234, running = 3, server_queue = 2, kv_usage = 0.5, prefix_hit_rate = 0.25, scrape_age = 250,
+    cached_token_share = 0.5,
     prefill_tokens = 3000, prefilling = 2, decoding = 1, recent_tokens = 4000, prefill_rate = 10000, itl = 20,
     uncached_mean = 2500, kv_tokens = 400000 },
   { id = "b", model = "llama", capacity = 8, inflight = 2, inflight_tokens = 100 },
@@ -131,7 +132,8 @@ t.test("ep: every field and method of a scraped endpoint, and of one nothing is 
       id = "a", model = "llama", version = "v2", tags = { "gpu", "big" }, weight = 3, capacity = 4, inflight = 1,
       inflight_tokens = 500, load = 0.25, available = true, health = "healthy", consecutive_failures = 1,
       last_error = "timeout", last_check = 1234, errors = 2, ttft_ewma = 120, running = 3, server_queue = 2,
-      kv_usage = 0.5, prefix_hit_rate = 0.25, scrape_age = { near = 300, within = 50 }, prefill_tokens = 3000,
+      kv_usage = 0.5, prefix_hit_rate = 0.25, cached_token_share = 0.5, scrape_age = { near = 300, within = 50 },
+      prefill_tokens = 3000,
       prefilling = 2, decoding = 1, recent_tokens = { near = 3950, within = 50 }, prefill_rate = 10000, itl = 20,
       uncached_mean = 2500, kv_tokens = 400000,
       remote_inflight = 0, remote_tokens = 0, remote_prefill_tokens = 0, remote_age = NIL, -- no cluster
@@ -144,7 +146,8 @@ t.test("ep: every field and method of a scraped endpoint, and of one nothing is 
       id = "b", model = "llama", version = NIL, tags = {}, weight = 1, capacity = 8, inflight = 2,
       inflight_tokens = 100, load = 0.25, available = true, health = "healthy", consecutive_failures = 0,
       last_error = NIL, last_check = NIL, errors = 0, ttft_ewma = NIL, running = NIL, server_queue = NIL,
-      kv_usage = NIL, prefix_hit_rate = NIL, scrape_age = NIL, prefill_tokens = 0, prefilling = 0, decoding = 0,
+      kv_usage = NIL, prefix_hit_rate = NIL, cached_token_share = NIL, scrape_age = NIL, prefill_tokens = 0,
+      prefilling = 0, decoding = 0,
       recent_tokens = 0, prefill_rate = 15000, itl = 12, -- the signals.prefill_rate and signals.itl priors
       uncached_mean = NIL, kv_tokens = NIL,
       remote_inflight = 0, remote_tokens = 0, remote_prefill_tokens = 0, remote_age = NIL,

@@ -54,3 +54,30 @@ t.test("congestion: a cache hit behind a queue wins once the pool is congested",
     return atc.queue()
   end)
 end)
+
+-- ep.cached_token_share: the engine's own count of cached prompt tokens (usage), nil until reported; a
+-- policy may prefer the server whose cache really hits over atc's guess.
+t.test("cached_token_share: what the servers reported, nil where none did", function()
+  local spec = {
+    endpoints = {
+      { id = "a", model = "llama", capacity = 8, cached_token_share = 0.25 },
+      { id = "b", model = "llama", capacity = 8, cached_token_share = 0.75 },
+      { id = "c", model = "llama", capacity = 8 },
+    },
+    body = chat("hello"),
+  }
+  t.route(spec, function(req, fleet)
+    local pool = fleet:endpoints "llama"
+    t.expect(pool[1].cached_token_share).to_be(0.25)
+    t.expect(pool[2].cached_token_share).to_be(0.75)
+    t.expect(pool[3].cached_token_share).to_be(nil)
+    local best
+    for _, ep in ipairs(pool) do
+      if ep.cached_token_share and (best == nil or ep.cached_token_share > best.cached_token_share) then
+        best = ep
+      end
+    end
+    t.expect(best.id).to_be "b"
+    return best
+  end)
+end)

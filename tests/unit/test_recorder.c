@@ -225,10 +225,14 @@ static void test_marks(void **state)
     /* a usage object, when the server sends one, is exact */
     atc_record_marks_init(&m);
     evbuffer_drain(b, evbuffer_get_length(b));
-    evbuffer_add_printf(b, "{\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\": 17}}");
+    evbuffer_add_printf(b, "{\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\": 17,"
+                           "\"prompt_tokens_details\":{\"cached_tokens\":4}}}");
     atc_record_marks_observe(&m, b, false, 5);
     assert_int_equal(m.events, 0);
+    assert_int_equal(m.first_byte_us, 0); /* a whole answer: its first token is not seen */
     assert_int_equal(atc_record_marks_output_tokens(&m, true), 17);
+    assert_int_equal(m.prompt_tokens, 9);
+    assert_int_equal(m.cached_tokens, 4);
     evbuffer_free(b);
 }
 

@@ -117,6 +117,26 @@ static void test_scrape(void **state)
     assert_true(isnan(s.scraped_prefix_hit_rate));
 }
 
+/* cached_token_share: not known until an answer reports it; a 0 share is a sample like any other;
+ * large prompts weigh more than small ones. */
+static void test_cached_share(void **state)
+{
+    (void)state;
+    struct atc_signals s;
+    atc_signals_init(&s);
+    assert_true(atc_signals_cached_share(&s) < 0);
+    atc_signals_cached(&s, 0, 0); /* no prompt: no sample */
+    assert_true(atc_signals_cached_share(&s) < 0);
+    atc_signals_cached(&s, 1000, 0);
+    assert_true(atc_signals_cached_share(&s) == 0);
+    atc_signals_cached(&s, 100, 100); /* a small prompt moves it a little */
+    double small = atc_signals_cached_share(&s);
+    assert_true(small > 0 && small < 0.05);
+    atc_signals_cached(&s, 100000, 100000); /* a huge one half way at most */
+    assert_true(atc_signals_cached_share(&s) <= 0.5 + small / 2 + 1e-9);
+    assert_true(atc_signals_cached_share(&s) > 0.5);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -125,6 +145,7 @@ int main(void)
         cmocka_unit_test(test_rates_are_learned_from_samples),
         cmocka_unit_test(test_recent_tokens_decay),
         cmocka_unit_test(test_scrape),
+        cmocka_unit_test(test_cached_share),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
