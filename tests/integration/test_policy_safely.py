@@ -139,8 +139,9 @@ class DecisionRecordTest(SafelyTestCase):
         self.assertNotIn("x-atc-explain", headers)
 
 
-def load(port, n_requests, threads=4, headers_for=None, max_tokens=4):
-    """Sends n_requests chat requests from `threads` clients; returns [(status, headers)], every one."""
+def load(port, n_requests, threads=4, headers_for=None, max_tokens=4, stream=False):
+    """Sends n_requests chat requests from `threads` clients; returns [(status, headers)], every one.
+    Only streamed answers give TTFT samples (the first token is the first event)."""
     results, lock, counter = [], threading.Lock(), iter(range(n_requests))
 
     def client():
@@ -150,7 +151,8 @@ def load(port, n_requests, threads=4, headers_for=None, max_tokens=4):
                 n = next(counter, None)
             if n is None:
                 return
-            body = json.dumps({"model": "m", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "x"}]})
+            body = json.dumps({"model": "m", "max_tokens": max_tokens, "stream": stream,
+                               "messages": [{"role": "user", "content": "x"}]})
             hdrs = {"content-type": "application/json", "x-atc-session": f"s{n}"}
             hdrs.update(headers_for(n) if headers_for else {})
             try:
@@ -207,7 +209,7 @@ class CanaryTest(SafelyTestCase):
         atc = self.start_atc(CONFIG.format(extra="", decode_ms=4).replace(
             "    count: 3\n", "    count: 3\n    max_seqs: 1\n    capacity: 64\n"))
         self.canary(atc, "return function(req, fleet) return fleet:endpoint('m-sim-1') end\n", share=0.5, window="4s")
-        results = load(atc.port, 600, threads=8)
+        results = load(atc.port, 600, threads=8, stream=True)
         self.assertEqual([r for r in results if r[0] != 200], [])
         doc = self.wait_end(atc)
         self.assertEqual((doc["version"], doc["canary_rollbacks"]), (1, 1), doc)

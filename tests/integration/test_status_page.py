@@ -105,8 +105,8 @@ class StatusPageTest(AtcTestCase):
                                      "qwen-2.5-1.5b": [("c", sims["c"].url)]},
                                     extra=f"policy:\n  entry: {policy}\n"))
         wait_for(lambda: all(e["state"] == "healthy" for e in atc.endpoints().values()), what="all healthy")
-        for _ in range(12):
-            self.assertEqual(chat(atc.port, max_tokens=4)[0], 200)
+        for _ in range(12):  # streamed: only a stream's first event is a TTFT sample
+            self.assertEqual(chat(atc.port, max_tokens=4, stream=True)[0], 200)
         self.assertEqual(chat(atc.port, model="qwen-2.5-1.5b", max_tokens=4)[0], 200)
         page = f"http://127.0.0.1:{atc.admin_port}/"
 
