@@ -341,6 +341,9 @@ static const struct field simulate_fields[] = {
      .max = UINT_MAX},
     {.key = "output_min", .kind = F_UINT, .off = SIM(params.output_min), .min = 1, .max = UINT_MAX},
     {.key = "output_max", .kind = F_UINT, .off = SIM(params.output_max), .min = 1, .max = UINT_MAX},
+    {.key = "engine", .kind = F_CHOICE, .off = SIM(params.engine), .choices = atc_sim_engine_names},
+    {.key = "api_key", .kind = F_STR, .off = SIM(params.api_key)},
+    {.key = "max_concurrent", .kind = F_UINT, .off = SIM(params.max_concurrent), .min = 1, .max = UINT_MAX},
     {.key = NULL},
 };
 
