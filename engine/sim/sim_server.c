@@ -255,7 +255,7 @@ static void send_stream_error(const struct atc_sim_server *srv, struct atc_http_
         atc_http_req_abort(req);
         return;
     }
-    evbuffer_add(b, "data:", 5);
+    evbuffer_add(b, "data: ", 6); /* axum's Event::json_data */
     add_error_body(b, srv, k, msg);
     evbuffer_add(b, "\n\n", 2);
     atc_http_reply_start(req, 200, "text/event-stream", "Cache-Control: no-cache\r\n");
