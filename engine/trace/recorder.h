@@ -78,6 +78,7 @@ struct atc_record_marks {
     uint64_t first_byte_us;    /* monotonic; 0 until the answer's body starts */
     uint32_t events;           /* SSE "data:" events relayed */
     bool done_event;           /* the stream ended with data: [DONE] */
+    uint32_t empty_events;     /* events with no text ("delta":{} or "text":""): a finish chunk of its own */
     int64_t completion_tokens; /* from a usage object in the answer, -1 if none seen */
     int decision;              /* enum atc_decision_kind of the first decision; -1: no policy */
 };
