@@ -89,8 +89,8 @@ class ObservabilityTest(AtcTestCase):
         self.assertEqual(total(m, "atc_requests_total", model="other", status="404"), 1)  # a client's name
         self.assertEqual(total(m, "atc_request_duration_seconds_count", model="llama-3-8b"), 5)
         self.assertEqual(total(m, "atc_request_ttft_seconds_count", model="llama-3-8b"), 5)
-        # 3 streams x (role + 4 tokens + finish + [DONE]) events
-        self.assertEqual(total(m, "atc_relayed_sse_events_total"), 3 * 7)
+        # 3 streams x (role + 4 tokens, the last with finish_reason as vLLM sends it, + [DONE]) events
+        self.assertEqual(total(m, "atc_relayed_sse_events_total"), 3 * 6)
         self.assertEqual(total(m, "atc_policy_decision_seconds_count"), 6)  # every routed request, and "nope"
         self.assertEqual(total(m, "atc_endpoint_attempts_total"), 5)
         self.assertEqual(total(m, "atc_policy_version"), 1)
