@@ -109,7 +109,7 @@ class ObservabilityTest(AtcTestCase):
         self.assertEqual([l["status"] for l in unknown], [404])
         first = by_id[ids[0]]
         self.assertTrue(first["stream"])
-        self.assertEqual(first["sse_events"], 7)
+        self.assertEqual(first["sse_events"], 6)
         self.assertIsNotNone(first["ttft_ms"])
         self.assertIn(first["endpoint"], ("llama-3-8b-sim-1", "llama-3-8b-sim-2"))
         self.assertIsNone(unknown[0]["endpoint"])
