@@ -341,6 +341,9 @@ static const struct field simulate_fields[] = {
      .max = UINT_MAX},
     {.key = "output_min", .kind = F_UINT, .off = SIM(params.output_min), .min = 1, .max = UINT_MAX},
     {.key = "output_max", .kind = F_UINT, .off = SIM(params.output_max), .min = 1, .max = UINT_MAX},
+    {.key = "engine", .kind = F_CHOICE, .off = SIM(params.engine), .choices = atc_sim_engine_names},
+    {.key = "api_key", .kind = F_STR, .off = SIM(params.api_key)},
+    {.key = "max_concurrent", .kind = F_UINT, .off = SIM(params.max_concurrent), .min = 1, .max = UINT_MAX},
     {.key = NULL},
 };
 
@@ -868,8 +871,10 @@ static void parse_simulate(struct parse *p, yaml_node_t *n, const char *key, str
     s->count = 1;
     if (parse_section(p, n, key, false, simulate_fields, s, found) < 0)
         return;
+    /* capacity follows a max_seqs given here; else it is an endpoint's default (64), not the sim's
+     * max_seqs default (vLLM's 1024), so a simulated endpoint is routed to as a configured one is. */
     if (!lookup(simulate_fields, found, "capacity"))
-        s->capacity = s->params.max_seqs;
+        s->capacity = lookup(simulate_fields, found, "max_seqs") ? s->params.max_seqs : 64;
     if (s->params.model && !is_declared(p->cfg, s->params.model))
         atc_config_report(&p->errs, lookup(simulate_fields, found, "model")->start_mark,
                           keyf(k, "%s.model", key), "no model named '%s' is declared under 'models'",

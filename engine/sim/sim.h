@@ -37,8 +37,10 @@
  * Defaults, and why (the calibration for an 8B model on one H100):
  *   prefill_tps 15000      the middle of the 10-20k prompt tokens/s measured for such a setup
  *   decode_ms 12, x2.2     12 ms per token alone, 26.4 ms at a batch of 64 or more (measured 25-30)
- *   decode_batch_sat 64    where the decode step stops growing; also max_seqs, so a full batch is the
- *                          calibrated one rather than an extrapolation
+ *   decode_batch_sat 64    where the decode step stops growing (measured up to 64; past it the step
+ *                          stays at 2.2x)
+ *   max_seqs 1024          vLLM's max_num_seqs on a large GPU (ATC_SIM_DEFAULT_MAX_SEQS): it batches
+ *                          rather than queue, and the KV cache is the limit
  *   kv_blocks 25000        x 16 tokens = 400k tokens: about 60 GiB left after the weights, at 128 KiB
  *                          of KV per token for Llama-3-8B
  *   max_batched_tokens 8192  vLLM V1's default for its OpenAI server on large GPUs

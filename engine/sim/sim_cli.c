@@ -24,11 +24,20 @@
 
 static const char usage[] =
     "usage: atc sim [flags]\n"
-    "A simulated OpenAI-compatible inference server (one model, vLLM-like timing and metrics).\n"
+    "A simulated OpenAI-compatible inference server (one model; vLLM's timing, HTTP face and metrics by\n"
+    "default, or another engine's with --engine).\n"
     "\n"
     "  --listen HOST:PORT        where to listen (default 127.0.0.1:9001; port 0 = any free port)\n"
+    "  --engine NAME             vllm, sglang, llamacpp or tgi: whose headers timing, loading behaviour,\n"
+    "                            errors, /health and /metrics names it shows (default vllm)\n"
     "  --model NAME              the model name served and checked in requests (default llama-3-8b)\n"
-    "  --max-seqs N              sequences decoded at once; more wait (default 64)\n"
+    "  --api-key KEY             answer 401 without 'Authorization: Bearer KEY' on the paths the engine\n"
+    "                            protects (vllm: /v1/*; sglang: all but /health*, /metrics; llamacpp: all\n"
+    "                            but /, /health, /v1/health, /models, /v1/models; tgi: its inference "
+    "routes)\n"
+    "  --max-seqs N              sequences decoded at once; more wait (default 1024, vLLM's on an H100)\n"
+    "  --max-concurrent N        requests held at once past which a new one gets 429 'overloaded' (default\n"
+    "                            128 for tgi, as its --max-concurrent-requests; no limit for the others)\n"
     "  --prefill-tps N           prompt tokens prefilled per second (default 15000)\n"
     "  --decode-ms MS            ms per output token at batch size 1 (default 12)\n"
     "  --decode-batch-factor X   decode step at a full batch, in units of --decode-ms (default 2.2)\n"
@@ -37,20 +46,21 @@ static const char usage[] =
     "  --kv-blocks N             KV cache size in 16-token blocks (default 25000 = 400k tokens)\n"
     "  --output-min N            output length drawn when a request has no max_tokens: from N ... (16)\n"
     "  --output-max N            ... to N tokens (512)\n"
-    "  --error-rate P            share of requests answered 500 (default 0)\n"
+    "  --error-rate P            share of requests answered 500 (tgi: 424) (default 0)\n"
     "  --hang-rate P             share of requests accepted and never answered (default 0)\n"
-    "  --not-ready-for DURATION  for this long after start (250ms, 2s), /health is 503 and requests get\n"
-    "                            503 (default 0)\n"
+    "  --not-ready-for DURATION  loading for this long after start (250ms, 2s): vllm, sglang and tgi\n"
+    "                            refuse connections (the port is bound, not listening); llamacpp answers\n"
+    "                            503 'Loading model' (default 0)\n"
     "  --die-after N             the request after the Nth is cut (a stream after half its tokens), then\n"
     "                            the server closes everything and exits with status 1 (default 0 = never)\n"
     "  --seed N                  seed of every draw: output lengths, words, faults (default 1)\n"
-    "  --ready-file PATH         once listening, write {\"listen\":\"HOST:PORT\"} to PATH\n"
+    "  --ready-file PATH         once the port is bound, write {\"listen\":\"HOST:PORT\"} to PATH\n"
     "  --help                    this text\n"
     "\n"
     "SIGTERM or SIGINT stops it with status 0.\n";
 
 /* Flags that set a field of struct atc_sim_params, parsed by kind. */
-enum flag_kind { FLAG_NAME, FLAG_COUNT, FLAG_NUMBER, FLAG_SHARE, FLAG_DURATION, FLAG_U64 };
+enum flag_kind { FLAG_NAME, FLAG_COUNT, FLAG_NUMBER, FLAG_SHARE, FLAG_DURATION, FLAG_U64, FLAG_ENGINE };
 
 static const struct sim_flag {
     const char *name;
@@ -60,7 +70,10 @@ static const struct sim_flag {
 } flags[] = {
 #define P(f) offsetof(struct atc_sim_params, f)
     {"model", FLAG_NAME, P(model), 0},
+    {"engine", FLAG_ENGINE, P(engine), 0},
+    {"api-key", FLAG_NAME, P(api_key), 0},
     {"max-seqs", FLAG_COUNT, P(max_seqs), 1},
+    {"max-concurrent", FLAG_COUNT, P(max_concurrent), 1},
     {"prefill-tps", FLAG_NUMBER, P(prefill_tps), 1e-9},
     {"decode-ms", FLAG_NUMBER, P(decode_ms), 0},
     {"decode-batch-factor", FLAG_NUMBER, P(decode_batch_factor), 1},
@@ -86,6 +99,7 @@ static const char *const expected[] = {
     [FLAG_SHARE] = "a share between 0 and 1",
     [FLAG_DURATION] = "a duration (250ms, 2s)",
     [FLAG_U64] = "an integer",
+    [FLAG_ENGINE] = "vllm, sglang, llamacpp or tgi",
 };
 
 static int parse_u64(const char *s, uint64_t max, uint64_t *out)
@@ -139,6 +153,13 @@ static int set_flag(const struct sim_flag *f, const char *arg, struct atc_sim_pa
         return atc_parse_duration_ms(arg, (uint64_t *)field);
     case FLAG_U64:
         return parse_u64(arg, UINT64_MAX, (uint64_t *)field);
+    case FLAG_ENGINE: {
+        int e = atc_sim_engine_parse(arg);
+        if (e < 0)
+            return -1;
+        *(unsigned *)field = (unsigned)e;
+        return 0;
+    }
     }
     return -1;
 }
@@ -263,7 +284,8 @@ int atc_sim_main(int argc, char **argv)
         fprintf(stderr, "atc sim: --ready-file %s: %s\n", ready_file, strerror(errno));
         goto out;
     }
-    atc_info("sim: model %s listening on %s:%u", p.model, host, port);
+    atc_info("sim: %s model %s on %s:%u%s", atc_sim_engine_names[p.engine], p.model, host, port,
+             p.not_ready_for_ms ? " (loading)" : "");
     event_base_dispatch(m.base);
 
 out:

@@ -19,6 +19,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <strings.h>
 #include <sys/socket.h>
 
 #include <event2/buffer.h>
@@ -35,6 +36,34 @@
 #define MAX_BODY (32u << 20)
 #define MAX_PENDING_OUTPUT (4u << 20) /* a client this far behind is dropped rather than buffered for */
 #define EMBEDDING_DIM 8
+#define SGLANG_HEALTH_MS 1000 /* SGLang's /health: a one-token generation, then asyncio.sleep(1) */
+
+/* How each engine's HTTP face differs, read from its source (sim_server.h has the citations). */
+struct engine_face {
+    bool headers_first;  /* a stream's headers go out at once, its first event after prefill */
+    bool refuse_loading; /* while loading, the port is bound but not listening: connections are refused */
+    bool usage_details;  /* usage carries prompt_tokens_details.cached_tokens */
+};
+
+static const struct engine_face faces[] = {
+    [ATC_SIM_VLLM] = {.headers_first = true, .refuse_loading = true, .usage_details = true},
+    [ATC_SIM_SGLANG] = {.headers_first = true, .refuse_loading = true, .usage_details = true},
+    [ATC_SIM_LLAMACPP] = {.headers_first = false, .refuse_loading = false, .usage_details = false},
+    [ATC_SIM_TGI] = {.headers_first = true, .refuse_loading = true, .usage_details = false},
+};
+
+/* What went wrong, each engine's status and body for it chosen by send_error. */
+enum err_kind {
+    ERR_INVALID,      /* a request the engine refuses (vLLM 400; TGI 422 "validation") */
+    ERR_MODEL,        /* another model's name (404) */
+    ERR_ROUTE,        /* no such path (404) */
+    ERR_METHOD,       /* a known path with another method (405) */
+    ERR_OOM,          /* the sim itself failed (500) */
+    ERR_FAILURE,      /* error_rate (500; TGI 424 "generation") */
+    ERR_OVERLOADED,   /* max_concurrent reached (429, TGI's "overloaded") */
+    ERR_LOADING,      /* llama.cpp while loading (503 "Loading model") */
+    ERR_UNAUTHORIZED, /* api_key (401) */
+};
 
 struct sim_req {
     struct sim_req *prev, *next;
@@ -44,8 +73,11 @@ struct sim_req {
     uint64_t num; /* accept order: seeds the id and the words */
     enum atc_request_kind kind;
     bool stream;
-    bool started; /* stream: the headers are out */
-    bool length;  /* finish_reason "length": the output length was max_tokens */
+    bool started;           /* stream: the headers are out */
+    bool role_sent;         /* stream: the chat's role chunk is out */
+    bool include_usage;     /* stream: stream_options.include_usage, a usage chunk after the last token */
+    uint32_t cached_tokens; /* prompt tokens found in the prefix cache as it arrived */
+    bool length;            /* finish_reason "length": the output length was max_tokens */
     uint32_t prompt_tokens, output_tokens;
     uint32_t cut_at; /* die after sending this many tokens; 0 = never */
     int64_t created;
@@ -65,6 +97,11 @@ struct atc_sim_server {
     uint16_t port;
     bool dying;
     struct sim_req *reqs;
+    size_t nreqs;                     /* on reqs: the requests held, for max_concurrent */
+    struct health_wait *health_waits; /* SGLang /health probes being answered */
+    evutil_socket_t loading_fd;       /* bound, not listening yet (refuse_loading); -1 once listening */
+    struct event *loaded_ev;          /* starts listening once not_ready_for has passed */
+    const struct engine_face *face;
     void (*on_death)(void *arg);
     void *on_death_arg;
 };
@@ -82,9 +119,10 @@ static uint64_t now_us(const struct atc_sim_server *srv)
     return atc_mono_us() - srv->t0;
 }
 
+/* An engine that refuses connections while loading is ready once it answers at all. */
 static bool is_ready(const struct atc_sim_server *srv)
 {
-    return now_us(srv) >= srv->p.not_ready_for_ms * 1000u;
+    return srv->face->refuse_loading || now_us(srv) >= srv->p.not_ready_for_ms * 1000u;
 }
 
 /* A uniform draw in [0, 1). */
@@ -120,24 +158,116 @@ static void reply_buffer(struct atc_http_req *req, int code, const char *type, s
     atc_http_reply(req, code, type, NULL, evbuffer_pullup(b, -1), len);
 }
 
-/* An OpenAI error answer, as vLLM gives it (its code a number, as vLLM's). */
-static void send_error(struct atc_http_req *req, int code, const char *type, const char *msg)
+static int err_status(const struct atc_sim_server *srv, enum err_kind k)
+{
+    static const int status[] = {[ERR_INVALID] = 400,    [ERR_MODEL] = 404,   [ERR_ROUTE] = 404,
+                                 [ERR_METHOD] = 405,     [ERR_OOM] = 500,     [ERR_FAILURE] = 500,
+                                 [ERR_OVERLOADED] = 429, [ERR_LOADING] = 503, [ERR_UNAUTHORIZED] = 401};
+    if (srv->p.engine == ATC_SIM_TGI && k == ERR_INVALID)
+        return 422; /* router/src/server.rs: InferError::ValidationError -> UNPROCESSABLE_ENTITY */
+    if (srv->p.engine == ATC_SIM_TGI && k == ERR_FAILURE)
+        return 424; /* InferError::GenerationError -> FAILED_DEPENDENCY */
+    return status[k];
+}
+
+/* The body of an error in the engine's shape:
+ *   vLLM (vllm/entrypoints/openai/protocol.py ErrorResponse)  {"error":{"message","type","param","code"}}
+ *   SGLang (python/sglang/srt/entrypoints/openai/protocol.py)
+ * {"object":"error","message","type","param","code"} llama.cpp (tools/server/utils.hpp format_error_response)
+ * {"error":{"code","message","type"}} TGI (router/src/server.rs, ErrorResponse)
+ * {"error":"...","error_type":"..."} A 401 is the engine's auth middleware's: {"error":"Unauthorized"} for
+ * vLLM (server_utils.py AuthenticationMiddleware) and SGLang (add_api_key_middleware), llama.cpp's "Invalid
+ * API Key" authentication_error, and TGI's bare StatusCode::UNAUTHORIZED (no body). */
+static void add_error_body(struct evbuffer *b, const struct atc_sim_server *srv, enum err_kind k,
+                           const char *msg)
+{
+    static const char *const openai_type[] = {[ERR_INVALID] = "BadRequestError",
+                                              [ERR_MODEL] = "NotFoundError",
+                                              [ERR_ROUTE] = "NotFoundError",
+                                              [ERR_METHOD] = "MethodNotAllowed",
+                                              [ERR_OOM] = "InternalServerError",
+                                              [ERR_FAILURE] = "InternalServerError",
+                                              [ERR_OVERLOADED] = "TooManyRequestsError",
+                                              [ERR_LOADING] = "ServiceUnavailableError",
+                                              [ERR_UNAUTHORIZED] = "Unauthorized"};
+    static const char *const llamacpp_type[] = {[ERR_INVALID] = "invalid_request_error",
+                                                [ERR_MODEL] = "not_found_error",
+                                                [ERR_ROUTE] = "not_found_error",
+                                                [ERR_METHOD] = "not_found_error",
+                                                [ERR_OOM] = "server_error",
+                                                [ERR_FAILURE] = "server_error",
+                                                [ERR_OVERLOADED] = "unavailable_error",
+                                                [ERR_LOADING] = "unavailable_error",
+                                                [ERR_UNAUTHORIZED] = "authentication_error"};
+    static const char *const tgi_type[] = {
+        [ERR_INVALID] = "validation",    [ERR_MODEL] = "validation",   [ERR_ROUTE] = "not_found",
+        [ERR_METHOD] = "not_found",      [ERR_OOM] = "generation",     [ERR_FAILURE] = "generation",
+        [ERR_OVERLOADED] = "overloaded", [ERR_LOADING] = "overloaded", [ERR_UNAUTHORIZED] = ""};
+    int code = err_status(srv, k);
+    switch (srv->p.engine) {
+    case ATC_SIM_LLAMACPP:
+        evbuffer_add_printf(b, "{\"error\":{\"code\":%d,\"message\":", code);
+        add_json_string(b, k == ERR_UNAUTHORIZED ? "Invalid API Key" : msg);
+        evbuffer_add_printf(b, ",\"type\":\"%s\"}}", llamacpp_type[k]);
+        return;
+    case ATC_SIM_TGI:
+        evbuffer_add_printf(b, "{\"error\":");
+        add_json_string(b, msg);
+        evbuffer_add_printf(b, ",\"error_type\":\"%s\"}", tgi_type[k]);
+        return;
+    default:
+        if (k == ERR_UNAUTHORIZED) {
+            evbuffer_add_printf(b, "{\"error\":\"Unauthorized\"}");
+            return;
+        }
+        evbuffer_add_printf(b, srv->p.engine == ATC_SIM_SGLANG ? "{\"object\":\"error\",\"message\":"
+                                                               : "{\"error\":{\"message\":");
+        add_json_string(b, msg);
+        evbuffer_add_printf(b, ",\"type\":\"%s\",\"param\":null,\"code\":%d}%s", openai_type[k], code,
+                            srv->p.engine == ATC_SIM_SGLANG ? "" : "}");
+    }
+}
+
+static void send_error(const struct atc_sim_server *srv, struct atc_http_req *req, enum err_kind k,
+                       const char *msg)
+{
+    if (srv->p.engine == ATC_SIM_TGI && (k == ERR_UNAUTHORIZED || k == ERR_ROUTE || k == ERR_METHOD)) {
+        atc_http_reply(req, err_status(srv, k), NULL, NULL, "", 0); /* axum's bare status codes */
+        return;
+    }
+    struct evbuffer *b = evbuffer_new();
+    if (!b) {
+        atc_http_req_abort(req);
+        return;
+    }
+    add_error_body(b, srv, k, msg);
+    reply_buffer(req, err_status(srv, k), "application/json", b);
+    evbuffer_free(b);
+}
+
+/* TGI checks and queues a streamed request inside its SSE stream (generate_stream_internal): a
+ * validation error, an overload or a failure is a 200 whose one event is the error. */
+static void send_stream_error(const struct atc_sim_server *srv, struct atc_http_req *req, enum err_kind k,
+                              const char *msg)
 {
     struct evbuffer *b = evbuffer_new();
     if (!b) {
         atc_http_req_abort(req);
         return;
     }
-    evbuffer_add_printf(b, "{\"error\":{\"message\":");
-    add_json_string(b, msg);
-    evbuffer_add_printf(b, ",\"type\":\"%s\",\"param\":null,\"code\":%d}}", type, code);
-    reply_buffer(req, code, "application/json", b);
+    evbuffer_add(b, "data: ", 6); /* axum's Event::json_data */
+    add_error_body(b, srv, k, msg);
+    evbuffer_add(b, "\n\n", 2);
+    atc_http_reply_start(req, 200, "text/event-stream", "Cache-Control: no-cache\r\n");
+    atc_http_reply_chunk_buffer(req, b);
+    atc_http_reply_end(req);
     evbuffer_free(b);
 }
 
 /* ---- requests we hold ---- */
 
 static void schedule(struct atc_sim_server *srv);
+static void health_unlink(struct health_wait *h);
 
 static void req_unlink(struct sim_req *r)
 {
@@ -148,6 +278,7 @@ static void req_unlink(struct sim_req *r)
         srv->reqs = r->next;
     if (r->next)
         r->next->prev = r->prev;
+    srv->nreqs--;
     if (r->text)
         evbuffer_free(r->text);
     free(r);
@@ -183,6 +314,7 @@ static struct sim_req *req_track(struct atc_sim_server *srv, struct atc_http_req
     if (srv->reqs)
         srv->reqs->prev = r;
     srv->reqs = r;
+    srv->nreqs++;
     atc_http_req_set_callbacks(req, &client_cb, r);
     return r;
 }
@@ -190,6 +322,8 @@ static struct sim_req *req_track(struct atc_sim_server *srv, struct atc_http_req
 /* Forgets every request without answering; their connections are closed by the caller. */
 static void drop_all(struct atc_sim_server *srv)
 {
+    while (srv->health_waits)
+        health_unlink(srv->health_waits);
     while (srv->reqs) {
         struct sim_req *r = srv->reqs;
         req_release(r);
@@ -197,6 +331,62 @@ static void drop_all(struct atc_sim_server *srv)
             atc_sim_cancel(srv->sim, r->seq);
         req_unlink(r);
     }
+}
+
+/* ---- SGLang's /health: it runs a one-token generation and answers after about a second ---- */
+
+struct health_wait {
+    struct health_wait *prev, *next;
+    struct atc_sim_server *srv;
+    struct atc_http_req *req;
+    struct event *ev;
+};
+
+static void health_unlink(struct health_wait *h)
+{
+    atc_http_req_set_callbacks(h->req, NULL, NULL);
+    if (h->prev)
+        h->prev->next = h->next;
+    else
+        h->srv->health_waits = h->next;
+    if (h->next)
+        h->next->prev = h->prev;
+    event_free(h->ev);
+    free(h);
+}
+
+static void on_health_gone(void *arg)
+{
+    health_unlink(arg);
+}
+
+static const struct atc_http_req_callbacks health_cb = {.on_gone = on_health_gone};
+
+static void on_health_due(evutil_socket_t fd, short what, void *arg)
+{
+    struct health_wait *h = arg;
+    struct atc_http_req *req = h->req;
+    health_unlink(h);
+    atc_http_reply(req, 200, NULL, NULL, "", 0);
+}
+
+static void health_later(struct atc_sim_server *srv, struct atc_http_req *req)
+{
+    const struct timeval tv = {SGLANG_HEALTH_MS / 1000, (SGLANG_HEALTH_MS % 1000) * 1000};
+    struct health_wait *h = calloc(1, sizeof(*h));
+    if (!h || !(h->ev = evtimer_new(srv->base, on_health_due, h))) {
+        free(h);
+        send_error(srv, req, ERR_OOM, "out of memory");
+        return;
+    }
+    h->srv = srv;
+    h->req = req;
+    h->next = srv->health_waits;
+    if (srv->health_waits)
+        srv->health_waits->prev = h;
+    srv->health_waits = h;
+    atc_http_req_set_callbacks(req, &health_cb, h);
+    evtimer_add(h->ev, &tv);
 }
 
 /* ---- the model's clock ---- */
@@ -258,10 +448,16 @@ static void add_head(struct evbuffer *b, const struct sim_req *r, bool chunk)
     add_json_string(b, r->srv->p.model);
 }
 
+/* vLLM's UsageInfo. prompt_tokens_details is sent only with --enable-prompt-tokens-details by vLLM
+ * (serving_chat.py, serving_completion.py); the sim always sends it for vLLM and SGLang, so a client or
+ * atc can read the prefix cache's hits per request. */
 static void add_usage(struct evbuffer *b, const struct sim_req *r)
 {
-    evbuffer_add_printf(b, ",\"usage\":{\"prompt_tokens\":%u,\"completion_tokens\":%u,\"total_tokens\":%u}",
+    evbuffer_add_printf(b, ",\"usage\":{\"prompt_tokens\":%u,\"completion_tokens\":%u,\"total_tokens\":%u",
                         r->prompt_tokens, r->output_tokens, r->prompt_tokens + r->output_tokens);
+    if (r->srv->face->usage_details)
+        evbuffer_add_printf(b, ",\"prompt_tokens_details\":{\"cached_tokens\":%u}", r->cached_tokens);
+    evbuffer_add(b, "}", 1);
 }
 
 /* One SSE event: a chunk carrying @p text (NULL = an empty delta) and @p finish (NULL = null). */
@@ -286,8 +482,16 @@ static void add_event(struct evbuffer *b, const struct sim_req *r, const char *r
         evbuffer_add_printf(b, "\"%s\"}]", finish);
     else
         evbuffer_add_printf(b, "null}]");
-    if (finish)
-        add_usage(b, r);
+    evbuffer_add(b, "}\n\n", 3);
+}
+
+/* The last chunk with stream_options.include_usage: no choices, the usage (serving_chat.py). */
+static void add_usage_event(struct evbuffer *b, const struct sim_req *r)
+{
+    evbuffer_add(b, "data: ", 6);
+    add_head(b, r, true);
+    evbuffer_add_printf(b, ",\"choices\":[]");
+    add_usage(b, r);
     evbuffer_add(b, "}\n\n", 3);
 }
 
@@ -332,15 +536,19 @@ static void on_token(void *ctx, const struct atc_sim_token *tok)
     if (!b)
         return;
     if (!r->started) {
-        /* Like vLLM, the headers and the role go out with the first token. */
+        /* llama.cpp reads the first result before it answers (tools/server/server.cpp,
+         * handle_completions_impl), so its headers go out with the first token. */
         atc_http_reply_start(r->req, 200, "text/event-stream; charset=utf-8", "Cache-Control: no-cache\r\n");
         r->started = true;
-        if (r->kind == ATC_KIND_CHAT)
-            add_event(b, r, "assistant", "", NULL);
     }
-    add_event(b, r, NULL, text, NULL);
+    if (!r->role_sent && r->kind == ATC_KIND_CHAT)
+        add_event(b, r, "assistant", "", NULL); /* vLLM's first chunk: the role, on the first output */
+    r->role_sent = true;
+    /* The finish_reason rides on the last content chunk, as vLLM's. */
+    add_event(b, r, NULL, text, tok->last ? (r->length ? "length" : "stop") : NULL);
     if (tok->last) {
-        add_event(b, r, NULL, NULL, r->length ? "length" : "stop");
+        if (r->include_usage)
+            add_usage_event(b, r);
         evbuffer_add_printf(b, "data: [DONE]\n\n");
     }
     if (tok->last)
@@ -400,12 +608,12 @@ static int encoding_format(const char *body, size_t len)
 /* A small vector drawn from the prompt's first block: equal prompts get equal vectors. With
  * encoding_format "base64" (what the official OpenAI SDK asks for by default) the same vector goes as
  * base64 of little-endian float32s, as OpenAI and vLLM send it. */
-static void send_embedding(struct atc_sim_server *srv, struct atc_http_req *req,
-                           const struct atc_features *f, int base64)
+static void send_embedding(struct atc_sim_server *srv, struct atc_http_req *req, const struct atc_features *f,
+                           int base64)
 {
     struct evbuffer *b = evbuffer_new();
     if (!b) {
-        send_error(req, 500, "InternalServerError", "out of memory");
+        send_error(srv, req, ERR_OOM, "out of memory");
         return;
     }
     evbuffer_add_printf(
@@ -439,29 +647,51 @@ static void send_embedding(struct atc_sim_server *srv, struct atc_http_req *req,
     evbuffer_free(b);
 }
 
-static void handle_inference(struct atc_sim_server *srv, struct atc_http_req *req,
-                             enum atc_request_kind kind)
+/* stream_options.include_usage of the body (vLLM, SGLang, llama.cpp and TGI all read it). */
+static bool wants_usage(const char *body, size_t len)
+{
+    struct atc_json j = {0};
+    bool yes = false;
+    if (atc_json_parse(&j, body, len, NULL) == 0) {
+        int o = atc_json_get(&j, 0, "stream_options");
+        if (o >= 0 && atc_json_type(&j, o) == ATC_JSON_OBJECT) {
+            int u = atc_json_get(&j, o, "include_usage");
+            if (u >= 0 && !atc_json_bool(&j, u, &yes))
+                yes = false;
+        }
+    }
+    atc_json_dispose(&j);
+    return yes;
+}
+
+static void handle_inference(struct atc_sim_server *srv, struct atc_http_req *req, enum atc_request_kind kind)
 {
     struct atc_features f;
     const char *err = NULL;
-    if (!is_ready(srv)) {
-        send_error(req, 503, "ServiceUnavailableError", "The server is starting up.");
-        return;
-    }
     size_t len;
     const char *body = atc_http_req_body(req, &len);
     if (atc_features_scan(kind, body ? body : "", body ? len : 0, &f, &err) < 0) {
-        send_error(req, 400, "BadRequestError", err);
+        send_error(srv, req, ERR_INVALID, err);
         return;
     }
-    if (f.has_model && strcmp(f.model, srv->p.model) != 0) {
+    bool stream = f.stream && kind != ATC_KIND_EMBEDDING;
+    bool tgi = srv->p.engine == ATC_SIM_TGI;
+    /* TGI serves one model and does not read the request's model name. */
+    if (!tgi && f.has_model && strcmp(f.model, srv->p.model) != 0) {
         char msg[ATC_FEATURES_NAME_MAX + 64];
         snprintf(msg, sizeof(msg), "The model `%s` does not exist.", f.model);
-        send_error(req, 404, "NotFoundError", msg);
+        send_error(srv, req, ERR_MODEL, msg);
         return;
     }
     if (f.max_tokens == 0) {
-        send_error(req, 400, "BadRequestError", "max_tokens must be at least 1, got 0.");
+        const char *msg = "max_tokens must be at least 1, got 0.";
+        (tgi && stream ? send_stream_error : send_error)(srv, req, ERR_INVALID, msg);
+        return;
+    }
+    unsigned limit = srv->p.max_concurrent ? srv->p.max_concurrent : tgi ? ATC_SIM_TGI_MAX_CONCURRENT : 0;
+    if (limit && srv->nreqs >= limit) {
+        /* TGI's router: no permit of limit_concurrent_requests left (router/src/infer/mod.rs). */
+        (tgi && stream ? send_stream_error : send_error)(srv, req, ERR_OVERLOADED, "Model is overloaded");
         return;
     }
 
@@ -470,34 +700,40 @@ static void handle_inference(struct atc_sim_server *srv, struct atc_http_req *re
     uint64_t num = ++srv->accepted;
     bool fail = draw_from(&srv->rng) < srv->p.error_rate, hang = draw_from(&srv->rng) < srv->p.hang_rate;
     bool cut = srv->p.die_after && num == (uint64_t)srv->p.die_after + 1;
-    if (srv->dying || (cut && !(f.stream && kind != ATC_KIND_EMBEDDING)))
+    if (srv->dying || (cut && !stream))
         hang = true; /* the last request of a dying server, or one arriving while it dies */
     if (cut && hang)
         die_soon(srv);
     if (fail && !hang && !cut) {
-        send_error(req, 500, "InternalServerError", "Simulated failure (error_rate).");
+        (tgi && stream ? send_stream_error : send_error)(srv, req, ERR_FAILURE,
+                                                         "Simulated failure (error_rate).");
         return;
     }
     if (kind == ATC_KIND_EMBEDDING && !hang) {
         int base64 = encoding_format(body ? body : "", body ? len : 0);
         if (base64 < 0)
-            send_error(req, 400, "BadRequestError", "encoding_format must be 'float' or 'base64'.");
+            send_error(srv, req, ERR_INVALID, "encoding_format must be 'float' or 'base64'.");
         else
             send_embedding(srv, req, &f, base64);
         return;
     }
     struct sim_req *r = req_track(srv, req);
     if (!r) {
-        send_error(req, 500, "InternalServerError", "out of memory");
+        send_error(srv, req, ERR_OOM, "out of memory");
         return;
     }
     r->num = num;
     r->kind = kind;
-    r->stream = f.stream && kind != ATC_KIND_EMBEDDING;
+    r->stream = stream;
+    r->include_usage = stream && wants_usage(body ? body : "", body ? len : 0);
     r->prompt_tokens = f.prompt_tokens > 0 ? f.prompt_tokens : 1;
     r->length = f.max_tokens > 0;
     if (hang)
-        return; /* kept until the client or the server goes away */
+        return; /* kept until the client or the server goes away, without a byte */
+    /* The prefix cache's hits as the request arrives, in tokens; the last prompt token is always
+     * computed (vLLM's num_cached_tokens). */
+    uint64_t cached = (uint64_t)atc_sim_prefix_cached(srv->sim, f.blocks, f.nblocks) * BLOCK_TOKENS;
+    r->cached_tokens = (uint32_t)(cached < r->prompt_tokens ? cached : r->prompt_tokens - 1);
 
     if (!r->stream && !(r->text = evbuffer_new()))
         goto oom;
@@ -513,78 +749,232 @@ static void handle_inference(struct atc_sim_server *srv, struct atc_http_req *re
         goto oom;
     if (cut)
         r->cut_at = r->output_tokens / 2 > 0 ? r->output_tokens / 2 : 1;
+    if (stream && srv->face->headers_first) {
+        /* vLLM, SGLang and TGI answer with a streaming response at once (FastAPI's StreamingResponse,
+         * axum's Sse) and its first event comes with the first token, after prefill. */
+        atc_http_reply_start(req, 200, "text/event-stream; charset=utf-8", "Cache-Control: no-cache\r\n");
+        r->started = true;
+    }
     schedule(srv);
     return;
 oom:
     req_release(r);
     req_unlink(r);
-    send_error(req, 500, "InternalServerError", "out of memory");
+    send_error(srv, req, ERR_OOM, "out of memory");
 }
 
 static void handle_models(struct atc_sim_server *srv, struct atc_http_req *req)
 {
     struct evbuffer *b = evbuffer_new();
     if (!b) {
-        send_error(req, 500, "InternalServerError", "out of memory");
+        send_error(srv, req, ERR_OOM, "out of memory");
         return;
     }
-    evbuffer_add_printf(b, "{\"object\":\"list\",\"data\":[");
-    if (is_ready(srv)) {
-        evbuffer_add_printf(b, "{\"id\":");
-        add_json_string(b, srv->p.model);
-        evbuffer_add_printf(b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"atc-sim\",\"root\":",
-                            (long long)time(NULL));
-        add_json_string(b, srv->p.model);
-        evbuffer_add_printf(b, ",\"parent\":null}");
-    }
-    evbuffer_add_printf(b, "]}");
+    evbuffer_add_printf(b, "{\"object\":\"list\",\"data\":[{\"id\":");
+    add_json_string(b, srv->p.model);
+    evbuffer_add_printf(b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"atc-sim\",\"root\":",
+                        (long long)time(NULL));
+    add_json_string(b, srv->p.model);
+    /* llama.cpp lets /v1/models through while it loads and names the model, its "meta" null until
+     * loaded (tools/server/server.cpp get_models): the list alone does not tell it is ready. */
+    if (srv->p.engine == ATC_SIM_LLAMACPP)
+        evbuffer_add_printf(b, ",\"parent\":null,\"meta\":%s}]}", is_ready(srv) ? "{}" : "null");
+    else
+        evbuffer_add_printf(b, ",\"parent\":null}]}");
     reply_buffer(req, 200, "application/json", b);
     evbuffer_free(b);
 }
 
+/* One sample; with_model adds the model_name label (vLLM, SGLang) and vLLM V1's engine="0". */
 static void add_metric(struct evbuffer *b, const struct atc_sim_server *srv, const char *name,
                        const char *type, const char *help, double v)
 {
-    evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s{model_name=", name, help, name, type, name);
-    add_json_string(b, srv->p.model); /* Prometheus label escaping is JSON's for \ and " */
-    evbuffer_add_printf(b, "} %.17g\n", v);
+    evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s", name, help, name, type, name);
+    if (srv->p.engine == ATC_SIM_VLLM || srv->p.engine == ATC_SIM_SGLANG) {
+        evbuffer_add_printf(b, "{%smodel_name=", srv->p.engine == ATC_SIM_VLLM ? "engine=\"0\"," : "");
+        add_json_string(b, srv->p.model); /* Prometheus label escaping is JSON's for \ and " */
+        evbuffer_add(b, "}", 1);
+    }
+    evbuffer_add_printf(b, " %.17g\n", v);
 }
 
-static void handle_metrics(struct atc_sim_server *srv, struct atc_http_req *req)
+/* vLLM V1's names (vllm/v1/metrics/loggers.py, PrometheusStatLogger; counters get _total). */
+static void metrics_vllm(struct evbuffer *b, const struct atc_sim_server *srv, const struct atc_sim_stats *st)
 {
-    struct atc_sim_stats st;
-    struct evbuffer *b = evbuffer_new();
-    if (!b) {
-        send_error(req, 500, "InternalServerError", "out of memory");
-        return;
-    }
-    /* Bring the model up to now, so a scrape right after a token sees it. */
-    atc_sim_advance(srv->sim, now_us(srv));
-    schedule(srv);
-    atc_sim_stats(srv->sim, &st);
     add_metric(b, srv, "vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
-               st.running);
+               st->running);
     add_metric(b, srv, "vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
-               st.waiting);
+               st->waiting);
     add_metric(b, srv, "vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
-               st.kv_usage);
+               st->kv_usage);
     add_metric(b, srv, "vllm:prefix_cache_queries_total", "counter",
-               "Prefix cache queries, in terms of number of queried tokens.", (double)st.prefix_queries);
+               "Prefix cache queries, in terms of number of queried tokens.", (double)st->prefix_queries);
     add_metric(b, srv, "vllm:prefix_cache_hits_total", "counter",
-               "Prefix cache hits, in terms of number of cached tokens.", (double)st.prefix_hits);
+               "Prefix cache hits, in terms of number of cached tokens.", (double)st->prefix_hits);
     add_metric(b, srv, "vllm:num_preemptions_total", "counter",
-               "Cumulative number of preemption from the engine.", (double)st.preemptions);
+               "Cumulative number of preemption from the engine.", (double)st->preemptions);
     add_metric(b, srv, "vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
-               (double)st.tokens);
-    /* vLLM's info metric: the cache's size is in its labels (atc's scrape learns ep.kv_tokens from it). */
+               (double)st->tokens);
+    /* The info metric: the cache's size is in its labels (atc's scrape learns ep.kv_tokens from it). */
     evbuffer_add_printf(b,
                         "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
                         "# TYPE vllm:cache_config_info gauge\n"
                         "vllm:cache_config_info{block_size=\"%u\",num_gpu_blocks=\"%llu\"} 1.0\n",
                         (unsigned)ATC_SIM_KV_BLOCK_TOKENS,
                         (unsigned long long)(atc_sim_params_kv_tokens(&srv->p) / ATC_SIM_KV_BLOCK_TOKENS));
+}
+
+/* SGLang's (python/sglang/srt/metrics/collector.py, SchedulerMetricsCollector): gauges only, the hit
+ * rate a share. */
+static void metrics_sglang(struct evbuffer *b, const struct atc_sim_server *srv,
+                           const struct atc_sim_stats *st)
+{
+    uint64_t kv = atc_sim_params_kv_tokens(&srv->p);
+    add_metric(b, srv, "sglang:num_running_reqs", "gauge", "The number of running requests.", st->running);
+    add_metric(b, srv, "sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.",
+               st->waiting);
+    add_metric(b, srv, "sglang:num_used_tokens", "gauge", "The number of used tokens.",
+               st->kv_usage * (double)kv);
+    add_metric(b, srv, "sglang:token_usage", "gauge", "The token usage.", st->kv_usage);
+    add_metric(b, srv, "sglang:max_total_num_tokens", "gauge",
+               "Maximum total number of tokens in the KV cache.", (double)kv);
+    add_metric(b, srv, "sglang:cache_hit_rate", "gauge", "The prefix cache hit rate.",
+               st->prefix_queries ? (double)st->prefix_hits / (double)st->prefix_queries : 0.0);
+    add_metric(b, srv, "sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
+               (double)st->tokens);
+}
+
+/* llama.cpp's (tools/server/server.cpp get_metrics, --metrics): no labels; kv_cache_usage_ratio and
+ * kv_cache_tokens are gone from the current server. */
+static void metrics_llamacpp(struct evbuffer *b, const struct atc_sim_server *srv,
+                             const struct atc_sim_stats *st)
+{
+    add_metric(b, srv, "llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.",
+               (double)(st->prefix_queries - st->prefix_hits));
+    add_metric(b, srv, "llamacpp:tokens_predicted_total", "counter", "Number of generation tokens processed.",
+               (double)st->tokens);
+    add_metric(b, srv, "llamacpp:n_decode_total", "counter", "Total number of llama_decode() calls",
+               (double)st->iterations);
+    add_metric(b, srv, "llamacpp:requests_processing", "gauge", "Number of requests processing.",
+               st->running);
+    add_metric(b, srv, "llamacpp:requests_deferred", "gauge", "Number of requests deferred.", st->waiting);
+}
+
+/* TGI's router (router/src/infer, router/src/server.rs): no labels. */
+static void metrics_tgi(struct evbuffer *b, const struct atc_sim_server *srv, const struct atc_sim_stats *st)
+{
+    add_metric(b, srv, "tgi_queue_size", "gauge", "Current queue size", st->waiting);
+    add_metric(b, srv, "tgi_batch_current_size", "gauge", "Current batch size", st->running);
+    add_metric(b, srv, "tgi_request_count", "counter", "Total number of requests", (double)srv->accepted);
+}
+
+static void handle_metrics(struct atc_sim_server *srv, struct atc_http_req *req)
+{
+    static void (*const writers[])(struct evbuffer *, const struct atc_sim_server *,
+                                   const struct atc_sim_stats *) = {[ATC_SIM_VLLM] = metrics_vllm,
+                                                                    [ATC_SIM_SGLANG] = metrics_sglang,
+                                                                    [ATC_SIM_LLAMACPP] = metrics_llamacpp,
+                                                                    [ATC_SIM_TGI] = metrics_tgi};
+    struct atc_sim_stats st;
+    struct evbuffer *b = evbuffer_new();
+    if (!b) {
+        send_error(srv, req, ERR_OOM, "out of memory");
+        return;
+    }
+    /* Bring the model up to now, so a scrape right after a token sees it. */
+    atc_sim_advance(srv->sim, now_us(srv));
+    schedule(srv);
+    atc_sim_stats(srv->sim, &st);
+    writers[srv->p.engine](b, srv, &st);
     reply_buffer(req, 200, "text/plain; version=0.0.4; charset=utf-8", b);
     evbuffer_free(b);
+}
+
+/* ---- api_key ---- */
+
+static bool has_prefix_segment(const char *path, const char *prefix)
+{
+    size_t n = strlen(prefix);
+    return strncmp(path, prefix, n) == 0 && (path[n] == '\0' || path[n] == '/');
+}
+
+/* The paths each engine's --api-key guards:
+ *   vLLM: GUARDED_PREFIX ("/v1", "/v2", "/inference") of AuthenticationMiddleware
+ *         (vllm/entrypoints/openai/server_utils.py); /health, /metrics, /ping are open.
+ *   SGLang: everything but /health* and /metrics* (python/sglang/srt/utils.py add_api_key_middleware).
+ *   llama.cpp: everything but public_endpoints /health, /v1/health, /models, /v1/models, /api/tags and
+ *         "/" (tools/server/server-http.cpp middleware_validate_api_key).
+ *   TGI: base_routes only: POST /, /generate, /generate_stream, /v1/chat/completions, /v1/completions,
+ *         /vertex, /tokenize (router/src/server.rs); /health, /info, /metrics, /v1/models are open. */
+static bool guarded(const struct atc_sim_server *srv, const char *path, bool post)
+{
+    switch (srv->p.engine) {
+    case ATC_SIM_SGLANG:
+        return strncmp(path, "/health", 7) != 0 && strncmp(path, "/metrics", 8) != 0;
+    case ATC_SIM_LLAMACPP:
+        return strcmp(path, "/") != 0 && strcmp(path, "/health") != 0 && strcmp(path, "/v1/health") != 0 &&
+               strcmp(path, "/models") != 0 && strcmp(path, "/v1/models") != 0 &&
+               strcmp(path, "/api/tags") != 0;
+    case ATC_SIM_TGI:
+        return post && (strcmp(path, "/") == 0 || strcmp(path, "/generate") == 0 ||
+                        strcmp(path, "/generate_stream") == 0 || strcmp(path, "/v1/chat/completions") == 0 ||
+                        strcmp(path, "/v1/completions") == 0 || strcmp(path, "/vertex") == 0 ||
+                        strcmp(path, "/tokenize") == 0);
+    default:
+        return has_prefix_segment(path, "/v1") || has_prefix_segment(path, "/v2") ||
+               has_prefix_segment(path, "/inference");
+    }
+}
+
+/* Whether the Authorization header carries the key, as the engine compares it: vLLM a "bearer" scheme
+ * in any case and the token exactly; SGLang the header exactly "Bearer KEY"; llama.cpp the token with or
+ * without "Bearer " (or X-Api-Key); TGI "Bearer KEY" in any case. */
+static bool key_ok(const struct atc_sim_server *srv, struct atc_http_req *req)
+{
+    const char *h = atc_http_req_header(req, "Authorization");
+    const char *key = srv->p.api_key;
+    switch (srv->p.engine) {
+    case ATC_SIM_SGLANG:
+        return h && strncmp(h, "Bearer ", 7) == 0 && strcmp(h + 7, key) == 0;
+    case ATC_SIM_LLAMACPP:
+        if (!h || !*h)
+            h = atc_http_req_header(req, "X-Api-Key");
+        if (h && strncmp(h, "Bearer ", 7) == 0)
+            h += 7;
+        return h && strcmp(h, key) == 0;
+    case ATC_SIM_TGI:
+        return h && strncasecmp(h, "Bearer ", 7) == 0 && strcasecmp(h + 7, key) == 0;
+    default:
+        return h && strncasecmp(h, "bearer ", 7) == 0 && strcmp(h + 7, key) == 0;
+    }
+}
+
+/* llama.cpp while loading (middleware_server_state): "/" and *.html get the loading page, the model
+ * lists go through, anything else is 503 "Loading model". Returns true when answered. */
+static bool llamacpp_loading(struct atc_sim_server *srv, struct atc_http_req *req, const char *path)
+{
+    if (srv->p.engine != ATC_SIM_LLAMACPP || is_ready(srv))
+        return false;
+    size_t n = strlen(path);
+    if (strcmp(path, "/") == 0 || (n >= 5 && strcmp(path + n - 5, ".html") == 0)) {
+        static const char page[] = "<html><body>Loading model</body></html>\n";
+        atc_http_reply(req, 503, "text/html; charset=utf-8", NULL, page, sizeof(page) - 1);
+        return true;
+    }
+    if (strcmp(path, "/models") == 0 || strcmp(path, "/v1/models") == 0 || strcmp(path, "/api/tags") == 0)
+        return false;
+    send_error(srv, req, ERR_LOADING, "Loading model");
+    return true;
+}
+
+static void handle_health(struct atc_sim_server *srv, struct atc_http_req *req)
+{
+    if (srv->p.engine == ATC_SIM_SGLANG)
+        health_later(srv, req);
+    else if (srv->p.engine == ATC_SIM_LLAMACPP)
+        atc_http_reply(req, 200, "application/json; charset=utf-8", NULL, "{\"status\":\"ok\"}", 15);
+    else
+        atc_http_reply(req, 200, NULL, NULL, "", 0);
 }
 
 static void on_request(struct atc_http_req *req, void *arg)
@@ -594,6 +984,12 @@ static void on_request(struct atc_http_req *req, void *arg)
     enum atc_http_method cmd = atc_http_req_method(req);
     bool get = cmd == ATC_HTTP_GET || cmd == ATC_HTTP_HEAD, post = cmd == ATC_HTTP_POST;
 
+    if (llamacpp_loading(srv, req, path))
+        return;
+    if (srv->p.api_key && cmd != ATC_HTTP_OPTIONS && guarded(srv, path, post) && !key_ok(srv, req)) {
+        send_error(srv, req, ERR_UNAUTHORIZED, "Unauthorized");
+        return;
+    }
     if (strcmp(path, "/v1/chat/completions") == 0 && post)
         handle_inference(srv, req, ATC_KIND_CHAT);
     else if (strcmp(path, "/v1/completions") == 0 && post)
@@ -603,18 +999,76 @@ static void on_request(struct atc_http_req *req, void *arg)
     else if (strcmp(path, "/v1/models") == 0 && get)
         handle_models(srv, req);
     else if (strcmp(path, "/health") == 0 && get)
-        atc_http_reply(req, is_ready(srv) ? 200 : 503, NULL, NULL, "", 0);
+        handle_health(srv, req);
     else if (strcmp(path, "/metrics") == 0 && get)
         handle_metrics(srv, req);
     else if (strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0 ||
              strcmp(path, "/v1/embeddings") == 0 || strcmp(path, "/v1/models") == 0 ||
              strcmp(path, "/health") == 0 || strcmp(path, "/metrics") == 0)
-        send_error(req, 405, "MethodNotAllowed", "Method Not Allowed");
+        send_error(srv, req, ERR_METHOD, "Method Not Allowed");
     else
-        send_error(req, 404, "NotFoundError", "Not Found");
+        send_error(srv, req, ERR_ROUTE, "Not Found");
 }
 
 /* ---- start / stop ---- */
+
+/* A socket bound to @p host : @p port, not listening yet; -1 with *err. */
+static evutil_socket_t bind_socket(const char *host, uint16_t port, const char **err)
+{
+    struct evutil_addrinfo hints = {.ai_family = AF_UNSPEC,
+                                    .ai_socktype = SOCK_STREAM,
+                                    .ai_flags = EVUTIL_AI_PASSIVE | EVUTIL_AI_NUMERICHOST};
+    struct evutil_addrinfo *ai = NULL;
+    char ps[8];
+    int one = 1;
+    snprintf(ps, sizeof(ps), "%u", (unsigned)port);
+    if (evutil_getaddrinfo(host, ps, &hints, &ai) != 0 || ai == NULL) {
+        *err = "cannot resolve the listen address";
+        return -1;
+    }
+    evutil_socket_t fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+        bind(fd, ai->ai_addr, (socklen_t)ai->ai_addrlen) < 0) {
+        *err = "cannot listen (address in use or invalid)";
+        if (fd >= 0)
+            evutil_closesocket(fd);
+        fd = -1;
+    }
+    evutil_freeaddrinfo(ai);
+    return fd;
+}
+
+static uint16_t socket_port(evutil_socket_t fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) != 0)
+        return 0;
+    if (ss.ss_family == AF_INET)
+        return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    if (ss.ss_family == AF_INET6)
+        return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    return 0;
+}
+
+/* Listens on the bound socket: from now on connections are accepted. */
+static int start_listening(struct atc_sim_server *srv)
+{
+    evutil_socket_t fd = srv->loading_fd;
+    srv->loading_fd = -1;
+    if (listen(fd, 4096) < 0) {
+        evutil_closesocket(fd);
+        return -1;
+    }
+    return atc_http_server_listen(srv->http, fd); /* closes fd when it fails */
+}
+
+static void on_loaded(evutil_socket_t fd, short what, void *arg)
+{
+    struct atc_sim_server *srv = arg;
+    if (srv->http && srv->loading_fd >= 0 && start_listening(srv) < 0)
+        atc_warn("sim %s:%u: cannot listen once loaded", srv->p.model, srv->port);
+}
 
 struct atc_sim_server *atc_sim_server_start(struct event_base *base, const struct atc_sim_params *p,
                                             const char *host, uint16_t port, const char **err)
@@ -631,18 +1085,33 @@ struct atc_sim_server *atc_sim_server_start(struct event_base *base, const struc
         return NULL;
     srv->base = base;
     srv->p = *p;
+    srv->loading_fd = -1;
+    srv->p.engine = p->engine < sizeof(faces) / sizeof(faces[0]) ? p->engine : ATC_SIM_VLLM;
+    srv->face = &faces[srv->p.engine];
     srv->p.model = strdup(p->model ? p->model : "llama-3-8b");
+    srv->p.api_key = NULL;
     srv->rng = p->seed ^ 0x5eed5eed5eed5eedULL; /* a stream apart from the model's */
     srv->t0 = atc_mono_us();
-    if (!srv->p.model || !(srv->sim = atc_sim_create(&srv->p, on_token, srv)) ||
+    if (!srv->p.model || (p->api_key && !(srv->p.api_key = strdup(p->api_key))) ||
+        !(srv->sim = atc_sim_create(&srv->p, on_token, srv)) ||
         !(srv->timer = evtimer_new(base, on_timer, srv)) || !(srv->die_ev = evtimer_new(base, on_die, srv)) ||
+        !(srv->loaded_ev = evtimer_new(base, on_loaded, srv)) ||
         !(srv->http = atc_http_server_create(base, &http_cfg, on_request, srv)))
         goto error;
-    if (atc_http_server_bind(srv->http, host, port, err) < 0) {
+    if ((srv->loading_fd = bind_socket(host, port, err)) < 0)
+        goto error;
+    srv->port = socket_port(srv->loading_fd);
+    if (srv->face->refuse_loading && srv->p.not_ready_for_ms > 0) {
+        /* vLLM binds its port before it builds the engine and serves (listens) only once it is up
+         * (vllm/entrypoints/openai/api_server.py run_server: create_server_socket binds, serve_http
+         * listens); SGLang and TGI start their HTTP server after loading too. */
+        const struct timeval tv = {(time_t)(srv->p.not_ready_for_ms / 1000),
+                                   (suseconds_t)(srv->p.not_ready_for_ms % 1000 * 1000)};
+        evtimer_add(srv->loaded_ev, &tv);
+    } else if (start_listening(srv) < 0) {
         *err = "cannot listen (address in use or invalid)";
         goto error;
     }
-    srv->port = atc_http_server_port(srv->http);
     *err = NULL;
     return srv;
 error:
@@ -667,11 +1136,16 @@ void atc_sim_server_stop(struct atc_sim_server *s)
         return;
     drop_all(s);
     atc_http_server_destroy(s->http);
+    if (s->loading_fd >= 0)
+        evutil_closesocket(s->loading_fd);
     if (s->timer)
         event_free(s->timer);
     if (s->die_ev)
         event_free(s->die_ev);
+    if (s->loaded_ev)
+        event_free(s->loaded_ev);
     atc_sim_destroy(s->sim);
     free(s->p.model);
+    free(s->p.api_key);
     free(s);
 }

@@ -430,6 +430,11 @@ void atc_record_marks_observe_bytes(struct atc_record_marks *m, const char *p, s
                 m->first_byte_us = now_us;
             if ((size_t)(end - q) >= 11 && memcmp(q + 5, " [DONE]", 7) == 0)
                 m->done_event = true;
+            /* vLLM puts finish_reason on the last content chunk; llama.cpp and others send it alone */
+            const char *eol = memchr(q, '\n', (size_t)(end - q));
+            size_t n = (size_t)((eol ? eol : end) - q);
+            if (memmem(q, n, "\"delta\":{}", 10) || memmem(q, n, "\"text\":\"\"", 9))
+                m->empty_events++;
         }
     }
     /* "usage" comes once, in the last chunk of a stream or the body of an answer; what follows its key
@@ -458,7 +463,7 @@ int64_t atc_record_marks_output_tokens(const struct atc_record_marks *m, bool ch
         return m->completion_tokens;
     if (m->events == 0)
         return -1;
-    /* role event (chat), finish event, [DONE] */
-    int64_t n = (int64_t)m->events - (m->done_event ? 1 : 0) - 1 - (chat ? 1 : 0);
+    /* less the role event (chat), [DONE] and finish events without text */
+    int64_t n = (int64_t)m->events - (m->done_event ? 1 : 0) - m->empty_events - (chat ? 1 : 0);
     return n > 0 ? n : 0;
 }

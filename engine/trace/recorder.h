@@ -83,6 +83,7 @@ struct atc_record_marks {
     /* from a usage object in the answer (the last chunk of a stream, a JSON body's "usage"), -1 if none
      * seen: prompt_tokens, completion_tokens, prompt_tokens_details.cached_tokens */
     int64_t prompt_tokens, completion_tokens, cached_tokens;
+    uint32_t empty_events; /* events with no text ("delta":{} or "text":""): a finish chunk of its own */
     int decision;              /* enum atc_decision_kind of the first decision; -1: no policy */
 };
 

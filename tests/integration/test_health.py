@@ -137,8 +137,12 @@ class HealthTest(AtcTestCase):
 
     def test_a_server_not_ready_at_start_gets_traffic_only_once_ready(self):
         ready = self.start_sim("ready", extra=["--decode-ms", "1"])
-        loading = self.start_sim("loading", extra=["--decode-ms", "1", "--not-ready-for", "1500ms"])
-        atc = self.start_atc(config([("ready", ready.url), ("loading", loading.url)]))
+        # llama.cpp answers 503 while it loads (vLLM refuses connections); it lets /v1/models through and
+        # names the model then, so the ready check reads /health here.
+        loading = self.start_sim("loading", extra=["--decode-ms", "1", "--not-ready-for", "1500ms",
+                                                   "--engine", "llamacpp"])
+        cfg = config([("ready", ready.url), ("loading", loading.url)])
+        atc = self.start_atc(cfg.replace("ready: {interval", "ready: {path: /health, interval"))
         self.assertEqual(self.state(atc, "ready"), "healthy")  # the ready file waits for the first checks
         seen_starting = False
         deadline = time.monotonic() + 6

@@ -90,8 +90,8 @@ class ObservabilityTest(AtcTestCase):
         self.assertEqual(total(m, "atc_request_duration_seconds_count", model="llama-3-8b"), 5)
         # the 3 streams: a TTFT is a stream's first data event; a whole answer's first token is not seen
         self.assertEqual(total(m, "atc_request_ttft_seconds_count", model="llama-3-8b"), 3)
-        # 3 streams x (role + 4 tokens + finish + [DONE]) events
-        self.assertEqual(total(m, "atc_relayed_sse_events_total"), 3 * 7)
+        # 3 streams x (role + 4 tokens, the last with finish_reason as vLLM sends it, + [DONE]) events
+        self.assertEqual(total(m, "atc_relayed_sse_events_total"), 3 * 6)
         self.assertEqual(total(m, "atc_policy_decision_seconds_count"), 6)  # every routed request, and "nope"
         self.assertEqual(total(m, "atc_endpoint_attempts_total"), 5)
         self.assertEqual(total(m, "atc_policy_version"), 1)
@@ -110,7 +110,7 @@ class ObservabilityTest(AtcTestCase):
         self.assertEqual([l["status"] for l in unknown], [404])
         first = by_id[ids[0]]
         self.assertTrue(first["stream"])
-        self.assertEqual(first["sse_events"], 7)
+        self.assertEqual(first["sse_events"], 6)
         self.assertIsNotNone(first["ttft_ms"])
         self.assertIn(first["endpoint"], ("llama-3-8b-sim-1", "llama-3-8b-sim-2"))
         self.assertIsNone(unknown[0]["endpoint"])

@@ -70,7 +70,7 @@ class Sim:
         assert status == 200
         m = {}
         for line in body.decode().splitlines():
-            if line.startswith("vllm:"):
+            if line.startswith(("vllm:", "sglang:", "llamacpp:", "tgi_")):
                 name, value = line.rsplit(" ", 1)
                 m[name.split("{")[0]] = float(value)
         return m
@@ -83,13 +83,25 @@ class Sim:
                 return got
             time.sleep(0.02)
 
-    def raw(self, body, path="/v1/chat/completions"):
+    def raw(self, body, path="/v1/chat/completions", headers=b""):
         """Sends a request on a bare socket, for clients that leave early."""
         s = socket.create_connection((self.host, self.port), timeout=10)
         b = json.dumps(body).encode()
-        s.sendall(b"POST %s HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-                  % (path.encode(), len(b)) + b)
+        s.sendall(b"POST %s HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
+                  % (path.encode(), len(b), headers) + b)
         return s
+
+    def stream(self, body, path="/v1/chat/completions", headers=None):
+        """(seconds to the response's headers, seconds to its first SSE event, status, every event)."""
+        c = self.conn()
+        t0 = time.monotonic()
+        c.request("POST", path, body=json.dumps(body), headers=headers or {})
+        resp = c.getresponse()
+        t_head = time.monotonic() - t0
+        events = list(sse_events(resp))
+        c.close()
+        t_first = events[0][0] - t0 if events else None
+        return t_head, t_first, resp.status, [e for _, e in events]
 
 
 def chat(n=5, stream=False, **extra):
@@ -109,7 +121,10 @@ def sse_events(resp):
             if data == "[DONE]":
                 yield time.monotonic(), data
                 return  # the connection stays open (keep-alive)
-            yield time.monotonic(), json.loads(data)
+            event = json.loads(data)
+            yield time.monotonic(), event
+            if "error" in event:  # TGI's stream of one error event ends there, without [DONE]
+                return
 
 
 class TestSimServer(unittest.TestCase):
@@ -180,10 +195,14 @@ class TestSimServer(unittest.TestCase):
         self.assertEqual(events[-1][1], "[DONE]")
         chunks = [e for _, e in events[:-1]]
         self.assertTrue(all(e["object"] == "chat.completion.chunk" for e in chunks))
-        content = [e["choices"][0]["delta"].get("content") for e in chunks]
+        # vLLM's shape: the role chunk, one chunk per token, finish_reason on the last content chunk and
+        # no usage unless asked for.
+        self.assertEqual(chunks[0]["choices"][0]["delta"], {"role": "assistant", "content": ""})
+        content = [e["choices"][0]["delta"].get("content") for e in chunks[1:]]
         self.assertEqual(len([t for t in content if t]), 10)
-        self.assertEqual(chunks[-1]["choices"][0]["finish_reason"], "length")
-        self.assertEqual(chunks[-1]["usage"]["completion_tokens"], 10)
+        self.assertEqual(len(chunks), 11)
+        self.assertEqual([e["choices"][0]["finish_reason"] for e in chunks[1:]], [None] * 9 + ["length"])
+        self.assertTrue(all("usage" not in e for e in chunks))
         # 9 decode steps of at least 20 ms between the first and the last token: they were streamed.
         self.assertGreater(events[-2][0] - events[1][0], 0.15)
 
@@ -197,7 +216,8 @@ class TestSimServer(unittest.TestCase):
         events = [e for _, e in sse_events(c.getresponse())]
         c.close()
         self.assertEqual(events[-1], "[DONE]")
-        self.assertEqual([e["object"] for e in events[:-1]], ["text_completion"] * 3)
+        self.assertEqual([e["object"] for e in events[:-1]], ["text_completion"] * 2)
+        self.assertEqual(events[-2]["choices"][0]["finish_reason"], "length")
         # Without max_tokens the length is drawn and the model "stops".
         status, _, body = self.sim.request("POST", "/v1/completions", {"prompt": "hi"})
         r = json.loads(body)
@@ -224,15 +244,47 @@ class TestSimServer(unittest.TestCase):
                            ("vllm:kv_cache_usage_perc", "gauge"), ("vllm:prefix_cache_queries_total", "counter"),
                            ("vllm:prefix_cache_hits_total", "counter")]:
             self.assertIn("# TYPE %s %s\n" % (name, kind), text)
-            self.assertIn('%s{model_name="%s"} ' % (name, MODEL), text)
+            self.assertIn('%s{engine="0",model_name="%s"} ' % (name, MODEL), text)
 
     def test_prefix_cache_hits_on_repeat(self):
         long = chat(1)
         long["messages"][0]["content"] = "a shared system prompt. " * 200
         before = self.sim.metrics()["vllm:prefix_cache_hits_total"]
-        self.sim.request("POST", "/v1/chat/completions", long)
-        self.sim.request("POST", "/v1/chat/completions", long)
+        first = json.loads(self.sim.request("POST", "/v1/chat/completions", long)[2])["usage"]
+        second = json.loads(self.sim.request("POST", "/v1/chat/completions", long)[2])["usage"]
         self.assertGreater(self.sim.metrics()["vllm:prefix_cache_hits_total"] - before, 1000)
+        # usage.prompt_tokens_details.cached_tokens: the hits of this request (always sent by the sim)
+        self.assertEqual(first["prompt_tokens_details"], {"cached_tokens": 0})
+        self.assertGreater(second["prompt_tokens_details"]["cached_tokens"], 1000)
+        self.assertLess(second["prompt_tokens_details"]["cached_tokens"], second["prompt_tokens"])
+
+    def test_headers_at_once_first_event_after_prefill(self):
+        # vLLM answers a stream at once and sends its first event once the prompt is prefilled: a
+        # 12,000-word prompt takes about a second at 15,000 tokens/s.
+        body = chat(2, stream=True)
+        body["messages"][0]["content"] = "word " * 12000
+        t_head, t_first, status, events = self.sim.stream(body)
+        self.assertEqual(status, 200)
+        self.assertLess(t_head, 0.05)
+        self.assertGreater(t_first, 0.2)
+        self.assertEqual(events[-1], "[DONE]")
+
+    def test_include_usage(self):
+        _, _, _, events = self.sim.stream(chat(3, stream=True, stream_options={"include_usage": True}))
+        self.assertEqual(events[-1], "[DONE]")
+        last = events[-2]
+        self.assertEqual(last["choices"], [])
+        self.assertEqual(last["usage"]["completion_tokens"], 3)
+        self.assertEqual(last["usage"]["total_tokens"], last["usage"]["prompt_tokens"] + 3)
+        self.assertIn("cached_tokens", last["usage"]["prompt_tokens_details"])
+        self.assertEqual(events[-3]["choices"][0]["finish_reason"], "length")
+        self.assertTrue(all("usage" not in e for e in events[:-2]))
+        _, _, _, events = self.sim.stream(chat(3, stream=True, stream_options={"include_usage": False}))
+        self.assertTrue(all("usage" not in e for e in events[:-1]))
+        # completions too
+        _, _, _, events = self.sim.stream({"prompt": "hi", "max_tokens": 2, "stream": True,
+                                           "stream_options": {"include_usage": True}}, path="/v1/completions")
+        self.assertEqual((events[-2]["choices"], events[-2]["usage"]["completion_tokens"]), ([], 2))
 
     def test_queue_and_client_disconnect_cancels(self):
         # max-seqs 4: four long streams run, a fifth waits; dropping them frees every slot.
@@ -272,16 +324,21 @@ class TestFaults(unittest.TestCase):
         finally:
             self.assertEqual(sim.stop(), 0)
 
-    def test_not_ready_for(self):
+    def test_not_ready_for_refuses_connections_like_vllm(self):
+        # vLLM binds its port before loading and listens once the engine is up.
         sim = Sim("--not-ready-for", "1s")
         try:
             t0 = time.monotonic()
-            self.assertEqual(sim.request("GET", "/health")[0], 503)
-            self.assertEqual(json.loads(sim.request("GET", "/v1/models")[2])["data"], [])
-            self.assertEqual(sim.request("POST", "/v1/chat/completions", chat(1))[0], 503)
-            while sim.request("GET", "/health")[0] != 200:
-                self.assertLess(time.monotonic() - t0, 5)
-                time.sleep(0.05)
+            with self.assertRaises(ConnectionRefusedError):
+                socket.create_connection((sim.host, sim.port), timeout=1)
+            while True:
+                try:
+                    status = sim.request("GET", "/health")[0]
+                    break
+                except ConnectionRefusedError:
+                    self.assertLess(time.monotonic() - t0, 5)
+                    time.sleep(0.05)
+            self.assertEqual(status, 200)
             self.assertGreater(time.monotonic() - t0, 0.5)
             self.assertEqual(sim.request("POST", "/v1/chat/completions", chat(1))[0], 200)
         finally:
@@ -306,12 +363,128 @@ class TestFaults(unittest.TestCase):
             sim.stop()
 
 
+class TestEngines(unittest.TestCase):
+    def sim(self, *flags):
+        sim = Sim(*flags)
+        self.addCleanup(lambda: self.assertEqual(sim.stop(), 0))
+        return sim
+
+    def test_api_key_vllm(self):
+        sim = self.sim("--api-key", "sekrit")
+        status, _, body = sim.request("POST", "/v1/chat/completions", chat(1))
+        self.assertEqual((status, json.loads(body)), (401, {"error": "Unauthorized"}))
+        self.assertEqual(sim.request("GET", "/v1/models")[0], 401)
+        self.assertEqual(sim.request("GET", "/health")[0], 200)   # outside /v1
+        self.assertEqual(sim.request("GET", "/metrics")[0], 200)
+        c = sim.conn()
+        c.request("POST", "/v1/chat/completions", body=json.dumps(chat(1)),
+                  headers={"Authorization": "Bearer sekrit"})
+        r = c.getresponse()
+        self.assertEqual(r.status, 200, r.read())
+        c.close()
+        c = sim.conn()
+        c.request("GET", "/v1/models", headers={"Authorization": "Bearer wrong"})
+        self.assertEqual(c.getresponse().status, 401)
+        c.close()
+
+    def test_api_key_each_engine(self):
+        for engine, shape, open_paths, guarded in [
+                ("sglang", {"error": "Unauthorized"}, ["/health", "/metrics"], ["/v1/models"]),
+                ("llamacpp", {"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}},
+                 ["/health", "/v1/models"], ["/metrics"]),
+                ("tgi", None, ["/health", "/metrics", "/v1/models"], [])]:
+            sim = self.sim("--engine", engine, "--api-key", "k")
+            status, _, body = sim.request("POST", "/v1/chat/completions", chat(1))
+            self.assertEqual(status, 401, engine)
+            self.assertEqual(json.loads(body) if body else None, shape, engine)
+            for path in open_paths:
+                self.assertNotEqual(sim.request("GET", path, timeout=5)[0], 401, (engine, path))
+            for path in guarded:
+                self.assertEqual(sim.request("GET", path)[0], 401, (engine, path))
+            c = sim.conn()
+            c.request("POST", "/v1/chat/completions", body=json.dumps(chat(1)), headers={"Authorization": "Bearer k"})
+            self.assertEqual(c.getresponse().status, 200, engine)
+            c.close()
+
+    def test_llamacpp_loading_and_headers_with_the_first_token(self):
+        sim = self.sim("--engine", "llamacpp", "--not-ready-for", "1s")
+        status, _, body = sim.request("POST", "/v1/chat/completions", chat(1))
+        self.assertEqual((status, json.loads(body)),
+                         (503, {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}))
+        self.assertEqual(sim.request("GET", "/health")[0], 503)
+        self.assertEqual(sim.request("GET", "/metrics")[0], 503)
+        self.assertEqual(sim.request("GET", "/")[0], 503)
+        status, _, body = sim.request("GET", "/v1/models")  # let through while loading, the model named
+        self.assertEqual((status, json.loads(body)["data"][0]["id"]), (200, MODEL))
+        t0 = time.monotonic()
+        while sim.request("GET", "/health")[0] != 200:
+            self.assertLess(time.monotonic() - t0, 5)
+            time.sleep(0.05)
+        self.assertEqual(json.loads(sim.request("GET", "/health")[2]), {"status": "ok"})
+        body = chat(2, stream=True)
+        body["messages"][0]["content"] = "word " * 12000
+        t_head, t_first, status, events = sim.stream(body)
+        self.assertEqual(status, 200)
+        self.assertGreater(t_head, 0.2)  # held until the first token
+        self.assertEqual(events[-1], "[DONE]")
+        text = sim.request("GET", "/metrics")[2].decode()
+        for name in ["llamacpp:requests_processing", "llamacpp:requests_deferred", "llamacpp:tokens_predicted_total"]:
+            self.assertIn("\n%s " % name, text)
+        self.assertNotIn("kv_cache_usage_ratio", text)
+        self.assertNotIn("vllm:", text)
+
+    def test_sglang_health_takes_a_second_and_its_metrics(self):
+        sim = self.sim("--engine", "sglang")
+        t0 = time.monotonic()
+        self.assertEqual(sim.request("GET", "/health")[0], 200)
+        self.assertGreater(time.monotonic() - t0, 0.9)
+        t_head, t_first, status, events = sim.stream(chat(2, stream=True))
+        self.assertLess(t_head, 0.05)
+        self.assertEqual(events[-1], "[DONE]")
+        m = sim.metrics()
+        for name in ["sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
+                     "sglang:cache_hit_rate", "sglang:max_total_num_tokens"]:
+            self.assertIn(name, m)
+        self.assertNotIn("vllm:", sim.request("GET", "/metrics")[2].decode())
+        status, _, body = sim.request("POST", "/v1/chat/completions", chat(0))
+        self.assertEqual((status, json.loads(body)["object"], json.loads(body)["code"]), (400, "error", 400))
+
+    def test_tgi_errors_overload_and_metrics(self):
+        sim = self.sim("--engine", "tgi", "--max-concurrent", "1", "--hang-rate", "0")
+        status, _, body = sim.request("POST", "/v1/chat/completions", chat(0))
+        self.assertEqual(status, 422)
+        self.assertEqual(json.loads(body)["error_type"], "validation")
+        # a streamed validation error: a 200 whose one event is the error
+        _, _, status, events = sim.stream(chat(0, stream=True))
+        self.assertEqual(status, 200)
+        self.assertEqual(events[0]["error_type"], "validation")
+        # TGI does not read the model name
+        self.assertEqual(sim.request("POST", "/v1/chat/completions", chat(1, model="tgi"))[0], 200)
+        held = sim.raw(chat(100000))  # holds the one place
+        self.assertEqual(sim.wait_metric("tgi_batch_current_size", 1), 1)
+        status, _, body = sim.request("POST", "/v1/chat/completions", chat(1))
+        self.assertEqual((status, json.loads(body)), (429, {"error": "Model is overloaded", "error_type": "overloaded"}))
+        held.close()
+        self.assertEqual(sim.wait_metric("tgi_batch_current_size", 0), 0)
+        self.assertEqual(sim.request("POST", "/v1/chat/completions", chat(1))[0], 200)
+        self.assertIn("tgi_queue_size", sim.metrics())
+        fail = self.sim("--engine", "tgi", "--error-rate", "1")
+        status, _, body = fail.request("POST", "/v1/chat/completions", chat(1))
+        self.assertEqual((status, json.loads(body)["error_type"]), (424, "generation"))
+
+    def test_tgi_refuses_connections_while_loading(self):
+        sim = self.sim("--engine", "tgi", "--not-ready-for", "2s")
+        with self.assertRaises(ConnectionRefusedError):
+            socket.create_connection((sim.host, sim.port), timeout=1)
+
+
 class TestCli(unittest.TestCase):
     def test_help_lists_every_flag(self):
         out = subprocess.run([ATC, "sim", "--help"], capture_output=True, text=True)
         self.assertEqual(out.returncode, 0)
         for flag in ["--listen", "--model", "--max-seqs", "--prefill-tps", "--decode-ms", "--kv-blocks",
-                     "--error-rate", "--hang-rate", "--not-ready-for", "--die-after", "--seed", "--ready-file"]:
+                     "--error-rate", "--hang-rate", "--not-ready-for", "--die-after", "--seed", "--ready-file",
+                     "--engine", "--api-key", "--max-concurrent"]:
             self.assertIn(flag, out.stdout)
 
     def test_bad_flag(self):

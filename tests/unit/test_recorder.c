@@ -222,6 +222,16 @@ static void test_marks(void **state)
     assert_true(m.done_event);
     assert_int_equal(atc_record_marks_output_tokens(&m, true), 2); /* role, finish and [DONE] not counted */
 
+    /* vLLM's shape: finish_reason on the last content chunk, which is a token */
+    atc_record_marks_init(&m);
+    evbuffer_drain(b, evbuffer_get_length(b));
+    evbuffer_add_printf(b, "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n"
+                           "data: {\"choices\":[{\"delta\":{\"content\":\"a \"}}]}\n\n"
+                           "data: {\"choices\":[{\"delta\":{\"content\":\"b \"},\"finish_reason\":\"stop\"}]}\n\n"
+                           "data: [DONE]\n\n");
+    atc_record_marks_observe(&m, b, true, 1000);
+    assert_int_equal(atc_record_marks_output_tokens(&m, true), 2);
+
     /* a usage object, when the server sends one, is exact */
     atc_record_marks_init(&m);
     evbuffer_drain(b, evbuffer_get_length(b));
