@@ -21,6 +21,7 @@
 #include "ops/metrics.h"
 #include "ops/status_page.h"
 #include "policy/policy.h"
+#include "policy/status.h"
 #include "trace/recorder.h"
 #include "cluster/cluster.h"
 #include "cluster/limits.h"
@@ -60,12 +61,101 @@ static long percent_decode(const char *in, char *out, size_t size)
     return (long)n;
 }
 
-static size_t idle_connections(const struct atc_server *srv, const struct atc_endpoint *ep)
+/* What the admin reads and /metrics show of the workers, copied by each worker on its own thread
+ * (atc_workers_visit): no worker is parked to be read, and none waits for the rendering. Each worker
+ * writes only its own slot; the main thread reads them once the visit returns, renders, then frees. */
+struct worker_figures {
+    struct atc_worker_stats stats;
+    unsigned active;
+    uint64_t policy_version;           /* 0 without a policy */
+    struct atc_policy_runtime *policy; /* a copy (atc_policy_status_copy); NULL without, or out of memory */
+    struct atc_admission *admission;   /* a copy (atc_admission_copy); NULL without a queue */
+    size_t *idle;                      /* [table->nendpoints]: the worker's idle connections by endpoint */
+};
+
+struct figures {
+    const struct atc_endpoint_table *table;
+    bool policy; /* copy the policies too (the endpoints page does not show them) */
+    struct worker_figures w[ATC_MAX_WORKERS];
+    size_t *idle; /* [table->nendpoints]: summed over the workers */
+};
+
+/* On worker @p w's thread. */
+static void copy_figures(struct atc_worker *w, void *arg)
+{
+    struct figures *f = arg;
+    struct worker_figures *wf = &f->w[w->id];
+    wf->stats = w->stats;
+    wf->active = w->active;
+    if (w->policy != NULL) {
+        if (f->policy)
+            wf->policy = atc_policy_status_copy(w->policy);
+        wf->policy_version = atc_policy_version(w->policy);
+    }
+    if (w->admission != NULL)
+        wf->admission = atc_admission_copy(w->admission);
+    wf->idle = calloc(f->table->nendpoints + 1, sizeof(size_t));
+    for (size_t i = 0; wf->idle != NULL && i < f->table->nendpoints; i++) {
+        const struct atc_endpoint *ep = f->table->endpoints[i];
+        wf->idle[i] = ep->pools[w->id] != NULL ? atc_upstream_pool_idle(ep->pools[w->id]) : 0;
+    }
+}
+
+/* Main thread: every worker's figures, copied on its own thread. */
+static void figures_take(struct atc_server *srv, struct figures *f, bool policy)
+{
+    *f = (struct figures){.table = srv->table, .policy = policy};
+    atc_workers_visit(&srv->group, copy_figures, f);
+    f->idle = calloc(f->table->nendpoints + 1, sizeof(size_t));
+    for (unsigned i = 0; f->idle != NULL && i < srv->group.nworkers; i++)
+        for (size_t e = 0; f->w[i].idle != NULL && e < f->table->nendpoints; e++)
+            f->idle[e] += f->w[i].idle[e];
+}
+
+static void figures_free(struct figures *f)
+{
+    for (size_t i = 0; i < ATC_MAX_WORKERS; i++) {
+        atc_policy_status_copy_free(f->w[i].policy);
+        atc_admission_copy_free(f->w[i].admission);
+        free(f->w[i].idle);
+    }
+    free(f->idle);
+}
+
+/* The workers' policy copies into @p out; how many (0 without a policy). */
+static size_t figures_policies(const struct figures *f, unsigned nworkers, struct atc_policy_runtime **out)
 {
     size_t n = 0;
-    for (unsigned i = 0; i < srv->group.nworkers; i++)
-        n += ep->pools[i] != NULL ? atc_upstream_pool_idle(ep->pools[i]) : 0;
+    for (unsigned i = 0; i < nworkers; i++)
+        if (f->w[i].policy != NULL)
+            out[n++] = f->w[i].policy;
     return n;
+}
+
+/* The workers' admission copies into @p out (none when admission.queue is 0). */
+static size_t figures_admissions(const struct figures *f, unsigned nworkers, struct atc_admission **out)
+{
+    size_t n = 0;
+    for (unsigned i = 0; i < nworkers; i++)
+        if (f->w[i].admission != NULL)
+            out[n++] = f->w[i].admission;
+    return n;
+}
+
+static void figures_totals(const struct figures *f, unsigned nworkers, struct atc_worker_stats *st,
+                           unsigned *active)
+{
+    *st = (struct atc_worker_stats){0};
+    *active = 0;
+    for (unsigned i = 0; i < nworkers; i++) {
+        const struct atc_worker_stats *w = &f->w[i].stats;
+        st->requests_total += w->requests_total;
+        st->responses_total += w->responses_total;
+        st->client_gone_total += w->client_gone_total;
+        st->retries_total += w->retries_total;
+        st->upstream_errors_total += w->upstream_errors_total;
+        *active += f->w[i].active;
+    }
 }
 
 /* The endpoint's last minute (recent.h): the rates the status page shows beside the totals. */
@@ -96,19 +186,11 @@ static void recent_json(const struct atc_endpoint *ep, uint64_t now_ms, struct e
     evbuffer_add(out, "]}", 2);
 }
 
-/* Every worker's admission queue (none when admission.queue is 0). */
-static size_t admissions(const struct atc_server *srv, struct atc_admission **out)
-{
-    size_t n = 0;
-    for (unsigned i = 0; i < srv->group.nworkers; i++)
-        if (srv->group.workers[i].admission != NULL)
-            out[n++] = srv->group.workers[i].admission;
-    return n;
-}
-
-/* Called with the workers paused: their counters and queues hold still. */
+/* The workers' counters and queues as each copied them (figures_take); the endpoints' atomics as they are. */
 static void send_endpoints(struct atc_server *srv, struct atc_http_req *req)
 {
+    struct figures f;
+    figures_take(srv, &f, false);
     struct evbuffer *b = evbuffer_new();
     uint64_t now_ms = atc_mono_ms();
     evbuffer_add_printf(b, "{\"endpoints\":[");
@@ -135,7 +217,7 @@ static void send_endpoints(struct atc_server *srv, struct atc_http_req *req)
                             ep->capacity, ep->weight, ep->routable ? "true" : "false", ep->inflight,
                             (unsigned long long)ep->inflight_tokens, ep->ttft_ewma_ms,
                             (unsigned long long)ep->requests_total, (unsigned long long)ep->errors_total,
-                            idle_connections(srv, ep));
+                            f.idle != NULL ? f.idle[i] : 0);
         uint64_t kv = atomic_load_explicit(&ep->kv_tokens, memory_order_relaxed);
         if (kv > 0)
             evbuffer_add_printf(b, ",\"kv_tokens\":%llu", (unsigned long long)kv);
@@ -164,9 +246,9 @@ static void send_endpoints(struct atc_server *srv, struct atc_http_req *req)
     struct atc_worker_stats totals;
     const struct atc_worker_stats *s = &totals;
     unsigned active;
-    atc_server_totals(srv, &totals, &active);
+    figures_totals(&f, srv->group.nworkers, &totals, &active);
     struct atc_admission *adms[ATC_MAX_WORKERS];
-    size_t nadm = admissions(srv, adms);
+    size_t nadm = figures_admissions(&f, srv->group.nworkers, adms);
     evbuffer_add_printf(b, "],\"queues\":");
     if (nadm > 0)
         atc_admission_status_json(adms, nadm, b);
@@ -174,10 +256,10 @@ static void send_endpoints(struct atc_server *srv, struct atc_http_req *req)
         evbuffer_add(b, "null", 4);
     evbuffer_add_printf(b, ",\"workers\":[");
     for (unsigned i = 0; i < srv->group.nworkers; i++) {
-        const struct atc_worker *w = &srv->group.workers[i];
+        const struct worker_figures *w = &f.w[i];
         evbuffer_add_printf(b, "%s{\"id\":%u,\"requests_total\":%llu,\"active\":%u,\"policy_version\":%llu}",
                             i ? "," : "", i, (unsigned long long)w->stats.requests_total, w->active,
-                            (unsigned long long)(w->policy != NULL ? atc_policy_version(w->policy) : 0));
+                            (unsigned long long)w->policy_version);
     }
     evbuffer_add(b, "]", 1);
     evbuffer_add_printf(b,
@@ -188,21 +270,44 @@ static void send_endpoints(struct atc_server *srv, struct atc_http_req *req)
                         (unsigned long long)s->upstream_errors_total, active);
     atc_health_status_json(srv->health, b);
     evbuffer_add(b, "}\n", 2);
+    figures_free(&f);
     atc_http_reply_json(req, 200, b);
     evbuffer_free(b);
+}
+
+/* /metrics: this process's counters, and what the workers copied of theirs. */
+static void send_metrics(struct atc_server *srv, struct evbuffer *b)
+{
+    struct figures f;
+    figures_take(srv, &f, true);
+    struct atc_metrics_sources src = {.table = srv->table,
+                                      .nworkers = srv->group.nworkers,
+                                      .idle = f.idle,
+                                      .health = srv->health,
+                                      .cluster = srv->cluster,
+                                      .limits = srv->limits};
+    src.npolicies = figures_policies(&f, srv->group.nworkers, src.policies);
+    src.nadmissions = figures_admissions(&f, srv->group.nworkers, src.admissions);
+    struct atc_worker_stats totals;
+    figures_totals(&f, srv->group.nworkers, &totals, &src.active);
+    for (unsigned i = 0; i < srv->group.nworkers; i++)
+        src.worker_requests[i] = f.w[i].stats.requests_total;
+    atc_metrics_render(srv->metrics, &src, b);
+    figures_free(&f);
 }
 
 static void send_policy(struct atc_server *srv, struct atc_http_req *req)
 {
     struct evbuffer *b = evbuffer_new();
     struct atc_policy_runtime *rts[ATC_MAX_WORKERS];
-    atc_workers_pause(&srv->group);
-    size_t n = atc_server_policies(srv, rts);
+    struct figures f;
+    figures_take(srv, &f, true);
+    size_t n = figures_policies(&f, srv->group.nworkers, rts);
     if (n > 0)
         atc_policy_status_json(rts, n, b);
     else
         evbuffer_add_printf(b, "{\"version\":0,\"enabled\":false}\n");
-    atc_workers_resume(&srv->group);
+    figures_free(&f);
     atc_http_reply_json(req, 200, b);
     evbuffer_free(b);
 }
@@ -641,18 +746,12 @@ void atc_admin_handle(struct atc_http_req *req, void *arg)
     if (strcmp(path, "/admin/config") == 0) {
         send_config(srv, req);
     } else if (strcmp(path, "/admin/endpoints") == 0) {
-        atc_workers_pause(&srv->group);
         send_endpoints(srv, req);
-        atc_workers_resume(&srv->group);
     } else if (strncmp(path, "/admin/endpoints/", 17) == 0) {
         drain_endpoint(srv, req, path + 17);
     } else if (strcmp(path, "/metrics") == 0) {
         struct evbuffer *b = evbuffer_new();
-        atc_workers_pause(&srv->group); /* a consistent view of every worker, for the few ms it takes */
-        struct atc_metrics_sources src;
-        atc_server_metrics_sources(srv, &src);
-        atc_metrics_render(srv->metrics, &src, b);
-        atc_workers_resume(&srv->group);
+        send_metrics(srv, b);
         size_t len = evbuffer_get_length(b);
         atc_http_reply(req, 200, "text/plain; version=0.0.4", NULL, evbuffer_pullup(b, -1), len);
         evbuffer_free(b);

@@ -288,39 +288,6 @@ size_t atc_server_policies(const struct atc_server *srv, struct atc_policy_runti
     return n;
 }
 
-void atc_server_totals(const struct atc_server *srv, struct atc_worker_stats *st, unsigned *active)
-{
-    *st = (struct atc_worker_stats){0};
-    *active = 0;
-    for (unsigned i = 0; i < srv->group.nworkers; i++) {
-        const struct atc_worker *w = &srv->group.workers[i];
-        st->requests_total += w->stats.requests_total;
-        st->responses_total += w->stats.responses_total;
-        st->client_gone_total += w->stats.client_gone_total;
-        st->retries_total += w->stats.retries_total;
-        st->upstream_errors_total += w->stats.upstream_errors_total;
-        *active += w->active;
-    }
-}
-
-void atc_server_metrics_sources(const struct atc_server *srv, struct atc_metrics_sources *src)
-{
-    *src = (struct atc_metrics_sources){
-        .table = srv->table,
-        .nworkers = srv->group.nworkers,
-        .health = srv->health,
-        .cluster = srv->cluster,
-        .limits = srv->limits};
-    src->npolicies = atc_server_policies(srv, src->policies);
-    struct atc_worker_stats totals;
-    atc_server_totals(srv, &totals, &src->active);
-    for (unsigned i = 0; i < srv->group.nworkers; i++) {
-        src->worker_requests[i] = srv->group.workers[i].stats.requests_total;
-        if (srv->group.workers[i].admission != NULL)
-            src->admissions[src->nadmissions++] = srv->group.workers[i].admission;
-    }
-}
-
 /* ---- signals, drain ---- */
 
 static void on_sigusr1(evutil_socket_t sig, short what, void *arg)

@@ -28,7 +28,6 @@ struct atc_recorder;
 struct atc_admission;
 struct atc_metrics;
 struct atc_admission_shared;
-struct atc_metrics_sources;
 struct atc_access_log;
 struct atc_limits;
 struct atc_cluster;
@@ -102,12 +101,8 @@ void atc_server_destroy(struct atc_server *srv);
  * failed (nothing changed). -1 when there is no policy (@p done is not called). */
 int atc_server_reload_policy(struct atc_server *srv, atc_reload_done done, void *arg);
 /** Every worker's policy runtime into @p out (room for ATC_MAX_WORKERS); 0 without a policy. Each is
- * brought up to date with a rollback made elsewhere. Call with the workers paused. */
+ * brought up to date with a rollback made elsewhere. Call with the workers paused (a rollout: it changes
+ * them; the admin API's reads copy them instead, atc_workers_visit). */
 size_t atc_server_policies(const struct atc_server *srv, struct atc_policy_runtime **out);
-/** Fills @p src with what /metrics shows of the workers, the endpoint table, health and the policies
- * (borrowed from @p srv until the workers resume); call with the workers paused. */
-void atc_server_metrics_sources(const struct atc_server *srv, struct atc_metrics_sources *src);
-/** Every worker's counters summed; call with the workers paused. */
-void atc_server_totals(const struct atc_server *srv, struct atc_worker_stats *st, unsigned *active);
 
 #endif

@@ -307,6 +307,64 @@ void atc_admission_destroy(struct atc_admission *adm)
     free(adm);
 }
 
+struct atc_admission *atc_admission_copy(const struct atc_admission *adm)
+{
+    struct atc_admission *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return NULL;
+    c->s = adm->s;
+    c->waiting = adm->waiting;
+    c->admitted_direct = adm->admitted_direct;
+    c->admitted_queued = adm->admitted_queued;
+    c->shed_full = adm->shed_full;
+    c->shed_deadline = adm->shed_deadline;
+    c->left_queue = adm->left_queue;
+    memcpy(c->wait_counts, adm->wait_counts, sizeof(c->wait_counts));
+    c->wait_sum_ms = adm->wait_sum_ms;
+    struct model_queue **tail = &c->queues;
+    for (const struct model_queue *q = adm->queues; q != NULL; q = q->next) {
+        struct model_queue *cq = calloc(1, sizeof(*cq));
+        if (cq == NULL)
+            goto error;
+        memcpy(cq->model, q->model, sizeof(cq->model));
+        TAILQ_INIT(&cq->items);
+        *tail = cq;
+        tail = &cq->next;
+        const struct atc_queue_item *it;
+        TAILQ_FOREACH(it, &q->items, link)
+        {
+            struct atc_queue_item *ci = calloc(1, sizeof(*ci));
+            if (ci == NULL)
+                goto error;
+            ci->priority = it->priority;
+            ci->enqueued_ms = it->enqueued_ms;
+            TAILQ_INSERT_TAIL(&cq->items, ci, link);
+            cq->n++;
+        }
+    }
+    return c;
+error:
+    atc_admission_copy_free(c);
+    return NULL;
+}
+
+void atc_admission_copy_free(struct atc_admission *copy)
+{
+    if (copy == NULL)
+        return;
+    while (copy->queues != NULL) {
+        struct model_queue *q = copy->queues;
+        copy->queues = q->next;
+        struct atc_queue_item *it;
+        while ((it = TAILQ_FIRST(&q->items)) != NULL) {
+            TAILQ_REMOVE(&q->items, it, link);
+            free(it);
+        }
+        free(q);
+    }
+    free(copy);
+}
+
 int atc_admission_enqueue(struct atc_admission *adm, struct atc_queue_item *item, uint64_t deadline_ms)
 {
     struct model_queue *q = adm->s.max_queue > 0 ? queue_of(adm, item->model, true) : NULL;

@@ -86,6 +86,12 @@ int atc_admission_retry_after(const struct atc_admission *adm);
  * requests added up, by priority too; oldest_ms the longest wait in any), counters and wait buckets
  * added up. For n == 1 that is the admission as it is. */
 
+/** A copy of @p adm's counters and queues (each item's priority and time queued) that the two functions
+ * below read as they read an admission: made on the thread that owns @p adm (atc_workers_visit), read on
+ * any other. Returns it (owned: atc_admission_copy_free), or NULL when out of memory. */
+struct atc_admission *atc_admission_copy(const struct atc_admission *adm);
+void atc_admission_copy_free(struct atc_admission *copy);
+
 /** Appends {"waiting","models":[{"model","waiting","oldest_ms","by_priority":[10]}...],"admitted_direct",
  * "admitted_queued","shed_queue_full","shed_deadline","left_queue","wait_ms_sum","wait_ms_buckets":{...}}
  * for @p adms[0..n) (borrowed) to @p out. */

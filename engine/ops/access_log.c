@@ -28,7 +28,7 @@ struct atc_access_log {
     bool is_stderr;
     struct evbuffer *pending;
     struct event *timer;
-    uint64_t dropped, write_errors;
+    uint64_t write_errors;
     time_t when_sec; /* the second that when[] shows */
     char when[32];
 };
@@ -95,19 +95,6 @@ void atc_access_log_close(struct atc_access_log *log)
         close(log->fd);
     free(log->path);
     free(log);
-}
-
-void atc_access_log_write(struct atc_access_log *log, struct evbuffer *line)
-{
-    if (evbuffer_get_length(log->pending) > MAX_PENDING) {
-        log->dropped++;
-        evbuffer_drain(line, evbuffer_get_length(line));
-        return;
-    }
-    evbuffer_add_buffer(log->pending, line);
-    evbuffer_add(log->pending, "\n", 1);
-    if (evbuffer_get_length(log->pending) > FLUSH_AT)
-        flush(log);
 }
 
 /* A line is assembled in a buffer on the stack and added to the pending log in one piece: formatting
@@ -198,10 +185,8 @@ static void json_field(struct line *l, const char *key, size_t keylen, const cha
 
 void atc_access_log_request(struct atc_access_log *log, const struct atc_access_record *r)
 {
-    if (evbuffer_get_length(log->pending) > MAX_PENDING) {
-        log->dropped++;
-        return;
-    }
+    if (evbuffer_get_length(log->pending) > MAX_PENDING)
+        return; /* the disk does not keep up: the line is dropped rather than memory grown */
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     if (ts.tv_sec != log->when_sec || log->when[0] == '\0') { /* the date changes once a second */
@@ -299,9 +284,4 @@ int atc_access_log_reopen(struct atc_access_log *log)
     log->fd = fd;
     atc_info("access log %s reopened", log->path);
     return 0;
-}
-
-uint64_t atc_access_log_dropped(const struct atc_access_log *log)
-{
-    return log->dropped;
 }

@@ -17,8 +17,6 @@ struct atc_decision_record;
 struct atc_access_log *atc_access_log_open(struct event_base *base, const char *path);
 /** Flushes and closes. */
 void atc_access_log_close(struct atc_access_log *log);
-/** Appends one line (the caller writes a JSON object without the newline into @p line, which is drained). */
-void atc_access_log_write(struct atc_access_log *log, struct evbuffer *line);
 /* What one request's line says. Strings may be NULL or "" (written as null). */
 struct atc_access_record {
     const char *id, *model, *tenant, *session, *endpoint, *error;
@@ -46,7 +44,5 @@ void atc_access_log_request(struct atc_access_log *log, const struct atc_access_
 
 /** Reopens the file (after logrotate moved it). 0 or -1. */
 int atc_access_log_reopen(struct atc_access_log *log);
-/** Lines dropped because the disk would not take them. */
-uint64_t atc_access_log_dropped(const struct atc_access_log *log);
 
 #endif

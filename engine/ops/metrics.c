@@ -17,12 +17,11 @@
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
 #include "fleet/health_report.h"
-#include "http/upstream.h"
 #include "policy/policy.h"
 
 static const double latency_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
-static const double decision_bounds[] = {1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5,
-                                         1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2};
+static const double decision_bounds[] = {1e-6,   2.5e-6, 5e-6, 1e-5,   2.5e-5, 5e-5, 1e-4,
+                                         2.5e-4, 5e-4,   1e-3, 2.5e-3, 5e-3,   1e-2, 2.5e-2};
 #define NELEMS(a) (sizeof(a) / sizeof((a)[0]))
 
 /* One label set: requests by (model, endpoint, status, priority) and latencies by (model, endpoint).
@@ -212,9 +211,7 @@ static void render_endpoints(const struct atc_metrics_sources *src, struct evbuf
                 v = (double)ep->errors_total;
                 break;
             case 7:
-                v = 0;
-                for (unsigned w = 0; w < src->nworkers; w++)
-                    v += ep->pools[w] != NULL ? (double)atc_upstream_pool_idle(ep->pools[w]) : 0;
+                v = src->idle != NULL ? (double)src->idle[i] : 0;
                 break;
             }
             evbuffer_add_printf(out, "%s", gauges[g].name);

@@ -17,18 +17,20 @@ struct atc_policy_runtime;
 struct atc_admission;
 struct atc_health;
 
-/* What a scrape shows besides the counters of this file, gathered by whoever holds the workers (the
- * server, with every worker paused) and borrowed for the length of atc_metrics_render. metrics.c reads
- * these through the owning subsystems' headers and knows nothing of the server or its workers. */
+/* What a scrape shows besides the counters of this file, gathered by whoever holds the workers (the admin
+ * API: the workers' parts are copies each made on its own thread, atc_workers_visit) and borrowed for the
+ * length of atc_metrics_render. metrics.c reads these through the owning subsystems' headers and knows
+ * nothing of the server or its workers; it does not read the workers' upstream pools (theirs alone). */
 struct atc_cluster;
 struct atc_limits;
 
 struct atc_metrics_sources {
     const struct atc_endpoint_table *table;
-    unsigned nworkers;                                    /* pools per endpoint (ep->pools[0..nworkers)) */
-    struct atc_policy_runtime *policies[ATC_MAX_WORKERS]; /* brought up to date; none without a policy */
+    unsigned nworkers;                                    /* worker_requests[0..nworkers) */
+    const size_t *idle; /* [table->nendpoints]: idle upstream connections, all workers; NULL: none known */
+    struct atc_policy_runtime *policies[ATC_MAX_WORKERS]; /* copies (policy/status.h); none without a policy */
     size_t npolicies;
-    struct atc_admission *admissions[ATC_MAX_WORKERS]; /* the workers' that have a queue */
+    struct atc_admission *admissions[ATC_MAX_WORKERS]; /* copies of the workers' that have a queue */
     size_t nadmissions;
     const struct atc_health *health;           /* NULL without health checks */
     uint64_t worker_requests[ATC_MAX_WORKERS]; /* client requests accepted, by worker */

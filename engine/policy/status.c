@@ -3,6 +3,7 @@
 #include "policy/status.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -12,6 +13,113 @@
 #include "policy/canary.h"
 #include "policy/shadow.h"
 #include "policy/state.h"
+
+/* A version's record without its Lua state (NULL stays NULL). */
+static struct policy_version *version_copy(const struct policy_version *v, struct atc_policy_runtime *rt,
+                                           bool *failed)
+{
+    if (v == NULL)
+        return NULL;
+    struct policy_version *c = malloc(sizeof(*c));
+    if (c == NULL) {
+        *failed = true;
+        return NULL;
+    }
+    *c = *v;
+    c->rt = rt;
+    c->L = NULL;
+    c->view_slots = NULL;
+    c->req = NULL;
+    c->overlaps = NULL;
+    return c;
+}
+
+static char *string_copy(const char *s, bool *failed)
+{
+    if (s == NULL)
+        return NULL;
+    char *c = strdup(s);
+    *failed |= c == NULL;
+    return c;
+}
+
+static uint64_t *picks_copy(const uint64_t *p, size_t n, bool *failed)
+{
+    if (p == NULL)
+        return NULL;
+    uint64_t *c = malloc((n ? n : 1) * sizeof(*c));
+    if (c == NULL)
+        *failed = true;
+    else
+        memcpy(c, p, n * sizeof(*c));
+    return c;
+}
+
+/* Every plain field as it is; every pointer the renderers follow copied, every other one NULL (a renderer
+ * that starts to follow a new pointer finds NULL in the tests, not a worker's live memory). */
+static struct atc_policy_runtime *runtime_copy(const struct atc_policy_runtime *rt)
+{
+    struct atc_policy_runtime *c = malloc(sizeof(*c));
+    if (c == NULL)
+        return NULL;
+    *c = *rt;
+    bool failed = false;
+    c->s = (struct atc_policy_settings){.budget_us = rt->s.budget_us,
+                                        .memory = rt->s.memory,
+                                        .jit = rt->s.jit,
+                                        .rollback_after = rt->s.rollback_after};
+    c->s.entry = string_copy(rt->s.entry, &failed);
+    c->affinity = NULL;
+    c->prefix = NULL;
+    c->watchdog = NULL;
+    c->watch_event = c->watch_debounce = NULL;
+    c->on_change = NULL;
+    c->on_change_arg = NULL;
+    c->now_ms = NULL;
+    c->now_ctx = NULL;
+    c->nwatch = 0;
+    memset(c->watch_dir, 0, sizeof(c->watch_dir));
+    c->inotify_fd = -1;
+    c->current = version_copy(rt->current, c, &failed);
+    c->last_good = version_copy(rt->last_good, c, &failed);
+    c->canary = version_copy(rt->canary, c, &failed);
+    c->last_error = string_copy(rt->last_error, &failed);
+    c->shadow_entry = string_copy(rt->shadow_entry, &failed);
+    c->canary_last = string_copy(rt->canary_last, &failed);
+    c->ss.picks = picks_copy(rt->ss.picks, rt->ss.npicks, &failed);
+    c->ss.live_picks = picks_copy(rt->ss.live_picks, rt->ss.npicks, &failed);
+    c->shadow = NULL;
+    if (rt->shadow != NULL && (c->shadow = runtime_copy(rt->shadow)) == NULL)
+        failed = true;
+    if (failed) {
+        atc_policy_status_copy_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+struct atc_policy_runtime *atc_policy_status_copy(struct atc_policy_runtime *rt)
+{
+    atc_policy_sync(rt);
+    return runtime_copy(rt);
+}
+
+void atc_policy_status_copy_free(struct atc_policy_runtime *copy)
+{
+    if (copy == NULL)
+        return;
+    free((char *)copy->s.entry);
+    free(copy->current);
+    free(copy->last_good);
+    free(copy->canary);
+    free(copy->last_error);
+    free(copy->shadow_entry);
+    free(copy->canary_last);
+    free(copy->ss.picks);
+    free(copy->ss.live_picks);
+    atc_policy_status_copy_free(copy->shadow);
+    free(copy);
+}
 
 /* Version @p v's record summed over every worker's runtime (each loads the same files, so a version
  * number means the same code everywhere). */
@@ -69,14 +177,15 @@ static void counters_json(struct evbuffer *out, struct atc_policy_runtime *const
     iso_time(v->loaded_at, at, sizeof(at));
     evbuffer_add_printf(out, "{\"files_hash\":\"%016llx\",\"loaded\":\"%s\",",
                         (unsigned long long)v->files_hash, at);
-    evbuffer_add_printf(out,
-                        "\"version\":%llu,\"loaded_at\":%.3f,\"decisions\":%llu,\"errors\":%llu,"
-                        "\"budget_overruns\":%llu,\"memory_errors\":%llu,\"invalid_returns\":%llu,"
-                        "\"consecutive_failures\":%u,\"memory_bytes\":%zu,\"gc_steps\":%llu,\"gc_cycles\":%llu}",
-                        (unsigned long long)v->version, v->loaded_at, (unsigned long long)t.c.decisions,
-                        (unsigned long long)t.c.errors, (unsigned long long)t.c.overruns,
-                        (unsigned long long)t.c.oom, (unsigned long long)t.c.invalid, t.consecutive_failures,
-                        t.mem_used, (unsigned long long)t.c.gc_steps, (unsigned long long)t.c.gc_cycles);
+    evbuffer_add_printf(
+        out,
+        "\"version\":%llu,\"loaded_at\":%.3f,\"decisions\":%llu,\"errors\":%llu,"
+        "\"budget_overruns\":%llu,\"memory_errors\":%llu,\"invalid_returns\":%llu,"
+        "\"consecutive_failures\":%u,\"memory_bytes\":%zu,\"gc_steps\":%llu,\"gc_cycles\":%llu}",
+        (unsigned long long)v->version, v->loaded_at, (unsigned long long)t.c.decisions,
+        (unsigned long long)t.c.errors, (unsigned long long)t.c.overruns, (unsigned long long)t.c.oom,
+        (unsigned long long)t.c.invalid, t.consecutive_failures, t.mem_used, (unsigned long long)t.c.gc_steps,
+        (unsigned long long)t.c.gc_cycles);
 }
 
 void atc_policy_status_json(struct atc_policy_runtime *const *rts, size_t n, struct evbuffer *out)

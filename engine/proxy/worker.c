@@ -266,3 +266,63 @@ void atc_workers_resume(struct atc_worker_group *g)
     pthread_cond_broadcast(&g->pause_cv);
     pthread_mutex_unlock(&g->pause_mu);
 }
+
+/* One atc_workers_visit: the calls still out, under its own lock (not pause_mu: a visit never waits for
+ * a pause, nor a pause for it). */
+struct visit {
+    void (*fn)(struct atc_worker *w, void *arg);
+    void *arg;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    unsigned pending; /* (mu) */
+};
+
+struct visit_task {
+    struct visit *v;
+    struct atc_worker *w;
+};
+
+/* Runs on the visited worker's thread, or on the caller's for a worker that is not running. */
+static void visit_one(void *arg)
+{
+    struct visit_task *t = arg;
+    struct visit *v = t->v;
+    v->fn(t->w, v->arg);
+    pthread_mutex_lock(&v->mu);
+    if (--v->pending == 0)
+        pthread_cond_signal(&v->cv);
+    pthread_mutex_unlock(&v->mu);
+}
+
+void atc_workers_visit(struct atc_worker_group *g, void (*fn)(struct atc_worker *w, void *arg), void *arg)
+{
+    struct visit v = {.fn = fn, .arg = arg};
+    struct visit_task tasks[g->nworkers > 0 ? g->nworkers : 1];
+    pthread_mutex_init(&v.mu, NULL);
+    pthread_cond_init(&v.cv, NULL);
+    for (unsigned i = 0; i < g->nworkers; i++) {
+        struct atc_worker *w = &g->workers[i];
+        tasks[i] = (struct visit_task){&v, w};
+        pthread_mutex_lock(&v.mu);
+        v.pending++;
+        pthread_mutex_unlock(&v.mu);
+        /* Posted: it runs there, even if the loop stops first (worker_main runs what is left). Not
+         * posted (worker 0, a pause in force, a stopped loop): it runs here, once that thread has run its
+         * last task (running cleared under pause_mu, which orders its writes before these reads). */
+        if (w->threaded && g->pause_depth == 0 && atc_worker_post(w, visit_one, &tasks[i]) == 0)
+            continue;
+        if (w->threaded && g->pause_depth == 0) {
+            pthread_mutex_lock(&g->pause_mu);
+            while (w->running)
+                pthread_cond_wait(&g->pause_cv, &g->pause_mu);
+            pthread_mutex_unlock(&g->pause_mu);
+        }
+        visit_one(&tasks[i]);
+    }
+    pthread_mutex_lock(&v.mu);
+    while (v.pending > 0)
+        pthread_cond_wait(&v.cv, &v.mu);
+    pthread_mutex_unlock(&v.mu);
+    pthread_mutex_destroy(&v.mu);
+    pthread_cond_destroy(&v.cv);
+}

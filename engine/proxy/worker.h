@@ -8,7 +8,8 @@
  *
  * Another thread reaches a worker in one of two ways only: a task posted to its mailbox (runs on the
  * worker's thread, later), or while every worker is parked (atc_workers_pause: the main thread may then
- * read and change any worker's state; used for reloads and the admin API's totals, never per request). */
+ * read and change any worker's state; used for reloads, drains and rollouts, never per request nor to read:
+ * the admin API's and /metrics' figures are copied by each worker on its own thread, atc_workers_visit). */
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -31,7 +32,8 @@ struct atc_limits;
 struct atc_worker;
 struct worker_task;
 
-/* One worker's counters (the admin API and /metrics sum them with the workers parked). */
+/* One worker's counters: written on its own thread; the admin API and /metrics copy them there
+ * (atc_workers_visit) and sum the copies. */
 struct atc_worker_stats {
     uint64_t requests_total;    /* client requests accepted on the front routes */
     uint64_t responses_total;   /* client requests answered (any status) */
@@ -163,9 +165,19 @@ void atc_worker_free(struct atc_worker *w);
 int atc_worker_post(struct atc_worker *w, void (*fn)(void *arg), void *arg);
 
 /** Parks every running threaded worker between two callbacks and returns once all are parked: the
- * caller (the main thread) may then touch their state. Nests; the outermost atc_workers_resume ends it. */
+ * caller (the main thread) may then touch their state. Nests; the outermost atc_workers_resume ends it.
+ * For writes (reloads, drains, rollouts) only: a read goes through atc_workers_visit. */
 void atc_workers_pause(struct atc_worker_group *g);
 void atc_workers_resume(struct atc_worker_group *g);
+
+/** Calls @p fn(w, @p arg) once for every worker, on that worker's own thread (worker 0, and a worker whose
+ * loop has stopped, on the caller's), and returns once every call has returned. Main thread only. No
+ * worker waits for another, nor for the caller: each runs one task between two callbacks and goes on
+ * serving, so @p fn should copy what it reads (the admin API and /metrics read this way) and not block.
+ * The calls for different workers run at the same time: @p fn writes only into @p w's slot of @p arg.
+ * The caller sees everything @p fn wrote once this returns (a mutex orders them). Within a pause it calls
+ * @p fn for every worker on the caller's thread. */
+void atc_workers_visit(struct atc_worker_group *g, void (*fn)(struct atc_worker *w, void *arg), void *arg);
 
 /* The hooks, called on @p w's thread by the request path. */
 static inline void atc_worker_request_started(struct atc_worker *w)

@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include <event2/buffer.h>
+#include <event2/event.h>
 
 #include "base/clock.h"
 #include "fleet/affinity.h"
@@ -28,6 +29,7 @@
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
 #include "ops/metrics.h"
+#include "proxy/worker.h"
 #include "trace/recorder.h"
 #include "core/server.h"
 #include "trace/trace.h"
@@ -548,6 +550,90 @@ static void test_recorder_from_two_threads(void **state)
     atc_recorder_destroy(rec);
 }
 
+/* A read of the workers (atc_workers_visit, what /metrics and the admin API read through) stops none of
+ * them: while worker 1 is busy and the visit waits for it, worker 2 runs what is posted to it. (Through
+ * atc_workers_pause, worker 2 would be parked until worker 1 parked too, and its task would wait.) Each
+ * visit runs on its worker's own thread. */
+struct visit_state {
+    atomic_int gate;    /* worker 1's busy task returns once it is 1 */
+    atomic_int ran;     /* worker 2's task ran */
+    atomic_int visited; /* visits made on the visited worker's own thread */
+    pthread_t task_thread[3], visit_thread[3]; /* where the posted tasks and the visits ran, by worker */
+    struct atc_worker *workers;
+};
+
+static void busy_task(void *arg)
+{
+    struct visit_state *vs = arg;
+    vs->task_thread[1] = pthread_self();
+    uint64_t deadline = atc_mono_ms() + 5000;
+    while (!atomic_load(&vs->gate) && atc_mono_ms() < deadline)
+        ;
+}
+
+static void ran_task(void *arg)
+{
+    struct visit_state *vs = arg;
+    vs->task_thread[2] = pthread_self();
+    atomic_store(&vs->ran, 1);
+}
+
+/* A thread beside the visit: posts to worker 2, waits (2 s at most) for it to run, then lets worker 1 go. */
+static void *poster(void *arg)
+{
+    struct visit_state *vs = arg;
+    atc_worker_post(&vs->workers[2], ran_task, vs);
+    uint64_t deadline = atc_mono_ms() + 2000;
+    while (!atomic_load(&vs->ran) && atc_mono_ms() < deadline)
+        ;
+    atomic_store(&vs->ran, atomic_load(&vs->ran) ? 2 : 0); /* 2: ran while worker 1 was still busy */
+    atomic_store(&vs->gate, 1);
+    return NULL;
+}
+
+static void on_visit(struct atc_worker *w, void *arg)
+{
+    struct visit_state *vs = arg;
+    vs->visit_thread[w->id] = pthread_self();
+    atomic_fetch_add(&vs->visited, 1);
+}
+
+static void test_visit_parks_no_worker(void **state)
+{
+    struct atc_worker_group g = {0};
+    struct atc_worker w[3];
+    struct event_base *bases[3];
+    memset(w, 0, sizeof(w));
+    atc_worker_group_init(&g);
+    g.workers = w;
+    g.nworkers = 3;
+    for (unsigned i = 0; i < 3; i++) {
+        bases[i] = atc_event_base_new();
+        assert_int_equal(atc_worker_init(&w[i], &g, i, bases[i], 1), 0);
+    }
+    for (unsigned i = 1; i < 3; i++)
+        assert_int_equal(atc_worker_start(&w[i]), 0);
+    struct visit_state vs = {.workers = w};
+    assert_int_equal(atc_worker_post(&w[1], busy_task, &vs), 0);
+    pthread_t t;
+    pthread_create(&t, NULL, poster, &vs);
+    atc_workers_visit(&g, on_visit, &vs);
+    pthread_join(t, NULL);
+    assert_int_equal(atomic_load(&vs.ran), 2);
+    assert_int_equal(atomic_load(&vs.visited), 3);
+    for (unsigned i = 1; i < 3; i++)
+        atc_worker_join(&w[i]); /* (orders the workers' writes to vs before the reads below) */
+    assert_true(pthread_equal(vs.visit_thread[0], pthread_self()));
+    for (unsigned i = 1; i < 3; i++)
+        assert_true(pthread_equal(vs.visit_thread[i], vs.task_thread[i]));
+    assert_false(pthread_equal(vs.visit_thread[1], vs.visit_thread[2]));
+    for (unsigned i = 0; i < 3; i++) {
+        atc_worker_free(&w[i]);
+        event_base_free(bases[i]);
+    }
+    atc_worker_group_dispose(&g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -559,6 +645,7 @@ int main(void)
         cmocka_unit_test(test_health_text_read_while_written),
         cmocka_unit_test(test_metrics_from_two_threads),
         cmocka_unit_test_setup_teardown(test_recorder_from_two_threads, make_dir, remove_dir),
+        cmocka_unit_test(test_visit_parks_no_worker),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
