@@ -55,6 +55,32 @@ void policy_canary_destroy(struct atc_policy_canary *c)
     free(c);
 }
 
+struct atc_policy_canary *policy_canary_status_copy(const struct atc_policy_canary *c,
+                                                    struct atc_policy_runtime *copy, bool *failed)
+{
+    if (c == NULL)
+        return NULL;
+    struct atc_policy_canary *cc = malloc(sizeof(*cc));
+    if (cc == NULL) {
+        *failed = true;
+        return NULL;
+    }
+    *cc = *c;
+    cc->v = policy_version_status_copy(c->v, copy, failed);
+    cc->last = c->last != NULL ? strdup(c->last) : NULL;
+    *failed |= c->last != NULL && cc->last == NULL;
+    return cc;
+}
+
+void policy_canary_status_copy_free(struct atc_policy_canary *copy)
+{
+    if (copy == NULL)
+        return;
+    free(copy->v); /* a status copy: no Lua state */
+    free(copy->last);
+    free(copy);
+}
+
 struct policy_version *policy_canary_running(const struct atc_policy_canary *c)
 {
     return c->v;

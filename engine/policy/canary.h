@@ -31,6 +31,11 @@ struct policy_version *policy_canary_takes(const struct atc_policy_canary *c,
 /** Counts a decision made while a canary runs (none: nothing), to the canary's side or the current
  * version's: good (@p ok) or failed because of @p why (atc_policy_fallback_*). */
 void policy_canary_count(struct atc_policy_canary *c, bool canary, bool ok, const char *why);
+/** A status copy of @p c for @p copy (a runtime's status copy): its record and its version's, no Lua
+ * state; NULL for NULL. Sets *failed when out of memory. Freed by policy_canary_status_copy_free. */
+struct atc_policy_canary *policy_canary_status_copy(const struct atc_policy_canary *c,
+                                                    struct atc_policy_runtime *copy, bool *failed);
+void policy_canary_status_copy_free(struct atc_policy_canary *copy);
 /** Makes @p v (built, numbered) @p rt's canary for @p share of the requests; replaces any canary. */
 void policy_canary_adopt(struct atc_policy_runtime *rt, struct policy_version *v, double share, bool log);
 /** Appends ,"canary":{...} or ,"canary":null, and the counts of canaries promoted and rolled back. */

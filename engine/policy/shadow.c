@@ -79,6 +79,49 @@ void policy_shadow_destroy(struct atc_policy_shadow *ss)
     free(ss);
 }
 
+static uint64_t *picks_copy(const uint64_t *p, size_t n, bool *failed)
+{
+    if (p == NULL)
+        return NULL;
+    uint64_t *c = malloc((n ? n : 1) * sizeof(*c));
+    if (c == NULL)
+        *failed = true;
+    else
+        memcpy(c, p, n * sizeof(*c));
+    return c;
+}
+
+struct atc_policy_shadow *policy_shadow_status_copy(const struct atc_policy_shadow *ss, bool *failed)
+{
+    if (ss == NULL)
+        return NULL;
+    struct atc_policy_shadow *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        *failed = true;
+        return NULL;
+    }
+    *c = *ss;
+    c->entry = ss->entry != NULL ? strdup(ss->entry) : NULL;
+    *failed |= ss->entry != NULL && c->entry == NULL;
+    c->picks = picks_copy(ss->picks, ss->npicks, failed);
+    c->live_picks = picks_copy(ss->live_picks, ss->npicks, failed);
+    c->rt = NULL;
+    if (ss->rt != NULL && (c->rt = policy_runtime_status_copy(ss->rt)) == NULL)
+        *failed = true;
+    return c;
+}
+
+void policy_shadow_status_copy_free(struct atc_policy_shadow *copy)
+{
+    if (copy == NULL)
+        return;
+    free(copy->entry);
+    free(copy->picks);
+    free(copy->live_picks);
+    policy_runtime_status_copy_free(copy->rt);
+    free(copy);
+}
+
 uint64_t policy_shadow_versions(const struct atc_policy_shadow *ss)
 {
     return ss->versions;

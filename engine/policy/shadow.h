@@ -34,6 +34,10 @@ uint64_t policy_shadow_adopt(struct atc_policy_runtime *rt, struct policy_versio
 void policy_shadow_clear(struct atc_policy_runtime *rt, bool log);
 /** The endpoint table changed: the shadow is rebuilt against it (dropped, logged, if it cannot be). */
 void policy_shadow_set_table(struct atc_policy_runtime *rt, struct atc_endpoint_table *table);
+/** A status copy of @p ss for @p copy (a runtime's status copy): its record and its runtime's, no Lua
+ * state; NULL for NULL. Sets *failed when out of memory. Freed by policy_shadow_status_copy_free. */
+struct atc_policy_shadow *policy_shadow_status_copy(const struct atc_policy_shadow *ss, bool *failed);
+void policy_shadow_status_copy_free(struct atc_policy_shadow *copy);
 /** Appends ,"shadow":{...} (or ,"shadow":null) for the runtimes @p rts (summed). */
 void policy_shadow_status_json(struct atc_policy_runtime *const *rts, size_t n, struct evbuffer *out);
 /** Appends the shadow's Prometheus metrics, labelled live="N",shadow="M". */

@@ -93,6 +93,15 @@ struct atc_policy_runtime {
     struct atc_policy_canary *canary; /* canary.c: a new version on a share of the requests */
 };
 
+/* Status copies (status.c): a runtime's or a version's record without its Lua state or timers, for a
+ * reader on another thread; every pointer a renderer follows is copied, every other one NULL. On out of
+ * memory they return NULL (or leave *failed true); a runtime's copy is freed by
+ * policy_runtime_status_copy_free. */
+struct atc_policy_runtime *policy_runtime_status_copy(const struct atc_policy_runtime *rt);
+struct policy_version *policy_version_status_copy(const struct policy_version *v, struct atc_policy_runtime *rt,
+                                                  bool *failed);
+void policy_runtime_status_copy_free(struct atc_policy_runtime *copy);
+
 /* A verdict returned by atc.queue() / atc.reject(). */
 struct policy_verdict {
     enum atc_decision_kind kind;

@@ -15,8 +15,8 @@
 #include "policy/state.h"
 
 /* A version's record without its Lua state (NULL stays NULL). */
-static struct policy_version *version_copy(const struct policy_version *v, struct atc_policy_runtime *rt,
-                                           bool *failed)
+struct policy_version *policy_version_status_copy(const struct policy_version *v, struct atc_policy_runtime *rt,
+                                                  bool *failed)
 {
     if (v == NULL)
         return NULL;
@@ -43,21 +43,9 @@ static char *string_copy(const char *s, bool *failed)
     return c;
 }
 
-static uint64_t *picks_copy(const uint64_t *p, size_t n, bool *failed)
-{
-    if (p == NULL)
-        return NULL;
-    uint64_t *c = malloc((n ? n : 1) * sizeof(*c));
-    if (c == NULL)
-        *failed = true;
-    else
-        memcpy(c, p, n * sizeof(*c));
-    return c;
-}
-
 /* Every plain field as it is; every pointer the renderers follow copied, every other one NULL (a renderer
  * that starts to follow a new pointer finds NULL in the tests, not a worker's live memory). */
-static struct atc_policy_runtime *runtime_copy(const struct atc_policy_runtime *rt)
+struct atc_policy_runtime *policy_runtime_status_copy(const struct atc_policy_runtime *rt)
 {
     struct atc_policy_runtime *c = malloc(sizeof(*c));
     if (c == NULL)
@@ -80,17 +68,11 @@ static struct atc_policy_runtime *runtime_copy(const struct atc_policy_runtime *
     c->nwatch = 0;
     memset(c->watch_dir, 0, sizeof(c->watch_dir));
     c->inotify_fd = -1;
-    c->current = version_copy(rt->current, c, &failed);
-    c->last_good = version_copy(rt->last_good, c, &failed);
-    c->canary = version_copy(rt->canary, c, &failed);
+    c->current = policy_version_status_copy(rt->current, c, &failed);
+    c->last_good = policy_version_status_copy(rt->last_good, c, &failed);
     c->last_error = string_copy(rt->last_error, &failed);
-    c->shadow_entry = string_copy(rt->shadow_entry, &failed);
-    c->canary_last = string_copy(rt->canary_last, &failed);
-    c->ss.picks = picks_copy(rt->ss.picks, rt->ss.npicks, &failed);
-    c->ss.live_picks = picks_copy(rt->ss.live_picks, rt->ss.npicks, &failed);
-    c->shadow = NULL;
-    if (rt->shadow != NULL && (c->shadow = runtime_copy(rt->shadow)) == NULL)
-        failed = true;
+    c->canary = policy_canary_status_copy(rt->canary, c, &failed);
+    c->shadow = policy_shadow_status_copy(rt->shadow, &failed);
     if (failed) {
         atc_policy_status_copy_free(c);
         return NULL;
@@ -101,23 +83,24 @@ static struct atc_policy_runtime *runtime_copy(const struct atc_policy_runtime *
 struct atc_policy_runtime *atc_policy_status_copy(struct atc_policy_runtime *rt)
 {
     atc_policy_sync(rt);
-    return runtime_copy(rt);
+    return policy_runtime_status_copy(rt);
 }
 
 void atc_policy_status_copy_free(struct atc_policy_runtime *copy)
+{
+    policy_runtime_status_copy_free(copy);
+}
+
+void policy_runtime_status_copy_free(struct atc_policy_runtime *copy)
 {
     if (copy == NULL)
         return;
     free((char *)copy->s.entry);
     free(copy->current);
     free(copy->last_good);
-    free(copy->canary);
     free(copy->last_error);
-    free(copy->shadow_entry);
-    free(copy->canary_last);
-    free(copy->ss.picks);
-    free(copy->ss.live_picks);
-    atc_policy_status_copy_free(copy->shadow);
+    policy_canary_status_copy_free(copy->canary);
+    policy_shadow_status_copy_free(copy->shadow);
     free(copy);
 }
 
