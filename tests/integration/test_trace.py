@@ -438,6 +438,40 @@ class ReplayTest(AtcTestCase):
         self.assertAlmostEqual(ideals[3]["ttft_p90_ms"], 1798, places=3)
         self.assertAlmostEqual(ideals[3]["cache_hit_rate"], 0.5, places=4)  # 2 of 4 blocks
 
+    def test_hit_rates_hold_at_128_and_512_servers(self):
+        # 1,500 requests over 60 s in 300 prompt families of 4-24 shared 512-token blocks: more servers,
+        # more KV room, so the shipped policy's hit rate must not fall as the fleet grows. It did when the
+        # prefix index folded endpoints past 64 onto 64 bits (60% at 32 servers, 46% at 128, 12% at 512).
+        import random
+        rng = random.Random(5)
+        trace = os.path.join(self.tmp.name, "families.jsonl")
+        with open(trace, "w") as f:
+            for i in range(1500):
+                family, depth = rng.randrange(300), rng.randint(4, 24)
+                blocks = [family * 1000 + k for k in range(depth)]
+                blocks += [10**6 + i * 100 + k for k in range(rng.randint(0, 4))]
+                f.write(json.dumps({"at_ms": i * 40, "model": "llama-3-8b", "prompt_tokens": len(blocks) * 512 + 100,
+                                    "output_tokens": 20, "blocks": blocks, "block_tokens": 512}) + "\n")
+        fleet = os.path.join(self.tmp.name, "large.yaml")
+        with open(fleet, "w") as f:  # simulate: count goes up to 1,024
+            f.write(f"policy:\n  entry: {POLICY}\nmodels:\n  - name: llama-3-8b\n"
+                    "simulate:\n  - model: llama-3-8b\n    count: 1024\n")
+        hits, used = {}, {}
+        for servers in (32, 128, 512):
+            code, out, err = atc("replay", "-c", fleet, "--trace", trace, "--servers", str(servers), "--json",
+                                 "--no-progress")
+            self.assertEqual(code, 0, err)
+            report = json.loads(out)
+            p = report["policies"][0]
+            self.assertEqual(len(p["endpoints"]), servers)
+            hits[servers] = p["cache_hit_rate"]
+            used[servers] = sum(1 for e in p["endpoints"] if e["requests"] > 0)
+            self.assertLessEqual(p["cache_hit_rate"], report["ideal"]["cache_hit_rate"] + 1e-9)
+        self.assertGreater(hits[32], 0.5)
+        self.assertGreaterEqual(hits[128], hits[32], hits)
+        self.assertGreaterEqual(hits[512], hits[32], hits)
+        self.assertGreater(used[512], 128, "requests reach servers past the first 128")
+
     def test_from_and_limit_take_a_part_of_the_trace(self):
         code, out, err = atc("replay", "-c", self.fleet(), "--trace", FIXTURE, "--from", "200", "--json",
                              "--no-progress")
