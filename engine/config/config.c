@@ -24,7 +24,7 @@
 /* Per-endpoint ceilings: far above any real server, low enough that sums over a fleet cannot overflow. */
 #define CAPACITY_MAX 1000000u
 #define WEIGHT_MAX 1000000u
-#define SIMULATE_COUNT_MAX 256u
+#define SIMULATE_COUNT_MAX 1024u /* the prefix index is exact up to ATC_PREFIX_INDEX_ENDPOINTS_MAX */
 #define KEY_MAX 320 /* longest key path in a message ("models[3].endpoints[12].tags[0]"); longer is cut */
 
 /* Names declared so far, to report a duplicate together with where the first one is. */

@@ -314,8 +314,8 @@ size_t atc_affinity_count(struct atc_affinity *t)
 
 /* ---- Prefix index ----
  *
- * Two generations of open-addressing tables, block hash -> endpoint bitmask. Inserts go to the current
- * generation; lookups try the current one, then the previous one. When the current one holds
+ * Two generations of open-addressing tables, block hash -> the endpoints that hold it. Inserts go to the
+ * current generation; lookups try the current one, then the previous one. When the current one holds
  * max_blocks / 2 entries, the previous one is cleared and becomes the current one.
  *
  * Why generations rather than an LRU list or CLOCK: the index is approximate, so "forget whatever was
@@ -324,28 +324,39 @@ size_t atc_affinity_count(struct atc_affinity *t)
  * stays read-only) and no deletions inside a probed table (linear probing needs none). The price is one
  * memset of a generation per max_blocks / 2 new blocks.
  *
- * An insert of a block already in the previous generation copies its endpoints into the current one
+ * An insert of a block already in the previous generation copies its holders into the current one
  * (promotion), so the current copy is always a superset: a lookup that finds a block in the current
  * generation never needs the previous one, and a block that keeps being requested survives rotations.
  *
- * Each slot is {block hash, endpoint mask, two KV clock stamps, the bit stamped last}, 32 bytes, two to a
- * cache line; hash 0 marks an empty slot, so a block whose hash is 0 is stored as 1 (an alias of one in
- * 2^64, harmless for an approximate index).
+ * The holders of a block, exact at any fleet size up to ATC_PREFIX_INDEX_ENDPOINTS_MAX: most blocks are
+ * held by a few endpoints (a policy with affinity sends a prefix back where it went), so a slot lists up
+ * to INLINE_HOLDERS endpoint indices itself; a block held by more (a system prompt every server has) moves
+ * to a "wide" set, a bitmap of every endpoint, from a pool of the generation's own (wide_cap of them, reset
+ * with the generation). Only when that pool is full does a fifth holder replace the least recent one
+ * (counted: atc_prefix_index_dropped).
+ *
+ * Each slot is 32 bytes, two to a cache line; hash 0 marks an empty slot, so a block whose hash is 0 is
+ * stored as 1 (an alias of one in 2^64, harmless for an approximate index).
  * Slots are found from the block hash re-hashed with a random seed: block hashes are plain XXH3 of
  * client-chosen text and would otherwise let a client pile its blocks into one probe run. */
 
 #define PREFIX_LOAD_NUM 7 /* each generation is at most 70% full: short probe runs for linear probing */
 #define PREFIX_LOAD_DEN 10
+#define INLINE_HOLDERS 4
+#define WIDE_WORDS (ATC_PREFIX_INDEX_ENDPOINTS_MAX / 64)
+#define WIDE_SHARE 8 /* wide sets per generation: one per this many entries */
 
 struct slot {
     uint64_t block;
-    uint64_t endpoints;
-    uint32_t stamp;  /* the ingest clock when endpoint bit `recent` last got this block */
-    uint32_t before; /* ... and when any other endpoint of the mask last did, at the latest */
-    uint8_t recent;
+    uint32_t stamp;  /* the ingest clock when endpoint `recent` last got this block */
+    uint32_t before; /* ... and when any other holder last did, at the latest */
+    uint32_t wide;   /* 0: the holders are ep[0..n); else 1 + the number of the generation's wide set */
+    uint16_t recent;
+    uint16_t n;
+    uint16_t ep[INLINE_HOLDERS];
 };
 
-/* What one endpoint bit has taken into its KV cache since a moment, to tell what it must have evicted:
+/* What one endpoint has taken into its KV cache since a moment, to tell what it must have evicted:
  * a server's cache holds kv_tokens; once it has taken in that many new prompt tokens since a block was
  * last sent there, the block is gone (LRU, as vLLM and SGLang evict). marks[] holds the clock each time
  * the ingest passed a multiple of cap / KV_STEPS, so "cap tokens ago" is known within 1/KV_STEPS of cap,
@@ -359,23 +370,28 @@ struct kv_clock {
     uint64_t step;   /* cap / KV_STEPS */
     uint64_t marks_taken;
     uint32_t marks[KV_MARKS];
-    bool folded; /* several endpoints share this bit (>= 64 endpoints): not modelled */
+    uint32_t horizon; /* once ingest >= cap: a block last sent before this clock is surely evicted */
 };
 
 struct generation {
     struct slot *slots;
     size_t count;
+    uint64_t *wide; /* wide_cap sets of WIDE_WORDS words */
+    size_t nwide;
 };
 
 struct atc_prefix_index {
     pthread_mutex_t mu; /* held by every public function but bytes(): the rest is used under it */
     struct generation cur, prev;
-    size_t nslots; /* per generation */
-    size_t cap;    /* entries per generation before rotating: max_blocks / 2 */
+    size_t nslots;   /* per generation */
+    size_t cap;      /* entries per generation before rotating: max_blocks / 2 */
+    size_t wide_cap; /* wide sets per generation */
     uint64_t seed;
     uint32_t clock; /* uncached prompt tokens sent anywhere, in KV_CLOCK_TOKENS units (wraps) */
     uint64_t clock_rest;
-    struct kv_clock kv[ATC_PREFIX_INDEX_ENDPOINTS];
+    uint64_t dropped; /* holders forgotten because the wide sets ran out */
+    uint64_t evicting[WIDE_WORDS]; /* endpoints whose horizon is set: their cache has filled */
+    struct kv_clock *kv; /* ATC_PREFIX_INDEX_ENDPOINTS_MAX of them */
 };
 
 #define KV_CLOCK_TOKENS 64 /* the clock's unit: 2^31 units is 137G tokens, far more than the index keeps */
@@ -385,47 +401,147 @@ static inline bool before(uint32_t a, uint32_t b)
     return (int32_t)(a - b) < 0;
 }
 
-/* Endpoint bits whose cache is modelled, and per bit the stamp below which a block is surely evicted. */
-static uint64_t horizons(const struct atc_prefix_index *idx, uint32_t *h)
+/* Whether endpoint e, which last got a block at clock @p t, must have evicted it since. */
+static inline bool gone(const struct atc_prefix_index *idx, unsigned e, uint32_t t)
 {
-    uint64_t modelled = 0;
-    for (unsigned b = 0; b < ATC_PREFIX_INDEX_ENDPOINTS; b++) {
-        const struct kv_clock *c = &idx->kv[b];
-        if (c->cap == 0 || c->folded || c->ingest < c->cap)
-            continue;
-        uint64_t m = (c->ingest - c->cap) / c->step; /* the mark taken at ingest m * step <= ingest - cap */
-        h[b] = c->marks[m % KV_MARKS];
-        modelled |= UINT64_C(1) << b;
-    }
-    return modelled;
+    return ((idx->evicting[e / 64] >> (e % 64)) & 1) && before(t, idx->kv[e].horizon);
 }
 
-/* The endpoints of slot s that still have its block. */
-static inline uint64_t fresh(const struct slot *s, uint64_t modelled, const uint32_t *h)
+static inline uint32_t held_since(const struct slot *s, unsigned e)
 {
-    uint64_t out = s->endpoints;
-    for (uint64_t m = out & modelled; m != 0; m &= m - 1) {
-        unsigned b = (unsigned)__builtin_ctzll(m);
-        if (before(b == s->recent ? s->stamp : s->before, h[b]))
-            out &= ~(UINT64_C(1) << b);
-    }
-    return out;
+    return e == s->recent ? s->stamp : s->before;
 }
 
-/* Bit b got slot s's block now (its mask already set): the stamps move on. */
-static inline void touch(struct slot *s, unsigned b, uint32_t now)
+static inline uint64_t *wide_of(const struct generation *g, const struct slot *s)
 {
-    if (b != s->recent) { /* the last one to get it joins the others, at its own time */
+    return g->wide + (size_t)(s->wide - 1) * WIDE_WORDS;
+}
+
+/* Whether slot s of g lists endpoint e (evicted or not). */
+static inline bool lists(const struct generation *g, const struct slot *s, unsigned e)
+{
+    if (s->wide)
+        return (wide_of(g, s)[e / 64] >> (e % 64)) & 1;
+    for (unsigned i = 0; i < s->n; i++)
+        if (s->ep[i] == e)
+            return true;
+    return false;
+}
+
+/* Whether endpoint e still has slot s's block. */
+static inline bool holds(const struct atc_prefix_index *idx, const struct generation *g, const struct slot *s,
+                         unsigned e)
+{
+    return lists(g, s, e) && !gone(idx, e, held_since(s, e));
+}
+
+/* Drops the holders of slot s that must have evicted its block, so that a refreshed stamp does not
+ * revive them. */
+static void prune(const struct atc_prefix_index *idx, struct generation *g, struct slot *s)
+{
+    if (!s->wide) {
+        unsigned k = 0;
+        for (unsigned i = 0; i < s->n; i++)
+            if (!gone(idx, s->ep[i], held_since(s, s->ep[i])))
+                s->ep[k++] = s->ep[i];
+        s->n = (uint16_t)k;
+        return;
+    }
+    uint64_t *w = wide_of(g, s);
+    for (unsigned i = 0; i < WIDE_WORDS; i++)
+        for (uint64_t m = w[i]; m != 0; m &= m - 1) {
+            unsigned b = (unsigned)__builtin_ctzll(m);
+            if (gone(idx, i * 64 + b, held_since(s, i * 64 + b)))
+                w[i] &= ~(UINT64_C(1) << b);
+        }
+}
+
+/* A fresh wide set of g, cleared; NULL when the generation has used them all. */
+static uint64_t *wide_alloc(struct atc_prefix_index *idx, struct generation *g, uint32_t *number)
+{
+    if (g->nwide == idx->wide_cap)
+        return NULL;
+    uint64_t *w = g->wide + g->nwide * WIDE_WORDS;
+    memset(w, 0, WIDE_WORDS * sizeof(uint64_t));
+    *number = (uint32_t)++g->nwide;
+    return w;
+}
+
+/* Endpoint e now holds slot s's block too. */
+static void add_holder(struct atc_prefix_index *idx, struct generation *g, struct slot *s, unsigned e)
+{
+    if (lists(g, s, e))
+        return;
+    if (s->wide) {
+        wide_of(g, s)[e / 64] |= UINT64_C(1) << (e % 64);
+        return;
+    }
+    if (s->n < INLINE_HOLDERS) {
+        s->ep[s->n++] = (uint16_t)e;
+        return;
+    }
+    uint32_t number;
+    uint64_t *w = wide_alloc(idx, g, &number);
+    if (w != NULL) {
+        for (unsigned i = 0; i < s->n; i++)
+            w[s->ep[i] / 64] |= UINT64_C(1) << (s->ep[i] % 64);
+        w[e / 64] |= UINT64_C(1) << (e % 64);
+        s->wide = number;
+        s->n = 0;
+        return;
+    }
+    /* No wide set left: e takes the place of a holder that is not the most recent (all of those share
+     * the `before` stamp, so none is known to be older than the others). */
+    unsigned i = s->ep[0] != s->recent ? 0 : 1;
+    s->ep[i] = (uint16_t)e;
+    idx->dropped++;
+}
+
+/* Copies slot @p old of the previous generation into @p s of the current one (promotion). */
+static void promote(struct atc_prefix_index *idx, struct slot *s, const struct slot *old)
+{
+    *s = *old;
+    if (!old->wide)
+        return;
+    uint32_t number;
+    uint64_t *w = wide_alloc(idx, &idx->cur, &number);
+    const uint64_t *from = wide_of(&idx->prev, old);
+    if (w != NULL) {
+        memcpy(w, from, WIDE_WORDS * sizeof(uint64_t));
+        s->wide = number;
+        return;
+    }
+    /* No wide set left: the most recent holder and the first others, the rest counted as dropped. */
+    s->wide = 0;
+    s->n = 0;
+    if ((from[old->recent / 64] >> (old->recent % 64)) & 1)
+        s->ep[s->n++] = old->recent;
+    for (unsigned i = 0; i < WIDE_WORDS; i++)
+        for (uint64_t m = from[i]; m != 0; m &= m - 1) {
+            unsigned e = i * 64 + (unsigned)__builtin_ctzll(m);
+            if (e == old->recent)
+                continue;
+            if (s->n < INLINE_HOLDERS)
+                s->ep[s->n++] = (uint16_t)e;
+            else
+                idx->dropped++;
+        }
+}
+
+/* Endpoint e got slot s's block now (already listed): the stamps move on. */
+static inline void touch(struct slot *s, unsigned e, uint32_t now)
+{
+    if (e != s->recent) { /* the last one to get it joins the others, at its own time */
         s->before = s->stamp;
-        s->recent = (uint8_t)b;
+        s->recent = (uint16_t)e;
     }
     s->stamp = now;
 }
 
-/* Bit b took in @p tokens new prompt tokens: its marks and the clock move on. */
-static void ingest(struct atc_prefix_index *idx, unsigned b, uint64_t tokens)
+/* Endpoint e took in @p tokens new prompt tokens: its marks and the clock move on. */
+static void ingest(struct atc_prefix_index *idx, unsigned e, uint64_t tokens)
 {
-    struct kv_clock *c = &idx->kv[b];
+    struct kv_clock *c = &idx->kv[e];
     uint64_t units = (idx->clock_rest + tokens) / KV_CLOCK_TOKENS;
     idx->clock_rest = (idx->clock_rest + tokens) % KV_CLOCK_TOKENS;
     if (c->cap != 0) {
@@ -435,21 +551,35 @@ static void ingest(struct atc_prefix_index *idx, unsigned b, uint64_t tokens)
             c->marks_taken = due - KV_MARKS;
         while (c->marks_taken < due) /* each mark: the clock as ingest passed it */
             c->marks[c->marks_taken++ % KV_MARKS] = idx->clock;
+        if (c->ingest >= c->cap) {
+            uint64_t m = (c->ingest - c->cap) / c->step; /* the mark taken at ingest m * step <= ingest - cap */
+            c->horizon = c->marks[m % KV_MARKS];
+            idx->evicting[e / 64] |= UINT64_C(1) << (e % 64);
+        }
     }
     idx->clock += (uint32_t)units;
 }
 
-/* The KV cache size of the endpoint at bit b (0: unknown); a change starts its clock again. */
-static void set_capacity(struct atc_prefix_index *idx, unsigned endpoint_index, uint64_t kv_tokens)
+/* The KV cache size of endpoint e (0: unknown); a change starts its clock again. */
+static void set_capacity(struct atc_prefix_index *idx, unsigned e, uint64_t kv_tokens)
 {
-    struct kv_clock *c = &idx->kv[endpoint_index % ATC_PREFIX_INDEX_ENDPOINTS];
-    if (endpoint_index >= ATC_PREFIX_INDEX_ENDPOINTS)
-        c->folded = true;
-    if (c->folded || c->cap == kv_tokens)
+    struct kv_clock *c = &idx->kv[e];
+    if (c->cap == kv_tokens)
         return;
     memset(c, 0, sizeof(*c));
+    idx->evicting[e / 64] &= ~(UINT64_C(1) << (e % 64));
     c->cap = kv_tokens;
     c->step = kv_tokens / KV_STEPS > 0 ? kv_tokens / KV_STEPS : 1;
+}
+
+static void index_free(struct atc_prefix_index *idx)
+{
+    free(idx->cur.slots);
+    free(idx->prev.slots);
+    free(idx->cur.wide);
+    free(idx->prev.wide);
+    free(idx->kv);
+    free(idx);
 }
 
 struct atc_prefix_index *atc_prefix_index_create(size_t max_blocks)
@@ -460,20 +590,17 @@ struct atc_prefix_index *atc_prefix_index_create(size_t max_blocks)
     if (idx == NULL)
         return NULL;
     idx->cap = max_blocks / 2 > 0 ? max_blocks / 2 : 1;
+    idx->wide_cap = idx->cap / WIDE_SHARE > 16 ? idx->cap / WIDE_SHARE : 16;
     /* At least one slot more than cap, so a probe always reaches an empty slot and stops. */
     idx->nslots = (idx->cap * PREFIX_LOAD_DEN + PREFIX_LOAD_NUM - 1) / PREFIX_LOAD_NUM + 1;
     idx->cur.slots = calloc(idx->nslots, sizeof(struct slot));
     idx->prev.slots = calloc(idx->nslots, sizeof(struct slot));
-    if (idx->cur.slots == NULL || idx->prev.slots == NULL) {
-        free(idx->cur.slots);
-        free(idx->prev.slots);
-        free(idx);
-        return NULL;
-    }
-    if (pthread_mutex_init(&idx->mu, NULL) != 0) {
-        free(idx->cur.slots);
-        free(idx->prev.slots);
-        free(idx);
+    idx->cur.wide = calloc(idx->wide_cap * WIDE_WORDS, sizeof(uint64_t));
+    idx->prev.wide = calloc(idx->wide_cap * WIDE_WORDS, sizeof(uint64_t));
+    idx->kv = calloc(ATC_PREFIX_INDEX_ENDPOINTS_MAX, sizeof(*idx->kv));
+    if (idx->cur.slots == NULL || idx->prev.slots == NULL || idx->cur.wide == NULL || idx->prev.wide == NULL ||
+        idx->kv == NULL || pthread_mutex_init(&idx->mu, NULL) != 0) {
+        index_free(idx);
         return NULL;
     }
     idx->seed = random_seed(idx);
@@ -485,9 +612,7 @@ void atc_prefix_index_destroy(struct atc_prefix_index *idx)
     if (idx == NULL)
         return;
     pthread_mutex_destroy(&idx->mu);
-    free(idx->cur.slots);
-    free(idx->prev.slots);
-    free(idx);
+    index_free(idx);
 }
 
 static inline uint64_t stored_block(uint64_t block)
@@ -522,63 +647,86 @@ static void rotate(struct atc_prefix_index *idx)
     idx->prev = idx->cur;
     memset(dropped.slots, 0, idx->nslots * sizeof(struct slot));
     dropped.count = 0;
+    dropped.nwide = 0; /* a wide set is cleared when it is handed out again */
     idx->cur = dropped;
 }
 
 size_t atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *blocks, size_t n,
                                unsigned endpoint_index, uint32_t block_tokens, uint64_t kv_tokens)
 {
-    unsigned b = endpoint_index % ATC_PREFIX_INDEX_ENDPOINTS;
-    uint64_t bit = UINT64_C(1) << b;
+    unsigned e = endpoint_index;
+    if (e >= ATC_PREFIX_INDEX_ENDPOINTS_MAX)
+        return 0;
     size_t had = 0;
     bool leading = true; /* every block so far was recorded for this endpoint */
-    uint32_t h[ATC_PREFIX_INDEX_ENDPOINTS];
     pthread_mutex_lock(&idx->mu);
-    set_capacity(idx, endpoint_index, kv_tokens);
-    uint64_t modelled = horizons(idx, h);
+    set_capacity(idx, e, kv_tokens);
     for (size_t k = 0; k < n; k++) {
         uint64_t block = stored_block(blocks[k]);
         size_t home = home_slot(idx, block);
         struct slot *s = probe(idx, &idx->cur, home, block);
-        if (s->block == block) {
-            uint64_t still = fresh(s, modelled, h); /* a refreshed stamp must not revive evicted copies */
-            leading = leading && (still & bit) != 0;
-            had += leading;
-            s->endpoints = still | bit;
-            touch(s, b, idx->clock);
-            continue;
+        if (s->block != block) {
+            if (idx->cur.count >= idx->cap) {
+                rotate(idx);
+                s = &idx->cur.slots[home]; /* the new current generation is empty */
+            }
+            const struct slot *old = probe(idx, &idx->prev, home, block);
+            if (old->block == block) /* promoted: its holders and their times come along */
+                promote(idx, s, old);
+            else
+                *s = (struct slot){.block = block, .recent = (uint16_t)e, .stamp = idx->clock, .before = idx->clock};
+            idx->cur.count++;
         }
-        if (idx->cur.count >= idx->cap) {
-            rotate(idx);
-            s = &idx->cur.slots[home]; /* the new current generation is empty */
-        }
-        const struct slot *old = probe(idx, &idx->prev, home, block);
-        if (old->block == block) { /* promoted: its holders and their times come along */
-            *s = *old;
-            s->endpoints = fresh(old, modelled, h);
-        } else {
-            *s = (struct slot){.block = block, .recent = (uint8_t)b, .stamp = idx->clock, .before = idx->clock};
-        }
-        leading = leading && (s->endpoints & bit) != 0;
+        prune(idx, &idx->cur, s); /* a refreshed stamp must not revive evicted copies */
+        leading = leading && lists(&idx->cur, s, e);
         had += leading;
-        s->endpoints |= bit;
-        touch(s, b, idx->clock);
-        idx->cur.count++;
+        add_holder(idx, &idx->cur, s, e);
+        touch(s, e, idx->clock);
     }
-    ingest(idx, b, (uint64_t)(n - had) * (block_tokens ? block_tokens : 1));
+    ingest(idx, e, (uint64_t)(n - had) * (block_tokens ? block_tokens : 1));
     pthread_mutex_unlock(&idx->mu);
     return had;
 }
 
-static const struct slot *lookup(const struct atc_prefix_index *idx, uint64_t block)
+static const struct slot *lookup(const struct atc_prefix_index *idx, uint64_t block,
+                                 const struct generation **g)
 {
     block = stored_block(block);
     size_t home = home_slot(idx, block);
     const struct slot *s = probe(idx, &idx->cur, home, block);
+    *g = &idx->cur;
     if (s->block == block)
         return s;
     s = probe(idx, &idx->prev, home, block);
+    *g = &idx->prev;
     return s->block == block ? s : NULL;
+}
+
+/* The endpoints of @p match (nw words) that still hold slot s's block, into @p still. */
+static void still_held(const struct atc_prefix_index *idx, const struct generation *g, const struct slot *s,
+                       const uint64_t *match, uint64_t *still, unsigned nw)
+{
+    if (s == NULL) {
+        memset(still, 0, nw * sizeof(uint64_t));
+        return;
+    }
+    if (s->wide) {
+        const uint64_t *w = wide_of(g, s);
+        for (unsigned i = 0; i < nw; i++)
+            still[i] = match[i] & w[i];
+    } else {
+        memset(still, 0, nw * sizeof(uint64_t));
+        for (unsigned i = 0; i < s->n; i++)
+            if (s->ep[i] / 64 < nw)
+                still[s->ep[i] / 64] |= match[s->ep[i] / 64] & UINT64_C(1) << (s->ep[i] % 64);
+    }
+    /* Only endpoints whose cache has filled can have evicted it: the rest need no check. */
+    for (unsigned i = 0; i < nw; i++)
+        for (uint64_t m = still[i] & idx->evicting[i]; m != 0; m &= m - 1) {
+            unsigned e = i * 64 + (unsigned)__builtin_ctzll(m);
+            if (before(held_since(s, e), idx->kv[e].horizon))
+                still[i] &= ~(UINT64_C(1) << (e % 64));
+        }
 }
 
 void atc_prefix_index_overlaps(struct atc_prefix_index *idx, const uint64_t *blocks, size_t n, uint16_t *out,
@@ -586,26 +734,33 @@ void atc_prefix_index_overlaps(struct atc_prefix_index *idx, const uint64_t *blo
 {
     if (nendpoints == 0)
         return;
-    uint16_t depth[ATC_PREFIX_INDEX_ENDPOINTS] = {0}; /* overlap per bit */
-    uint32_t h[ATC_PREFIX_INDEX_ENDPOINTS];
-    uint64_t matching =
-        nendpoints >= ATC_PREFIX_INDEX_ENDPOINTS ? UINT64_MAX : (UINT64_C(1) << nendpoints) - 1;
+    memset(out, 0, nendpoints * sizeof(*out));
+    size_t known = nendpoints < ATC_PREFIX_INDEX_ENDPOINTS_MAX ? nendpoints : ATC_PREFIX_INDEX_ENDPOINTS_MAX;
+    unsigned nw = (unsigned)((known + 63) / 64);
+    uint64_t match[WIDE_WORDS], still[WIDE_WORDS]; /* endpoints that hold every block so far */
+    for (unsigned i = 0; i < nw; i++)
+        match[i] = i + 1 < nw || known % 64 == 0 ? UINT64_MAX : (UINT64_C(1) << (known % 64)) - 1;
     size_t k = 0;
+    bool any = n > 0;
     pthread_mutex_lock(&idx->mu);
-    uint64_t modelled = horizons(idx, h);
-    for (; k < n && matching != 0; k++) {
-        const struct slot *s = lookup(idx, blocks[k]);
-        uint64_t still = s != NULL ? matching & fresh(s, modelled, h) : 0;
-        /* Endpoints that stop matching at block k have exactly k leading blocks. */
-        for (uint64_t gone = matching & ~still; gone != 0; gone &= gone - 1)
-            depth[__builtin_ctzll(gone)] = k > UINT16_MAX ? UINT16_MAX : (uint16_t)k;
-        matching = still;
+    for (; k < n && any; k++) {
+        const struct generation *g;
+        const struct slot *s = lookup(idx, blocks[k], &g);
+        still_held(idx, g, s, match, still, nw);
+        any = false;
+        for (unsigned i = 0; i < nw; i++) {
+            /* Endpoints that stop matching at block k have exactly k leading blocks: out is 0 already
+             * for those that never matched. */
+            for (uint64_t m = k > 0 ? match[i] & ~still[i] : 0; m != 0; m &= m - 1)
+                out[i * 64 + (unsigned)__builtin_ctzll(m)] = k > UINT16_MAX ? UINT16_MAX : (uint16_t)k;
+            match[i] = still[i];
+            any |= still[i] != 0;
+        }
     }
     pthread_mutex_unlock(&idx->mu);
-    for (; matching != 0; matching &= matching - 1)
-        depth[__builtin_ctzll(matching)] = k > UINT16_MAX ? UINT16_MAX : (uint16_t)k;
-    for (size_t i = 0; i < nendpoints; i++)
-        out[i] = depth[i % ATC_PREFIX_INDEX_ENDPOINTS];
+    for (unsigned i = 0; any && i < nw; i++)
+        for (uint64_t m = match[i]; m != 0; m &= m - 1)
+            out[i * 64 + (unsigned)__builtin_ctzll(m)] = k > UINT16_MAX ? UINT16_MAX : (uint16_t)k;
 }
 
 void atc_prefix_index_clear(struct atc_prefix_index *idx)
@@ -614,7 +769,9 @@ void atc_prefix_index_clear(struct atc_prefix_index *idx)
     memset(idx->cur.slots, 0, idx->nslots * sizeof(struct slot));
     memset(idx->prev.slots, 0, idx->nslots * sizeof(struct slot));
     idx->cur.count = idx->prev.count = 0;
-    memset(idx->kv, 0, sizeof(idx->kv));
+    idx->cur.nwide = idx->prev.nwide = 0;
+    memset(idx->kv, 0, ATC_PREFIX_INDEX_ENDPOINTS_MAX * sizeof(*idx->kv));
+    memset(idx->evicting, 0, sizeof(idx->evicting));
     pthread_mutex_unlock(&idx->mu);
 }
 
@@ -626,7 +783,16 @@ size_t atc_prefix_index_count(struct atc_prefix_index *idx)
     return n;
 }
 
+uint64_t atc_prefix_index_dropped(struct atc_prefix_index *idx)
+{
+    pthread_mutex_lock(&idx->mu);
+    uint64_t n = idx->dropped;
+    pthread_mutex_unlock(&idx->mu);
+    return n;
+}
+
 size_t atc_prefix_index_bytes(const struct atc_prefix_index *idx)
 {
-    return sizeof(*idx) + 2 * idx->nslots * sizeof(struct slot);
+    return sizeof(*idx) + 2 * idx->nslots * sizeof(struct slot) +
+           2 * idx->wide_cap * WIDE_WORDS * sizeof(uint64_t) + ATC_PREFIX_INDEX_ENDPOINTS_MAX * sizeof(struct kv_clock);
 }

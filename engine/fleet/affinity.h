@@ -6,7 +6,8 @@
  *  - the session affinity table (atc.affinity.get/set/del): key -> endpoint id with an expiry, bounded,
  *    least recently used entries evicted when full;
  *  - the prefix index (ep:prefix_overlap(req)): which endpoints recently got requests starting with a
- *    given chain of prefix blocks (see request_features.h), approximate and bounded.
+ *    given chain of prefix blocks (see request_features.h), bounded, exact for every endpoint index below
+ *    ATC_PREFIX_INDEX_ENDPOINTS_MAX (approximate only in what it forgets: old blocks, evicted caches).
  *
  * Both are shared by the policy runtimes of every worker thread: each has a mutex of its own, held by
  * every public function (but create and destroy) for the length of the call, and nothing they return
@@ -75,14 +76,16 @@ void atc_affinity_forget(struct atc_affinity *t, const char *key, size_t keylen)
 size_t atc_affinity_count(struct atc_affinity *t);
 
 #define ATC_PREFIX_INDEX_DEFAULT_BLOCKS 500000 /* max_blocks when 0 is passed to create */
-#define ATC_PREFIX_INDEX_ENDPOINTS 64           /* endpoint indices are exact below this, folded above */
+#define ATC_PREFIX_INDEX_ENDPOINTS_MAX 1024      /* endpoint indices from this on are not recorded */
 
 struct atc_prefix_index;
 
 /** Creates an empty index holding at most @p max_blocks (block hash -> endpoints) entries
- * (0: ATC_PREFIX_INDEX_DEFAULT_BLOCKS). All its memory is allocated here and never grows:
- * 12 KB + 2 x ceil(max_blocks / 2 / 0.7) x 32 bytes, about 46 bytes per block; 22.9 MB (21.8 MiB) at the
- * default, which covers about 125 MB of distinct prompt text in 256-byte blocks: 32M tokens, the KV
+ * (0: ATC_PREFIX_INDEX_DEFAULT_BLOCKS). All its memory is allocated here and never grows
+ * (atc_prefix_index_bytes): 164 KB (the KV clocks of 1,024 endpoints) + 2 x ceil(max_blocks / 2 / 0.7) x
+ * 32 bytes (the slots: a block and up to 4 endpoints that hold it) + 2 x max_blocks / 16 x 128 bytes (the
+ * wide sets: a bitmap of every endpoint, for blocks held by more than 4), about 62 bytes per block; 31 MB
+ * at the default, which covers about 125 MB of distinct prompt text in 256-byte blocks: 32M tokens, the KV
  * caches of 80 servers of 400k tokens each. Returns an owned index, or NULL on allocation failure. */
 struct atc_prefix_index *atc_prefix_index_create(size_t max_blocks);
 
@@ -91,8 +94,9 @@ void atc_prefix_index_destroy(struct atc_prefix_index *idx);
 
 /** Records that the request whose chained prefix blocks are @p blocks[0..n) (@p block_tokens tokens
  * each) went to the endpoint of index @p endpoint_index, whose KV cache holds @p kv_tokens (0: unknown).
- * Indices >= 64 share the bit of (index % 64) with another endpoint, so their overlaps are
- * over-estimated (the index is approximate anyway), and their caches are not modelled. Never allocates.
+ * An index >= ATC_PREFIX_INDEX_ENDPOINTS_MAX is not recorded (returns 0). Never allocates. A block held by
+ * more than 4 endpoints takes one of the generation's wide sets (max_blocks / 16 of them); when they are
+ * all taken, a new holder of such a block replaces an older one (counted by atc_prefix_index_dropped).
  * Each time max_blocks / 2 new blocks have come in, the older half of the index is dropped: that call
  * also clears 11.4 MB at the default size (0.3-1 ms measured here), holding the lock, so every worker's
  * atc_prefix_index_overlaps waits that long too. A block inserted again at least that often is
@@ -119,6 +123,9 @@ void atc_prefix_index_clear(struct atc_prefix_index *idx);
 /** Entries held, at most max_blocks (a block re-inserted since the last rotation counts twice until
  * its older copy is dropped). */
 size_t atc_prefix_index_count(struct atc_prefix_index *idx);
+
+/** Holders forgotten because the wide sets ran out (see atc_prefix_index_insert), since create. */
+uint64_t atc_prefix_index_dropped(struct atc_prefix_index *idx);
 
 /** Bytes allocated by @p idx (fixed at create, so read without the lock). */
 size_t atc_prefix_index_bytes(const struct atc_prefix_index *idx);

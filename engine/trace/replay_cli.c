@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "trace/replay.h"
 #include "trace/replay_grid.h"
+#include "trace/replay_ideal.h"
 #include "trace/replay_live.h"
 #include "trace/replay_report.h"
 #include "trace/trace.h"
@@ -63,7 +64,10 @@ static const char usage_replay[] =
     "batching, prefill/decode timing, a prefix KV cache with eviction), and the policy decides in the\n"
     "production sandbox, seeing the simulated fleet's load. Prints one row per policy: time to first\n"
     "token, end-to-end latency, throughput, prefix cache hit rate, load imbalance, queue waits and policy\n"
-    "failures. Deterministic for a seed.\n"
+    "failures, and beside them the ideal fleet on the same trace and fleet: the servers' KV caches pooled\n"
+    "into one LRU cache, the servers as parallel prefill lanes, one central FIFO queue (TTFT = queue wait +\n"
+    "prefill of the uncached tokens + one decode step), with each policy's TTFT p90 over the ideal's. It\n"
+    "ignores decode interference, so it is a target, not a strict bound. Deterministic for a seed.\n"
     "\n"
     "  -c, --config FILE     the fleet; its policy: section gives the default policy, budget, memory and\n"
     "                        module path\n"
@@ -92,9 +96,10 @@ static const char usage_replay[] =
     "                        (default 1); a list such as 1,2,4 replays each\n"
     "      --servers LIST    give every simulate: entry of the fleet this many servers; a list such as\n"
     "                        8,16,32 replays each. With more than one speed or server count, prints\n"
-    "                        one grid: per cell the offered prefill load, the pooled-LRU bound on\n"
-    "                        cache hits, each policy's TTFT p90 and hit rate, and the first policy's\n"
-    "                        ratio to the best of the others (--json and --html write the grid)\n"
+    "                        one grid: per cell the offered prefill load, the ideal fleet's TTFT p90\n"
+    "                        and hit rate, each policy's TTFT p90, hit rate and ratio to the ideal,\n"
+    "                        and the first policy's ratio to the best of the others (--json and\n"
+    "                        --html write the grid)\n"
     "\n"
     "  wall-time replay against a running atc (also the benchmarks' load generator):\n"
     "      --live            send the trace to a running atc in wall time, --speed X times faster than\n"
@@ -401,6 +406,8 @@ int atc_replay_main(int argc, char **argv)
     struct policy_arg pargs[MAX_POLICIES];
     struct atc_replay_grid_policy gpolicies[MAX_POLICIES];
     struct atc_replay_grid grid = {0};
+    struct atc_replay_ideal ideal = {0}; /* of a single cell (a grid holds one per cell) */
+    bool have_ideal = false;
     char title[8192];
 
     if (lo.speed > 0) {
@@ -465,9 +472,11 @@ int atc_replay_main(int argc, char **argv)
             }
             goto done;
         }
-        /* One cell: the per-policy report, its results moved out of the grid. */
+        /* One cell: the per-policy report, its results and its ideal fleet moved out of the grid. */
         for (size_t i = 0; i < npolicies; i++)
             results[nresults++] = grid.cells[0].results[i];
+        ideal = grid.cells[0].ideal;
+        have_ideal = true;
         grid.ncells = 0;
         free(grid.cells[0].results);
         size_t neps = results[0].nendpoints;
@@ -478,10 +487,11 @@ int atc_replay_main(int argc, char **argv)
                  config, neps, (unsigned long long)o.seed);
     }
     if (json)
-        atc_replay_report_json(stdout, trace_path, config, o.seed, results, nresults);
+        atc_replay_report_json(stdout, trace_path, config, o.seed, results, nresults, have_ideal ? &ideal : NULL);
     else
-        atc_replay_report_table(stdout, title, results, nresults);
-    if (html != NULL && atc_replay_report_html(html, title, results, nresults, &err) < 0) {
+        atc_replay_report_table(stdout, title, results, nresults, have_ideal ? &ideal : NULL);
+    if (html != NULL &&
+        atc_replay_report_html(html, title, results, nresults, have_ideal ? &ideal : NULL, &err) < 0) {
         fprintf(stderr, "atc replay: %s\n", err != NULL ? err : "cannot write the report");
         free(err);
         rc = 1;
@@ -496,6 +506,7 @@ int atc_replay_main(int argc, char **argv)
                     results[i].name);
 done:
     atc_replay_grid_dispose(&grid);
+    atc_replay_ideal_dispose(&ideal);
     for (size_t i = 0; i < nresults; i++)
         atc_replay_result_dispose(&results[i]);
     atc_trace_free(trace);

@@ -9,41 +9,22 @@
 #include "sim/sim.h"
 #include "trace/replay_report.h"
 #include "trace/trace.h"
-#include "trace/trace_lru.h"
 
-/* Prefill tokens a second and KV tokens of the fleet @p cfg simulates (replay.h: every simulate: entry
+/* Prefill tokens a second of the fleet @p cfg simulates (replay.h: every simulate: entry
  * and every configured endpoint, the latter with the default server model). */
-static void fleet_capacity(const struct atc_config *cfg, double *prefill_tps, uint64_t *kv_tokens)
+static void fleet_capacity(const struct atc_config *cfg, double *prefill_tps)
 {
     struct atc_sim_params dflt;
     atc_sim_params_init(&dflt);
     *prefill_tps = 0;
-    *kv_tokens = 0;
-    for (size_t i = 0; i < cfg->nmodels; i++) {
+    for (size_t i = 0; i < cfg->nmodels; i++)
         *prefill_tps += (double)cfg->models[i].nendpoints * dflt.prefill_tps;
-        *kv_tokens += (uint64_t)cfg->models[i].nendpoints * atc_sim_params_kv_tokens(&dflt);
-    }
     for (size_t i = 0; i < cfg->nsimulate; i++) {
         const struct atc_sim_params *p = &cfg->simulate[i].params;
         double tps = p->prefill_tps > 0 ? p->prefill_tps : dflt.prefill_tps;
         *prefill_tps += cfg->simulate[i].count * tps;
-        *kv_tokens += (uint64_t)cfg->simulate[i].count * atc_sim_params_kv_tokens(p);
     }
     atc_sim_params_dispose(&dflt);
-}
-
-/* The floor on TTFT p90 of a cell (trace_lru.h), one server's speed being the first simulate: entry's (or
- * the default server's): a request is prefilled by one server, however many there are. */
-static double floor_ttft(const struct atc_config *cfg, const struct atc_trace *t, size_t limit, uint64_t kv)
-{
-    struct atc_sim_params p;
-    atc_sim_params_init(&p);
-    const struct atc_sim_params *s = cfg->nsimulate > 0 ? &cfg->simulate[0].params : &p;
-    double tps = s->prefill_tps > 0 ? s->prefill_tps : p.prefill_tps;
-    double step = s->decode_ms > 0 ? s->decode_ms : p.decode_ms;
-    uint32_t chunk = s->max_batched_tokens > 0 ? s->max_batched_tokens : ATC_SIM_DEFAULT_BATCHED_TOKENS;
-    atc_sim_params_dispose(&p);
-    return atc_trace_pooled_lru_ttft_p90_ms(t, limit, kv, tps, chunk, step);
 }
 
 static double offered_tps(const struct atc_trace *t, size_t limit)
@@ -94,15 +75,11 @@ int atc_replay_grid_run(struct atc_config *cfg, struct atc_trace *trace, struct 
             c->speed = speeds[si];
             c->servers = servers[ni];
             double capacity;
-            uint64_t kv;
-            fleet_capacity(cfg, &capacity, &kv);
+            fleet_capacity(cfg, &capacity);
             c->offered_load = capacity > 0 ? tps / capacity : 0;
-            /* (a single cell's report does not show it) */
-            if (nspeeds * nservers > 1) {
-                c->ideal_hit_rate = atc_trace_pooled_lru_hit_rate(trace, o->limit, kv);
-                c->floor_ttft_p90_ms = floor_ttft(cfg, trace, o->limit, kv);
-            }
-            if ((c->results = calloc(g->npolicies, sizeof(*c->results))) == NULL) {
+            if (atc_replay_ideal_of_fleet(cfg, trace, o->limit, &c->ideal) < 0 ||
+                (c->results = calloc(g->npolicies, sizeof(*c->results))) == NULL) {
+                atc_replay_ideal_dispose(&c->ideal);
                 *err = strdup("out of memory");
                 goto error;
             }
@@ -152,11 +129,11 @@ static void cell_label(char *buf, size_t size, const struct atc_replay_grid_cell
 
 void atc_replay_grid_table(FILE *out, const struct atc_replay_grid *g)
 {
-    fprintf(out, "%s on %s, seed %llu: TTFT p90 in ms (prefix cache hit rate)\n\n", g->trace_path,
-            g->fleet_path, (unsigned long long)g->seed);
-    fprintf(out, "%-16s %5s %6s %6s", "speed / servers", "load", "ideal", "floor");
+    fprintf(out, "%s on %s, seed %llu: TTFT p90 in ms (prefix cache hit rate) and its ratio to the ideal fleet's\n\n",
+            g->trace_path, g->fleet_path, (unsigned long long)g->seed);
+    fprintf(out, "%-16s %5s %12s", "speed / servers", "load", "ideal");
     for (size_t p = 0; p < g->npolicies; p++)
-        fprintf(out, " %16.16s", g->policies[p].name);
+        fprintf(out, " %19.19s", g->policies[p].name);
     if (g->npolicies > 1)
         fprintf(out, " %7s", "ratio");
     fputc('\n', out);
@@ -164,21 +141,24 @@ void atc_replay_grid_table(FILE *out, const struct atc_replay_grid *g)
         const struct atc_replay_grid_cell *c = &g->cells[i];
         char label[64];
         cell_label(label, sizeof(label), c);
-        fprintf(out, "%-16s %5.2f %5.1f%% %6.0f", label, c->offered_load, 100 * c->ideal_hit_rate,
-                c->floor_ttft_p90_ms);
+        char v[64];
+        snprintf(v, sizeof(v), "%.0f (%.0f%%)", c->ideal.ttft_p90_ms, 100 * c->ideal.cache_hit_rate);
+        fprintf(out, "%-16s %5.2f %12s", label, c->offered_load, v);
         for (size_t p = 0; p < g->npolicies; p++) {
-            char v[48];
-            snprintf(v, sizeof(v), "%.0f (%.0f%%)", c->results[p].ttft_p90_ms, 100 * c->results[p].cache_hit_rate);
-            fprintf(out, " %16s", v);
+            snprintf(v, sizeof(v), "%.0f (%.0f%%) %.2f", c->results[p].ttft_p90_ms,
+                     100 * c->results[p].cache_hit_rate, atc_replay_vs_ideal(&c->results[p], &c->ideal));
+            fprintf(out, " %19s", v);
         }
         if (g->npolicies > 1)
             fprintf(out, " %7.2f", ratio(g, c));
         fputc('\n', out);
     }
-    fprintf(out, "\nload: the trace's prompt tokens a second over the fleet's prefill tokens a second; ideal: "
-                 "the hit rate of one\nLRU cache as large as all the fleet's KV caches (no policy can beat "
-                 "it); floor: TTFT p90 with that cache and no\nwaiting at all (each prompt's uncached part "
-                 "prefilled by one server at once); ratio: %s's TTFT p90 over\nthe best of the others'.\n",
+    fprintf(out, "\nload: the trace's prompt tokens a second over the fleet's prefill tokens a second; ideal: the "
+                 "ideal fleet, the\nfleet's KV caches pooled into one LRU cache (whose hit rate no policy can "
+                 "beat), its servers as parallel\nprefill lanes and one central FIFO queue (TTFT = queue wait + "
+                 "prefill of the uncached tokens + one decode\nstep; it ignores decode interference: a target, "
+                 "not a strict bound); after each policy's hit rate, its\nTTFT p90 over the ideal's; ratio: "
+                 "%s's TTFT p90 over the best of the others'.\n",
             g->npolicies ? g->policies[0].name : "");
 }
 
@@ -192,10 +172,11 @@ void atc_replay_grid_json(FILE *out, const struct atc_replay_grid *g)
     for (size_t i = 0; i < g->ncells; i++) {
         const struct atc_replay_grid_cell *c = &g->cells[i];
         fprintf(out,
-                "%s\n{\"speed\":%g,\"servers\":%u,\"offered_load\":%.4f,\"ideal_hit_rate\":%.4f,"
-                "\"floor_ttft_p90_ms\":%.1f,\"policies\":",
-                i ? "," : "", c->speed, c->servers, c->offered_load, c->ideal_hit_rate, c->floor_ttft_p90_ms);
-        atc_replay_report_json_policies(out, c->results, g->npolicies);
+                "%s\n{\"speed\":%g,\"servers\":%u,\"offered_load\":%.4f,\"ideal\":", i ? "," : "", c->speed,
+                c->servers, c->offered_load);
+        atc_replay_report_json_ideal(out, &c->ideal);
+        fputs(",\"policies\":", out);
+        atc_replay_report_json_policies(out, c->results, g->npolicies, &c->ideal);
         fputc('}', out);
     }
     fputs("\n]}\n", out);
@@ -218,9 +199,11 @@ int atc_replay_grid_html(const char *path, const struct atc_replay_grid *g, char
     fputs(" on ", out);
     atc_replay_report_html_text(out, g->fleet_path);
     fprintf(out, ", seed %llu. TTFT p90 in ms (prefix cache hit rate). Load: prompt tokens a second over "
-                 "the fleet's prefill tokens a second; ideal: the pooled-LRU bound on hits; floor: TTFT p90 with that "
-                 "cache and no waiting; ratio: the first policy's TTFT p90 over the best of the others'.</p>\n"
-                 "<table><tr><th>speed / servers</th><th>load</th><th>ideal</th><th>floor</th>",
+                 "the fleet's prefill tokens a second; ideal: the ideal fleet, the fleet's KV caches pooled into one "
+                 "LRU cache, its servers as parallel prefill lanes and one central FIFO queue (it ignores decode "
+                 "interference: a target, not a strict bound); after each policy, its TTFT p90 over the ideal's; "
+                 "ratio: the first policy's TTFT p90 over the best of the others'.</p>\n"
+                 "<table><tr><th>speed / servers</th><th>load</th><th>ideal</th>",
             (unsigned long long)g->seed);
     for (size_t p = 0; p < g->npolicies; p++) {
         fputs("<th>", out);
@@ -232,10 +215,11 @@ int atc_replay_grid_html(const char *path, const struct atc_replay_grid *g, char
         const struct atc_replay_grid_cell *c = &g->cells[i];
         char label[64];
         cell_label(label, sizeof(label), c);
-        fprintf(out, "<tr><td>%s</td><td>%.2f</td><td>%.1f%%</td><td>%.0f</td>", label, c->offered_load,
-                100 * c->ideal_hit_rate, c->floor_ttft_p90_ms);
+        fprintf(out, "<tr><td>%s</td><td>%.2f</td><td>%.0f (%.0f%%)</td>", label, c->offered_load,
+                c->ideal.ttft_p90_ms, 100 * c->ideal.cache_hit_rate);
         for (size_t p = 0; p < g->npolicies; p++)
-            fprintf(out, "<td>%.0f (%.0f%%)</td>", c->results[p].ttft_p90_ms, 100 * c->results[p].cache_hit_rate);
+            fprintf(out, "<td>%.0f (%.0f%%) %.2f</td>", c->results[p].ttft_p90_ms, 100 * c->results[p].cache_hit_rate,
+                    atc_replay_vs_ideal(&c->results[p], &c->ideal));
         if (g->npolicies > 1) {
             double r = ratio(g, c);
             fprintf(out, "<td class=%s>%.2f</td>", r <= 1.0 ? "good" : "bad", r);
@@ -254,9 +238,10 @@ int atc_replay_grid_html(const char *path, const struct atc_replay_grid *g, char
 void atc_replay_grid_dispose(struct atc_replay_grid *g)
 {
     for (size_t i = 0; i < g->ncells; i++) {
-        for (size_t p = 0; p < g->npolicies; p++)
+        for (size_t p = 0; g->cells[i].results != NULL && p < g->npolicies; p++)
             atc_replay_result_dispose(&g->cells[i].results[p]);
         free(g->cells[i].results);
+        atc_replay_ideal_dispose(&g->cells[i].ideal);
     }
     free(g->cells);
     g->cells = NULL;

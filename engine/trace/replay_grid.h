@@ -4,13 +4,14 @@
 /* `atc replay --speed LIST --servers LIST`: the same policies replayed over a grid of loads (the trace's
  * arrivals compressed in virtual time: speed 2 = twice the traffic) and fleet sizes (every simulate:
  * entry of the config given that many servers), printed as one table with each cell's offered prefill
- * load and the pooled-LRU bound on cache hits (trace_lru.h), and written as JSON and HTML. */
+ * load and the ideal fleet on that cell (replay_ideal.h), and written as JSON and HTML. */
 
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
 #include "trace/replay.h"
+#include "trace/replay_ideal.h"
 
 struct atc_config;
 struct atc_trace;
@@ -24,8 +25,7 @@ struct atc_replay_grid_cell {
     double speed;
     unsigned servers;     /* per simulate: entry; 0 = as the config says */
     double offered_load;  /* prompt tokens a second over the fleet's prefill tokens a second */
-    double ideal_hit_rate; /* the pooled LRU bound for this fleet's KV caches */
-    double floor_ttft_p90_ms; /* TTFT p90 with that cache and no waiting (trace_lru.h) */
+    struct atc_replay_ideal ideal; /* the ideal fleet of this cell's servers on this cell's traffic */
     struct atc_replay_result *results; /* one per policy */
 };
 
@@ -46,10 +46,10 @@ int atc_replay_grid_run(struct atc_config *cfg, struct atc_trace *trace, struct 
                         const double *speeds, size_t nspeeds, const unsigned *servers, size_t nservers,
                         const struct atc_replay_options *o, char **err);
 
-/** The grid as a terminal table: per cell TTFT p90 (ms) and cache hit rate of each policy, and the
- * ratio of the first policy to the best of the others. */
+/** The grid as a terminal table: per cell the ideal fleet's TTFT p90 (ms) and cache hit rate, each policy's
+ * with its ratio to the ideal's, and the ratio of the first policy to the best of the others. */
 void atc_replay_grid_table(FILE *out, const struct atc_replay_grid *g);
-/** As JSON: {"trace", "fleet", "seed", "cells": [{"speed", "servers", "offered_load", "ideal_hit_rate", "floor_ttft_p90_ms",
+/** As JSON: {"trace", "fleet", "seed", "cells": [{"speed", "servers", "offered_load", "ideal": {...},
  * "policies": [as atc replay --json]}]}. */
 void atc_replay_grid_json(FILE *out, const struct atc_replay_grid *g);
 /** As a self-contained HTML page (the table, with ratios coloured). 0, or -1 with *err. */

@@ -7,7 +7,14 @@
 #include <string.h>
 
 #include "trace/replay.h"
+#include "trace/replay_ideal.h"
 #include "trace/replay_report.h"
+
+/* The footnote every report gives the ideal fleet (replay_ideal.h). */
+#define IDEAL_NOTE                                                                                          \
+    "ideal fleet: the fleet's KV caches pooled into one LRU cache, its servers as parallel prefill lanes and one\n" \
+    "central FIFO queue (TTFT = queue wait + prefill of the uncached tokens + one decode step); /ideal: a\n"     \
+    "policy's TTFT p90 over the ideal's. It ignores decode interference: a target, not a strict bound."
 
 static void fmt_ms(char *buf, size_t size, double ms)
 {
@@ -19,11 +26,25 @@ static void fmt_ms(char *buf, size_t size, double ms)
         snprintf(buf, size, "%.0f", ms);
 }
 
-void atc_replay_report_table(FILE *out, const char *title, const struct atc_replay_result *r, size_t n)
+double atc_replay_vs_ideal(const struct atc_replay_result *r, const struct atc_replay_ideal *ideal)
+{
+    return ideal != NULL && ideal->ttft_p90_ms > 0 && !r->live ? r->ttft_p90_ms / ideal->ttft_p90_ms : 0;
+}
+
+void atc_replay_report_table(FILE *out, const char *title, const struct atc_replay_result *r, size_t n,
+                             const struct atc_replay_ideal *ideal)
 {
     fprintf(out, "%s\n\n", title);
-    fprintf(out, "%-22s %8s %8s %8s %8s %8s %7s %9s %6s %6s %14s %7s\n", "policy", "ttft p50", "p90", "p99",
-            "e2e p50", "p99", "req/s", "out tok/s", "cache", "imbal", "queued (p99)", "errors");
+    fprintf(out, "%-22s %8s %8s %8s %6s %8s %8s %7s %9s %6s %6s %14s %7s\n", "policy", "ttft p50", "p90", "p99",
+            "/ideal", "e2e p50", "p99", "req/s", "out tok/s", "cache", "imbal", "queued (p99)", "errors");
+    if (ideal != NULL) {
+        char a[16], b[16], c[16];
+        fmt_ms(a, sizeof(a), ideal->ttft_p50_ms);
+        fmt_ms(b, sizeof(b), ideal->ttft_p90_ms);
+        fmt_ms(c, sizeof(c), ideal->ttft_p99_ms);
+        fprintf(out, "%-22s %8s %8s %8s %6s %8s %8s %7s %9s %5.1f%% %6s %14s %7s\n", "(ideal fleet)", a, b, c,
+                "1.00", "-", "-", "-", "-", 100 * ideal->cache_hit_rate, "-", "-", "-");
+    }
     for (size_t i = 0; i < n; i++) {
         const struct atc_replay_result *x = &r[i];
         char a[16], b[16], c[16], d[16], e[16], q[48], w[16];
@@ -40,8 +61,11 @@ void atc_replay_report_table(FILE *out, const char *title, const struct atc_repl
         char cache[16], imbal[16];
         snprintf(cache, sizeof(cache), x->live ? "-" : "%.1f%%", 100 * x->cache_hit_rate);
         snprintf(imbal, sizeof(imbal), x->live ? "-" : "%.2f", x->imbalance);
-        fprintf(out, "%-22.22s %8s %8s %8s %8s %8s %7.2f %9.0f %6s %6s %14s %7llu\n", x->name, a, b, c, d, e,
-                x->throughput_rps, x->output_tps, cache, imbal, q,
+        char vs[16];
+        double ratio = atc_replay_vs_ideal(x, ideal);
+        snprintf(vs, sizeof(vs), ratio > 0 ? "%.2f" : "-", ratio);
+        fprintf(out, "%-22.22s %8s %8s %8s %6s %8s %8s %7.2f %9.0f %6s %6s %14s %7llu\n", x->name, a, b, c, vs, d,
+                e, x->throughput_rps, x->output_tps, cache, imbal, q,
                 (unsigned long long)(x->policy_errors + x->budget_overruns));
     }
     fputs("\nlatencies in ms (s where marked); cache: prefix blocks found in the server's KV cache / blocks "
@@ -49,6 +73,8 @@ void atc_replay_report_table(FILE *out, const char *title, const struct atc_repl
           "for); queued: requests\nthat waited for capacity in front of the fleet (p99 of their wait); errors: policy failures and "
           "budget overruns\n(those requests went to the built-in balancer).\n",
           out);
+    if (ideal != NULL)
+        fputs(IDEAL_NOTE "\n", out);
     for (size_t i = 0; i < n; i++) {
         const struct atc_replay_result *x = &r[i];
         if (x->rejected || x->unserved || x->completed != x->requests)
@@ -102,15 +128,29 @@ void atc_replay_report_json_string(FILE *out, const char *s)
         fputs("null", out);
 }
 
+void atc_replay_report_json_ideal(FILE *out, const struct atc_replay_ideal *ideal)
+{
+    if (ideal == NULL) {
+        fputs("null", out);
+        return;
+    }
+    fprintf(out,
+            "{\"requests\":%zu,\"ttft_p50_ms\":%.3f,\"ttft_p90_ms\":%.3f,\"ttft_p99_ms\":%.3f,"
+            "\"cache_hit_rate\":%.4f}",
+            ideal->requests, ideal->ttft_p50_ms, ideal->ttft_p90_ms, ideal->ttft_p99_ms, ideal->cache_hit_rate);
+}
+
 void atc_replay_report_json(FILE *out, const char *trace, const char *fleet, uint64_t seed,
-                            const struct atc_replay_result *r, size_t n)
+                            const struct atc_replay_result *r, size_t n, const struct atc_replay_ideal *ideal)
 {
     fputs("{\"trace\":", out);
     json_str(out, trace);
     fputs(",\"fleet\":", out);
     atc_replay_report_json_string(out, fleet);
-    fprintf(out, ",\"seed\":%llu,\"policies\":", (unsigned long long)seed);
-    atc_replay_report_json_policies(out, r, n);
+    fprintf(out, ",\"seed\":%llu,\"ideal\":", (unsigned long long)seed);
+    atc_replay_report_json_ideal(out, ideal);
+    fputs(",\"policies\":", out);
+    atc_replay_report_json_policies(out, r, n, ideal);
     fputs("}\n", out);
 }
 
@@ -129,7 +169,8 @@ static void json_groups(FILE *out, const char *key, const struct atc_replay_grou
     fputc(']', out);
 }
 
-void atc_replay_report_json_policies(FILE *out, const struct atc_replay_result *r, size_t n)
+void atc_replay_report_json_policies(FILE *out, const struct atc_replay_result *r, size_t n,
+                                     const struct atc_replay_ideal *ideal)
 {
     fputc('[', out);
     for (size_t i = 0; i < n; i++) {
@@ -143,6 +184,11 @@ void atc_replay_report_json_policies(FILE *out, const struct atc_replay_result *
         json_str(out, x->name);
         fputs(",\"entry\":", out);
         json_str(out, x->entry);
+        double ratio = atc_replay_vs_ideal(x, ideal);
+        if (ratio > 0)
+            fprintf(out, ",\"ttft_p90_vs_ideal\":%.4f", ratio);
+        else
+            fputs(",\"ttft_p90_vs_ideal\":null", out);
         fprintf(out,
                 ",\"requests\":%zu,\"completed\":%zu,\"rejected\":%zu,\"unserved\":%zu,"
                 "\"ttft_p50_ms\":%.3f,\"ttft_p90_ms\":%.3f,\"ttft_p99_ms\":%.3f,\"ttft_mean_ms\":%.3f,"
@@ -323,7 +369,7 @@ static void chart_load(FILE *out, const struct atc_replay_result *r)
 }
 
 int atc_replay_report_html(const char *path, const char *title, const struct atc_replay_result *r, size_t n,
-                           char **err)
+                           const struct atc_replay_ideal *ideal, char **err)
 {
     FILE *out = fopen(path, "w");
     if (out == NULL) {
@@ -339,23 +385,38 @@ int atc_replay_report_html(const char *path, const char *title, const struct atc
     atc_replay_report_html_text(out, title);
     fputs(
         "</p>\n<table><tr><th>policy</th><th>requests</th><th>TTFT p50</th><th>p90</th><th>p99</th>"
-        "<th>e2e p50</th><th>p99</th><th>req/s</th><th>output tok/s</th><th>cache hit</th><th>imbalance</th>"
+        "<th>p90 / ideal</th><th>e2e p50</th><th>p99</th><th>req/s</th><th>output tok/s</th><th>cache hit</th><th>imbalance</th>"
         "<th>queued</th><th>policy errors</th><th>budget overruns</th></tr>\n",
         out);
+    if (ideal != NULL)
+        fprintf(out,
+                "<tr><td>ideal fleet</td><td>%zu</td><td>%.0f ms</td><td>%.0f ms</td><td>%.0f ms</td><td>1.00</td>"
+                "<td>-</td><td>-</td><td>-</td><td>-</td><td>%.1f%%</td><td>-</td><td>-</td><td>-</td><td>-</td>"
+                "</tr>\n",
+                ideal->requests, ideal->ttft_p50_ms, ideal->ttft_p90_ms, ideal->ttft_p99_ms,
+                100 * ideal->cache_hit_rate);
     for (size_t i = 0; i < n; i++) {
         const struct atc_replay_result *x = &r[i];
+        double ratio = atc_replay_vs_ideal(x, ideal);
+        char vs[16];
+        snprintf(vs, sizeof(vs), ratio > 0 ? "%.2f" : "-", ratio);
         fprintf(out, "<tr><td style=\"color:%s\">", palette[i % NCOLORS]);
         atc_replay_report_html_text(out, x->name);
         fprintf(out,
-                "</td><td>%zu</td><td>%.0f ms</td><td>%.0f ms</td><td>%.0f ms</td><td>%.0f ms</td><td>%.0f "
-                "ms</td>"
+                "</td><td>%zu</td><td>%.0f ms</td><td>%.0f ms</td><td>%.0f ms</td><td>%s</td><td>%.0f ms</td>"
+                "<td>%.0f ms</td>"
                 "<td>%.2f</td><td>%.0f</td><td>%.1f%%</td><td>%.2f</td><td>%zu</td><td>%llu</td><td>%llu</"
                 "td></tr>\n",
-                x->requests, x->ttft_p50_ms, x->ttft_p90_ms, x->ttft_p99_ms, x->e2e_p50_ms, x->e2e_p99_ms,
+                x->requests, x->ttft_p50_ms, x->ttft_p90_ms, x->ttft_p99_ms, vs, x->e2e_p50_ms, x->e2e_p99_ms,
                 x->throughput_rps, x->output_tps, 100 * x->cache_hit_rate, x->imbalance, x->queued,
                 (unsigned long long)x->policy_errors, (unsigned long long)x->budget_overruns);
     }
     fputs("</table>\n", out);
+    if (ideal != NULL) {
+        fputs("<p><small>", out);
+        atc_replay_report_html_text(out, IDEAL_NOTE);
+        fputs("</small></p>\n", out);
+    }
     for (int by = 0; by < 2; by++) /* TTFT per tenant, then per priority, where the trace has them */
         for (size_t i = 0; i < n; i++) {
             const struct atc_replay_group *g = by == 0 ? r[i].tenants : r[i].priorities;

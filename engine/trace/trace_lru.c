@@ -7,7 +7,6 @@
 #include <stdlib.h>
 
 #include "sim/sim.h"
-#include "trace/replay.h"
 #include "trace/trace.h"
 
 #define NONE UINT32_MAX
@@ -191,28 +190,11 @@ double atc_trace_pooled_lru_hit_rate(const struct atc_trace *t, size_t limit, ui
     return blocks ? (double)hits / (double)blocks : 0;
 }
 
-double atc_trace_pooled_lru_ttft_p90_ms(const struct atc_trace *t, size_t limit, uint64_t capacity_tokens,
-                                        double prefill_tps, uint32_t chunk_tokens, double step_ms)
+double atc_trace_pooled_lru_hits(const struct atc_trace *t, size_t n, uint64_t capacity_tokens,
+                                 uint32_t *hit_blocks)
 {
-    size_t n = limit > 0 && limit < t->n ? limit : t->n;
-    uint32_t *hit = malloc((n ? n : 1) * sizeof(*hit));
-    double *ms = malloc((n ? n : 1) * sizeof(*ms));
     uint64_t blocks, hits;
-    if (hit == NULL || ms == NULL || pooled_lru(t, n, capacity_tokens, &blocks, &hits, hit) < 0) {
-        free(hit);
-        free(ms);
+    if (pooled_lru(t, n, capacity_tokens, &blocks, &hits, hit_blocks) < 0)
         return -1;
-    }
-    for (size_t i = 0; i < n; i++) {
-        const struct atc_trace_record *r = &t->records[i];
-        uint64_t cached = (uint64_t)hit[i] * (r->block_tokens ? r->block_tokens : ATC_SIM_KV_BLOCK_TOKENS);
-        uint64_t uncached = cached < r->prompt_tokens ? r->prompt_tokens - cached : 1; /* the last is computed */
-        uint64_t chunks = (uncached + chunk_tokens - 1) / chunk_tokens;
-        ms[i] = (double)uncached * 1000.0 / prefill_tps + (double)chunks * step_ms;
-    }
-    atc_replay_sort(ms, n);
-    double p90 = atc_replay_percentile(ms, n, 90);
-    free(hit);
-    free(ms);
-    return p90;
+    return blocks ? (double)hits / (double)blocks : 0;
 }

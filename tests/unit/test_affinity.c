@@ -350,13 +350,57 @@ static void test_overlaps_of_several_endpoints_in_one_pass(void **state)
     assert_int_equal(out[2], 7);
     assert_int_equal(out[3], 0xffff);
 
-    /* Indices from 64 on share a bit with index % 64: approximate, as documented. */
+    /* Indices from 64 on are as exact as the others (they used to share a bit with index % 64). */
     atc_prefix_index_insert(idx, req, 12, 64 + 6, 64, 0);
     atc_prefix_index_overlaps(idx, req, 20, out, 72);
-    assert_int_equal(out[6], 12);
+    assert_int_equal(out[6], 0);
     assert_int_equal(out[70], 12);
-    assert_int_equal(out[64], 10); /* shares endpoint 0's bit */
+    assert_int_equal(out[64], 0);
+    assert_int_equal(out[0], 10);
     assert_int_equal(out[71], 0);
+    /* ... up to the last one recorded; from ATC_PREFIX_INDEX_ENDPOINTS_MAX on, nothing is */
+    assert_int_equal(atc_prefix_index_insert(idx, req, 20, ATC_PREFIX_INDEX_ENDPOINTS_MAX, 64, 0), 0);
+    atc_prefix_index_insert(idx, req, 3, ATC_PREFIX_INDEX_ENDPOINTS_MAX - 1, 64, 0);
+    static uint16_t all[ATC_PREFIX_INDEX_ENDPOINTS_MAX + 1];
+    atc_prefix_index_overlaps(idx, req, 20, all, ATC_PREFIX_INDEX_ENDPOINTS_MAX + 1);
+    assert_int_equal(all[ATC_PREFIX_INDEX_ENDPOINTS_MAX - 1], 3);
+    assert_int_equal(all[ATC_PREFIX_INDEX_ENDPOINTS_MAX], 0);
+    assert_int_equal(all[63], 20);
+    atc_prefix_index_destroy(idx);
+}
+
+/* A shared system prompt held by every server of a 512-server fleet, and each server's own tail: every
+ * server's overlap is exact, whether the block's holders fit in the slot or take a wide set. */
+static void test_exact_at_512_endpoints(void **state)
+{
+    enum { N = 512 };
+    struct atc_prefix_index *idx = atc_prefix_index_create(100000);
+    uint64_t req[8];
+    static uint16_t out[N];
+    blocks_of(req, 8, 7);
+    for (unsigned e = 0; e < N; e++) /* endpoint e has the first 1 + e % 8 blocks */
+        assert_int_equal(atc_prefix_index_insert(idx, req, 1 + e % 8, e, 64, 0), 0);
+    atc_prefix_index_overlaps(idx, req, 8, out, N);
+    for (unsigned e = 0; e < N; e++)
+        assert_int_equal(out[e], 1 + e % 8);
+    for (unsigned e = 0; e < N; e += 37) /* what each has, as insert tells it */
+        assert_int_equal(atc_prefix_index_insert(idx, req, 8, e, 64, 0), 1 + e % 8);
+    assert_int_equal(atc_prefix_index_dropped(idx), 0);
+
+    /* With the wide sets used up (a tiny index: 16 of them a generation), a fifth holder replaces an
+     * older one, and that is counted. */
+    struct atc_prefix_index *small = atc_prefix_index_create(100);
+    for (uint64_t b = 0; b < 17; b++) {
+        uint64_t one = 1000 + b;
+        for (unsigned e = 0; e < 5; e++)
+            atc_prefix_index_insert(small, &one, 1, e, 64, 0);
+    }
+    assert_int_equal(atc_prefix_index_dropped(small), 1);
+    uint64_t last = 1016;
+    atc_prefix_index_overlaps(small, &last, 1, out, 5);
+    assert_int_equal(out[0] + out[1] + out[2] + out[3] + out[4], 4);
+    assert_int_equal(out[4], 1); /* the most recent holder stays */
+    atc_prefix_index_destroy(small);
     atc_prefix_index_destroy(idx);
 }
 
@@ -365,7 +409,8 @@ static void test_eviction_keeps_memory_bounded(void **state)
     enum { MAX = 1000, PER = 10, REQUESTS = 10 * MAX / PER };
     struct atc_prefix_index *idx = atc_prefix_index_create(MAX);
     size_t bytes = atc_prefix_index_bytes(idx);
-    assert_true(bytes < MAX * 46 + 16384); /* the bound stated in affinity.h, + 12 KB of per-endpoint clocks */
+    /* the bound stated in affinity.h: 62 bytes a block, + 164 KB of per-endpoint clocks */
+    assert_true(bytes < MAX * 62 + 168 * 1024);
     uint64_t req[PER];
     uint16_t out[8];
     for (uint64_t r = 0; r < REQUESTS; r++) {
@@ -532,6 +577,7 @@ int main(void)
         cmocka_unit_test(test_overlap_counts_leading_blocks),
         cmocka_unit_test(test_index_forgets_what_a_full_cache_evicted),
         cmocka_unit_test(test_overlaps_of_several_endpoints_in_one_pass),
+        cmocka_unit_test(test_exact_at_512_endpoints),
         cmocka_unit_test(test_eviction_keeps_memory_bounded),
         cmocka_unit_test(test_hot_prefix_survives_rotations),
         cmocka_unit_test(test_clear),

@@ -619,8 +619,8 @@ static void test_numbers(void **state)
                      "t.yaml:3:16: key 'simulate[0].hang_rate': ", "expected a number, got 'nan'");
     expect_one_error("simulate:\n  - model: m\n    prefill_tps: 0\n" MODELS,
                      "t.yaml:3:18: key 'simulate[0].prefill_tps': ", "must be greater than 0");
-    expect_one_error("simulate:\n  - model: m\n    count: 257\n" MODELS,
-                     "t.yaml:3:12: key 'simulate[0].count': ", "must be from 1 to 256");
+    expect_one_error("simulate:\n  - model: m\n    count: 1025\n" MODELS,
+                     "t.yaml:3:12: key 'simulate[0].count': ", "must be from 1 to 1024");
     expect_one_error("workers: 0\n" MODELS, "t.yaml:1:10: key 'workers': ", "must be greater than 0");
     expect_one_error("workers: 17\n" MODELS, "t.yaml:1:10: key 'workers': ", "must be from 1 to 16");
     expect_one_error("policy:\n  jit: maybe\n" MODELS,
