@@ -580,6 +580,18 @@ static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
     relay_expect(r, RELAY_IN(RELAY_ATTEMPT));
     double ttft_ms = (double)(atc_mono_us() - r->t_attempt_us) / 1000.0;
     struct atc_endpoint *next;
+    if ((resp->status == 401 || resp->status == 403) && !r->ep->forward_authorization) {
+        /* It refused atc's own credentials (api_key_env / api_key_file), which is not the client's doing. */
+        atc_warn("request %s: upstream %s answered %d: it refused atc's credentials", r->id, r->ep->id,
+                 resp->status);
+        atc_upstream_cancel(r->up);
+        r->up = NULL;
+        record_outcome(r, false, -1);
+        release_endpoint(r);
+        reply_error(r, 502, "upstream_error", "upstream_credentials",
+                    "the inference server refused the router's credentials", 0);
+        return;
+    }
     if (resp->status >= 500 && (next = next_endpoint(r)) != NULL) {
         /* The server failed before anything reached the client: another endpoint may do better. */
         record_outcome(r, false, -1);
@@ -802,11 +814,16 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
     size_t cached = r->w->policy != NULL ? atc_policy_routed(r->w->policy, &r->rreq, ep) : 0;
     r->t_attempt_us = atc_mono_us();
     uint32_t bt = r->rreq.block_tokens ? r->rreq.block_tokens : ATC_PREFIX_BLOCK_BYTES / 4;
+    /* atc's own key for the server; the client's Authorization only where forward_authorization says so. */
+    const char *auth = ep->authorization != NULL ? ep->authorization
+                       : ep->forward_authorization && r->client != NULL
+                           ? atc_http_req_header(r->client, "Authorization")
+                           : NULL;
     atc_signals_sent(&ep->sig, &r->w->table->signals, &r->sig,
                      atc_signals_uncached(r->f->prompt_tokens, cached, bt), r->t_attempt_us);
     r->up = body_for(r, ep, &body, &len) == 0
-                ? atc_upstream_send(ep->pools[r->w->id], "POST", r->path, r->extra_headers, body, len,
-                                    &upstream_cb, r)
+                ? atc_upstream_send_as(ep->pools[r->w->id], "POST", r->path, r->extra_headers, auth, body, len,
+                                       &upstream_cb, r)
                 : NULL;
     if (r->up == NULL) {
         release_endpoint(r);
