@@ -855,7 +855,7 @@ static void parse_endpoint(struct parse *p, yaml_node_t *n, const char *key, str
     if (lookup(endpoint_fields, found, "health"))
         parse_health(p, lookup(endpoint_fields, found, "health"), keyf(k, "%s.health", key), &ep->health,
                      true);
-    if (atc_engine_profile_apply(&ep->health, &p->cfg->health, ep->access.engine) < 0)
+    if (atc_health_config_apply_engine(&ep->health, &p->cfg->health, ep->access.engine) < 0)
         p->errs.oom = true;
     if (ep->id)
         check_unique(p, &p->ids, ep->id, lookup(endpoint_fields, found, "id"), keyf(k, "%s.id", key),
@@ -877,7 +877,7 @@ static void parse_model(struct parse *p, yaml_node_t *n, const char *key, struct
     parse_api_key(p, model_fields, found, key, &m->access);
     if ((health = lookup(model_fields, found, "health")))
         parse_health(p, health, keyf(k, "%s.health", key), &m->health, false);
-    if (atc_engine_profile_apply(&m->health, &p->cfg->health, m->access.engine) < 0)
+    if (atc_health_config_apply_engine(&m->health, &p->cfg->health, m->access.engine) < 0)
         p->errs.oom = true;
     if (m->name)
         check_unique(p, &p->models, m->name, lookup(model_fields, found, "name"), keyf(k, "%s.name", key),

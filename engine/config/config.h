@@ -230,6 +230,12 @@ struct atc_config *atc_config_new(const char *name, const char *dir);
 int atc_health_config_copy(struct atc_health_config *dst, const struct atc_health_config *src);
 int atc_upstream_access_copy(struct atc_upstream_access *dst, const struct atc_upstream_access *src);
 
+/** Sets the settings of @p h that the profile of @p engine (config/engine_profile.h) has defaults for
+ * and the file does not set (its `set` bits): the profile's value, else @p top's (the top level
+ * health:, atc's default where the file does not set it). 0, or -1 when out of memory. */
+int atc_health_config_apply_engine(struct atc_health_config *h, const struct atc_health_config *top,
+                                   unsigned engine);
+
 /** Frees a config returned by the functions above (config_defaults.c); NULL is fine. */
 void atc_config_free(struct atc_config *cfg);
 #endif

@@ -7,6 +7,7 @@
 
 #include "config/config.h"
 #include "config/api_key.h"
+#include "config/engine_profile.h"
 #include "base/config_value.h"
 
 void atc_signal_params_init(struct atc_signal_params *p)
@@ -43,6 +44,34 @@ int atc_upstream_access_copy(struct atc_upstream_access *dst, const struct atc_u
     if ((src->api_key && !(dst->api_key = strdup(src->api_key))) ||
         (src->api_key_source && !(dst->api_key_source = strdup(src->api_key_source))))
         return -1;
+    return 0;
+}
+
+/* Replaces *at with a copy of @p s. */
+static int set_path(char **at, const char *s)
+{
+    char *c = strdup(s);
+    if (c == NULL)
+        return -1;
+    free(*at);
+    *at = c;
+    return 0;
+}
+
+int atc_health_config_apply_engine(struct atc_health_config *h, const struct atc_health_config *top,
+                                   unsigned engine)
+{
+    const struct atc_engine_profile *e = atc_engine_profile(engine);
+    if (!(h->set & ATC_HEALTH_SET_LIVE_PATH) &&
+        set_path(&h->live.path, e->live_path ? e->live_path : top->live.path) < 0)
+        return -1;
+    if (!(h->set & ATC_HEALTH_SET_READY_PATH) &&
+        set_path(&h->ready.path, e->ready_path ? e->ready_path : top->ready.path) < 0)
+        return -1;
+    if (!(h->set & ATC_HEALTH_SET_LIVE_TIMEOUT))
+        h->live.timeout_ms = e->live_timeout_ms ? e->live_timeout_ms : top->live.timeout_ms;
+    if (!(h->set & ATC_HEALTH_SET_STARTUP_GRACE))
+        h->startup_grace_ms = e->startup_grace_ms;
     return 0;
 }
 

@@ -4,10 +4,6 @@
 #include "config/engine_profile.h"
 
 #include <stddef.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "config/config.h"
 
 #define MINUTES(n) ((uint64_t)(n)*60 * 1000)
 
@@ -51,32 +47,4 @@ static const struct atc_engine_profile profiles[ATC_ENGINE_COUNT] = {
 const struct atc_engine_profile *atc_engine_profile(unsigned engine)
 {
     return &profiles[engine < ATC_ENGINE_COUNT ? engine : ATC_ENGINE_OPENAI];
-}
-
-/* Replaces *at with a copy of @p s. */
-static int set_path(char **at, const char *s)
-{
-    char *c = strdup(s);
-    if (c == NULL)
-        return -1;
-    free(*at);
-    *at = c;
-    return 0;
-}
-
-int atc_engine_profile_apply(struct atc_health_config *h, const struct atc_health_config *top,
-                             unsigned engine)
-{
-    const struct atc_engine_profile *e = atc_engine_profile(engine);
-    if (!(h->set & ATC_HEALTH_SET_LIVE_PATH) &&
-        set_path(&h->live.path, e->live_path ? e->live_path : top->live.path) < 0)
-        return -1;
-    if (!(h->set & ATC_HEALTH_SET_READY_PATH) &&
-        set_path(&h->ready.path, e->ready_path ? e->ready_path : top->ready.path) < 0)
-        return -1;
-    if (!(h->set & ATC_HEALTH_SET_LIVE_TIMEOUT))
-        h->live.timeout_ms = e->live_timeout_ms ? e->live_timeout_ms : top->live.timeout_ms;
-    if (!(h->set & ATC_HEALTH_SET_STARTUP_GRACE))
-        h->startup_grace_ms = e->startup_grace_ms;
-    return 0;
 }

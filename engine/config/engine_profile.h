@@ -33,14 +33,6 @@ struct atc_engine_profile {
                                   another endpoint may take the request */
 };
 
-struct atc_health_config;
-
-/** Sets the settings of @p h that profile @p engine has defaults for and the file does not set (its
- * `set` bits): the profile's value, else @p top's (the top level health:, atc's default where the file
- * does not set it). Returns 0, or -1 when out of memory. */
-int atc_engine_profile_apply(struct atc_health_config *h, const struct atc_health_config *top,
-                             unsigned engine);
-
 /** The names `engine:` accepts, NULL-terminated, indexed by enum atc_engine. */
 extern const char *const atc_engine_names[];
 

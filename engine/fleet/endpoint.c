@@ -101,7 +101,8 @@ static int apply_config(struct atc_endpoint *ep, const struct atc_endpoint_confi
     if (ec->access.api_key != NULL) {
         size_t n = strlen(ec->access.api_key) + sizeof("Bearer ");
         if ((ep->authorization = malloc(n)) == NULL ||
-            (ep->api_key_source = strdup(ec->access.api_key_source ? ec->access.api_key_source : "set")) == NULL)
+            (ep->api_key_source = strdup(ec->access.api_key_source ? ec->access.api_key_source : "set")) ==
+                NULL)
             return -1;
         snprintf(ep->authorization, n, "Bearer %s", ec->access.api_key);
     }

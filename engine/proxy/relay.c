@@ -822,8 +822,8 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
     atc_signals_sent(&ep->sig, &r->w->table->signals, &r->sig,
                      atc_signals_uncached(r->f->prompt_tokens, cached, bt), r->t_attempt_us);
     r->up = body_for(r, ep, &body, &len) == 0
-                ? atc_upstream_send_as(ep->pools[r->w->id], "POST", r->path, r->extra_headers, auth, body, len,
-                                       &upstream_cb, r)
+                ? atc_upstream_send_as(ep->pools[r->w->id], "POST", r->path, r->extra_headers, auth, body,
+                                       len, &upstream_cb, r)
                 : NULL;
     if (r->up == NULL) {
         release_endpoint(r);
