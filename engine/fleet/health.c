@@ -227,6 +227,10 @@ static enum atc_health_state derive_state(const struct hep *e)
         return ATC_HEALTH_UNHEALTHY;
     if (e->ready != ATC_CHECK_OK)
         return ATC_HEALTH_STARTING;
+    /* An engine with a start-up grace lists its model before it can serve (llama.cpp answers /v1/models
+     * while /health says "Loading model"): healthy once the live check has spoken too. */
+    if (e->live == ATC_CHECK_UNKNOWN && e->cfg->startup_grace_ms > 0)
+        return ATC_HEALTH_STARTING;
     return ATC_HEALTH_HEALTHY;
 }
 
@@ -670,8 +674,9 @@ static void on_probe_done(void *arg)
     case PROBE_LIVE:
         /* Any answer but a server error means the process is up. A 503 from a server that is not ready
          * (loading its model) is the ready check's business, not a liveness failure; from one that is
-         * ready it is the server saying it is broken. */
-        if (st >= 500 && !(st == 503 && e->ready != ATC_CHECK_OK))
+         * ready it is the server saying it is broken. An engine whose 503 means loading (llama.cpp: its
+         * /v1/models answers first) fails it, which its start-up grace reads as "starting". */
+        if (st >= 500 && !(st == 503 && e->ready != ATC_CHECK_OK && !e->engine->loading_503))
             bad = "";
         break;
     case PROBE_READY:
