@@ -19,6 +19,8 @@
 
 #include "config/config.h"
 #include "config/config_errors.h"
+#include "config/api_key.h"
+#include "config/engine_profile.h"
 #include "base/config_value.h"
 
 /* Per-endpoint ceilings: far above any real server, low enough that sums over a fleet cannot overflow. */
@@ -224,6 +226,7 @@ static const struct field health_fields[] = {
     {.key = "eject", .kind = F_SECTION, .sub = eject_fields},
     {.key = "panic", .kind = F_CHOICE, .off = HC(panic), .choices = panic_modes, .model_wide = true},
     {.key = "slow_start", .kind = F_MS, .off = HC(slow_start_ms)},
+    {.key = "startup_grace", .kind = F_MS, .off = HC(startup_grace_ms)},
     {.key = NULL},
 };
 
@@ -294,11 +297,17 @@ static const struct field root_fields[] = {
     {.key = NULL},
 };
 
+/* engine:, api_key_env:, api_key_file:, forward_authorization: on a model and on an endpoint. */
+#define ACCESS_FIELDS(at)                                                                                    \
+    {.key = "engine", .kind = F_CHOICE, .off = at(access.engine), .choices = atc_engine_names},              \
+        {.key = "api_key_env", .kind = F_NODE}, {.key = "api_key_file", .kind = F_NODE},                     \
+        {.key = "forward_authorization", .kind = F_BOOL, .off = at(access.forward_authorization)},
+
 static const struct field model_fields[] = {
     {.key = "name", .kind = F_STR, .off = MODEL(name), .required = true},
     {.key = "endpoints", .kind = F_NODE},
     {.key = "health", .kind = F_NODE},
-    {.key = NULL},
+    ACCESS_FIELDS(MODEL){.key = NULL},
 };
 
 static const struct field endpoint_fields[] = {
@@ -312,7 +321,7 @@ static const struct field endpoint_fields[] = {
     {.key = "version", .kind = F_OPTSTR, .off = EP(version)},
     {.key = "tags", .kind = F_STRS, .off = EP(tags), .aux = EP(ntags)},
     {.key = "health", .kind = F_NODE},
-    {.key = NULL},
+    ACCESS_FIELDS(EP){.key = NULL},
 };
 
 static const struct field simulate_fields[] = {
@@ -772,22 +781,27 @@ static void check_unique(struct parse *p, struct seen_list *l, const char *name,
     l->n++;
 }
 
-/* *dst = *src with its own copies of the strings. */
-static void health_copy(struct parse *p, struct atc_health_config *dst, const struct atc_health_config *src)
+/* The value of @p key in mapping @p n, or NULL (also when @p n is NULL or not a mapping). */
+static yaml_node_t *child(struct parse *p, const yaml_node_t *n, const char *key)
 {
-    *dst = *src;
-    dst->live.path = dst->ready.path = dst->deep.path = dst->scrape.path = NULL;
-    if ((src->live.path && !(dst->live.path = strdup(src->live.path))) ||
-        (src->ready.path && !(dst->ready.path = strdup(src->ready.path))) ||
-        (src->deep.path && !(dst->deep.path = strdup(src->deep.path))) ||
-        (src->scrape.path && !(dst->scrape.path = strdup(src->scrape.path))))
-        p->errs.oom = true;
+    for (yaml_node_pair_t *q = n && n->type == YAML_MAPPING_NODE ? n->data.mapping.pairs.start : NULL;
+         q != NULL && q < n->data.mapping.pairs.top; q++) {
+        const yaml_node_t *k = node(p, q->key);
+        if (k->type == YAML_SCALAR_NODE && !strcmp((const char *)k->data.scalar.value, key))
+            return node(p, q->value);
+    }
+    return NULL;
 }
 
 /* A health: mapping @p n over @p h, which already holds the level above's settings. */
 static void parse_health(struct parse *p, yaml_node_t *n, const char *key, struct atc_health_config *h,
                          bool endpoint_level)
 {
+    yaml_node_t *live = child(p, n, "live");
+    h->set |= (child(p, live, "path") ? ATC_HEALTH_SET_LIVE_PATH : 0u) |
+              (child(p, live, "timeout") ? ATC_HEALTH_SET_LIVE_TIMEOUT : 0u) |
+              (child(p, child(p, n, "ready"), "path") ? ATC_HEALTH_SET_READY_PATH : 0u) |
+              (child(p, n, "startup_grace") ? ATC_HEALTH_SET_STARTUP_GRACE : 0u);
     p->endpoint_level = endpoint_level;
     if (parse_section(p, n, key, true, health_fields, h, NULL) == 0 &&
         h->eject.base_time_ms > h->eject.max_time_ms)
@@ -797,20 +811,55 @@ static void parse_health(struct parse *p, yaml_node_t *n, const char *key, struc
     p->endpoint_level = false;
 }
 
+/* api_key_env: / api_key_file: found in a model's or an endpoint's mapping, into @p a (which holds what
+ * the level above said). The key is read now, so that atc check finds a missing one. */
+static void parse_api_key(struct parse *p, const struct field *fields, yaml_node_t *const *found,
+                          const char *key, struct atc_upstream_access *a)
+{
+    yaml_node_t *env = lookup(fields, found, "api_key_env"), *file = lookup(fields, found, "api_key_file");
+    yaml_node_t *n = file ? file : env;
+    const char *s, *why;
+    char k[KEY_MAX], *secret;
+    if (env && file)
+        atc_config_report(&p->errs, file->start_mark, keyf(k, "%s.api_key_file", key),
+                          "set api_key_env or api_key_file, not both");
+    if (n == NULL || (env && file))
+        return;
+    keyf(k, "%s.%s", key, file ? "api_key_file" : "api_key_env");
+    if (!(s = scalar(p, n, k, file ? "a path" : "an environment variable name")))
+        return;
+    if (!(secret = atc_api_key_load(p->cfg->dir, file != NULL, s, &why))) {
+        if (why == NULL)
+            p->errs.oom = true;
+        else
+            atc_config_report(&p->errs, n->start_mark, k, "%s '%s' %s", file ? "file" : "variable", s, why);
+        return;
+    }
+    atc_api_key_free(a->api_key);
+    a->api_key = secret;
+    set_str(p, &a->api_key_source, format("%s %s", file ? "file" : "env", s));
+}
+
 static void parse_endpoint(struct parse *p, yaml_node_t *n, const char *key, struct atc_endpoint_config *ep,
-                           const char *model, const struct atc_health_config *model_health)
+                           const char *model, const struct atc_health_config *model_health,
+                           const struct atc_upstream_access *model_access)
 {
     yaml_node_t *found[MAX_FIELDS];
     char k[KEY_MAX];
 
     ep->capacity = 64;
     ep->weight = 1;
-    health_copy(p, &ep->health, model_health);
+    if (atc_health_config_copy(&ep->health, model_health) < 0 ||
+        atc_upstream_access_copy(&ep->access, model_access) < 0)
+        p->errs.oom = true;
     if (parse_section(p, n, key, false, endpoint_fields, ep, found) < 0)
         return;
+    parse_api_key(p, endpoint_fields, found, key, &ep->access);
     if (lookup(endpoint_fields, found, "health"))
         parse_health(p, lookup(endpoint_fields, found, "health"), keyf(k, "%s.health", key), &ep->health,
                      true);
+    if (atc_health_config_apply_engine(&ep->health, &p->cfg->health, ep->access.engine) < 0)
+        p->errs.oom = true;
     if (ep->id)
         check_unique(p, &p->ids, ep->id, lookup(endpoint_fields, found, "id"), keyf(k, "%s.id", key),
                      "endpoint id");
@@ -824,11 +873,15 @@ static void parse_model(struct parse *p, yaml_node_t *n, const char *key, struct
     yaml_node_item_t *items = NULL;
     char k[KEY_MAX];
 
-    health_copy(p, &m->health, &p->cfg->health);
+    if (atc_health_config_copy(&m->health, &p->cfg->health) < 0)
+        p->errs.oom = true;
     if (parse_section(p, n, key, false, model_fields, m, found) < 0)
         return;
+    parse_api_key(p, model_fields, found, key, &m->access);
     if ((health = lookup(model_fields, found, "health")))
         parse_health(p, health, keyf(k, "%s.health", key), &m->health, false);
+    if (atc_health_config_apply_engine(&m->health, &p->cfg->health, m->access.engine) < 0)
+        p->errs.oom = true;
     if (m->name)
         check_unique(p, &p->models, m->name, lookup(model_fields, found, "name"), keyf(k, "%s.name", key),
                      "model");
@@ -838,7 +891,7 @@ static void parse_model(struct parse *p, yaml_node_t *n, const char *key, struct
         alloc_items(p, eps, keyf(k, "%s.endpoints", key), sizeof *m->endpoints, &m->nendpoints, &items);
     for (size_t i = 0; i < m->nendpoints; i++)
         parse_endpoint(p, node(p, items[i]), keyf(k, "%s.endpoints[%zu]", key, i), &m->endpoints[i], m->name,
-                       &m->health);
+                       &m->health, &m->access);
 }
 
 static bool is_declared(const struct atc_config *cfg, const char *model)

@@ -47,8 +47,30 @@ struct atc_health_config {
         uint64_t max_time_ms;        /* ... up to this */
         double max_share;            /* model-wide: at most this share of a model's endpoints ejected */
     } eject;
-    unsigned panic;         /* model-wide: enum atc_panic_mode */
-    uint64_t slow_start_ms; /* an endpoint back in rotation ramps up its capacity over this; 0 = off */
+    unsigned panic;            /* model-wide: enum atc_panic_mode */
+    uint64_t slow_start_ms;    /* an endpoint back in rotation ramps up its capacity over this; 0 = off */
+    uint64_t startup_grace_ms; /* until first healthy, for at most this long, a server that refuses
+                                  connections (or says it is loading) is "starting"; 0 = off. The
+                                  engine's profile sets the default (config/engine_profile.h) */
+    unsigned set; /* ATC_HEALTH_SET_*: what the file set at this level or above (a profile leaves it) */
+};
+
+/* The settings of struct atc_health_config that an engine profile has defaults for. */
+enum {
+    ATC_HEALTH_SET_LIVE_PATH = 1u << 0,
+    ATC_HEALTH_SET_LIVE_TIMEOUT = 1u << 1,
+    ATC_HEALTH_SET_READY_PATH = 1u << 2,
+    ATC_HEALTH_SET_STARTUP_GRACE = 1u << 3,
+};
+
+/* How atc speaks to a server: on a model (its endpoints inherit) or on an endpoint. */
+struct atc_upstream_access {
+    unsigned engine;            /* engine: an enum atc_engine (config/engine_profile.h); default openai */
+    char *api_key;              /* from api_key_env / api_key_file: sent as "Authorization: Bearer <it>"
+                                   to this server; NULL = none. A secret: never printed anywhere */
+    char *api_key_source;       /* "env NAME" or "file PATH" (what reports may show), NULL = none */
+    bool forward_authorization; /* forward_authorization: the client's Authorization header goes to the
+                                   server (when atc has no key of its own for it) */
 };
 
 struct atc_weights {
@@ -78,13 +100,15 @@ struct atc_endpoint_config {
     uint64_t token_budget;           /* max prompt + max_tokens in flight; 0 = no limit */
     unsigned max_server_queue; /* full while its scraped queue (requests waiting) reaches this; 0 = ignore */
     uint64_t kv_tokens; /* the server's KV cache in tokens; 0 = read from its /metrics (when scraped) */
+    struct atc_upstream_access access; /* the model's, overridden by this endpoint's */
 };
 
 struct atc_model_config {
     char *name;
     struct atc_endpoint_config *endpoints; /* may be empty when simulate: provides them */
     size_t nendpoints;
-    struct atc_health_config health; /* the top level's, overridden by this model's health: */
+    struct atc_health_config health;   /* the top level's, overridden by this model's health: */
+    struct atc_upstream_access access; /* engine, api key, forward_authorization for its endpoints */
 };
 
 struct atc_simulate_config {
@@ -200,6 +224,17 @@ int atc_config_parse(const char *text, size_t len, const char *name, const char 
 /** A config read from file @p name in @p dir (relative paths resolve against it) with every setting at
  * its default, before the file is read (config_defaults.c). Owned, or NULL when out of memory. */
 struct atc_config *atc_config_new(const char *name, const char *dir);
+
+/** *dst = *src with its own copies of the strings (config_defaults.c). 0, or -1 when out of memory
+ * (then dst owns what was copied: free it as part of its config). */
+int atc_health_config_copy(struct atc_health_config *dst, const struct atc_health_config *src);
+int atc_upstream_access_copy(struct atc_upstream_access *dst, const struct atc_upstream_access *src);
+
+/** Sets the settings of @p h that the profile of @p engine (config/engine_profile.h) has defaults for
+ * and the file does not set (its `set` bits): the profile's value, else @p top's (the top level
+ * health:, atc's default where the file does not set it). 0, or -1 when out of memory. */
+int atc_health_config_apply_engine(struct atc_health_config *h, const struct atc_health_config *top,
+                                   unsigned engine);
 
 /** Frees a config returned by the functions above (config_defaults.c); NULL is fine. */
 void atc_config_free(struct atc_config *cfg);

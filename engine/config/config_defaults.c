@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include "config/config.h"
+#include "config/api_key.h"
+#include "config/engine_profile.h"
 #include "base/config_value.h"
 
 void atc_signal_params_init(struct atc_signal_params *p)
@@ -21,6 +23,62 @@ static void health_dispose(struct atc_health_config *h)
     free(h->ready.path);
     free(h->deep.path);
     free(h->scrape.path);
+}
+
+int atc_health_config_copy(struct atc_health_config *dst, const struct atc_health_config *src)
+{
+    *dst = *src;
+    dst->live.path = dst->ready.path = dst->deep.path = dst->scrape.path = NULL;
+    if ((src->live.path && !(dst->live.path = strdup(src->live.path))) ||
+        (src->ready.path && !(dst->ready.path = strdup(src->ready.path))) ||
+        (src->deep.path && !(dst->deep.path = strdup(src->deep.path))) ||
+        (src->scrape.path && !(dst->scrape.path = strdup(src->scrape.path))))
+        return -1;
+    return 0;
+}
+
+int atc_upstream_access_copy(struct atc_upstream_access *dst, const struct atc_upstream_access *src)
+{
+    *dst = *src;
+    dst->api_key = dst->api_key_source = NULL;
+    if ((src->api_key && !(dst->api_key = strdup(src->api_key))) ||
+        (src->api_key_source && !(dst->api_key_source = strdup(src->api_key_source))))
+        return -1;
+    return 0;
+}
+
+/* Replaces *at with a copy of @p s. */
+static int set_path(char **at, const char *s)
+{
+    char *c = strdup(s);
+    if (c == NULL)
+        return -1;
+    free(*at);
+    *at = c;
+    return 0;
+}
+
+int atc_health_config_apply_engine(struct atc_health_config *h, const struct atc_health_config *top,
+                                   unsigned engine)
+{
+    const struct atc_engine_profile *e = atc_engine_profile(engine);
+    if (!(h->set & ATC_HEALTH_SET_LIVE_PATH) &&
+        set_path(&h->live.path, e->live_path ? e->live_path : top->live.path) < 0)
+        return -1;
+    if (!(h->set & ATC_HEALTH_SET_READY_PATH) &&
+        set_path(&h->ready.path, e->ready_path ? e->ready_path : top->ready.path) < 0)
+        return -1;
+    if (!(h->set & ATC_HEALTH_SET_LIVE_TIMEOUT))
+        h->live.timeout_ms = e->live_timeout_ms ? e->live_timeout_ms : top->live.timeout_ms;
+    if (!(h->set & ATC_HEALTH_SET_STARTUP_GRACE))
+        h->startup_grace_ms = e->startup_grace_ms;
+    return 0;
+}
+
+static void access_dispose(struct atc_upstream_access *a)
+{
+    atc_api_key_free(a->api_key);
+    free(a->api_key_source);
 }
 
 struct atc_config *atc_config_new(const char *name, const char *dir)
@@ -115,10 +173,12 @@ void atc_config_free(struct atc_config *cfg)
             free(ep->version);
             free_strv(ep->tags, ep->ntags);
             health_dispose(&ep->health);
+            access_dispose(&ep->access);
         }
         free(m->endpoints);
         free(m->name);
         health_dispose(&m->health);
+        access_dispose(&m->access);
     }
     health_dispose(&cfg->health);
     free(cfg->models);

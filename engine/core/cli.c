@@ -219,11 +219,11 @@ static int cmd_status(const struct admin_target *t)
         if (atc_json_string(&pj, atc_json_get(&pj, 0, "last_error"), errbuf, sizeof(errbuf), NULL) < 0)
             errbuf[0] = '\0';
     }
-    printf("%-28s %-20s %-10s %9s %9s %9s %10s\n", "ENDPOINT", "MODEL", "STATE", "INFLIGHT", "CAPACITY",
-           "ERRORS", "TTFT(ms)");
+    printf("%-28s %-20s %-10s %9s %9s %9s %10s  %s\n", "ENDPOINT", "MODEL", "STATE", "INFLIGHT", "CAPACITY",
+           "ERRORS", "TTFT(ms)", "ENGINE");
     int eps = atc_json_get(&j, 0, "endpoints");
     for (int k = 0, i = eps + 1; k < atc_json_count(&j, eps); k++, i = atc_json_next(&j, i)) {
-        char id[128], model[128], state[32], inflight[16], capacity[16], errors[24], ttft[24];
+        char id[128], model[128], state[32], engine[16], inflight[16], capacity[16], errors[24], ttft[24];
         json_text(&j, atc_json_get(&j, i, "id"), id, sizeof(id));
         json_text(&j, atc_json_get(&j, i, "model"), model, sizeof(model));
         int st = atc_json_get(&j, i, "state");
@@ -233,11 +233,13 @@ static int cmd_status(const struct admin_target *t)
             json_text(&j, atc_json_get(&j, i, "routable"), state, sizeof(state));
             snprintf(state, sizeof(state), "%s", strcmp(state, "true") == 0 ? "healthy" : "draining");
         }
+        json_text(&j, atc_json_get(&j, i, "engine"), engine, sizeof(engine));
         json_text(&j, atc_json_get(&j, i, "inflight"), inflight, sizeof(inflight));
         json_text(&j, atc_json_get(&j, i, "capacity"), capacity, sizeof(capacity));
         json_text(&j, atc_json_get(&j, i, "errors_total"), errors, sizeof(errors));
         json_text(&j, atc_json_get(&j, i, "ttft_ewma_ms"), ttft, sizeof(ttft));
-        printf("%-28s %-20s %-10s %9s %9s %9s %10s\n", id, model, state, inflight, capacity, errors, ttft);
+        printf("%-28s %-20s %-10s %9s %9s %9s %10s  %s\n", id, model, state, inflight, capacity, errors, ttft,
+               engine);
     }
     char active[16], waiting[16] = "0";
     json_text(&j, atc_json_get(&j, 0, "active"), active, sizeof(active));

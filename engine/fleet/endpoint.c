@@ -38,8 +38,19 @@ static struct atc_endpoint *endpoint_new(const char *model, const char *id, cons
     return ep;
 }
 
+/* Wipes and frees the endpoint's copy of its key. */
+static void drop_key(struct atc_endpoint *ep)
+{
+    if (ep->authorization != NULL)
+        explicit_bzero(ep->authorization, strlen(ep->authorization));
+    free(ep->authorization);
+    free(ep->api_key_source);
+    ep->authorization = ep->api_key_source = NULL;
+}
+
 static void endpoint_free(struct atc_endpoint *ep)
 {
+    drop_key(ep);
     free(ep->id);
     free(ep->url);
     free(ep->host);
@@ -84,6 +95,17 @@ static int apply_config(struct atc_endpoint *ep, const struct atc_endpoint_confi
     ep->kv_tokens_config = ec->kv_tokens;
     if (ec->kv_tokens > 0)
         atomic_store_explicit(&ep->kv_tokens, ec->kv_tokens, memory_order_relaxed);
+    ep->engine = ec->access.engine;
+    ep->forward_authorization = ec->access.forward_authorization;
+    drop_key(ep);
+    if (ec->access.api_key != NULL) {
+        size_t n = strlen(ec->access.api_key) + sizeof("Bearer ");
+        if ((ep->authorization = malloc(n)) == NULL ||
+            (ep->api_key_source = strdup(ec->access.api_key_source ? ec->access.api_key_source : "set")) ==
+                NULL)
+            return -1;
+        snprintf(ep->authorization, n, "Bearer %s", ec->access.api_key);
+    }
     free(ep->version);
     ep->version = NULL;
     for (size_t i = 0; i < ep->ntags; i++)

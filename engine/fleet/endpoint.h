@@ -56,6 +56,11 @@ struct atc_endpoint {
     uint64_t token_budget;     /* 0 = none */
     unsigned max_server_queue; /* full while the server reports this many waiting (scraped); 0 = ignore */
     uint64_t kv_tokens_config; /* kv_tokens as configured; 0 = learn it from the server's /metrics */
+    unsigned engine;           /* engine: an enum atc_engine (config/engine_profile.h) */
+    char *authorization;  /* "Bearer <key>" atc sends it (api_key_env / api_key_file), NULL = none. A secret:
+                             never logged nor reported (reports say whether it is set, and api_key_source) */
+    char *api_key_source; /* "env NAME" or "file PATH", NULL = none */
+    bool forward_authorization; /* without a key of atc's own, the client's Authorization header goes to it */
 
     /* workers: live counters */
     _Atomic unsigned inflight;        /* requests routed here and not finished */

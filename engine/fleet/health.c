@@ -28,6 +28,7 @@
 
 #include "fleet/balancer.h"
 #include "config/config.h"
+#include "config/engine_profile.h"
 #include "fleet/endpoint.h"
 #include "fleet/load_scrape.h"
 #include "fleet/probe_answer.h"
@@ -68,6 +69,8 @@ struct probe {
     uint64_t started_ms;
     enum atc_check_verdict verdict;
     unsigned oks, fails; /* consecutive raw results */
+    bool loading;        /* its last result was a sign of start-up within the grace (refused, loading 503) */
+    bool refused;        /* its last answer was 401/403: the server refused atc's credentials */
     bool first_pending;  /* counts towards the first round */
 };
 
@@ -96,6 +99,9 @@ struct hep {
     struct atc_endpoint *ep;
     struct hmodel *model;
     const struct atc_health_config *cfg;
+    const struct atc_engine_profile *engine; /* engine: of the endpoint (its model's for simulated ones) */
+    unsigned engine_id;                      /* the same, as an enum atc_engine */
+    uint64_t started_ms;                     /* when checks began: the start-up grace runs from it */
     struct atc_upstream_pool *pool;
     struct probe probes[NPROBES];
     char *deep_body;
@@ -207,6 +213,12 @@ static enum atc_health_state derive_state(const struct hep *e)
         return ATC_HEALTH_DRAINING;
     if (e->ejected)
         return ATC_HEALTH_EJECTED;
+    for (int k = 0; k < NPROBES; k++)
+        if (e->probes[k].refused) /* a configuration error, whatever else the checks say */
+            return ATC_HEALTH_UNHEALTHY;
+    /* Still loading (within its start-up grace, never healthy yet): starting, not out. */
+    if (!e->ever_healthy && (e->probes[PROBE_LIVE].loading || e->probes[PROBE_READY].loading))
+        return ATC_HEALTH_STARTING;
     if (e->live == ATC_CHECK_FAILED || e->deep == ATC_CHECK_FAILED)
         return ATC_HEALTH_UNHEALTHY;
     /* Not ready: "starting" while the server answers (it is loading), "unhealthy" when it does not,
@@ -214,6 +226,10 @@ static enum atc_health_state derive_state(const struct hep *e)
     if (e->ready == ATC_CHECK_FAILED && e->ready_unanswered)
         return ATC_HEALTH_UNHEALTHY;
     if (e->ready != ATC_CHECK_OK)
+        return ATC_HEALTH_STARTING;
+    /* An engine with a start-up grace lists its model before it can serve (llama.cpp answers /v1/models
+     * while /health says "Loading model"): healthy once the live check has spoken too. */
+    if (e->live == ATC_CHECK_UNKNOWN && e->cfg->startup_grace_ms > 0)
         return ATC_HEALTH_STARTING;
     return ATC_HEALTH_HEALTHY;
 }
@@ -469,6 +485,10 @@ static void check_result(struct probe *pr, bool ok, const char *why)
     enum atc_check_verdict old = pr->verdict;
     char reason[320];
 
+    /* A server that refuses connections (or, for an engine that says so, answers 503) while it may still
+     * be loading its model, before it was ever healthy: starting (engine_profile.h, startup_grace). */
+    pr->loading = !ok && !e->ever_healthy && atc_mono_ms() - e->started_ms < c->startup_grace_ms &&
+                  (pr->status == 0 || (pr->status == 503 && e->engine->loading_503));
     if (ok) {
         pr->oks++;
         pr->fails = 0;
@@ -558,7 +578,8 @@ static void scrape_failed(struct hep *e, const char *why)
 static void scrape_page(struct hep *e, const char *page, size_t len)
 {
     char why[128];
-    if (atc_load_scrape_page(e->ep->model, page, len, &e->load, &e->prefix_counters, why, sizeof(why)) < 0) {
+    if (atc_load_scrape_page(e->ep->model, e->engine_id, page, len, &e->load, &e->prefix_counters, why,
+                             sizeof(why)) < 0) {
         scrape_failed(e, why);
         return;
     }
@@ -635,12 +656,27 @@ static void on_probe_done(void *arg)
     size_t len = evbuffer_get_length(pr->body);
     int st = pr->status;
 
+    pr->refused = st == 401 || st == 403;
+    if (pr->refused) {
+        if (e->ep->authorization != NULL)
+            snprintf(why, sizeof(why),
+                     "the server refused atc's credentials (%d): check the key in api_key %s", st,
+                     e->ep->api_key_source);
+        else
+            snprintf(why, sizeof(why),
+                     "the server refused atc's credentials (%d): set api_key_env or "
+                     "api_key_file on this endpoint or its model",
+                     st);
+        probe_end(pr, false, why, false);
+        return;
+    }
     switch (pr->kind) {
     case PROBE_LIVE:
         /* Any answer but a server error means the process is up. A 503 from a server that is not ready
          * (loading its model) is the ready check's business, not a liveness failure; from one that is
-         * ready it is the server saying it is broken. */
-        if (st >= 500 && !(st == 503 && e->ready != ATC_CHECK_OK))
+         * ready it is the server saying it is broken. An engine whose 503 means loading (llama.cpp: its
+         * /v1/models answers first) fails it, which its start-up grace reads as "starting". */
+        if (st >= 500 && !(st == 503 && e->ready != ATC_CHECK_OK && !e->engine->loading_503))
             bad = "";
         break;
     case PROBE_READY:
@@ -721,7 +757,8 @@ static void on_probe_timer(evutil_socket_t fd, short what, void *arg)
     }
     pr->status = 0;
     pr->started_ms = atc_mono_ms();
-    pr->req = atc_upstream_send(e->pool, method, pr->cfg->path, CHECK_HEADERS, body, len, &probe_cb, pr);
+    pr->req = atc_upstream_send_as(e->pool, method, pr->cfg->path, CHECK_HEADERS, e->ep->authorization, body,
+                                   len, &probe_cb, pr);
     if (pr->req == NULL) {
         probe_end(pr, false, "out of memory", false);
         return;
@@ -828,16 +865,21 @@ void atc_health_on_first_round(struct atc_health *h, void (*cb)(void *arg), void
     }
 }
 
-/* The settings for @p ep: its own, else its model's (simulated endpoints), else the top level's. */
+/* The settings for @p ep: its own, else its model's (simulated endpoints), else the top level's; and
+ * its engine (a simulated endpoint's is its model's). */
 static const struct atc_health_config *config_for(const struct atc_config *cfg, const struct atc_endpoint *ep,
-                                                  const struct atc_health_config **model_cfg)
+                                                  const struct atc_health_config **model_cfg,
+                                                  unsigned *engine)
 {
     *model_cfg = &cfg->health;
+    *engine = ep->engine;
     for (size_t i = 0; i < cfg->nmodels; i++) {
         const struct atc_model_config *m = &cfg->models[i];
         if (strcmp(m->name, ep->model) != 0)
             continue;
         *model_cfg = &m->health;
+        if (ep->simulated)
+            *engine = m->access.engine;
         for (size_t j = 0; j < m->nendpoints; j++)
             if (strcmp(m->endpoints[j].id, ep->id) == 0)
                 return &m->endpoints[j].health;
@@ -875,9 +917,13 @@ static int hep_init(struct atc_health *h, struct hep *e, struct atc_endpoint *ep
                     const struct atc_config *cfg, const char **err)
 {
     const struct atc_health_config *mc;
+    unsigned engine;
     e->h = h;
     e->ep = ep;
-    e->cfg = config_for(cfg, ep, &mc);
+    e->cfg = config_for(cfg, ep, &mc, &engine);
+    e->engine = atc_engine_profile(engine);
+    e->engine_id = engine;
+    e->started_ms = atc_mono_ms();
     publish_state(e, ATC_HEALTH_STARTING);
     e->live = e->ready = ATC_CHECK_UNKNOWN;
     e->deep = ATC_CHECK_OK;

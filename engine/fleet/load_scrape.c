@@ -9,38 +9,51 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config/engine_profile.h"
 #include "fleet/prometheus.h"
 
 enum load_slot { L_RUNNING, L_WAITING, L_KV, L_KV_TOKENS, L_QUERIES, L_HITS, L_HIT_RATE, NSLOTS };
 
 struct load_acc {
     const char *model;
+    unsigned engine;
     double mine[NSLOTS], all[NSLOTS]; /* series labelled with this model / every series */
     bool has_mine[NSLOTS], has_all[NSLOTS];
 };
 
-/* Metric names by server, for each slot. Gauges of a share are combined by max, counts by sum. */
+/* Metric names by engine, for each slot. Gauges of a share are combined by max, counts by sum. An engine
+ * profile (engine: in the config) scrapes its engine's current names; the generic openai profile tries
+ * every name below, old ones included. */
+#define OLD ATC_ENGINE_COUNT /* a name an engine no longer exports: the generic profile's only */
 static const struct {
     const char *name;
     enum load_slot slot;
+    unsigned engine; /* enum atc_engine, or OLD */
 } load_metrics[] = {
-    {"vllm:num_requests_running", L_RUNNING},
-    {"vllm:num_requests_waiting", L_WAITING},
-    {"vllm:kv_cache_usage_perc", L_KV},
-    {"vllm:gpu_cache_usage_perc", L_KV}, /* vLLM before 0.10 */
-    {"vllm:prefix_cache_queries_total", L_QUERIES},
-    {"vllm:prefix_cache_hits_total", L_HITS},
-    {"vllm:gpu_prefix_cache_hit_rate", L_HIT_RATE},
-    {"sglang:num_running_reqs", L_RUNNING},
-    {"sglang:num_queue_reqs", L_WAITING},
-    {"sglang:token_usage", L_KV},
-    {"sglang:max_total_num_tokens", L_KV_TOKENS},
-    {"sglang:cache_hit_rate", L_HIT_RATE},
-    {"tgi_batch_current_size", L_RUNNING},
-    {"tgi_queue_size", L_WAITING},
-    {"llamacpp:requests_processing", L_RUNNING},
-    {"llamacpp:requests_deferred", L_WAITING},
-    {"llamacpp:kv_cache_usage_ratio", L_KV},
+    /* vllm-project/vllm, vllm/v1/metrics/loggers.py (PrometheusStatLogger) */
+    {"vllm:num_requests_running", L_RUNNING, ATC_ENGINE_VLLM},
+    {"vllm:num_requests_waiting", L_WAITING, ATC_ENGINE_VLLM},
+    {"vllm:kv_cache_usage_perc", L_KV, ATC_ENGINE_VLLM},
+    {"vllm:gpu_cache_usage_perc", L_KV, OLD}, /* vLLM before 0.10 */
+    {"vllm:prefix_cache_queries_total", L_QUERIES, ATC_ENGINE_VLLM},
+    {"vllm:prefix_cache_hits_total", L_HITS, ATC_ENGINE_VLLM},
+    {"vllm:gpu_prefix_cache_hit_rate", L_HIT_RATE, OLD}, /* vLLM v0 */
+    /* sgl-project/sglang, python/sglang/srt/metrics/collector.py (SchedulerMetricsCollector); only
+     * with --enable-metrics */
+    {"sglang:num_running_reqs", L_RUNNING, ATC_ENGINE_SGLANG},
+    {"sglang:num_queue_reqs", L_WAITING, ATC_ENGINE_SGLANG},
+    {"sglang:token_usage", L_KV, ATC_ENGINE_SGLANG},
+    {"sglang:max_total_num_tokens", L_KV_TOKENS, ATC_ENGINE_SGLANG},
+    {"sglang:cache_hit_rate", L_HIT_RATE, ATC_ENGINE_SGLANG},
+    /* huggingface/text-generation-inference, backends/v3/src/backend.rs, queue.rs, lib.rs: the batch,
+     * the queue, and the token budget warmup found room for (its KV cache) */
+    {"tgi_batch_current_size", L_RUNNING, ATC_ENGINE_TGI},
+    {"tgi_queue_size", L_WAITING, ATC_ENGINE_TGI},
+    {"tgi_batch_max_total_tokens", L_KV_TOKENS, ATC_ENGINE_TGI},
+    /* ggml-org/llama.cpp, tools/server/server-context.cpp (the /metrics handler; with --metrics) */
+    {"llamacpp:requests_processing", L_RUNNING, ATC_ENGINE_LLAMACPP},
+    {"llamacpp:requests_deferred", L_WAITING, ATC_ENGINE_LLAMACPP},
+    {"llamacpp:kv_cache_usage_ratio", L_KV, OLD}, /* removed from llama.cpp's server */
 };
 
 static void acc_add(double *v, bool *has, enum load_slot slot, double x)
@@ -71,14 +84,16 @@ static int on_load_sample(void *arg, const struct atc_prom_sample *s)
     struct load_acc *a = arg;
     if (!isfinite(s->value))
         return 0;
-    if (atc_prom_name_is(s, "vllm:cache_config_info")) { /* an info metric: the sizes are labels */
+    if ((a->engine == ATC_ENGINE_OPENAI || a->engine == ATC_ENGINE_VLLM) &&
+        atc_prom_name_is(s, "vllm:cache_config_info")) { /* an info metric: the sizes are labels */
         double blocks = label_number(s, "num_gpu_blocks"), size = label_number(s, "block_size");
         if (!isnan(blocks) && !isnan(size))
             acc_add(a->all, &a->has_all[L_KV_TOKENS], L_KV_TOKENS, blocks * size);
         return 0;
     }
     for (size_t i = 0; i < sizeof(load_metrics) / sizeof(load_metrics[0]); i++) {
-        if (!atc_prom_name_is(s, load_metrics[i].name))
+        if ((a->engine != ATC_ENGINE_OPENAI && load_metrics[i].engine != a->engine) ||
+            !atc_prom_name_is(s, load_metrics[i].name))
             continue;
         enum load_slot slot = load_metrics[i].slot;
         acc_add(a->all, &a->has_all[slot], slot, s->value);
@@ -96,10 +111,10 @@ static double acc_get(const struct load_acc *a, enum load_slot slot)
     return a->has_mine[slot] ? a->mine[slot] : a->has_all[slot] ? a->all[slot] : NAN;
 }
 
-int atc_load_scrape_page(const char *model, const char *page, size_t len, struct atc_server_load *load,
-                         struct atc_load_counters *prev, char *why, size_t size)
+int atc_load_scrape_page(const char *model, unsigned engine, const char *page, size_t len,
+                         struct atc_server_load *load, struct atc_load_counters *prev, char *why, size_t size)
 {
-    struct load_acc a = {.model = model};
+    struct load_acc a = {.model = model, .engine = engine};
     struct atc_prom_error perr = {0};
     if (atc_prom_parse(page, len, on_load_sample, &a, &perr) != 0) {
         snprintf(why, size, "malformed metrics page: line %zu: %s", perr.line, perr.msg);

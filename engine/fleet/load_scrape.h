@@ -31,11 +31,12 @@ struct atc_load_counters {
     bool have;
 };
 
-/** Reads the metrics page @p page (@p len bytes) of a server of @p model into @p load (running, waiting,
+/** Reads the metrics page @p page (@p len bytes) of a server of @p model, by the metric names of
+ * @p engine (an enum atc_engine: that engine's current names; openai: every name atc knows), into @p load (running, waiting,
  * kv_usage, kv_tokens, prefix_hit_rate; NaN for what the page does not say, the hit rate kept when it cannot be
  * told) and @p prev. Returns 0, or -1 with why in @p why (@p size bytes) when the page is malformed:
  * then nothing changes. Counts nothing and sets no time (the caller does). */
-int atc_load_scrape_page(const char *model, const char *page, size_t len, struct atc_server_load *load,
+int atc_load_scrape_page(const char *model, unsigned engine, const char *page, size_t len, struct atc_server_load *load,
                          struct atc_load_counters *prev, char *why, size_t size);
 
 #endif

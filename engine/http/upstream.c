@@ -345,6 +345,14 @@ struct atc_upstream_req *atc_upstream_send(struct atc_upstream_pool *pool, const
                                            const char *path, const char *extra_headers, const char *body,
                                            size_t len, const struct atc_upstream_callbacks *cb, void *arg)
 {
+    return atc_upstream_send_as(pool, method, path, extra_headers, NULL, body, len, cb, arg);
+}
+
+struct atc_upstream_req *atc_upstream_send_as(struct atc_upstream_pool *pool, const char *method,
+                                              const char *path, const char *extra_headers,
+                                              const char *authorization, const char *body, size_t len,
+                                              const struct atc_upstream_callbacks *cb, void *arg)
+{
     if (!pool->timeouts_ready) {
         pool->connect_tv = common_timeout(pool->base, pool->settings.connect_timeout_ms);
         pool->first_byte_tv = common_timeout(pool->base, pool->settings.first_byte_timeout_ms);
@@ -352,15 +360,17 @@ struct atc_upstream_req *atc_upstream_send(struct atc_upstream_pool *pool, const
         pool->keep_tv = common_timeout(pool->base, IDLE_KEEP_MS);
         pool->timeouts_ready = true;
     }
-    /* "METHOD PATH" + pool->head_mid + "LENGTH\r\n" + extra headers + "\r\n", in the request's own
-     * allocation. */
+    /* "METHOD PATH" + pool->head_mid + "LENGTH\r\n" + extra headers + "Authorization: ...\r\n" + "\r\n",
+     * in the request's own allocation. */
     char num[24];
     struct atc_strbuf nb = atc_strbuf_init(num, sizeof(num));
     atc_strbuf_u64(&nb, len);
     const char *d = num;
     size_t ndigits = nb.len;
     size_t nmethod = strlen(method), npath = strlen(path), nextra = extra_headers ? strlen(extra_headers) : 0;
-    size_t headlen = nmethod + 1 + npath + pool->head_mid_len + ndigits + 2 + nextra + 2;
+    static const char auth_name[] = "Authorization: ";
+    size_t nauth = authorization != NULL ? sizeof(auth_name) - 1 + strlen(authorization) + 2 : 0;
+    size_t headlen = nmethod + 1 + npath + pool->head_mid_len + ndigits + 2 + nextra + nauth + 2;
     struct atc_upstream_req *req = calloc(1, sizeof(*req) + headlen + 1);
     if (req == NULL)
         return NULL;
@@ -372,6 +382,11 @@ struct atc_upstream_req *atc_upstream_send(struct atc_upstream_pool *pool, const
     p = mempcpy(p, d, ndigits);
     p = mempcpy(p, "\r\n", 2);
     p = mempcpy(p, extra_headers ? extra_headers : "", nextra);
+    if (authorization != NULL) {
+        p = mempcpy(p, auth_name, sizeof(auth_name) - 1);
+        p = mempcpy(p, authorization, nauth - (sizeof(auth_name) - 1) - 2);
+        p = mempcpy(p, "\r\n", 2);
+    }
     p = mempcpy(p, "\r\n", 3); /* with the NUL */
     req->headlen = headlen;
     req->pool = pool;

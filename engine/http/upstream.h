@@ -89,6 +89,13 @@ struct atc_upstream_req *atc_upstream_send(struct atc_upstream_pool *pool, const
  * Does nothing for an answer that is not an event stream (its head stopped the first-byte timeout). */
 void atc_upstream_first_event(struct atc_upstream_req *req);
 
+/** The same, with an "Authorization: @p authorization" header line when @p authorization is not NULL
+ * (a value without CR or LF: the caller checked it; it is copied into the request's head). */
+struct atc_upstream_req *atc_upstream_send_as(struct atc_upstream_pool *pool, const char *method,
+                                              const char *path, const char *extra_headers,
+                                              const char *authorization, const char *body, size_t len,
+                                              const struct atc_upstream_callbacks *cb, void *arg);
+
 /** Stops reading the response (the client is slow); the idle timeout is suspended meanwhile. */
 void atc_upstream_pause(struct atc_upstream_req *req);
 /** Resumes reading after atc_upstream_pause. */

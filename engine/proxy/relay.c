@@ -611,10 +611,15 @@ static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
     struct relay *r = arg;
     relay_expect(r, RELAY_IN(RELAY_ATTEMPT));
     struct atc_endpoint *next;
+    /* It refused atc's own credentials (api_key_env / api_key_file): not the client's doing. */
+    bool refused_key = (resp->status == 401 || resp->status == 403) && !r->ep->forward_authorization;
+    if (refused_key)
+        atc_warn("request %s: upstream %s answered %d: it refused atc's credentials", r->id, r->ep->id,
+                 resp->status);
     /* A 5xx, or a 429 (the server's own queue is full: TGI answers 429 "overloaded"), is the server's
      * failure, not the client's: it counts against the server and, before anything reached the client,
-     * another endpoint may do better. */
-    bool server_failed = resp->status >= 500 || resp->status == 429;
+     * another endpoint may do better. So does a refused key (another endpoint may hold a good one). */
+    bool server_failed = resp->status >= 500 || resp->status == 429 || refused_key;
     if (server_failed && (next = next_endpoint(r)) != NULL) {
         record_outcome(r, false, -1);
         atc_warn("request %s: upstream %s answered %d, retrying on %s", r->id, r->ep->id, resp->status,
@@ -624,6 +629,15 @@ static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
         release_endpoint(r);
         r->w->stats.retries_total++;
         attempt(r, next);
+        return;
+    }
+    if (refused_key) {
+        atc_upstream_cancel(r->up);
+        r->up = NULL;
+        record_outcome(r, false, -1);
+        release_endpoint(r);
+        reply_error(r, 502, "upstream_error", "upstream_credentials",
+                    "the inference server refused the router's credentials", 0);
         return;
     }
     r->status = resp->status;
@@ -928,11 +942,16 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
     size_t cached = r->w->policy != NULL ? atc_policy_routed(r->w->policy, &r->rreq, ep) : 0;
     r->t_attempt_us = atc_mono_us();
     uint32_t bt = r->rreq.block_tokens ? r->rreq.block_tokens : ATC_PREFIX_BLOCK_BYTES / 4;
+    /* atc's own key for the server; the client's Authorization only where forward_authorization says so. */
+    const char *auth = ep->authorization != NULL ? ep->authorization
+                       : ep->forward_authorization && r->client != NULL
+                           ? atc_http_req_header(r->client, "Authorization")
+                           : NULL;
     atc_signals_sent(&ep->sig, &r->w->table->signals, &r->sig,
                      atc_signals_uncached(r->f->prompt_tokens, cached, bt), r->t_attempt_us);
     r->up = body_for(r, ep, &body, &len) == 0
-                ? atc_upstream_send(ep->pools[r->w->id], "POST", r->path, r->extra_headers, body, len,
-                                    &upstream_cb, r)
+                ? atc_upstream_send_as(ep->pools[r->w->id], "POST", r->path, r->extra_headers, auth, body,
+                                       len, &upstream_cb, r)
                 : NULL;
     if (r->up == NULL) {
         release_endpoint(r);

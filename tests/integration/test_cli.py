@@ -9,8 +9,9 @@ import unittest
 from harness import ATC_BIN, SOURCE_DIR, AtcTestCase, stream_events
 
 
-def run(*args, timeout=10):
-    return subprocess.run([ATC_BIN, *args], capture_output=True, text=True, timeout=timeout, cwd=SOURCE_DIR)
+def run(*args, timeout=10, env=None):
+    return subprocess.run([ATC_BIN, *args], capture_output=True, text=True, timeout=timeout, cwd=SOURCE_DIR,
+                          env=env)
 
 
 def read_doc(path):
@@ -318,7 +319,9 @@ class CliTest(AtcTestCase):
                     path = os.path.join(root, "block.yaml")
                     with open(path, "w") as f:
                         f.write(body if re.search(r"(?m)^models:", body) else body + models)
-                    out = run("check", "-c", path)
+                    # the variables its api_key_env names are set, as an operator following the doc would
+                    env = dict(os.environ, **{v: "sk-doc" for v in re.findall(r"api_key_env: *(\w+)", body)})
+                    out = run("check", "-c", path, env=env)
                     self.assertEqual(out.returncode, 0, f"{doc}:{line}: atc check refuses:\n{out.stderr}")
         self.assertGreaterEqual(count, 6)
         self.assertRegex(read_doc("README.md"), r"watch: true +# the default")

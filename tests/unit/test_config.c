@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "config/config.h"
+#include "config/engine_profile.h"
 #include "base/config_value.h"
 
 /* A valid models: block, appended to files whose other lines are under test; it starts on the line
@@ -414,6 +415,73 @@ static void test_health_errors(void **state)
         parse_bad("health: {jitter: -1}\n" MODELS "        health: {panic: fail, fast_interval: x}\n");
     assert_int_equal(count_lines(errors), 3);
     free(errors);
+}
+
+/* engine: on a model (its endpoints inherit it) and on an endpoint; a profile sets the defaults the file
+ * does not set, at any level; api_key_env / api_key_file read at load; forward_authorization. */
+static void test_engines_and_keys(void **state)
+{
+    setenv("ATC_TEST_KEY", "sk-123", 1);
+    struct atc_config *cfg = parse_ok("health: {ready: {path: /ready}}\n"
+                                      "models:\n"
+                                      "  - name: m\n"
+                                      "    engine: sglang\n"
+                                      "    api_key_env: ATC_TEST_KEY\n"
+                                      "    endpoints:\n"
+                                      "      - {id: a, url: \"http://127.0.0.1:1\"}\n"
+                                      "      - {id: b, url: \"http://127.0.0.1:2\", engine: llamacpp,\n"
+                                      "         health: {live: {timeout: 2s}}}\n"
+                                      "      - {id: c, url: \"http://127.0.0.1:3\", engine: openai,\n"
+                                      "         forward_authorization: true, health: {startup_grace: 1m}}\n"
+                                      "      - {id: d, url: \"http://127.0.0.1:4\", engine: tgi}\n");
+    const struct atc_endpoint_config *e = cfg->models[0].endpoints;
+    assert_int_equal(e[0].access.engine, ATC_ENGINE_SGLANG); /* inherited */
+    assert_int_equal(e[0].health.live.timeout_ms, 5000);     /* SGLang's slow /health */
+    assert_string_equal(e[0].health.ready.path, "/ready");   /* the file's, at the top level */
+    assert_int_equal(e[0].health.startup_grace_ms, 600000);
+    assert_string_equal(e[0].access.api_key, "sk-123");
+    assert_string_equal(e[0].access.api_key_source, "env ATC_TEST_KEY");
+    assert_false(e[0].access.forward_authorization);
+    assert_int_equal(e[1].access.engine, ATC_ENGINE_LLAMACPP);
+    assert_int_equal(e[1].health.live.timeout_ms, 2000); /* set: the profile leaves it */
+    assert_string_equal(e[1].access.api_key, "sk-123");  /* the model's key */
+    assert_int_equal(e[2].health.live.timeout_ms, 1000); /* openai: as always */
+    assert_int_equal(e[2].health.startup_grace_ms, 60000);
+    assert_true(e[2].access.forward_authorization);
+    assert_string_equal(e[3].health.ready.path, "/ready");         /* the file wins over TGI's /health */
+    assert_int_equal(cfg->models[0].health.live.timeout_ms, 5000); /* simulated endpoints take the model's */
+    atc_config_free(cfg);
+    cfg = parse_ok(
+        "models:\n  - name: m\n    engine: tgi\n    endpoints:\n      - {id: a, url: \"http://h:1\"}\n");
+    assert_string_equal(cfg->models[0].endpoints[0].health.ready.path, "/health");
+    assert_string_equal(cfg->models[0].endpoints[0].health.live.path, "/health");
+    assert_int_equal(cfg->models[0].endpoints[0].health.startup_grace_ms, 600000);
+    atc_config_free(cfg);
+    cfg = parse_ok(MODELS); /* no engine: atc's defaults, no grace, no key */
+    assert_int_equal(cfg->models[0].endpoints[0].health.live.timeout_ms, 1000);
+    assert_int_equal(cfg->models[0].endpoints[0].health.startup_grace_ms, 0);
+    assert_null(cfg->models[0].endpoints[0].access.api_key);
+    atc_config_free(cfg);
+
+    expect_one_error(
+        "models:\n  - name: m\n    engine: vllmx\n    endpoints:\n      - {id: a, url: \"http://h:1\"}\n",
+        "t.yaml:3:13: key 'models[0].engine': ",
+        "must be one of: openai, vllm, sglang, llamacpp, tgi (got 'vllmx')");
+    unsetenv("ATC_TEST_NO_KEY");
+    expect_one_error(MODELS "        api_key_env: ATC_TEST_NO_KEY\n",
+                     "t.yaml:6:22: key 'models[0].endpoints[0].api_key_env': ",
+                     "variable 'ATC_TEST_NO_KEY' is not set in atc's environment");
+    expect_one_error(MODELS "        api_key_file: /nonexistent/key\n",
+                     "t.yaml:6:23: key 'models[0].endpoints[0].api_key_file': ",
+                     "file '/nonexistent/key' No such file or directory");
+    expect_one_error(MODELS "        api_key_env: ATC_TEST_KEY\n        api_key_file: k\n",
+                     "t.yaml:7:23: key 'models[0].endpoints[0].api_key_file': ", "not both");
+    setenv("ATC_TEST_KEY", "two words", 1);
+    char *errors = parse_bad(MODELS "        api_key_env: ATC_TEST_KEY\n");
+    assert_has(errors, "spaces or control characters");
+    assert_null(strstr(errors, "two words")); /* the key is never printed */
+    free(errors);
+    unsetenv("ATC_TEST_KEY");
 }
 
 static void test_bad_port(void **state)
@@ -932,6 +1000,7 @@ int main(void)
         cmocka_unit_test(test_health_defaults),
         cmocka_unit_test(test_health_overrides),
         cmocka_unit_test(test_health_errors),
+        cmocka_unit_test(test_engines_and_keys),
         cmocka_unit_test(test_bad_port),
         cmocka_unit_test(test_bad_url),
         cmocka_unit_test(test_https_url),

@@ -56,7 +56,8 @@ static void test_load_from_a_page(void **state)
     struct atc_server_load load = {.prefix_hit_rate = NAN};
     struct atc_load_counters prev = {0};
     char why[128];
-    assert_int_equal(atc_load_scrape_page("m", page, strlen(page), &load, &prev, why, sizeof(why)), 0);
+    assert_int_equal(
+        atc_load_scrape_page("m", ATC_ENGINE_OPENAI, page, strlen(page), &load, &prev, why, sizeof(why)), 0);
     assert_true(load.running == 7);    /* this model's series, summed */
     assert_true(load.waiting == 2);    /* no model label: every series; NaN skipped */
     assert_true(load.kv_usage == 0.5); /* a share: the fullest engine */
@@ -65,25 +66,95 @@ static void test_load_from_a_page(void **state)
     /* vLLM's counters: the hit rate between two pages; a restart (counters going back) starts over */
     const char *p1 = "vllm:prefix_cache_queries_total 100\nvllm:prefix_cache_hits_total 40\n";
     const char *p2 = "vllm:prefix_cache_queries_total 300\nvllm:prefix_cache_hits_total 190\n";
-    assert_int_equal(atc_load_scrape_page("m", p1, strlen(p1), &load, &prev, why, sizeof(why)), 0);
+    assert_int_equal(
+        atc_load_scrape_page("m", ATC_ENGINE_OPENAI, p1, strlen(p1), &load, &prev, why, sizeof(why)), 0);
     assert_true(load.prefix_hit_rate == 0.75 && isnan(load.running)); /* kept: one page tells no rate */
-    assert_int_equal(atc_load_scrape_page("m", p2, strlen(p2), &load, &prev, why, sizeof(why)), 0);
+    assert_int_equal(
+        atc_load_scrape_page("m", ATC_ENGINE_OPENAI, p2, strlen(p2), &load, &prev, why, sizeof(why)), 0);
     assert_true(fabs(load.prefix_hit_rate - 0.75) < 1e-9); /* 150 of 200 */
-    assert_int_equal(atc_load_scrape_page("m", p1, strlen(p1), &load, &prev, why, sizeof(why)), 0);
+    assert_int_equal(
+        atc_load_scrape_page("m", ATC_ENGINE_OPENAI, p1, strlen(p1), &load, &prev, why, sizeof(why)), 0);
     assert_true(fabs(load.prefix_hit_rate - 0.75) < 1e-9 && prev.queries == 100);
-    assert_int_equal(atc_load_scrape_page("m", "x{", 2, &load, &prev, why, sizeof(why)), -1);
+    assert_int_equal(atc_load_scrape_page("m", ATC_ENGINE_OPENAI, "x{", 2, &load, &prev, why, sizeof(why)),
+                     -1);
     assert_non_null(strstr(why, "malformed metrics page: line 1"));
     /* the KV cache's size: vLLM puts it in an info metric's labels, SGLang in a gauge */
     assert_true(isnan(load.kv_tokens) || load.kv_tokens == 0);
-    const char *v = "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",num_gpu_blocks=\"27000\"} 1.0\n";
-    assert_int_equal(atc_load_scrape_page("m", v, strlen(v), &load, &prev, why, sizeof(why)), 0);
+    const char *v =
+        "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",num_gpu_blocks=\"27000\"} 1.0\n";
+    assert_int_equal(
+        atc_load_scrape_page("m", ATC_ENGINE_OPENAI, v, strlen(v), &load, &prev, why, sizeof(why)), 0);
     assert_true(load.kv_tokens == 432000);
     const char *bad = "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"None\"} 1.0\n";
-    assert_int_equal(atc_load_scrape_page("m", bad, strlen(bad), &load, &prev, why, sizeof(why)), 0);
+    assert_int_equal(
+        atc_load_scrape_page("m", ATC_ENGINE_OPENAI, bad, strlen(bad), &load, &prev, why, sizeof(why)), 0);
     assert_true(isnan(load.kv_tokens));
     const char *sg = "sglang:max_total_num_tokens{model_name=\"m\"} 900000\n";
-    assert_int_equal(atc_load_scrape_page("m", sg, strlen(sg), &load, &prev, why, sizeof(why)), 0);
+    assert_int_equal(
+        atc_load_scrape_page("m", ATC_ENGINE_OPENAI, sg, strlen(sg), &load, &prev, why, sizeof(why)), 0);
     assert_true(load.kv_tokens == 900000);
+}
+
+/* Each engine's /metrics page as it writes it today, read by its profile; the generic profile reads the
+ * names of every engine, old ones too, and an engine profile only its own engine's current names. */
+static void test_load_by_engine(void **state)
+{
+    static const struct {
+        unsigned engine;
+        const char *page;
+        double running, waiting, kv;
+    } pages[] = {
+        {ATC_ENGINE_VLLM,
+         "# TYPE vllm:num_requests_running gauge\n"
+         "vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 5.0\n"
+         "vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 2.0\n"
+         "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.4\n",
+         5, 2, 0.4},
+        {ATC_ENGINE_SGLANG,
+         "sglang:num_running_reqs{model_name=\"m\",engine_type=\"unified\",tp_rank=\"0\"} 6.0\n"
+         "sglang:num_queue_reqs{model_name=\"m\",engine_type=\"unified\",tp_rank=\"0\"} 3.0\n"
+         "sglang:token_usage{model_name=\"m\",engine_type=\"unified\",tp_rank=\"0\"} 0.3\n",
+         6, 3, 0.3},
+        {ATC_ENGINE_LLAMACPP,
+         "# HELP llamacpp:requests_processing Number of requests processing.\n"
+         "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 4\n"
+         "# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 1\n"
+         "llamacpp:n_tokens_max 4096\n",
+         4, 1, NAN},
+        {ATC_ENGINE_TGI,
+         "# TYPE tgi_queue_size gauge\ntgi_queue_size 7\n"
+         "# TYPE tgi_batch_current_size gauge\ntgi_batch_current_size 8\ntgi_batch_max_total_tokens 64000\n",
+         8, 7, NAN},
+    };
+    char why[128];
+    for (size_t i = 0; i < sizeof(pages) / sizeof(pages[0]); i++) {
+        for (unsigned as = 0; as < 2; as++) { /* its own profile, then the generic one */
+            struct atc_server_load load = {.prefix_hit_rate = NAN};
+            struct atc_load_counters prev = {0};
+            const char *pg = pages[i].page;
+            unsigned engine = as == 0 ? pages[i].engine : ATC_ENGINE_OPENAI;
+            assert_int_equal(
+                atc_load_scrape_page("m", engine, pg, strlen(pg), &load, &prev, why, sizeof(why)), 0);
+            assert_true(load.running == pages[i].running);
+            assert_true(load.waiting == pages[i].waiting);
+            assert_true(isnan(pages[i].kv) ? isnan(load.kv_usage) : load.kv_usage == pages[i].kv);
+        }
+    }
+    /* TGI's token budget is its KV cache's size */
+    struct atc_server_load load = {.prefix_hit_rate = NAN};
+    struct atc_load_counters prev = {0};
+    const char *tgi = pages[3].page;
+    assert_int_equal(
+        atc_load_scrape_page("m", ATC_ENGINE_TGI, tgi, strlen(tgi), &load, &prev, why, sizeof(why)), 0);
+    assert_true(load.kv_tokens == 64000);
+    /* an engine profile reads its own names only: llama.cpp's old KV gauge, or another engine's names */
+    const char *old = "llamacpp:kv_cache_usage_ratio 0.9\nvllm:num_requests_running 3\n";
+    assert_int_equal(
+        atc_load_scrape_page("m", ATC_ENGINE_LLAMACPP, old, strlen(old), &load, &prev, why, sizeof(why)), 0);
+    assert_true(isnan(load.kv_usage) && isnan(load.running));
+    assert_int_equal(
+        atc_load_scrape_page("m", ATC_ENGINE_OPENAI, old, strlen(old), &load, &prev, why, sizeof(why)), 0);
+    assert_true(load.kv_usage == 0.9 && load.running == 3);
 }
 
 static void test_jitter_and_ramp(void **state)
@@ -287,6 +358,7 @@ int main(void)
         cmocka_unit_test(test_models_list),
         cmocka_unit_test(test_inference_answer),
         cmocka_unit_test(test_load_from_a_page),
+        cmocka_unit_test(test_load_by_engine),
         cmocka_unit_test(test_jitter_and_ramp),
         cmocka_unit_test(test_last_error_text),
         cmocka_unit_test_setup_teardown(test_without_checks_endpoints_are_healthy_at_once, setup, teardown),
