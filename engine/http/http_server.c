@@ -415,6 +415,18 @@ static void conn_error(struct http_conn *c, int status, const char *code, const 
         c->s->cfg.on_refused(c->s->arg, status, code, message);
 }
 
+/* What the client is told for a head the parser refused with a code of its own (h->refused). */
+static const char *refused_message(const char *code)
+{
+    if (strcmp(code, "obs_fold") == 0)
+        return "a header line starts with a space or tab (obs-fold); send each header on one line";
+    if (strcmp(code, "nul_in_header") == 0)
+        return "a header contains a NUL byte";
+    if (strcmp(code, "missing_host") == 0)
+        return "an HTTP/1.1 request needs a Host header";
+    return "too many empty lines before the request line";
+}
+
 static int reserve(struct http_conn *c, size_t need)
 {
     if (need <= c->cap)
@@ -511,11 +523,8 @@ static void conn_process(struct http_conn *c)
                     conn_error(c, 431, "headers_too_many", "too many header lines");
                 else if (rc == -501)
                     conn_error(c, 501, "not_implemented", "transfer coding not supported");
-                else if (h->refused != NULL && strcmp(h->refused, "obs_fold") == 0)
-                    conn_error(c, 400, h->refused,
-                               "a header line starts with a space or tab (obs-fold); send each header on one line");
                 else if (h->refused != NULL)
-                    conn_error(c, 400, h->refused, "a header contains a NUL byte");
+                    conn_error(c, 400, h->refused, refused_message(h->refused));
                 else
                     conn_error(c, 400, "bad_request", "malformed request");
                 return;
@@ -561,13 +570,20 @@ static void conn_process(struct http_conn *c)
             return;
         }
         size_t pos = body_at + c->body_in, out = body_at + c->body_out;
+        c->chunk.max_body = s->cfg.max_body;
         int rc = atc_http_chunked_decode(&c->chunk, c->buf, c->len, &pos, &out);
-        c->body_in = pos - body_at;
-        c->body_out = out - body_at;
-        if (rc < 0 || c->body_out > s->cfg.max_body) {
-            /* as evhttp answered both: 413 (test_hostile pins it) */
-            conn_error(c, 413, "request_too_large",
-                       rc < 0 ? "malformed chunked request body" : "request body over the server's limit");
+        /* The framing consumed (sizes, extensions, trailers, CRLFs) goes now: only the decoded body and
+         * the bytes not parsed yet stay, so what a client sends beyond its body costs no memory (an endless
+         * extension or trailer line, a run of leading zeros, was kept 1:1 until client_timeout). */
+        memmove(c->buf + out, c->buf + pos, c->len - pos);
+        c->len -= pos - out;
+        c->body_in = c->body_out = out - body_at;
+        if (rc == -2 || c->body_out > s->cfg.max_body) {
+            conn_error(c, 413, "request_too_large", "request body over the server's limit");
+            return;
+        }
+        if (rc < 0) {
+            conn_error(c, 400, "bad_chunked_framing", "malformed chunked request body");
             return;
         }
         if (rc == 0) {
