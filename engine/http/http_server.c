@@ -103,6 +103,15 @@ struct atc_http_server {
     void *arg;
     evutil_socket_t lfd;
     struct event *accept_ev;
+    /* Accepting pauses (accept_ev deleted) at max_connections, or when accept fails for want of a
+     * descriptor or of memory: then retry_ev tries again after ACCEPT_RETRY_MS, or a close does. Each
+     * of the two is logged once when it starts and once when it ends. */
+    bool accept_paused;
+    bool at_cap;           /* an episode at max_connections: ends when the backlog is empty */
+    bool starved;          /* an episode of failed accepts: ends with the next accept */
+    uint64_t waits;        /* times accepting paused at max_connections in this episode */
+    uint64_t failed;       /* accepts failed in this episode */
+    struct event retry_ev;
     uint16_t port;
     bool draining;
     struct timeval timeout, linger; /* common timeouts */
@@ -118,6 +127,11 @@ struct atc_http_server {
 
 static void conn_process(struct http_conn *c);
 static void conn_close(struct http_conn *c, bool tell);
+static void accept_resume(struct atc_http_server *s);
+
+/* After an accept failed for want of a descriptor or memory, how long until the next try (a close tries
+ * at once). */
+#define ACCEPT_RETRY_MS 250
 
 /* ---- small helpers ---- */
 
@@ -318,6 +332,7 @@ static void conn_close(struct http_conn *c, bool tell)
     LIST_REMOVE(c, link);
     c->s->nconns--;
     give_back_memory(c->s);
+    accept_resume(c->s); /* a descriptor and a place under the cap are free */
     if (!tell || !owed)
         r->cb = NULL;
     event_active(&c->defer, EV_TIMEOUT, 1);
@@ -652,18 +667,85 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     conn_close(c, true);
 }
 
+/* ---- accepting, paused at the cap and when descriptors run out ---- */
+
+static void accept_pause(struct atc_http_server *s)
+{
+    if (!s->accept_paused && s->accept_ev != NULL)
+        event_del(s->accept_ev);
+    s->accept_paused = true;
+}
+
+/* Watches the listener again if it was paused and there is room. */
+static void accept_resume(struct atc_http_server *s)
+{
+    size_t cap = s->cfg.max_connections;
+    if (!s->accept_paused || s->accept_ev == NULL || (cap > 0 && s->nconns >= cap))
+        return;
+    s->accept_paused = false;
+    event_del(&s->retry_ev);
+    event_add(s->accept_ev, NULL);
+}
+
+static void on_accept_retry(evutil_socket_t fd, short what, void *arg)
+{
+    accept_resume(arg);
+}
+
+/* accept failed with @p err for want of a descriptor (EMFILE, ENFILE) or of memory (ENOBUFS, ENOMEM):
+ * the listener stays readable, so watching it would spin (and log each try). Paused until a timer or
+ * a close; one line when it starts. */
+static void accept_starved(struct atc_http_server *s, int err)
+{
+    s->failed++;
+    if (!s->starved) {
+        s->starved = true;
+        atc_warn("listener :%u: accept: %s with %zu connections open: not accepting for a while", (unsigned)s->port,
+                 strerror(err), s->nconns);
+    }
+    accept_pause(s);
+    struct timeval tv = ms_tv(ACCEPT_RETRY_MS);
+    event_add(&s->retry_ev, &tv);
+}
+
 static void on_accept(evutil_socket_t lfd, short what, void *arg)
 {
     struct atc_http_server *s = arg;
     for (int i = 0; i < 64; i++) {
+        if (s->cfg.max_connections > 0 && s->nconns >= s->cfg.max_connections) {
+            if (!s->at_cap)
+                atc_warn("listener :%u: %zu connections open, max_connections: new ones wait until some close",
+                         (unsigned)s->port, s->nconns);
+            s->at_cap = true;
+            s->waits++;
+            accept_pause(s);
+            return;
+        }
         struct sockaddr_storage ss;
         socklen_t sl = sizeof(ss);
         evutil_socket_t fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-                atc_warn("accept: %s", strerror(errno));
+            int err = errno;
+            if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+                accept_starved(s, err);
+            } else if (err == EAGAIN && (s->at_cap || s->starved)) {
+                /* An episode ends when no client waits any more: one line, not one per close (each lets
+                 * one more in and the next accept pause again while clients wait). */
+                if (s->starved)
+                    atc_info("listener :%u: every waiting client accepted, after %llu accepts failed for want "
+                             "of a descriptor or memory",
+                             (unsigned)s->port, (unsigned long long)s->failed);
+                else
+                    atc_info("listener :%u: every waiting client accepted (%llu times at max_connections)",
+                             (unsigned)s->port, (unsigned long long)s->waits);
+                s->at_cap = s->starved = false;
+                s->waits = s->failed = 0;
+            }
+            else if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR && err != ECONNABORTED)
+                atc_warn("accept: %s", strerror(err));
             return;
         }
+
         struct http_conn *c = calloc(1, sizeof(*c));
         char *buf = c != NULL ? malloc(INPUT_START + 1) : NULL;
         if (buf == NULL) {
@@ -735,6 +817,7 @@ struct atc_http_server *atc_http_server_create(struct event_base *base, const st
     s->linger = common != NULL ? *common : tv;
     LIST_INIT(&s->conns);
     evtimer_assign(&s->trim, base, on_trim, s);
+    evtimer_assign(&s->retry_ev, base, on_accept_retry, s);
     return s;
 }
 
@@ -794,6 +877,7 @@ uint16_t atc_http_server_port(const struct atc_http_server *s)
 
 void atc_http_server_stop_listening(struct atc_http_server *s)
 {
+    event_del(&s->retry_ev);
     if (s->accept_ev != NULL)
         event_free(s->accept_ev);
     s->accept_ev = NULL;

@@ -35,6 +35,10 @@ struct atc_http_server_config {
     uint64_t max_body;   /* a larger request body is answered 413 (0: 1 MiB) */
     uint64_t timeout_ms; /* client_timeout (0: 60 s) */
     unsigned methods;    /* enum atc_http_method bits served; any other method is answered 501 */
+    /* Most connections open at once (0: no cap). At the cap the listener is not watched: the next
+     * clients wait in the kernel's backlog until a connection closes, instead of taking descriptors the
+     * process needs (and an accept that fails for want of one is retried on a timer, not spun on). */
+    size_t max_connections;
     /* Called (with the handler's arg) when the server answers a request itself, before any handler saw
      * it: a malformed or oversized head, a body over max_body, a bad chunk, a method not served. For the
      * access log; NULL: nothing. */

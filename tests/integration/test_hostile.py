@@ -2,14 +2,18 @@
 by a timeout), frees what it held (no request active, no endpoint slot taken), and leaves other clients
 unaffected. Raw sockets from Python's standard library; deadlines, not sleeps, decide every wait."""
 
+import errno
 import json
 import os
+import resource
 import select
 import socket
 import threading
 import time
 import unittest
+from unittest import mock
 
+import harness
 from harness import AtcTestCase, chat, request, stream_events, wait_for
 
 CLIENT_TIMEOUT = 1.0  # seconds: client_timeout in the config below
@@ -405,6 +409,57 @@ class FloodTest(HostileTestCase):
         self.assertEqual(status_of(answer), 400, answer[:300])
         self.assertIn(b'"code":"bad_chunked_framing"', answer)
         self.assert_normal_request_works()
+
+
+def cpu_seconds(pid):
+    """User plus system CPU time of process pid so far, from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class DescriptorsTest(AtcTestCase):
+    """With 128 descriptors and 300 clients that connect and send nothing, atc neither spins on accept nor
+    floods its log: it holds max_connections of them (derived from RLIMIT_NOFILE), the rest wait in the
+    backlog, and once they go a normal request is served."""
+
+    def test_300_idle_connections_with_128_descriptors(self):
+        self.idle_flood("", "max_connections")
+
+    def test_accept_backs_off_when_descriptors_run_out(self):
+        # a cap over what the descriptors allow: accept fails with EMFILE, and is retried on a timer
+        self.idle_flood("max_connections: 1000\n", "not accepting for a while")
+
+    def idle_flood(self, extra_config, logged):
+        def limit():
+            resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+        popen = harness.subprocess.Popen
+        with mock.patch.object(harness.subprocess, "Popen", lambda *a, **kw: popen(*a, preexec_fn=limit, **kw)):
+            atc = self.start_atc(CONFIG.format(decode_ms=2).replace("client_timeout: 1s", "client_timeout: 30s") +
+                                 "workers: 2\n" + extra_config)
+        socks = []
+        try:
+            for _ in range(300):
+                s = socket.socket()
+                s.setblocking(False)
+                self.assertIn(s.connect_ex(("127.0.0.1", atc.port)), (0, errno.EINPROGRESS))
+                socks.append(s)
+            cpu0, t0 = cpu_seconds(atc.proc.pid), time.monotonic()
+            # Over 4 s none of them is answered or dropped (client_timeout is 30 s) ...
+            readable, _, _ = select.select(socks, [], [], 4.0)
+            elapsed = time.monotonic() - t0
+            self.assertEqual(readable, [])
+            # ... and atc used under 30% of a core meanwhile, and wrote under 1 MB of log.
+            cpu = cpu_seconds(atc.proc.pid) - cpu0
+            self.assertLess(cpu, 0.3 * elapsed, f"{cpu:.2f} s of CPU in {elapsed:.2f} s")
+            self.assertLess(os.path.getsize(atc.log_path), 1 << 20)
+            self.assertIn(logged, atc.read_log())
+        finally:
+            for s in socks:
+                s.close()
+        status, _, body = chat(atc.port, max_tokens=2)
+        self.assertEqual(status, 200, body)
+        self.assertLess(os.path.getsize(atc.log_path), 1 << 20)
 
 
 class BodyTest(HostileTestCase):
