@@ -113,7 +113,6 @@ struct atc_http_server {
     uint64_t failed;       /* accepts failed in this episode */
     struct event retry_ev;
     uint16_t port;
-    bool draining;
     struct timeval timeout, linger; /* common timeouts */
     LIST_HEAD(, http_conn) conns;
     size_t nconns;
@@ -392,7 +391,7 @@ static void conn_linger(struct http_conn *c)
 static bool closing(const struct http_conn *c)
 {
     const struct atc_http_req *r = &c->req;
-    return r->close_after || !r->head.keep_alive || c->s->draining || c->eof;
+    return r->close_after || !r->head.keep_alive || c->eof;
 }
 
 /* The answer is complete and written to the socket (or queued in c->out: then on_writable comes back).
@@ -515,7 +514,7 @@ static void conn_process(struct http_conn *c)
                 c->cap = INPUT_START;
             }
         }
-        if (c->len == 0 && (s->draining || c->eof)) {
+        if (c->len == 0 && c->eof) {
             conn_close(c, false);
             return;
         }
@@ -886,17 +885,6 @@ void atc_http_server_stop_listening(struct atc_http_server *s)
     s->lfd = -1;
 }
 
-void atc_http_server_drain(struct atc_http_server *s)
-{
-    s->draining = true;
-    struct http_conn *c, *next;
-    for (c = LIST_FIRST(&s->conns); c != NULL; c = next) {
-        next = LIST_NEXT(c, link);
-        if (c->state == CONN_READING && c->len == c->start)
-            conn_close(c, false); /* idle keep-alive */
-    }
-}
-
 size_t atc_http_server_connections(const struct atc_http_server *s)
 {
     return s->nconns;
@@ -951,11 +939,6 @@ const char *atc_http_req_body(const struct atc_http_req *r, size_t *len)
     return r->body;
 }
 
-const char *atc_http_req_peer(const struct atc_http_req *r)
-{
-    return r->c->peer;
-}
-
 void atc_http_req_set_callbacks(struct atc_http_req *r, const struct atc_http_req_callbacks *cb, void *arg)
 {
     struct http_conn *c = r->c;
@@ -982,7 +965,7 @@ static size_t build_head(struct atc_http_req *r, char *dst, size_t size, int sta
                          const char *headers, int64_t length)
 {
     struct http_conn *c = r->c;
-    bool close = r->close_after || !r->head.keep_alive || c->s->draining;
+    bool close = r->close_after || !r->head.keep_alive;
     if (close)
         r->close_after = true;
     const char *reason = atc_http_reason(status);
