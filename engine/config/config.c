@@ -288,6 +288,7 @@ static const struct field root_fields[] = {
     {.key = "admin_token", .kind = F_STR, .off = CFG(admin_token)},
     {.key = "client_timeout", .kind = F_MS, .off = CFG(client_timeout_ms), .min = 1},
     {.key = "workers", .kind = F_UINT, .off = CFG(workers), .min = 1, .max = ATC_MAX_WORKERS},
+    {.key = "max_connections", .kind = F_UINT, .off = CFG(max_connections), .min = 1, .max = 1u << 24},
     {.key = "health", .kind = F_NODE},
     {.key = "models", .kind = F_NODE},
     {.key = "simulate", .kind = F_NODE},

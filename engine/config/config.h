@@ -185,6 +185,8 @@ struct atc_config {
                                    10s) */
     uint64_t client_timeout_ms; /* client_timeout: reading a request from a client (default 30s) */
     unsigned workers;           /* workers: threads serving clients (default: one per core, at most 16) */
+    unsigned max_connections;   /* max_connections: client connections open at once on the front port, all
+                                   workers together (default: half of RLIMIT_NOFILE, less 16) */
 
     struct atc_health_config health;  /* health: the top-level settings */
     struct atc_signal_params signals; /* signals: priors of the routing signals (config/signal_params.h) */

@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "config/config.h"
@@ -122,6 +123,13 @@ struct atc_config *atc_config_new(const char *name, const char *dir)
     cfg->max_body = (size_t)8 << 20;
     cfg->drain_timeout_ms = 10000;
     cfg->client_timeout_ms = 30000;
+    /* A client connection may hold an upstream one: half the descriptors, less some for the listeners,
+     * logs, health checks and the loops' own. */
+    struct rlimit nofile;
+    rlim_t fds = getrlimit(RLIMIT_NOFILE, &nofile) == 0 ? nofile.rlim_cur : 1024;
+    cfg->max_connections = fds == RLIM_INFINITY || fds > (1u << 25) ? 1u << 24
+                           : fds > 64                               ? (unsigned)(fds / 2 - 16)
+                                                                    : 16;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     cfg->workers = cores < 1 ? 1 : cores > ATC_MAX_WORKERS ? ATC_MAX_WORKERS : (unsigned)cores;
     cfg->health = (struct atc_health_config){

@@ -36,6 +36,10 @@
 #include "core/reloader.h"
 #include "proxy/worker.h"
 
+/* Connections open at once on the admin port, beyond the front's max_connections: operators' tools and
+ * scrapers, a handful; more wait in the backlog. */
+#define ADMIN_MAX_CONNECTIONS 64
+
 /* Bodies between max_body and this get the front's OpenAI-style 413 (with the request's id and its
  * metrics); beyond it the HTTP server refuses at the head, before reading the body (413 and a closed
  * connection), so a hostile upload cannot fill memory. */
@@ -691,6 +695,9 @@ static int start_worker(struct atc_server *srv, struct atc_worker *w, const char
         .timeout_ms = cfg->client_timeout_ms,
         .methods = ATC_HTTP_GET | ATC_HTTP_POST | ATC_HTTP_HEAD,
         .on_refused = atc_http_front_refused,
+        /* each worker has its own listener (SO_REUSEPORT): the process's cap, shared out */
+        .max_connections = cfg->max_connections / srv->group.nworkers > 0 ? cfg->max_connections / srv->group.nworkers
+                                                                         : 1,
     };
     if ((w->front = atc_http_server_create(w->base, &http_cfg, atc_http_front_handle, w)) == NULL) {
         evutil_closesocket(listen_fd);
@@ -864,6 +871,7 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
         .max_body = cfg->max_body,
         .timeout_ms = cfg->client_timeout_ms,
         .methods = ATC_HTTP_GET | ATC_HTTP_POST | ATC_HTTP_HEAD,
+        .max_connections = ADMIN_MAX_CONNECTIONS,
     };
     if ((srv->admin = atc_http_server_create(base, &admin_cfg, admin_handle, srv)) == NULL ||
         atc_http_server_listen(srv->admin, admin_fd) < 0) {

@@ -20,10 +20,11 @@
  * in the same way, and stays so.
  *
  * What is accepted: a request line METHOD SP target SP HTTP/1.0|1.1, header lines name ":" OWS value OWS,
- * lines ended by CRLF or a bare LF, empty lines before the request line skipped (RFC 9112 2.2). Refused
- * (400): anything else on the request line, a header name with a byte outside tchar, a value with a
- * control byte (NUL included) other than HTAB, a bare CR, obs-fold, a Content-Length that is not
- * digits, Transfer-Encoding together with Content-Length. */
+ * lines ended by CRLF or a bare LF, up to ATC_HTTP_MAX_EMPTY_LINES empty lines before the request line
+ * skipped (RFC 9112 2.2). Refused (400): more of them, HTTP/1.1 without Host, anything else on the request
+ * line, a header name with a byte outside tchar, a value with a control byte (NUL included) other than
+ * HTAB, a bare CR, obs-fold, a Content-Length that is not digits, Transfer-Encoding together with
+ * Content-Length. Chunked framing is bounded (ATC_HTTP_MAX_CHUNK_LINE, ATC_HTTP_MAX_TRAILERS). */
 #include "http/http_parse.h"
 
 #include <string.h>
@@ -231,16 +232,21 @@ static int framing(struct atc_http_head *h, const char *name, size_t name_len, c
 
 int atc_http_parse_request(char *buf, size_t len, size_t max_head, struct atc_http_head *h)
 {
+    /* Empty lines before the request line: a few are skipped, more refused, so that a stream of them is
+     * neither buffered without end nor rescanned at each read (each call sees at most these bytes). */
+    h->refused = NULL;
     size_t skip = 0;
     while (skip < len && (buf[skip] == '\r' || buf[skip] == '\n'))
-        skip++;
+        if (++skip > 2 * ATC_HTTP_MAX_EMPTY_LINES) {
+            h->refused = "too_many_empty_lines";
+            return -400;
+        }
     size_t scan = len < max_head + skip ? len : max_head + skip;
     size_t end = head_end(buf + skip, scan - skip);
     if (end == 0)
         return len >= max_head + skip ? -400 : 0;
     end += skip;
     char *p = buf + skip, *stop = buf + end;
-    h->refused = NULL;
     if (memchr(p, '\0', (size_t)(stop - p)) != NULL) {
         h->refused = "nul_in_header"; /* evhttp cut a value there: the next hop may read the rest */
         return -400;
@@ -288,6 +294,10 @@ int atc_http_parse_request(char *buf, size_t len, size_t max_head, struct atc_ht
     }
     if (h->chunked && h->content_length >= 0)
         return -400;
+    if (h->minor == 1 && atc_http_head_find(h, "host") == NULL) {
+        h->refused = "missing_host"; /* RFC 9112 3.2: an HTTP/1.1 request without Host is a 400 */
+        return -400;
+    }
     char *q = strchr(h->path, '?');
     h->query = NULL;
     if (q != NULL) {
@@ -320,6 +330,7 @@ enum {
     CH_DATA_LF,
     CH_TRAILER,      /* start of a trailer line, or the final empty line */
     CH_TRAILER_LINE, /* inside a trailer field line */
+    CH_TRAILER_LF,   /* a trailer line's LF after its CR */
     CH_LAST_LF,      /* the final line's LF after its CR */
     CH_SIZE_WS,      /* OWS between the size and ';' or the line's end */
 };
@@ -331,6 +342,17 @@ static int hexval(char c)
     c = (char)(c | 0x20);
     return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
 }
+
+/* One byte of a size line or of the trailers taken: over @p limit of them, the framing is refused. Every
+ * byte that is not chunk data goes through here, so framing costs a peer at most those bytes per chunk
+ * (and the caller drops what was consumed): an endless extension, trailer, run of leading zeros or of
+ * OWS is refused at once instead of waiting for client_timeout while it is buffered. */
+#define TAKE(limit)                                                                                            \
+    do {                                                                                                       \
+        i++;                                                                                                   \
+        if (++c->line > (limit))                                                                               \
+            rc = -1;                                                                                           \
+    } while (0)
 
 int atc_http_chunked_decode(struct atc_http_chunked *c, char *buf, size_t len, size_t *pos, size_t *out)
 {
@@ -348,7 +370,12 @@ int atc_http_chunked_decode(struct atc_http_chunked *c, char *buf, size_t len, s
                 }
                 c->size_digits++;
                 c->left = c->left * 16 + (uint64_t)d;
-                i++;
+                /* refused as soon as the size says so, not after client_timeout waiting for its data */
+                if (c->max_body > 0 && c->left > c->max_body - c->body) {
+                    rc = -2;
+                    break;
+                }
+                TAKE(ATC_HTTP_MAX_CHUNK_LINE);
                 break;
             }
             /* The size ends at OWS, ';' or the line's end: "0x5" or "5zz" is no size (read leniently it
@@ -362,7 +389,7 @@ int atc_http_chunked_decode(struct atc_http_chunked *c, char *buf, size_t len, s
         }
         case CH_SIZE_WS: /* OWS after the size: more of it, then ';' or the line's end */
             if (ch == ' ' || ch == '\t') {
-                i++;
+                TAKE(ATC_HTTP_MAX_CHUNK_LINE);
             } else if (ch == ';' || ch == '\r' || ch == '\n') {
                 c->state = CH_EXT;
             } else {
@@ -374,9 +401,10 @@ int atc_http_chunked_decode(struct atc_http_chunked *c, char *buf, size_t len, s
              * the verdict on what follows it does not depend on whether the CR was the last byte of a read. */
             if (ch == '\r' || ch == '\n') {
                 c->state = CH_EXT_LF;
-                i += ch == '\r';
+                if (ch == '\r')
+                    TAKE(ATC_HTTP_MAX_CHUNK_LINE);
             } else if (value_byte((unsigned char)ch)) {
-                i++;
+                TAKE(ATC_HTTP_MAX_CHUNK_LINE);
             } else {
                 rc = -1;
             }
@@ -388,6 +416,8 @@ int atc_http_chunked_decode(struct atc_http_chunked *c, char *buf, size_t len, s
             }
             i++;
             c->size_digits = 0;
+            c->line = 0;
+            c->body += c->left;
             c->state = c->left > 0 ? CH_DATA : CH_TRAILER;
             break;
         case CH_DATA: {
@@ -421,8 +451,8 @@ int atc_http_chunked_decode(struct atc_http_chunked *c, char *buf, size_t len, s
                 i++;
                 rc = 1;
             } else if (ch == '\r') {
-                i++;
                 c->state = CH_LAST_LF;
+                TAKE(ATC_HTTP_MAX_TRAILERS);
             } else if (ch == ' ' || ch == '\t' || !tchar[(unsigned char)ch]) {
                 rc = -1;
             } else {
@@ -430,13 +460,23 @@ int atc_http_chunked_decode(struct atc_http_chunked *c, char *buf, size_t len, s
             }
             break;
         case CH_TRAILER_LINE:
-            if (ch != '\n' && ch != '\r' && !value_byte((unsigned char)ch)) {
+            /* a CR only as the line's end: a bare one is a line break to some hops and not to others */
+            if (ch == '\n')
+                c->state = CH_TRAILER;
+            else if (ch == '\r')
+                c->state = CH_TRAILER_LF;
+            else if (!value_byte((unsigned char)ch))
+                rc = -1;
+            if (rc == 0)
+                TAKE(ATC_HTTP_MAX_TRAILERS);
+            break;
+        case CH_TRAILER_LF:
+            if (ch != '\n') {
                 rc = -1;
                 break;
             }
-            if (ch == '\n')
-                c->state = CH_TRAILER;
-            i++;
+            c->state = CH_TRAILER;
+            TAKE(ATC_HTTP_MAX_TRAILERS);
             break;
         case CH_LAST_LF:
             if (ch != '\n') {

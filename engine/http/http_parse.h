@@ -14,6 +14,13 @@
 
 /* Most header lines in one request; one more is answered 431. */
 #define ATC_HTTP_MAX_HEADERS 100
+/* Most empty lines before a request line (RFC 9112 2.2 asks a server to skip at least one); a stream of
+ * them is refused (-400) rather than buffered. */
+#define ATC_HTTP_MAX_EMPTY_LINES 4
+/* Longest chunk-size line (size, leading zeros, OWS, extensions, CRLF), and longest trailer section of a
+ * chunked body: what framing may cost a peer beyond the body, the rest is refused as malformed. */
+#define ATC_HTTP_MAX_CHUNK_LINE 4096
+#define ATC_HTTP_MAX_TRAILERS (16 * 1024)
 
 enum atc_http_method {
     ATC_HTTP_GET = 1 << 0,
@@ -57,10 +64,12 @@ struct atc_http_head {
 };
 
 /** Parses the request head at the start of @p buf (@p len bytes, at most @p max_head of which may be the
- * head). Returns the head's length in bytes (its slices in @p h point into @p buf, which it modifies:
- * NULs after each slice; h->base is @p buf), 0 when the head is not complete yet (nothing is modified), or
- * -status when it is not acceptable: -400 (malformed, or longer than @p max_head), -431 (too many headers),
- * -501 (a transfer coding other than chunked). */
+ * head, after at most ATC_HTTP_MAX_EMPTY_LINES empty lines). Returns the head's length in bytes, the empty
+ * lines before it included (its slices in @p h point into @p buf, which it modifies: NULs after each
+ * slice; h->base is @p buf), 0 when the head is not complete yet (nothing is modified), or -status when it
+ * is not acceptable: -400 (malformed, longer than @p max_head, more empty lines before it, or HTTP/1.1
+ * without Host: then h->refused says which when it has a code of its own), -431 (too many headers), -501
+ * (a transfer coding other than chunked). */
 int atc_http_parse_request(char *buf, size_t len, size_t max_head, struct atc_http_head *h);
 
 /** The value of header @p name (case-insensitive) of @p h, or NULL. The first one when repeated. */
@@ -76,19 +85,25 @@ static inline const char *atc_http_header_value(const struct atc_http_head *h, u
     return h->base + h->headers[i].value;
 }
 
-/* A chunked body being decoded in place. Zero it to start. */
+/* A chunked body being decoded in place. Zero it to start; then set max_body if the body has a limit. */
 struct atc_http_chunked {
-    uint64_t left; /* bytes of the current chunk's data still to come */
+    uint64_t max_body; /* the caller's: a chunk size that takes the body past this is refused (0: none) */
+    uint64_t body;     /* data bytes announced by the chunk sizes so far */
+    uint64_t left;     /* bytes of the current chunk's data still to come */
+    uint32_t line;     /* bytes of the current size line, or of the trailer section, so far */
     int state;
     unsigned size_digits;
     bool done;
 };
 
 /** Decodes the chunked bytes at @p buf[*@p pos .. @p len): data moves down to @p buf[*@p out ..], so the
- * decoded body stays contiguous. Advances *@p pos over what it consumed and *@p out over the data kept.
- * Returns 1 when the body (its last chunk and trailers) is complete, with *@p pos just past it; 0 when
- * more bytes are needed; -1 on a framing error (the data decoded before it is in place and counted in
- * *@p out all the same). Chunk extensions and trailer fields are skipped. */
+ * decoded body stays contiguous. Advances *@p pos over what it consumed and *@p out over the data kept;
+ * the bytes between the two may be dropped by the caller (framing, decoded already). Returns 1 when the
+ * body (its last chunk and trailers) is complete, with *@p pos just past it; 0 when more bytes are needed;
+ * -1 on a framing error (a size line over ATC_HTTP_MAX_CHUNK_LINE, trailers over ATC_HTTP_MAX_TRAILERS, a
+ * bare CR, a size over 64 bits, ...); -2 as soon as a chunk's size takes the body past c->max_body, before
+ * its data comes. After an error the data decoded before it is in place and counted in *@p out all the
+ * same. Chunk extensions and trailer fields are skipped. */
 int atc_http_chunked_decode(struct atc_http_chunked *c, char *buf, size_t len, size_t *pos, size_t *out);
 
 /** Whether the comma-separated header value @p v holds @p token (case-insensitive). */

@@ -103,8 +103,16 @@ struct atc_http_server {
     void *arg;
     evutil_socket_t lfd;
     struct event *accept_ev;
+    /* Accepting pauses (accept_ev deleted) at max_connections, or when accept fails for want of a
+     * descriptor or of memory: then retry_ev tries again after ACCEPT_RETRY_MS, or a close does. Each
+     * of the two is logged once when it starts and once when it ends. */
+    bool accept_paused;
+    bool at_cap;           /* an episode at max_connections: ends when the backlog is empty */
+    bool starved;          /* an episode of failed accepts: ends with the next accept */
+    uint64_t waits;        /* times accepting paused at max_connections in this episode */
+    uint64_t failed;       /* accepts failed in this episode */
+    struct event retry_ev;
     uint16_t port;
-    bool draining;
     struct timeval timeout, linger; /* common timeouts */
     LIST_HEAD(, http_conn) conns;
     size_t nconns;
@@ -118,6 +126,11 @@ struct atc_http_server {
 
 static void conn_process(struct http_conn *c);
 static void conn_close(struct http_conn *c, bool tell);
+static void accept_resume(struct atc_http_server *s);
+
+/* After an accept failed for want of a descriptor or memory, how long until the next try (a close tries
+ * at once). */
+#define ACCEPT_RETRY_MS 250
 
 /* ---- small helpers ---- */
 
@@ -318,6 +331,7 @@ static void conn_close(struct http_conn *c, bool tell)
     LIST_REMOVE(c, link);
     c->s->nconns--;
     give_back_memory(c->s);
+    accept_resume(c->s); /* a descriptor and a place under the cap are free */
     if (!tell || !owed)
         r->cb = NULL;
     event_active(&c->defer, EV_TIMEOUT, 1);
@@ -377,7 +391,7 @@ static void conn_linger(struct http_conn *c)
 static bool closing(const struct http_conn *c)
 {
     const struct atc_http_req *r = &c->req;
-    return r->close_after || !r->head.keep_alive || c->s->draining || c->eof;
+    return r->close_after || !r->head.keep_alive || c->eof;
 }
 
 /* The answer is complete and written to the socket (or queued in c->out: then on_writable comes back).
@@ -413,6 +427,18 @@ static void conn_error(struct http_conn *c, int status, const char *code, const 
                          NULL);
     if (c->s->cfg.on_refused != NULL && status != 500) /* not an out-of-memory: nothing to log it with */
         c->s->cfg.on_refused(c->s->arg, status, code, message);
+}
+
+/* What the client is told for a head the parser refused with a code of its own (h->refused). */
+static const char *refused_message(const char *code)
+{
+    if (strcmp(code, "obs_fold") == 0)
+        return "a header line starts with a space or tab (obs-fold); send each header on one line";
+    if (strcmp(code, "nul_in_header") == 0)
+        return "a header contains a NUL byte";
+    if (strcmp(code, "missing_host") == 0)
+        return "an HTTP/1.1 request needs a Host header";
+    return "too many empty lines before the request line";
 }
 
 static int reserve(struct http_conn *c, size_t need)
@@ -488,7 +514,7 @@ static void conn_process(struct http_conn *c)
                 c->cap = INPUT_START;
             }
         }
-        if (c->len == 0 && (s->draining || c->eof)) {
+        if (c->len == 0 && c->eof) {
             conn_close(c, false);
             return;
         }
@@ -511,11 +537,8 @@ static void conn_process(struct http_conn *c)
                     conn_error(c, 431, "headers_too_many", "too many header lines");
                 else if (rc == -501)
                     conn_error(c, 501, "not_implemented", "transfer coding not supported");
-                else if (h->refused != NULL && strcmp(h->refused, "obs_fold") == 0)
-                    conn_error(c, 400, h->refused,
-                               "a header line starts with a space or tab (obs-fold); send each header on one line");
                 else if (h->refused != NULL)
-                    conn_error(c, 400, h->refused, "a header contains a NUL byte");
+                    conn_error(c, 400, h->refused, refused_message(h->refused));
                 else
                     conn_error(c, 400, "bad_request", "malformed request");
                 return;
@@ -561,13 +584,20 @@ static void conn_process(struct http_conn *c)
             return;
         }
         size_t pos = body_at + c->body_in, out = body_at + c->body_out;
+        c->chunk.max_body = s->cfg.max_body;
         int rc = atc_http_chunked_decode(&c->chunk, c->buf, c->len, &pos, &out);
-        c->body_in = pos - body_at;
-        c->body_out = out - body_at;
-        if (rc < 0 || c->body_out > s->cfg.max_body) {
-            /* as evhttp answered both: 413 (test_hostile pins it) */
-            conn_error(c, 413, "request_too_large",
-                       rc < 0 ? "malformed chunked request body" : "request body over the server's limit");
+        /* The framing consumed (sizes, extensions, trailers, CRLFs) goes now: only the decoded body and
+         * the bytes not parsed yet stay, so what a client sends beyond its body costs no memory (an endless
+         * extension or trailer line, a run of leading zeros, was kept 1:1 until client_timeout). */
+        memmove(c->buf + out, c->buf + pos, c->len - pos);
+        c->len -= pos - out;
+        c->body_in = c->body_out = out - body_at;
+        if (rc == -2 || c->body_out > s->cfg.max_body) {
+            conn_error(c, 413, "request_too_large", "request body over the server's limit");
+            return;
+        }
+        if (rc < 0) {
+            conn_error(c, 400, "bad_chunked_framing", "malformed chunked request body");
             return;
         }
         if (rc == 0) {
@@ -636,18 +666,85 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     conn_close(c, true);
 }
 
+/* ---- accepting, paused at the cap and when descriptors run out ---- */
+
+static void accept_pause(struct atc_http_server *s)
+{
+    if (!s->accept_paused && s->accept_ev != NULL)
+        event_del(s->accept_ev);
+    s->accept_paused = true;
+}
+
+/* Watches the listener again if it was paused and there is room. */
+static void accept_resume(struct atc_http_server *s)
+{
+    size_t cap = s->cfg.max_connections;
+    if (!s->accept_paused || s->accept_ev == NULL || (cap > 0 && s->nconns >= cap))
+        return;
+    s->accept_paused = false;
+    event_del(&s->retry_ev);
+    event_add(s->accept_ev, NULL);
+}
+
+static void on_accept_retry(evutil_socket_t fd, short what, void *arg)
+{
+    accept_resume(arg);
+}
+
+/* accept failed with @p err for want of a descriptor (EMFILE, ENFILE) or of memory (ENOBUFS, ENOMEM):
+ * the listener stays readable, so watching it would spin (and log each try). Paused until a timer or
+ * a close; one line when it starts. */
+static void accept_starved(struct atc_http_server *s, int err)
+{
+    s->failed++;
+    if (!s->starved) {
+        s->starved = true;
+        atc_warn("listener :%u: accept: %s with %zu connections open: not accepting for a while", (unsigned)s->port,
+                 strerror(err), s->nconns);
+    }
+    accept_pause(s);
+    struct timeval tv = ms_tv(ACCEPT_RETRY_MS);
+    event_add(&s->retry_ev, &tv);
+}
+
 static void on_accept(evutil_socket_t lfd, short what, void *arg)
 {
     struct atc_http_server *s = arg;
     for (int i = 0; i < 64; i++) {
+        if (s->cfg.max_connections > 0 && s->nconns >= s->cfg.max_connections) {
+            if (!s->at_cap)
+                atc_warn("listener :%u: %zu connections open, max_connections: new ones wait until some close",
+                         (unsigned)s->port, s->nconns);
+            s->at_cap = true;
+            s->waits++;
+            accept_pause(s);
+            return;
+        }
         struct sockaddr_storage ss;
         socklen_t sl = sizeof(ss);
         evutil_socket_t fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-                atc_warn("accept: %s", strerror(errno));
+            int err = errno;
+            if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+                accept_starved(s, err);
+            } else if (err == EAGAIN && (s->at_cap || s->starved)) {
+                /* An episode ends when no client waits any more: one line, not one per close (each lets
+                 * one more in and the next accept pause again while clients wait). */
+                if (s->starved)
+                    atc_info("listener :%u: every waiting client accepted, after %llu accepts failed for want "
+                             "of a descriptor or memory",
+                             (unsigned)s->port, (unsigned long long)s->failed);
+                else
+                    atc_info("listener :%u: every waiting client accepted (%llu times at max_connections)",
+                             (unsigned)s->port, (unsigned long long)s->waits);
+                s->at_cap = s->starved = false;
+                s->waits = s->failed = 0;
+            }
+            else if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR && err != ECONNABORTED)
+                atc_warn("accept: %s", strerror(err));
             return;
         }
+
         struct http_conn *c = calloc(1, sizeof(*c));
         char *buf = c != NULL ? malloc(INPUT_START + 1) : NULL;
         if (buf == NULL) {
@@ -719,6 +816,7 @@ struct atc_http_server *atc_http_server_create(struct event_base *base, const st
     s->linger = common != NULL ? *common : tv;
     LIST_INIT(&s->conns);
     evtimer_assign(&s->trim, base, on_trim, s);
+    evtimer_assign(&s->retry_ev, base, on_accept_retry, s);
     return s;
 }
 
@@ -778,23 +876,13 @@ uint16_t atc_http_server_port(const struct atc_http_server *s)
 
 void atc_http_server_stop_listening(struct atc_http_server *s)
 {
+    event_del(&s->retry_ev);
     if (s->accept_ev != NULL)
         event_free(s->accept_ev);
     s->accept_ev = NULL;
     if (s->lfd >= 0)
         evutil_closesocket(s->lfd);
     s->lfd = -1;
-}
-
-void atc_http_server_drain(struct atc_http_server *s)
-{
-    s->draining = true;
-    struct http_conn *c, *next;
-    for (c = LIST_FIRST(&s->conns); c != NULL; c = next) {
-        next = LIST_NEXT(c, link);
-        if (c->state == CONN_READING && c->len == c->start)
-            conn_close(c, false); /* idle keep-alive */
-    }
 }
 
 size_t atc_http_server_connections(const struct atc_http_server *s)
@@ -851,11 +939,6 @@ const char *atc_http_req_body(const struct atc_http_req *r, size_t *len)
     return r->body;
 }
 
-const char *atc_http_req_peer(const struct atc_http_req *r)
-{
-    return r->c->peer;
-}
-
 void atc_http_req_set_callbacks(struct atc_http_req *r, const struct atc_http_req_callbacks *cb, void *arg)
 {
     struct http_conn *c = r->c;
@@ -882,7 +965,7 @@ static size_t build_head(struct atc_http_req *r, char *dst, size_t size, int sta
                          const char *headers, int64_t length)
 {
     struct http_conn *c = r->c;
-    bool close = r->close_after || !r->head.keep_alive || c->s->draining;
+    bool close = r->close_after || !r->head.keep_alive;
     if (close)
         r->close_after = true;
     const char *reason = atc_http_reason(status);

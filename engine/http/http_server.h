@@ -35,6 +35,10 @@ struct atc_http_server_config {
     uint64_t max_body;   /* a larger request body is answered 413 (0: 1 MiB) */
     uint64_t timeout_ms; /* client_timeout (0: 60 s) */
     unsigned methods;    /* enum atc_http_method bits served; any other method is answered 501 */
+    /* Most connections open at once (0: no cap). At the cap the listener is not watched: the next
+     * clients wait in the kernel's backlog until a connection closes, instead of taking descriptors the
+     * process needs (and an accept that fails for want of one is retried on a timer, not spun on). */
+    size_t max_connections;
     /* Called (with the handler's arg) when the server answers a request itself, before any handler saw
      * it: a malformed or oversized head, a body over max_body, a bad chunk, a method not served. For the
      * access log; NULL: nothing. */
@@ -61,9 +65,6 @@ uint16_t atc_http_server_port(const struct atc_http_server *s);
 /** Stops accepting (closes the listening socket); connections go on. */
 void atc_http_server_stop_listening(struct atc_http_server *s);
 
-/** From now on every answer says Connection: close and idle keep-alive connections are closed. */
-void atc_http_server_drain(struct atc_http_server *s);
-
 /** Open connections. */
 size_t atc_http_server_connections(const struct atc_http_server *s);
 
@@ -71,7 +72,15 @@ size_t atc_http_server_connections(const struct atc_http_server *s);
  * NULL is fine. Not from within one of its callbacks. */
 void atc_http_server_destroy(struct atc_http_server *s);
 
-/* ---- one request (valid from the handler's call until its answer is complete or on_gone) ---- */
+/* ---- one request ----
+ *
+ * A request lives in its connection's struct, and is valid from the handler's call:
+ *  - with no callbacks set, until its answer is complete (atc_http_reply, _reply_end, or _req_abort);
+ *  - with callbacks set (atc_http_req_set_callbacks), until the owner clears them (NULL), which it may do
+ *    after the answer ended (on_drained can still come then), or until on_gone returns.
+ * The connection may close before that (the client left, a write failed): from then on every call on the
+ * request does nothing, and on_gone follows from the loop, never from inside one of those calls. The next
+ * request of the connection is not read into this struct before the owner has let go. */
 
 enum atc_http_method atc_http_req_method(const struct atc_http_req *r);
 /** The path without the query, NUL-terminated (percent-encoding left as sent). */
@@ -84,8 +93,6 @@ const char *atc_http_req_header(const struct atc_http_req *r, const char *name);
 const struct atc_http_head *atc_http_req_head(const struct atc_http_req *r);
 /** The body (dechunked), contiguous; "" when none. Valid while the request is. */
 const char *atc_http_req_body(const struct atc_http_req *r, size_t *len);
-/** The client's address as text ("127.0.0.1:52344"). */
-const char *atc_http_req_peer(const struct atc_http_req *r);
 
 struct atc_http_req_callbacks {
     /* The connection went (the client hung up, reset, or stopped reading for client_timeout) before the

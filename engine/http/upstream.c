@@ -657,6 +657,12 @@ static int head_line(struct atc_upstream_req *req, char *line, size_t n)
     }
     if (req->header_bytes > MAX_HEADER_BYTES)
         return -1;
+    /* A control byte in a header line (a bare CR: its end of line was taken off already; a NUL that
+     * would cut it short) is a broken answer: a 502, never a value passed on to the client, whose parser
+     * may split the line there. */
+    for (size_t i = 0; i < n; i++)
+        if (((unsigned char)line[i] < 0x20 && line[i] != '\t') || line[i] == 0x7f)
+            return -1;
     if (n > 0)
         return parse_header(req, line) < 0 ? -1 : 0;
     if (req->resp.status < 200) { /* 100 Continue and friends: the real answer follows */

@@ -131,7 +131,7 @@ int main(int argc, char **argv)
         int want; /* 1: a server must take it; 0: it must refuse it */
     } cases[] = {
         {"chat request", chat, 1},
-        {"GET, no headers", "GET /health HTTP/1.1\r\n\r\n", 1},
+        {"GET, Host only", "GET /health HTTP/1.1\r\nHost: a\r\n\r\n", 1},
         {"HTTP/1.0", "GET / HTTP/1.0\r\n\r\n", 1},
         {"garbage", "GARBAGE\r\n\r\n", 0},
         {"no target", "GET\r\n\r\n", 0},

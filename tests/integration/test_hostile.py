@@ -2,14 +2,18 @@
 by a timeout), frees what it held (no request active, no endpoint slot taken), and leaves other clients
 unaffected. Raw sockets from Python's standard library; deadlines, not sleeps, decide every wait."""
 
+import errno
 import json
 import os
+import resource
 import select
 import socket
 import threading
 import time
 import unittest
+from unittest import mock
 
+import harness
 from harness import AtcTestCase, chat, request, stream_events, wait_for
 
 CLIENT_TIMEOUT = 1.0  # seconds: client_timeout in the config below
@@ -177,7 +181,7 @@ class MalformedTest(HostileTestCase):
             "unknown version": b"GET /health HTTP/9.9\r\n\r\n",
             "extra words": b"GET /health HTTP/1.1 extra\r\n\r\n",
             "binary": b"\x00\x01\x02\xff\r\n\r\n",
-            "bad target": b"GET http://[::1 HTTP/1.1\r\n\r\n",
+            "bad target": b"GET http://[::1 HTTP/1.1\r\nHost: atc\r\n\r\n",
         }
         for name, data in cases.items():
             with self.subTest(name):
@@ -188,7 +192,7 @@ class MalformedTest(HostileTestCase):
     def test_unsupported_method_gets_501_or_405(self):
         # A method atc does not serve at all (known to HTTP or not) is refused by evhttp: 501.
         for method in (b"DELETE", b"BREW"):
-            self.assertEqual(status_of(exchange(self.atc.port, method + b" /v1/models HTTP/1.1\r\n\r\n")), 501)
+            self.assertEqual(status_of(exchange(self.atc.port, method + b" /v1/models HTTP/1.1\r\nHost: atc\r\n\r\n")), 501)
         # GET on an inference route reaches atc: OpenAI-style 405
         status, _, body = request("127.0.0.1", self.atc.port, "GET", CHAT_PATH)
         self.assertEqual(status, 405)
@@ -204,10 +208,15 @@ class MalformedTest(HostileTestCase):
         for name, data in cases.items():
             with self.subTest(name):
                 self.assertEqual(status_of(exchange(self.atc.port, data)), 400)
-        # evhttp answers broken chunked framing as it answers an upload over the limit: 413
-        data = (b"POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        # broken chunked framing: 400 (a chunk size over max_body is a 413, FloodTest)
+        data = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: atc\r\nTransfer-Encoding: chunked\r\n\r\n"
                 b"zz\r\n" + body + b"\r\n0\r\n\r\n")
-        self.assertEqual(status_of(exchange(self.atc.port, data)), 413)
+        self.assertEqual(status_of(exchange(self.atc.port, data)), 400)
+        # HTTP/1.1 without Host (RFC 9112 3.2), on both ports
+        for port in (self.atc.port, self.atc.admin_port):
+            answer = exchange(port, b"GET /health HTTP/1.1\r\n\r\n")
+            self.assertEqual(status_of(answer), 400)
+            self.assertIn(b'"code":"missing_host"', answer)
         self.assert_released()
         self.assert_normal_request_works()
 
@@ -224,7 +233,7 @@ class MalformedTest(HostileTestCase):
     def test_oversized_headers_get_400_and_the_connection_closes(self):
         big = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 1000) for i in range(100))  # 100 KiB > 64 KiB
         self.assertEqual(status_of(exchange(self.atc.port, post(chat_body(), headers=big))), 400)
-        long_line = b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\n\r\n"
+        long_line = b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: atc\r\n\r\n"
         self.assertEqual(status_of(exchange(self.atc.port, long_line)), 400)
         self.assert_released()
         self.assert_normal_request_works()
@@ -315,6 +324,144 @@ class FramingTest(HostileTestCase):
         self.assert_normal_request_works()
 
 
+CHUNKED_HEAD = b"POST %s HTTP/1.1\r\nHost: atc\r\nTransfer-Encoding: chunked\r\n%s\r\n"
+
+# What a client may send without end in chunked framing or before a request line: (bytes that start it,
+# a piece repeated after them). Each was buffered 1:1 until client_timeout.
+FLOODS = {
+    "chunk extension": (b"1;", b"a" * 65536),
+    "trailer line": (b"1\r\nx\r\n0\r\nX-T: ", b"v" * 65536),
+    "many trailer lines": (b"1\r\nx\r\n0\r\n", b"X-T: 1\r\n" * 8192),
+    "leading zeros": (b"", b"0" * 65536),
+    "whitespace after the size": (b"1", b" " * 65536),
+}
+
+
+def flood(port, head, prefix, piece, total=4 << 20):
+    """Sends head + prefix, then piece until total bytes went or atc stopped taking them; then half-closes
+    and returns (what atc answered, seconds from the first byte to its answer's first byte)."""
+    c = Raw(port)
+    try:
+        start = time.monotonic()
+        sent = 0
+        try:
+            c.send(head + prefix)
+            while sent < total:
+                c.send(piece)
+                sent += len(piece)
+                if select.select([c.sock], [], [], 0)[0]:
+                    break  # an answer came: atc is done with this connection
+            c.sock.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        c.sock.settimeout(5)
+        first = c.sock.recv(65536)
+        elapsed = time.monotonic() - start
+        return first + c.read_until_closed(5), elapsed
+    finally:
+        c.close()
+
+
+class FloodTest(HostileTestCase):
+    """Framing a client can send without end is refused as soon as it passes its bound, on the front
+    port and on the admin port before any token is checked, instead of being buffered until
+    client_timeout (tests/soak/hostile_soak.py measures the memory while 200 MiB go in)."""
+
+    def config(self):
+        return super().config() + "admin_token: s3cret\n"
+
+    def assert_answered(self, answer, elapsed, status, code):
+        self.assertEqual(status_of(answer), status, answer[:300])
+        self.assertIn(b'"code":"%s"' % code.encode(), answer)
+        self.assertLess(elapsed, CLIENT_TIMEOUT)  # an answer, not the timeout
+
+    def test_endless_chunk_framing_is_refused_at_once(self):
+        for port, path in ((self.atc.port, b"/v1/chat/completions"), (self.atc.admin_port, b"/admin/endpoints")):
+            for name, (prefix, piece) in FLOODS.items():
+                with self.subTest(name, port=port):
+                    answer, elapsed = flood(port, CHUNKED_HEAD % (path, b""), prefix, piece)
+                    self.assert_answered(answer, elapsed, 400, "bad_chunked_framing")
+        self.assert_normal_request_works()
+
+    def test_empty_lines_before_a_request_are_bounded(self):
+        for port in (self.atc.port, self.atc.admin_port):
+            with self.subTest(port=port):
+                answer, elapsed = flood(port, b"", b"", b"\r\n" * 32768)
+                self.assert_answered(answer, elapsed, 400, "too_many_empty_lines")
+        # a few are skipped, as RFC 9112 2.2 asks
+        answer = exchange(self.atc.port, b"\r\n\r\nGET /health HTTP/1.1\r\nHost: atc\r\nConnection: close\r\n\r\n")
+        self.assertEqual(status_of(answer), 200, answer[:300])
+        self.assert_normal_request_works()
+
+    def test_a_chunk_size_over_max_body_is_refused_at_once(self):
+        for port in (self.atc.port, self.atc.admin_port):
+            for size in (b"ffffffffffffffff", b"%x" % (1 << 30)):
+                with self.subTest(size=size, port=port):
+                    answer, elapsed = flood(port, CHUNKED_HEAD % (b"/v1/chat/completions", b""), size + b"\r\n",
+                                            b"", total=0)
+                    self.assert_answered(answer, elapsed, 413, "request_too_large")
+
+    def test_a_bare_cr_in_a_trailer_is_refused(self):
+        body = chat_body()
+        data = (CHUNKED_HEAD % (b"/v1/chat/completions", b"Connection: close\r\n") +
+                b"%x\r\n%s\r\n0\r\nX-T: a\rb\r\n\r\n" % (len(body), body))
+        answer = exchange(self.atc.port, data)
+        self.assertEqual(status_of(answer), 400, answer[:300])
+        self.assertIn(b'"code":"bad_chunked_framing"', answer)
+        self.assert_normal_request_works()
+
+
+def cpu_seconds(pid):
+    """User plus system CPU time of process pid so far, from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class DescriptorsTest(AtcTestCase):
+    """With 128 descriptors and 300 clients that connect and send nothing, atc neither spins on accept nor
+    floods its log: it holds max_connections of them (derived from RLIMIT_NOFILE), the rest wait in the
+    backlog, and once they go a normal request is served."""
+
+    def test_300_idle_connections_with_128_descriptors(self):
+        self.idle_flood("", "max_connections")
+
+    def test_accept_backs_off_when_descriptors_run_out(self):
+        # a cap over what the descriptors allow: accept fails with EMFILE, and is retried on a timer
+        self.idle_flood("max_connections: 1000\n", "not accepting for a while")
+
+    def idle_flood(self, extra_config, logged):
+        def limit():
+            resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+        popen = harness.subprocess.Popen
+        with mock.patch.object(harness.subprocess, "Popen", lambda *a, **kw: popen(*a, preexec_fn=limit, **kw)):
+            atc = self.start_atc(CONFIG.format(decode_ms=2).replace("client_timeout: 1s", "client_timeout: 30s") +
+                                 "workers: 2\n" + extra_config)
+        socks = []
+        try:
+            for _ in range(300):
+                s = socket.socket()
+                s.setblocking(False)
+                self.assertIn(s.connect_ex(("127.0.0.1", atc.port)), (0, errno.EINPROGRESS))
+                socks.append(s)
+            cpu0, t0 = cpu_seconds(atc.proc.pid), time.monotonic()
+            # Over 4 s none of them is answered or dropped (client_timeout is 30 s) ...
+            readable, _, _ = select.select(socks, [], [], 4.0)
+            elapsed = time.monotonic() - t0
+            self.assertEqual(readable, [])
+            # ... and atc used under 30% of a core meanwhile, and wrote under 1 MB of log.
+            cpu = cpu_seconds(atc.proc.pid) - cpu0
+            self.assertLess(cpu, 0.3 * elapsed, f"{cpu:.2f} s of CPU in {elapsed:.2f} s")
+            self.assertLess(os.path.getsize(atc.log_path), 1 << 20)
+            self.assertIn(logged, atc.read_log())
+        finally:
+            for s in socks:
+                s.close()
+        status, _, body = chat(atc.port, max_tokens=2)
+        self.assertEqual(status, 200, body)
+        self.assertLess(os.path.getsize(atc.log_path), 1 << 20)
+
+
 class BodyTest(HostileTestCase):
     def test_body_over_max_body_gets_openai_413(self):
         body = chat_body(pad="x" * 100_000)  # over 64 KiB, under 4x
@@ -336,7 +483,7 @@ class BodyTest(HostileTestCase):
             c.close()
         # A chunked upload that grows past the limit is cut the same way.
         chunk = b"%x\r\n%s\r\n" % (64 * 1024, b"y" * 64 * 1024)
-        data = b"POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk * 8
+        data = b"POST /v1/chat/completions HTTP/1.1\r\nHost: atc\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk * 8
         c = Raw(self.atc.port)
         try:
             try:
@@ -459,7 +606,7 @@ class SlowClientTest(HostileTestCase):
 
     def test_slowloris_headers_are_cut_at_client_timeout(self):
         join = self.in_parallel(self.assert_normal_request_works)
-        head = b"POST /v1/chat/completions HTTP/1.1\r\n" + b"X-Slow: " + b"a" * 100
+        head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: atc\r\n" + b"X-Slow: " + b"a" * 100
         elapsed, reply = self.drip(b"", head)
         self.assert_timed_out(elapsed, reply)
         join()
@@ -474,8 +621,8 @@ class SlowClientTest(HostileTestCase):
 
     def test_slowloris_on_a_keep_alive_connection(self):
         # One quick request, then the next one dripped on the same connection.
-        first = b"GET /health HTTP/1.1\r\n\r\n"
-        elapsed, reply = self.drip(first, b"GET /v1/models HTTP/1.1\r\nX-Slow: " + b"b" * 100)
+        first = b"GET /health HTTP/1.1\r\nHost: atc\r\n\r\n"
+        elapsed, reply = self.drip(first, b"GET /v1/models HTTP/1.1\r\nHost: atc\r\nX-Slow: " + b"b" * 100)
         self.assertEqual(status_of(reply), 200)  # the first request's answer, then nothing more
         self.assertEqual(reply.count(b"HTTP/1.1 "), 1)
         self.assertGreater(elapsed, CLIENT_TIMEOUT * 0.8)

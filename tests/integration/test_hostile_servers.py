@@ -77,6 +77,12 @@ def invalid_sse(conn):
     conn.sendall(b"0\r\n\r\n")
 
 
+def bare_cr_in_a_header(conn):
+    body = b'{"id":"x","object":"chat.completion","choices":[]}'
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\rX-Injected: 1\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
 def stall_after_json_headers(conn):
     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\"")
     time.sleep(3)  # then nothing: the idle timeout ends it before the client saw a byte
@@ -122,6 +128,15 @@ class HostileServerTest(AtcTestCase):
         atc = self.atc_for(BadServer(garbage))
         status, _, body = chat(atc.port, model="m")
         self.assertEqual(status, 502)
+        self.assertIn("invalid HTTP response", json.loads(body)["error"]["message"])
+        self.assert_counted(atc)
+
+    def test_a_bare_cr_in_an_upstream_header_is_502(self):
+        # The Content-Type is passed on: a bare CR in it would reach the client, a line break to some.
+        atc = self.atc_for(BadServer(bare_cr_in_a_header))
+        status, headers, body = chat(atc.port, model="m")
+        self.assertEqual(status, 502, body)
+        self.assertNotIn("\r", headers.get("content-type", ""))
         self.assertIn("invalid HTTP response", json.loads(body)["error"]["message"])
         self.assert_counted(atc)
 

@@ -11,7 +11,14 @@ SSE error event) within its deadline, and none may take longer than DEADLINE_S; 
 answered (200 or 422) and atc must answer SIGTERM. Prints the count of each outcome, the latencies, the
 policy's failures by kind, the reloads and atc's memory; exits 1 on a lost or late request.
 
+Then the floods: for each thing a client can send without end in a request's framing (a chunk
+extension, a trailer line, leading zeros of a chunk size, CRLF before a request line), FLOOD_BYTES go in
+on one connection (a new one when atc closed it, until they all went), to the front port and to the admin
+port with admin_token set (the framing is read before any token is checked). atc's peak RSS (VmHWM,
+reset before each flood) must stay within FLOOD_RSS_MIB of its RSS before the first, and atc must still answer.
+
   tests/soak/hostile_soak.py [--seconds 600] [--clients 8]     (not part of tests/run: 10 minutes)
+  tests/soak/hostile_soak.py --floods-only                     (the floods alone: a minute or so)
 """
 
 import argparse
@@ -21,6 +28,7 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -126,12 +134,117 @@ def metric_values(admin, name):
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^%s\{([^}]*)\} (\S+)$" % name, text, re.M)}
 
 
+FLOOD_BYTES = 200 << 20
+FLOOD_RSS_MIB = 64
+CHUNKED = b"POST %s HTTP/1.1\r\nHost: atc\r\nTransfer-Encoding: chunked\r\n\r\n"
+# (what starts it after the head, the piece repeated after it)
+FLOODS = {
+    "chunk extension": (b"1;", b"a" * (1 << 20)),
+    "trailer line": (b"1\r\nx\r\n0\r\nX-T: ", b"v" * (1 << 20)),
+    "leading zeros": (b"", b"0" * (1 << 20)),
+    "CRLF before a request line": (None, b"\r\n" * (1 << 19)),
+}
+
+
+def status_kib(pid, key):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def flood_one(port, path, prefix, piece):
+    """FLOOD_BYTES of piece after the head and prefix, on one connection while atc takes them (a new one
+    when it closed it); returns (connections used, the first status atc answered or None)."""
+    sent, conns, status = 0, 0, None
+    deadline = time.monotonic() + 120
+    while sent < FLOOD_BYTES and time.monotonic() < deadline:
+        s = socket.create_connection(("127.0.0.1", port))
+        conns += 1
+        try:
+            if prefix is not None:
+                s.sendall(CHUNKED % path + prefix)
+            while sent < FLOOD_BYTES:
+                s.sendall(piece)
+                sent += len(piece)
+        except OSError:
+            pass
+        try:
+            s.settimeout(2)
+            first = s.recv(64)
+            if status is None and first.startswith(b"HTTP/1.1 "):
+                status = int(first[9:12])
+        except OSError:
+            pass
+        s.close()
+    return conns, status
+
+
+def floods(work):
+    """The floods phase against an atc of its own (admin_token set); returns a list of problems."""
+    sims = [soak.Sim(work, "flood-sim", soak.free_port(), [])]
+    cfg = os.path.join(work, "flood.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"""listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+admin_token: s3cret
+models:
+  - name: m
+    endpoints:
+      - {{id: s, url: "http://127.0.0.1:{sims[0].port}"}}
+""")
+    ready = os.path.join(work, "flood.ready")
+    log = open(os.path.join(work, "flood-atc.log"), "wb")
+    atc = subprocess.Popen([soak.ATC, "serve", "-c", cfg, "--ready-file", ready], stdout=log, stderr=log)
+    soak.wait_file(ready, atc)
+    with open(ready) as f:
+        info = json.load(f)
+    port, admin = int(info["listen"].rsplit(":", 1)[1]), int(info["admin"].rsplit(":", 1)[1])
+    problems = []
+    start_rss = status_kib(atc.pid, "VmRSS")  # where it started: every flood's peak is held to this
+    print(f"\n| flood ({FLOOD_BYTES >> 20} MiB) | port | connections | answer | RSS before / peak (KiB) |")
+    print("|---|---|--:|--:|---|")
+    for name, (prefix, piece) in FLOODS.items():
+        for label, p, path in (("front", port, b"/v1/chat/completions"), ("admin", admin, b"/admin/policy/reload")):
+            before = status_kib(atc.pid, "VmRSS")
+            with open(f"/proc/{atc.pid}/clear_refs", "w") as f:
+                f.write("5")  # resets VmHWM to the RSS now
+            start = time.monotonic()
+            conns, status = flood_one(p, path, prefix, piece)
+            peak = status_kib(atc.pid, "VmHWM")
+            print(f"| {name} | {label} | {conns} | {status} | {before} / {peak} "
+                  f"({time.monotonic() - start:.1f} s) |")
+            if peak - start_rss > FLOOD_RSS_MIB << 10:
+                problems.append(f"{name} on the {label} port: peak RSS {peak} KiB, {start_rss} at the start")
+            if status not in (400, 413):
+                problems.append(f"{name} on the {label} port: answered {status}, not 400")
+    final = soak.Counts()
+    soak.one_request(port, random.Random(1), final)
+    if "ok" not in final.c:
+        problems.append(f"atc did not answer after the floods: {final.c}")
+    atc.send_signal(signal.SIGTERM)
+    try:
+        atc.wait(15)
+    except subprocess.TimeoutExpired:
+        atc.kill()
+        problems.append("atc hung after SIGTERM")
+    for s in sims:
+        s.stop()
+    return problems
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=600)
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--reload-every", type=float, default=1.0, help="seconds between reloads")
+    ap.add_argument("--floods-only", action="store_true", help="only the floods phase")
     args = ap.parse_args()
+    if args.floods_only:
+        problems = floods(tempfile.mkdtemp(prefix="atc-floods-"))
+        print("FAILED: " + "; ".join(problems) if problems else "floods passed: atc's memory stayed bounded")
+        return 1 if problems else 0
     rng = random.Random(19)
     work = tempfile.mkdtemp(prefix="atc-hostile-soak-")
     sims = [soak.Sim(work, f"sim{i}", soak.free_port(), []) for i in range(3)]
@@ -278,6 +391,7 @@ models:
                    "WARNING: ThreadSanitizer", "ERROR: ThreadSanitizer", "FATAL: ThreadSanitizer"):
         if marker in log:
             problems.append(f"sanitizer report in atc's log ({marker})")
+    problems += floods(work)
     if problems:
         print("FAILED: " + "; ".join(problems))
         return 1

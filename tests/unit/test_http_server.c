@@ -203,7 +203,7 @@ static void test_keep_alive_and_query(void **state)
     assert_non_null(strstr(rp.data, "Content-Length: 9\r\n"));
     assert_non_null(strstr(rp.data, "x-test: 1\r\n"));
     assert_non_null(strstr(rp.data, "Date: "));
-    send_all(fd, "GET /hello HTTP/1.1\r\n\r\n");
+    send_all(fd, "GET /hello HTTP/1.1\r\nHost: t\r\n\r\n");
     wait_reply(fx, fd, &rp, "HTTP/1.1 200", 2, 2000);
     assert_false(rp.closed);
     assert_int_equal(fx->requests, 2);
@@ -216,7 +216,7 @@ static void test_pipelined_answers_in_order(void **state)
     int fd = client(fx);
     struct reply rp = {0};
     /* the first is answered 20 ms later, the second at once: the second still comes second */
-    send_all(fd, "GET /later HTTP/1.1\r\n\r\nGET /hello HTTP/1.1\r\n\r\nPOST /echo HTTP/1.1\r\n"
+    send_all(fd, "GET /later HTTP/1.1\r\nHost: t\r\n\r\nGET /hello HTTP/1.1\r\nHost: t\r\n\r\nPOST /echo HTTP/1.1\r\nHost: t\r\n"
                  "Content-Length: 3\r\n\r\nabc");
     wait_reply(fx, fd, &rp, "HTTP/1.1 200", 3, 2000);
     char *a = strstr(rp.data, "later"), *b = strstr(rp.data, "hello"), *c = strstr(rp.data, "\r\n\r\nabc");
@@ -257,11 +257,11 @@ static void test_chunked_both_ways(void **state)
     struct fixture *fx = *state;
     int fd = client(fx);
     struct reply rp = {0};
-    send_all(fd, "POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    send_all(fd, "POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
                  "5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nTrailer: x\r\n\r\n");
     wait_reply(fx, fd, &rp, "hello world", 1, 2000);
     assert_non_null(strstr(rp.data, "Content-Length: 11\r\n\r\nhello world"));
-    send_all(fd, "GET /stream HTTP/1.1\r\n\r\n");
+    send_all(fd, "GET /stream HTTP/1.1\r\nHost: t\r\n\r\n");
     wait_reply(fx, fd, &rp, "0\r\n\r\n", 1, 2000);
     assert_non_null(strstr(rp.data, "Transfer-Encoding: chunked\r\n\r\n1\r\na\r\n2\r\nbc\r\n0\r\n\r\n"));
     close(fd);
@@ -272,7 +272,7 @@ static void test_expect_continue(void **state)
     struct fixture *fx = *state;
     int fd = client(fx);
     struct reply rp = {0};
-    send_all(fd, "POST /echo HTTP/1.1\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n");
+    send_all(fd, "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n");
     wait_reply(fx, fd, &rp, "HTTP/1.1 100 Continue\r\n\r\n", 1, 2000);
     assert_int_equal(fx->requests, 0);
     send_all(fd, "ping");
@@ -299,18 +299,18 @@ static void test_limits_and_errors(void **state)
 {
     struct fixture *fx = *state;
     char many[8192];
-    size_t n = (size_t)snprintf(many, sizeof(many), "GET /hello HTTP/1.1\r\n");
+    size_t n = (size_t)snprintf(many, sizeof(many), "GET /hello HTTP/1.1\r\nHost: t\r\n");
     for (int i = 0; i < 101; i++)
         n += (size_t)snprintf(many + n, sizeof(many) - n, "X-%d: v\r\n", i);
     snprintf(many + n, sizeof(many) - n, "\r\n");
     expect_error(fx, many, "HTTP/1.1 431 ", "\"code\":\"headers_too_many\"");
-    expect_error(fx, "POST /echo HTTP/1.1\r\nContent-Length: 1001\r\n\r\n", "HTTP/1.1 413 ",
+    expect_error(fx, "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1001\r\n\r\n", "HTTP/1.1 413 ",
                  "\"code\":\"request_too_large\"");
     expect_error(fx, "GET /hello HTTP/9.9\r\n\r\n", "HTTP/1.1 400 ", "\"code\":\"bad_request\"");
-    expect_error(fx, "GET / HTTP/1.1\r\nX: a\r\n b\r\n\r\n", "HTTP/1.1 400 ", "\"code\":\"obs_fold\"");
-    expect_error(fx, "DELETE /hello HTTP/1.1\r\n\r\n", "HTTP/1.1 501 ", "\"code\":\"not_implemented\"");
-    expect_error(fx, "POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "HTTP/1.1 413 ",
-                 "\"code\":\"request_too_large\"");
+    expect_error(fx, "GET / HTTP/1.1\r\nHost: t\r\nX: a\r\n b\r\n\r\n", "HTTP/1.1 400 ", "\"code\":\"obs_fold\"");
+    expect_error(fx, "DELETE /hello HTTP/1.1\r\nHost: t\r\n\r\n", "HTTP/1.1 501 ", "\"code\":\"not_implemented\"");
+    expect_error(fx, "POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "HTTP/1.1 400 ",
+                 "\"code\":\"bad_chunked_framing\"");
     char big[9000];
     memset(big, 'a', sizeof(big) - 1);
     big[sizeof(big) - 1] = '\0';
@@ -319,7 +319,7 @@ static void test_limits_and_errors(void **state)
     /* a route error from the handler: JSON, and the connection stays */
     int fd = client(fx);
     struct reply rp = {0};
-    send_all(fd, "GET /nope HTTP/1.1\r\n\r\n");
+    send_all(fd, "GET /nope HTTP/1.1\r\nHost: t\r\n\r\n");
     wait_reply(fx, fd, &rp, "}}\n", 1, 2000);
     assert_non_null(strstr(rp.data, "HTTP/1.1 404 Not Found"));
     assert_non_null(strstr(rp.data, "{\"error\":{\"message\":\"no such route\",\"type\":\"invalid_request_error\","
@@ -351,7 +351,7 @@ static void test_header_lines(void **state)
     int fd = client(fx);
     struct reply rp = {0};
     char head[8192];
-    size_t n = many_lines(head, sizeof(head), "GET /header?X-99 HTTP/1.1\r\n", 100, 32, 0);
+    size_t n = many_lines(head, sizeof(head), "GET /header?X-99 HTTP/1.0\r\n", 100, 32, 0);
     assert_true(n > 4096); /* past the buffer a connection starts with, too */
     send_all(fd, head);
     wait_reply(fx, fd, &rp, "]", 1, 2000);
@@ -361,7 +361,7 @@ static void test_header_lines(void **state)
     /* a fresh connection: the head fits its 4 KiB, and is parsed; the body that follows does not fit */
     fd = client(fx);
     memset(&rp, 0, sizeof(rp));
-    n = many_lines(head, sizeof(head), "POST /header?x-7 HTTP/1.1\r\n", 99, 16, 1000);
+    n = many_lines(head, sizeof(head), "POST /header?x-7 HTTP/1.0\r\n", 99, 16, 1000);
     assert_true(n < 4096 && n + 1000 > 4096);
     send_all(fd, head);
     wait_reply(fx, fd, &rp, "HTTP/1.1", 1, 50);
@@ -388,7 +388,7 @@ static void test_memory_goes_back_after_a_wave(void **state)
     long before = heap_rss_kib();
     for (int i = 0; i < N; i++) {
         fds[i] = client(fx);
-        send_all(fds[i], "GET /big HTTP/1.1\r\n\r\n");
+        send_all(fds[i], "GET /big HTTP/1.1\r\nHost: t\r\n\r\n");
     }
     uint64_t end = atc_mono_us() + 5000000;
     while (fx->requests < N && atc_mono_us() < end)
@@ -421,7 +421,7 @@ static void test_client_leaving_is_told(void **state)
     struct fixture *fx = *state;
     int fd = client(fx);
     struct reply rp = {0};
-    send_all(fd, "GET /hold HTTP/1.1\r\n\r\n");
+    send_all(fd, "GET /hold HTTP/1.1\r\nHost: t\r\n\r\n");
     wait_reply(fx, fd, &rp, NULL, 0, 50);
     assert_non_null(fx->pending);
     shutdown(fd, SHUT_WR);
@@ -439,7 +439,7 @@ static void test_request_deadline(void **state)
     int fd = client(fx);
     struct reply rp = {0};
     uint64_t t0 = atc_mono_us();
-    send_all(fd, "GET /hello HTTP/1.1\r\nX-Slow: a");
+    send_all(fd, "GET /hello HTTP/1.1\r\nHost: t\r\nX-Slow: a");
     wait_reply(fx, fd, &rp, NULL, 0, 2000);
     uint64_t took = atc_mono_us() - t0;
     assert_true(rp.closed);
@@ -458,7 +458,7 @@ static void test_parse_forms(void **state)
     assert_string_equal(h.path, "/v1/models");
     assert_string_equal(h.query, "x");
     assert_string_equal(atc_http_head_find(&h, "host"), "example.com");
-    char b[] = "GET / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n";
+    char b[] = "GET / HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n";
     assert_true(atc_http_parse_request(b, strlen(b), 1024, &h) > 0);
     assert_true(h.conflicting_lengths);
     char c[] = "GET / HTTP/1.1\r\nHost: x\r\n";
