@@ -4,6 +4,8 @@
 #include "base/config_value.h"
 
 #include <ctype.h>
+#include <errno.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -252,4 +254,38 @@ char *atc_config_path(const char *dir, const char *path)
     if (asprintf(&s, "%s%s%s", dir, dir[n - 1] == '/' ? "" : "/", path) < 0)
         return NULL;
     return s;
+}
+
+int atc_parse_u64(const char *s, uint64_t *out)
+{
+    char *end;
+
+    errno = 0;
+    *out = strtoull(s, &end, 10);
+    return !isdigit((unsigned char)*s) || *end || errno ? -1 : 0;
+}
+
+int atc_parse_real(const char *s, double *out)
+{
+    char *end;
+
+    errno = 0;
+    *out = strtod(s, &end);
+    return end == s || *end || errno || !isfinite(*out) || isspace((unsigned char)*s) ? -1 : 0;
+}
+
+bool atc_parse_true(const char *s)
+{
+    return !strcasecmp(s, "true") || !strcasecmp(s, "yes") || !strcasecmp(s, "on");
+}
+
+bool atc_parse_false(const char *s)
+{
+    return !strcasecmp(s, "false") || !strcasecmp(s, "no") || !strcasecmp(s, "off");
+}
+
+bool atc_bare_number(const char *s)
+{
+    size_t n = strspn(s, "0123456789.");
+    return n > 0 && s[n] == '\0' && strspn(s, "0.") != n;
 }

@@ -4,7 +4,19 @@
 /* The syntaxes of single values, shared by the config file (config.c) and the command lines. */
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
+
+/** A whole decimal number (digits only) into *out; 0, or -1 when @p s is not one or overflows. */
+int atc_parse_u64(const char *s, uint64_t *out);
+/** A finite number into *out; 0, or -1 when @p s is not one (no leading space, nothing after it). */
+int atc_parse_real(const char *s, double *out);
+/** YAML 1.1's spellings of true (true/yes/on) and of false (false/no/off), any case. */
+bool atc_parse_true(const char *s);
+bool atc_parse_false(const char *s);
+/** A number without a unit, other than 0 (which is 0 in any unit). Durations and sizes need one in the
+ * config: `connect_timeout: 2` meant 2 ms, where its reader saw 2 s. */
+bool atc_bare_number(const char *s);
 
 /** "250ms", "2s", "1m", "1h", "1500us", "1.5s", plain integer = ms. Returns 0 and *ms, or -1. A duration
  * below a millisecond rounds up ("1500us" is 2 ms), so a non-zero value never becomes 0. */

@@ -107,14 +107,6 @@ enum kind {
     F_NODE,     /* handled by the caller, which finds the node in parse_section's found[] */
 };
 
-/* A number without a unit, other than 0 (which is 0 in any unit). Durations and sizes need one in the
- * config: `connect_timeout: 2` meant 2 ms, where its reader saw 2 s. */
-static bool bare_number(const char *s)
-{
-    size_t n = strspn(s, "0123456789.");
-    return n > 0 && s[n] == '\0' && strspn(s, "0.") != n;
-}
-
 static const char *const expected[] = {
     [F_STR] = "a string",
     [F_OPTSTR] = "a string",
@@ -449,24 +441,6 @@ static void *alloc_items(struct parse *p, const yaml_node_t *n, const char *key,
     return v;
 }
 
-static int parse_u64(const char *s, uint64_t *out)
-{
-    char *end;
-
-    errno = 0;
-    *out = strtoull(s, &end, 10);
-    return !isdigit((unsigned char)*s) || *end || errno ? -1 : 0;
-}
-
-static int parse_real(const char *s, double *out)
-{
-    char *end;
-
-    errno = 0;
-    *out = strtod(s, &end);
-    return end == s || *end || errno || !isfinite(*out) || isspace((unsigned char)*s) ? -1 : 0;
-}
-
 /* Stores @p s (owned) at *at, or records that memory ran out. */
 static void set_str(struct parse *p, char **at, char *s)
 {
@@ -476,16 +450,6 @@ static void set_str(struct parse *p, char **at, char *s)
     }
     free(*at);
     *at = s;
-}
-
-static bool is_true(const char *s)
-{
-    return !strcasecmp(s, "true") || !strcasecmp(s, "yes") || !strcasecmp(s, "on");
-}
-
-static bool is_false(const char *s)
-{
-    return !strcasecmp(s, "false") || !strcasecmp(s, "no") || !strcasecmp(s, "off");
 }
 
 /* Checks @p s as @p f's kind and stores it at base + f->off. Returns NULL, what is wrong with it, or ""
@@ -509,13 +473,13 @@ static const char *set_value(struct parse *p, const struct field *f, const char 
         set_str(p, (char **)at, f->kind == F_PATH ? atc_config_path(p->cfg->dir, s) : strdup(s));
         return NULL;
     case F_BOOL:
-        if (!is_true(s) && !is_false(s))
+        if (!atc_parse_true(s) && !atc_parse_false(s))
             return "";
-        *(bool *)at = is_true(s);
+        *(bool *)at = atc_parse_true(s);
         return NULL;
     case F_UINT:
     case F_U64:
-        if (parse_u64(s, &u) < 0)
+        if (atc_parse_u64(s, &u) < 0)
             return "";
         if (u < f->min && f->min == 1)
             return "must be greater than 0";
@@ -530,7 +494,7 @@ static const char *set_value(struct parse *p, const struct field *f, const char 
         return NULL;
     case F_MS:
     case F_US:
-        if (bare_number(s))
+        if (atc_bare_number(s))
             return "needs a unit: 500us, 250ms, 2s, 1m or 1h (a bare number could mean ms or s)";
         if (atc_parse_duration_us(s, &u) < 0)
             return "";
@@ -539,7 +503,7 @@ static const char *set_value(struct parse *p, const struct field *f, const char 
         *(uint64_t *)at = f->kind == F_US ? u : u / 1000 + (u % 1000 != 0);
         return NULL;
     case F_SIZE:
-        if (bare_number(s))
+        if (atc_bare_number(s))
             return "needs a unit: 512B, 512KiB, 8MiB or 1GiB (a bare number could mean bytes or MiB)";
         if (atc_parse_size(s, &bytes) < 0)
             return "";
@@ -550,7 +514,7 @@ static const char *set_value(struct parse *p, const struct field *f, const char 
     case F_POSITIVE:
     case F_NONNEG:
     case F_SHARE:
-        if (parse_real(s, &x) < 0)
+        if (atc_parse_real(s, &x) < 0)
             return "";
         if (f->kind == F_POSITIVE && !(x > 0))
             return "must be greater than 0";
