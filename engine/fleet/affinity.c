@@ -428,13 +428,6 @@ static inline bool lists(const struct generation *g, const struct slot *s, unsig
     return false;
 }
 
-/* Whether endpoint e still has slot s's block. */
-static inline bool holds(const struct atc_prefix_index *idx, const struct generation *g, const struct slot *s,
-                         unsigned e)
-{
-    return lists(g, s, e) && !gone(idx, e, held_since(s, e));
-}
-
 /* Drops the holders of slot s that must have evicted its block, so that a refreshed stamp does not
  * revive them. */
 static void prune(const struct atc_prefix_index *idx, struct generation *g, struct slot *s)
