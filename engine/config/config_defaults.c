@@ -15,6 +15,13 @@ void atc_signal_params_init(struct atc_signal_params *p)
     p->recent_half_life_ms = 2000;
 }
 
+static void kv_events_dispose(struct atc_kv_events_config *k)
+{
+    free(k->endpoint);
+    free(k->replay_endpoint);
+    free(k->topic);
+}
+
 static void health_dispose(struct atc_health_config *h)
 {
     free(h->live.path);
@@ -115,10 +122,12 @@ void atc_config_free(struct atc_config *cfg)
             free(ep->version);
             free_strv(ep->tags, ep->ntags);
             health_dispose(&ep->health);
+            kv_events_dispose(&ep->kv_events);
         }
         free(m->endpoints);
         free(m->name);
         health_dispose(&m->health);
+        kv_events_dispose(&m->kv_events);
     }
     health_dispose(&cfg->health);
     free(cfg->models);

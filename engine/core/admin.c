@@ -16,6 +16,7 @@
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
 #include "fleet/health_report.h"
+#include "fleet/kv_events.h"
 #include "fleet/recent.h"
 #include "http/http_server.h"
 #include "ops/metrics.h"
@@ -143,6 +144,7 @@ static void send_endpoints(struct atc_server *srv, struct atc_http_req *req)
             evbuffer_add_printf(b, ",\"kv_tokens\":null");
         atc_health_endpoint_json(ep, b); /* state, checks, last error, scraped load */
         recent_json(ep, now_ms, b);
+        atc_kv_events_endpoint_json(srv->kv, ep->id, b); /* its KV events' counters, when it publishes */
         evbuffer_add(b, "}", 1);
     }
     struct atc_worker_stats totals;
