@@ -31,6 +31,8 @@ struct ep_state {
 };
 
 struct atc_kv_index {
+    _Atomic unsigned moving; /* odd while the writer moves entries or clears bits a moment (a seqlock over
+                                the whole table that only a reader who found nothing consults) */
     struct slot *slots;
     size_t mask; /* slots - 1 */
     unsigned n;
@@ -61,6 +63,19 @@ static void slot_write(struct slot *s, const struct slot_view *v)
     atomic_store_explicit(&s->mask[0], v->mask[0], memory_order_relaxed);
     atomic_store_explicit(&s->mask[1], v->mask[1], memory_order_relaxed);
     atomic_store_explicit(&s->seq, seq + 2, memory_order_release);
+}
+
+static void moving_begin(struct atc_kv_index *ix)
+{
+    unsigned m = atomic_load_explicit(&ix->moving, memory_order_relaxed);
+    atomic_store_explicit(&ix->moving, m + 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+}
+
+static void moving_end(struct atc_kv_index *ix)
+{
+    unsigned m = atomic_load_explicit(&ix->moving, memory_order_relaxed);
+    atomic_store_explicit(&ix->moving, m + 1, memory_order_release);
 }
 
 /* The writer's own reads need no retry: nobody else writes. */
@@ -105,6 +120,7 @@ static size_t find(const struct atc_kv_index *ix, uint64_t key)
 static void delete_at(struct atc_kv_index *ix, size_t i)
 {
     size_t j = i;
+    moving_begin(ix);
     for (;;) {
         j = (j + 1) & ix->mask;
         struct slot_view v = slot_own(&ix->slots[j]);
@@ -119,6 +135,7 @@ static void delete_at(struct atc_kv_index *ix, size_t i)
         }
     }
     slot_write(&ix->slots[i], &(struct slot_view){0});
+    moving_end(ix);
 }
 
 /* Writer: sets or clears endpoint @p ep's bit for @p key on @p tier; 1 when it changed. */
@@ -159,6 +176,7 @@ static void compact(struct atc_kv_index *ix, unsigned ep)
 {
     struct ep_state *e = &ix->eps[ep];
     size_t kept = 0;
+    moving_begin(ix);
     for (size_t n = e->len; n-- > 0;) {
         struct store s = e->ring[(e->head + n) % e->ring_cap];
         if (holds(ix, ep, s.key, s.tier)) {
@@ -190,6 +208,7 @@ static void compact(struct atc_kv_index *ix, unsigned ep)
         e->head = start;
     }
     e->len = kept;
+    moving_end(ix);
     /* A slot left with both masks 0 (none: every kept store set its bit again) would need delete_at. */
 }
 
@@ -245,28 +264,45 @@ void atc_kv_index_clear(struct atc_kv_index *ix, unsigned ep)
     e->head = e->len = 0;
 }
 
+static bool held_once(const struct atc_kv_index *ix, uint64_t bit, uint64_t key, unsigned tiers)
+{
+    size_t i = home(ix, key);
+    for (size_t probes = 0; probes <= ix->mask; probes++) {
+        struct slot_view v = slot_read(&ix->slots[i]);
+        if (!v.used)
+            return false;
+        if (v.key == key)
+            return ((tiers & 1) && (v.mask[0] & bit)) || ((tiers & 2) && (v.mask[1] & bit));
+        i = (i + 1) & ix->mask;
+    }
+    return false;
+}
+
+/* A key not found is looked up again while the writer was moving entries meanwhile (it may have passed
+ * the reader by), a bounded number of times: a reader never waits on a writer that keeps moving. */
+static bool held(const struct atc_kv_index *ix, uint64_t bit, uint64_t key, unsigned tiers)
+{
+    for (int tries = 0; tries < 64; tries++) {
+        if (tries > 0 && tries % 8 == 0)
+            sched_yield();
+        unsigned before = atomic_load_explicit(&ix->moving, memory_order_acquire);
+        if (held_once(ix, bit, key, tiers))
+            return true;
+        atomic_thread_fence(memory_order_acquire);
+        if (!(before & 1) && before == atomic_load_explicit(&ix->moving, memory_order_relaxed))
+            return false;
+    }
+    return false;
+}
+
 size_t atc_kv_index_held_prefix(const struct atc_kv_index *ix, unsigned ep, const uint64_t *keys, size_t n,
                                 unsigned tiers)
 {
     if (ep >= ix->n)
         return 0;
-    uint64_t bit = UINT64_C(1) << ep;
-    for (size_t k = 0; k < n; k++) {
-        size_t i = home(ix, keys[k]);
-        bool held = false;
-        for (size_t probes = 0; probes <= ix->mask; probes++) {
-            struct slot_view v = slot_read(&ix->slots[i]);
-            if (!v.used)
-                break;
-            if (v.key == keys[k]) {
-                held = ((tiers & 1) && (v.mask[0] & bit)) || ((tiers & 2) && (v.mask[1] & bit));
-                break;
-            }
-            i = (i + 1) & ix->mask;
-        }
-        if (!held)
+    for (size_t k = 0; k < n; k++)
+        if (!held(ix, UINT64_C(1) << ep, keys[k], tiers))
             return k;
-    }
     return n;
 }
 

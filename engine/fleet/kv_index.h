@@ -17,9 +17,11 @@
  * atc_kv_index_blocks from any thread without a lock: each slot is a seqlock (the writer makes its
  * `seq` odd, stores key and masks, makes it even with release; a reader copies them and tries again
  * while `seq` was odd or moved), so a reader sees a slot before or after a write, never half of one.
- * Removal shifts later entries of a probe chain back one slot; a reader that races that shift may
- * miss a key for that one lookup (an answer one block short), which routing tolerates. Counts are
- * relaxed atomics. The index is destroyed only when no reader can use it (the server's shutdown). */
+ * Removal shifts later entries of a probe chain back one slot (no tombstones), under a second,
+ * table-wide seqlock (`moving`) that only a reader who did not find a key consults: it looks again if
+ * the writer moved entries meanwhile (at most 64 times, so a reader never waits on a busy writer; past
+ * that it answers "not held", one block short, which routing tolerates). Counts are relaxed atomics. The
+ * index is destroyed only when no reader can use it (the server's shutdown). */
 
 #include <stdbool.h>
 #include <stddef.h>
