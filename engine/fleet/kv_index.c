@@ -52,16 +52,18 @@ struct slot_view {
     uint64_t key, mask[2];
 };
 
-/* The seqlock's writer (the main thread only): odd seq, fields, even seq with release. */
+/* The seqlock's writer (the main thread only): odd seq, the fields, even seq. Without fences (which
+ * ThreadSanitizer does not model): the fields are stored with release and read with acquire, so a reader
+ * that sees a new field also sees the odd seq stored before it (and the `moving` count before that),
+ * and its second load of seq cannot move before its field loads. */
 static void slot_write(struct slot *s, const struct slot_view *v)
 {
     unsigned seq = atomic_load_explicit(&s->seq, memory_order_relaxed);
     atomic_store_explicit(&s->seq, seq + 1, memory_order_relaxed);
-    atomic_thread_fence(memory_order_release);
-    atomic_store_explicit(&s->used, v->used, memory_order_relaxed);
-    atomic_store_explicit(&s->key, v->key, memory_order_relaxed);
-    atomic_store_explicit(&s->mask[0], v->mask[0], memory_order_relaxed);
-    atomic_store_explicit(&s->mask[1], v->mask[1], memory_order_relaxed);
+    atomic_store_explicit(&s->used, v->used, memory_order_release);
+    atomic_store_explicit(&s->key, v->key, memory_order_release);
+    atomic_store_explicit(&s->mask[0], v->mask[0], memory_order_release);
+    atomic_store_explicit(&s->mask[1], v->mask[1], memory_order_release);
     atomic_store_explicit(&s->seq, seq + 2, memory_order_release);
 }
 
@@ -69,7 +71,6 @@ static void moving_begin(struct atc_kv_index *ix)
 {
     unsigned m = atomic_load_explicit(&ix->moving, memory_order_relaxed);
     atomic_store_explicit(&ix->moving, m + 1, memory_order_relaxed);
-    atomic_thread_fence(memory_order_release);
 }
 
 static void moving_end(struct atc_kv_index *ix)
@@ -95,8 +96,10 @@ static struct slot_view slot_read(const struct slot *s)
         if (tries++ > 0 && tries % 64 == 0)
             sched_yield(); /* the writer was preempted mid-slot: let it finish */
         before = atomic_load_explicit(&s->seq, memory_order_acquire);
-        v = slot_own(s);
-        atomic_thread_fence(memory_order_acquire);
+        v = (struct slot_view){.used = atomic_load_explicit(&s->used, memory_order_acquire),
+                               .key = atomic_load_explicit(&s->key, memory_order_acquire),
+                               .mask = {atomic_load_explicit(&s->mask[0], memory_order_acquire),
+                                        atomic_load_explicit(&s->mask[1], memory_order_acquire)}};
         after = atomic_load_explicit(&s->seq, memory_order_relaxed);
     } while ((before & 1) || before != after);
     return v;
@@ -286,9 +289,8 @@ static bool held(const struct atc_kv_index *ix, uint64_t bit, uint64_t key, unsi
         if (tries > 0 && tries % 8 == 0)
             sched_yield();
         unsigned before = atomic_load_explicit(&ix->moving, memory_order_acquire);
-        if (held_once(ix, bit, key, tiers))
+        if (held_once(ix, bit, key, tiers)) /* (its acquire loads keep the load below after them) */
             return true;
-        atomic_thread_fence(memory_order_acquire);
         if (!(before & 1) && before == atomic_load_explicit(&ix->moving, memory_order_relaxed))
             return false;
     }
