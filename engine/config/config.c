@@ -295,12 +295,24 @@ static const struct field root_fields[] = {
     {.key = "engine", .kind = F_CHOICE, .off = at(access.engine), .choices = atc_engine_names},              \
         {.key = "api_key_env", .kind = F_NODE}, {.key = "api_key_file", .kind = F_NODE},                     \
         {.key = "forward_authorization", .kind = F_BOOL, .off = at(access.forward_authorization)},
+static const char *const kv_hashes[] = {"sha256_cbor", "xxhash_cbor", "sglang", NULL};
+#define KV_FIELDS(at)                                                                                        \
+    {.key = "endpoint", .kind = F_STR, .off = at(kv_events.endpoint)},                                       \
+        {.key = "replay_endpoint", .kind = F_STR, .off = at(kv_events.replay_endpoint)},                     \
+        {.key = "topic", .kind = F_STR, .off = at(kv_events.topic)},                                         \
+        {.key = "hash", .kind = F_CHOICE, .off = at(kv_events.hash), .choices = kv_hashes},                  \
+        {.key = "block_size", .kind = F_UINT, .off = at(kv_events.block_size), .min = 1, .max = 65536},      \
+        {.key = "seed", .kind = F_U64, .off = at(kv_events.seed), .max = UINT64_MAX},                        \
+        {.key = "max_blocks", .kind = F_U64, .off = at(kv_events.max_blocks), .min = 1, .max = 1u << 26},
+static const struct field model_kv_fields[] = {KV_FIELDS(MODEL){.key = NULL}};
+static const struct field endpoint_kv_fields[] = {KV_FIELDS(EP){.key = NULL}};
 
 static const struct field model_fields[] = {
     {.key = "name", .kind = F_STR, .off = MODEL(name), .required = true},
     {.key = "endpoints", .kind = F_NODE},
     {.key = "health", .kind = F_NODE},
-    ACCESS_FIELDS(MODEL){.key = NULL},
+    ACCESS_FIELDS(MODEL){.key = "kv_events", .kind = F_SECTION, .sub = model_kv_fields},
+    {.key = NULL},
 };
 
 static const struct field endpoint_fields[] = {
@@ -314,7 +326,8 @@ static const struct field endpoint_fields[] = {
     {.key = "version", .kind = F_OPTSTR, .off = EP(version)},
     {.key = "tags", .kind = F_STRS, .off = EP(tags), .aux = EP(ntags)},
     {.key = "health", .kind = F_NODE},
-    ACCESS_FIELDS(EP){.key = NULL},
+    ACCESS_FIELDS(EP){.key = "kv_events", .kind = F_SECTION, .sub = endpoint_kv_fields},
+    {.key = NULL},
 };
 
 static const struct field simulate_fields[] = {
@@ -805,9 +818,17 @@ static void parse_api_key(struct parse *p, const struct field *fields, yaml_node
     set_str(p, &a->api_key_source, format("%s %s", file ? "file" : "env", s));
 }
 
+static char *dup_or_null(struct parse *p, const char *s)
+{
+    char *d = s ? strdup(s) : NULL;
+    p->errs.oom |= s && !d;
+    return d;
+}
+
 static void parse_endpoint(struct parse *p, yaml_node_t *n, const char *key, struct atc_endpoint_config *ep,
                            const char *model, const struct atc_health_config *model_health,
-                           const struct atc_upstream_access *model_access)
+                           const struct atc_upstream_access *model_access,
+                           const struct atc_kv_events_config *model_kv)
 {
     yaml_node_t *found[MAX_FIELDS];
     char k[KEY_MAX];
@@ -817,6 +838,10 @@ static void parse_endpoint(struct parse *p, yaml_node_t *n, const char *key, str
     if (atc_health_config_copy(&ep->health, model_health) < 0 ||
         atc_upstream_access_copy(&ep->access, model_access) < 0)
         p->errs.oom = true;
+    ep->kv_events = *model_kv;
+    ep->kv_events.endpoint = dup_or_null(p, model_kv->endpoint);
+    ep->kv_events.replay_endpoint = dup_or_null(p, model_kv->replay_endpoint);
+    ep->kv_events.topic = dup_or_null(p, model_kv->topic);
     if (parse_section(p, n, key, false, endpoint_fields, ep, found) < 0)
         return;
     parse_api_key(p, endpoint_fields, found, key, &ep->access);
@@ -840,6 +865,7 @@ static void parse_model(struct parse *p, yaml_node_t *n, const char *key, struct
 
     if (atc_health_config_copy(&m->health, &p->cfg->health) < 0)
         p->errs.oom = true;
+    m->kv_events = (struct atc_kv_events_config){.block_size = 16, .max_blocks = 65536};
     if (parse_section(p, n, key, false, model_fields, m, found) < 0)
         return;
     parse_api_key(p, model_fields, found, key, &m->access);
@@ -856,7 +882,7 @@ static void parse_model(struct parse *p, yaml_node_t *n, const char *key, struct
         alloc_items(p, eps, keyf(k, "%s.endpoints", key), sizeof *m->endpoints, &m->nendpoints, &items);
     for (size_t i = 0; i < m->nendpoints; i++)
         parse_endpoint(p, node(p, items[i]), keyf(k, "%s.endpoints[%zu]", key, i), &m->endpoints[i], m->name,
-                       &m->health, &m->access);
+                       &m->health, &m->access, &m->kv_events);
 }
 
 static bool is_declared(const struct atc_config *cfg, const char *model)

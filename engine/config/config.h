@@ -73,6 +73,19 @@ struct atc_upstream_access {
                                    server (when atc has no key of its own for it) */
 };
 
+/* kv_events: on a model (every endpoint's starting point) or an endpoint: the engine's KV-cache event
+ * publisher (vLLM's --kv-events-config, publisher zmq), read by fleet/kv_events.c into the exact index. */
+enum atc_kv_hash { ATC_KV_HASH_SHA256_CBOR, ATC_KV_HASH_XXHASH_CBOR, ATC_KV_HASH_SGLANG };
+struct atc_kv_events_config {
+    char *endpoint;        /* its PUB socket, tcp://host:port or ipc://path; NULL: no subscriber */
+    char *replay_endpoint; /* its ROUTER replay socket; NULL: a sequence gap clears the endpoint's entries */
+    char *topic;           /* subscription prefix; NULL: every topic */
+    unsigned hash;         /* enum atc_kv_hash: how the engine chains block keys (default sha256_cbor) */
+    unsigned block_size;   /* tokens per block (default 16) */
+    uint64_t seed;         /* the engine's PYTHONHASHSEED (default 0) */
+    uint64_t max_blocks;   /* the exact index's cap for this endpoint, both tiers (default 65536) */
+};
+
 struct atc_weights {
     char **names;
     unsigned *weights;
@@ -101,6 +114,7 @@ struct atc_endpoint_config {
     unsigned max_server_queue; /* full while its scraped queue (requests waiting) reaches this; 0 = ignore */
     uint64_t kv_tokens; /* the server's KV cache in tokens; 0 = read from its /metrics (when scraped) */
     struct atc_upstream_access access; /* the model's, overridden by this endpoint's */
+    struct atc_kv_events_config kv_events; /* the model's, overridden by this endpoint's kv_events: */
 };
 
 struct atc_model_config {
@@ -109,6 +123,7 @@ struct atc_model_config {
     size_t nendpoints;
     struct atc_health_config health;   /* the top level's, overridden by this model's health: */
     struct atc_upstream_access access; /* engine, api key, forward_authorization for its endpoints */
+    struct atc_kv_events_config kv_events; /* kv_events: defaults for its endpoints */
 };
 
 struct atc_simulate_config {

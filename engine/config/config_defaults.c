@@ -18,6 +18,13 @@ void atc_signal_params_init(struct atc_signal_params *p)
     p->recent_half_life_ms = 2000;
 }
 
+static void kv_events_dispose(struct atc_kv_events_config *k)
+{
+    free(k->endpoint);
+    free(k->replay_endpoint);
+    free(k->topic);
+}
+
 static void health_dispose(struct atc_health_config *h)
 {
     free(h->live.path);
@@ -182,11 +189,13 @@ void atc_config_free(struct atc_config *cfg)
             free_strv(ep->tags, ep->ntags);
             health_dispose(&ep->health);
             access_dispose(&ep->access);
+            kv_events_dispose(&ep->kv_events);
         }
         free(m->endpoints);
         free(m->name);
         health_dispose(&m->health);
         access_dispose(&m->access);
+        kv_events_dispose(&m->kv_events);
     }
     health_dispose(&cfg->health);
     free(cfg->models);

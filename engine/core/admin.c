@@ -17,6 +17,7 @@
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
 #include "fleet/health_report.h"
+#include "fleet/kv_events.h"
 #include "fleet/recent.h"
 #include "http/http_server.h"
 #include "ops/metrics.h"
@@ -247,6 +248,7 @@ static void send_endpoints(struct atc_server *srv, struct atc_http_req *req)
             evbuffer_add_printf(b, "null}");
         atc_health_endpoint_json(ep, b); /* state, checks, last error, scraped load */
         recent_json(ep, now_ms, b);
+        atc_kv_events_endpoint_json(srv->kv, ep->id, b); /* its KV events' counters, when it publishes */
         evbuffer_add(b, "}", 1);
     }
     struct atc_worker_stats totals;
@@ -291,7 +293,8 @@ static void send_metrics(struct atc_server *srv, struct evbuffer *b)
                                       .idle = f.idle,
                                       .health = srv->health,
                                       .cluster = srv->cluster,
-                                      .limits = srv->limits};
+                                      .limits = srv->limits,
+                                      .kv = srv->kv};
     src.npolicies = figures_policies(&f, srv->group.nworkers, src.policies);
     src.nadmissions = figures_admissions(&f, srv->group.nworkers, src.admissions);
     struct atc_worker_stats totals;

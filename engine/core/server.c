@@ -18,6 +18,7 @@
 
 #include "cluster/cluster.h"
 #include "cluster/limits.h"
+#include "fleet/kv_events.h"
 #include "ops/access_log.h"
 #include "fleet/admission.h"
 #include "fleet/affinity.h"
@@ -434,6 +435,31 @@ static bool sim_differs(const struct atc_simulate_config *a, const struct atc_si
            p->output_max != q->output_max;
 }
 
+/* kv_events: subscribers are made once, at start (their index is sized for them then). The @p k-th
+ * endpoint of @p c that publishes events, or NULL. */
+static const struct atc_endpoint_config *kv_endpoint(const struct atc_config *c, size_t k)
+{
+    for (size_t i = 0; i < c->nmodels; i++)
+        for (size_t j = 0; j < c->models[i].nendpoints; j++)
+            if (c->models[i].endpoints[j].kv_events.endpoint && k-- == 0)
+                return &c->models[i].endpoints[j];
+    return NULL;
+}
+
+static bool kv_events_differ(const struct atc_config *o, const struct atc_config *n)
+{
+    for (size_t k = 0;; k++) {
+        const struct atc_endpoint_config *a = kv_endpoint(o, k), *b = kv_endpoint(n, k);
+        if (!a || !b)
+            return a != b;
+        const struct atc_kv_events_config *x = &a->kv_events, *y = &b->kv_events;
+        if (str_differs(a->id, b->id) || str_differs(x->endpoint, y->endpoint) ||
+            str_differs(x->replay_endpoint, y->replay_endpoint) || str_differs(x->topic, y->topic) ||
+            x->max_blocks != y->max_blocks)
+            return true;
+    }
+}
+
 /* The first setting that is read once at start and that @p n changes, or NULL. A reload that changes
  * one is refused whole: applying the rest would leave a config that is neither the old nor the file. */
 static const char *restart_only_change(const struct atc_config *o, const struct atc_config *n)
@@ -466,6 +492,8 @@ static const char *restart_only_change(const struct atc_config *o, const struct 
                  memcmp(&o->limits.rules[i], &n->limits.rules[i], sizeof(o->limits.rules[i])) != 0;
     if (limits)
         return "limits";
+    if (kv_events_differ(o, n))
+        return "kv_events";
     return NULL;
 }
 
@@ -744,6 +772,7 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
                                      void (*admin_handle)(struct atc_http_req *req, void *srv), char **err)
 {
     const char *why = NULL; /* the static reason of a step that failed */
+    char *kverr = NULL;
     *err = NULL;
     struct atc_server *srv = calloc(1, sizeof(*srv));
     if (srv == NULL) {
@@ -824,6 +853,11 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
             fail(err, "%s", why);
             goto error;
         }
+    }
+    if ((srv->kv = atc_kv_events_create(base, cfg, &kverr)) == NULL && kverr != NULL) {
+        fail(err, "%s", kverr);
+        free(kverr);
+        goto error;
     }
     if (cfg->record.enabled) { /* trace recording: see recorder.h */
         struct atc_recorder_settings rs = {
@@ -962,6 +996,7 @@ void atc_server_destroy(struct atc_server *srv)
     atc_recorder_destroy(srv->recorder); /* writes what is still buffered */
     atc_cluster_destroy(srv->cluster); /* before the tables it writes to */
     srv->cluster = NULL;
+    atc_kv_events_destroy(srv->kv); /* after the workers, which may read its index */
     atc_limits_destroy(srv->limits);
     atc_metrics_destroy(srv->metrics);
     atc_admission_shared_destroy(srv->admission_shared); /* after the workers' admissions */

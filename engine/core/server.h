@@ -45,6 +45,7 @@ struct atc_server {
     struct atc_admission_shared *admission_shared; /* admission.queue for the whole process (locked) */
     struct atc_limits *limits;   /* limits: per-tenant budgets (cluster/limits.h's threads); NULL without */
     struct atc_cluster *cluster; /* cluster: replicas through Redis, main thread only; NULL without */
+    struct atc_kv_events *kv;    /* kv_events: subscribers and the exact index (kv_events.h); NULL without */
     struct atc_policy_group policy_group; /* ties the workers' policy runtimes: one record, one rollback */
     struct atc_reloader *reloader;        /* policy reloads (made at the first); main thread */
     struct atc_affinity *shadow_affinity; /* the shadow policy's pins, apart from the live ones */

@@ -11,6 +11,7 @@
 
 #include "cluster/cluster.h"
 #include "cluster/limits.h"
+#include "fleet/kv_events.h"
 #include "base/clock.h"
 #include "base/histogram.h"
 #include "fleet/admission.h"
@@ -316,6 +317,7 @@ void atc_metrics_render(struct atc_metrics *m, const struct atc_metrics_sources 
         atc_admission_metrics(src->admissions, src->nadmissions, out);
     if (src->cluster != NULL)
         atc_cluster_metrics(src->cluster, out);
+    atc_kv_events_metrics(src->kv, out); /* (nothing without kv_events:) */
     if (src->limits != NULL)
         atc_limits_metrics(src->limits, out, atc_wall_us() / 1000);
 }

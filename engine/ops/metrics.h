@@ -23,6 +23,7 @@ struct atc_health;
  * nothing of the server or its workers; it does not read the workers' upstream pools (theirs alone). */
 struct atc_cluster;
 struct atc_limits;
+struct atc_kv_events;
 
 struct atc_metrics_sources {
     const struct atc_endpoint_table *table;
@@ -37,6 +38,7 @@ struct atc_metrics_sources {
     unsigned active;                           /* client requests in progress, all workers */
     struct atc_cluster *cluster;               /* NULL without cluster: */
     struct atc_limits *limits;                 /* NULL without limits: */
+    const struct atc_kv_events *kv;            /* NULL without kv_events: */
 };
 
 /* What one finished request contributes. */

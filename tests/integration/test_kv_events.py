@@ -1,0 +1,123 @@
+"""KV-cache events end to end: atc serve subscribed to a fake engine (kv_publisher.py, written from vLLM's
+wire format) that publishes array- and map-encoded batches; /admin/endpoints and /metrics count what atc
+read. A gap is filled from the replay socket; a replay socket that never answers, a sequence going back
+(an engine restart) and AllBlocksCleared clear the endpoint's entries; garbage is counted as decode errors
+while atc goes on serving."""
+
+import json
+import os
+import subprocess
+import unittest
+
+from harness import AtcTestCase, request, wait_for
+
+PUBLISHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kv_publisher.py")
+# Debian's python3 with python3-zmq and python3-msgpack (the `python3` on PATH may be another one).
+PYTHON = "/usr/bin/python3"
+
+
+class Publisher:
+    def __init__(self):
+        self.proc = subprocess.Popen([PYTHON, PUBLISHER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+        self.addr = json.loads(self.proc.stdout.readline())
+
+    def do(self, **cmd):
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def stop(self):
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class KvEventsTest(AtcTestCase):
+    def start(self, replay=True):
+        pub = Publisher()
+        self.addCleanup(pub.stop)
+        replay_line = f'replay_endpoint: "{pub.addr["replay"]}", ' if replay else ""
+        atc = self.start_atc(f"""
+            listen: 127.0.0.1:0
+            admin: 127.0.0.1:0
+            health: {{enabled: false}}
+            models:
+              - name: m
+                kv_events: {{block_size: 16}}
+                endpoints:
+                  - id: e1
+                    url: http://127.0.0.1:9
+                    kv_events: {{endpoint: "{pub.addr["pub"]}", {replay_line}max_blocks: 1000}}
+            """)
+        self.assertEqual(pub.do(op="wait_subscribed"), "ok")
+        return pub, atc
+
+    def kv(self, atc):
+        return atc.endpoints()["e1"]["kv_events"]
+
+    def wait_kv(self, atc, what, pred):
+        return wait_for(lambda: (lambda k: k if pred(k) else None)(self.kv(atc)), what=what)
+
+    def test_array_and_map_batches_fill_the_index(self):
+        pub, atc = self.start()
+        pub.do(op="batch", seq=0, encoding="array", events=[["stored", [1, 2, 3], "GPU"]])
+        pub.do(op="batch", seq=1, encoding="map", events=[["stored", [4, 5], "CPU"], ["other"]])
+        pub.do(op="batch", seq=2, encoding="array", events=[["removed", [1], None], ["stored", [6], None]])
+        k = self.wait_kv(atc, "three batches", lambda k: k["batches"] == 3)
+        self.assertEqual((k["blocks_gpu"], k["blocks_cpu"]), (3, 2))  # 2, 3, 6 on the GPU; 4, 5 on the CPU
+        self.assertEqual((k["blocks_stored"], k["blocks_removed"]), (6, 1))
+        self.assertEqual((k["last_seq"], k["decode_errors"], k["gaps"], k["unknown_events"]), (2, 0, 0, 1))
+        self.assertLess(abs(k["lag_ms"]), 10000)
+        # AllBlocksCleared empties it
+        pub.do(op="batch", seq=3, encoding="map", events=[["cleared"]])
+        k = self.wait_kv(atc, "the clear", lambda k: k["batches"] == 4)
+        self.assertEqual((k["blocks_gpu"], k["blocks_cpu"], k["cleared"]), (0, 0, 1))
+        status, _, body = request("127.0.0.1", atc.admin_port, "GET", "/metrics")
+        self.assertEqual(status, 200)
+        self.assertIn('atc_kv_events_batches_total{endpoint="e1"} 4', body.decode())
+
+    def test_gap_is_filled_from_the_replay_socket(self):
+        pub, atc = self.start()
+        pub.do(op="batch", seq=0, events=[["stored", [10], "GPU"]])
+        self.wait_kv(atc, "seq 0", lambda k: k["last_seq"] == 0)
+        pub.do(op="batch", seq=1, events=[["stored", [11], "GPU"]], publish=False)  # lost on the way
+        pub.do(op="batch", seq=2, encoding="map", events=[["stored", [12], "GPU"]], publish=False)
+        pub.do(op="batch", seq=3, events=[["stored", [13], "GPU"]])
+        k = self.wait_kv(atc, "the replay", lambda k: k["last_seq"] == 3 and not k["replaying"])
+        self.assertEqual((k["gaps"], k["replays"], k["replay_failures"], k["cleared"]), (1, 1, 0, 0))
+        self.assertEqual(k["replayed_batches"], 3)  # 1, 2 and 3 from the replay; the live 3 was held, skipped
+        self.assertEqual((k["batches"], k["blocks_gpu"]), (4, 4))
+
+    def test_unanswered_replay_and_restart_clear_the_entries(self):
+        pub, atc = self.start()
+        pub.do(op="replay", mode="silent")
+        pub.do(op="batch", seq=0, events=[["stored", [1, 2], "GPU"]])
+        pub.do(op="batch", seq=5, events=[["stored", [3], "GPU"]])  # a gap the replay never answers
+        k = self.wait_kv(atc, "the replay's deadline", lambda k: k["replay_failures"] == 1 and not k["replaying"])
+        self.assertEqual((k["gaps"], k["cleared"], k["blocks_gpu"], k["last_seq"]), (1, 1, 1, 5))
+        self.assertIn("did not answer in time", atc.read_log())
+        # the engine restarts: its sequence starts again from 0
+        pub.do(op="batch", seq=0, events=[["stored", [7, 8], "GPU"]])
+        k = self.wait_kv(atc, "the restart", lambda k: k["restarts"] == 1)
+        self.assertEqual((k["cleared"], k["blocks_gpu"], k["last_seq"]), (2, 2, 0))
+
+    def test_garbage_is_counted_and_atc_serves(self):
+        pub, atc = self.start(replay=False)
+        pub.do(op="raw", seq=0, hex="c1c1c1")  # not msgpack
+        pub.do(op="raw", seq=1, hex="ddffffffff00")  # an array claiming 4 billion items
+        pub.do(op="raw", seq=2, hex="a3616263")  # msgpack, not a batch
+        pub.do(op="frames", hex=["", "0102"])  # two frames, a short sequence number
+        pub.do(op="batch", seq=3, events=[["stored", [9], "GPU"]])
+        k = self.wait_kv(atc, "the good batch", lambda k: k["batches"] == 1)
+        self.assertEqual((k["decode_errors"], k["blocks_gpu"], k["gaps"]), (4, 1, 0))
+        self.assertEqual(atc.read_log().count("did not decode"), 1)  # logged once
+        status, _, _ = request("127.0.0.1", atc.admin_port, "GET", "/metrics")
+        self.assertEqual(status, 200)
+
+
+if __name__ == "__main__":
+    unittest.main()
