@@ -309,10 +309,31 @@ static void send_policy(struct atc_server *srv, struct atc_http_req *req)
     struct figures f;
     figures_take(srv, &f, true);
     size_t n = figures_policies(&f, srv->group.nworkers, rts);
-    if (n > 0)
-        atc_policy_status_json(rts, n, b);
-    else
+    if (n > 0) {
+        /* The runtime's object, and what only the server knows: whether the files are watched, and a
+         * canary waiting for them to change. */
+        struct evbuffer *pb = evbuffer_new();
+        atc_policy_status_json(rts, n, pb);
+        size_t len = evbuffer_get_length(pb);
+        const char *s = (const char *)evbuffer_pullup(pb, -1);
+        while (len > 0 && s[len - 1] != '}')
+            len--;
+        double share;
+        uint64_t window_ms;
+        if (len > 0) {
+            evbuffer_add(b, s, len - 1);
+            evbuffer_add_printf(b, ",\"watch\":%s,\"canary_armed\":",
+                                atc_policy_watching(srv->group.workers[0].policy) ? "true" : "false");
+            if (atc_rollout_canary_armed(srv, &share, &window_ms))
+                evbuffer_add_printf(b, "{\"share\":%g,\"window_ms\":%llu}}\n", share,
+                                    (unsigned long long)window_ms);
+            else
+                evbuffer_add_printf(b, "null}\n");
+        }
+        evbuffer_free(pb);
+    } else {
         evbuffer_add_printf(b, "{\"version\":0,\"enabled\":false}\n");
+    }
     figures_free(&f);
     atc_http_reply_json(req, 200, b);
     evbuffer_free(b);
@@ -424,8 +445,18 @@ static void reload_policy(struct atc_server *srv, struct atc_http_req *req)
         return;
     }
     struct pending_reload *p = pending(req, ",\"canary\":true");
-    if (p != NULL)
-        atc_rollout_canary(srv, share, window_ms, answer_version, p);
+    if (p == NULL || atc_rollout_canary(srv, share, window_ms, answer_version, p) == 0)
+        return;
+    /* Armed (policy.watch is on): the next change of the files loads as the canary. */
+    atc_http_req_set_callbacks(req, NULL, NULL);
+    free(p);
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_printf(b,
+                        "{\"armed\":true,\"share\":%g,\"window_ms\":%llu,\"note\":\"the next change of the "
+                        "policy's files loads as the canary; the current version keeps routing the rest\"}\n",
+                        share, (unsigned long long)window_ms);
+    atc_http_reply_json(req, 202, b);
+    evbuffer_free(b);
 }
 
 /* POST /admin/policy/promote, /admin/policy/rollback: ends the canary now. */
@@ -436,6 +467,16 @@ static void end_canary(struct atc_server *srv, struct atc_http_req *req, enum at
         return;
     }
     char why[640];
+    double share;
+    uint64_t window_ms;
+    if (how == ATC_ROLLOUT_ROLLBACK && atc_rollout_canary_armed(srv, &share, &window_ms) &&
+        atc_policy_canary_version(srv->group.workers[0].policy) == 0) {
+        srv->canary_armed_share = 0;
+        atc_info("policy canary disarmed: a change of the policy's files reloads it again");
+        static const char body[] = "{\"disarmed\":true}\n";
+        atc_http_reply(req, 200, "application/json", NULL, body, sizeof(body) - 1);
+        return;
+    }
     uint64_t version = atc_rollout_canary_end(srv, how, why, sizeof(why));
     if (version == 0) {
         admin_error(req, 409, "invalid_request_error", "no_canary", why, 0);

@@ -29,12 +29,15 @@ static const char usage_admin[] =
     "  reload   re-read the policy's .lua files (POST /admin/policy/reload); the YAML is not read\n"
     "           with --yaml: re-read the YAML file atc was started with, then the policy's files\n"
     "           against the new fleet (POST /admin/config/reload; SIGHUP does the same). A change\n"
-    "           to listen, admin, workers, simulate, admission, access_log or adding/removing\n"
-    "           policy: is refused (it takes a restart) and nothing changes. Exit 1 if refused.\n"
+    "           to listen, admin, workers, simulate, admission, access_log, record, cluster,\n"
+    "           limits or adding/removing policy: is refused (it takes a restart) and nothing\n"
+    "           changes. Exit 1 if refused. policy.watch turned on or off takes effect.\n"
     "  drain    stop new traffic to endpoint ID; its in-flight requests finish\n"
     "  enable   undo drain\n"
     "  policy   canary: reload the policy's files as a canary deciding SHARE (0-1] of the requests,\n"
     "           sticky per session, judged after WINDOW (default 5m) against policy.canary's guards;\n"
+    "           with policy.watch on (the default) it is armed: edit the files after it, and the\n"
+    "           change loads as the canary (atc policy rollback disarms it);\n"
     "           promote / rollback: end it now; shadow: run FILE beside the live policy on SAMPLE\n"
     "           (default 1) of the decisions, never acted on; shadow clear: stop it\n"
     "\n"
@@ -52,8 +55,8 @@ struct admin_target {
 };
 
 /* One request; returns the status (or -1) and the body in *body (owned). */
-static int admin_call_with(const struct admin_target *t, const char *method, const char *path, const char *send,
-                           char **body);
+static int admin_call_with(const struct admin_target *t, const char *method, const char *path,
+                           const char *send, char **body);
 static void print_rollout(const struct atc_json *pj);
 
 static int admin_call(const struct admin_target *t, const char *method, const char *path, char **body)
@@ -62,8 +65,8 @@ static int admin_call(const struct admin_target *t, const char *method, const ch
 }
 
 /* One admin request with @p send as its body; the status, and the answer's body in *body (owned). */
-static int admin_call_with(const struct admin_target *t, const char *method, const char *path, const char *send,
-                           char **body)
+static int admin_call_with(const struct admin_target *t, const char *method, const char *path,
+                           const char *send, char **body)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
     char port[8];
@@ -89,8 +92,8 @@ static int admin_call_with(const struct admin_target *t, const char *method, con
     freeaddrinfo(res);
     char req[3072];
     int n = snprintf(req, sizeof(req), "%s %s HTTP/1.0\r\nHost: %s\r\nContent-Length: %zu\r\n%s%s%s\r\n%s",
-                     method, path, t->host, strlen(send), t->token[0] ? "Authorization: Bearer " : "", t->token,
-                     t->token[0] ? "\r\n" : "", send);
+                     method, path, t->host, strlen(send), t->token[0] ? "Authorization: Bearer " : "",
+                     t->token, t->token[0] ? "\r\n" : "", send);
     if (n < 0 || (size_t)n >= sizeof(req) || write(fd, req, (size_t)n) != n) {
         close(fd);
         return -1;
@@ -172,8 +175,8 @@ static void print_cluster(const struct admin_target *t)
 {
     char *body = NULL;
     struct atc_json j = {0};
-    if (admin_call(t, "GET", "/admin/cluster", &body) != 200 || atc_json_parse(&j, body, strlen(body), NULL) < 0 ||
-        atc_json_get(&j, 0, "name") < 0) {
+    if (admin_call(t, "GET", "/admin/cluster", &body) != 200 ||
+        atc_json_parse(&j, body, strlen(body), NULL) < 0 || atc_json_get(&j, 0, "name") < 0) {
         atc_json_dispose(&j);
         free(body);
         return;
@@ -184,7 +187,8 @@ static void print_cluster(const struct admin_target *t)
     json_text(&j, atc_json_get(&j, 0, "state"), state, sizeof(state));
     json_text(&j, atc_json_get(&j, 0, "mode"), mode, sizeof(mode));
     json_text(&j, atc_json_get(&j, 0, "last_sync_ms_ago"), last, sizeof(last));
-    printf("\ncluster: replica %s, Redis %s %s, %s mode, last sync %s ms ago\n", name, redis, state, mode, last);
+    printf("\ncluster: replica %s, Redis %s %s, %s mode, last sync %s ms ago\n", name, redis, state, mode,
+           last);
     int reps = atc_json_get(&j, 0, "replicas");
     printf("%-40s %16s\n", "REPLICA", "LAST SYNC(ms)");
     for (int k = 0, i = reps + 1; reps >= 0 && k < atc_json_count(&j, reps); k++, i = atc_json_next(&j, i)) {
@@ -273,7 +277,8 @@ static void print_rollout(const struct atc_json *pj)
         json_text(pj, atc_json_get(pj, sh, "agreement"), d, sizeof(d));
         json_text(pj, atc_json_get(pj, sh, "errors"), e, sizeof(e));
         json_text(pj, atc_json_get(pj, sh, "budget_overruns"), f, sizeof(f));
-        printf("shadow v%s beside v%s: %s decisions, agreement %s, %s errors, %s overruns\n", a, b, c, d, e, f);
+        printf("shadow v%s beside v%s: %s decisions, agreement %s, %s errors, %s overruns\n", a, b, c, d, e,
+               f);
     }
     if (ca >= 0 && atc_json_type(pj, ca) == ATC_JSON_OBJECT) {
         int rq = atc_json_get(pj, ca, "requests"), cur = atc_json_get(pj, ca, "current");
@@ -283,8 +288,18 @@ static void print_rollout(const struct atc_json *pj)
         json_text(pj, atc_json_get(pj, rq, "fallbacks"), d, sizeof(d));
         json_text(pj, atc_json_get(pj, rq, "ttft_p90_ms"), e, sizeof(e));
         json_text(pj, atc_json_get(pj, cur, "ttft_p90_ms"), f, sizeof(f));
-        printf("canary v%s for %s of the requests: %s decisions, %s fallbacks, TTFT p90 %s ms (current %s ms)\n",
-               a, b, c, d, e, f);
+        printf(
+            "canary v%s for %s of the requests: %s decisions, %s fallbacks, TTFT p90 %s ms (current %s ms)\n",
+            a, b, c, d, e, f);
+    }
+    int armed = atc_json_get(pj, 0, "canary_armed");
+    if (armed >= 0 && atc_json_type(pj, armed) == ATC_JSON_OBJECT) {
+        double share = 0, window_ms = 0;
+        atc_json_number(pj, atc_json_get(pj, armed, "share"), &share);
+        atc_json_number(pj, atc_json_get(pj, armed, "window_ms"), &window_ms);
+        printf("canary armed for %g of the requests over %.0f s: the next change of the policy's files loads "
+               "as it\n",
+               share, window_ms / 1000);
     }
     if (atc_json_string(pj, atc_json_get(pj, 0, "last_canary"), last, sizeof(last), NULL) == 0)
         printf("last canary: %s\n", last);
@@ -294,6 +309,18 @@ static int post_with(const struct admin_target *t, const char *path, const char 
 {
     char *body = NULL;
     int status = admin_call_with(t, "POST", path, send, &body);
+    if (status == 202) { /* accepted, to happen later: the answer says what it waits for */
+        struct atc_json j = {0};
+        char note[512];
+        if (atc_json_parse(&j, body, strlen(body), NULL) == 0 &&
+            atc_json_string(&j, atc_json_get(&j, 0, "note"), note, sizeof(note), NULL) == 0)
+            printf("canary armed: %s\n", note);
+        else
+            printf("%s", body);
+        atc_json_dispose(&j);
+        free(body);
+        return 0;
+    }
     if (status == 200) {
         printf("%s: %s", done, body);
         free(body);

@@ -249,7 +249,8 @@ class CliTest(AtcTestCase):
         self.assertRegex(atc.read_log(), re.escape(cfg) + r":\d+:\d+: unknown key 'bogus'")
         # a change that takes a restart is refused, by each way in, and said so
         for name, text in (("listen", good.replace("listen: 127.0.0.1:0", "listen: 127.0.0.1:1")),
-                           ("simulate", good.replace("count: 1", "count: 2"))):
+                           ("simulate", good.replace("count: 1", "count: 2")),
+                           ("record (added or removed)", good + "record:\n  dir: traces\n")):
             with self.subTest(name):
                 write(text)
                 status, _, body = request("127.0.0.1", admin, "POST", "/admin/config/reload")
@@ -260,6 +261,7 @@ class CliTest(AtcTestCase):
                 self.assertIn("takes a restart", out.stderr)
                 self.assertIn(f"config reload refused: {cfg}: '{name}' changed", atc.read_log())
         self.assertEqual(len(atc.endpoints()), 1)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp.name, "traces")))  # record: was not half-applied
         # the shipped systemd unit's reload fails on a broken file and succeeds on a good one
         with open(os.path.join(SOURCE_DIR, "examples", "systemd", "atc.service")) as f:
             reload_lines = [l.split("=", 1)[1].strip() for l in f if l.startswith("ExecReload=")]
