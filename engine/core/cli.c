@@ -48,6 +48,27 @@ static const char usage_admin[] =
     "      --yaml            (reload) re-read the YAML configuration, then the policy\n"
     "  -h, --help            this text\n";
 
+static const char usage_policy[] =
+    "usage: atc policy canary SHARE [WINDOW]  [-c FILE | --admin HOST:PORT] [--token TOKEN]\n"
+    "       atc policy promote | rollback\n"
+    "       atc policy shadow FILE [SAMPLE] | shadow clear\n"
+    "\n"
+    "Change a running atc's policy safely (docs/policies.md, \"Changing a policy safely\").\n"
+    "  canary   a new version of the policy's files decides SHARE (0-1] of the requests, sticky per\n"
+    "           session, and is judged after WINDOW (default 5m) against policy.canary's guards:\n"
+    "           promoted, or rolled back. With policy.watch on (the default) the canary is armed:\n"
+    "           edit the files after this command and the change loads as the canary, while the\n"
+    "           current version keeps routing the rest. With watch: false the files load at once.\n"
+    "  promote  end the canary now: it decides every request from now on\n"
+    "  rollback end the canary now (or disarm one waiting for the files): the current version stays\n"
+    "  shadow   FILE decides beside the live policy on SAMPLE (default 1) of the requests, counted\n"
+    "           and recorded, never acted on; shadow clear stops it\n"
+    "\n"
+    "  -c, --config FILE     find the admin address and token in this config\n"
+    "      --admin HOST:PORT the admin address (default 127.0.0.1:8081)\n"
+    "      --token TOKEN     the admin token (default: the config's, or $ATC_ADMIN_TOKEN)\n"
+    "  -h, --help            this text\n";
+
 struct admin_target {
     char host[256];
     unsigned port;
@@ -346,7 +367,7 @@ static int cmd_policy(const struct admin_target *t, int argc, char **argv)
         char *end;
         double share = strtod(argv[1], &end);
         if (*end != '\0' || !(share > 0 && share <= 1) || strchr(argc == 3 ? argv[2] : "", '"') != NULL) {
-            fputs(usage_admin, stderr);
+            fputs(usage_policy, stderr);
             return 2;
         }
         snprintf(send, sizeof(send), "{\"canary\":%g,\"window\":\"%s\"}", share, argc == 3 ? argv[2] : "5m");
@@ -366,7 +387,7 @@ static int cmd_policy(const struct admin_target *t, int argc, char **argv)
         snprintf(send, sizeof(send), "{\"entry\":\"%s\",\"sample\":%s}", path, argc == 3 ? argv[2] : "1");
         return post_with(t, "/admin/policy/shadow", send, "shadow loaded");
     }
-    fputs(usage_admin, stderr);
+    fputs(usage_policy, stderr);
     return 2;
 }
 
@@ -400,7 +421,7 @@ int atc_cli_main(int argc, char **argv)
             reload_config = true;
             break;
         case 'h':
-            fputs(usage_admin, stdout);
+            fputs(strcmp(cmd, "policy") == 0 ? usage_policy : usage_admin, stdout);
             return 0;
         default:
             fputs(usage_admin, stderr);

@@ -70,6 +70,15 @@ class CliTest(AtcTestCase):
                 self.assertEqual(out.returncode, 0, out.stderr)
                 for flag in flags:
                     self.assertIn(flag, out.stdout)
+        # atc policy: in the command list, with a help of its own
+        self.assertRegex(run("--help").stdout, r"(?m)^  policy .*canary.*promote.*rollback.*shadow")
+        out = run("policy", "--help")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertTrue(out.stdout.startswith("usage: atc policy canary SHARE"), out.stdout)
+        for word in ("promote", "rollback", "shadow clear", "armed"):
+            self.assertIn(word, out.stdout)
+        self.assertNotIn("atc drain", out.stdout)
+        self.assertIn("atc policy --help", read_doc("README.md"))
         out = run("frobnicate")
         self.assertEqual(out.returncode, 2)
         self.assertIn("unknown command", out.stderr)
@@ -111,6 +120,14 @@ class CliTest(AtcTestCase):
                 self.assertEqual(out.returncode, 1, out.stdout)
                 self.assertRegex(out.stderr, "(?m)^" + re.escape(path) + r":7:12: key 'policy\.entry': .*" + message)
                 self.assertNotIn("ok", out.stdout)
+        # A YAML error elsewhere does not hide the policy's: both in one run.
+        with open(path, "w") as f:
+            f.write("models:\n  - name: m\nsimulate:\n  - model: m\npolicy:\n  budget: 5ms\n"
+                    "  entry:   p.lua\nbogus: 1\n")
+        out = run("check", "-c", path)
+        self.assertEqual(out.returncode, 1, out.stdout)
+        self.assertRegex(out.stderr, "(?m)^" + re.escape(path) + r":8:1: .*bogus")
+        self.assertRegex(out.stderr, "(?m)^" + re.escape(path) + r":7:12: key 'policy\.entry': .*boom")
 
     def test_check_reports_every_error_with_line_and_column(self):
         path = os.path.join(self.tmp.name, "bad.yaml")
