@@ -187,6 +187,20 @@ static void recent_json(const struct atc_endpoint *ep, uint64_t now_ms, struct e
     evbuffer_add(out, "]}", 2);
 }
 
+/* The fleet-wide load (cluster:): the other replicas' in-flight requests on the endpoint, summed over the
+ * fresh ones, with the age of the oldest figure (null without one), and this replica's plus theirs. */
+static void remote_json(const struct atc_endpoint *ep, uint64_t now_ms, struct evbuffer *out)
+{
+    unsigned remote = atomic_load_explicit(&ep->remote.inflight, memory_order_relaxed);
+    uint64_t at = atomic_load_explicit(&ep->remote.at_ms, memory_order_relaxed);
+    evbuffer_add_printf(out, ",\"remote_inflight\":%u,\"fleet_inflight\":%u,\"remote_age_ms\":", remote,
+                        atc_endpoint_fleet_inflight(ep));
+    if (at != 0)
+        evbuffer_add_printf(out, "%llu", (unsigned long long)(now_ms > at ? now_ms - at : 0));
+    else
+        evbuffer_add(out, "null", 4);
+}
+
 /* The workers' counters and queues as each copied them (figures_take); the endpoints' atomics as they are. */
 static void send_endpoints(struct atc_server *srv, struct atc_http_req *req)
 {
@@ -247,6 +261,7 @@ static void send_endpoints(struct atc_server *srv, struct atc_http_req *req)
             evbuffer_add_printf(b, "null}");
         atc_health_endpoint_json(ep, b); /* state, checks, last error, scraped load */
         recent_json(ep, now_ms, b);
+        remote_json(ep, now_ms, b);
         evbuffer_add(b, "}", 1);
     }
     struct atc_worker_stats totals;

@@ -244,8 +244,9 @@ static int cmd_status(const struct admin_target *t)
         if (atc_json_string(&pj, atc_json_get(&pj, 0, "last_error"), errbuf, sizeof(errbuf), NULL) < 0)
             errbuf[0] = '\0';
     }
-    printf("%-28s %-20s %-10s %9s %9s %9s %10s  %s\n", "ENDPOINT", "MODEL", "STATE", "INFLIGHT", "CAPACITY",
-           "ERRORS", "TTFT(ms)", "ENGINE");
+    /* INFLIGHT is this replica's; FLEET adds the other replicas' (cluster:) with their figures' age. */
+    printf("%-28s %-20s %-10s %9s %9s %9s %10s %-22s %s\n", "ENDPOINT", "MODEL", "STATE", "INFLIGHT",
+           "CAPACITY", "ERRORS", "TTFT(ms)", "FLEET(others, age)", "ENGINE");
     int eps = atc_json_get(&j, 0, "endpoints");
     for (int k = 0, i = eps + 1; k < atc_json_count(&j, eps); k++, i = atc_json_next(&j, i)) {
         char id[128], model[128], state[32], engine[16], inflight[16], capacity[16], errors[24], ttft[24];
@@ -262,9 +263,19 @@ static int cmd_status(const struct admin_target *t)
         json_text(&j, atc_json_get(&j, i, "inflight"), inflight, sizeof(inflight));
         json_text(&j, atc_json_get(&j, i, "capacity"), capacity, sizeof(capacity));
         json_text(&j, atc_json_get(&j, i, "errors_total"), errors, sizeof(errors));
-        json_text(&j, atc_json_get(&j, i, "ttft_ewma_ms"), ttft, sizeof(ttft));
-        printf("%-28s %-20s %-10s %9s %9s %9s %10s  %s\n", id, model, state, inflight, capacity, errors, ttft,
-               engine);
+        double v = 0, remote = 0, fleet = 0, age = 0;
+        /* an endpoint that has not answered yet has no TTFT (not 0.000) */
+        if (atc_json_number(&j, atc_json_get(&j, i, "ttft_ewma_ms"), &v) && v > 0)
+            snprintf(ttft, sizeof(ttft), "%.1f", v);
+        else
+            snprintf(ttft, sizeof(ttft), "-");
+        char others[48] = "-";
+        if (atc_json_number(&j, atc_json_get(&j, i, "remote_age_ms"), &age) &&
+            atc_json_number(&j, atc_json_get(&j, i, "remote_inflight"), &remote) &&
+            atc_json_number(&j, atc_json_get(&j, i, "fleet_inflight"), &fleet))
+            snprintf(others, sizeof(others), "%.0f (%.0f, %.1fs)", fleet, remote, age / 1000);
+        printf("%-28s %-20s %-10s %9s %9s %9s %10s %-22s %s\n", id, model, state, inflight, capacity, errors,
+               ttft, others, engine);
     }
     char active[16], waiting[16] = "0";
     json_text(&j, atc_json_get(&j, 0, "active"), active, sizeof(active));
