@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include <event2/buffer.h>
 
@@ -290,7 +291,14 @@ static void send_endpoints(struct atc_server *srv, struct atc_http_req *req)
                         (unsigned long long)s->client_gone_total, (unsigned long long)s->retries_total,
                         (unsigned long long)s->upstream_errors_total, active);
     atc_health_status_json(srv->health, b);
-    evbuffer_add(b, "}\n", 2);
+    /* which atc this is: its version, how long it has run, the machine (the status page's header) */
+    char host[256] = "";
+    if (gethostname(host, sizeof(host) - 1) < 0)
+        host[0] = '\0';
+    evbuffer_add_printf(b, ",\"atc\":{\"version\":\"%s\",\"uptime_s\":%llu,", ATC_VERSION,
+                        (unsigned long long)((now_ms - srv->started_ms) / 1000));
+    atc_json_key_string(b, "host", host);
+    evbuffer_add(b, "}}\n", 3);
     figures_free(&f);
     atc_http_reply_json(req, 200, b);
     evbuffer_free(b);

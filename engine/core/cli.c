@@ -306,7 +306,11 @@ static void print_rollout(const struct atc_json *pj)
         json_text(pj, atc_json_get(pj, sh, "version"), a, sizeof(a));
         json_text(pj, atc_json_get(pj, sh, "live_version"), b, sizeof(b));
         json_text(pj, atc_json_get(pj, sh, "decisions"), c, sizeof(c));
-        json_text(pj, atc_json_get(pj, sh, "agreement"), d, sizeof(d));
+        double agree = 0;
+        if (atc_json_number(pj, atc_json_get(pj, sh, "agreement"), &agree))
+            snprintf(d, sizeof(d), "%.2f", agree);
+        else
+            snprintf(d, sizeof(d), "-");
         json_text(pj, atc_json_get(pj, sh, "errors"), e, sizeof(e));
         json_text(pj, atc_json_get(pj, sh, "budget_overruns"), f, sizeof(f));
         printf("shadow v%s beside v%s: %s decisions, agreement %s, %s errors, %s overruns\n", a, b, c, d, e,
@@ -318,11 +322,18 @@ static void print_rollout(const struct atc_json *pj)
         json_text(pj, atc_json_get(pj, ca, "share"), b, sizeof(b));
         json_text(pj, atc_json_get(pj, rq, "decisions"), c, sizeof(c));
         json_text(pj, atc_json_get(pj, rq, "fallbacks"), d, sizeof(d));
-        json_text(pj, atc_json_get(pj, rq, "ttft_p90_ms"), e, sizeof(e));
-        json_text(pj, atc_json_get(pj, cur, "ttft_p90_ms"), f, sizeof(f));
-        printf(
-            "canary v%s for %s of the requests: %s decisions, %s fallbacks, TTFT p90 %s ms (current %s ms)\n",
-            a, b, c, d, e, f);
+        double p90 = 0;
+        /* a fresh canary has no TTFT yet: "-", not "null ms" */
+        if (atc_json_number(pj, atc_json_get(pj, rq, "ttft_p90_ms"), &p90))
+            snprintf(e, sizeof(e), "%.1f ms", p90);
+        else
+            snprintf(e, sizeof(e), "-");
+        if (atc_json_number(pj, atc_json_get(pj, cur, "ttft_p90_ms"), &p90))
+            snprintf(f, sizeof(f), "%.1f ms", p90);
+        else
+            snprintf(f, sizeof(f), "-");
+        printf("canary v%s for %s of the requests: %s decisions, %s fallbacks, TTFT p90 %s (current %s)\n", a, b,
+               c, d, e, f);
     }
     int armed = atc_json_get(pj, 0, "canary_armed");
     if (armed >= 0 && atc_json_type(pj, armed) == ATC_JSON_OBJECT) {

@@ -26,6 +26,7 @@
 #include "fleet/health.h"
 #include "proxy/http_front.h"
 #include "http/http_server.h"
+#include "base/clock.h"
 #include "base/log.h"
 #include "ops/metrics.h"
 #include "policy/policy.h"
@@ -789,6 +790,7 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
         return NULL;
     }
     srv->base = base;
+    srv->started_ms = atc_mono_ms();
     srv->main_thread = pthread_self();
     atc_worker_group_init(&srv->group);
     srv->group.hooks = (struct atc_worker_hooks){

@@ -73,6 +73,7 @@ struct atc_server {
     bool draining;
     unsigned idle_workers; /* while draining: workers with nothing left in flight */
     uint64_t rng;          /* seeds the workers' */
+    uint64_t started_ms;   /* atc_mono_ms() at start: the uptime the admin API reports */
 };
 
 /** Starts everything @p cfg describes on @p base (simulated servers first, so their endpoints exist).

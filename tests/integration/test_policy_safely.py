@@ -260,7 +260,7 @@ class CanaryTest(SafelyTestCase):
         self.assertEqual(cli("policy", "shadow", other).returncode, 0)
         load(atc.port, 40)
         status = cli("status").stdout
-        self.assertRegex(status, r"shadow v1 beside v1: \d+ decisions, agreement")
+        self.assertRegex(status, r"shadow v1 beside v1: \d+ decisions, agreement (\d\.\d\d|-), ")
         self.assertRegex(status, r"canary v2 for 0.5 of the requests: \d+ decisions, 0 fallbacks")
         out = cli("policy", "promote")
         self.assertEqual(out.returncode, 0, out.stderr)
@@ -302,7 +302,9 @@ class CanaryWithWatchTest(SafelyTestCase):
         self.assertLess(sides["policy; canary"], 60)  # about 5% of 400, not everything
         status = self.cli(atc, "status").stdout
         self.assertIn("policy version 1;", status)
-        self.assertRegex(status, r"canary v2 for 0.05 of the requests: \d+ decisions")
+        self.assertRegex(status, r"canary v2 for 0.05 of the requests: \d+ decisions, \d+ fallbacks, "
+                                 r"TTFT p90 (\d+\.\d ms|-) \(current (\d+\.\d ms|-)\)")
+        self.assertNotIn("null", status)
         # Another edit while the canary runs does not replace the version it is judged against.
         self.write_policy(LEAST_LOADED % "v3")
         wait_for(lambda: "not reloaded" in atc.read_log(), what="the held-back change's log line")
