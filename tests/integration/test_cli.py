@@ -79,6 +79,11 @@ class CliTest(AtcTestCase):
             self.assertIn(word, out.stdout)
         self.assertNotIn("atc drain", out.stdout)
         self.assertIn("atc policy --help", read_doc("README.md"))
+        # every reference policy atc replay knows by name is in its help
+        names = {n[:-4] for n in os.listdir(os.path.join(SOURCE_DIR, "examples", "policies")) if n.endswith(".lua")}
+        replay_help = run("replay", "--help").stdout
+        self.assertEqual({n for n in names if n not in replay_help}, set())
+        self.assertRegex(read_doc("README.md"), r"(?m)^  explain: false +#")
         out = run("frobnicate")
         self.assertEqual(out.returncode, 2)
         self.assertIn("unknown command", out.stderr)
