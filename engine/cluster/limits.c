@@ -369,14 +369,21 @@ void atc_limits_json(struct atc_limits *l, struct evbuffer *out, uint64_t now_ms
         const struct slot *s = &l->slots[i];
         evbuffer_add_printf(out, "%s{\"tenant\": \"", i ? ", " : "");
         atc_json_escape(out, s->name, strlen(s->name));
+        /* a budget that is not set has nothing remaining to show: null, not 0 */
+        char left[2][24];
+        for (int k = 0; k < 2; k++)
+            if ((k == 0 ? s->rule.requests_per_minute : s->rule.tokens_per_minute) == 0)
+                snprintf(left[k], sizeof(left[k]), "null");
+            else
+                snprintf(left[k], sizeof(left[k]), "%" PRIu64, remaining(l, s, k, w));
         evbuffer_add_printf(out,
                             "\", \"requests_per_minute\": %" PRIu64 ", \"tokens_per_minute\": %" PRIu64
-                            ", \"requests\": %" PRIu64 ", \"tokens\": %" PRIu64 ", \"requests_remaining\": %" PRIu64
-                            ", \"tokens_remaining\": %" PRIu64 ", \"admitted_total\": %" PRIu64
+                            ", \"requests\": %" PRIu64 ", \"tokens\": %" PRIu64 ", \"requests_remaining\": %s"
+                            ", \"tokens_remaining\": %s, \"admitted_total\": %" PRIu64
                             ", \"limited_total\": %" PRIu64 "}",
                             s->rule.requests_per_minute, s->rule.tokens_per_minute,
-                            s->window == w ? s->b[0].used : 0, s->window == w ? s->b[1].used : 0,
-                            remaining(l, s, 0, w), remaining(l, s, 1, w), s->admitted, s->limited);
+                            s->window == w ? s->b[0].used : 0, s->window == w ? s->b[1].used : 0, left[0],
+                            left[1], s->admitted, s->limited);
     }
     evbuffer_add_printf(out,
                         "], \"other\": {\"requests_per_minute\": %" PRIu64 ", \"tokens_per_minute\": %" PRIu64

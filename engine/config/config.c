@@ -45,6 +45,7 @@ struct parse {
     struct atc_config_errors errs; /* what is wrong, in the order found */
     struct seen_list models, ids;
     bool endpoint_level; /* parsing an endpoint's health: (model-wide settings are refused) */
+    bool keep_partial;   /* atc_config_load_partial: an invalid file's config is handed out too */
 };
 
 /* Walks the pairs of a mapping, skipping (after reporting) keys that are not strings or are repeated. */
@@ -1095,7 +1096,10 @@ static int finish(struct parse *p, struct atc_config **out, char **errors)
         return 0;
     }
     *errors = atc_config_errors_join(&p->errs);
-    atc_config_free(p->cfg);
+    if (p->keep_partial)
+        *out = p->cfg;
+    else
+        atc_config_free(p->cfg);
     p->cfg = NULL;
     return -1;
 }
@@ -1122,10 +1126,10 @@ static void parse_stream(struct parse *p, yaml_parser_t *parser, yaml_document_t
     yaml_document_delete(&extra);
 }
 
-int atc_config_parse(const char *text, size_t len, const char *name, const char *dir, struct atc_config **out,
-                     char **errors)
+static int parse_text(const char *text, size_t len, const char *name, const char *dir, struct atc_config **out,
+                      char **errors, bool keep_partial)
 {
-    struct parse p = {.errs.name = name ? name : "<config>"};
+    struct parse p = {.errs.name = name ? name : "<config>", .keep_partial = keep_partial};
     yaml_parser_t parser;
     yaml_document_t doc;
     bool loaded = false;
@@ -1153,7 +1157,13 @@ int atc_config_parse(const char *text, size_t len, const char *name, const char 
     return rc;
 }
 
-int atc_config_load(const char *path, struct atc_config **out, char **errors)
+int atc_config_parse(const char *text, size_t len, const char *name, const char *dir, struct atc_config **out,
+                     char **errors)
+{
+    return parse_text(text, len, name, dir, out, errors, false);
+}
+
+static int load_file(const char *path, struct atc_config **out, char **errors, bool keep_partial)
 {
     FILE *f;
     char *text = NULL, *dir = NULL, *slash;
@@ -1187,10 +1197,20 @@ int atc_config_load(const char *path, struct atc_config **out, char **errors)
         *errors = format("%s: out of memory", path);
         goto error;
     }
-    rc = atc_config_parse(text, len, path, dir, out, errors);
+    rc = parse_text(text, len, path, dir, out, errors, keep_partial);
 error:
     fclose(f);
     free(text);
     free(dir);
     return rc;
+}
+
+int atc_config_load(const char *path, struct atc_config **out, char **errors)
+{
+    return load_file(path, out, errors, false);
+}
+
+int atc_config_load_partial(const char *path, struct atc_config **out, char **errors)
+{
+    return load_file(path, out, errors, true);
 }

@@ -233,6 +233,9 @@ struct atc_config {
 /** Reads and validates @p path. Returns 0 and an owned config in *out, or -1 and an owned,
  * newline-separated list of every error ("file:line:col: message") in *errors. */
 int atc_config_load(const char *path, struct atc_config **out, char **errors);
+/** Same, but an invalid file's config, as far as it was read, is in *out too (owned; NULL when the file
+ * could not be read or parsed): `atc check` checks its policy as well. Fields may be NULL or defaults. */
+int atc_config_load_partial(const char *path, struct atc_config **out, char **errors);
 
 /** Same, from a buffer; @p name is used in error messages and @p dir to resolve relative paths. */
 int atc_config_parse(const char *text, size_t len, const char *name, const char *dir, struct atc_config **out,

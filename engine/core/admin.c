@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include <event2/buffer.h>
 
@@ -188,6 +189,20 @@ static void recent_json(const struct atc_endpoint *ep, uint64_t now_ms, struct e
     evbuffer_add(out, "]}", 2);
 }
 
+/* The fleet-wide load (cluster:): the other replicas' in-flight requests on the endpoint, summed over the
+ * fresh ones, with the age of the oldest figure (null without one), and this replica's plus theirs. */
+static void remote_json(const struct atc_endpoint *ep, uint64_t now_ms, struct evbuffer *out)
+{
+    unsigned remote = atomic_load_explicit(&ep->remote.inflight, memory_order_relaxed);
+    uint64_t at = atomic_load_explicit(&ep->remote.at_ms, memory_order_relaxed);
+    evbuffer_add_printf(out, ",\"remote_inflight\":%u,\"fleet_inflight\":%u,\"remote_age_ms\":", remote,
+                        atc_endpoint_fleet_inflight(ep));
+    if (at != 0)
+        evbuffer_add_printf(out, "%llu", (unsigned long long)(now_ms > at ? now_ms - at : 0));
+    else
+        evbuffer_add(out, "null", 4);
+}
+
 /* The workers' counters and queues as each copied them (figures_take); the endpoints' atomics as they are. */
 static void send_endpoints(struct atc_server *srv, struct atc_http_req *req)
 {
@@ -249,6 +264,7 @@ static void send_endpoints(struct atc_server *srv, struct atc_http_req *req)
         atc_health_endpoint_json(ep, b); /* state, checks, last error, scraped load */
         recent_json(ep, now_ms, b);
         atc_kv_events_endpoint_json(srv->kv, ep->id, b); /* its KV events' counters, when it publishes */
+        remote_json(ep, now_ms, b);
         evbuffer_add(b, "}", 1);
     }
     struct atc_worker_stats totals;
@@ -277,7 +293,14 @@ static void send_endpoints(struct atc_server *srv, struct atc_http_req *req)
                         (unsigned long long)s->client_gone_total, (unsigned long long)s->retries_total,
                         (unsigned long long)s->upstream_errors_total, active);
     atc_health_status_json(srv->health, b);
-    evbuffer_add(b, "}\n", 2);
+    /* which atc this is: its version, how long it has run, the machine (the status page's header) */
+    char host[256] = "";
+    if (gethostname(host, sizeof(host) - 1) < 0)
+        host[0] = '\0';
+    evbuffer_add_printf(b, ",\"atc\":{\"version\":\"%s\",\"uptime_s\":%llu,", ATC_VERSION,
+                        (unsigned long long)((now_ms - srv->started_ms) / 1000));
+    atc_json_key_string(b, "host", host);
+    evbuffer_add(b, "}}\n", 3);
     figures_free(&f);
     atc_http_reply_json(req, 200, b);
     evbuffer_free(b);
@@ -312,10 +335,31 @@ static void send_policy(struct atc_server *srv, struct atc_http_req *req)
     struct figures f;
     figures_take(srv, &f, true);
     size_t n = figures_policies(&f, srv->group.nworkers, rts);
-    if (n > 0)
-        atc_policy_status_json(rts, n, b);
-    else
+    if (n > 0) {
+        /* The runtime's object, and what only the server knows: whether the files are watched, and a
+         * canary waiting for them to change. */
+        struct evbuffer *pb = evbuffer_new();
+        atc_policy_status_json(rts, n, pb);
+        size_t len = evbuffer_get_length(pb);
+        const char *s = (const char *)evbuffer_pullup(pb, -1);
+        while (len > 0 && s[len - 1] != '}')
+            len--;
+        double share;
+        uint64_t window_ms;
+        if (len > 0) {
+            evbuffer_add(b, s, len - 1);
+            evbuffer_add_printf(b, ",\"watch\":%s,\"canary_armed\":",
+                                atc_policy_watching(srv->group.workers[0].policy) ? "true" : "false");
+            if (atc_rollout_canary_armed(srv, &share, &window_ms))
+                evbuffer_add_printf(b, "{\"share\":%g,\"window_ms\":%llu}}\n", share,
+                                    (unsigned long long)window_ms);
+            else
+                evbuffer_add_printf(b, "null}\n");
+        }
+        evbuffer_free(pb);
+    } else {
         evbuffer_add_printf(b, "{\"version\":0,\"enabled\":false}\n");
+    }
     figures_free(&f);
     atc_http_reply_json(req, 200, b);
     evbuffer_free(b);
@@ -427,8 +471,18 @@ static void reload_policy(struct atc_server *srv, struct atc_http_req *req)
         return;
     }
     struct pending_reload *p = pending(req, ",\"canary\":true");
-    if (p != NULL)
-        atc_rollout_canary(srv, share, window_ms, answer_version, p);
+    if (p == NULL || atc_rollout_canary(srv, share, window_ms, answer_version, p) == 0)
+        return;
+    /* Armed (policy.watch is on): the next change of the files loads as the canary. */
+    atc_http_req_set_callbacks(req, NULL, NULL);
+    free(p);
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_printf(b,
+                        "{\"armed\":true,\"share\":%g,\"window_ms\":%llu,\"note\":\"the next change of the "
+                        "policy's files loads as the canary; the current version keeps routing the rest\"}\n",
+                        share, (unsigned long long)window_ms);
+    atc_http_reply_json(req, 202, b);
+    evbuffer_free(b);
 }
 
 /* POST /admin/policy/promote, /admin/policy/rollback: ends the canary now. */
@@ -439,6 +493,16 @@ static void end_canary(struct atc_server *srv, struct atc_http_req *req, enum at
         return;
     }
     char why[640];
+    double share;
+    uint64_t window_ms;
+    if (how == ATC_ROLLOUT_ROLLBACK && atc_rollout_canary_armed(srv, &share, &window_ms) &&
+        atc_policy_canary_version(srv->group.workers[0].policy) == 0) {
+        srv->canary_armed_share = 0;
+        atc_info("policy canary disarmed: a change of the policy's files reloads it again");
+        static const char body[] = "{\"disarmed\":true}\n";
+        atc_http_reply(req, 200, "application/json", NULL, body, sizeof(body) - 1);
+        return;
+    }
     uint64_t version = atc_rollout_canary_end(srv, how, why, sizeof(why));
     if (version == 0) {
         admin_error(req, 409, "invalid_request_error", "no_canary", why, 0);

@@ -29,12 +29,15 @@ static const char usage_admin[] =
     "  reload   re-read the policy's .lua files (POST /admin/policy/reload); the YAML is not read\n"
     "           with --yaml: re-read the YAML file atc was started with, then the policy's files\n"
     "           against the new fleet (POST /admin/config/reload; SIGHUP does the same). A change\n"
-    "           to listen, admin, workers, simulate, admission, access_log or adding/removing\n"
-    "           policy: is refused (it takes a restart) and nothing changes. Exit 1 if refused.\n"
+    "           to listen, admin, workers, simulate, admission, access_log, record, cluster,\n"
+    "           limits or adding/removing policy: is refused (it takes a restart) and nothing\n"
+    "           changes. Exit 1 if refused. policy.watch turned on or off takes effect.\n"
     "  drain    stop new traffic to endpoint ID; its in-flight requests finish\n"
     "  enable   undo drain\n"
     "  policy   canary: reload the policy's files as a canary deciding SHARE (0-1] of the requests,\n"
     "           sticky per session, judged after WINDOW (default 5m) against policy.canary's guards;\n"
+    "           with policy.watch on (the default) it is armed: edit the files after it, and the\n"
+    "           change loads as the canary (atc policy rollback disarms it);\n"
     "           promote / rollback: end it now; shadow: run FILE beside the live policy on SAMPLE\n"
     "           (default 1) of the decisions, never acted on; shadow clear: stop it\n"
     "\n"
@@ -45,6 +48,27 @@ static const char usage_admin[] =
     "      --yaml            (reload) re-read the YAML configuration, then the policy\n"
     "  -h, --help            this text\n";
 
+static const char usage_policy[] =
+    "usage: atc policy canary SHARE [WINDOW]  [-c FILE | --admin HOST:PORT] [--token TOKEN]\n"
+    "       atc policy promote | rollback\n"
+    "       atc policy shadow FILE [SAMPLE] | shadow clear\n"
+    "\n"
+    "Change a running atc's policy safely (docs/policies.md, \"Changing a policy safely\").\n"
+    "  canary   a new version of the policy's files decides SHARE (0-1] of the requests, sticky per\n"
+    "           session, and is judged after WINDOW (default 5m) against policy.canary's guards:\n"
+    "           promoted, or rolled back. With policy.watch on (the default) the canary is armed:\n"
+    "           edit the files after this command and the change loads as the canary, while the\n"
+    "           current version keeps routing the rest. With watch: false the files load at once.\n"
+    "  promote  end the canary now: it decides every request from now on\n"
+    "  rollback end the canary now (or disarm one waiting for the files): the current version stays\n"
+    "  shadow   FILE decides beside the live policy on SAMPLE (default 1) of the requests, counted\n"
+    "           and recorded, never acted on; shadow clear stops it\n"
+    "\n"
+    "  -c, --config FILE     find the admin address and token in this config\n"
+    "      --admin HOST:PORT the admin address (default 127.0.0.1:8081)\n"
+    "      --token TOKEN     the admin token (default: the config's, or $ATC_ADMIN_TOKEN)\n"
+    "  -h, --help            this text\n";
+
 struct admin_target {
     char host[256];
     unsigned port;
@@ -52,8 +76,8 @@ struct admin_target {
 };
 
 /* One request; returns the status (or -1) and the body in *body (owned). */
-static int admin_call_with(const struct admin_target *t, const char *method, const char *path, const char *send,
-                           char **body);
+static int admin_call_with(const struct admin_target *t, const char *method, const char *path,
+                           const char *send, char **body);
 static void print_rollout(const struct atc_json *pj);
 
 static int admin_call(const struct admin_target *t, const char *method, const char *path, char **body)
@@ -62,8 +86,8 @@ static int admin_call(const struct admin_target *t, const char *method, const ch
 }
 
 /* One admin request with @p send as its body; the status, and the answer's body in *body (owned). */
-static int admin_call_with(const struct admin_target *t, const char *method, const char *path, const char *send,
-                           char **body)
+static int admin_call_with(const struct admin_target *t, const char *method, const char *path,
+                           const char *send, char **body)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
     char port[8];
@@ -89,8 +113,8 @@ static int admin_call_with(const struct admin_target *t, const char *method, con
     freeaddrinfo(res);
     char req[3072];
     int n = snprintf(req, sizeof(req), "%s %s HTTP/1.0\r\nHost: %s\r\nContent-Length: %zu\r\n%s%s%s\r\n%s",
-                     method, path, t->host, strlen(send), t->token[0] ? "Authorization: Bearer " : "", t->token,
-                     t->token[0] ? "\r\n" : "", send);
+                     method, path, t->host, strlen(send), t->token[0] ? "Authorization: Bearer " : "",
+                     t->token, t->token[0] ? "\r\n" : "", send);
     if (n < 0 || (size_t)n >= sizeof(req) || write(fd, req, (size_t)n) != n) {
         close(fd);
         return -1;
@@ -172,8 +196,8 @@ static void print_cluster(const struct admin_target *t)
 {
     char *body = NULL;
     struct atc_json j = {0};
-    if (admin_call(t, "GET", "/admin/cluster", &body) != 200 || atc_json_parse(&j, body, strlen(body), NULL) < 0 ||
-        atc_json_get(&j, 0, "name") < 0) {
+    if (admin_call(t, "GET", "/admin/cluster", &body) != 200 ||
+        atc_json_parse(&j, body, strlen(body), NULL) < 0 || atc_json_get(&j, 0, "name") < 0) {
         atc_json_dispose(&j);
         free(body);
         return;
@@ -184,7 +208,8 @@ static void print_cluster(const struct admin_target *t)
     json_text(&j, atc_json_get(&j, 0, "state"), state, sizeof(state));
     json_text(&j, atc_json_get(&j, 0, "mode"), mode, sizeof(mode));
     json_text(&j, atc_json_get(&j, 0, "last_sync_ms_ago"), last, sizeof(last));
-    printf("\ncluster: replica %s, Redis %s %s, %s mode, last sync %s ms ago\n", name, redis, state, mode, last);
+    printf("\ncluster: replica %s, Redis %s %s, %s mode, last sync %s ms ago\n", name, redis, state, mode,
+           last);
     int reps = atc_json_get(&j, 0, "replicas");
     printf("%-40s %16s\n", "REPLICA", "LAST SYNC(ms)");
     for (int k = 0, i = reps + 1; reps >= 0 && k < atc_json_count(&j, reps); k++, i = atc_json_next(&j, i)) {
@@ -219,8 +244,9 @@ static int cmd_status(const struct admin_target *t)
         if (atc_json_string(&pj, atc_json_get(&pj, 0, "last_error"), errbuf, sizeof(errbuf), NULL) < 0)
             errbuf[0] = '\0';
     }
-    printf("%-28s %-20s %-10s %9s %9s %9s %10s  %s\n", "ENDPOINT", "MODEL", "STATE", "INFLIGHT", "CAPACITY",
-           "ERRORS", "TTFT(ms)", "ENGINE");
+    /* INFLIGHT is this replica's; FLEET adds the other replicas' (cluster:) with their figures' age. */
+    printf("%-28s %-20s %-10s %9s %9s %9s %10s %-22s %s\n", "ENDPOINT", "MODEL", "STATE", "INFLIGHT",
+           "CAPACITY", "ERRORS", "TTFT(ms)", "FLEET(others, age)", "ENGINE");
     int eps = atc_json_get(&j, 0, "endpoints");
     for (int k = 0, i = eps + 1; k < atc_json_count(&j, eps); k++, i = atc_json_next(&j, i)) {
         char id[128], model[128], state[32], engine[16], inflight[16], capacity[16], errors[24], ttft[24];
@@ -237,9 +263,19 @@ static int cmd_status(const struct admin_target *t)
         json_text(&j, atc_json_get(&j, i, "inflight"), inflight, sizeof(inflight));
         json_text(&j, atc_json_get(&j, i, "capacity"), capacity, sizeof(capacity));
         json_text(&j, atc_json_get(&j, i, "errors_total"), errors, sizeof(errors));
-        json_text(&j, atc_json_get(&j, i, "ttft_ewma_ms"), ttft, sizeof(ttft));
-        printf("%-28s %-20s %-10s %9s %9s %9s %10s  %s\n", id, model, state, inflight, capacity, errors, ttft,
-               engine);
+        double v = 0, remote = 0, fleet = 0, age = 0;
+        /* an endpoint that has not answered yet has no TTFT (not 0.000) */
+        if (atc_json_number(&j, atc_json_get(&j, i, "ttft_ewma_ms"), &v) && v > 0)
+            snprintf(ttft, sizeof(ttft), "%.1f", v);
+        else
+            snprintf(ttft, sizeof(ttft), "-");
+        char others[48] = "-";
+        if (atc_json_number(&j, atc_json_get(&j, i, "remote_age_ms"), &age) &&
+            atc_json_number(&j, atc_json_get(&j, i, "remote_inflight"), &remote) &&
+            atc_json_number(&j, atc_json_get(&j, i, "fleet_inflight"), &fleet))
+            snprintf(others, sizeof(others), "%.0f (%.0f, %.1fs)", fleet, remote, age / 1000);
+        printf("%-28s %-20s %-10s %9s %9s %9s %10s %-22s %s\n", id, model, state, inflight, capacity, errors,
+               ttft, others, engine);
     }
     char active[16], waiting[16] = "0";
     json_text(&j, atc_json_get(&j, 0, "active"), active, sizeof(active));
@@ -270,10 +306,15 @@ static void print_rollout(const struct atc_json *pj)
         json_text(pj, atc_json_get(pj, sh, "version"), a, sizeof(a));
         json_text(pj, atc_json_get(pj, sh, "live_version"), b, sizeof(b));
         json_text(pj, atc_json_get(pj, sh, "decisions"), c, sizeof(c));
-        json_text(pj, atc_json_get(pj, sh, "agreement"), d, sizeof(d));
+        double agree = 0;
+        if (atc_json_number(pj, atc_json_get(pj, sh, "agreement"), &agree))
+            snprintf(d, sizeof(d), "%.2f", agree);
+        else
+            snprintf(d, sizeof(d), "-");
         json_text(pj, atc_json_get(pj, sh, "errors"), e, sizeof(e));
         json_text(pj, atc_json_get(pj, sh, "budget_overruns"), f, sizeof(f));
-        printf("shadow v%s beside v%s: %s decisions, agreement %s, %s errors, %s overruns\n", a, b, c, d, e, f);
+        printf("shadow v%s beside v%s: %s decisions, agreement %s, %s errors, %s overruns\n", a, b, c, d, e,
+               f);
     }
     if (ca >= 0 && atc_json_type(pj, ca) == ATC_JSON_OBJECT) {
         int rq = atc_json_get(pj, ca, "requests"), cur = atc_json_get(pj, ca, "current");
@@ -281,10 +322,27 @@ static void print_rollout(const struct atc_json *pj)
         json_text(pj, atc_json_get(pj, ca, "share"), b, sizeof(b));
         json_text(pj, atc_json_get(pj, rq, "decisions"), c, sizeof(c));
         json_text(pj, atc_json_get(pj, rq, "fallbacks"), d, sizeof(d));
-        json_text(pj, atc_json_get(pj, rq, "ttft_p90_ms"), e, sizeof(e));
-        json_text(pj, atc_json_get(pj, cur, "ttft_p90_ms"), f, sizeof(f));
-        printf("canary v%s for %s of the requests: %s decisions, %s fallbacks, TTFT p90 %s ms (current %s ms)\n",
-               a, b, c, d, e, f);
+        double p90 = 0;
+        /* a fresh canary has no TTFT yet: "-", not "null ms" */
+        if (atc_json_number(pj, atc_json_get(pj, rq, "ttft_p90_ms"), &p90))
+            snprintf(e, sizeof(e), "%.1f ms", p90);
+        else
+            snprintf(e, sizeof(e), "-");
+        if (atc_json_number(pj, atc_json_get(pj, cur, "ttft_p90_ms"), &p90))
+            snprintf(f, sizeof(f), "%.1f ms", p90);
+        else
+            snprintf(f, sizeof(f), "-");
+        printf("canary v%s for %s of the requests: %s decisions, %s fallbacks, TTFT p90 %s (current %s)\n", a, b,
+               c, d, e, f);
+    }
+    int armed = atc_json_get(pj, 0, "canary_armed");
+    if (armed >= 0 && atc_json_type(pj, armed) == ATC_JSON_OBJECT) {
+        double share = 0, window_ms = 0;
+        atc_json_number(pj, atc_json_get(pj, armed, "share"), &share);
+        atc_json_number(pj, atc_json_get(pj, armed, "window_ms"), &window_ms);
+        printf("canary armed for %g of the requests over %.0f s: the next change of the policy's files loads "
+               "as it\n",
+               share, window_ms / 1000);
     }
     if (atc_json_string(pj, atc_json_get(pj, 0, "last_canary"), last, sizeof(last), NULL) == 0)
         printf("last canary: %s\n", last);
@@ -294,6 +352,18 @@ static int post_with(const struct admin_target *t, const char *path, const char 
 {
     char *body = NULL;
     int status = admin_call_with(t, "POST", path, send, &body);
+    if (status == 202) { /* accepted, to happen later: the answer says what it waits for */
+        struct atc_json j = {0};
+        char note[512];
+        if (atc_json_parse(&j, body, strlen(body), NULL) == 0 &&
+            atc_json_string(&j, atc_json_get(&j, 0, "note"), note, sizeof(note), NULL) == 0)
+            printf("canary armed: %s\n", note);
+        else
+            printf("%s", body);
+        atc_json_dispose(&j);
+        free(body);
+        return 0;
+    }
     if (status == 200) {
         printf("%s: %s", done, body);
         free(body);
@@ -319,7 +389,7 @@ static int cmd_policy(const struct admin_target *t, int argc, char **argv)
         char *end;
         double share = strtod(argv[1], &end);
         if (*end != '\0' || !(share > 0 && share <= 1) || strchr(argc == 3 ? argv[2] : "", '"') != NULL) {
-            fputs(usage_admin, stderr);
+            fputs(usage_policy, stderr);
             return 2;
         }
         snprintf(send, sizeof(send), "{\"canary\":%g,\"window\":\"%s\"}", share, argc == 3 ? argv[2] : "5m");
@@ -339,7 +409,7 @@ static int cmd_policy(const struct admin_target *t, int argc, char **argv)
         snprintf(send, sizeof(send), "{\"entry\":\"%s\",\"sample\":%s}", path, argc == 3 ? argv[2] : "1");
         return post_with(t, "/admin/policy/shadow", send, "shadow loaded");
     }
-    fputs(usage_admin, stderr);
+    fputs(usage_policy, stderr);
     return 2;
 }
 
@@ -373,7 +443,7 @@ int atc_cli_main(int argc, char **argv)
             reload_config = true;
             break;
         case 'h':
-            fputs(usage_admin, stdout);
+            fputs(strcmp(cmd, "policy") == 0 ? usage_policy : usage_admin, stdout);
             return 0;
         default:
             fputs(usage_admin, stderr);

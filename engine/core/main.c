@@ -37,6 +37,8 @@ static const char usage_main[] =
     "  status           endpoints, load and policy version of a running atc\n"
     "  reload           re-read a running atc's policy files (--yaml: its YAML, then the policy)\n"
     "  drain ID         stop new traffic to an endpoint; enable ID undoes it\n"
+    "  policy ...       canary SHARE [WINDOW], promote, rollback, shadow FILE [SAMPLE], shadow clear:\n"
+    "                   change a running atc's policy safely (see atc policy --help)\n"
     "\n"
     "  atc --version    print the version\n"
     "  atc <command> --help\n";
@@ -137,7 +139,7 @@ static int add_simulated(struct atc_endpoint_table *table, const struct atc_conf
     for (size_t i = 0; i < cfg->nsimulate; i++) {
         const struct atc_simulate_config *sc = &cfg->simulate[i];
         const struct atc_sim_params *p = &sc->params;
-        for (unsigned k = 0; k < sc->count; k++) {
+        for (unsigned k = 0; p->model != NULL && k < sc->count; k++) {
             char id[300];
             struct atc_model *m = atc_endpoint_table_model(table, p->model, strlen(p->model));
             snprintf(id, sizeof(id), "%s-sim-%zu", p->model, m != NULL ? m->nendpoints + 1 : 1);
@@ -149,13 +151,57 @@ static int add_simulated(struct atc_endpoint_table *table, const struct atc_conf
     return 0;
 }
 
+/* The endpoints of a config that may be invalid (atc check): those whose model, id and address were
+ * read; the policy's init() then sees as much of the fleet as the file gives. */
+static struct atc_endpoint_table *check_table(const struct atc_config *cfg, bool valid)
+{
+    if (valid)
+        return atc_endpoint_table_create(cfg);
+    /* A copy of the models that were read, each with the endpoints that were: borrowed, not owned. */
+    struct atc_config part = *cfg;
+    struct atc_model_config *models = calloc(cfg->nmodels + 1, sizeof(*models));
+    struct atc_endpoint_config **eps = calloc(cfg->nmodels + 1, sizeof(*eps));
+    struct atc_endpoint_table *t = NULL;
+    if (models == NULL || eps == NULL)
+        goto done;
+    part.models = models;
+    part.nmodels = 0;
+    for (size_t i = 0; i < cfg->nmodels; i++) {
+        const struct atc_model_config *mc = &cfg->models[i];
+        if (mc->name == NULL)
+            continue;
+        struct atc_model_config *m = &models[part.nmodels];
+        *m = *mc;
+        m->nendpoints = 0;
+        if ((m->endpoints = eps[part.nmodels++] = calloc(mc->nendpoints + 1, sizeof(*m->endpoints))) == NULL)
+            goto done;
+        for (size_t j = 0; j < mc->nendpoints; j++)
+            if (mc->endpoints[j].id != NULL && mc->endpoints[j].host != NULL)
+                m->endpoints[m->nendpoints++] = mc->endpoints[j];
+    }
+    t = atc_endpoint_table_create(&part);
+done:
+    for (size_t i = 0; eps != NULL && i < cfg->nmodels; i++)
+        free(eps[i]);
+    free(eps);
+    free(models);
+    return t;
+}
+
 static int cmd_check(int argc, char **argv)
 {
     struct cli_opts o = {0};
     int rc = parse_opts(argc, argv, usage_check, &o);
     if (rc != 0)
         return rc > 0 ? 0 : 2;
-    struct atc_config *cfg = load_config(o.config);
+    /* Every error in one run: the YAML's, then, when the file was read far enough to name a policy, the
+     * policy's too (an error elsewhere in the YAML does not hide a broken policy). */
+    struct atc_config *cfg = NULL;
+    char *yaml_errors = NULL;
+    bool valid = atc_config_load_partial(o.config, &cfg, &yaml_errors) == 0;
+    if (!valid)
+        fprintf(stderr, "%s\n", yaml_errors != NULL ? yaml_errors : "cannot load config");
+    free(yaml_errors);
     if (cfg == NULL)
         return 1;
     size_t neps = 0;
@@ -163,9 +209,9 @@ static int cmd_check(int argc, char **argv)
         neps += cfg->models[i].nendpoints;
     for (size_t i = 0; i < cfg->nsimulate; i++)
         neps += cfg->simulate[i].count;
-    int rc_policy = 0;
-    if (cfg->policy.enabled) {
-        struct atc_endpoint_table *table = atc_endpoint_table_create(cfg);
+    int rc_policy = valid ? 0 : 1;
+    if (cfg->policy.enabled && cfg->policy.entry != NULL) {
+        struct atc_endpoint_table *table = check_table(cfg, valid);
         if (table != NULL && add_simulated(table, cfg) < 0) {
             atc_endpoint_table_destroy(table);
             table = NULL;
@@ -192,7 +238,7 @@ static int cmd_check(int argc, char **argv)
         atc_policy_runtime_destroy(rt);
         atc_endpoint_table_destroy(table);
     }
-    if (rc_policy == 0)
+    if (rc_policy == 0 && valid)
         printf("%s: ok (%zu model(s), %zu endpoint(s)%s)\n", o.config, cfg->nmodels, neps,
                cfg->policy.enabled ? ", policy compiled" : "");
     atc_config_free(cfg);
@@ -279,8 +325,7 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "replay") == 0)
         return atc_replay_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "status") == 0 || strcmp(argv[1], "reload") == 0 || strcmp(argv[1], "drain") == 0 ||
-        strcmp(argv[1], "policy") == 0 ||
-        strcmp(argv[1], "enable") == 0)
+        strcmp(argv[1], "policy") == 0 || strcmp(argv[1], "enable") == 0)
         return atc_cli_main(argc - 1, argv + 1);
     fprintf(stderr, "atc: unknown command '%s'\n%s", argv[1], usage_main);
     return 2;

@@ -19,11 +19,13 @@ static bool has_policy(struct atc_server *srv, atc_reload_done done, void *arg)
         (srv->reloader != NULL || (srv->reloader = atc_reloader_create(&srv->group)) != NULL))
         return true;
     if (done != NULL)
-        done(arg, 0, srv->group.workers[0].policy == NULL ? "the config has no policy: section" : "out of memory");
+        done(arg, 0,
+             srv->group.workers[0].policy == NULL ? "the config has no policy: section" : "out of memory");
     return false;
 }
 
-void atc_rollout_shadow(struct atc_server *srv, const char *entry, double sample, atc_reload_done done, void *arg)
+void atc_rollout_shadow(struct atc_server *srv, const char *entry, double sample, atc_reload_done done,
+                        void *arg)
 {
     if (!has_policy(srv, done, arg))
         return;
@@ -64,10 +66,9 @@ static void on_canary_loaded(void *arg, uint64_t version, const char *err)
     free(c);
 }
 
-void atc_rollout_canary(struct atc_server *srv, double share, uint64_t window_ms, atc_reload_done done, void *arg)
+static void load_canary(struct atc_server *srv, double share, uint64_t window_ms, atc_reload_done done,
+                        void *arg)
 {
-    if (!has_policy(srv, done, arg))
-        return;
     struct canary_load *c = malloc(sizeof(*c));
     if (c == NULL) {
         if (done != NULL)
@@ -77,6 +78,65 @@ void atc_rollout_canary(struct atc_server *srv, double share, uint64_t window_ms
     *c = (struct canary_load){.srv = srv, .window_ms = window_ms, .done = done, .arg = arg};
     struct atc_policy_target_spec spec = {.target = ATC_POLICY_CANARY, .share = share};
     atc_reloader_start_as(srv->reloader, &spec, on_canary_loaded, c);
+}
+
+bool atc_rollout_canary_armed(const struct atc_server *srv, double *share, uint64_t *window_ms)
+{
+    *share = srv->canary_armed_share;
+    *window_ms = srv->canary_armed_window_ms;
+    return srv->canary_armed_share > 0;
+}
+
+int atc_rollout_canary(struct atc_server *srv, double share, uint64_t window_ms, atc_reload_done done,
+                       void *arg)
+{
+    if (!has_policy(srv, done, arg))
+        return 0;
+    /* With the watch on, the files an operator is about to edit would go live to all traffic the moment
+     * they are saved: the canary waits for that change instead and is built from it. */
+    if (atc_policy_watching(srv->group.workers[0].policy) &&
+        atc_policy_canary_version(srv->group.workers[0].policy) == 0) {
+        srv->canary_armed_share = share;
+        srv->canary_armed_window_ms = window_ms;
+        atc_info("policy canary armed: the next change of the policy's files loads as a canary on %g of the "
+                 "requests for %llu ms; the current version keeps routing the rest",
+                 share, (unsigned long long)window_ms);
+        return 1;
+    }
+    load_canary(srv, share, window_ms, done, arg);
+    return 0;
+}
+
+static void on_armed_canary_loaded(void *arg, uint64_t version, const char *err)
+{
+    struct atc_server *srv = arg;
+    if (err == NULL && version != 0) {
+        srv->canary_armed_share = 0;
+        atc_info("policy canary v%llu loaded from the changed files", (unsigned long long)version);
+    } else {
+        atc_error("policy canary did not load, the current version keeps routing everything: %s; still "
+                  "armed (fix the files and save again, or atc policy rollback)",
+                  err != NULL ? err : "failed");
+    }
+}
+
+/* A change of the policy's files (the watch): an armed canary loads from it; while a canary runs the
+ * change waits (it would replace the version the canary is judged against); else a reload. */
+static void on_policy_files(struct atc_server *srv)
+{
+    struct atc_policy_runtime *rt = srv->group.workers[0].policy;
+    uint64_t running = rt != NULL ? atc_policy_canary_version(rt) : 0;
+    if (running != 0) {
+        atc_warn("policy files changed while canary v%llu runs: not reloaded (atc policy promote or rollback "
+                 "first, then atc reload)",
+                 (unsigned long long)running);
+        return;
+    }
+    if (srv->canary_armed_share > 0) {
+        load_canary(srv, srv->canary_armed_share, srv->canary_armed_window_ms, on_armed_canary_loaded, srv);
+        return;
+    }
+    atc_server_reload_policy(srv, NULL, NULL);
 }
 
 uint64_t atc_rollout_canary_end(struct atc_server *srv, enum atc_rollout_end how, char *why, size_t size)
@@ -102,7 +162,10 @@ uint64_t atc_rollout_canary_end(struct atc_server *srv, enum atc_rollout_end how
             promote = 0;
         char reason[600];
         snprintf(reason, sizeof(reason), "%s%s",
-                 how == ATC_ROLLOUT_JUDGE ? "" : how == ATC_ROLLOUT_PROMOTE ? "by hand; " : "by hand; ", why);
+                 how == ATC_ROLLOUT_JUDGE     ? ""
+                 : how == ATC_ROLLOUT_PROMOTE ? "by hand; "
+                                              : "by hand; ",
+                 why);
         for (size_t i = 0; i < n; i++)
             atc_policy_canary_end(rts[i], promote == 1, reason);
         snprintf(why, size, "%s", reason);
@@ -127,6 +190,7 @@ static void on_config_shadow(void *arg, uint64_t version, const char *err)
 
 void atc_rollout_start(struct atc_server *srv)
 {
+    srv->on_policy_files = on_policy_files;
     const struct atc_config *cfg = srv->cfg;
     if (cfg->policy.enabled && cfg->policy.shadow_entry != NULL)
         atc_rollout_shadow(srv, cfg->policy.shadow_entry, cfg->policy.shadow_sample, on_config_shadow, NULL);

@@ -27,6 +27,7 @@
 #include "fleet/health.h"
 #include "proxy/http_front.h"
 #include "http/http_server.h"
+#include "base/clock.h"
 #include "base/log.h"
 #include "ops/metrics.h"
 #include "policy/policy.h"
@@ -148,7 +149,6 @@ static int cannot_listen(char **err, const char *host, uint16_t port)
 {
     return fail(err, "cannot listen on %s:%u: address in use or not available", host, (unsigned)port);
 }
-
 
 /* ---- workers ---- */
 
@@ -415,7 +415,29 @@ int atc_server_reload_policy(struct atc_server *srv, atc_reload_done done, void 
 /* The policy files changed (inotify): every worker reloads. */
 static void on_policy_files_changed(void *arg)
 {
-    atc_server_reload_policy(arg, NULL, NULL);
+    struct atc_server *srv = arg;
+    if (srv->on_policy_files != NULL)
+        srv->on_policy_files(srv);
+    else
+        atc_server_reload_policy(srv, NULL, NULL);
+}
+
+/* policy.watch changed by a config reload: the watch starts or stops (it lives on worker 0's runtime). */
+static void apply_watch(struct atc_server *srv, bool was, bool now)
+{
+    struct atc_policy_runtime *rt = main_worker(srv)->policy;
+    if (rt == NULL || was == now)
+        return;
+    if (!now) {
+        atc_policy_unwatch(rt);
+        srv->canary_armed_share = 0; /* nothing would load it now */
+        atc_info("policy.watch is off: the policy's files are read again only on atc reload");
+    } else if (atc_policy_watch(rt, srv->base, on_policy_files_changed, srv) == 0) {
+        atc_info("policy.watch is on: a change of the policy's files reloads it");
+    } else {
+        atc_policy_unwatch(rt);
+        atc_warn("cannot watch the policy's files; reload with SIGHUP or POST /admin/policy/reload");
+    }
 }
 
 static bool str_differs(const char *a, const char *b)
@@ -483,7 +505,8 @@ static const char *restart_only_change(const struct atc_config *o, const struct 
     if (o->policy.enabled != n->policy.enabled)
         return "policy (added or removed)";
     if (o->cluster.enabled != n->cluster.enabled || str_differs(o->cluster.redis, n->cluster.redis) ||
-        str_differs(o->cluster.name, n->cluster.name) || o->cluster.sync_interval_ms != n->cluster.sync_interval_ms)
+        str_differs(o->cluster.name, n->cluster.name) ||
+        o->cluster.sync_interval_ms != n->cluster.sync_interval_ms)
         return "cluster";
     bool limits = o->limits.enabled != n->limits.enabled || o->limits.ntenants != n->limits.ntenants ||
                   memcmp(&o->limits.dflt, &n->limits.dflt, sizeof(o->limits.dflt)) != 0;
@@ -494,6 +517,20 @@ static const char *restart_only_change(const struct atc_config *o, const struct 
         return "limits";
     if (kv_events_differ(o, n))
         return "kv_events";
+    /* The recorder is made once, at start, and lent to every worker: a change to record: is refused,
+     * not accepted and ignored. */
+    bool rec = o->record.enabled != n->record.enabled;
+    if (!rec && o->record.enabled) {
+        rec = str_differs(o->record.dir, n->record.dir) || str_differs(o->record.prefix, n->record.prefix) ||
+              o->record.rotate_size != n->record.rotate_size ||
+              o->record.rotate_interval_ms != n->record.rotate_interval_ms ||
+              o->record.text != n->record.text || o->record.buffer != n->record.buffer ||
+              o->record.sample != n->record.sample || o->record.nheaders != n->record.nheaders;
+        for (size_t i = 0; !rec && i < o->record.nheaders; i++)
+            rec = strcmp(o->record.headers[i], n->record.headers[i]) != 0;
+    }
+    if (rec)
+        return o->record.enabled != n->record.enabled ? "record (added or removed)" : "record";
     return NULL;
 }
 
@@ -638,6 +675,7 @@ int atc_server_reload_config(struct atc_server *srv, char **errors)
         free(perr);
     }
     atc_workers_resume(&srv->group);
+    apply_watch(srv, old->policy.watch, ncfg->policy.watch);
     atc_config_free(old);
     srv->config_reloads_ok++;
     if (asprintf(errors, "%zu endpoint(s): %zu added, %zu removed (draining), %zu kept", t->nendpoints, added,
@@ -724,8 +762,8 @@ static int start_worker(struct atc_server *srv, struct atc_worker *w, const char
         .methods = ATC_HTTP_GET | ATC_HTTP_POST | ATC_HTTP_HEAD,
         .on_refused = atc_http_front_refused,
         /* each worker has its own listener (SO_REUSEPORT): the process's cap, shared out */
-        .max_connections = cfg->max_connections / srv->group.nworkers > 0 ? cfg->max_connections / srv->group.nworkers
-                                                                         : 1,
+        .max_connections =
+            cfg->max_connections / srv->group.nworkers > 0 ? cfg->max_connections / srv->group.nworkers : 1,
     };
     if ((w->front = atc_http_server_create(w->base, &http_cfg, atc_http_front_handle, w)) == NULL) {
         evutil_closesocket(listen_fd);
@@ -781,6 +819,7 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
         return NULL;
     }
     srv->base = base;
+    srv->started_ms = atc_mono_ms();
     srv->main_thread = pthread_self();
     atc_worker_group_init(&srv->group);
     srv->group.hooks = (struct atc_worker_hooks){
@@ -848,8 +887,8 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
                                           .db = cfg->cluster.db,
                                           .name = cfg->cluster.name,
                                           .sync_interval_ms = cfg->cluster.sync_interval_ms};
-        if ((srv->cluster = atc_cluster_create(base, &cs, srv->table, srv->affinity, srv->limits, cluster_wake,
-                                               srv, &why)) == NULL) {
+        if ((srv->cluster = atc_cluster_create(base, &cs, srv->table, srv->affinity, srv->limits,
+                                               cluster_wake, srv, &why)) == NULL) {
             fail(err, "%s", why);
             goto error;
         }
@@ -994,7 +1033,7 @@ void atc_server_destroy(struct atc_server *srv)
         free_worker(&srv->group.workers[i]);
     atc_http_server_destroy(srv->admin);
     atc_recorder_destroy(srv->recorder); /* writes what is still buffered */
-    atc_cluster_destroy(srv->cluster); /* before the tables it writes to */
+    atc_cluster_destroy(srv->cluster);   /* before the tables it writes to */
     srv->cluster = NULL;
     atc_kv_events_destroy(srv->kv); /* after the workers, which may read its index */
     atc_limits_destroy(srv->limits);

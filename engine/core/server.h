@@ -50,12 +50,19 @@ struct atc_server {
     struct atc_reloader *reloader;        /* policy reloads (made at the first); main thread */
     struct atc_affinity *shadow_affinity; /* the shadow policy's pins, apart from the live ones */
     struct event *canary_timer;           /* the canary's window (core/rollout.c); main thread */
+    /* A canary asked for while policy.watch is on waits for the files to change (core/rollout.c):
+     * its share (0: none armed) and window. Main thread. */
+    double canary_armed_share;
+    uint64_t canary_armed_window_ms;
+    /* What a change of the policy's files does (core/rollout.c sets it: a canary armed or running
+     * comes first); NULL: reload. Main thread. */
+    void (*on_policy_files)(struct atc_server *srv);
     /* The workers ([group.nworkers], worker 0 on the main thread), their pause and the request path's
      * hooks into this file: see proxy/worker.h for who touches what. */
     struct atc_worker_group group;
     struct event *sig_usr1;
     struct atc_http_server *admin;
-    uint16_t front_port;                        /* as bound (config port 0 picks a free one) */
+    uint16_t front_port; /* as bound (config port 0 picks a free one) */
     uint16_t admin_port;
     struct atc_endpoint **retired; /* left the config; freed once nothing is in flight on them */
     size_t nretired;
@@ -67,6 +74,7 @@ struct atc_server {
     bool draining;
     unsigned idle_workers; /* while draining: workers with nothing left in flight */
     uint64_t rng;          /* seeds the workers' */
+    uint64_t started_ms;   /* atc_mono_ms() at start: the uptime the admin API reports */
 };
 
 /** Starts everything @p cfg describes on @p base (simulated servers first, so their endpoints exist).

@@ -183,6 +183,10 @@ static void render_endpoints(const struct atc_metrics_sources *src, struct evbuf
         {"atc_endpoint_errors_total", "counter",
          "Connection failures, timeouts and 5xx answers from the endpoint."},
         {"atc_endpoint_idle_connections", "gauge", "Idle keep-alive connections to the endpoint."},
+        {"atc_endpoint_remote_inflight_requests", "gauge",
+         "Requests the other replicas of the cluster have in flight to the endpoint (0 without one)."},
+        {"atc_endpoint_fleet_inflight_requests", "gauge",
+         "Requests in flight to the endpoint from every replica: this one's plus the others'."},
     };
     for (size_t g = 0; g < NELEMS(gauges); g++) {
         help(out, gauges[g].name, gauges[g].type, gauges[g].help);
@@ -214,11 +218,29 @@ static void render_endpoints(const struct atc_metrics_sources *src, struct evbuf
             case 7:
                 v = src->idle != NULL ? (double)src->idle[i] : 0;
                 break;
+            case 8:
+                v = atomic_load_explicit(&ep->remote.inflight, memory_order_relaxed);
+                break;
+            case 9:
+                v = atc_endpoint_fleet_inflight(ep);
+                break;
             }
             evbuffer_add_printf(out, "%s", gauges[g].name);
             endpoint_labels(out, ep);
             evbuffer_add_printf(out, " %.9g\n", v);
         }
+    }
+    /* how old the others' figures are: only where some replica's are summed */
+    uint64_t now_ms = atc_mono_ms();
+    help(out, "atc_endpoint_remote_age_seconds", "gauge",
+         "Age of the oldest of the other replicas' figures summed into the remote in-flight count.");
+    for (size_t i = 0; i < t->nendpoints; i++) {
+        uint64_t at = atomic_load_explicit(&t->endpoints[i]->remote.at_ms, memory_order_relaxed);
+        if (at == 0)
+            continue;
+        evbuffer_add_printf(out, "atc_endpoint_remote_age_seconds");
+        endpoint_labels(out, t->endpoints[i]);
+        evbuffer_add_printf(out, " %.3f\n", (double)(now_ms > at ? now_ms - at : 0) / 1000.0);
     }
 }
 

@@ -202,6 +202,10 @@ void atc_policy_metrics(struct atc_policy_runtime *const *rts, size_t n, struct 
  * @p on_change(@p arg) instead when it is set (the server reloads every worker's runtime). 0 or -1. */
 int atc_policy_watch(struct atc_policy_runtime *rt, struct event_base *base, void (*on_change)(void *arg),
                      void *arg);
+/** Whether @p rt watches its files (atc_policy_watch took and was not undone). */
+bool atc_policy_watching(const struct atc_policy_runtime *rt);
+/** Stops the watch of @p rt (policy.watch turned off by a config reload); nothing when it has none. */
+void atc_policy_unwatch(struct atc_policy_runtime *rt);
 
 /** Where stdlib/ is: $ATC_STDLIB, else the source tree atc was built from, else the install prefix. */
 const char *atc_policy_stdlib_dir(void);
@@ -237,8 +241,8 @@ void atc_policy_observe(struct atc_policy_runtime *rt, uint64_t version, bool ca
 uint64_t atc_policy_canary_version(const struct atc_policy_runtime *rt);
 /** Judges the canary of the runtimes @p rts (every worker's; parked) against @p g: 1 promote, 0 roll back
  * (why in @p why), -1 no canary. */
-int atc_policy_canary_judge(struct atc_policy_runtime *const *rts, size_t n, const struct atc_canary_guards *g,
-                            char *why, size_t size);
+int atc_policy_canary_judge(struct atc_policy_runtime *const *rts, size_t n,
+                            const struct atc_canary_guards *g, char *why, size_t size);
 /** Ends @p rt's canary: promoted (it decides everything from now on) or rolled back (freed); @p why is
  * kept for status. Parked, or on @p rt's thread. */
 void atc_policy_canary_end(struct atc_policy_runtime *rt, bool promote, const char *why);

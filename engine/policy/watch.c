@@ -84,6 +84,16 @@ void policy_watch_stop(struct atc_policy_runtime *rt)
     rt->nwatch = 0;
 }
 
+bool atc_policy_watching(const struct atc_policy_runtime *rt)
+{
+    return rt->watch_event != NULL;
+}
+
+void atc_policy_unwatch(struct atc_policy_runtime *rt)
+{
+    policy_watch_stop(rt);
+}
+
 int atc_policy_watch(struct atc_policy_runtime *rt, struct event_base *base, void (*on_change)(void *arg),
                      void *arg)
 {

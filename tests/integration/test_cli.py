@@ -70,6 +70,20 @@ class CliTest(AtcTestCase):
                 self.assertEqual(out.returncode, 0, out.stderr)
                 for flag in flags:
                     self.assertIn(flag, out.stdout)
+        # atc policy: in the command list, with a help of its own
+        self.assertRegex(run("--help").stdout, r"(?m)^  policy .*canary.*promote.*rollback.*shadow")
+        out = run("policy", "--help")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertTrue(out.stdout.startswith("usage: atc policy canary SHARE"), out.stdout)
+        for word in ("promote", "rollback", "shadow clear", "armed"):
+            self.assertIn(word, out.stdout)
+        self.assertNotIn("atc drain", out.stdout)
+        self.assertIn("atc policy --help", read_doc("README.md"))
+        # every reference policy atc replay knows by name is in its help
+        names = {n[:-4] for n in os.listdir(os.path.join(SOURCE_DIR, "examples", "policies")) if n.endswith(".lua")}
+        replay_help = run("replay", "--help").stdout
+        self.assertEqual({n for n in names if n not in replay_help}, set())
+        self.assertRegex(read_doc("README.md"), r"(?m)^  explain: false +#")
         out = run("frobnicate")
         self.assertEqual(out.returncode, 2)
         self.assertIn("unknown command", out.stderr)
@@ -111,6 +125,14 @@ class CliTest(AtcTestCase):
                 self.assertEqual(out.returncode, 1, out.stdout)
                 self.assertRegex(out.stderr, "(?m)^" + re.escape(path) + r":7:12: key 'policy\.entry': .*" + message)
                 self.assertNotIn("ok", out.stdout)
+        # A YAML error elsewhere does not hide the policy's: both in one run.
+        with open(path, "w") as f:
+            f.write("models:\n  - name: m\nsimulate:\n  - model: m\npolicy:\n  budget: 5ms\n"
+                    "  entry:   p.lua\nbogus: 1\n")
+        out = run("check", "-c", path)
+        self.assertEqual(out.returncode, 1, out.stdout)
+        self.assertRegex(out.stderr, "(?m)^" + re.escape(path) + r":8:1: .*bogus")
+        self.assertRegex(out.stderr, "(?m)^" + re.escape(path) + r":7:12: key 'policy\.entry': .*boom")
 
     def test_check_reports_every_error_with_line_and_column(self):
         path = os.path.join(self.tmp.name, "bad.yaml")
@@ -249,7 +271,8 @@ class CliTest(AtcTestCase):
         self.assertRegex(atc.read_log(), re.escape(cfg) + r":\d+:\d+: unknown key 'bogus'")
         # a change that takes a restart is refused, by each way in, and said so
         for name, text in (("listen", good.replace("listen: 127.0.0.1:0", "listen: 127.0.0.1:1")),
-                           ("simulate", good.replace("count: 1", "count: 2"))):
+                           ("simulate", good.replace("count: 1", "count: 2")),
+                           ("record (added or removed)", good + "record:\n  dir: traces\n")):
             with self.subTest(name):
                 write(text)
                 status, _, body = request("127.0.0.1", admin, "POST", "/admin/config/reload")
@@ -260,6 +283,7 @@ class CliTest(AtcTestCase):
                 self.assertIn("takes a restart", out.stderr)
                 self.assertIn(f"config reload refused: {cfg}: '{name}' changed", atc.read_log())
         self.assertEqual(len(atc.endpoints()), 1)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp.name, "traces")))  # record: was not half-applied
         # the shipped systemd unit's reload fails on a broken file and succeeds on a good one
         with open(os.path.join(SOURCE_DIR, "examples", "systemd", "atc.service")) as f:
             reload_lines = [l.split("=", 1)[1].strip() for l in f if l.startswith("ExecReload=")]

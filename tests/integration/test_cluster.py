@@ -212,6 +212,16 @@ class ClusterTest(AtcTestCase):
         # a loaded machine or a sanitizer build stretches; +1 for the round under way when the load began
         rounds = max(self.cluster(a)["syncs_total"] - a_syncs, self.cluster(b)["syncs_total"] - b_syncs)
         self.assertLessEqual(rounds, 3, "seen within 2 sync intervals")
+        # ... and so does the operator: atc status, /admin/endpoints and /metrics on A show B's requests
+        ep = a.endpoints()["s0"]
+        self.assertEqual((ep["inflight"], ep["remote_inflight"], ep["fleet_inflight"]), (0, 4, 4))
+        self.assertLess(ep["remote_age_ms"], 5000)
+        out = subprocess.run([ATC_BIN, "status", "--admin", f"127.0.0.1:{a.admin_port}"], capture_output=True,
+                             text=True, timeout=10)
+        self.assertRegex(out.stdout, r"(?m)^s0 .* 0 +64 +\d+ +\S+ 4 \(4, \d+\.\ds\) ")
+        _, _, metrics = request("127.0.0.1", a.admin_port, "GET", "/metrics")
+        self.assertRegex(metrics.decode(), r'(?m)^atc_endpoint_remote_inflight_requests\{[^}]*endpoint="s0"[^}]*\} 4$')
+        self.assertRegex(metrics.decode(), r'(?m)^atc_endpoint_fleet_inflight_requests\{[^}]*endpoint="s0"[^}]*\} 4$')
         # B stops publishing (killed with its requests in flight): A leaves its figures out
         b.proc.kill()
         b.proc.wait()
@@ -299,6 +309,8 @@ class ClusterTest(AtcTestCase):
                     self.assertEqual(int(line.split()[-1]), 0, line)
             _, _, js = request("127.0.0.1", a.admin_port, "GET", "/admin/limits")
             self.assertEqual(json.loads(js)["mode"], "shared")
+            gold = json.loads(js)["tenants"][0]
+            self.assertEqual((gold["requests_remaining"], gold["tokens_remaining"]), (0, None))  # no token limit
         self.assertEqual(admitted, 6)
 
     def test_without_a_cluster_each_replica_has_the_whole_budget(self):

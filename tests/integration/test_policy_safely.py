@@ -260,7 +260,7 @@ class CanaryTest(SafelyTestCase):
         self.assertEqual(cli("policy", "shadow", other).returncode, 0)
         load(atc.port, 40)
         status = cli("status").stdout
-        self.assertRegex(status, r"shadow v1 beside v1: \d+ decisions, agreement")
+        self.assertRegex(status, r"shadow v1 beside v1: \d+ decisions, agreement (\d\.\d\d|-), ")
         self.assertRegex(status, r"canary v2 for 0.5 of the requests: \d+ decisions, 0 fallbacks")
         out = cli("policy", "promote")
         self.assertEqual(out.returncode, 0, out.stderr)
@@ -268,6 +268,73 @@ class CanaryTest(SafelyTestCase):
         self.assertEqual(cli("policy", "rollback").returncode, 1)  # no canary left
         self.assertEqual(cli("policy", "shadow", "clear").returncode, 0)
         self.assertNotIn("shadow v", cli("status").stdout)
+
+
+class CanaryWithWatchTest(SafelyTestCase):
+    """docs/policies.md's procedure with the default policy.watch (on): ask for the canary, then edit."""
+
+    def start_watched(self, source):
+        self.policy_path = os.path.join(self.tmp.name, "policy.lua")
+        self.write_policy(source)
+        return self.start_atc(CONFIG.format(extra="", decode_ms=1).replace("  watch: false\n", ""))
+
+    def cli(self, atc, *args):
+        return subprocess.run([ATC_BIN, *args, "--admin", f"127.0.0.1:{atc.admin_port}"], capture_output=True,
+                              text=True, cwd=self.tmp.name)
+
+    def test_the_documented_procedure_canaries_the_edit_on_5_percent_and_status_shows_both(self):
+        atc = self.start_watched(LEAST_LOADED % "v1")
+        self.assertTrue(self.policy_status(atc)["watch"])
+        out = self.cli(atc, "policy", "canary", "0.05", "5m")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("canary armed", out.stdout)
+        self.assertIn("canary armed for 0.05", self.cli(atc, "status").stdout)
+        self.write_policy(LEAST_LOADED % "v2")  # the edit
+        doc = wait_for(lambda: (lambda d: d if d["canary"] else None)(self.policy_status(atc)),
+                       what="the canary built from the edit")
+        self.assertEqual((doc["version"], doc["canary"]["version"], doc["canary"]["share"]), (1, 2, 0.05))
+        self.assertIsNone(doc["canary_armed"])
+        results = load(atc.port, 400, headers_for=lambda n: {"x-atc-session": f"s{n}"})
+        sides = {}
+        for _, h in results:
+            sides[h["x-atc-decision"]] = sides.get(h["x-atc-decision"], 0) + 1
+        self.assertEqual(set(sides), {"policy", "policy; canary"})
+        self.assertLess(sides["policy; canary"], 60)  # about 5% of 400, not everything
+        status = self.cli(atc, "status").stdout
+        self.assertIn("policy version 1;", status)
+        self.assertRegex(status, r"canary v2 for 0.05 of the requests: \d+ decisions, \d+ fallbacks, "
+                                 r"TTFT p90 (\d+\.\d ms|-) \(current (\d+\.\d ms|-)\)")
+        self.assertNotIn("null", status)
+        # Another edit while the canary runs does not replace the version it is judged against.
+        self.write_policy(LEAST_LOADED % "v3")
+        wait_for(lambda: "not reloaded" in atc.read_log(), what="the held-back change's log line")
+        doc = self.policy_status(atc)
+        self.assertEqual((doc["version"], doc["canary"]["version"]), (1, 2))
+
+    def test_rollback_disarms_a_canary_that_waits_for_the_files(self):
+        atc = self.start_watched(LEAST_LOADED % "v1")
+        self.assertEqual(self.cli(atc, "policy", "canary", "0.05").returncode, 0)
+        self.assertEqual(self.cli(atc, "policy", "rollback").returncode, 0)
+        self.assertIsNone(self.policy_status(atc)["canary_armed"])
+        self.write_policy(LEAST_LOADED % "v2")
+        doc = wait_for(lambda: (lambda d: d if d["version"] == 2 else None)(self.policy_status(atc)),
+                       what="the edit reloaded as the whole policy")
+        self.assertIsNone(doc["canary"])
+
+    def test_watch_false_by_a_yaml_reload_stops_the_watch(self):
+        atc = self.start_watched(LEAST_LOADED % "v1")
+        with open(atc.config_path) as f:
+            text = f.read()
+        with open(atc.config_path, "w") as f:
+            f.write(text.replace("  explain: true\n", "  explain: true\n  watch: false\n"))
+        out = self.cli(atc, "reload", "--yaml")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertFalse(self.policy_status(atc)["watch"])
+        self.assertIn("policy.watch is off", atc.read_log())
+        # Without the watch a canary loads the files as they are, at once.
+        self.write_policy(LEAST_LOADED % "v2")
+        status, doc = self.reload(atc, {"canary": 0.05, "window": "1h"})  # the YAML reload made v2
+        self.assertEqual((status, doc), (200, {"version": 3, "canary": True}))
 
 
 class ShadowTest(SafelyTestCase):

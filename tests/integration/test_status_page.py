@@ -244,6 +244,39 @@ class StatusPageTest(AtcTestCase):
             c.join(30)
         wait_for(lambda: "nothing waiting" in b.text(b.find("#queues")), what="the queue empty again")
 
+    def test_two_replicas_the_fleet_wide_load_cluster_and_limits_cards(self):
+        from test_cluster import REDIS, Redis
+        if shutil.which(REDIS) is None:
+            self.fail(f"{REDIS} is not installed")
+        redis = Redis(self.tmp.name)
+        self.processes.append(redis)
+        sim = self.start_sim("s", model="m", extra=["--decode-ms", "100"])
+        atcs = [self.start_atc(config({"m": [("s0", sim.url)]}, extra=(
+            f"workers: 1\ncluster: {{redis: 'redis://127.0.0.1:{redis.port}/0', name: r{i}, sync_interval: 100ms}}\n"
+            "limits:\n  tenants:\n    gold: {requests_per_minute: 100}\n")), name=f"atc{i}") for i in range(2)]
+        a, other = atcs
+        wait_for(lambda: a.endpoints()["s0"]["state"] == "healthy", what="s0 healthy")
+        clients = [threading.Thread(target=lambda: chat(other.port, model="m", max_tokens=60), daemon=True)
+                   for _ in range(3)]
+        for c in clients:
+            c.start()
+        b = self.open_browser()
+        b.get(f"http://127.0.0.1:{a.admin_port}/")
+        # the other replica's 3 requests on the same endpoint, with their age, beside this one's 0
+        self.wait_cell("s0", "inflight", r"^0 / 8 \+3 others \(\d+ ms old\)")
+        cluster = b.text(b.find("#cluster"))
+        self.assertRegex(cluster, r"replica\s+r0")
+        self.assertRegex(cluster, r"other replica\s+r1, synced \d+ ms ago")
+        limits = b.text(b.find('#limits tr[data-tenant="gold"]'))
+        self.assertRegex(limits, r"^gold\s+\d+ of 100\s+no limit\s+0$")
+        # the header says which atc, and the rates have a figure well before a second refresh period
+        self.assertRegex(b.text(b.find("#whoami")), r"^atc \d+\.\d+\.\d+ on \S+, up \d+ s$")
+        self.assertRegex(b.text(b.find("#updated")), r"^updated \d{4}-\d\d-\d\d \d\d:\d\d:\d\d$")
+        wait_for(lambda: re.match(r"requests/s\s+\d+\.\d", b.text(b.find("#traffic"))), timeout=1.2,
+                 what="a rate within 1.2 s of the page's load, not after a second 1.5 s period")
+        for c in clients:
+            c.join(30)
+
     def test_the_admin_port_safety_rules_hold_for_the_page(self):
         sim = self.start_sim("a")
         atc = self.start_atc(config({"llama-3-8b": [("a", sim.url)]}))
