@@ -1163,54 +1163,8 @@ int atc_config_parse(const char *text, size_t len, const char *name, const char 
     return parse_text(text, len, name, dir, out, errors, false);
 }
 
-static int load_file(const char *path, struct atc_config **out, char **errors, bool keep_partial)
+int atc_config_parse_partial(const char *text, size_t len, const char *name, const char *dir,
+                             struct atc_config **out, char **errors)
 {
-    FILE *f;
-    char *text = NULL, *dir = NULL, *slash;
-    size_t len = 0, cap = 0, n;
-    int rc = -1;
-
-    *out = NULL;
-    *errors = NULL;
-    if (!(f = fopen(path, "rb"))) {
-        *errors = format("%s: cannot open: %s", path, strerror(errno));
-        return -1;
-    }
-    do {
-        if (cap - len < 4096) {
-            char *t = realloc(text, cap = cap ? cap * 2 : 16384);
-            if (!t) {
-                *errors = format("%s: out of memory", path);
-                goto error;
-            }
-            text = t;
-        }
-        len += n = fread(text + len, 1, cap - len, f);
-    } while (n > 0);
-    if (ferror(f)) {
-        *errors = format("%s: cannot read: %s", path, strerror(errno));
-        goto error;
-    }
-    slash = strrchr(path, '/');
-    dir = !slash ? strdup(".") : slash == path ? strdup("/") : strndup(path, (size_t)(slash - path));
-    if (!dir) {
-        *errors = format("%s: out of memory", path);
-        goto error;
-    }
-    rc = parse_text(text, len, path, dir, out, errors, keep_partial);
-error:
-    fclose(f);
-    free(text);
-    free(dir);
-    return rc;
-}
-
-int atc_config_load(const char *path, struct atc_config **out, char **errors)
-{
-    return load_file(path, out, errors, false);
-}
-
-int atc_config_load_partial(const char *path, struct atc_config **out, char **errors)
-{
-    return load_file(path, out, errors, true);
+    return parse_text(text, len, name, dir, out, errors, true);
 }

@@ -240,6 +240,9 @@ int atc_config_load_partial(const char *path, struct atc_config **out, char **er
 /** Same, from a buffer; @p name is used in error messages and @p dir to resolve relative paths. */
 int atc_config_parse(const char *text, size_t len, const char *name, const char *dir, struct atc_config **out,
                      char **errors);
+/** Same, keeping an invalid buffer's config as atc_config_load_partial does. */
+int atc_config_parse_partial(const char *text, size_t len, const char *name, const char *dir,
+                             struct atc_config **out, char **errors);
 
 /** A config read from file @p name in @p dir (relative paths resolve against it) with every setting at
  * its default, before the file is read (config_defaults.c). Owned, or NULL when out of memory. */
