@@ -69,8 +69,8 @@ struct probe {
     uint64_t started_ms;
     enum atc_check_verdict verdict;
     unsigned oks, fails; /* consecutive raw results */
-    bool loading; /* its last failure was a sign of start-up within the grace (refused, loading 503), and
-                     it has not passed recovery_threshold times in a row since */
+    bool loading;        /* its last failure was a sign of start-up within the grace (refused, loading
+                            503), and it has not passed recovery_threshold times in a row since */
     bool refused;        /* its last answer was 401/403: the server refused atc's credentials */
     bool first_pending;  /* counts towards the first round */
 };
