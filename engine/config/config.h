@@ -66,6 +66,7 @@ enum {
 /* How atc speaks to a server: on a model (its endpoints inherit) or on an endpoint. */
 struct atc_upstream_access {
     unsigned engine;            /* engine: an enum atc_engine (config/engine_profile.h); default openai */
+    bool engine_set;            /* engine: was written at this level or above */
     char *api_key;              /* from api_key_env / api_key_file: sent as "Authorization: Bearer <it>"
                                    to this server; NULL = none. A secret: never printed anywhere */
     char *api_key_source;       /* "env NAME" or "file PATH" (what reports may show), NULL = none */
@@ -115,6 +116,8 @@ struct atc_simulate_config {
     struct atc_sim_params params; /* params.model is the model entry it adds endpoints to */
     unsigned count;               /* how many simulated servers (default 1) */
     unsigned capacity;            /* capacity of each resulting endpoint (default: params.max_seqs) */
+    unsigned engine; /* the profile of its endpoints, an enum atc_engine: its model's engine:, else the
+                        engine: of the model's simulate entries (params.engine), else openai */
 };
 
 struct atc_config {

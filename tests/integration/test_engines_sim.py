@@ -7,7 +7,7 @@ never counts towards panic; the key of --api-key, given to atc by api_key_env, g
 gets the engine's 401 (a 502 upstream_credentials to the client) and appears in no output. SGLang's slow
 /health stays healthy; TGI's overload 429 is retried on the other server; TGI's errors reach the client in
 OpenAI's shape. Where cheap, the contrary runs too (engine: openai, tries: 1, the sim itself), so each test
-can fail.
+can fail. Also: `engine:` in a simulate: entry is the profile of the endpoints it starts.
 """
 
 import json
@@ -345,6 +345,67 @@ class EnginesSimTest(AtcTestCase):
         err = json.loads(events[0][1])["error"]
         self.assertEqual((err["message"], err["code"]), (native["error"], "validation"))
         self.assertIn("type", err)
+
+
+class SimulateEngineTest(AtcTestCase):
+    """`engine:` in a simulate: entry: the simulated server wears that engine's face and the endpoints it
+    starts take that engine's profile, unless their model names one."""
+
+    def serve(self, model_engine, name="atc"):
+        return self.start_atc(f"""
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+health:
+  fast_interval: 50ms
+  live: {{interval: 100ms}}
+  ready: {{interval: 100ms, timeout: 2s}}
+  deep: {{enabled: false}}
+  scrape: {{enabled: false}}
+models:
+  - name: {MODEL}
+{model_engine}
+simulate:
+  - {{model: {MODEL}, engine: sglang, decode_ms: 1}}
+""", name=name)
+
+    def test_simulate_engine_is_the_endpoints_profile(self):
+        atc = self.serve("")
+        wait_for(lambda: next(iter(atc.endpoints().values()))["state"] == "healthy", timeout=10,
+                 what="the simulated endpoint healthy")
+        probes = admin_json(atc, "/admin/endpoints")["health"]["probes_total"]
+        seen = set()
+
+        def more_probes():
+            data = admin_json(atc, "/admin/endpoints")
+            seen.add(data["endpoints"][0]["state"])
+            return data["health"]["probes_total"] >= probes + 6
+
+        wait_for(more_probes, timeout=20, what="six more probes of SGLang's slow /health")
+        self.assertEqual(seen, {"healthy"})
+        ep = next(iter(atc.endpoints().values()))
+        self.assertEqual(ep["engine"], "sglang", ep)
+        self.assertEqual(chat(atc.port, max_tokens=2)[0], 200)
+
+        # the model's own engine: wins (openai: a 1 s live timeout against SGLang's slow /health)
+        atc2 = self.serve("    engine: openai", name="atc2")
+        wait_for(lambda: next(iter(atc2.endpoints().values()))["state"] == "unhealthy", timeout=15,
+                 what="unhealthy with the model's engine: openai")
+        self.assertEqual(next(iter(atc2.endpoints().values()))["engine"], "openai")
+
+    def test_simulate_entries_of_one_model_disagreeing_on_engine(self):
+        path = os.path.join(self.tmp.name, "two.yaml")
+        with open(path, "w") as fh:
+            fh.write(f"models:\n  - name: {MODEL}\nsimulate:\n  - {{model: {MODEL}, engine: sglang}}\n"
+                     f"  - {{model: {MODEL}, engine: tgi}}\n")
+        out = subprocess.run([ATC_BIN, "check", "-c", path], capture_output=True, text=True, timeout=10)
+        self.assertEqual(out.returncode, 1, out.stdout)
+        self.assertIn(f"{path}:5:33: key 'simulate[1].engine': another simulate entry of model '{MODEL}' is "
+                      f"sglang: set engine: on the model", out.stderr)
+        with open(path, "w") as fh:
+            fh.write(f"models:\n  - name: {MODEL}\n    engine: vllm\nsimulate:\n  - {{model: {MODEL}, engine: sglang}}\n"
+                     f"  - {{model: {MODEL}, engine: tgi}}\n")
+        out = subprocess.run([ATC_BIN, "check", "-c", path], capture_output=True, text=True, timeout=10)
+        self.assertEqual(out.returncode, 0, out.stderr)
 
 
 if __name__ == "__main__":
