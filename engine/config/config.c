@@ -870,38 +870,21 @@ static struct atc_model_config *model_named(const struct atc_config *cfg, const 
     return NULL;
 }
 
-/* The engine profile (enum atc_engine) of the simulated engine @p sim (enum atc_sim_engine): the same
- * name. */
-static unsigned engine_of_sim(unsigned sim)
-{
-    for (unsigned e = 0; atc_engine_names[e]; e++)
-        if (!strcmp(atc_engine_names[e], atc_sim_engine_names[sim]))
-            return e;
-    return ATC_ENGINE_OPENAI;
-}
-
-/* The servers of a simulate: entry that names an engine are checked as that engine (its slow /health,
- * its loading), unless their model names one. Health reads a simulated endpoint's profile from its
- * model (fleet/health.c config_for), so the model takes it: its own endpoints were read before, with
- * their own copies. Two entries of one model that disagree need engine: on the model. */
+/* The servers of a simulate: entry that names an engine are checked as that engine, unless their model
+ * names one (config_defaults.c, atc_model_config_take_sim_engine). */
 static void simulate_engine(struct parse *p, const yaml_node_t *engine, const char *key,
                             struct atc_model_config *m, const struct atc_simulate_config *s)
 {
     char k[KEY_MAX];
-    unsigned e = engine_of_sim(s->params.engine);
-
-    if (m->access.engine_set || m->access.engine == e)
-        return;
-    if (m->access.engine != ATC_ENGINE_OPENAI) {
+    unsigned was = m->access.engine;
+    int rc = atc_model_config_take_sim_engine(m, &p->cfg->health, s->params.engine);
+    if (rc < 0)
+        p->errs.oom = true;
+    else if (rc > 0)
         atc_config_report(&p->errs, engine->start_mark, keyf(k, "%s.engine", key),
                           "another simulate entry of model '%s' is %s: set engine: on the model to check "
                           "its servers alike",
-                          m->name, atc_engine_names[m->access.engine]);
-        return;
-    }
-    m->access.engine = e;
-    if (atc_health_config_apply_engine(&m->health, &p->cfg->health, e) < 0)
-        p->errs.oom = true;
+                          m->name, atc_engine_names[was]);
 }
 
 static bool is_simulated(const struct atc_config *cfg, const char *model)
@@ -1089,11 +1072,9 @@ static void parse_root(struct parse *p, yaml_node_t *root)
         cfg->simulate = alloc_items(p, simulate, "simulate", sizeof *cfg->simulate, &cfg->nsimulate, &items);
     for (size_t i = 0; i < cfg->nsimulate; i++)
         parse_simulate(p, node(p, items[i]), keyf(k, "simulate[%zu]", i), &cfg->simulate[i]);
-    for (size_t i = 0; i < cfg->nsimulate; i++) { /* once every entry has had its say */
-        const struct atc_model_config *m =
-            cfg->simulate[i].params.model ? model_named(cfg, cfg->simulate[i].params.model) : NULL;
-        cfg->simulate[i].engine = m ? m->access.engine : ATC_ENGINE_OPENAI;
-    }
+    for (size_t i = 0; i < cfg->nsimulate; i++) /* once every entry has had its say */
+        if (cfg->simulate[i].params.model && model_named(cfg, cfg->simulate[i].params.model))
+            cfg->simulate[i].engine = model_named(cfg, cfg->simulate[i].params.model)->access.engine;
 
     /* Each model needs somewhere to send requests: its own endpoints or simulated ones. */
     for (size_t i = 0; i < cfg->nmodels; i++) {

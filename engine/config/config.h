@@ -240,6 +240,13 @@ int atc_upstream_access_copy(struct atc_upstream_access *dst, const struct atc_u
  * health:, atc's default where the file does not set it). 0, or -1 when out of memory. */
 int atc_health_config_apply_engine(struct atc_health_config *h, const struct atc_health_config *top,
                                    unsigned engine);
+/** The servers of a simulate: entry of engine @p sim (enum atc_sim_engine) are checked as that engine
+ * unless model @p m names one: health reads a simulated endpoint's profile from its model (fleet/health.c
+ * config_for), so @p m takes the profile and its health defaults over @p top (its own endpoints, read
+ * before, keep theirs). Returns 0, 1 when another entry gave @p m another engine (nothing changes: the
+ * model must name one), -1 out of memory. */
+int atc_model_config_take_sim_engine(struct atc_model_config *m, const struct atc_health_config *top,
+                                     unsigned sim);
 
 /** Frees a config returned by the functions above (config_defaults.c); NULL is fine. */
 void atc_config_free(struct atc_config *cfg);
