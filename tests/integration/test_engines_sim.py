@@ -23,7 +23,7 @@ from harness import ATC_BIN, SOURCE_DIR, AtcTestCase, chat, request, stream_even
 MODEL = "llama-3-8b"
 ENGINES = ("vllm", "sglang", "llamacpp", "tgi")
 PREFILL_TPS = 2000  # with PROMPT_WORDS, the first event comes about a second after the request
-PROMPT_WORDS = 2000
+PROMPT_WORDS = 1600
 
 POLICY = """
 -- the endpoints in their configured order: the first that can take it (tried ones cannot)
@@ -248,7 +248,7 @@ class EnginesSimTest(AtcTestCase):
 
     def test_sglang_slow_health_stays_healthy(self):
         """SGLang's /health answers after about a second: with engine: sglang the endpoint stays healthy
-        through several checks; with engine: openai (1 s live timeout) it goes unhealthy."""
+        through several checks; with a live timeout of 500 ms written beside it, unhealthy."""
         sim = self.sim("sglang")
         atc = self.start_atc(config([sim.url], "sglang"))
         self.wait_healthy(atc)
@@ -265,10 +265,18 @@ class EnginesSimTest(AtcTestCase):
         ep = atc.endpoints()["e0"]
         self.assertEqual((ep["engine"], ep["live"]), ("sglang", True), ep)
 
-        atc2 = self.start_atc(config([sim.url], "openai"), name="atc-openai")
+        # The sim's /health takes 1,000 ms, exactly openai's live timeout: which of the two comes first is
+        # a race (test_engines.py's fake takes 1.2 s against engine: openai). A shorter timeout written
+        # beside engine: sglang wins over the profile's 5 s: unhealthy (without a start-up grace, in which
+        # a probe that times out before the first healthy reads "starting", as a refused one does).
+        t0 = time.monotonic()
+        self.assertEqual(request("127.0.0.1", sim.port, "GET", "/health")[0], 200)
+        self.assertGreater(time.monotonic() - t0, 0.9)
+        atc2 = self.start_atc(config([sim.url], "sglang", health_extra="  live: {interval: 100ms, timeout: 500ms}\n  startup_grace: 0s")
+                              .replace("  live: {interval: 100ms}\n", "", 1), name="atc-short")
         wait_for(lambda: atc2.endpoints()["e0"]["state"] == "unhealthy", timeout=15,
-                 what="unhealthy with engine: openai")
-        self.assertIn("no answer within 1000ms", atc2.endpoints()["e0"]["last_error"])
+                 what="unhealthy with live.timeout: 500ms")
+        self.assertIn("no answer within 500ms", atc2.endpoints()["e0"]["last_error"])
 
     # ---- TGI ----
 
