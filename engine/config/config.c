@@ -846,6 +846,7 @@ static void parse_endpoint(struct parse *p, yaml_node_t *n, const char *key, str
     if (parse_section(p, n, key, false, endpoint_fields, ep, found) < 0)
         return;
     parse_api_key(p, endpoint_fields, found, key, &ep->access);
+    ep->access.engine_set |= lookup(endpoint_fields, found, "engine") != NULL;
     if (lookup(endpoint_fields, found, "health"))
         parse_health(p, lookup(endpoint_fields, found, "health"), keyf(k, "%s.health", key), &ep->health,
                      true);
@@ -870,6 +871,7 @@ static void parse_model(struct parse *p, yaml_node_t *n, const char *key, struct
     if (parse_section(p, n, key, false, model_fields, m, found) < 0)
         return;
     parse_api_key(p, model_fields, found, key, &m->access);
+    m->access.engine_set = lookup(model_fields, found, "engine") != NULL;
     if ((health = lookup(model_fields, found, "health")))
         parse_health(p, health, keyf(k, "%s.health", key), &m->health, false);
     if (atc_health_config_apply_engine(&m->health, &p->cfg->health, m->access.engine) < 0)
@@ -886,13 +888,30 @@ static void parse_model(struct parse *p, yaml_node_t *n, const char *key, struct
                        &m->health, &m->access, &m->kv_events);
 }
 
-static bool is_declared(const struct atc_config *cfg, const char *model)
+static struct atc_model_config *model_named(const struct atc_config *cfg, const char *model)
 {
     for (size_t i = 0; i < cfg->nmodels; i++) {
         if (cfg->models[i].name && !strcmp(cfg->models[i].name, model))
-            return true;
+            return &cfg->models[i];
     }
-    return false;
+    return NULL;
+}
+
+/* The servers of a simulate: entry that names an engine are checked as that engine, unless their model
+ * names one (config_defaults.c, atc_model_config_take_sim_engine). */
+static void simulate_engine(struct parse *p, const yaml_node_t *engine, const char *key,
+                            struct atc_model_config *m, const struct atc_simulate_config *s)
+{
+    char k[KEY_MAX];
+    unsigned was = m->access.engine;
+    int rc = atc_model_config_take_sim_engine(m, &p->cfg->health, s->params.engine);
+    if (rc < 0)
+        p->errs.oom = true;
+    else if (rc > 0)
+        atc_config_report(&p->errs, engine->start_mark, keyf(k, "%s.engine", key),
+                          "another simulate entry of model '%s' is %s: set engine: on the model to check "
+                          "its servers alike",
+                          m->name, atc_engine_names[was]);
 }
 
 static bool is_simulated(const struct atc_config *cfg, const char *model)
@@ -920,10 +939,13 @@ static void parse_simulate(struct parse *p, yaml_node_t *n, const char *key, str
      * max_seqs default (vLLM's 1024), so a simulated endpoint is routed to as a configured one is. */
     if (!lookup(simulate_fields, found, "capacity"))
         s->capacity = lookup(simulate_fields, found, "max_seqs") ? s->params.max_seqs : 64;
-    if (s->params.model && !is_declared(p->cfg, s->params.model))
+    struct atc_model_config *m = s->params.model ? model_named(p->cfg, s->params.model) : NULL;
+    if (s->params.model && m == NULL)
         atc_config_report(&p->errs, lookup(simulate_fields, found, "model")->start_mark,
                           keyf(k, "%s.model", key), "no model named '%s' is declared under 'models'",
                           s->params.model);
+    if (m != NULL && lookup(simulate_fields, found, "engine"))
+        simulate_engine(p, lookup(simulate_fields, found, "engine"), key, m, s);
 }
 
 /* record: (trace recording); its file name prefix becomes part of paths, so it is checked here. */
@@ -1077,6 +1099,9 @@ static void parse_root(struct parse *p, yaml_node_t *root)
         cfg->simulate = alloc_items(p, simulate, "simulate", sizeof *cfg->simulate, &cfg->nsimulate, &items);
     for (size_t i = 0; i < cfg->nsimulate; i++)
         parse_simulate(p, node(p, items[i]), keyf(k, "simulate[%zu]", i), &cfg->simulate[i]);
+    for (size_t i = 0; i < cfg->nsimulate; i++) /* once every entry has had its say */
+        if (cfg->simulate[i].params.model && model_named(cfg, cfg->simulate[i].params.model))
+            cfg->simulate[i].engine = model_named(cfg, cfg->simulate[i].params.model)->access.engine;
 
     /* Each model needs somewhere to send requests: its own endpoints or simulated ones. */
     for (size_t i = 0; i < cfg->nmodels; i++) {

@@ -66,6 +66,7 @@ enum {
 /* How atc speaks to a server: on a model (its endpoints inherit) or on an endpoint. */
 struct atc_upstream_access {
     unsigned engine;            /* engine: an enum atc_engine (config/engine_profile.h); default openai */
+    bool engine_set;            /* engine: was written at this level or above */
     char *api_key;              /* from api_key_env / api_key_file: sent as "Authorization: Bearer <it>"
                                    to this server; NULL = none. A secret: never printed anywhere */
     char *api_key_source;       /* "env NAME" or "file PATH" (what reports may show), NULL = none */
@@ -130,6 +131,8 @@ struct atc_simulate_config {
     struct atc_sim_params params; /* params.model is the model entry it adds endpoints to */
     unsigned count;               /* how many simulated servers (default 1) */
     unsigned capacity;            /* capacity of each resulting endpoint (default: params.max_seqs) */
+    unsigned engine; /* the profile of its endpoints, an enum atc_engine: its model's engine:, else the
+                        engine: of the model's simulate entries (params.engine), else openai */
 };
 
 struct atc_config {
@@ -258,6 +261,13 @@ int atc_upstream_access_copy(struct atc_upstream_access *dst, const struct atc_u
  * health:, atc's default where the file does not set it). 0, or -1 when out of memory. */
 int atc_health_config_apply_engine(struct atc_health_config *h, const struct atc_health_config *top,
                                    unsigned engine);
+/** The servers of a simulate: entry of engine @p sim (enum atc_sim_engine) are checked as that engine
+ * unless model @p m names one: health reads a simulated endpoint's profile from its model (fleet/health.c
+ * config_for), so @p m takes the profile and its health defaults over @p top (its own endpoints, read
+ * before, keep theirs). Returns 0, 1 when another entry gave @p m another engine (nothing changes: the
+ * model must name one), -1 out of memory. */
+int atc_model_config_take_sim_engine(struct atc_model_config *m, const struct atc_health_config *top,
+                                     unsigned sim);
 
 /** Frees a config returned by the functions above (config_defaults.c); NULL is fine. */
 void atc_config_free(struct atc_config *cfg);

@@ -83,6 +83,21 @@ int atc_health_config_apply_engine(struct atc_health_config *h, const struct atc
     return 0;
 }
 
+int atc_model_config_take_sim_engine(struct atc_model_config *m, const struct atc_health_config *top,
+                                     unsigned sim)
+{
+    unsigned e = ATC_ENGINE_OPENAI;
+    for (unsigned i = 0; atc_engine_names[i]; i++) /* a simulated engine's profile has its name */
+        if (strcmp(atc_engine_names[i], atc_sim_engine_names[sim]) == 0)
+            e = i;
+    if (m->access.engine_set || m->access.engine == e)
+        return 0;
+    if (m->access.engine != ATC_ENGINE_OPENAI)
+        return 1;
+    m->access.engine = e;
+    return atc_health_config_apply_engine(&m->health, top, e);
+}
+
 static void access_dispose(struct atc_upstream_access *a)
 {
     atc_api_key_free(a->api_key);

@@ -69,7 +69,8 @@ struct probe {
     uint64_t started_ms;
     enum atc_check_verdict verdict;
     unsigned oks, fails; /* consecutive raw results */
-    bool loading;        /* its last result was a sign of start-up within the grace (refused, loading 503) */
+    bool loading;        /* its last failure was a sign of start-up within the grace (refused, loading
+                            503), and it has not passed recovery_threshold times in a row since */
     bool refused;        /* its last answer was 401/403: the server refused atc's credentials */
     bool first_pending;  /* counts towards the first round */
 };
@@ -486,9 +487,12 @@ static void check_result(struct probe *pr, bool ok, const char *why)
     char reason[320];
 
     /* A server that refuses connections (or, for an engine that says so, answers 503) while it may still
-     * be loading its model, before it was ever healthy: starting (engine_profile.h, startup_grace). */
-    pr->loading = !ok && !e->ever_healthy && atc_mono_ms() - e->started_ms < c->startup_grace_ms &&
-                  (pr->status == 0 || (pr->status == 503 && e->engine->loading_503));
+     * be loading its model, before it was ever healthy: starting (engine_profile.h, startup_grace). A
+     * pass does not end it until the check's verdict is OK (recovery_threshold passes): a server that
+     * has just come up is starting, not unhealthy, between its first pass and its second. */
+    if (!ok)
+        pr->loading = !e->ever_healthy && atc_mono_ms() - e->started_ms < c->startup_grace_ms &&
+                      (pr->status == 0 || (pr->status == 503 && e->engine->loading_503));
     if (ok) {
         pr->oks++;
         pr->fails = 0;
@@ -535,6 +539,8 @@ static void check_result(struct probe *pr, bool ok, const char *why)
         if (e->probes[k].fails > worst)
             worst = e->probes[k].fails;
     atomic_store_explicit(&e->pub.consecutive_failures, worst, memory_order_relaxed);
+    if (ok && pr->verdict == ATC_CHECK_OK)
+        pr->loading = false;
     if (pr->kind == PROBE_LIVE)
         e->live = pr->verdict;
     else if (pr->kind == PROBE_READY)
