@@ -3,9 +3,9 @@
  * Why not evhttp: per small request it made 24 allocations (every header line malloc'd, then a calloc'd
  * node and two strdups), an ioctl(FIONREAD) before each read, stopped reading while a request was
  * handled and armed EV_WRITE to send each answer on the next loop turn (2.6 epoll_ctl per request),
- * and formatted every reply header with printf and the Date per response (README, "Where the time
- * goes"). Here a connection is one allocation with its events embedded plus one input buffer made at
- * accept; a request costs no allocation on this side (its head is parsed in place, http_parse.c), the
+ * and formatted every reply header with printf and the Date per response (docs/benchmarks.md, "Where
+ * the time goes"). Here a connection is one allocation with its events embedded plus one input buffer made
+ * at accept; a request costs no allocation on this side (its head is parsed in place, http_parse.c), the
  * read event stays registered, the answer goes out in one writev when it is given, the status line
  * and framing headers are copied from bytes made once, and the Date string is made once a second.
  *
@@ -284,7 +284,7 @@ static void conn_free(struct http_conn *c)
 }
 
 /* After thousands of connections (held streams) have gone, glibc keeps the heap they freed: the
- * process stays at its peak RSS though nothing leaked (README, "Where the time goes"). Each time the
+ * process stays at its peak RSS though nothing leaked (docs/benchmarks.md, "Where the time goes"). Each time the
  * open connections fall to a quarter of their high mark (once it passed TRIM_AT_LEAST), and when the
  * last has gone, the free memory is given back to the kernel (malloc_trim: a few ms of one walk over
  * the heap, a handful of times per wave of closes). What would keep many of those pages anyway, libevent's
