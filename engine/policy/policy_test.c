@@ -642,7 +642,6 @@ static int test_route(lua_State *L)
     v->rt = own;
     int restored = lua_cpcall(L, set_table_protected, v); /* back to the runner's (empty) table */
 
-    static const char *const kinds[] = {"endpoint", "queue", "reject", "fallback"};
     char endpoint[256] = "", error[512] = "";
     if (d.kind == ATC_DECISION_ENDPOINT && d.endpoint != NULL)
         snprintf(endpoint, sizeof(endpoint), "%s", d.endpoint->id);
@@ -668,7 +667,7 @@ static int test_route(lua_State *L)
         lua_rawseti(L, -2, (int)i + 1);
     }
     lua_setfield(L, -2, "scores");
-    lua_pushstring(L, kinds[d.kind]);
+    lua_pushstring(L, atc_decision_kind_name(d.kind));
     lua_setfield(L, -2, "kind");
     if (endpoint[0] != '\0') {
         lua_pushstring(L, endpoint);

@@ -263,7 +263,8 @@ static bool over_limit(struct relay *r)
     char msg[200];
     snprintf(msg, sizeof(msg), "Rate limit reached for tenant '%s' on %s per minute. Please try again in %ds.",
              r->tenant, what, retry);
-    r->rec.kind = "reject"; /* by the tenant's limit, before any decision */
+    /* refused by the tenant's limit, before any decision */
+    r->rec.kind = atc_decision_kind_name(ATC_DECISION_REJECT);
     snprintf(r->rec.reason, sizeof(r->rec.reason), "rate_limit_%s", what);
     reply_error(r, 429, what, "rate_limit_exceeded", msg, retry);
     return true;
@@ -358,7 +359,7 @@ static const char *reply_headers(struct relay *r, struct reply_head *h, bool eve
     if (r->w->policy != NULL) {
         /* The version is named only on what it decided: a client must be able to tell that the C
          * balancer routed a request because the policy failed. */
-        if (strcmp(r->rec.kind, "fallback") == 0) {
+        if (r->rec.kind == atc_decision_kind_name(ATC_DECISION_FALLBACK)) {
             header_line(&hb, "x-atc-decision", "fallback; reason=", r->rec.reason);
         } else {
             if (r->policy_version != 0) { /* 0: refused before any decision (a tenant's limit) */
@@ -506,7 +507,6 @@ static enum choice decide(struct relay *r, struct atc_endpoint **ep)
         atc_metrics_decision(w->metrics, (double)(atc_mono_us() - t0) / 1e6,
                              d.kind == ATC_DECISION_FALLBACK ? d.reason : NULL);
         r->policy_version = d.version;
-        r->marks.decision = (int)d.kind; /* the last decision is the one that routed it */
         atc_decision_record_set(&r->rec, &d, r->rreq.explain);
         if (!r->shadowed) { /* the same request, once, on the same fleet: then agreement means the code */
             r->shadowed = true;
@@ -935,9 +935,7 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
     r->bytes = r->sse_events = r->data_events = 0;
     r->event_has_data = r->after_newline = false;
     r->sse_line_len = 0;
-    int decision = r->marks.decision;
     atc_record_marks_init(&r->marks);
-    r->marks.decision = decision;
     /* its slot was taken by choose() */
     size_t cached = r->w->policy != NULL ? atc_policy_routed(r->w->policy, &r->rreq, ep) : 0;
     r->t_attempt_us = atc_mono_us();
@@ -1078,7 +1076,7 @@ void atc_relay_start(struct atc_worker *w, struct atc_http_req *client, const st
     };
     if (over_limit(r))
         return;
-    r->rec.kind = "balancer";
+    r->rec.kind = atc_decision_balancer;
     const char *ask = client_header(r, "x-atc-explain");
     r->explain_reply = w->cfg->policy.explain && ask != NULL && strcmp(ask, "1") == 0;
     if (r->explain_reply || w->access_log != NULL || w->recorder != NULL)
@@ -1109,7 +1107,6 @@ static void record_finished(struct relay *r, bool flushed)
     struct atc_recorder *rec = r->w->recorder;
     if (rec == NULL)
         return;
-    static const char *const decisions[] = {"endpoint", "queue", "reject", "fallback"};
     const struct atc_features *f = r->f;
     uint64_t now = atc_mono_us();
     struct atc_trace_record t;
@@ -1140,7 +1137,7 @@ static void record_finished(struct relay *r, bool flushed)
     }
     t.endpoint = r->ntried > 0 ? r->tried[r->ntried - 1]->id : NULL;
     t.policy_version = r->policy_version;
-    t.decision = r->marks.decision >= 0 && r->marks.decision <= 3 ? decisions[r->marks.decision] : "balancer";
+    t.decision = r->rec.kind; /* the access log's: the last decision, the one that routed it */
     if (r->rec.reason[0] != '\0')
         t.reason = r->rec.reason;
     t.shadow_version = r->rec.shadow_version;

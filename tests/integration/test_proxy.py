@@ -216,7 +216,7 @@ class ProxyTest(AtcTestCase):
             self.assertEqual(headers["x-request-id"], "req-long")
             self.assertNotIn("x-atc-endpoint", headers)
             if policy:
-                self.assertEqual(headers["x-atc-decision"], "policy")
+                self.assertEqual(headers["x-atc-decision"], "endpoint")
             self.assertEqual(json.loads(body)["object"], "chat.completion")
             body = {"model": "llama-3-8b", "stream": True, "max_tokens": 3,
                     "messages": [{"role": "user", "content": "hi"}]}
