@@ -26,6 +26,7 @@
 #include "fleet/health.h"
 #include "proxy/http_front.h"
 #include "http/http_server.h"
+#include "base/clock.h"
 #include "base/log.h"
 #include "ops/metrics.h"
 #include "policy/policy.h"
@@ -361,8 +362,7 @@ void atc_server_drain(struct atc_server *srv)
     if (srv->draining)
         return;
     srv->draining = true;
-    struct timeval tv = {.tv_sec = (time_t)(srv->cfg->drain_timeout_ms / 1000),
-                         .tv_usec = (suseconds_t)(srv->cfg->drain_timeout_ms % 1000) * 1000};
+    struct timeval tv = atc_timeval_ms(srv->cfg->drain_timeout_ms);
     srv->drain_timer = evtimer_new(srv->base, on_drain_timeout, srv);
     event_add(srv->drain_timer, &tv);
     for (unsigned i = 0; i < srv->group.nworkers; i++)

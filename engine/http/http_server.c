@@ -35,6 +35,7 @@
 #include <event2/event.h>
 #include <event2/event_struct.h>
 
+#include "base/clock.h"
 #include "base/strbuf.h"
 #include "base/log.h"
 #include "base/json.h"
@@ -133,11 +134,6 @@ static void accept_resume(struct atc_http_server *s);
 #define ACCEPT_RETRY_MS 250
 
 /* ---- small helpers ---- */
-
-static struct timeval ms_tv(uint64_t ms)
-{
-    return (struct timeval){.tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000};
-}
 
 static size_t put(char *dst, const char *s, size_t n)
 {
@@ -309,7 +305,7 @@ static void give_back_memory(struct atc_http_server *s)
         return;
     s->high = s->nconns;
     s->wave = s->nconns > 0;
-    struct timeval tv = ms_tv(TRIM_DELAY_MS);
+    struct timeval tv = atc_timeval_ms(TRIM_DELAY_MS);
     evtimer_add(&s->trim, &tv); /* a pending one moves later: the last closes of a wave come close together */
 }
 
@@ -703,7 +699,7 @@ static void accept_starved(struct atc_http_server *s, int err)
                  strerror(err), s->nconns);
     }
     accept_pause(s);
-    struct timeval tv = ms_tv(ACCEPT_RETRY_MS);
+    struct timeval tv = atc_timeval_ms(ACCEPT_RETRY_MS);
     event_add(&s->retry_ev, &tv);
 }
 
@@ -807,11 +803,11 @@ struct atc_http_server *atc_http_server_create(struct event_base *base, const st
     s->arg = arg;
     s->lfd = -1;
     s->date_sec = -1;
-    struct timeval tv = ms_tv(s->cfg.timeout_ms);
+    struct timeval tv = atc_timeval_ms(s->cfg.timeout_ms);
     /* every connection waits the same time: common timeouts keep them in a list, not the timer heap */
     const struct timeval *common = event_base_init_common_timeout(base, &tv);
     s->timeout = common != NULL ? *common : tv;
-    tv = ms_tv(LINGER_MS);
+    tv = atc_timeval_ms(LINGER_MS);
     common = event_base_init_common_timeout(base, &tv);
     s->linger = common != NULL ? *common : tv;
     LIST_INIT(&s->conns);

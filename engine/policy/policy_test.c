@@ -232,7 +232,6 @@ static void run_one(struct runner *r, struct policy_version *v, const char *file
  * reading the spec (a bad field) leaks nothing. */
 
 #define ROUTE_MT "atc.test_route"
-#define ROUTE_DEFAULT_OUTPUT_TOKENS 256 /* relay.c's, for a request without max_tokens */
 #define ROUTE_HEADERS_MAX 32
 
 struct route_scratch {
@@ -608,8 +607,7 @@ static int test_route(lua_State *L)
         .tenant = tenant,
         .session = session,
         .attempt = (unsigned)spec_number(L, 1, "attempt", (double)ntried + 1),
-        .tokens = x->f->prompt_tokens +
-                  (uint64_t)(x->f->max_tokens >= 0 ? x->f->max_tokens : ROUTE_DEFAULT_OUTPUT_TOKENS),
+        .tokens = atc_request_tokens(x->f->prompt_tokens, x->f->max_tokens),
         .tried = x->tried,
         .ntried = ntried,
         .header = route_header,

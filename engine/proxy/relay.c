@@ -38,8 +38,6 @@
 #define MAX_HELD_BEFORE_FIRST_EVENT (64 * 1024)
 /* A non-streamed answer larger than this is a server fault, not something to hold in memory. */
 #define MAX_BUFFERED_RESPONSE (64u * 1024 * 1024)
-/* Output tokens assumed for accounting when a request sets no max_tokens. */
-#define DEFAULT_OUTPUT_TOKENS 256
 #define MAX_TRIES 8
 
 /* Where a relay is in its life, in the style of HAProxy's CHK_ST_* flags: every move goes through
@@ -1056,8 +1054,7 @@ void atc_relay_start(struct atc_worker *w, struct atc_http_req *client, const st
         r->f = kept;
     struct atc_strbuf xh = atc_strbuf_init(r->extra_headers, sizeof(r->extra_headers));
     header_line(&xh, "x-request-id", r->id, "");
-    r->tokens =
-        r->f->prompt_tokens + (uint64_t)(r->f->max_tokens >= 0 ? r->f->max_tokens : DEFAULT_OUTPUT_TOKENS);
+    r->tokens = atc_request_tokens(r->f->prompt_tokens, r->f->max_tokens);
     if (w->recorder != NULL) /* now: the client's request may be gone when the record is made */
         r->recorded_headers = atc_recorder_capture(w->recorder, client_header, r, &r->nrecorded_headers);
 

@@ -372,7 +372,7 @@ static void on_health_due(evutil_socket_t fd, short what, void *arg)
 
 static void health_later(struct atc_sim_server *srv, struct atc_http_req *req)
 {
-    const struct timeval tv = {SGLANG_HEALTH_MS / 1000, (SGLANG_HEALTH_MS % 1000) * 1000};
+    const struct timeval tv = atc_timeval_ms(SGLANG_HEALTH_MS);
     struct health_wait *h = calloc(1, sizeof(*h));
     if (!h || !(h->ev = evtimer_new(srv->base, on_health_due, h))) {
         free(h);
@@ -406,7 +406,7 @@ static void schedule(struct atc_sim_server *srv)
         return;
     }
     uint64_t now = now_us(srv), d = next > now ? next - now : 0;
-    struct timeval tv = {.tv_sec = (time_t)(d / 1000000u), .tv_usec = (suseconds_t)(d % 1000000u)};
+    struct timeval tv = atc_timeval_us(d);
     evtimer_add(srv->timer, &tv);
 }
 
@@ -1105,8 +1105,7 @@ struct atc_sim_server *atc_sim_server_start(struct event_base *base, const struc
         /* vLLM binds its port before it builds the engine and serves (listens) only once it is up
          * (vllm/entrypoints/openai/api_server.py run_server: create_server_socket binds, serve_http
          * listens); SGLang and TGI start their HTTP server after loading too. */
-        const struct timeval tv = {(time_t)(srv->p.not_ready_for_ms / 1000),
-                                   (suseconds_t)(srv->p.not_ready_for_ms % 1000 * 1000)};
+        const struct timeval tv = atc_timeval_ms(srv->p.not_ready_for_ms);
         evtimer_add(srv->loaded_ev, &tv);
     } else if (start_listening(srv) < 0) {
         *err = "cannot listen (address in use or invalid)";

@@ -229,7 +229,7 @@ static void schedule(struct live *lv)
     }
     if (lv->next < lv->n && lv->inflight < max) {
         uint64_t wait = lv->reqs[lv->next].due_us - now;
-        struct timeval tv = {.tv_sec = (time_t)(wait / 1000000u), .tv_usec = (suseconds_t)(wait % 1000000u)};
+        struct timeval tv = atc_timeval_us(wait);
         evtimer_add(lv->timer, &tv);
     }
 }

@@ -37,24 +37,6 @@ uint64_t atc_trace_chain(uint64_t prev, uint64_t id)
     return XXH3_64bits(in, sizeof(in));
 }
 
-static const char *kind_name(enum atc_request_kind k)
-{
-    return k == ATC_KIND_COMPLETION ? "completion" : k == ATC_KIND_EMBEDDING ? "embedding" : "chat";
-}
-
-static int kind_parse(const char *s, size_t len, enum atc_request_kind *k)
-{
-    if (len == 4 && memcmp(s, "chat", 4) == 0)
-        *k = ATC_KIND_CHAT;
-    else if (len == 10 && memcmp(s, "completion", 10) == 0)
-        *k = ATC_KIND_COMPLETION;
-    else if (len == 9 && memcmp(s, "embedding", 9) == 0)
-        *k = ATC_KIND_EMBEDDING;
-    else
-        return -1;
-    return 0;
-}
-
 /* ---- encoding ---- */
 
 static int buf_write(void *data, const char *p, size_t len)
@@ -164,7 +146,7 @@ int atc_trace_encode_record(struct atc_trace_buf *out, const struct atc_trace_re
     if (r->model[0] != '\0')
         pack_str(&pk, "model", r->model, strlen(r->model));
     if (r->kind != ATC_KIND_CHAT)
-        pack_str(&pk, "kind", kind_name(r->kind), strlen(kind_name(r->kind)));
+        pack_str(&pk, "kind", atc_request_kind_name(r->kind), strlen(atc_request_kind_name(r->kind)));
     pack_key(&pk, "prompt_tokens");
     msgpack_pack_uint32(&pk, r->prompt_tokens);
     if (r->max_tokens >= 0) {
@@ -404,7 +386,7 @@ static int decode_record(struct atc_trace_reader *rd, const msgpack_object *o, s
         } else if (key_is(k, "model") && is_str) {
             r->model = take_str(rd, &used, v);
         } else if (key_is(k, "kind")) {
-            if (!is_str || kind_parse(v->via.str.ptr, v->via.str.size, &r->kind) < 0)
+            if (!is_str || atc_request_kind_parse(v->via.str.ptr, v->via.str.size, &r->kind) < 0)
                 goto bad;
         } else if (key_is(k, "prompt_tokens")) {
             if (!get_u64(v, &u) || u > UINT32_MAX)
@@ -938,7 +920,7 @@ void atc_trace_record_json(FILE *out, const struct atc_trace_record *r)
     if (r->model[0] != '\0')
         json_key_str(out, "model", r->model);
     if (r->kind != ATC_KIND_CHAT)
-        json_key_str(out, "kind", kind_name(r->kind));
+        json_key_str(out, "kind", atc_request_kind_name(r->kind));
     fprintf(out, ",\"prompt_tokens\":%u", r->prompt_tokens);
     if (r->max_tokens >= 0)
         fprintf(out, ",\"max_tokens\":%lld", (long long)r->max_tokens);
