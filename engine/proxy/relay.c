@@ -534,10 +534,9 @@ static enum choice decide(struct relay *r, struct atc_endpoint **ep)
     if (model == NULL) {
         if (!first)
             return NONE;
-        char msg[400];
-        snprintf(msg, sizeof(msg), "The model '%s' does not exist; GET /v1/models lists the models served",
-                 r->f->model);
-        reply_error(r, 404, "invalid_request_error", "model_not_found", msg, 0);
+        char msg[ATC_ANSWER_UNKNOWN_MODEL_MAX];
+        reply_error(r, 404, "invalid_request_error", "model_not_found",
+                    atc_answer_unknown_model(msg, sizeof(msg), r->f->model), 0);
         return ANSWERED;
     }
     *ep = atc_balancer_pick(model, &w->rng, r->tried, r->ntried, r->tokens);

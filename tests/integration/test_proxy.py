@@ -108,6 +108,9 @@ class ProxyTest(AtcTestCase):
                 self.assertIsInstance(err["code"], str, out)  # as OpenAI's: never the status number
                 if code:
                     self.assertEqual(err["code"], code)
+                if name == "unknown model":
+                    self.assertEqual(err["message"],
+                                     "The model 'gpt-9' does not exist; GET /v1/models lists the models served")
         status, _, out = request("127.0.0.1", atc.port, "GET", "/v1/nope")
         self.assertEqual(status, 404)
         error_of(out)
