@@ -425,18 +425,6 @@ static void conn_error(struct http_conn *c, int status, const char *code, const 
         c->s->cfg.on_refused(c->s->arg, status, code, message);
 }
 
-/* What the client is told for a head the parser refused with a code of its own (h->refused). */
-static const char *refused_message(const char *code)
-{
-    if (strcmp(code, "obs_fold") == 0)
-        return "a header line starts with a space or tab (obs-fold); send each header on one line";
-    if (strcmp(code, "nul_in_header") == 0)
-        return "a header contains a NUL byte";
-    if (strcmp(code, "missing_host") == 0)
-        return "an HTTP/1.1 request needs a Host header";
-    return "too many empty lines before the request line";
-}
-
 static int reserve(struct http_conn *c, size_t need)
 {
     if (need <= c->cap)
@@ -534,7 +522,7 @@ static void conn_process(struct http_conn *c)
                 else if (rc == -501)
                     conn_error(c, 501, "not_implemented", "transfer coding not supported");
                 else if (h->refused != NULL)
-                    conn_error(c, 400, h->refused, refused_message(h->refused));
+                    conn_error(c, 400, h->refused->code, h->refused->message);
                 else
                     conn_error(c, 400, "bad_request", "malformed request");
                 return;
