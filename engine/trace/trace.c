@@ -14,6 +14,8 @@
 #include <msgpack.h>
 #include <xxhash.h>
 
+#include "base/json.h"
+
 #define READ_CHUNK (256 * 1024)
 #define ARENA_CHUNK (256 * 1024)
 
@@ -881,27 +883,10 @@ int atc_trace_save(const struct atc_trace *t, const char *path, char **err)
 
 /* ---- JSON lines (atc trace dump) ---- */
 
-static void json_string(FILE *out, const char *s, size_t len)
-{
-    fputc('"', out);
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\')
-            fprintf(out, "\\%c", c);
-        else if (c == '\n')
-            fputs("\\n", out);
-        else if (c < 0x20 || c == 0x7f)
-            fprintf(out, "\\u%04x", c);
-        else
-            fputc(c, out);
-    }
-    fputc('"', out);
-}
-
 static void json_key_str(FILE *out, const char *k, const char *v)
 {
     fprintf(out, ",\"%s\":", k);
-    json_string(out, v, strlen(v));
+    atc_json_fwrite_string(out, v, strlen(v));
 }
 
 const char *atc_trace_record_header(const struct atc_trace_record *r, const char *name)
@@ -942,16 +927,16 @@ void atc_trace_record_json(FILE *out, const struct atc_trace_record *r)
     }
     if (r->prompt != NULL) {
         fputs(",\"prompt\":", out);
-        json_string(out, r->prompt, r->prompt_len);
+        atc_json_fwrite_string(out, r->prompt, r->prompt_len);
     }
     if (r->nheaders > 0) {
         fputs(",\"headers\":{", out);
         for (size_t i = 0; i < r->nheaders; i++) {
             if (i > 0)
                 fputc(',', out);
-            json_string(out, r->headers[i].name, strlen(r->headers[i].name));
+            atc_json_fwrite_string(out, r->headers[i].name, strlen(r->headers[i].name));
             fputc(':', out);
-            json_string(out, r->headers[i].value, strlen(r->headers[i].value));
+            atc_json_fwrite_string(out, r->headers[i].value, strlen(r->headers[i].value));
         }
         fputc('}', out);
     }
