@@ -9,15 +9,19 @@
  * read event stays registered, the answer goes out in one writev when it is given, the status line
  * and framing headers are copied from bytes made once, and the Date string is made once a second.
  *
- * A connection's life: READING a request (under the deadline), ACTIVE while the handler answers it (the
- * buffer does not move: the handler holds slices of it; bytes of a pipelined request are read behind
- * it), then the next request, or LINGERING: after an answer that closes the connection, our side is
- * shut and what the client still sends is read and dropped (up to a short time), so that its unread
- * bytes do not make the kernel reset the connection before the client has read the answer.
- * Frees of a connection happen from the loop (its defer event), never under a callback of its own. */
+ * A connection's life (enum conn_state, moved only by conn_set_state, which checks each move against
+ * conn_moves): READING a request (under the deadline); the handler has it: HANDLING, STREAMING once the
+ * answer's head went out, ANSWERED once the answer is whole and only its bytes are left to write (the
+ * buffer does not move meanwhile: the handler holds slices of it; bytes of a pipelined request are read
+ * behind it); DONE once written; then the next request, or LINGERING: after an answer that closes the
+ * connection, our side is shut and what the client still sends is read and dropped (up to a short time),
+ * so that its unread bytes do not make the kernel reset the connection before the client has read the
+ * answer. Frees of a connection happen from the loop (its defer event), never under a callback of its
+ * own. */
 #include "http/http_server.h"
 
 #include <arpa/inet.h>
+#include <assert.h>
 #include <errno.h>
 #include <malloc.h>
 #include <netinet/in.h>
@@ -52,10 +56,26 @@
 
 enum conn_state {
     CONN_READING,   /* waiting for a request to be whole */
-    CONN_ACTIVE,    /* the handler has it; answer not finished */
-    CONN_DONE,      /* answered; the next request is taken up from the loop */
+    CONN_HANDLING,  /* the handler has it; nothing of its answer sent */
+    CONN_STREAMING, /* the answer's head went out (or waits in c->held); its body follows */
+    CONN_ANSWERED,  /* the answer is whole; bytes of it still wait in c->out */
+    CONN_DONE,      /* answered and written; the next request is taken up from the loop */
     CONN_LINGERING, /* answered and closing: our side shut, reading to EOF */
     CONN_CLOSED,    /* socket closed, struct freed from the loop */
+};
+
+#define CONN_IN(s) (1u << (s))
+/* A request is with its handler: its owner hears on_gone if the connection closes now. */
+#define CONN_ANSWERING (CONN_IN(CONN_HANDLING) | CONN_IN(CONN_STREAMING) | CONN_IN(CONN_ANSWERED))
+/* The moves conn_set_state allows: from each state, the states it may go to. Any state may close. */
+static const unsigned conn_moves[] = {
+    [CONN_READING] = CONN_IN(CONN_HANDLING) | CONN_IN(CONN_CLOSED),
+    [CONN_HANDLING] = CONN_IN(CONN_STREAMING) | CONN_IN(CONN_CLOSED),
+    [CONN_STREAMING] = CONN_IN(CONN_ANSWERED) | CONN_IN(CONN_CLOSED),
+    [CONN_ANSWERED] = CONN_IN(CONN_DONE) | CONN_IN(CONN_CLOSED),
+    [CONN_DONE] = CONN_IN(CONN_READING) | CONN_IN(CONN_LINGERING) | CONN_IN(CONN_CLOSED),
+    [CONN_LINGERING] = CONN_IN(CONN_CLOSED),
+    [CONN_CLOSED] = 0,
 };
 
 struct atc_http_req {
@@ -66,9 +86,7 @@ struct atc_http_req {
     const struct atc_http_req_callbacks *cb;
     void *cb_arg;
     bool close_after;
-    bool started; /* a head went out */
     bool chunked; /* the body goes out chunked (else: Content-Length, or until close) */
-    bool ended;   /* the answer is complete */
 };
 
 struct http_conn {
@@ -124,6 +142,21 @@ struct atc_http_server {
     char date[64]; /* "Date: Sun, 06 Nov 1994 08:49:37 GMT\r\n" */
     size_t date_len;
 };
+
+/* Checks that a callback runs in a state it expects (@p states: CONN_IN(...) | ...). */
+static inline void conn_expect(const struct http_conn *c, unsigned states)
+{
+    assert(c->state <= CONN_CLOSED && (CONN_IN(c->state) & states) != 0);
+    (void)c;
+    (void)states; /* (NDEBUG) */
+}
+
+static void conn_set_state(struct http_conn *c, enum conn_state to)
+{
+    assert(c->state <= CONN_CLOSED && (conn_moves[c->state] & CONN_IN(to)) != 0);
+    (void)conn_moves; /* (NDEBUG) */
+    c->state = to;
+}
 
 static void conn_process(struct http_conn *c);
 static void conn_close(struct http_conn *c, bool tell);
@@ -241,6 +274,7 @@ static void conn_answer_done(struct http_conn *c);
 static void on_writable(evutil_socket_t fd, short what, void *arg)
 {
     struct http_conn *c = arg;
+    conn_expect(c, ~CONN_IN(CONN_CLOSED)); /* close deletes the event */
     if (c->held != NULL) { /* the loop turn that started a stream ended before its first piece: the head alone */
         conn_send(c, NULL, 0);
         return;
@@ -262,7 +296,7 @@ static void on_writable(evutil_socket_t fd, short what, void *arg)
     struct atc_http_req *r = &c->req;
     if (r->cb != NULL && r->cb->on_drained != NULL)
         r->cb->on_drained(r->cb_arg); /* may abort, end the answer, or clear the callbacks */
-    if (c->state != CONN_CLOSED && r->ended && backlog(c) == 0)
+    if (c->state == CONN_ANSWERED && backlog(c) == 0)
         conn_answer_done(c);
 }
 
@@ -317,8 +351,8 @@ static void conn_close(struct http_conn *c, bool tell)
     if (c->state == CONN_CLOSED)
         return;
     struct atc_http_req *r = &c->req;
-    bool owed = c->state == CONN_ACTIVE || (r->cb != NULL && c->state == CONN_DONE);
-    c->state = CONN_CLOSED;
+    bool owed = (CONN_IN(c->state) & CONN_ANSWERING) || (r->cb != NULL && c->state == CONN_DONE);
+    conn_set_state(c, CONN_CLOSED);
     event_del(&c->rev);
     event_del(&c->wev);
     event_del(&c->timer);
@@ -374,7 +408,7 @@ static void stop_reading(struct http_conn *c)
 /* Our side is shut after the last answer; the client's bytes are dropped until it closes. */
 static void conn_linger(struct http_conn *c)
 {
-    c->state = CONN_LINGERING;
+    conn_set_state(c, CONN_LINGERING);
     shutdown(c->fd, SHUT_WR);
     if (c->eof) {
         conn_close(c, false);
@@ -397,7 +431,8 @@ static void conn_answer_done(struct http_conn *c)
 {
     if (backlog(c) > 0)
         return;
-    c->state = CONN_DONE;
+    if (c->state != CONN_DONE) /* (set_callbacks(NULL) comes back to a DONE one) */
+        conn_set_state(c, CONN_DONE);
     if (c->req.cb != NULL)
         return; /* atc_http_req_set_callbacks(NULL) comes back */
     if (closing(c))
@@ -412,11 +447,10 @@ static void conn_error(struct http_conn *c, int status, const char *code, const 
     struct atc_http_req *r = &c->req;
     r->c = c;
     r->cb = NULL;
-    r->started = r->ended = false;
     r->close_after = true;
     r->head.keep_alive = false;
     r->head.method = ATC_HTTP_GET;
-    c->state = CONN_ACTIVE;
+    conn_set_state(c, CONN_HANDLING);
     stop_reading(c);
     event_del(&c->timer);
     atc_http_reply_error(r, status, status < 500 ? "invalid_request_error" : "server_error", code, message, 0,
@@ -470,10 +504,10 @@ static void dispatch(struct http_conn *c, size_t body_len)
     r->c = c;
     r->cb = NULL;
     r->cb_arg = NULL;
-    r->close_after = r->started = r->chunked = r->ended = false;
+    r->close_after = r->chunked = false;
     r->body = c->buf + c->start + c->head_len;
     r->body_len = body_len;
-    c->state = CONN_ACTIVE;
+    conn_set_state(c, CONN_HANDLING);
     c->s->handler(r, c->s->arg);
 }
 
@@ -490,7 +524,7 @@ static void conn_process(struct http_conn *c)
         c->continue_sent = false;
         memset(&c->chunk, 0, sizeof(c->chunk));
         c->req.cb = NULL;
-        c->state = CONN_READING;
+        conn_set_state(c, CONN_READING);
         if (c->len == 0 && c->cap > INPUT_KEEP) {
             char *b = realloc(c->buf, INPUT_START + 1);
             if (b != NULL) {
@@ -601,6 +635,7 @@ static void conn_process(struct http_conn *c)
 static void on_readable(evutil_socket_t fd, short what, void *arg)
 {
     struct http_conn *c = arg;
+    conn_expect(c, ~CONN_IN(CONN_CLOSED)); /* close deletes the event */
     if (c->state == CONN_LINGERING) {
         char drop[4096];
         ssize_t n = recv(fd, drop, sizeof(drop), 0);
@@ -631,7 +666,7 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
         stop_reading(c);
         if (c->state == CONN_READING)
             conn_process(c); /* a whole request may still be there; else it closes */
-        else if (c->state == CONN_ACTIVE)
+        else if (CONN_IN(c->state) & CONN_ANSWERING)
             conn_close(c, true); /* the client left before its answer: its owner cancels the work */
         return;
     }
@@ -643,6 +678,7 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
     struct http_conn *c = arg;
+    conn_expect(c, ~CONN_IN(CONN_CLOSED)); /* close deletes the event */
     if (c->state == CONN_READING)
         atc_debug("client %s: no complete request within client_timeout: closing", c->peer);
     else if (c->state != CONN_LINGERING)
@@ -995,7 +1031,7 @@ static void send_head_and(struct atc_http_req *r, int status, const char *conten
                           int64_t length, const void *body, size_t len)
 {
     char head[2048];
-    r->started = true;
+    conn_set_state(r->c, CONN_STREAMING);
     size_t n = build_head(r, head, sizeof(head), status, content_type, headers, length);
     if (n == 0) { /* headers too long for the stack buffer: an exceptional answer, built in an evbuffer */
         char *big = malloc((headers ? strlen(headers) : 0) + (content_type ? strlen(content_type) : 0) + 4096);
@@ -1017,20 +1053,21 @@ void atc_http_reply(struct atc_http_req *r, int status, const char *content_type
                     const void *body, size_t len)
 {
     struct http_conn *c = r->c;
-    if (c->state != CONN_ACTIVE || r->started)
+    if (c->state != CONN_HANDLING)
         return;
     bool head_only = r->head.method == ATC_HTTP_HEAD;
-    send_head_and(r, status, content_type, headers, (int64_t)len, head_only ? NULL : body, head_only ? 0 : len);
-    r->ended = true;
+    send_head_and(r, status, content_type, headers, (int64_t)len, head_only ? NULL : body,
+                  head_only ? 0 : len);
     if (c->state == CONN_CLOSED)
         return; /* the owner heard on_gone */
+    conn_set_state(c, CONN_ANSWERED);
     conn_answer_done(c);
 }
 
 void atc_http_reply_start(struct atc_http_req *r, int status, const char *content_type, const char *headers)
 {
     struct http_conn *c = r->c;
-    if (c->state != CONN_ACTIVE || r->started)
+    if (c->state != CONN_HANDLING)
         return;
     char head[2048];
     size_t n = build_head(r, head, sizeof(head), status, content_type, headers, -1);
@@ -1038,7 +1075,7 @@ void atc_http_reply_start(struct atc_http_req *r, int status, const char *conten
         send_head_and(r, status, content_type, headers, -1, NULL, 0);
         return;
     }
-    r->started = true;
+    conn_set_state(c, CONN_STREAMING);
     memcpy(c->held, head, n);
     c->held_len = n;
     event_active(&c->wev, EV_WRITE, 1); /* sent at the end of this loop turn if no piece comes first */
@@ -1047,7 +1084,7 @@ void atc_http_reply_start(struct atc_http_req *r, int status, const char *conten
 void atc_http_reply_chunk(struct atc_http_req *r, const void *data, size_t len)
 {
     struct http_conn *c = r->c;
-    if (c->state != CONN_ACTIVE || !r->started || r->ended || len == 0 || r->head.method == ATC_HTTP_HEAD)
+    if (c->state != CONN_STREAMING || len == 0 || r->head.method == ATC_HTTP_HEAD)
         return;
     if (!r->chunked) {
         struct iovec v = {(void *)data, len};
@@ -1067,8 +1104,7 @@ void atc_http_reply_chunk_buffer(struct atc_http_req *r, struct evbuffer *b)
     size_t len = evbuffer_get_length(b);
     struct evbuffer_iovec vec[MAX_IOV];
     int n = evbuffer_peek(b, -1, NULL, vec, MAX_IOV);
-    if (len == 0 || n <= 0 || r->c->state != CONN_ACTIVE || !r->started || r->ended ||
-        r->head.method == ATC_HTTP_HEAD) {
+    if (len == 0 || n <= 0 || r->c->state != CONN_STREAMING || r->head.method == ATC_HTTP_HEAD) {
         evbuffer_drain(b, len);
         return;
     }
@@ -1093,9 +1129,9 @@ void atc_http_reply_chunk_buffer(struct atc_http_req *r, struct evbuffer *b)
 void atc_http_reply_end(struct atc_http_req *r)
 {
     struct http_conn *c = r->c;
-    if (c->state != CONN_ACTIVE || !r->started || r->ended)
+    if (c->state != CONN_STREAMING)
         return;
-    r->ended = true;
+    conn_set_state(c, CONN_ANSWERED);
     if (r->chunked && r->head.method != ATC_HTTP_HEAD) {
         struct iovec v = {"0\r\n\r\n", 5};
         conn_send(c, &v, 1);
