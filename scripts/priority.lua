@@ -16,7 +16,7 @@ local HIGH_PRIORITY = 5 -- req.priority (0-9, header x-atc-priority) above this 
 --   + DECODE_WEIGHT x one decode step per request decoding there (a new request slows every step of the
 --     batch it joins).
 -- Fitted on the first half of Mooncake's synthetic trace only (`atc replay -c examples/replay/mooncake.yaml
--- --trace mooncake_synthetic.jsonl --limit 1996 --speed 1,2,2.5,4 --servers 8,16,32`, README "Routing"):
+-- --trace mooncake_synthetic.jsonl --limit 1996 --speed 1,2,2.5,4 --servers 8,16,32`, docs/replay.md, "The routing grids"):
 -- below 0.5 of the fleet's prefill capacity every weighting tied (TTFT p90 within 3%: the floor is the
 -- prefill of the long prompts); at 0.77-0.96 CACHE_WEIGHT 1.5 gave the lowest TTFT p90 (2x/8 servers:
 -- 2945 ms against 3103 at 1 and 3218 at 2; 2.5x/8: 6213 against 6713 and 6328). DECODE_WEIGHT 0.1 is a tie-breaker: on the Azure code trace (no
@@ -30,7 +30,7 @@ local HIGH_PRIORITY = 5 -- req.priority (0-9, header x-atc-priority) above this 
 -- policy gave hits away for balance: 5.3 s against 4.7 s.
 -- Not weighed: the tokens held by requests in flight (ep.inflight_tokens). Counting them as Dynamo does
 -- helped by 3-7% at 0.6-0.8 of capacity, and past saturation gave cache hits away for balance, the
--- collapse "tokens in flight" caused in the policy this one replaced (README, "Routing").
+-- collapse "tokens in flight" caused in the policy this one replaced (docs/replay.md, "The routing grids").
 local CACHE_WEIGHT = 1.5
 local DECODE_WEIGHT = 0.1
 local CONGESTION = 1

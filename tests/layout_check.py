@@ -8,7 +8,8 @@ Parses every `#include "dir/name.h"` in engine/**/*.c and *.h, folds each file o
   - an include does not name its folder or names a header that does not exist,
   - an include reaches up: engine/README.md ranks the folders in one line, "Layers, bottom up: base,
     request, ...", and a file may include only its own folder's headers and those of folders below it
-    (so no two folders include each other), or a folder is missing from that line.
+    (so no two folders include each other), or a folder is missing from that line,
+  - a .c file is not named (as `name.c`) in engine/README.md's map of the folders.
 Usage: tests/layout_check.py [ENGINE_DIR]   (default: engine/ beside this tests/ directory)
 """
 import os
@@ -25,10 +26,14 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 LAYERS = re.compile(r"^Layers, bottom up: (.*)$", re.M)
 
 
+def readme(root):
+    with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
+        return f.read()
+
+
 def layers(root):
     """The folder ranks engine/README.md gives (its "Layers, bottom up:" line), or None."""
-    with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
-        m = LAYERS.search(f.read())
+    m = LAYERS.search(readme(root))
     if not m:
         return None
     names = [n.strip(" `.") for n in m.group(1).split(",")]
@@ -44,6 +49,7 @@ def main():
     if rank is None:
         problems.append('README.md: no "Layers, bottom up: ..." line ranking the folders')
         rank = {}
+    mapped = readme(root)
     edges = {}  # stem -> {stem: "file:line" of the first include that made the edge}
     nfiles = 0
     for dirpath, _, names in os.walk(root):
@@ -61,6 +67,8 @@ def main():
                 msg = "%s: %d lines (limit %d)" % (rel, len(lines), MAX_LINES)
                 (notes if rel in KNOWN_LONG else problems).append(msg + (" [known]" if rel in KNOWN_LONG else ""))
                 seen_long.add(rel)
+            if name.endswith(".c") and "`%s`" % name not in mapped:
+                problems.append("%s: not named in README.md's map of the folders" % rel)
             if name.endswith(".c") and stem != "core/main" and not os.path.exists(path[:-2] + ".h"):
                 notes.append("%s: no header of the same stem" % rel)
             for lineno, line in enumerate(lines, 1):

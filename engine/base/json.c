@@ -5,6 +5,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -338,7 +339,20 @@ static size_t utf8_sequence(const unsigned char *s, size_t n)
     return len;
 }
 
-void atc_json_escape(struct evbuffer *out, const char *s, size_t len)
+/* Where escaped text goes: an evbuffer or a FILE. */
+typedef void (*json_put)(void *sink, const char *p, size_t n);
+
+static void put_evbuffer(void *sink, const char *p, size_t n)
+{
+    evbuffer_add(sink, p, n);
+}
+
+static void put_file(void *sink, const char *p, size_t n)
+{
+    fwrite(p, 1, n, sink);
+}
+
+static void escape_to(json_put put, void *out, const char *s, size_t len)
 {
     size_t start = 0;
     for (size_t i = 0; i < len; i++) {
@@ -354,27 +368,49 @@ void atc_json_escape(struct evbuffer *out, const char *s, size_t len)
                 continue;
             }
         }
-        evbuffer_add(out, s + start, i - start);
+        put(out, s + start, i - start);
         switch (ch) {
         case '"':
-            evbuffer_add(out, "\\\"", 2);
+            put(out, "\\\"", 2);
             break;
         case '\\':
-            evbuffer_add(out, "\\\\", 2);
+            put(out, "\\\\", 2);
             break;
         case '\n':
-            evbuffer_add(out, "\\n", 2);
+            put(out, "\\n", 2);
             break;
         default:
-            if (ch >= 0x80)
-                evbuffer_add(out, "\\ufffd", 6);
-            else
-                evbuffer_add_printf(out, "\\u%04x", ch);
+            if (ch >= 0x80) {
+                put(out, "\\ufffd", 6);
+            } else {
+                static const char hex[] = "0123456789abcdef";
+                char u[6] = {'\\', 'u', '0', '0', hex[ch >> 4], hex[ch & 15]};
+                put(out, u, 6);
+            }
             break;
         }
         start = i + 1;
     }
-    evbuffer_add(out, s + start, len - start);
+    put(out, s + start, len - start);
+}
+
+void atc_json_escape(struct evbuffer *out, const char *s, size_t len)
+{
+    escape_to(put_evbuffer, out, s, len);
+}
+
+void atc_json_write_string(struct evbuffer *out, const char *s)
+{
+    evbuffer_add(out, "\"", 1);
+    escape_to(put_evbuffer, out, s, strlen(s));
+    evbuffer_add(out, "\"", 1);
+}
+
+void atc_json_fwrite_string(FILE *out, const char *s, size_t len)
+{
+    fputc('"', out);
+    escape_to(put_file, out, s, len);
+    fputc('"', out);
 }
 
 void atc_json_key_string(struct evbuffer *out, const char *key, const char *value)

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define ATC_JSON_MAX_DEPTH 64 /* deeper documents are refused before jsmn sees them (see json.c) */
 
@@ -77,6 +78,10 @@ struct evbuffer;
 /** Appends @p s (@p len bytes) to @p out as the inside of a JSON string (no quotes); bytes that are not
  * well-formed UTF-8 become U+FFFD. */
 void atc_json_escape(struct evbuffer *out, const char *s, size_t len);
+/** Appends NUL-terminated @p s to @p out as a JSON string, quotes included (escaped as above). */
+void atc_json_write_string(struct evbuffer *out, const char *s);
+/** Writes @p s (@p len bytes) to @p out as a JSON string, quotes included (escaped as above). */
+void atc_json_fwrite_string(FILE *out, const char *s, size_t len);
 /** Appends "key":"value" (escaped), or "key":null when @p value is NULL. */
 void atc_json_key_string(struct evbuffer *out, const char *key, const char *value);
 

@@ -614,7 +614,7 @@ struct atc_cluster *atc_cluster_create(struct event_base *base, const struct atc
         *err = "out of memory";
         return NULL;
     }
-    struct timeval tv = {(time_t)(c->interval_ms / 1000), (suseconds_t)(c->interval_ms % 1000) * 1000};
+    struct timeval tv = atc_timeval_ms(c->interval_ms);
     event_add(c->tick, &tv);
     if (aff != NULL)
         atc_affinity_observe(aff, on_affinity, c);

@@ -29,7 +29,7 @@ struct atc_check_config {
 };
 
 /* health: at the top level, under a model and under an endpoint; each level starts from the one above
- * and overrides what it sets. Defaults in config.c (config_new) and in the README. */
+ * and overrides what it sets. Defaults in config_defaults.c (atc_config_new) and in docs/operating.md. */
 struct atc_health_config {
     bool enabled;                   /* active checks (live, ready, deep) at all */
     struct atc_check_config live;   /* is the process answering: GET /health */

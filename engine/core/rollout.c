@@ -8,6 +8,7 @@
 #include <event2/event.h>
 
 #include "config/config.h"
+#include "base/clock.h"
 #include "base/log.h"
 #include "core/server.h"
 #include "proxy/worker.h"
@@ -57,7 +58,7 @@ static void on_canary_loaded(void *arg, uint64_t version, const char *err)
     if (err == NULL && version != 0) {
         if (srv->canary_timer == NULL)
             srv->canary_timer = evtimer_new(srv->base, on_window, srv);
-        struct timeval tv = {(time_t)(c->window_ms / 1000), (suseconds_t)(c->window_ms % 1000) * 1000};
+        struct timeval tv = atc_timeval_ms(c->window_ms);
         if (srv->canary_timer != NULL)
             evtimer_add(srv->canary_timer, &tv);
     }

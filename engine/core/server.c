@@ -363,8 +363,7 @@ void atc_server_drain(struct atc_server *srv)
     if (srv->draining)
         return;
     srv->draining = true;
-    struct timeval tv = {.tv_sec = (time_t)(srv->cfg->drain_timeout_ms / 1000),
-                         .tv_usec = (suseconds_t)(srv->cfg->drain_timeout_ms % 1000) * 1000};
+    struct timeval tv = atc_timeval_ms(srv->cfg->drain_timeout_ms);
     srv->drain_timer = evtimer_new(srv->base, on_drain_timeout, srv);
     event_add(srv->drain_timer, &tv);
     for (unsigned i = 0; i < srv->group.nworkers; i++)

@@ -149,11 +149,6 @@ struct atc_health {
 static void set_state(struct hep *e, const char *reason);
 static void schedule(struct probe *pr, uint64_t delay_ms);
 
-static struct timeval tv_ms(uint64_t ms)
-{
-    return (struct timeval){.tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000};
-}
-
 static struct hep *hep_of(const struct atc_endpoint *ep)
 {
     /* ep->health is the first member of its struct hep */
@@ -302,7 +297,7 @@ static void on_ramp_tick(evutil_socket_t fd, short what, void *arg)
 {
     struct atc_health *h = arg;
     if (apply_ramps(h)) {
-        struct timeval tv = tv_ms(RAMP_TICK_MS);
+        struct timeval tv = atc_timeval_ms(RAMP_TICK_MS);
         evtimer_add(h->ramp_timer, &tv);
     }
 }
@@ -375,7 +370,7 @@ static void set_state(struct hep *e, const char *reason)
             bool idle = !evtimer_pending(h->ramp_timer, NULL);
             apply_ramps(h);
             if (idle) {
-                struct timeval tv = tv_ms(RAMP_TICK_MS);
+                struct timeval tv = atc_timeval_ms(RAMP_TICK_MS);
                 evtimer_add(h->ramp_timer, &tv);
             }
         }
@@ -434,7 +429,7 @@ static uint64_t next_interval(const struct probe *pr)
 
 static void schedule(struct probe *pr, uint64_t delay_ms)
 {
-    struct timeval tv = tv_ms(jittered(pr->e->h, delay_ms, pr->e->cfg->jitter));
+    struct timeval tv = atc_timeval_ms(jittered(pr->e->h, delay_ms, pr->e->cfg->jitter));
     evtimer_add(pr->timer, &tv);
 }
 
@@ -769,7 +764,7 @@ static void on_probe_timer(evutil_socket_t fd, short what, void *arg)
         probe_end(pr, false, "out of memory", false);
         return;
     }
-    struct timeval tv = tv_ms(pr->cfg->timeout_ms);
+    struct timeval tv = atc_timeval_ms(pr->cfg->timeout_ms);
     evtimer_add(pr->deadline, &tv);
 }
 
@@ -829,7 +824,7 @@ void atc_health_observe(struct atc_endpoint *ep, bool ok)
                    (double)e->eject_ms / 1000.0, e->passive_fails);
     unsigned fails = e->passive_fails;
     e->passive_fails = 0;
-    struct timeval tv = tv_ms(e->eject_ms);
+    struct timeval tv = atc_timeval_ms(e->eject_ms);
     evtimer_add(e->eject_timer, &tv);
     char reason[160];
     snprintf(reason, sizeof(reason), "%u requests in a row failed: ejected for %.1fs (ejection %u)", fails,

@@ -230,6 +230,15 @@ static int framing(struct atc_http_head *h, const char *name, size_t name_len, c
     return 0;
 }
 
+const struct atc_http_refusal atc_http_refused_empty_lines = {"too_many_empty_lines",
+                                                              "too many empty lines before the request line"};
+const struct atc_http_refusal atc_http_refused_nul_in_header = {"nul_in_header",
+                                                                "a header contains a NUL byte"};
+const struct atc_http_refusal atc_http_refused_obs_fold = {
+    "obs_fold", "a header line starts with a space or tab (obs-fold); send each header on one line"};
+const struct atc_http_refusal atc_http_refused_missing_host = {"missing_host",
+                                                               "an HTTP/1.1 request needs a Host header"};
+
 int atc_http_parse_request(char *buf, size_t len, size_t max_head, struct atc_http_head *h)
 {
     /* Empty lines before the request line: a few are skipped, more refused, so that a stream of them is
@@ -238,7 +247,7 @@ int atc_http_parse_request(char *buf, size_t len, size_t max_head, struct atc_ht
     size_t skip = 0;
     while (skip < len && (buf[skip] == '\r' || buf[skip] == '\n'))
         if (++skip > 2 * ATC_HTTP_MAX_EMPTY_LINES) {
-            h->refused = "too_many_empty_lines";
+            h->refused = &atc_http_refused_empty_lines;
             return -400;
         }
     size_t scan = len < max_head + skip ? len : max_head + skip;
@@ -248,7 +257,8 @@ int atc_http_parse_request(char *buf, size_t len, size_t max_head, struct atc_ht
     end += skip;
     char *p = buf + skip, *stop = buf + end;
     if (memchr(p, '\0', (size_t)(stop - p)) != NULL) {
-        h->refused = "nul_in_header"; /* evhttp cut a value there: the next hop may read the rest */
+        h->refused =
+            &atc_http_refused_nul_in_header; /* evhttp cut a value there: the next hop may read the rest */
         return -400;
     }
     h->base = buf;
@@ -272,7 +282,8 @@ int atc_http_parse_request(char *buf, size_t len, size_t max_head, struct atc_ht
             colon++;
         if (colon == p || colon == e || *colon != ':') { /* obs-fold starts with SP/HTAB: refused here too */
             if (*p == ' ' || *p == '\t')
-                h->refused = "obs_fold"; /* joined to the line before by some hops, not by others */
+                h->refused =
+                    &atc_http_refused_obs_fold; /* joined to the line before by some hops, not by others */
             return -400;
         }
         char *v = colon + 1, *ve = e;
@@ -295,7 +306,8 @@ int atc_http_parse_request(char *buf, size_t len, size_t max_head, struct atc_ht
     if (h->chunked && h->content_length >= 0)
         return -400;
     if (h->minor == 1 && atc_http_head_find(h, "host") == NULL) {
-        h->refused = "missing_host"; /* RFC 9112 3.2: an HTTP/1.1 request without Host is a 400 */
+        h->refused =
+            &atc_http_refused_missing_host; /* RFC 9112 3.2: an HTTP/1.1 request without Host is a 400 */
         return -400;
     }
     char *q = strchr(h->path, '?');

@@ -3,21 +3,25 @@
  * Why not evhttp: per small request it made 24 allocations (every header line malloc'd, then a calloc'd
  * node and two strdups), an ioctl(FIONREAD) before each read, stopped reading while a request was
  * handled and armed EV_WRITE to send each answer on the next loop turn (2.6 epoll_ctl per request),
- * and formatted every reply header with printf and the Date per response (README, "Where the time
- * goes"). Here a connection is one allocation with its events embedded plus one input buffer made at
- * accept; a request costs no allocation on this side (its head is parsed in place, http_parse.c), the
+ * and formatted every reply header with printf and the Date per response (docs/benchmarks.md, "Where
+ * the time goes"). Here a connection is one allocation with its events embedded plus one input buffer made
+ * at accept; a request costs no allocation on this side (its head is parsed in place, http_parse.c), the
  * read event stays registered, the answer goes out in one writev when it is given, the status line
  * and framing headers are copied from bytes made once, and the Date string is made once a second.
  *
- * A connection's life: READING a request (under the deadline), ACTIVE while the handler answers it (the
- * buffer does not move: the handler holds slices of it; bytes of a pipelined request are read behind
- * it), then the next request, or LINGERING: after an answer that closes the connection, our side is
- * shut and what the client still sends is read and dropped (up to a short time), so that its unread
- * bytes do not make the kernel reset the connection before the client has read the answer.
- * Frees of a connection happen from the loop (its defer event), never under a callback of its own. */
+ * A connection's life (enum conn_state, moved only by conn_set_state, which checks each move against
+ * conn_moves): READING a request (under the deadline); the handler has it: HANDLING, STREAMING once the
+ * answer's head went out, ANSWERED once the answer is whole and only its bytes are left to write (the
+ * buffer does not move meanwhile: the handler holds slices of it; bytes of a pipelined request are read
+ * behind it); DONE once written; then the next request, or LINGERING: after an answer that closes the
+ * connection, our side is shut and what the client still sends is read and dropped (up to a short time),
+ * so that its unread bytes do not make the kernel reset the connection before the client has read the
+ * answer. Frees of a connection happen from the loop (its defer event), never under a callback of its
+ * own. */
 #include "http/http_server.h"
 
 #include <arpa/inet.h>
+#include <assert.h>
 #include <errno.h>
 #include <malloc.h>
 #include <netinet/in.h>
@@ -35,6 +39,7 @@
 #include <event2/event.h>
 #include <event2/event_struct.h>
 
+#include "base/clock.h"
 #include "base/strbuf.h"
 #include "base/log.h"
 #include "base/json.h"
@@ -51,10 +56,26 @@
 
 enum conn_state {
     CONN_READING,   /* waiting for a request to be whole */
-    CONN_ACTIVE,    /* the handler has it; answer not finished */
-    CONN_DONE,      /* answered; the next request is taken up from the loop */
+    CONN_HANDLING,  /* the handler has it; nothing of its answer sent */
+    CONN_STREAMING, /* the answer's head went out (or waits in c->held); its body follows */
+    CONN_ANSWERED,  /* the answer is whole; bytes of it still wait in c->out */
+    CONN_DONE,      /* answered and written; the next request is taken up from the loop */
     CONN_LINGERING, /* answered and closing: our side shut, reading to EOF */
     CONN_CLOSED,    /* socket closed, struct freed from the loop */
+};
+
+#define CONN_IN(s) (1u << (s))
+/* A request is with its handler: its owner hears on_gone if the connection closes now. */
+#define CONN_ANSWERING (CONN_IN(CONN_HANDLING) | CONN_IN(CONN_STREAMING) | CONN_IN(CONN_ANSWERED))
+/* The moves conn_set_state allows: from each state, the states it may go to. Any state may close. */
+static const unsigned conn_moves[] = {
+    [CONN_READING] = CONN_IN(CONN_HANDLING) | CONN_IN(CONN_CLOSED),
+    [CONN_HANDLING] = CONN_IN(CONN_STREAMING) | CONN_IN(CONN_CLOSED),
+    [CONN_STREAMING] = CONN_IN(CONN_ANSWERED) | CONN_IN(CONN_CLOSED),
+    [CONN_ANSWERED] = CONN_IN(CONN_DONE) | CONN_IN(CONN_CLOSED),
+    [CONN_DONE] = CONN_IN(CONN_READING) | CONN_IN(CONN_LINGERING) | CONN_IN(CONN_CLOSED),
+    [CONN_LINGERING] = CONN_IN(CONN_CLOSED),
+    [CONN_CLOSED] = 0,
 };
 
 struct atc_http_req {
@@ -65,9 +86,7 @@ struct atc_http_req {
     const struct atc_http_req_callbacks *cb;
     void *cb_arg;
     bool close_after;
-    bool started; /* a head went out */
     bool chunked; /* the body goes out chunked (else: Content-Length, or until close) */
-    bool ended;   /* the answer is complete */
 };
 
 struct http_conn {
@@ -124,6 +143,21 @@ struct atc_http_server {
     size_t date_len;
 };
 
+/* Checks that a callback runs in a state it expects (@p states: CONN_IN(...) | ...). */
+static inline void conn_expect(const struct http_conn *c, unsigned states)
+{
+    assert(c->state <= CONN_CLOSED && (CONN_IN(c->state) & states) != 0);
+    (void)c;
+    (void)states; /* (NDEBUG) */
+}
+
+static void conn_set_state(struct http_conn *c, enum conn_state to)
+{
+    assert(c->state <= CONN_CLOSED && (conn_moves[c->state] & CONN_IN(to)) != 0);
+    (void)conn_moves; /* (NDEBUG) */
+    c->state = to;
+}
+
 static void conn_process(struct http_conn *c);
 static void conn_close(struct http_conn *c, bool tell);
 static void accept_resume(struct atc_http_server *s);
@@ -133,11 +167,6 @@ static void accept_resume(struct atc_http_server *s);
 #define ACCEPT_RETRY_MS 250
 
 /* ---- small helpers ---- */
-
-static struct timeval ms_tv(uint64_t ms)
-{
-    return (struct timeval){.tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000};
-}
 
 static size_t put(char *dst, const char *s, size_t n)
 {
@@ -245,6 +274,7 @@ static void conn_answer_done(struct http_conn *c);
 static void on_writable(evutil_socket_t fd, short what, void *arg)
 {
     struct http_conn *c = arg;
+    conn_expect(c, ~CONN_IN(CONN_CLOSED)); /* close deletes the event */
     if (c->held != NULL) { /* the loop turn that started a stream ended before its first piece: the head alone */
         conn_send(c, NULL, 0);
         return;
@@ -266,7 +296,7 @@ static void on_writable(evutil_socket_t fd, short what, void *arg)
     struct atc_http_req *r = &c->req;
     if (r->cb != NULL && r->cb->on_drained != NULL)
         r->cb->on_drained(r->cb_arg); /* may abort, end the answer, or clear the callbacks */
-    if (c->state != CONN_CLOSED && r->ended && backlog(c) == 0)
+    if (c->state == CONN_ANSWERED && backlog(c) == 0)
         conn_answer_done(c);
 }
 
@@ -284,7 +314,7 @@ static void conn_free(struct http_conn *c)
 }
 
 /* After thousands of connections (held streams) have gone, glibc keeps the heap they freed: the
- * process stays at its peak RSS though nothing leaked (README, "Where the time goes"). Each time the
+ * process stays at its peak RSS though nothing leaked (docs/benchmarks.md, "Where the time goes"). Each time the
  * open connections fall to a quarter of their high mark (once it passed TRIM_AT_LEAST), and when the
  * last has gone, the free memory is given back to the kernel (malloc_trim: a few ms of one walk over
  * the heap, a handful of times per wave of closes). What would keep many of those pages anyway, libevent's
@@ -309,7 +339,7 @@ static void give_back_memory(struct atc_http_server *s)
         return;
     s->high = s->nconns;
     s->wave = s->nconns > 0;
-    struct timeval tv = ms_tv(TRIM_DELAY_MS);
+    struct timeval tv = atc_timeval_ms(TRIM_DELAY_MS);
     evtimer_add(&s->trim, &tv); /* a pending one moves later: the last closes of a wave come close together */
 }
 
@@ -321,8 +351,8 @@ static void conn_close(struct http_conn *c, bool tell)
     if (c->state == CONN_CLOSED)
         return;
     struct atc_http_req *r = &c->req;
-    bool owed = c->state == CONN_ACTIVE || (r->cb != NULL && c->state == CONN_DONE);
-    c->state = CONN_CLOSED;
+    bool owed = (CONN_IN(c->state) & CONN_ANSWERING) || (r->cb != NULL && c->state == CONN_DONE);
+    conn_set_state(c, CONN_CLOSED);
     event_del(&c->rev);
     event_del(&c->wev);
     event_del(&c->timer);
@@ -378,7 +408,7 @@ static void stop_reading(struct http_conn *c)
 /* Our side is shut after the last answer; the client's bytes are dropped until it closes. */
 static void conn_linger(struct http_conn *c)
 {
-    c->state = CONN_LINGERING;
+    conn_set_state(c, CONN_LINGERING);
     shutdown(c->fd, SHUT_WR);
     if (c->eof) {
         conn_close(c, false);
@@ -401,7 +431,8 @@ static void conn_answer_done(struct http_conn *c)
 {
     if (backlog(c) > 0)
         return;
-    c->state = CONN_DONE;
+    if (c->state != CONN_DONE) /* (set_callbacks(NULL) comes back to a DONE one) */
+        conn_set_state(c, CONN_DONE);
     if (c->req.cb != NULL)
         return; /* atc_http_req_set_callbacks(NULL) comes back */
     if (closing(c))
@@ -416,29 +447,16 @@ static void conn_error(struct http_conn *c, int status, const char *code, const 
     struct atc_http_req *r = &c->req;
     r->c = c;
     r->cb = NULL;
-    r->started = r->ended = false;
     r->close_after = true;
     r->head.keep_alive = false;
     r->head.method = ATC_HTTP_GET;
-    c->state = CONN_ACTIVE;
+    conn_set_state(c, CONN_HANDLING);
     stop_reading(c);
     event_del(&c->timer);
     atc_http_reply_error(r, status, status < 500 ? "invalid_request_error" : "server_error", code, message, 0,
                          NULL);
     if (c->s->cfg.on_refused != NULL && status != 500) /* not an out-of-memory: nothing to log it with */
         c->s->cfg.on_refused(c->s->arg, status, code, message);
-}
-
-/* What the client is told for a head the parser refused with a code of its own (h->refused). */
-static const char *refused_message(const char *code)
-{
-    if (strcmp(code, "obs_fold") == 0)
-        return "a header line starts with a space or tab (obs-fold); send each header on one line";
-    if (strcmp(code, "nul_in_header") == 0)
-        return "a header contains a NUL byte";
-    if (strcmp(code, "missing_host") == 0)
-        return "an HTTP/1.1 request needs a Host header";
-    return "too many empty lines before the request line";
 }
 
 static int reserve(struct http_conn *c, size_t need)
@@ -486,10 +504,10 @@ static void dispatch(struct http_conn *c, size_t body_len)
     r->c = c;
     r->cb = NULL;
     r->cb_arg = NULL;
-    r->close_after = r->started = r->chunked = r->ended = false;
+    r->close_after = r->chunked = false;
     r->body = c->buf + c->start + c->head_len;
     r->body_len = body_len;
-    c->state = CONN_ACTIVE;
+    conn_set_state(c, CONN_HANDLING);
     c->s->handler(r, c->s->arg);
 }
 
@@ -506,7 +524,7 @@ static void conn_process(struct http_conn *c)
         c->continue_sent = false;
         memset(&c->chunk, 0, sizeof(c->chunk));
         c->req.cb = NULL;
-        c->state = CONN_READING;
+        conn_set_state(c, CONN_READING);
         if (c->len == 0 && c->cap > INPUT_KEEP) {
             char *b = realloc(c->buf, INPUT_START + 1);
             if (b != NULL) {
@@ -538,7 +556,7 @@ static void conn_process(struct http_conn *c)
                 else if (rc == -501)
                     conn_error(c, 501, "not_implemented", "transfer coding not supported");
                 else if (h->refused != NULL)
-                    conn_error(c, 400, h->refused, refused_message(h->refused));
+                    conn_error(c, 400, h->refused->code, h->refused->message);
                 else
                     conn_error(c, 400, "bad_request", "malformed request");
                 return;
@@ -617,6 +635,7 @@ static void conn_process(struct http_conn *c)
 static void on_readable(evutil_socket_t fd, short what, void *arg)
 {
     struct http_conn *c = arg;
+    conn_expect(c, ~CONN_IN(CONN_CLOSED)); /* close deletes the event */
     if (c->state == CONN_LINGERING) {
         char drop[4096];
         ssize_t n = recv(fd, drop, sizeof(drop), 0);
@@ -647,7 +666,7 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
         stop_reading(c);
         if (c->state == CONN_READING)
             conn_process(c); /* a whole request may still be there; else it closes */
-        else if (c->state == CONN_ACTIVE)
+        else if (CONN_IN(c->state) & CONN_ANSWERING)
             conn_close(c, true); /* the client left before its answer: its owner cancels the work */
         return;
     }
@@ -659,6 +678,7 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
     struct http_conn *c = arg;
+    conn_expect(c, ~CONN_IN(CONN_CLOSED)); /* close deletes the event */
     if (c->state == CONN_READING)
         atc_debug("client %s: no complete request within client_timeout: closing", c->peer);
     else if (c->state != CONN_LINGERING)
@@ -703,7 +723,7 @@ static void accept_starved(struct atc_http_server *s, int err)
                  strerror(err), s->nconns);
     }
     accept_pause(s);
-    struct timeval tv = ms_tv(ACCEPT_RETRY_MS);
+    struct timeval tv = atc_timeval_ms(ACCEPT_RETRY_MS);
     event_add(&s->retry_ev, &tv);
 }
 
@@ -807,11 +827,11 @@ struct atc_http_server *atc_http_server_create(struct event_base *base, const st
     s->arg = arg;
     s->lfd = -1;
     s->date_sec = -1;
-    struct timeval tv = ms_tv(s->cfg.timeout_ms);
+    struct timeval tv = atc_timeval_ms(s->cfg.timeout_ms);
     /* every connection waits the same time: common timeouts keep them in a list, not the timer heap */
     const struct timeval *common = event_base_init_common_timeout(base, &tv);
     s->timeout = common != NULL ? *common : tv;
-    tv = ms_tv(LINGER_MS);
+    tv = atc_timeval_ms(LINGER_MS);
     common = event_base_init_common_timeout(base, &tv);
     s->linger = common != NULL ? *common : tv;
     LIST_INIT(&s->conns);
@@ -1011,7 +1031,7 @@ static void send_head_and(struct atc_http_req *r, int status, const char *conten
                           int64_t length, const void *body, size_t len)
 {
     char head[2048];
-    r->started = true;
+    conn_set_state(r->c, CONN_STREAMING);
     size_t n = build_head(r, head, sizeof(head), status, content_type, headers, length);
     if (n == 0) { /* headers too long for the stack buffer: an exceptional answer, built in an evbuffer */
         char *big = malloc((headers ? strlen(headers) : 0) + (content_type ? strlen(content_type) : 0) + 4096);
@@ -1033,20 +1053,21 @@ void atc_http_reply(struct atc_http_req *r, int status, const char *content_type
                     const void *body, size_t len)
 {
     struct http_conn *c = r->c;
-    if (c->state != CONN_ACTIVE || r->started)
+    if (c->state != CONN_HANDLING)
         return;
     bool head_only = r->head.method == ATC_HTTP_HEAD;
-    send_head_and(r, status, content_type, headers, (int64_t)len, head_only ? NULL : body, head_only ? 0 : len);
-    r->ended = true;
+    send_head_and(r, status, content_type, headers, (int64_t)len, head_only ? NULL : body,
+                  head_only ? 0 : len);
     if (c->state == CONN_CLOSED)
         return; /* the owner heard on_gone */
+    conn_set_state(c, CONN_ANSWERED);
     conn_answer_done(c);
 }
 
 void atc_http_reply_start(struct atc_http_req *r, int status, const char *content_type, const char *headers)
 {
     struct http_conn *c = r->c;
-    if (c->state != CONN_ACTIVE || r->started)
+    if (c->state != CONN_HANDLING)
         return;
     char head[2048];
     size_t n = build_head(r, head, sizeof(head), status, content_type, headers, -1);
@@ -1054,7 +1075,7 @@ void atc_http_reply_start(struct atc_http_req *r, int status, const char *conten
         send_head_and(r, status, content_type, headers, -1, NULL, 0);
         return;
     }
-    r->started = true;
+    conn_set_state(c, CONN_STREAMING);
     memcpy(c->held, head, n);
     c->held_len = n;
     event_active(&c->wev, EV_WRITE, 1); /* sent at the end of this loop turn if no piece comes first */
@@ -1063,7 +1084,7 @@ void atc_http_reply_start(struct atc_http_req *r, int status, const char *conten
 void atc_http_reply_chunk(struct atc_http_req *r, const void *data, size_t len)
 {
     struct http_conn *c = r->c;
-    if (c->state != CONN_ACTIVE || !r->started || r->ended || len == 0 || r->head.method == ATC_HTTP_HEAD)
+    if (c->state != CONN_STREAMING || len == 0 || r->head.method == ATC_HTTP_HEAD)
         return;
     if (!r->chunked) {
         struct iovec v = {(void *)data, len};
@@ -1083,8 +1104,7 @@ void atc_http_reply_chunk_buffer(struct atc_http_req *r, struct evbuffer *b)
     size_t len = evbuffer_get_length(b);
     struct evbuffer_iovec vec[MAX_IOV];
     int n = evbuffer_peek(b, -1, NULL, vec, MAX_IOV);
-    if (len == 0 || n <= 0 || r->c->state != CONN_ACTIVE || !r->started || r->ended ||
-        r->head.method == ATC_HTTP_HEAD) {
+    if (len == 0 || n <= 0 || r->c->state != CONN_STREAMING || r->head.method == ATC_HTTP_HEAD) {
         evbuffer_drain(b, len);
         return;
     }
@@ -1109,9 +1129,9 @@ void atc_http_reply_chunk_buffer(struct atc_http_req *r, struct evbuffer *b)
 void atc_http_reply_end(struct atc_http_req *r)
 {
     struct http_conn *c = r->c;
-    if (c->state != CONN_ACTIVE || !r->started || r->ended)
+    if (c->state != CONN_STREAMING)
         return;
-    r->ended = true;
+    conn_set_state(c, CONN_ANSWERED);
     if (r->chunked && r->head.method != ATC_HTTP_HEAD) {
         struct iovec v = {"0\r\n\r\n", 5};
         conn_send(c, &v, 1);

@@ -15,6 +15,7 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 
+#include "base/clock.h"
 #include "base/strbuf.h"
 #include "base/log.h"
 #include "http/http_parse.h"
@@ -143,7 +144,7 @@ static void arm_timer(struct upstream_conn *c, const struct timeval *tv)
  * re-arming one (every read of a body) is a list move rather than a timer heap update. */
 static struct timeval common_timeout(struct event_base *base, uint64_t ms)
 {
-    struct timeval tv = {.tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000};
+    struct timeval tv = atc_timeval_ms(ms);
     const struct timeval *common = event_base_init_common_timeout(base, &tv);
     return common != NULL ? *common : tv;
 }

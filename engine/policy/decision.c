@@ -12,19 +12,19 @@
 #include "fleet/endpoint.h"
 #include "base/json.h"
 
+static const char *const kind_names[] = {
+    [ATC_DECISION_ENDPOINT] = "endpoint",
+    [ATC_DECISION_QUEUE] = "queue",
+    [ATC_DECISION_REJECT] = "reject",
+    [ATC_DECISION_FALLBACK] = "fallback",
+};
+
+const char atc_decision_balancer[] = "balancer";
+
 const char *atc_decision_kind_name(enum atc_decision_kind kind)
 {
-    switch (kind) {
-    case ATC_DECISION_ENDPOINT:
-        return "policy";
-    case ATC_DECISION_QUEUE:
-        return "queue";
-    case ATC_DECISION_REJECT:
-        return "reject";
-    case ATC_DECISION_FALLBACK:
-        break;
-    }
-    return "fallback";
+    return (unsigned)kind < sizeof(kind_names) / sizeof(kind_names[0]) ? kind_names[kind]
+                                                                       : kind_names[ATC_DECISION_FALLBACK];
 }
 
 const char *atc_decision_reason_name(const char *fallback_reason)

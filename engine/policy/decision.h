@@ -32,7 +32,7 @@ struct atc_explain {
 
 struct atc_decision_record {
     uint64_t version;     /* the version that decided (0: no policy, the C balancer routes) */
-    const char *kind;     /* "policy", "fallback", "queue", "reject", or "balancer" (no policy) */
+    const char *kind;     /* atc_decision_kind_name's, or atc_decision_balancer (no policy) */
     const char *endpoint; /* where the request went, NULL when it went nowhere */
     char reason[128];     /* fallback: why ("error", "overrun", "memory", "invalid_return"); queue or
                            * reject: the verdict's message; else "" */
@@ -44,8 +44,14 @@ struct atc_decision_record {
     const char *shadow_endpoint;
 };
 
-/** "policy", "fallback", "queue" or "reject" for a decision's kind. */
+/** A decision kind's one name wherever a decision is printed or handed to Lua (the access log's and the
+ * traces' decision, x-atc-decision, x-atc-explain, t.route, t.replay): "endpoint" (the policy picked
+ * one), "queue", "reject" or "fallback" (the policy failed: the C balancer routed). Interned: the same
+ * pointer for the same kind, so a record's kind is compared by pointer. */
 const char *atc_decision_kind_name(enum atc_decision_kind kind);
+
+/* The kind of a request routed with no policy configured (the C balancer), beside those above. */
+extern const char atc_decision_balancer[];
 
 /** The decision record's word for a fallback reason (atc_policy_fallback_*): "overrun" for a budget
  * overrun, else the reason as it is. */

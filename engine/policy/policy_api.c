@@ -34,19 +34,6 @@ const struct atc_policy_settings *atc_policy_settings_of(lua_State *L)
     return &policy_api_version(L)->rt->s;
 }
 
-static const char *kind_name(enum atc_request_kind kind)
-{
-    switch (kind) {
-    case ATC_KIND_CHAT:
-        return "chat";
-    case ATC_KIND_COMPLETION:
-        return "completion";
-    case ATC_KIND_EMBEDDING:
-        return "embedding";
-    }
-    return "chat";
-}
-
 struct atc_endpoint *policy_api_endpoint_at(const struct policy_version *v, unsigned index)
 {
     const struct atc_endpoint_table *t = v->rt->table;
@@ -475,7 +462,7 @@ static void push_req_kind(lua_State *L, struct policy_version *v, const void *of
 {
     REQ;
     (void)v;
-    lua_pushstring(L, kind_name(req->kind));
+    lua_pushstring(L, atc_request_kind_name(req->kind));
 }
 static void push_req_path(lua_State *L, struct policy_version *v, const void *of)
 {

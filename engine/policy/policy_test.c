@@ -232,7 +232,6 @@ static void run_one(struct runner *r, struct policy_version *v, const char *file
  * reading the spec (a bad field) leaks nothing. */
 
 #define ROUTE_MT "atc.test_route"
-#define ROUTE_DEFAULT_OUTPUT_TOKENS 256 /* relay.c's, for a request without max_tokens */
 #define ROUTE_HEADERS_MAX 32
 
 struct route_scratch {
@@ -608,8 +607,7 @@ static int test_route(lua_State *L)
         .tenant = tenant,
         .session = session,
         .attempt = (unsigned)spec_number(L, 1, "attempt", (double)ntried + 1),
-        .tokens = x->f->prompt_tokens +
-                  (uint64_t)(x->f->max_tokens >= 0 ? x->f->max_tokens : ROUTE_DEFAULT_OUTPUT_TOKENS),
+        .tokens = atc_request_tokens(x->f->prompt_tokens, x->f->max_tokens),
         .tried = x->tried,
         .ntried = ntried,
         .header = route_header,
@@ -642,7 +640,6 @@ static int test_route(lua_State *L)
     v->rt = own;
     int restored = lua_cpcall(L, set_table_protected, v); /* back to the runner's (empty) table */
 
-    static const char *const kinds[] = {"endpoint", "queue", "reject", "fallback"};
     char endpoint[256] = "", error[512] = "";
     if (d.kind == ATC_DECISION_ENDPOINT && d.endpoint != NULL)
         snprintf(endpoint, sizeof(endpoint), "%s", d.endpoint->id);
@@ -668,7 +665,7 @@ static int test_route(lua_State *L)
         lua_rawseti(L, -2, (int)i + 1);
     }
     lua_setfield(L, -2, "scores");
-    lua_pushstring(L, kinds[d.kind]);
+    lua_pushstring(L, atc_decision_kind_name(d.kind));
     lua_setfield(L, -2, "kind");
     if (endpoint[0] != '\0') {
         lua_pushstring(L, endpoint);

@@ -14,7 +14,7 @@
  *
  * Why not the thread this replaced: it ticked once per budget while decisions flowed, and each tick
  * woke it on the other core: 60 us of CPU per paced request with the Lua policy against 38 us with the C
- * balancer (README, "Where the time goes"). A timer armed per decision costs two syscalls each; a
+ * balancer (docs/benchmarks.md, "Where the time goes"). A timer armed per decision costs two syscalls each; a
  * timer on the thread's CPU-time clock fires only on the scheduler's tick (every 4 ms on this kernel,
  * measured), too coarse for a 1 ms budget. The hook's cost is paid inside the interpreter: LuaJIT sends
  * every instruction through its hook dispatch while a count hook is set (a decrement and a branch), and

@@ -3,6 +3,7 @@
 #include "proxy/answer.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
@@ -133,4 +134,10 @@ bool atc_answer_first_event_error(const char *held, size_t len, struct evbuffer 
         p = nl != NULL ? nl + 1 : end;
     }
     return false;
+}
+
+const char *atc_answer_unknown_model(char *buf, size_t size, const char *model)
+{
+    snprintf(buf, size, "The model '%s' does not exist; GET /v1/models lists the models served", model);
+    return buf;
 }

@@ -23,6 +23,14 @@ size_t atc_answer_pass_headers(char *dst, const char *src, size_t len, bool even
  * "message", else the body's text, cut), the type follows the status, the code is TGI's error_type. */
 bool atc_answer_error_body(struct evbuffer *out, int status, const char *body, size_t len);
 
+/* Room for atc_answer_unknown_model's message with the longest model name a request may carry. */
+#define ATC_ANSWER_UNKNOWN_MODEL_MAX 400
+
+/** The message of the 404 (code "model_not_found") for @p model, which nothing serves, into @p buf
+ * (@p size bytes, NUL-terminated, cut to fit); returns @p buf. One text whether the front answers it (no
+ * policy) or the relay does (the policy fell back). */
+const char *atc_answer_unknown_model(char *buf, size_t size, const char *model);
+
 /** Whether the first "data:" event among the @p len held bytes of an event stream is an error (a JSON
  * object with an "error" member, as vLLM and TGI send one in a stream). When its error is not
  * OpenAI-shaped, the held bytes with that event rewritten (atc_answer_error_body) go to @p rewritten,

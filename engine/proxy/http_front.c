@@ -12,6 +12,7 @@
 #include "config/config.h"
 #include "base/config_value.h"
 #include "ops/access_log.h"
+#include "proxy/answer.h"
 #include "fleet/endpoint.h"
 #include "http/http_server.h"
 #include "base/json.h"
@@ -144,13 +145,9 @@ static void handle_inference(struct atc_worker *w, struct atc_http_req *req, enu
     }
     /* Without a policy an unknown model is answered here; a policy may map it (an alias like "auto"). */
     if (w->policy == NULL && atc_endpoint_table_model(w->table, f->model, strlen(f->model)) == NULL) {
-        struct evbuffer *msg = evbuffer_new();
-        evbuffer_add_printf(msg, "The model '%s' does not exist; GET /v1/models lists the models served",
-                            f->model);
-        evbuffer_add(msg, "", 1);
+        char msg[ATC_ANSWER_UNKNOWN_MODEL_MAX];
         front_error(w, req, id, f, 404, "invalid_request_error", "model_not_found",
-                    (const char *)evbuffer_pullup(msg, -1));
-        evbuffer_free(msg);
+                    atc_answer_unknown_model(msg, sizeof(msg), f->model));
         free(f);
         return;
     }

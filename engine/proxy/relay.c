@@ -38,8 +38,6 @@
 #define MAX_HELD_BEFORE_FIRST_EVENT (64 * 1024)
 /* A non-streamed answer larger than this is a server fault, not something to hold in memory. */
 #define MAX_BUFFERED_RESPONSE (64u * 1024 * 1024)
-/* Output tokens assumed for accounting when a request sets no max_tokens. */
-#define DEFAULT_OUTPUT_TOKENS 256
 #define MAX_TRIES 8
 
 /* Where a relay is in its life, in the style of HAProxy's CHK_ST_* flags: every move goes through
@@ -263,7 +261,8 @@ static bool over_limit(struct relay *r)
     char msg[200];
     snprintf(msg, sizeof(msg), "Rate limit reached for tenant '%s' on %s per minute. Please try again in %ds.",
              r->tenant, what, retry);
-    r->rec.kind = "reject"; /* by the tenant's limit, before any decision */
+    /* refused by the tenant's limit, before any decision */
+    r->rec.kind = atc_decision_kind_name(ATC_DECISION_REJECT);
     snprintf(r->rec.reason, sizeof(r->rec.reason), "rate_limit_%s", what);
     reply_error(r, 429, what, "rate_limit_exceeded", msg, retry);
     return true;
@@ -358,7 +357,7 @@ static const char *reply_headers(struct relay *r, struct reply_head *h, bool eve
     if (r->w->policy != NULL) {
         /* The version is named only on what it decided: a client must be able to tell that the C
          * balancer routed a request because the policy failed. */
-        if (strcmp(r->rec.kind, "fallback") == 0) {
+        if (r->rec.kind == atc_decision_kind_name(ATC_DECISION_FALLBACK)) {
             header_line(&hb, "x-atc-decision", "fallback; reason=", r->rec.reason);
         } else {
             if (r->policy_version != 0) { /* 0: refused before any decision (a tenant's limit) */
@@ -506,7 +505,6 @@ static enum choice decide(struct relay *r, struct atc_endpoint **ep)
         atc_metrics_decision(w->metrics, (double)(atc_mono_us() - t0) / 1e6,
                              d.kind == ATC_DECISION_FALLBACK ? d.reason : NULL);
         r->policy_version = d.version;
-        r->marks.decision = (int)d.kind; /* the last decision is the one that routed it */
         atc_decision_record_set(&r->rec, &d, r->rreq.explain);
         if (!r->shadowed) { /* the same request, once, on the same fleet: then agreement means the code */
             r->shadowed = true;
@@ -536,10 +534,9 @@ static enum choice decide(struct relay *r, struct atc_endpoint **ep)
     if (model == NULL) {
         if (!first)
             return NONE;
-        char msg[400];
-        snprintf(msg, sizeof(msg), "The model '%s' does not exist; GET /v1/models lists the models served",
-                 r->f->model);
-        reply_error(r, 404, "invalid_request_error", "model_not_found", msg, 0);
+        char msg[ATC_ANSWER_UNKNOWN_MODEL_MAX];
+        reply_error(r, 404, "invalid_request_error", "model_not_found",
+                    atc_answer_unknown_model(msg, sizeof(msg), r->f->model), 0);
         return ANSWERED;
     }
     *ep = atc_balancer_pick(model, &w->rng, r->tried, r->ntried, r->tokens);
@@ -935,9 +932,7 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
     r->bytes = r->sse_events = r->data_events = 0;
     r->event_has_data = r->after_newline = false;
     r->sse_line_len = 0;
-    int decision = r->marks.decision;
     atc_record_marks_init(&r->marks);
-    r->marks.decision = decision;
     /* its slot was taken by choose() */
     size_t cached = r->w->policy != NULL ? atc_policy_routed(r->w->policy, &r->rreq, ep) : 0;
     r->t_attempt_us = atc_mono_us();
@@ -1058,8 +1053,7 @@ void atc_relay_start(struct atc_worker *w, struct atc_http_req *client, const st
         r->f = kept;
     struct atc_strbuf xh = atc_strbuf_init(r->extra_headers, sizeof(r->extra_headers));
     header_line(&xh, "x-request-id", r->id, "");
-    r->tokens =
-        r->f->prompt_tokens + (uint64_t)(r->f->max_tokens >= 0 ? r->f->max_tokens : DEFAULT_OUTPUT_TOKENS);
+    r->tokens = atc_request_tokens(r->f->prompt_tokens, r->f->max_tokens);
     if (w->recorder != NULL) /* now: the client's request may be gone when the record is made */
         r->recorded_headers = atc_recorder_capture(w->recorder, client_header, r, &r->nrecorded_headers);
 
@@ -1078,7 +1072,7 @@ void atc_relay_start(struct atc_worker *w, struct atc_http_req *client, const st
     };
     if (over_limit(r))
         return;
-    r->rec.kind = "balancer";
+    r->rec.kind = atc_decision_balancer;
     const char *ask = client_header(r, "x-atc-explain");
     r->explain_reply = w->cfg->policy.explain && ask != NULL && strcmp(ask, "1") == 0;
     if (r->explain_reply || w->access_log != NULL || w->recorder != NULL)
@@ -1109,7 +1103,6 @@ static void record_finished(struct relay *r, bool flushed)
     struct atc_recorder *rec = r->w->recorder;
     if (rec == NULL)
         return;
-    static const char *const decisions[] = {"endpoint", "queue", "reject", "fallback"};
     const struct atc_features *f = r->f;
     uint64_t now = atc_mono_us();
     struct atc_trace_record t;
@@ -1140,7 +1133,7 @@ static void record_finished(struct relay *r, bool flushed)
     }
     t.endpoint = r->ntried > 0 ? r->tried[r->ntried - 1]->id : NULL;
     t.policy_version = r->policy_version;
-    t.decision = r->marks.decision >= 0 && r->marks.decision <= 3 ? decisions[r->marks.decision] : "balancer";
+    t.decision = r->rec.kind; /* the access log's: the last decision, the one that routed it */
     if (r->rec.reason[0] != '\0')
         t.reason = r->rec.reason;
     t.shadow_version = r->rec.shadow_version;

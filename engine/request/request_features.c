@@ -38,6 +38,28 @@ static const char ERR_NOT_OBJECT[] = "request body must be a JSON object";
 static _Thread_local jsmntok_t *scratch;
 static _Thread_local unsigned scratch_cap;
 
+static const char *const kind_names[] = {
+    [ATC_KIND_CHAT] = "chat",
+    [ATC_KIND_COMPLETION] = "completion",
+    [ATC_KIND_EMBEDDING] = "embedding",
+};
+
+const char *atc_request_kind_name(enum atc_request_kind kind)
+{
+    return (unsigned)kind < sizeof(kind_names) / sizeof(kind_names[0]) ? kind_names[kind]
+                                                                       : kind_names[ATC_KIND_CHAT];
+}
+
+int atc_request_kind_parse(const char *s, size_t len, enum atc_request_kind *kind)
+{
+    for (unsigned k = 0; k < sizeof(kind_names) / sizeof(kind_names[0]); k++)
+        if (strlen(kind_names[k]) == len && memcmp(s, kind_names[k], len) == 0) {
+            *kind = (enum atc_request_kind)k;
+            return 0;
+        }
+    return -1;
+}
+
 void atc_features_release(void)
 {
     free(scratch);

@@ -14,7 +14,24 @@
 #define ATC_PREFIX_BLOCKS_MAX 512  /* blocks hashed per request: the first 128 KiB of prompt */
 #define ATC_FEATURES_DEPTH_MAX 64  /* deeper JSON nesting is refused (a hostile-input guard) */
 
+/* Output tokens a request that sets no max_tokens is counted for (endpoint token counters, tenants'
+ * budgets, policies' req.tokens), in serving, replay and t.route alike. */
+#define ATC_DEFAULT_OUTPUT_TOKENS 256
+
 enum atc_request_kind { ATC_KIND_CHAT, ATC_KIND_COMPLETION, ATC_KIND_EMBEDDING };
+
+/** "chat", "completion" or "embedding": the one spelling of a kind (traces, the policy's req.kind). */
+const char *atc_request_kind_name(enum atc_request_kind kind);
+
+/** Sets *@p kind from its name (@p len bytes, not NUL-terminated); returns 0, or -1 when @p s names none. */
+int atc_request_kind_parse(const char *s, size_t len, enum atc_request_kind *kind);
+
+/** The tokens a request may hold on a server: its prompt-token estimate plus @p max_tokens, or plus
+ * ATC_DEFAULT_OUTPUT_TOKENS when it sets none (@p max_tokens < 0). */
+static inline uint64_t atc_request_tokens(uint32_t prompt_tokens, int64_t max_tokens)
+{
+    return prompt_tokens + (uint64_t)(max_tokens >= 0 ? max_tokens : ATC_DEFAULT_OUTPUT_TOKENS);
+}
 
 struct atc_features {
     char model[ATC_FEATURES_NAME_MAX]; /* unescaped; "" if absent */

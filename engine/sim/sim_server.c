@@ -137,21 +137,6 @@ static const char *word(const struct atc_sim_server *srv, uint64_t num, uint32_t
     return words[atc_sim_rand(&st) % (sizeof(words) / sizeof(words[0]))];
 }
 
-static void add_json_string(struct evbuffer *b, const char *s)
-{
-    evbuffer_add(b, "\"", 1);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            evbuffer_add_printf(b, "\\%c", c);
-        else if (c < 0x20)
-            evbuffer_add_printf(b, "\\u%04x", c);
-        else
-            evbuffer_add(b, s, 1);
-    }
-    evbuffer_add(b, "\"", 1);
-}
-
 static void reply_buffer(struct atc_http_req *req, int code, const char *type, struct evbuffer *b)
 {
     size_t len = evbuffer_get_length(b);
@@ -207,12 +192,12 @@ static void add_error_body(struct evbuffer *b, const struct atc_sim_server *srv,
     switch (srv->p.engine) {
     case ATC_SIM_LLAMACPP:
         evbuffer_add_printf(b, "{\"error\":{\"code\":%d,\"message\":", code);
-        add_json_string(b, k == ERR_UNAUTHORIZED ? "Invalid API Key" : msg);
+        atc_json_write_string(b, k == ERR_UNAUTHORIZED ? "Invalid API Key" : msg);
         evbuffer_add_printf(b, ",\"type\":\"%s\"}}", llamacpp_type[k]);
         return;
     case ATC_SIM_TGI:
         evbuffer_add_printf(b, "{\"error\":");
-        add_json_string(b, msg);
+        atc_json_write_string(b, msg);
         evbuffer_add_printf(b, ",\"error_type\":\"%s\"}", tgi_type[k]);
         return;
     default:
@@ -222,7 +207,7 @@ static void add_error_body(struct evbuffer *b, const struct atc_sim_server *srv,
         }
         evbuffer_add_printf(b, srv->p.engine == ATC_SIM_SGLANG ? "{\"object\":\"error\",\"message\":"
                                                                : "{\"error\":{\"message\":");
-        add_json_string(b, msg);
+        atc_json_write_string(b, msg);
         evbuffer_add_printf(b, ",\"type\":\"%s\",\"param\":null,\"code\":%d}%s", openai_type[k], code,
                             srv->p.engine == ATC_SIM_SGLANG ? "" : "}");
     }
@@ -372,7 +357,7 @@ static void on_health_due(evutil_socket_t fd, short what, void *arg)
 
 static void health_later(struct atc_sim_server *srv, struct atc_http_req *req)
 {
-    const struct timeval tv = {SGLANG_HEALTH_MS / 1000, (SGLANG_HEALTH_MS % 1000) * 1000};
+    const struct timeval tv = atc_timeval_ms(SGLANG_HEALTH_MS);
     struct health_wait *h = calloc(1, sizeof(*h));
     if (!h || !(h->ev = evtimer_new(srv->base, on_health_due, h))) {
         free(h);
@@ -406,7 +391,7 @@ static void schedule(struct atc_sim_server *srv)
         return;
     }
     uint64_t now = now_us(srv), d = next > now ? next - now : 0;
-    struct timeval tv = {.tv_sec = (time_t)(d / 1000000u), .tv_usec = (suseconds_t)(d % 1000000u)};
+    struct timeval tv = atc_timeval_us(d);
     evtimer_add(srv->timer, &tv);
 }
 
@@ -445,7 +430,7 @@ static void add_head(struct evbuffer *b, const struct sim_req *r, bool chunk)
     evbuffer_add_printf(b, "{\"id\":\"%s-%016llx\",\"object\":\"%s\",\"created\":%lld,\"model\":",
                         r->kind == ATC_KIND_CHAT ? "chatcmpl" : "cmpl", (unsigned long long)r->num,
                         object_name(r, chunk), (long long)r->created);
-    add_json_string(b, r->srv->p.model);
+    atc_json_write_string(b, r->srv->p.model);
 }
 
 /* vLLM's UsageInfo. prompt_tokens_details is sent only with --enable-prompt-tokens-details by vLLM
@@ -640,7 +625,7 @@ static void send_embedding(struct atc_sim_server *srv, struct atc_http_req *req,
         evbuffer_add(b, "]", 1);
     }
     evbuffer_add_printf(b, "}],\"model\":");
-    add_json_string(b, srv->p.model);
+    atc_json_write_string(b, srv->p.model);
     evbuffer_add_printf(b, ",\"usage\":{\"prompt_tokens\":%u,\"total_tokens\":%u}}", f->prompt_tokens,
                         f->prompt_tokens);
     reply_buffer(req, 200, "application/json", b);
@@ -771,10 +756,10 @@ static void handle_models(struct atc_sim_server *srv, struct atc_http_req *req)
         return;
     }
     evbuffer_add_printf(b, "{\"object\":\"list\",\"data\":[{\"id\":");
-    add_json_string(b, srv->p.model);
+    atc_json_write_string(b, srv->p.model);
     evbuffer_add_printf(b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"atc-sim\",\"root\":",
                         (long long)time(NULL));
-    add_json_string(b, srv->p.model);
+    atc_json_write_string(b, srv->p.model);
     /* llama.cpp lets /v1/models through while it loads and names the model, its "meta" null until
      * loaded (tools/server/server.cpp get_models): the list alone does not tell it is ready. */
     if (srv->p.engine == ATC_SIM_LLAMACPP)
@@ -792,7 +777,7 @@ static void add_metric(struct evbuffer *b, const struct atc_sim_server *srv, con
     evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s", name, help, name, type, name);
     if (srv->p.engine == ATC_SIM_VLLM || srv->p.engine == ATC_SIM_SGLANG) {
         evbuffer_add_printf(b, "{%smodel_name=", srv->p.engine == ATC_SIM_VLLM ? "engine=\"0\"," : "");
-        add_json_string(b, srv->p.model); /* Prometheus label escaping is JSON's for \ and " */
+        atc_json_write_string(b, srv->p.model); /* Prometheus label escaping is JSON's for \ and " */
         evbuffer_add(b, "}", 1);
     }
     evbuffer_add_printf(b, " %.17g\n", v);
@@ -1105,8 +1090,7 @@ struct atc_sim_server *atc_sim_server_start(struct event_base *base, const struc
         /* vLLM binds its port before it builds the engine and serves (listens) only once it is up
          * (vllm/entrypoints/openai/api_server.py run_server: create_server_socket binds, serve_http
          * listens); SGLang and TGI start their HTTP server after loading too. */
-        const struct timeval tv = {(time_t)(srv->p.not_ready_for_ms / 1000),
-                                   (suseconds_t)(srv->p.not_ready_for_ms % 1000 * 1000)};
+        const struct timeval tv = atc_timeval_ms(srv->p.not_ready_for_ms);
         evtimer_add(srv->loaded_ev, &tv);
     } else if (start_listening(srv) < 0) {
         *err = "cannot listen (address in use or invalid)";

@@ -395,8 +395,7 @@ void atc_recorder_stats(struct atc_recorder *rec, struct atc_recorder_stats *st)
 
 void atc_record_marks_init(struct atc_record_marks *m)
 {
-    *m = (struct atc_record_marks){
-        .prompt_tokens = -1, .completion_tokens = -1, .cached_tokens = -1, .decision = -1};
+    *m = (struct atc_record_marks){.prompt_tokens = -1, .completion_tokens = -1, .cached_tokens = -1};
 }
 
 /* The whole number after @p key in @p p[0..end) (the first occurrence), into *out; left alone when the

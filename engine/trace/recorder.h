@@ -84,7 +84,6 @@ struct atc_record_marks {
      * seen: prompt_tokens, completion_tokens, prompt_tokens_details.cached_tokens */
     int64_t prompt_tokens, completion_tokens, cached_tokens;
     uint32_t empty_events; /* events with no text ("delta":{} or "text":""): a finish chunk of its own */
-    int decision;              /* enum atc_decision_kind of the first decision; -1: no policy */
 };
 
 /** Resets @p m (before the first attempt). */

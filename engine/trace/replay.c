@@ -24,7 +24,6 @@
  * the machine. Overruns are counted on the decision's own CPU time instead (the stop is wall-clock). */
 #define KILL_FACTOR 100
 #define KILL_MIN_US 100000
-#define DEFAULT_OUTPUT_TOKENS 256 /* accounted for a request without max_tokens, as relay.c does */
 
 enum req_state { RS_PENDING, RS_QUEUED, RS_RUNNING, RS_DONE, RS_REJECTED };
 
@@ -258,7 +257,7 @@ static void dispatch(struct replay *rp, size_t i, struct atc_endpoint *ep)
     struct rp_req *q = &rp->reqs[i];
     struct rp_endpoint *e = endpoint_of(rp, ep);
     int64_t out = r->output_tokens > 0 ? r->output_tokens : r->max_tokens;
-    q->tokens = r->prompt_tokens + (uint64_t)(r->max_tokens >= 0 ? r->max_tokens : DEFAULT_OUTPUT_TOKENS);
+    q->tokens = atc_request_tokens(r->prompt_tokens, r->max_tokens);
     q->ep = (int)ep->index;
     q->state = RS_RUNNING;
     atc_endpoint_acquire(ep, q->tokens);
@@ -358,7 +357,7 @@ static void prepare(struct replay *rp, size_t i)
         .header = trace_header,
         .header_ctx = (void *)r,
         .block_tokens = r->block_tokens,
-        .tokens = r->prompt_tokens + (uint64_t)(r->max_tokens >= 0 ? r->max_tokens : DEFAULT_OUTPUT_TOKENS),
+        .tokens = atc_request_tokens(r->prompt_tokens, r->max_tokens),
     };
 }
 

@@ -17,6 +17,7 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
+#include "base/json.h"
 #include "base/log.h"
 #include "trace/recorder.h"
 #include "trace/replay.h"
@@ -78,25 +79,13 @@ static void add_words(struct evbuffer *b, uint64_t seed, size_t bytes)
     evbuffer_add(b, chunk, n);
 }
 
-static void json_escaped(struct evbuffer *b, const char *s)
-{
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\')
-            evbuffer_add_printf(b, "\\%c", *s);
-        else if ((unsigned char)*s < 0x20)
-            evbuffer_add_printf(b, "\\u%04x", (unsigned char)*s);
-        else
-            evbuffer_add(b, s, 1);
-    }
-}
-
 static void build_body(const struct live *lv, size_t i, struct evbuffer *b)
 {
     const struct atc_trace_record *r = &lv->trace->records[i];
     const char *model = lv->o->model != NULL ? lv->o->model : r->model;
     int64_t out = r->output_tokens > 0 ? r->output_tokens : r->max_tokens > 0 ? r->max_tokens : 16;
     evbuffer_add_printf(b, "{\"model\":\"");
-    json_escaped(b, model);
+    atc_json_escape(b, model, strlen(model));
     evbuffer_add_printf(b, "\",\"stream\":true,\"max_tokens\":%lld,\"messages\":", (long long)out);
     if (r->prompt != NULL && r->prompt_len > 0 && r->prompt[0] == '[') {
         evbuffer_add(b, r->prompt, r->prompt_len); /* recorded with text: the client's own messages */
@@ -229,7 +218,7 @@ static void schedule(struct live *lv)
     }
     if (lv->next < lv->n && lv->inflight < max) {
         uint64_t wait = lv->reqs[lv->next].due_us - now;
-        struct timeval tv = {.tv_sec = (time_t)(wait / 1000000u), .tv_usec = (suseconds_t)(wait % 1000000u)};
+        struct timeval tv = atc_timeval_us(wait);
         evtimer_add(lv->timer, &tv);
     }
 }

@@ -9,6 +9,7 @@
 
 #include "config/config.h"
 #include "fleet/endpoint.h"
+#include "policy/decision.h"
 #include "policy/sandbox.h"
 #include "policy/policy.h"
 #include "trace/replay.h"
@@ -175,21 +176,6 @@ static double opt_number(lua_State *L, int t, const char *key, double dflt)
     double v = lua_isnil(L, -1) ? dflt : luaL_checknumber(L, -1);
     lua_pop(L, 1);
     return v;
-}
-
-static const char *kind_name(enum atc_decision_kind k)
-{
-    switch (k) {
-    case ATC_DECISION_ENDPOINT:
-        return "endpoint";
-    case ATC_DECISION_QUEUE:
-        return "queue";
-    case ATC_DECISION_REJECT:
-        return "reject";
-    case ATC_DECISION_FALLBACK:
-        return "fallback";
-    }
-    return "?";
 }
 
 static void set_number(lua_State *L, const char *key, double v)
@@ -455,7 +441,7 @@ static int push_results(lua_State *L)
         set_string(L, "id", r->id);
         set_number(L, "at_ms", d->at_ms);
         set_number(L, "attempt", d->attempt);
-        set_string(L, "kind", kind_name(d->kind));
+        set_string(L, "kind", atc_decision_kind_name(d->kind));
         if (d->endpoint >= 0) {
             set_string(L, "endpoint", res.endpoints[d->endpoint].id);
             set_number(L, "inflight", d->inflight);

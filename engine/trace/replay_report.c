@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/json.h"
 #include "trace/replay.h"
 #include "trace/replay_ideal.h"
 #include "trace/replay_report.h"
@@ -107,16 +108,7 @@ void atc_replay_report_table(FILE *out, const char *title, const struct atc_repl
 
 static void json_str(FILE *out, const char *s)
 {
-    fputc('"', out);
-    for (; s != NULL && *s; s++) {
-        if (*s == '"' || *s == '\\')
-            fprintf(out, "\\%c", *s);
-        else if ((unsigned char)*s < 0x20)
-            fprintf(out, "\\u%04x", (unsigned char)*s);
-        else
-            fputc(*s, out);
-    }
-    fputc('"', out);
+    atc_json_fwrite_string(out, s != NULL ? s : "", s != NULL ? strlen(s) : 0);
 }
 
 /* Numbers rounded to the microsecond / 4 decimals, so the same run prints the same text. */

@@ -14,6 +14,8 @@
 #include <msgpack.h>
 #include <xxhash.h>
 
+#include "base/json.h"
+
 #define READ_CHUNK (256 * 1024)
 #define ARENA_CHUNK (256 * 1024)
 
@@ -35,24 +37,6 @@ uint64_t atc_trace_chain(uint64_t prev, uint64_t id)
 {
     uint64_t in[2] = {prev, id};
     return XXH3_64bits(in, sizeof(in));
-}
-
-static const char *kind_name(enum atc_request_kind k)
-{
-    return k == ATC_KIND_COMPLETION ? "completion" : k == ATC_KIND_EMBEDDING ? "embedding" : "chat";
-}
-
-static int kind_parse(const char *s, size_t len, enum atc_request_kind *k)
-{
-    if (len == 4 && memcmp(s, "chat", 4) == 0)
-        *k = ATC_KIND_CHAT;
-    else if (len == 10 && memcmp(s, "completion", 10) == 0)
-        *k = ATC_KIND_COMPLETION;
-    else if (len == 9 && memcmp(s, "embedding", 9) == 0)
-        *k = ATC_KIND_EMBEDDING;
-    else
-        return -1;
-    return 0;
 }
 
 /* ---- encoding ---- */
@@ -164,7 +148,7 @@ int atc_trace_encode_record(struct atc_trace_buf *out, const struct atc_trace_re
     if (r->model[0] != '\0')
         pack_str(&pk, "model", r->model, strlen(r->model));
     if (r->kind != ATC_KIND_CHAT)
-        pack_str(&pk, "kind", kind_name(r->kind), strlen(kind_name(r->kind)));
+        pack_str(&pk, "kind", atc_request_kind_name(r->kind), strlen(atc_request_kind_name(r->kind)));
     pack_key(&pk, "prompt_tokens");
     msgpack_pack_uint32(&pk, r->prompt_tokens);
     if (r->max_tokens >= 0) {
@@ -404,7 +388,7 @@ static int decode_record(struct atc_trace_reader *rd, const msgpack_object *o, s
         } else if (key_is(k, "model") && is_str) {
             r->model = take_str(rd, &used, v);
         } else if (key_is(k, "kind")) {
-            if (!is_str || kind_parse(v->via.str.ptr, v->via.str.size, &r->kind) < 0)
+            if (!is_str || atc_request_kind_parse(v->via.str.ptr, v->via.str.size, &r->kind) < 0)
                 goto bad;
         } else if (key_is(k, "prompt_tokens")) {
             if (!get_u64(v, &u) || u > UINT32_MAX)
@@ -899,27 +883,10 @@ int atc_trace_save(const struct atc_trace *t, const char *path, char **err)
 
 /* ---- JSON lines (atc trace dump) ---- */
 
-static void json_string(FILE *out, const char *s, size_t len)
-{
-    fputc('"', out);
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\')
-            fprintf(out, "\\%c", c);
-        else if (c == '\n')
-            fputs("\\n", out);
-        else if (c < 0x20 || c == 0x7f)
-            fprintf(out, "\\u%04x", c);
-        else
-            fputc(c, out);
-    }
-    fputc('"', out);
-}
-
 static void json_key_str(FILE *out, const char *k, const char *v)
 {
     fprintf(out, ",\"%s\":", k);
-    json_string(out, v, strlen(v));
+    atc_json_fwrite_string(out, v, strlen(v));
 }
 
 const char *atc_trace_record_header(const struct atc_trace_record *r, const char *name)
@@ -938,7 +905,7 @@ void atc_trace_record_json(FILE *out, const struct atc_trace_record *r)
     if (r->model[0] != '\0')
         json_key_str(out, "model", r->model);
     if (r->kind != ATC_KIND_CHAT)
-        json_key_str(out, "kind", kind_name(r->kind));
+        json_key_str(out, "kind", atc_request_kind_name(r->kind));
     fprintf(out, ",\"prompt_tokens\":%u", r->prompt_tokens);
     if (r->max_tokens >= 0)
         fprintf(out, ",\"max_tokens\":%lld", (long long)r->max_tokens);
@@ -960,16 +927,16 @@ void atc_trace_record_json(FILE *out, const struct atc_trace_record *r)
     }
     if (r->prompt != NULL) {
         fputs(",\"prompt\":", out);
-        json_string(out, r->prompt, r->prompt_len);
+        atc_json_fwrite_string(out, r->prompt, r->prompt_len);
     }
     if (r->nheaders > 0) {
         fputs(",\"headers\":{", out);
         for (size_t i = 0; i < r->nheaders; i++) {
             if (i > 0)
                 fputc(',', out);
-            json_string(out, r->headers[i].name, strlen(r->headers[i].name));
+            atc_json_fwrite_string(out, r->headers[i].name, strlen(r->headers[i].name));
             fputc(':', out);
-            json_string(out, r->headers[i].value, strlen(r->headers[i].value));
+            atc_json_fwrite_string(out, r->headers[i].value, strlen(r->headers[i].value));
         }
         fputc('}', out);
     }

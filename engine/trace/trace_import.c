@@ -236,13 +236,7 @@ static int import_json_line(struct importer *im, const char *js, size_t len, boo
             else if (atc_json_is(j, ki, "prompt")) {
                 r.prompt = s;
                 r.prompt_len = slen;
-            } else if (strcmp(s, "chat") == 0)
-                r.kind = ATC_KIND_CHAT;
-            else if (strcmp(s, "completion") == 0)
-                r.kind = ATC_KIND_COMPLETION;
-            else if (strcmp(s, "embedding") == 0)
-                r.kind = ATC_KIND_EMBEDDING;
-            else
+            } else if (atc_request_kind_parse(s, slen, &r.kind) < 0)
                 return fail_line(im, "'kind' must be chat, completion or embedding");
         }
         /* other keys: ignored, so traces with extra columns import */

@@ -361,7 +361,7 @@ class ReloadTest(PolicyTestCase):
             answers.append((headers.get("x-atc-policy-version"), headers["x-atc-decision"]))
         # v2 decided nothing: the C balancer routed those five, and the answers say so
         self.assertEqual(answers[:5], [(None, "fallback; reason=error")] * 5)
-        self.assertEqual(answers[5:], [("1", "policy")] * 3)
+        self.assertEqual(answers[5:], [("1", "endpoint")] * 3)
         status = self.policy_status(atc)
         self.assertEqual((status["version"], status["rollbacks"]), (1, 1))
         self.assertIn("rolling back", atc.read_log())

@@ -65,7 +65,7 @@ class RollbackTest(SafelyTestCase):
         for n in range(60):  # v2 serves, on both workers (fresh connections spread over them)
             status, headers, _ = chat(atc.port, model="m", max_tokens=1, headers={"x-n": str(n)})
             self.assertEqual((status, headers["x-atc-policy-version"], headers["x-atc-decision"]),
-                             (200, "2", "policy"))
+                             (200, "2", "endpoint"))
         # v3 passes the reload's checks (they send no x-n) and fails every real request
         self.write_policy("return function(req, fleet)\n"
                           "  if req:header('x-n') then error('v3 is broken') end\n"
@@ -77,7 +77,7 @@ class RollbackTest(SafelyTestCase):
             self.assertEqual(status, 200)
             answers.append((headers.get("x-atc-policy-version"), headers["x-atc-decision"]))
         self.assertEqual(answers[:5], [(None, "fallback; reason=error")] * 5)
-        self.assertEqual(answers[5:], [("2", "policy")] * 7)  # v2, not v1
+        self.assertEqual(answers[5:], [("2", "endpoint")] * 7)  # v2, not v1
         doc = self.policy_status(atc)
         self.assertEqual((doc["version"], doc["rollbacks"]), (2, 1))
         self.assertIn("rolling back to v2", atc.read_log())
@@ -114,7 +114,7 @@ class DecisionRecordTest(SafelyTestCase):
                                   headers={"x-n": "1", "x-atc-explain": "1", "x-request-id": "explained"})
         self.assertEqual(status, 200)
         rec = json.loads(headers["x-atc-explain"])
-        self.assertEqual((rec["version"], rec["kind"], rec["endpoint"]), (1, "policy", headers["x-atc-endpoint"]))
+        self.assertEqual((rec["version"], rec["kind"], rec["endpoint"]), (1, "endpoint", headers["x-atc-endpoint"]))
         self.assertEqual(rec["endpoint"], "m-sim-2")
         self.assertEqual([(s["endpoint"], s["score"], s["note"]) for s in rec["scores"]],
                          [("m-sim-1", 10, "slot 1"), ("m-sim-2", 20, "slot 2"), ("m-sim-3", 30, "slot 3")])
@@ -127,7 +127,7 @@ class DecisionRecordTest(SafelyTestCase):
                 docs = [json.loads(l) for l in f]
             return next((d for d in docs if d["id"] == "explained"), None)
         doc = wait_for(line, timeout=5, what="the access log line")
-        self.assertEqual((doc["decision"], doc["reason"]), ("policy", None))
+        self.assertEqual((doc["decision"], doc["reason"]), ("endpoint", None))
         self.assertEqual(doc["explain"], rec)
 
     def test_explain_off_in_the_config_sends_no_record(self):
@@ -195,7 +195,7 @@ class CanaryTest(SafelyTestCase):
         self.assertEqual([r for r in results if r[0] != 200], [])
         decided = {(h.get("x-atc-policy-version"), h["x-atc-decision"]) for _, h in results}
         self.assertIn((None, "fallback; reason=error"), decided)  # the canary's share fell back
-        self.assertIn(("1", "policy"), decided)
+        self.assertIn(("1", "endpoint"), decided)
         doc = self.wait_end(atc)
         self.assertEqual((doc["version"], doc["canary_rollbacks"], doc["canary_promotions"]), (1, 1, 0))
         self.assertIn("error rate", doc["last_canary"])
@@ -224,7 +224,7 @@ class CanaryTest(SafelyTestCase):
         sides = {}
         for _, h in results:
             sides.setdefault(h.get("x-atc-decision"), set()).add(h["x-atc-policy-version"])
-        self.assertEqual(sides, {"policy": {"1"}, "policy; canary": {"2"}})
+        self.assertEqual(sides, {"endpoint": {"1"}, "endpoint; canary": {"2"}})
         doc = self.policy_status(atc)
         self.assertEqual(doc["canary"]["version"], 2)
         doc = self.wait_end(atc)
@@ -232,7 +232,7 @@ class CanaryTest(SafelyTestCase):
         self.assertIn("v2 promoted", doc["last_canary"])
         results = load(atc.port, 20)
         self.assertEqual({(r[0], r[1]["x-atc-decision"], r[1]["x-atc-policy-version"]) for r in results},
-                         {(200, "policy", "2")})
+                         {(200, "endpoint", "2")})
 
     def test_promote_and_rollback_by_hand(self):
         atc = self.start(LEAST_LOADED % "v1")

@@ -108,6 +108,9 @@ class ProxyTest(AtcTestCase):
                 self.assertIsInstance(err["code"], str, out)  # as OpenAI's: never the status number
                 if code:
                     self.assertEqual(err["code"], code)
+                if name == "unknown model":
+                    self.assertEqual(err["message"],
+                                     "The model 'gpt-9' does not exist; GET /v1/models lists the models served")
         status, _, out = request("127.0.0.1", atc.port, "GET", "/v1/nope")
         self.assertEqual(status, 404)
         error_of(out)
@@ -216,7 +219,7 @@ class ProxyTest(AtcTestCase):
             self.assertEqual(headers["x-request-id"], "req-long")
             self.assertNotIn("x-atc-endpoint", headers)
             if policy:
-                self.assertEqual(headers["x-atc-decision"], "policy")
+                self.assertEqual(headers["x-atc-decision"], "endpoint")
             self.assertEqual(json.loads(body)["object"], "chat.completion")
             body = {"model": "llama-3-8b", "stream": True, "max_tokens": 3,
                     "messages": [{"role": "user", "content": "hi"}]}

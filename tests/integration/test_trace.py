@@ -65,7 +65,7 @@ class RecordTest(AtcTestCase):
             status, hdrs, _ = chat(a.port, content=long_prompt + str(i), stream=i % 3 == 0, max_tokens=5 + i,
                                    headers=headers)
             self.assertEqual(status, 200)
-            sent[rid] = (hdrs["x-atc-endpoint"], 5 + i, i % 3 == 0)
+            sent[rid] = (hdrs["x-atc-endpoint"], 5 + i, i % 3 == 0, hdrs["x-atc-decision"])
             if i == 5:  # files rotate between the writer's batches: make the first six one batch
                 wait_for(lambda: self.record_stats(a)["written"] >= 6, timeout=5, what="a first batch written")
         status, _, _ = request("127.0.0.1", a.port, "POST", "/v1/completions",
@@ -94,7 +94,7 @@ class RecordTest(AtcTestCase):
 
         records = {r["id"]: r for r in dump(traces)}
         self.assertEqual(len(records), 12)
-        for rid, (endpoint, max_tokens, stream) in sent.items():
+        for rid, (endpoint, max_tokens, stream, decided) in sent.items():
             r = records[rid]
             self.assertEqual(r["endpoint"], endpoint, rid)
             self.assertEqual(r["status"], 200, rid)
@@ -102,7 +102,8 @@ class RecordTest(AtcTestCase):
             self.assertEqual(r["output_tokens"], max_tokens, rid)
             self.assertEqual(r.get("stream", False), stream, rid)
             self.assertEqual(r["tenant"], "acme")
-            self.assertEqual(r["decision"], "endpoint")
+            # one name for a decision: the trace's is the one the client was told
+            self.assertEqual((r["decision"], decided), ("endpoint", "endpoint"), rid)
             self.assertEqual(r["policy_version"], 1)
             self.assertEqual(r["block_tokens"], 64)
             self.assertGreater(len(r["blocks"]), 3)

@@ -632,6 +632,25 @@ static void test_scan_prefix_sharing(void **state)
     free(b2);
 }
 
+/* One token count for a request, one spelling of its kind: what serving, replay and t.route share. */
+static void test_tokens_and_kind_names(void **state)
+{
+    (void)state;
+    assert_int_equal(atc_request_tokens(100, 20), 120);
+    assert_int_equal(atc_request_tokens(100, 0), 100);
+    assert_int_equal(atc_request_tokens(100, -1), 100 + ATC_DEFAULT_OUTPUT_TOKENS);
+    enum atc_request_kind k = ATC_KIND_CHAT;
+    for (enum atc_request_kind want = ATC_KIND_CHAT; want <= ATC_KIND_EMBEDDING; want++) {
+        const char *name = atc_request_kind_name(want);
+        assert_int_equal(atc_request_kind_parse(name, strlen(name), &k), 0);
+        assert_int_equal(k, want);
+    }
+    assert_string_equal(atc_request_kind_name(ATC_KIND_COMPLETION), "completion");
+    assert_int_equal(atc_request_kind_parse("chatter", 4, &k), 0); /* the length counts, not a NUL */
+    assert_int_equal(atc_request_kind_parse("chatter", 7, &k), -1);
+    assert_int_equal(atc_request_kind_parse("", 0, &k), -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -658,6 +677,7 @@ int main(void)
         cmocka_unit_test(test_prefix_blocks_count),
         cmocka_unit_test(test_prefix_divergence),
         cmocka_unit_test(test_scan_prefix_sharing),
+        cmocka_unit_test(test_tokens_and_kind_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -156,14 +156,15 @@ static void test_request_heads(void **state)
     assert_int_equal(atc_http_parse_request(a, strlen(a), 1024, &h), (int)strlen(a));
     char b[] = "\r\n\r\n\r\n\r\n\r\n";
     assert_int_equal(atc_http_parse_request(b, strlen(b), 1024, &h), -400);
-    assert_string_equal(h.refused, "too_many_empty_lines");
+    assert_ptr_equal(h.refused, &atc_http_refused_empty_lines);
+    assert_string_equal(h.refused->code, "too_many_empty_lines");
     char c[] = "\n\n\n\n\n\n\n\n\n";
     assert_int_equal(atc_http_parse_request(c, strlen(c), 1024, &h), -400);
     char d[] = "\r\n\r\n";
     assert_int_equal(atc_http_parse_request(d, strlen(d), 1024, &h), 0); /* not yet */
     char e[] = "GET / HTTP/1.1\r\nX: y\r\n\r\n";
     assert_int_equal(atc_http_parse_request(e, strlen(e), 1024, &h), -400);
-    assert_string_equal(h.refused, "missing_host");
+    assert_ptr_equal(h.refused, &atc_http_refused_missing_host);
     char f[] = "GET / HTTP/1.0\r\n\r\n"; /* HTTP/1.0 has no such rule */
     assert_int_equal(atc_http_parse_request(f, strlen(f), 1024, &h), (int)strlen(f));
 }

@@ -6,7 +6,11 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include <event2/buffer.h>
 
 #include "base/json.h"
 
@@ -100,11 +104,34 @@ static void test_refused(void **state)
     atc_json_dispose(&j);
 }
 
+/* The one JSON string writer, to an evbuffer and to a FILE: the same escapes either way (the trace dump,
+ * replay's JSON, the simulated server and the answers all write through it). */
+static void test_string_writers(void **state)
+{
+    (void)state;
+    static const char in[] = "a\"b\\c\nd\x01\x7f\xc3\xa9\xff";
+    static const char want[] = "\"a\\\"b\\\\c\\nd\\u0001\x7f\xc3\xa9\\ufffd\"";
+    struct evbuffer *b = evbuffer_new();
+    atc_json_write_string(b, in);
+    evbuffer_add(b, "", 1);
+    assert_string_equal((const char *)evbuffer_pullup(b, -1), want);
+    evbuffer_free(b);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    atc_json_fwrite_string(f, in, strlen(in));
+    fclose(f);
+    assert_string_equal(text, want);
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lookups),
         cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_string_writers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
