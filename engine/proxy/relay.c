@@ -699,6 +699,9 @@ static void first_event(struct relay *r)
         r->paused = true;
         atc_upstream_pause(r->up);
     }
+    /* Its prefill is done, so the endpoint's prefill queue shrank: a request a policy holds until some
+     * endpoint can start its prefill soon (late binding) is decided again now, not at the next tick. */
+    atc_worker_capacity_freed(r->w);
 }
 
 /* Whether the start of an SSE line (@p n bytes of it, the whole line when @p complete) can be what an

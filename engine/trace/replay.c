@@ -297,6 +297,10 @@ static void on_token(void *ctx, const struct atc_sim_token *tok)
         res->ttft_ms[i] = (double)(tok->at_us - r->at_us) / 1000.0;
         atc_endpoint_record(e->ep, true, res->ttft_ms[i]);
         atc_signals_first_byte(&e->ep->sig, &rp->table->signals, &rp->reqs[i].sig, tok->at_us, true);
+        /* its prefill is done: the endpoint's prefill queue shrank, which a policy that binds late (a
+         * queue verdict until some endpoint can start a prefill soon) waits for, as atc serve's relay
+         * kicks its admission queue at a first byte */
+        rp->drain = true;
     }
     if (!tok->last)
         return;

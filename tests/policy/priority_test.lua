@@ -51,8 +51,25 @@ return {
   end,
 
   never_an_unavailable_endpoint = function()
-    local f = t.fleet { { id = "a", available = false }, { id = "b", capacity = 2, inflight = 2 }, { id = "c", prefill_tokens = 1e6 } }
+    -- (c's queue is short enough not to hold the request: late binding has its own tests below)
+    local f = t.fleet { { id = "a", available = false }, { id = "b", capacity = 2, inflight = 2 }, { id = "c", prefill_tokens = 3000 } }
     t.is_endpoint(priority.pick(t.request(REQ), f:endpoints("m")), "c")
+  end,
+
+  late_binding_waits_while_every_prefill_queue_is_long = function()
+    -- 15,000 tokens/s (the prior): HOLD_MS of prefill is HOLD_MS x 15 tokens
+    local long = priority.HOLD_MS * 15 * 2
+    local f = t.fleet { { id = "a", prefill_tokens = long }, { id = "b", prefill_tokens = long * 2 } }
+    t.is_queue(priority.pick(t.request(REQ), f:endpoints("m")))
+    t.is_endpoint(priority.pick(t.request { priority = 9 }, f:endpoints("m")), "a", "urgent: never held")
+    f:set("b", { prefill_tokens = 0 })
+    t.is_endpoint(priority.pick(t.request(REQ), f:endpoints("m")), "b", "b's queue drained: bound now")
+  end,
+
+  late_binding_then_picks_the_cache_among_them_all = function()
+    -- b came free; a holds 6,400 of the 8,000 tokens and has less than HOLD_MS queued: the cache wins
+    local f = t.fleet { { id = "a", overlap = 100, prefill_tokens = priority.HOLD_MS * 15 / 2 }, { id = "b" } }
+    t.is_endpoint(priority.pick(t.request(REQ), f:endpoints("m")), "a")
   end,
 
   nothing_available_is_a_queue_verdict = function()
