@@ -94,16 +94,17 @@ struct http_conn {
     evutil_socket_t fd;
     enum conn_state state;
     struct event rev, wev, timer, defer;
+    struct event hup; /* the client's close, watched while reading stops for a full buffer (EV_CLOSED) */
     char *buf;
     size_t cap, len;
-    size_t start;     /* where the request being read begins */
-    size_t head_len;  /* its head's length once parsed (0: not yet) */
-    size_t body_out;  /* chunked: decoded body bytes so far (at start + head_len) */
-    size_t body_in;   /* chunked: raw bytes consumed */
+    size_t start;    /* where the request being read begins */
+    size_t head_len; /* its head's length once parsed (0: not yet) */
+    size_t body_out; /* chunked: decoded body bytes so far (at start + head_len) */
+    size_t body_in;  /* chunked: raw bytes consumed */
     struct atc_http_chunked chunk;
     bool continue_sent;
-    bool reading; /* rev is added */
-    bool eof;     /* the client closed its side */
+    bool reading;         /* rev is added */
+    bool eof;             /* the client closed its side */
     struct evbuffer *out; /* what the socket did not take (NULL until needed) */
     /* The head of a streamed answer waits here for its first piece of body, or for the end of the loop
      * turn that started it (wev made active): a client reads head and first event in one read, and a
@@ -126,10 +127,10 @@ struct atc_http_server {
      * descriptor or of memory: then retry_ev tries again after ACCEPT_RETRY_MS, or a close does. Each
      * of the two is logged once when it starts and once when it ends. */
     bool accept_paused;
-    bool at_cap;           /* an episode at max_connections: ends when the backlog is empty */
-    bool starved;          /* an episode of failed accepts: ends with the next accept */
-    uint64_t waits;        /* times accepting paused at max_connections in this episode */
-    uint64_t failed;       /* accepts failed in this episode */
+    bool at_cap;     /* an episode at max_connections: ends when the backlog is empty */
+    bool starved;    /* an episode of failed accepts: ends with the next accept */
+    uint64_t waits;  /* times accepting paused at max_connections in this episode */
+    uint64_t failed; /* accepts failed in this episode */
     struct event retry_ev;
     uint16_t port;
     struct timeval timeout, linger; /* common timeouts */
@@ -167,20 +168,6 @@ static void accept_resume(struct atc_http_server *s);
 #define ACCEPT_RETRY_MS 250
 
 /* ---- small helpers ---- */
-
-static size_t put(char *dst, const char *s, size_t n)
-{
-    memcpy(dst, s, n);
-    return n;
-}
-
-static size_t put_u64(char *dst, uint64_t v)
-{
-    char tmp[24];
-    struct atc_strbuf b = atc_strbuf_init(tmp, sizeof(tmp));
-    atc_strbuf_u64(&b, v);
-    return put(dst, tmp, b.len);
-}
 
 static const char *date_header(struct atc_http_server *s, size_t *len)
 {
@@ -275,7 +262,8 @@ static void on_writable(evutil_socket_t fd, short what, void *arg)
 {
     struct http_conn *c = arg;
     conn_expect(c, ~CONN_IN(CONN_CLOSED)); /* close deletes the event */
-    if (c->held != NULL) { /* the loop turn that started a stream ended before its first piece: the head alone */
+    if (c->held !=
+        NULL) { /* the loop turn that started a stream ended before its first piece: the head alone */
         conn_send(c, NULL, 0);
         return;
     }
@@ -314,15 +302,15 @@ static void conn_free(struct http_conn *c)
 }
 
 /* After thousands of connections (held streams) have gone, glibc keeps the heap they freed: the
- * process stays at its peak RSS though nothing leaked (docs/benchmarks.md, "Where the time goes"). Each time the
- * open connections fall to a quarter of their high mark (once it passed TRIM_AT_LEAST), and when the
- * last has gone, the free memory is given back to the kernel (malloc_trim: a few ms of one walk over
- * the heap, a handful of times per wave of closes). What would keep many of those pages anyway, libevent's
- * record of every fd number it has watched, lives in a region of its own (base/event_memory.h).
- * The trim runs TRIM_DELAY_MS after the last close that called for one, not under it: a closing
- * connection and the relay it served are freed from the loop after the close, and the last closes of a
- * wave come within a few ms of each other (measured after 8,000 held streams: RSS 6.2 MiB before, 8.5
- * after with the trim under the close, 2.7 of it free pages; 7.1 with the trim 100 ms later). */
+ * process stays at its peak RSS though nothing leaked (docs/benchmarks.md, "Where the time goes"). Each time
+ * the open connections fall to a quarter of their high mark (once it passed TRIM_AT_LEAST), and when the last
+ * has gone, the free memory is given back to the kernel (malloc_trim: a few ms of one walk over the heap, a
+ * handful of times per wave of closes). What would keep many of those pages anyway, libevent's record of
+ * every fd number it has watched, lives in a region of its own (base/event_memory.h). The trim runs
+ * TRIM_DELAY_MS after the last close that called for one, not under it: a closing connection and the relay it
+ * served are freed from the loop after the close, and the last closes of a wave come within a few ms of each
+ * other (measured after 8,000 held streams: RSS 6.2 MiB before, 8.5 after with the trim under the close, 2.7
+ * of it free pages; 7.1 with the trim 100 ms later). */
 #define TRIM_AT_LEAST 256
 #define TRIM_DELAY_MS 100
 
@@ -354,6 +342,7 @@ static void conn_close(struct http_conn *c, bool tell)
     bool owed = (CONN_IN(c->state) & CONN_ANSWERING) || (r->cb != NULL && c->state == CONN_DONE);
     conn_set_state(c, CONN_CLOSED);
     event_del(&c->rev);
+    event_del(&c->hup);
     event_del(&c->wev);
     event_del(&c->timer);
     evutil_closesocket(c->fd);
@@ -391,6 +380,7 @@ static void on_defer(evutil_socket_t fd, short what, void *arg)
 
 static void start_reading(struct http_conn *c)
 {
+    event_del(&c->hup);
     if (!c->reading && !c->eof) {
         event_add(&c->rev, NULL);
         c->reading = true;
@@ -646,7 +636,10 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
     if (c->len == c->cap) {
         /* full: a request being answered holds slices of the buffer, which must not move */
         if (c->state != CONN_READING) {
+            /* Pipelined bytes filled it while a request is answered: stop taking them, but keep watching
+             * for the client's close, or a held request would never hear that its client left. */
             stop_reading(c);
+            event_add(&c->hup, NULL);
             return;
         }
         if (reserve(c, c->cap + 1) < 0) {
@@ -673,6 +666,16 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
     c->len += (size_t)n;
     if (c->state == CONN_READING)
         conn_process(c);
+}
+
+/* The client closed while its bytes wait unread behind a request being answered (on_readable). */
+static void on_hangup(evutil_socket_t fd, short what, void *arg)
+{
+    struct http_conn *c = arg;
+    conn_expect(c, ~CONN_IN(CONN_CLOSED)); /* close deletes the event */
+    c->eof = true;
+    if (CONN_IN(c->state) & CONN_ANSWERING)
+        conn_close(c, true); /* its owner cancels the work */
 }
 
 static void on_timer(evutil_socket_t fd, short what, void *arg)
@@ -719,8 +722,8 @@ static void accept_starved(struct atc_http_server *s, int err)
     s->failed++;
     if (!s->starved) {
         s->starved = true;
-        atc_warn("listener :%u: accept: %s with %zu connections open: not accepting for a while", (unsigned)s->port,
-                 strerror(err), s->nconns);
+        atc_warn("listener :%u: accept: %s with %zu connections open: not accepting for a while",
+                 (unsigned)s->port, strerror(err), s->nconns);
     }
     accept_pause(s);
     struct timeval tv = atc_timeval_ms(ACCEPT_RETRY_MS);
@@ -733,8 +736,9 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg)
     for (int i = 0; i < 64; i++) {
         if (s->cfg.max_connections > 0 && s->nconns >= s->cfg.max_connections) {
             if (!s->at_cap)
-                atc_warn("listener :%u: %zu connections open, max_connections: new ones wait until some close",
-                         (unsigned)s->port, s->nconns);
+                atc_warn(
+                    "listener :%u: %zu connections open, max_connections: new ones wait until some close",
+                    (unsigned)s->port, s->nconns);
             s->at_cap = true;
             s->waits++;
             accept_pause(s);
@@ -751,16 +755,16 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg)
                 /* An episode ends when no client waits any more: one line, not one per close (each lets
                  * one more in and the next accept pause again while clients wait). */
                 if (s->starved)
-                    atc_info("listener :%u: every waiting client accepted, after %llu accepts failed for want "
-                             "of a descriptor or memory",
-                             (unsigned)s->port, (unsigned long long)s->failed);
+                    atc_info(
+                        "listener :%u: every waiting client accepted, after %llu accepts failed for want "
+                        "of a descriptor or memory",
+                        (unsigned)s->port, (unsigned long long)s->failed);
                 else
                     atc_info("listener :%u: every waiting client accepted (%llu times at max_connections)",
                              (unsigned)s->port, (unsigned long long)s->waits);
                 s->at_cap = s->starved = false;
                 s->waits = s->failed = 0;
-            }
-            else if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR && err != ECONNABORTED)
+            } else if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR && err != ECONNABORTED)
                 atc_warn("accept: %s", strerror(err));
             return;
         }
@@ -784,6 +788,7 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg)
         c->req.c = c;
         event_assign(&c->rev, s->base, fd, EV_READ | EV_PERSIST, on_readable, c);
         event_assign(&c->wev, s->base, fd, EV_WRITE | EV_PERSIST, on_writable, c);
+        event_assign(&c->hup, s->base, fd, EV_CLOSED, on_hangup, c);
         evtimer_assign(&c->timer, s->base, on_timer, c);
         event_assign(&c->defer, s->base, -1, 0, on_defer, c);
         if (ss.ss_family == AF_INET) {
@@ -809,7 +814,8 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg)
 
 /* ---- the server ---- */
 
-struct atc_http_server *atc_http_server_create(struct event_base *base, const struct atc_http_server_config *cfg,
+struct atc_http_server *atc_http_server_create(struct event_base *base,
+                                               const struct atc_http_server_config *cfg,
                                                atc_http_handler handler, void *arg)
 {
     struct atc_http_server *s = calloc(1, sizeof(*s));
@@ -862,7 +868,8 @@ int atc_http_server_listen(struct atc_http_server *s, evutil_socket_t fd)
 
 int atc_http_server_bind(struct atc_http_server *s, const char *host, uint16_t port, const char **err)
 {
-    struct evutil_addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+    struct evutil_addrinfo hints = {.ai_family = AF_UNSPEC,
+                                    .ai_socktype = SOCK_STREAM,
                                     .ai_flags = EVUTIL_AI_PASSIVE | EVUTIL_AI_NUMERICHOST};
     struct evutil_addrinfo *ai = NULL;
     char ps[8];
@@ -994,37 +1001,36 @@ static size_t build_head(struct atc_http_req *r, char *dst, size_t size, int sta
     const char *date = date_header(c->s, &dlen);
     if (rlen + tlen + hlen + dlen + 128 > size)
         return 0;
-    size_t n = put(dst, "HTTP/1.1 ", 9);
-    dst[n++] = (char)('0' + status / 100 % 10);
-    dst[n++] = (char)('0' + status / 10 % 10);
-    dst[n++] = (char)('0' + status % 10);
-    dst[n++] = ' ';
-    n += put(dst + n, reason, rlen);
-    n += put(dst + n, "\r\n", 2);
-    n += put(dst + n, date, dlen);
+    struct atc_strbuf b = atc_strbuf_init(dst, size);
+    char code[4] = {(char)('0' + status / 100 % 10), (char)('0' + status / 10 % 10),
+                    (char)('0' + status % 10), ' '};
+    atc_strbuf_addn(&b, "HTTP/1.1 ", 9);
+    atc_strbuf_addn(&b, code, 4);
+    atc_strbuf_addn(&b, reason, rlen);
+    atc_strbuf_addn(&b, "\r\n", 2);
+    atc_strbuf_addn(&b, date, dlen);
     if (content_type != NULL) {
-        n += put(dst + n, "Content-Type: ", 14);
-        n += put(dst + n, content_type, tlen);
-        n += put(dst + n, "\r\n", 2);
+        atc_strbuf_addn(&b, "Content-Type: ", 14);
+        atc_strbuf_addn(&b, content_type, tlen);
+        atc_strbuf_addn(&b, "\r\n", 2);
     }
-    if (hlen > 0)
-        n += put(dst + n, headers, hlen);
+    atc_strbuf_addn(&b, headers != NULL ? headers : "", hlen);
     if (length >= 0) {
-        n += put(dst + n, "Content-Length: ", 16);
-        n += put_u64(dst + n, (uint64_t)length);
-        n += put(dst + n, "\r\n", 2);
+        atc_strbuf_addn(&b, "Content-Length: ", 16);
+        atc_strbuf_u64(&b, (uint64_t)length);
+        atc_strbuf_addn(&b, "\r\n", 2);
     } else if (r->head.minor == 1) {
         r->chunked = true;
-        n += put(dst + n, "Transfer-Encoding: chunked\r\n", 28);
+        atc_strbuf_addn(&b, "Transfer-Encoding: chunked\r\n", 28);
     } else {
         r->close_after = close = true; /* HTTP/1.0: the body ends with the connection */
     }
     if (close)
-        n += put(dst + n, "Connection: close\r\n", 19);
+        atc_strbuf_addn(&b, "Connection: close\r\n", 19);
     else if (r->head.minor == 0)
-        n += put(dst + n, "Connection: keep-alive\r\n", 24);
-    n += put(dst + n, "\r\n", 2);
-    return n;
+        atc_strbuf_addn(&b, "Connection: keep-alive\r\n", 24);
+    atc_strbuf_addn(&b, "\r\n", 2);
+    return b.len;
 }
 
 static void send_head_and(struct atc_http_req *r, int status, const char *content_type, const char *headers,
@@ -1034,7 +1040,8 @@ static void send_head_and(struct atc_http_req *r, int status, const char *conten
     conn_set_state(r->c, CONN_STREAMING);
     size_t n = build_head(r, head, sizeof(head), status, content_type, headers, length);
     if (n == 0) { /* headers too long for the stack buffer: an exceptional answer, built in an evbuffer */
-        char *big = malloc((headers ? strlen(headers) : 0) + (content_type ? strlen(content_type) : 0) + 4096);
+        char *big =
+            malloc((headers ? strlen(headers) : 0) + (content_type ? strlen(content_type) : 0) + 4096);
         if (big == NULL) {
             atc_http_req_abort(r);
             return;
