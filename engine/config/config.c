@@ -359,6 +359,7 @@ static const struct field simulate_fields[] = {
     {.key = "output_max", .kind = F_UINT, .off = SIM(params.output_max), .min = 1, .max = UINT_MAX},
     {.key = "engine", .kind = F_CHOICE, .off = SIM(params.engine), .choices = atc_sim_engine_names},
     {.key = "api_key", .kind = F_STR, .off = SIM(params.api_key)},
+    {.key = "kv_events", .kind = F_STR, .off = SIM(params.kv_events)},
     {.key = "max_concurrent", .kind = F_UINT, .off = SIM(params.max_concurrent), .min = 1, .max = UINT_MAX},
     {.key = NULL},
 };

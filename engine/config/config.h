@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "request/kv_keys.h" /* enum atc_kv_hash */
 #include "config/signal_params.h"
 #include "config/sim_params.h"
 
@@ -76,7 +77,6 @@ struct atc_upstream_access {
 
 /* kv_events: on a model (every endpoint's starting point) or an endpoint: the engine's KV-cache event
  * publisher (vLLM's --kv-events-config, publisher zmq), read by fleet/kv_events.c into the exact index. */
-enum atc_kv_hash { ATC_KV_HASH_SHA256_CBOR, ATC_KV_HASH_XXHASH_CBOR, ATC_KV_HASH_SGLANG };
 struct atc_kv_events_config {
     char *endpoint;        /* its PUB socket, tcp://host:port or ipc://path; NULL: no subscriber */
     char *replay_endpoint; /* its ROUTER replay socket; NULL: a sequence gap clears the endpoint's entries */

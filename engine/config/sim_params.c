@@ -51,4 +51,6 @@ void atc_sim_params_dispose(struct atc_sim_params *p)
     p->model = NULL;
     free(p->api_key);
     p->api_key = NULL;
+    free(p->kv_events);
+    p->kv_events = NULL;
 }

@@ -47,6 +47,9 @@ struct atc_sim_params {
     unsigned engine;         /* enum atc_sim_engine (vLLM) */
     char *api_key;           /* --api-key: requests without "Authorization: Bearer KEY" get 401 on the paths
                                 the engine protects; owned, freed by atc_sim_params_dispose (none) */
+    char *kv_events;         /* --kv-events / simulate: kv_events: where it publishes its KV-cache events
+                                (vLLM's ZMQ wire format, sim_kv_events.h; the replay feeds the exact index
+                                directly); owned, freed by atc_sim_params_dispose (none) */
     unsigned max_concurrent; /* requests held (queued or running) past which a new one gets 429, as TGI's
                                 router (0 = ATC_SIM_TGI_MAX_CONCURRENT for TGI, no limit for the others) */
 
@@ -64,7 +67,7 @@ void atc_sim_params_init(struct atc_sim_params *p);
 uint64_t atc_sim_params_kv_tokens(const struct atc_sim_params *p);
 /** The engine named @p name (atc_sim_engine_names), or -1. */
 int atc_sim_engine_parse(const char *name);
-/** Frees what @p p owns (model, api_key). */
+/** Frees what @p p owns (model, api_key, kv_events). */
 void atc_sim_params_dispose(struct atc_sim_params *p);
 
 #endif

@@ -17,6 +17,7 @@
 #include "trace/replay_lua.h"
 #include "core/rollout.h"
 #include "core/server.h"
+#include "core/kv_keys_cli.h"
 #include "proxy/worker.h"
 #include "trace/replay_cli.h"
 #include "sim/sim_cli.h"
@@ -39,6 +40,7 @@ static const char usage_main[] =
     "  drain ID         stop new traffic to an endpoint; enable ID undoes it\n"
     "  policy ...       canary SHARE [WINDOW], promote, rollback, shadow FILE [SAMPLE], shadow clear:\n"
     "                   change a running atc's policy safely (see atc policy --help)\n"
+    "  kv-keys TOKENS   the block keys an engine publishes for a token list (atc kv-keys --help)\n"
     "\n"
     "  atc --version    print the version\n"
     "  atc <command> --help\n";
@@ -322,6 +324,8 @@ int main(int argc, char **argv)
         return atc_policy_test_main(argc - 1, argv + 1, atc_replay_lua);
     if (strcmp(argv[1], "trace") == 0)
         return atc_trace_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "kv-keys") == 0)
+        return atc_kv_keys_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "replay") == 0)
         return atc_replay_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "status") == 0 || strcmp(argv[1], "reload") == 0 || strcmp(argv[1], "drain") == 0 ||

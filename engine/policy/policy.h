@@ -104,6 +104,11 @@ struct atc_route_request {
     const char *(*header)(void *ctx, const char *name);
     void *header_ctx;
     uint32_t block_tokens; /* tokens per prefix block; 0: ATC_PREFIX_BLOCK_BYTES / 4 (live requests) */
+    /* ep:cached_tokens: the prompt tokens of this request endpoint @p ep holds, exactly, from its KV-cache
+     * events (fleet/kv_index.h); < 0 when that endpoint publishes none or the request's keys are not
+     * known. NULL: no endpoint does (every answer nil). Called on the deciding thread. */
+    int64_t (*cached_tokens)(void *ctx, const struct atc_endpoint *ep);
+    void *cached_ctx;
     /* Where atc.explain's scores go (policy/decision.h), reset by each decision; NULL: nobody reads
      * them, and atc.explain does nothing. */
     struct atc_explain *explain;

@@ -163,6 +163,21 @@ static int ep_prefix_overlap(lua_State *L)
     return 1;
 }
 
+/* The exact figure, from the endpoint's KV events, or nil where it publishes none. */
+static int ep_cached_tokens(lua_State *L)
+{
+    struct policy_version *v = policy_api_version(L);
+    const struct atc_endpoint *ep = policy_api_check_view(L, v, 1);
+    luaL_checkudata(L, 2, POLICY_MT_REQ);
+    const struct atc_route_request *req = policy_api_current_req(L, v);
+    int64_t n = req->cached_tokens != NULL ? req->cached_tokens(req->cached_ctx, ep) : -1;
+    if (n >= 0)
+        lua_pushinteger(L, (lua_Integer)n);
+    else
+        lua_pushnil(L);
+    return 1;
+}
+
 static void push_opt_string(lua_State *L, const char *s)
 {
     if (s != NULL)
@@ -344,6 +359,7 @@ static const struct policy_field ep_static_fields[] = {
     {"weight", push_ep_weight, NULL},
     {"has_tag", NULL, ep_has_tag},
     {"prefix_overlap", NULL, ep_prefix_overlap},
+    {"cached_tokens", NULL, ep_cached_tokens},
     {"predict_ttft", NULL, policy_pick_predict_ttft},
     {NULL, NULL, NULL},
 };

@@ -323,10 +323,14 @@ static const struct atc_signal_params *signal_params(const struct policy_version
     return v->rt->table != NULL ? &v->rt->table->signals : &defaults;
 }
 
-/* The current request's prompt tokens that @p ep would still have to prefill. */
+/* The current request's prompt tokens that @p ep would still have to prefill: by its KV events where it
+ * publishes them (ep:cached_tokens), else by the prefix index's guess. */
 static uint64_t uncached_at(lua_State *L, struct policy_version *v, const struct atc_endpoint *ep)
 {
     const struct atc_route_request *req = policy_api_current_req(L, v);
+    int64_t exact = req->cached_tokens != NULL ? req->cached_tokens(req->cached_ctx, ep) : -1;
+    if (exact >= 0)
+        return atc_signals_uncached(req->features->prompt_tokens, (uint64_t)exact, 1);
     uint32_t bt = req->block_tokens ? req->block_tokens : ATC_PREFIX_BLOCK_BYTES / 4;
     return atc_signals_uncached(req->features->prompt_tokens, policy_api_overlap(L, v, ep), bt);
 }
@@ -568,12 +572,25 @@ static void read_fast_cand(lua_State *L, struct policy_version *v, int el, struc
     c->load = capacity > 0 ? inflight / capacity : 1.0;
 
     double prompt = field_number(L, 2, "prompt_tokens", 0), bt = field_number(L, 2, "block_tokens", 64);
-    lua_getfield(L, el, "prefix_overlap");
-    lua_pushvalue(L, el);
-    lua_pushvalue(L, 2);
-    lua_call(L, 2, 1);
-    double uncached = prompt - lua_tonumber(L, -1) * bt;
-    lua_pop(L, 1);
+    double uncached = prompt;
+    lua_getfield(L, el, "cached_tokens"); /* exact where the mock says so, as uncached_at */
+    if (lua_isfunction(L, -1)) {
+        lua_pushvalue(L, el);
+        lua_pushvalue(L, 2);
+        lua_call(L, 2, 1);
+    }
+    if (lua_isnumber(L, -1)) {
+        uncached -= lua_tonumber(L, -1);
+        lua_pop(L, 1);
+    } else {
+        lua_pop(L, 1);
+        lua_getfield(L, el, "prefix_overlap");
+        lua_pushvalue(L, el);
+        lua_pushvalue(L, 2);
+        lua_call(L, 2, 1);
+        uncached -= lua_tonumber(L, -1) * bt;
+        lua_pop(L, 1);
+    }
     c->uncached = uncached > 1 ? uncached : 1;
 }
 

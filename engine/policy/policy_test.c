@@ -247,6 +247,7 @@ struct route_scratch {
     char *hname[ROUTE_HEADERS_MAX], *hvalue[ROUTE_HEADERS_MAX];
     size_t nheaders;
     struct atc_endpoint **tried;
+    int64_t *cached; /* per endpoint: spec cached_tokens (what its KV events would say), -1: none */
 };
 
 static void scratch_free(struct route_scratch *x)
@@ -279,6 +280,7 @@ static void scratch_free(struct route_scratch *x)
         free(x->hvalue[i]);
     }
     free(x->tried);
+    free(x->cached);
     memset(x, 0, sizeof(*x));
 }
 
@@ -484,6 +486,16 @@ static void scan(lua_State *L, struct route_scratch *x, const char *path, const 
         luaL_error(L, "t.route: the body is one atc answers with 400: %s", err);
 }
 
+/* ep:cached_tokens under t.route: the spec's figure for that endpoint. */
+static int64_t route_cached(void *ctx, const struct atc_endpoint *ep)
+{
+    const struct route_scratch *x = ctx;
+    for (size_t i = 0; i < x->neps; i++)
+        if (strcmp(x->ecs[i].id, ep->id) == 0)
+            return x->cached[i];
+    return -1;
+}
+
 static int set_table_protected(lua_State *L)
 {
     policy_api_set_table(lua_touserdata(L, 1));
@@ -587,6 +599,17 @@ static int test_route(lua_State *L)
     snprintf(tenant, sizeof(tenant), "%s", t != NULL ? t : ""); /* relay.c's copy_str */
     snprintf(session, sizeof(session), "%s", s != NULL ? s : x->f->user);
 
+    /* endpoints[i].cached_tokens: what that endpoint's KV events say it holds of this request */
+    x->cached = check_alloc(L, calloc(x->neps ? x->neps : 1, sizeof(*x->cached)));
+    bool any_cached = false;
+    for (size_t i = 0; i < x->neps; i++) {
+        lua_rawgeti(L, eps, (int)i + 1);
+        double c = nan_or(L, lua_gettop(L), "cached_tokens");
+        x->cached[i] = isfinite(c) && c >= 0 ? (int64_t)c : -1;
+        any_cached |= x->cached[i] >= 0;
+        lua_pop(L, 1);
+    }
+
     lua_getfield(L, 1, "tried");
     size_t ntried = lua_istable(L, -1) ? lua_objlen(L, -1) : 0;
     x->tried = check_alloc(L, calloc(ntried ? ntried : 1, sizeof(*x->tried)));
@@ -613,6 +636,8 @@ static int test_route(lua_State *L)
         .header = route_header,
         .header_ctx = x,
         .block_tokens = (uint32_t)spec_number(L, 1, "block_tokens", 0),
+        .cached_tokens = any_cached ? route_cached : NULL,
+        .cached_ctx = x,
     };
     struct atc_explain scores = {0};
     rq.explain = &scores; /* d.scores: what atc.explain attached */

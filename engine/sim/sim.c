@@ -84,6 +84,8 @@ struct atc_sim {
     uint64_t clock; /* start of the last iteration: nothing is scheduled before it */
 
     uint64_t prefix_queries, prefix_hits, prefix_blocks, prefix_block_hits, iterations, tokens, preemptions;
+    atc_sim_on_kv on_kv; /* the KV events' listener, or NULL */
+    void *kv_ctx;
 };
 
 uint64_t atc_sim_rand(uint64_t *state)
@@ -294,6 +296,24 @@ static int kv_evict_one(struct kv_cache *kv)
     return 0;
 }
 
+/* kv_evict_one, told to the KV events' listener. */
+static int evict_one(struct atc_sim *sim)
+{
+    uint32_t e = sim->kv.lru_head;
+    uint64_t hash = e != NONE ? sim->kv.entries[e].hash : 0;
+    if (kv_evict_one(&sim->kv) < 0)
+        return -1;
+    if (sim->on_kv != NULL)
+        sim->on_kv(sim->kv_ctx, ATC_SIM_KV_REMOVED, &hash, 1);
+    return 0;
+}
+
+void atc_sim_set_kv_listener(struct atc_sim *sim, atc_sim_on_kv on_kv, void *ctx)
+{
+    sim->on_kv = on_kv;
+    sim->kv_ctx = ctx;
+}
+
 /* ---- sequences ---- */
 
 static struct seq *seq_lookup(const struct atc_sim *sim, uint64_t id)
@@ -391,7 +411,7 @@ static int admit(struct atc_sim *sim, struct seq *s)
     }
     if (kv_free_units(sim) + (kv->units - kv->pinned) < need && sim->running.n > 0)
         goto undo;
-    while (kv_free_units(sim) < need && kv_evict_one(kv) == 0)
+    while (kv_free_units(sim) < need && evict_one(sim) == 0)
         ;
     for (; done < s->nblocks; done++) {
         /* A hash repeated within the prompt is found here and pinned twice, which is fine. */
@@ -400,6 +420,8 @@ static int admit(struct atc_sim *sim, struct seq *s)
             kv_pin(kv, e);
         else if ((e = kv_insert_pinned(kv, s->hashes[done], units)) == NONE)
             goto undo;
+        else if (sim->on_kv != NULL)
+            sim->on_kv(sim->kv_ctx, ATC_SIM_KV_STORED, &s->hashes[done], 1);
         s->pins[done] = e;
     }
 
@@ -474,7 +496,7 @@ static void grow_kv(struct atc_sim *sim)
                 grow += kv_need(s) - s->held;
         if (grow == 0)
             return;
-        while (kv_free_units(sim) < grow && kv_evict_one(&sim->kv) == 0)
+        while (kv_free_units(sim) < grow && evict_one(sim) == 0)
             ;
         if (kv_free_units(sim) >= grow || sim->running.n <= 1)
             break;

@@ -92,6 +92,15 @@ struct atc_sim_stats {
     uint64_t preemptions;    /* sequences sent back to the queue for lack of KV room, total */
 };
 
+/* What the prefix cache did, as an engine's KV-cache events tell it: @p hashes (n of them, in a
+ * prompt's order) were stored, or evicted; ATC_SIM_KV_CLEARED: everything is gone (n is 0). */
+enum atc_sim_kv_op { ATC_SIM_KV_STORED, ATC_SIM_KV_REMOVED, ATC_SIM_KV_CLEARED };
+typedef void (*atc_sim_on_kv)(void *ctx, enum atc_sim_kv_op op, const uint64_t *hashes, size_t n);
+
+/** Calls @p on_kv with @p ctx for every change of the prefix cache from now on (NULL: none). It must
+ * not call into the model. */
+void atc_sim_set_kv_listener(struct atc_sim *sim, atc_sim_on_kv on_kv, void *ctx);
+
 /** Creates a model; @p p is copied (the model name is not used here, so it is not kept). Knobs out of
  * range (0 for max_seqs, kv_blocks, prefill_tps and the fields after seed; negative decode_ms) are
  * replaced by their defaults. @p on_token with @p ctx receives every token.

@@ -12,6 +12,7 @@
 #include "fleet/balancer.h"
 #include "config/config.h"
 #include "fleet/endpoint.h"
+#include "fleet/kv_index.h"
 #include "base/log.h"
 #include "sim/sim.h"
 #include "trace/trace.h"
@@ -51,6 +52,8 @@ struct rp_endpoint {
     size_t heap_pos; /* its place in the heap */
     bool counted;    /* its model is one the trace asks for: it counts in the imbalance figures */
     uint64_t scraped_queries, scraped_hits; /* its prefix cache counters at the previous scrape */
+    int kv_slot;      /* its endpoint number in rp->kv: it publishes KV events; -1: it does not */
+    unsigned kv_caps; /* its KV blocks, the index's cap for it */
 };
 
 struct outage_event {
@@ -72,6 +75,7 @@ struct replay {
     uint64_t budget_ns; /* CPU time a decision may use before it counts as an overrun */
     struct atc_affinity *affinity;
     struct atc_prefix_index *prefix;
+    struct atc_kv_index *kv; /* the exact index, fed by the servers that publish KV events; NULL: none */
     uint64_t now;
     uint64_t rng;
     struct rp_req *reqs;
@@ -164,11 +168,75 @@ static int add_server(struct replay *rp, struct atc_endpoint *ep, const struct a
     e->sim = atc_sim_create(&p, on_token, e);
     if (e->sim == NULL)
         return -1;
+    /* simulate: kv_events: it publishes (build_kv feeds its events to the exact index) */
+    e->kv_slot = params->kv_events != NULL ? 0 : -1;
+    e->kv_caps = params->kv_blocks ? params->kv_blocks : ATC_SIM_DEFAULT_KV_BLOCKS;
     ep->kv_tokens = atc_sim_params_kv_tokens(&p); /* what vLLM's /metrics would tell */
     e->heap_pos = rp->neps;
     rp->heap[rp->neps] = (struct heap_entry){.key = UINT64_MAX, .ep = rp->neps};
     rp->neps++;
     return 0;
+}
+
+/* ---- KV events: what a publishing server's cache does goes into the exact index at once, in virtual
+ * time (atc serve reads the same events over ZMQ, fleet/kv_events.c; no transport here) ---- */
+
+static void on_kv(void *ctx, enum atc_sim_kv_op op, const uint64_t *hashes, size_t n)
+{
+    struct rp_endpoint *e = ctx;
+    struct atc_kv_index *ix = e->rp->kv;
+    unsigned slot = (unsigned)e->kv_slot;
+    if (op == ATC_SIM_KV_CLEARED)
+        atc_kv_index_clear(ix, slot);
+    for (size_t i = 0; i < n; i++) {
+        if (op == ATC_SIM_KV_STORED)
+            atc_kv_index_store(ix, slot, hashes[i], ATC_KV_GPU);
+        else
+            atc_kv_index_remove(ix, slot, hashes[i], ATC_KV_GPU);
+    }
+}
+
+/* The exact index over the servers that publish (at most ATC_KV_INDEX_MAX_ENDPOINTS of them; past that
+ * the rest count as not publishing, which the replay's log says). 0, or -1 out of memory. */
+static int build_kv(struct replay *rp)
+{
+    size_t caps[ATC_KV_INDEX_MAX_ENDPOINTS];
+    unsigned n = 0;
+    for (size_t k = 0; k < rp->neps; k++) {
+        struct rp_endpoint *e = &rp->eps[k];
+        if (e->kv_slot < 0)
+            continue;
+        if (n == ATC_KV_INDEX_MAX_ENDPOINTS) {
+            atc_warn("replay: %s: more than %d servers publish KV events; it counts as not publishing",
+                     e->ep->id, ATC_KV_INDEX_MAX_ENDPOINTS);
+            e->kv_slot = -1;
+            continue;
+        }
+        caps[n] = e->kv_caps;
+        e->kv_slot = (int)n++;
+    }
+    if (n == 0)
+        return 0;
+    if ((rp->kv = atc_kv_index_create(caps, n)) == NULL)
+        return -1;
+    for (size_t k = 0; k < rp->neps; k++)
+        if (rp->eps[k].kv_slot >= 0)
+            atc_sim_set_kv_listener(rp->eps[k].sim, on_kv, &rp->eps[k]);
+    return 0;
+}
+
+/* ep:cached_tokens in replay: the leading blocks of the request the index says @p ep holds. */
+static int64_t replay_cached(void *ctx, const struct atc_endpoint *ep)
+{
+    const struct replay *rp = ctx;
+    const struct rp_endpoint *e = &rp->eps[ep->index];
+    if (e->kv_slot < 0)
+        return -1;
+    const struct atc_features *f = rp->rreq.features;
+    size_t held = atc_kv_index_held_prefix(rp->kv, (unsigned)e->kv_slot, f->blocks, f->nblocks, 1u << ATC_KV_GPU);
+    uint32_t bt = rp->rreq.block_tokens ? rp->rreq.block_tokens : ATC_SIM_KV_BLOCK_TOKENS;
+    uint64_t tokens = (uint64_t)held * bt;
+    return (int64_t)(tokens < f->prompt_tokens ? tokens : f->prompt_tokens);
 }
 
 static struct rp_endpoint *endpoint_of(struct replay *rp, const struct atc_endpoint *ep)
@@ -362,6 +430,8 @@ static void prepare(struct replay *rp, size_t i)
         .header_ctx = (void *)r,
         .block_tokens = r->block_tokens,
         .tokens = atc_request_tokens(r->prompt_tokens, r->max_tokens),
+        .cached_tokens = rp->kv != NULL ? replay_cached : NULL,
+        .cached_ctx = rp,
     };
 }
 
@@ -834,6 +904,7 @@ static void replay_dispose(struct replay *rp)
     atc_endpoint_table_destroy(rp->table);
     atc_affinity_destroy(rp->affinity);
     atc_prefix_index_destroy(rp->prefix);
+    atc_kv_index_destroy(rp->kv);
     free(rp->reqs);
     free(rp->queue);
     free(rp->waits);
@@ -873,6 +944,10 @@ int atc_replay_run(const struct atc_config *cfg, const struct atc_trace *trace, 
     }
     if (build_fleet(&rp, cfg, err) < 0 || plan_outages(&rp, err) < 0)
         goto error;
+    if (build_kv(&rp) < 0) {
+        *err = strdup("out of memory");
+        goto error;
+    }
     mark_counted(&rp);
     if ((out->endpoints = calloc(rp.neps, sizeof(*out->endpoints))) == NULL) {
         *err = strdup("out of memory");

@@ -78,6 +78,7 @@ M.ep = {
   { name = "itl", type = "number", unit = "ms/token", mock = 12, doc = "engine-observed: time per output token (a moving average over streamed answers), the `signals.itl` prior (12ms) until then" },
   { name = "has_tag", kind = "method", args = "tag", type = "boolean", doc = "tag is one of its `tags`" },
   { name = "prefix_overlap", kind = "method", args = "req", type = "integer", unit = "blocks", doc = "leading blocks of req's prompt recently routed to ep (0 when none): where its KV cache likely is" },
+  { name = "cached_tokens", kind = "method", args = "req", type = "integer", unit = "tokens", nil_when = "the endpoint publishes no KV-cache events (kv_events:), or req's block keys are not known", doc = "tokens of req's prompt the endpoint holds in its KV cache now, exact: its leading blocks found in the index its KV-cache events feed, times the block size (0 when none)" },
   { name = "predict_ttft", kind = "method", args = "req", type = "number", unit = "ms", doc = "req's time to first token there if sent now: (`prefill_tokens` + its uncached prompt tokens there) / `prefill_rate` + `itl`" },
 }
 

@@ -231,7 +231,7 @@ local function has_tag(self, tag)
 end
 
 -- Spec keys that are not contract fields: what a mock needs to fake the engine.
-local ENDPOINT_EXTRA = { available = true, overlap = true }
+local ENDPOINT_EXTRA = { available = true, overlap = true, cached = true }
 local REQUEST_EXTRA = { headers = true }
 
 -- Copies the contract's data fields of section key from spec (else their mock default) into out;
@@ -261,14 +261,15 @@ end
 -- One mock endpoint. spec: id (required) and any field of contract.ep (defaults there: model "m",
 -- weight 1, capacity 8, inflight 0, health "healthy", ...; the nil_when fields default to nil), plus
 -- available (false forces it unavailable, as when drained or already tried) and overlap: the blocks
--- prefix_overlap(req) reports, a number or function(req) -> number (default 0).
+-- prefix_overlap(req) reports, a number or function(req) -> number (default 0), and cached: the tokens
+-- cached_tokens(req) reports, likewise (default nil: the endpoint publishes no KV-cache events).
 function M.endpoint(spec)
   if type(spec) ~= "table" or type(spec.id) ~= "string" then
     error("testing.endpoint: spec with a string id expected", 2)
   end
   local ep = from_contract("ep", spec, ENDPOINT_EXTRA, {}, "testing.endpoint")
   ep.has_tag = has_tag
-  local own = { available = spec.available, overlap = spec.overlap or 0 }
+  local own = { available = spec.available, overlap = spec.overlap or 0, cached = spec.cached }
   ep.prefix_overlap = function(_, req)
     local o = own.overlap
     if type(o) == "function" then
@@ -276,8 +277,15 @@ function M.endpoint(spec)
     end
     return o
   end
+  ep.cached_tokens = function(_, req)
+    local c = own.cached
+    if type(c) == "function" then
+      return c(req)
+    end
+    return c
+  end
   ep.predict_ttft = function(self, req) -- the engine's formula (fleet/signals.c), on the mock's fields
-    local uncached = req.prompt_tokens - self:prefix_overlap(req) * req.block_tokens
+    local uncached = req.prompt_tokens - (self:cached_tokens(req) or self:prefix_overlap(req) * req.block_tokens)
     return ((self.prefill_tokens or 0) + (uncached > 1 and uncached or 1)) * 1000 / self.prefill_rate + self.itl
   end
   ep._mock = own -- how fleet:set reaches the settings that are not fields
@@ -340,11 +348,11 @@ function M.fleet(specs)
     return ep
   end
 
-  -- fields: any endpoint field (inflight, capacity, health, weight, ...) plus available and overlap.
+  -- fields: any endpoint field (inflight, capacity, health, weight, ...) plus available, overlap, cached.
   function fl:set(id, fields)
     local ep = get(id)
     for k, v in pairs(fields) do
-      if k == "available" or k == "overlap" then
+      if k == "available" or k == "overlap" or k == "cached" then
         ep._mock[k] = v
       else
         local e = contract.entry("ep", k)

@@ -139,6 +139,7 @@ t.test("ep: every field and method of a scraped endpoint, and of one nothing is 
       remote_inflight = 0, remote_tokens = 0, remote_prefill_tokens = 0, remote_age = NIL, -- no cluster
       has_tag = { call = function(ep) return ep:has_tag("big") end, value = true },
       prefix_overlap = { call = function(ep) return ep:prefix_overlap(req) end, value = SHARED_BLOCKS },
+      cached_tokens = { call = function(ep) return ep:cached_tokens(req) end, value = NIL }, -- no kv_events
       predict_ttft = { call = function(ep) return ep:predict_ttft(req) end,
                        value = (3000 + req.prompt_tokens - SHARED_BLOCKS * 64) * 1000 / 10000 + 20 },
     }, "a")
@@ -153,6 +154,7 @@ t.test("ep: every field and method of a scraped endpoint, and of one nothing is 
       remote_inflight = 0, remote_tokens = 0, remote_prefill_tokens = 0, remote_age = NIL,
       has_tag = { call = function(ep) return ep:has_tag("gpu") end, value = false },
       prefix_overlap = { call = function(ep) return ep:prefix_overlap(req) end, value = 0 },
+      cached_tokens = { call = function(ep) return ep:cached_tokens(req) end, value = NIL },
       predict_ttft = { call = function(ep) return ep:predict_ttft(req) end, value = req.prompt_tokens * 1000 / 15000 + 12 },
     }, "b")
     t.expect(fleet:endpoint("a").queue, "the old name of server_queue").to_be_nil()
@@ -164,6 +166,34 @@ t.test("ep: every field and method of a scraped endpoint, and of one nothing is 
     t.expect(e.kv_usage).to_be(0.3)
     t.expect(e.running).to_be_nil()
     t.expect(e.health).to_be("healthy")
+    return atc.queue()
+  end)
+end)
+
+t.test("ep: cached_tokens is the exact figure where an endpoint publishes KV events, and predict_ttft counts it", function()
+  local eps = {
+    { id = "a", capacity = 4, cached_tokens = 0 },   -- publishes, holds nothing of this prompt
+    { id = "b", capacity = 4, cached_tokens = 128 }, -- publishes, holds 128 tokens of it
+    { id = "c", capacity = 4 },                      -- publishes nothing: the guess
+  }
+  -- the guess says a and c hold the shared prefix (it was routed there); a's own events say it was evicted
+  local routed = { { endpoint = "a", body = EARLIER }, { endpoint = "c", body = EARLIER } }
+  t.route({ endpoints = eps, body = ASKED, routed = routed }, function(req, fleet)
+    local a, b, c = fleet:endpoint("a"), fleet:endpoint("b"), fleet:endpoint("c")
+    t.expect(a:prefix_overlap(req)).to_be(SHARED_BLOCKS)
+    t.expect(a:cached_tokens(req)).to_be(0)
+    t.expect(b:cached_tokens(req)).to_be(128)
+    t.expect(c:cached_tokens(req)).to_be_nil()
+    t.expect(a:predict_ttft(req)).to_be(req.prompt_tokens * 1000 / 15000 + 12)
+    t.expect(b:predict_ttft(req)).to_be((req.prompt_tokens - 128) * 1000 / 15000 + 12)
+    local prefix = require "atc.prefix"
+    t.expect(select(2, prefix.cached(a, req))).to_be(true)
+    t.expect(prefix.cached(c, req)).to_be(SHARED_BLOCKS * 64)
+    t.expect(select(2, prefix.cached(c, req))).to_be(false)
+    t.expect(prefix.pick({ a, b, c }, req).id, "c's guessed 1 KiB beats b's exact 128 tokens").to_be("c")
+    t.expect(prefix.pick({ a, b }, req).id).to_be("b")
+    t.expect(prefix.pick({ a, c }, req, { exact = false }).id, "by the guess alone, a ties c").to_be("a")
+    t.expect(prefix.pick({ a, c }, req).id, "a's events say it holds nothing").to_be("c")
     return atc.queue()
   end)
 end)
