@@ -116,6 +116,7 @@ struct atc_endpoint_config {
     uint64_t kv_tokens; /* the server's KV cache in tokens; 0 = read from its /metrics (when scraped) */
     struct atc_upstream_access access; /* the model's, overridden by this endpoint's */
     struct atc_kv_events_config kv_events; /* the model's, overridden by this endpoint's kv_events: */
+    unsigned origin; /* enum atc_endpoint_origin: where it came from (config_endpoint.c) */
 };
 
 struct atc_model_config {
@@ -268,6 +269,9 @@ int atc_health_config_apply_engine(struct atc_health_config *h, const struct atc
  * model must name one), -1 out of memory. */
 int atc_model_config_take_sim_engine(struct atc_model_config *m, const struct atc_health_config *top,
                                      unsigned sim);
+
+/** Frees what @p ec owns (config_defaults.c), not @p ec itself. */
+void atc_endpoint_config_dispose(struct atc_endpoint_config *ec);
 
 /** Frees a config returned by the functions above (config_defaults.c); NULL is fine. */
 void atc_config_free(struct atc_config *cfg);

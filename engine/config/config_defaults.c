@@ -188,6 +188,19 @@ static void free_strv(char **v, size_t n)
     free(v);
 }
 
+void atc_endpoint_config_dispose(struct atc_endpoint_config *ep)
+{
+    free(ep->id);
+    free(ep->url);
+    free(ep->host);
+    free(ep->model);
+    free(ep->version);
+    free_strv(ep->tags, ep->ntags);
+    health_dispose(&ep->health);
+    access_dispose(&ep->access);
+    kv_events_dispose(&ep->kv_events);
+}
+
 void atc_config_free(struct atc_config *cfg)
 {
     if (!cfg)
@@ -195,16 +208,7 @@ void atc_config_free(struct atc_config *cfg)
     for (size_t i = 0; i < cfg->nmodels; i++) {
         struct atc_model_config *m = &cfg->models[i];
         for (size_t j = 0; j < m->nendpoints; j++) {
-            struct atc_endpoint_config *ep = &m->endpoints[j];
-            free(ep->id);
-            free(ep->url);
-            free(ep->host);
-            free(ep->model);
-            free(ep->version);
-            free_strv(ep->tags, ep->ntags);
-            health_dispose(&ep->health);
-            access_dispose(&ep->access);
-            kv_events_dispose(&ep->kv_events);
+            atc_endpoint_config_dispose(&m->endpoints[j]);
         }
         free(m->endpoints);
         free(m->name);

@@ -2,6 +2,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,7 @@
 #include "cluster/limits.h"
 #include "base/config_value.h"
 #include "base/json.h"
+#include "config/config_endpoint.h"
 #include "core/rollout.h"
 #include "core/server.h"
 #include "http/upstream.h"
@@ -219,6 +221,10 @@ static void send_endpoints(struct atc_server *srv, struct atc_http_req *req)
         atc_json_key_string(b, "model", ep->model);
         evbuffer_add(b, ",", 1);
         atc_json_key_string(b, "url", ep->url);
+        evbuffer_add(b, ",", 1);
+        const struct atc_endpoint_config *ec = atc_config_endpoint(srv->cfg, ep->id, NULL);
+        atc_json_key_string(b, "origin",
+                            ep->simulated ? "simulate" : atc_endpoint_origin_name(ec ? ec->origin : 0));
         evbuffer_add(b, ",", 1);
         atc_json_key_string(b, "version", ep->version);
         evbuffer_add_printf(b, ",\"tags\":[");
@@ -556,11 +562,158 @@ static void shadow_policy(struct atc_server *srv, struct atc_http_req *req, bool
         atc_rollout_shadow(srv, entry, sample, answer_version, p);
 }
 
+/* POST /admin/endpoints: {"model", "id", "url", and optionally "capacity", "weight", "version", "tags",
+ * "token_budget", "max_server_queue", "kv_tokens"} adds an endpoint to a model with the model's settings
+ * (config/config_endpoint.h). 201 with the endpoint, or 400 (the body), 404 (no such model), 409 (the id
+ * is taken), 422 (the address), each with the reason. */
+static void add_endpoint(struct atc_server *srv, struct atc_http_req *req)
+{
+    struct atc_json j;
+    int got = json_body(req, &j);
+    if (got != 0) {
+        if (got > 0)
+            admin_error(req, 400, "invalid_request_error", "invalid_json", "a JSON object is required", 0);
+        return;
+    }
+    char model[256], id[256], url[512], version[256];
+    const char *bad = NULL, *why = NULL;
+    static const char *const known[] = {"model",   "id",   "url",          "capacity",         "weight",
+                                        "version", "tags", "token_budget", "max_server_queue", "kv_tokens"};
+    for (int k = 1, n = atc_json_count(&j, 0); n > 0 && bad == NULL; n--, k = atc_json_next(&j, k)) {
+        bool ok = false;
+        for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
+            ok |= atc_json_is(&j, k, known[i]);
+        if (!ok)
+            bad = "unknown field (known: model, id, url, capacity, weight, version, tags, token_budget, "
+                  "max_server_queue, kv_tokens)";
+    }
+    int fm = atc_json_get(&j, 0, "model"), fi = atc_json_get(&j, 0, "id"), fu = atc_json_get(&j, 0, "url");
+    if (bad == NULL &&
+        (fm < 0 || atc_json_string(&j, fm, model, sizeof(model), NULL) < 0 || model[0] == '\0'))
+        bad = "'model' must be a non-empty string";
+    if (bad == NULL && (fi < 0 || atc_json_string(&j, fi, id, sizeof(id), NULL) < 0 || id[0] == '\0' ||
+                        strchr(id, '/') != NULL))
+        bad = "'id' must be a non-empty string without '/'";
+    if (bad == NULL && (fu < 0 || atc_json_string(&j, fu, url, sizeof(url), NULL) < 0))
+        bad = "'url' must be a string: http://host:port";
+    struct atc_model_config *m = bad == NULL ? atc_config_model(srv->cfg, model) : NULL;
+    if (bad == NULL && m == NULL) {
+        atc_json_dispose(&j);
+        admin_error(req, 404, "invalid_request_error", "model_not_found", "no model with this name", 0);
+        return;
+    }
+    struct atc_endpoint_config ec = {0};
+    if (bad == NULL && atc_config_endpoint_init(&ec, srv->cfg, m, id, url, ATC_ORIGIN_API, &why) < 0)
+        bad = why;
+    static const struct {
+        const char *key;
+        uint64_t max;
+        size_t at;
+    } nums[] = {
+        {"capacity", 1000000, offsetof(struct atc_endpoint_config, capacity)},
+        {"weight", 1000000, offsetof(struct atc_endpoint_config, weight)},
+        {"max_server_queue", 1000000, offsetof(struct atc_endpoint_config, max_server_queue)},
+    };
+    for (size_t i = 0; bad == NULL && i < sizeof(nums) / sizeof(nums[0]); i++) {
+        int f = atc_json_get(&j, 0, nums[i].key);
+        uint64_t v;
+        if (f >= 0 && (!atc_json_uint(&j, f, nums[i].max, &v) || (v == 0 && i < 2)))
+            bad = i < 2 ? "'capacity' and 'weight' must be whole numbers from 1"
+                        : "'max_server_queue' must be a whole number";
+        else if (f >= 0)
+            *(unsigned *)((char *)&ec + nums[i].at) = (unsigned)v;
+    }
+    int f;
+    if (bad == NULL && (f = atc_json_get(&j, 0, "token_budget")) >= 0 &&
+        !atc_json_uint(&j, f, UINT64_MAX / 2, &ec.token_budget))
+        bad = "'token_budget' must be a whole number";
+    if (bad == NULL && (f = atc_json_get(&j, 0, "kv_tokens")) >= 0 &&
+        !atc_json_uint(&j, f, UINT64_MAX / 2, &ec.kv_tokens))
+        bad = "'kv_tokens' must be a whole number";
+    if (bad == NULL && (f = atc_json_get(&j, 0, "version")) >= 0 &&
+        (atc_json_string(&j, f, version, sizeof(version), NULL) < 0 ||
+         (ec.version = strdup(version)) == NULL))
+        bad = "'version' must be a string";
+    if (bad == NULL && (f = atc_json_get(&j, 0, "tags")) >= 0) {
+        int n = atc_json_type(&j, f) == ATC_JSON_ARRAY ? atc_json_count(&j, f) : -1;
+        if (n < 0 || (n > 0 && (ec.tags = calloc((size_t)n, sizeof(char *))) == NULL))
+            bad = "'tags' must be an array of strings";
+        for (int k = f + 1; bad == NULL && n > 0; n--, k = atc_json_next(&j, k)) {
+            char tag[256];
+            if (atc_json_string(&j, k, tag, sizeof(tag), NULL) < 0 ||
+                (ec.tags[ec.ntags] = strdup(tag)) == NULL)
+                bad = "'tags' must be an array of strings";
+            else
+                ec.ntags++;
+        }
+    }
+    atc_json_dispose(&j);
+    if (bad != NULL) {
+        atc_endpoint_config_dispose(&ec);
+        admin_error(req, 400, "invalid_request_error", "invalid_endpoint", bad, 0);
+        return;
+    }
+    if (atc_server_add_endpoint(srv, &ec, &why) < 0) {
+        atc_endpoint_config_dispose(&ec);
+        if (why == atc_server_duplicate)
+            admin_error(req, 409, "invalid_request_error", "duplicate_endpoint", why, 0);
+        else
+            admin_error(req, 422, "invalid_request_error", "endpoint_not_added", why, 0);
+        return;
+    }
+    struct atc_endpoint *ep = atc_endpoint_table_find(srv->table, id);
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_printf(b, "{");
+    atc_json_key_string(b, "id", ep->id);
+    evbuffer_add(b, ",", 1);
+    atc_json_key_string(b, "model", ep->model);
+    evbuffer_add(b, ",", 1);
+    atc_json_key_string(b, "url", ep->url);
+    evbuffer_add_printf(b, ",\"origin\":\"api\",\"capacity\":%u,\"state\":\"%s\"}\n", ep->capacity,
+                        ep->health != NULL ? atc_health_state_name(ep->health->state) : "unknown");
+    atc_http_reply_json(req, 201, b);
+    evbuffer_free(b);
+}
+
+/* DELETE /admin/endpoints/<id>: the endpoint leaves the table at once (no new requests) and its
+ * requests in flight finish before it is freed. 200 with what is still in flight, 404, or 409 for a
+ * simulated one. */
+static void remove_endpoint(struct atc_server *srv, struct atc_http_req *req, const char *id)
+{
+    struct atc_endpoint *ep = atc_endpoint_table_find(srv->table, id);
+    unsigned inflight = ep != NULL ? atomic_load(&ep->inflight) : 0;
+    const char *why = NULL;
+    if (atc_server_remove_endpoint(srv, id, &why) < 0) {
+        if (why == atc_server_simulated)
+            admin_error(req, 409, "invalid_request_error", "endpoint_not_removable", why, 0);
+        else
+            admin_error(req, 404, "invalid_request_error", "endpoint_not_found", why, 0);
+        return;
+    }
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_printf(b, "{");
+    atc_json_key_string(b, "id", id);
+    evbuffer_add_printf(b, ",\"removed\":true,\"draining_inflight\":%u}\n", inflight);
+    atc_http_reply_json(req, 200, b);
+    evbuffer_free(b);
+}
+
 /* POST /admin/endpoints/<id>/drain or /enable: drain stops new traffic to the endpoint and lets its
  * in-flight requests finish; enable undoes it. Answers the endpoint's id, state and in-flight count. */
 static void drain_endpoint(struct atc_server *srv, struct atc_http_req *req, const char *rest)
 {
     const char *slash = strrchr(rest, '/');
+    if (slash == NULL && atc_http_req_method(req) == ATC_HTTP_DELETE) {
+        char id[256];
+        long idlen = percent_decode(rest, id, sizeof(id));
+        if (idlen < 0 || strlen(id) != (size_t)idlen || strchr(id, '/') != NULL) {
+            admin_error(req, 404, "invalid_request_error", "endpoint_not_found", "no endpoint with this id",
+                        0);
+            return;
+        }
+        remove_endpoint(srv, req, id);
+        return;
+    }
     bool drain = slash != NULL && strcmp(slash, "/drain") == 0;
     if (slash == NULL || slash == rest || (!drain && strcmp(slash, "/enable") != 0)) {
         admin_error(req, 404, "invalid_request_error", "not_found", "no such admin route", 0);
@@ -819,7 +972,10 @@ void atc_admin_handle(struct atc_http_req *req, void *arg)
     if (strcmp(path, "/admin/config") == 0) {
         send_config(srv, req);
     } else if (strcmp(path, "/admin/endpoints") == 0) {
-        send_endpoints(srv, req);
+        if (atc_http_req_method(req) == ATC_HTTP_POST)
+            add_endpoint(srv, req);
+        else
+            send_endpoints(srv, req);
     } else if (strncmp(path, "/admin/endpoints/", 17) == 0) {
         drain_endpoint(srv, req, path + 17);
     } else if (strcmp(path, "/metrics") == 0) {

@@ -245,11 +245,12 @@ static int cmd_status(const struct admin_target *t)
             errbuf[0] = '\0';
     }
     /* INFLIGHT is this replica's; FLEET adds the other replicas' (cluster:) with their figures' age. */
-    printf("%-28s %-20s %-10s %9s %9s %9s %10s %-22s %s\n", "ENDPOINT", "MODEL", "STATE", "INFLIGHT",
-           "CAPACITY", "ERRORS", "TTFT(ms)", "FLEET(others, age)", "ENGINE");
+    printf("%-28s %-20s %-10s %9s %9s %9s %10s %-22s %-8s %s\n", "ENDPOINT", "MODEL", "STATE", "INFLIGHT",
+           "CAPACITY", "ERRORS", "TTFT(ms)", "FLEET(others, age)", "ENGINE", "ORIGIN");
     int eps = atc_json_get(&j, 0, "endpoints");
     for (int k = 0, i = eps + 1; k < atc_json_count(&j, eps); k++, i = atc_json_next(&j, i)) {
-        char id[128], model[128], state[32], engine[16], inflight[16], capacity[16], errors[24], ttft[24];
+        char id[128], model[128], state[32], engine[16], inflight[16], capacity[16], errors[24], ttft[24],
+            origin[16] = "-";
         json_text(&j, atc_json_get(&j, i, "id"), id, sizeof(id));
         json_text(&j, atc_json_get(&j, i, "model"), model, sizeof(model));
         int st = atc_json_get(&j, i, "state");
@@ -260,6 +261,7 @@ static int cmd_status(const struct admin_target *t)
             snprintf(state, sizeof(state), "%s", strcmp(state, "true") == 0 ? "healthy" : "draining");
         }
         json_text(&j, atc_json_get(&j, i, "engine"), engine, sizeof(engine));
+        json_text(&j, atc_json_get(&j, i, "origin"), origin, sizeof(origin)); /* config, api, dns, simulate */
         json_text(&j, atc_json_get(&j, i, "inflight"), inflight, sizeof(inflight));
         json_text(&j, atc_json_get(&j, i, "capacity"), capacity, sizeof(capacity));
         json_text(&j, atc_json_get(&j, i, "errors_total"), errors, sizeof(errors));
@@ -274,8 +276,8 @@ static int cmd_status(const struct admin_target *t)
             atc_json_number(&j, atc_json_get(&j, i, "remote_inflight"), &remote) &&
             atc_json_number(&j, atc_json_get(&j, i, "fleet_inflight"), &fleet))
             snprintf(others, sizeof(others), "%.0f (%.0f, %.1fs)", fleet, remote, age / 1000);
-        printf("%-28s %-20s %-10s %9s %9s %9s %10s %-22s %s\n", id, model, state, inflight, capacity, errors,
-               ttft, others, engine);
+        printf("%-28s %-20s %-10s %9s %9s %9s %10s %-22s %-8s %s\n", id, model, state, inflight, capacity,
+               errors, ttft, others, engine, origin);
     }
     char active[16], waiting[16] = "0";
     json_text(&j, atc_json_get(&j, 0, "active"), active, sizeof(active));

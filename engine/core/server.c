@@ -23,6 +23,7 @@
 #include "fleet/admission.h"
 #include "fleet/affinity.h"
 #include "config/config.h"
+#include "config/config_endpoint.h"
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
 #include "proxy/http_front.h"
@@ -573,6 +574,90 @@ static void reload_failed(struct atc_server *srv, struct atc_config *ncfg, worke
     srv->config_reloads_failed++;
 }
 
+/* One endpoint added to or removed from the config in force (the admin API, discovery). */
+struct endpoint_change {
+    struct atc_endpoint_config *add; /* appended to its model's endpoints (taken), or NULL */
+    worker_pools pools;              /* add's pools (taken when it was added) */
+    const char *remove;              /* the id of an endpoint to remove, or NULL */
+    bool done;                       /* the config changed */
+};
+
+/* Puts @p ncfg (owned; srv->cfg itself when @p ch changes it) in force: with every worker parked, @p ch
+ * (may be NULL) is applied to @p ncfg first, then the table is rebuilt from @p ncfg (the servers that
+ * stayed keep counters, connections, health; fresh[k], when @p fresh is not NULL, holds the pools of the
+ * config's k-th endpoint when it is new), health restarts and each worker's policy is rebuilt against the
+ * new table. The endpoints that left drain (srv->retired). The caller frees the config it replaced. */
+static void commit_config(struct atc_server *srv, struct atc_config *ncfg, worker_pools *fresh,
+                          size_t *ngone_out, struct endpoint_change *ch)
+{
+    /* Commit, with every worker parked: the new table keeps the servers that stayed (counters,
+     * connections, health), and each worker's policy is rebuilt against it. A policy build in progress
+     * reads the old table: it finishes first (and is then dropped). */
+    if (srv->reloader != NULL)
+        atc_reloader_wait(srv->reloader);
+    atc_workers_pause(&srv->group);
+    const char *added = NULL;
+    if (ch != NULL && ch->add != NULL) {
+        struct atc_model_config *m = atc_config_model(ncfg, ch->add->model);
+        if (m != NULL && atc_config_append_endpoint(m, ch->add) == 0) {
+            added = m->endpoints[m->nendpoints - 1].id;
+            ch->done = true;
+        }
+    }
+    if (ch != NULL && ch->remove != NULL)
+        ch->done = atc_config_remove_endpoint(ncfg, ch->remove);
+    struct atc_endpoint **gone = NULL;
+    size_t ngone = 0;
+    struct atc_endpoint_table *t = atc_endpoint_table_rebuild(srv->table, ncfg, &gone, &ngone);
+    srv->table = t;
+    if (srv->cluster != NULL)
+        atc_cluster_set_table(srv->cluster, t);
+    if (added != NULL) {
+        memcpy(atc_endpoint_table_find(t, added)->pools, ch->pools, sizeof(ch->pools));
+        memset(ch->pools, 0, sizeof(ch->pools));
+    }
+    for (size_t i = 0, k = 0; fresh != NULL && i < ncfg->nmodels; i++)
+        for (size_t j = 0; j < ncfg->models[i].nendpoints; j++, k++)
+            if (fresh[k][0] != NULL)
+                memcpy(atc_endpoint_table_find(t, ncfg->models[i].endpoints[j].id)->pools, fresh[k],
+                       sizeof(fresh[k]));
+    struct atc_endpoint **r = realloc(srv->retired, (srv->nretired + ngone + 1) * sizeof(*r));
+    if (r != NULL) {
+        srv->retired = r;
+        for (size_t i = 0; i < ngone; i++)
+            r[srv->nretired++] = gone[i];
+    }
+    free(gone);
+
+    const char *herr = NULL;
+    struct atc_health *h = atc_health_create(srv->base, t, ncfg, srv->health, &herr);
+    atc_health_destroy(srv->health);
+    srv->health = h;
+    if (h != NULL) {
+        atc_health_on_capacity(h, on_more_capacity, srv);
+    } else { /* should not happen with a valid config: route to everything rather than nothing */
+        atc_error("config reload: health checks could not restart (%s); every endpoint is routable", herr);
+        for (size_t i = 0; i < t->nendpoints; i++)
+            t->endpoints[i]->routable = true;
+    }
+    if (srv->prefix != NULL)
+        atc_prefix_index_clear(srv->prefix); /* it knows endpoints by their place in the table */
+    srv->cfg = ncfg;
+    for (unsigned i = 0; i < srv->group.nworkers; i++) {
+        struct atc_worker *w = &srv->group.workers[i];
+        w->table = t;
+        w->cfg = ncfg;
+        char *perr = NULL;
+        if (w->policy != NULL && atc_policy_set_table(w->policy, t, &perr) == 0)
+            atc_error("config reload: the policy did not reload on worker %u (%s); the C balancer routes "
+                      "there until it does",
+                      i, perr != NULL ? perr : "?");
+        free(perr);
+    }
+    atc_workers_resume(&srv->group);
+    *ngone_out = ngone;
+}
+
 int atc_server_reload_config(struct atc_server *srv, char **errors)
 {
     struct atc_config *ncfg = NULL;
@@ -580,6 +665,11 @@ int atc_server_reload_config(struct atc_server *srv, char **errors)
     if (atc_config_load(srv->cfg->path, &ncfg, errors) < 0) {
         atc_error("config reload failed, nothing changed:\n%s", *errors != NULL ? *errors : "");
         srv->config_reloads_failed++;
+        return -1;
+    }
+    if (atc_config_keep_joined(ncfg, srv->cfg) < 0) { /* what joined at run time stays (config_endpoint.h) */
+        *errors = strdup("out of memory");
+        reload_failed(srv, ncfg, NULL, 0);
         return -1;
     }
     const char *restart = restart_only_change(srv->cfg, ncfg);
@@ -622,62 +712,15 @@ int atc_server_reload_config(struct atc_server *srv, char **errors)
             added++;
         }
 
-    /* Commit, with every worker parked: the new table keeps the servers that stayed (counters,
-     * connections, health), and each worker's policy is rebuilt against it. A policy build in progress
-     * reads the old table: it finishes first (and is then dropped). */
-    if (srv->reloader != NULL)
-        atc_reloader_wait(srv->reloader);
-    atc_workers_pause(&srv->group);
-    struct atc_endpoint **gone = NULL;
     size_t ngone = 0, before = srv->table->nendpoints;
-    struct atc_endpoint_table *t = atc_endpoint_table_rebuild(srv->table, ncfg, &gone, &ngone);
-    srv->table = t;
-    if (srv->cluster != NULL)
-        atc_cluster_set_table(srv->cluster, t);
-    for (size_t i = 0, k = 0; i < ncfg->nmodels; i++)
-        for (size_t j = 0; j < ncfg->models[i].nendpoints; j++, k++)
-            if (fresh[k][0] != NULL)
-                memcpy(atc_endpoint_table_find(t, ncfg->models[i].endpoints[j].id)->pools, fresh[k],
-                       sizeof(fresh[k]));
-    free(fresh);
-    struct atc_endpoint **r = realloc(srv->retired, (srv->nretired + ngone + 1) * sizeof(*r));
-    if (r != NULL) {
-        srv->retired = r;
-        for (size_t i = 0; i < ngone; i++)
-            r[srv->nretired++] = gone[i];
-    }
-    free(gone);
-
-    const char *herr = NULL;
-    struct atc_health *h = atc_health_create(srv->base, t, ncfg, srv->health, &herr);
-    atc_health_destroy(srv->health);
-    srv->health = h;
-    if (h != NULL) {
-        atc_health_on_capacity(h, on_more_capacity, srv);
-    } else { /* should not happen with a valid config: route to everything rather than nothing */
-        atc_error("config reload: health checks could not restart (%s); every endpoint is routable", herr);
-        for (size_t i = 0; i < t->nendpoints; i++)
-            t->endpoints[i]->routable = true;
-    }
-    if (srv->prefix != NULL)
-        atc_prefix_index_clear(srv->prefix); /* it knows endpoints by their place in the table */
     struct atc_config *old = srv->cfg;
-    srv->cfg = ncfg;
-    for (unsigned i = 0; i < srv->group.nworkers; i++) {
-        struct atc_worker *w = &srv->group.workers[i];
-        w->table = t;
-        w->cfg = ncfg;
-        char *perr = NULL;
-        if (w->policy != NULL && atc_policy_set_table(w->policy, t, &perr) == 0)
-            atc_error("config reload: the policy did not reload on worker %u (%s); the C balancer routes "
-                      "there until it does",
-                      i, perr != NULL ? perr : "?");
-        free(perr);
-    }
-    atc_workers_resume(&srv->group);
-    apply_watch(srv, old->policy.watch, ncfg->policy.watch);
+    bool watch = old->policy.watch;
+    commit_config(srv, ncfg, fresh, &ngone, NULL);
+    free(fresh);
+    apply_watch(srv, watch, ncfg->policy.watch);
     atc_config_free(old);
     srv->config_reloads_ok++;
+    struct atc_endpoint_table *t = srv->table;
     if (asprintf(errors, "%zu endpoint(s): %zu added, %zu removed (draining), %zu kept", t->nendpoints, added,
                  ngone, before - ngone) < 0)
         *errors = NULL;
@@ -685,6 +728,57 @@ int atc_server_reload_config(struct atc_server *srv, char **errors)
     free_retired(srv, false);
     return 0;
 }
+
+int atc_server_add_endpoint(struct atc_server *srv, struct atc_endpoint_config *ec, const char **why)
+{
+    *why = NULL;
+    if (atc_config_model(srv->cfg, ec->model) == NULL) {
+        *why = atc_server_no_model;
+        return -1;
+    }
+    if (atc_endpoint_table_find(srv->table, ec->id) != NULL || atc_config_endpoint(srv->cfg, ec->id, NULL)) {
+        *why = atc_server_duplicate;
+        return -1;
+    }
+    struct endpoint_change ch = {.add = ec};
+    const char *err = NULL;
+    if (create_pools(srv, ec->host, ec->port, srv->cfg, ch.pools, &err) < 0) {
+        destroy_pools(ch.pools);
+        *why = err;
+        return -1;
+    }
+    size_t ngone = 0;
+    commit_config(srv, srv->cfg, NULL, &ngone, &ch);
+    destroy_pools(ch.pools); /* NULL once taken */
+    if (!ch.done) {
+        *why = "out of memory";
+        return -1;
+    }
+    atc_info("endpoint %s (%s) added to model %s: it joins once its health checks pass", ec->id, ec->url,
+             ec->model);
+    return 0;
+}
+
+int atc_server_remove_endpoint(struct atc_server *srv, const char *id, const char **why)
+{
+    *why = NULL;
+    if (atc_config_endpoint(srv->cfg, id, NULL) == NULL) {
+        *why =
+            atc_endpoint_table_find(srv->table, id) != NULL ? atc_server_simulated : atc_server_no_endpoint;
+        return -1;
+    }
+    struct endpoint_change ch = {.remove = id};
+    size_t ngone = 0;
+    commit_config(srv, srv->cfg, NULL, &ngone, &ch);
+    atc_info("endpoint %s removed: it drains (%zu endpoint(s) draining)", id, srv->nretired);
+    free_retired(srv, false);
+    return 0;
+}
+
+const char atc_server_no_model[] = "no model with this name";
+const char atc_server_duplicate[] = "an endpoint with this id exists";
+const char atc_server_no_endpoint[] = "no endpoint with this id";
+const char atc_server_simulated[] = "a simulated endpoint (simulate:) cannot be removed";
 
 /* ---- start and stop ---- */
 
@@ -943,7 +1037,7 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
     const struct atc_http_server_config admin_cfg = {
         .max_body = cfg->max_body,
         .timeout_ms = cfg->client_timeout_ms,
-        .methods = ATC_HTTP_GET | ATC_HTTP_POST | ATC_HTTP_HEAD,
+        .methods = ATC_HTTP_GET | ATC_HTTP_POST | ATC_HTTP_DELETE | ATC_HTTP_HEAD,
         .max_connections = ADMIN_MAX_CONNECTIONS,
     };
     if ((srv->admin = atc_http_server_create(base, &admin_cfg, admin_handle, srv)) == NULL ||

@@ -16,6 +16,7 @@
 struct event_base;
 struct event;
 struct atc_http_req;
+struct atc_endpoint_config;
 struct atc_http_server;
 struct atc_config;
 struct atc_endpoint_table;
@@ -100,6 +101,20 @@ void atc_server_drain(struct atc_server *srv);
  * Settings that need a restart (listen, admin, simulate, admission, access_log, record) are logged.
  * Returns 0 and a summary in *errors ("+2 -1 endpoints"; owned) on success. */
 int atc_server_reload_config(struct atc_server *srv, char **errors);
+
+/** Adds endpoint @p ec (its model, id and url set; config/config_endpoint.h) to the config in force and
+ * the table: it joins through `starting` (health checks, then slow start). Takes what @p ec owns on
+ * success; on failure @p ec is still the caller's and *why says why: atc_server_no_model,
+ * atc_server_duplicate (compared by pointer) or another static reason (the address). Main thread. */
+int atc_server_add_endpoint(struct atc_server *srv, struct atc_endpoint_config *ec, const char **why);
+
+/** Removes endpoint @p id (any the config in force has, YAML or joined): it is no longer routable, its
+ * requests in flight finish, then it is freed. -1 with *why atc_server_no_endpoint or
+ * atc_server_simulated. Main thread. */
+int atc_server_remove_endpoint(struct atc_server *srv, const char *id, const char **why);
+
+extern const char atc_server_no_model[], atc_server_duplicate[], atc_server_no_endpoint[],
+    atc_server_simulated[];
 
 /** Frees the server (after its loop has stopped). */
 void atc_server_destroy(struct atc_server *srv);

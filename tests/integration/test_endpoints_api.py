@@ -1,0 +1,120 @@
+"""Endpoints that join and leave at run time through the admin API (POST /admin/endpoints, DELETE
+/admin/endpoints/<id>): they join through `starting`, leave by draining, are refused with a reason, show
+in atc status and survive a YAML reload unless the file names the same id. atc serve in front of `atc sim`
+processes on free loopback ports, deadlines rather than sleeps."""
+
+import http.client
+import json
+import subprocess
+
+from harness import ATC_BIN, AtcTestCase, chat, request, run_file, wait_for
+
+HEALTH = """
+health:
+  failure_threshold: 2
+  recovery_threshold: 2
+  fast_interval: 50ms
+  down_interval: 200ms
+  live: {interval: 100ms, timeout: 300ms}
+  ready: {interval: 100ms, timeout: 300ms}
+"""
+
+
+def config(endpoints, workers=2):
+    eps = "\n".join(f'      - {{id: {i}, url: "{u}", capacity: 64}}' for i, u in endpoints)
+    return (f"listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\nworkers: {workers}\n" + HEALTH +
+            f"models:\n  - name: llama-3-8b\n    endpoints:\n{eps}\n  - name: other\n    endpoints:\n"
+            f'      - {{id: o, url: "{endpoints[0][1]}"}}\n')
+
+
+class EndpointsApiTest(AtcTestCase):
+    def admin(self, atc, method, path, body=None):
+        status, _, data = request("127.0.0.1", atc.admin_port, method, path, body)
+        return status, json.loads(data) if data else None
+
+    def test_an_added_endpoint_joins_through_starting_and_serves(self):
+        a = self.start_sim("a", extra=["--decode-ms", "1"])
+        b = self.start_sim("b", extra=["--decode-ms", "1"])
+        atc = self.start_atc(config([("a", a.url)]))
+        status, body = self.admin(atc, "POST", "/admin/endpoints",
+                                  {"model": "llama-3-8b", "id": "b", "url": b.url, "capacity": 8, "tags": ["new"]})
+        self.assertEqual(status, 201, body)
+        self.assertEqual((body["id"], body["origin"], body["capacity"], body["state"]), ("b", "api", 8, "starting"))
+        wait_for(lambda: atc.endpoints()["b"]["state"] == "healthy", what="b healthy")
+        self.assertEqual(atc.endpoints()["b"]["origin"], "api")
+        self.assertEqual(atc.endpoints()["a"]["origin"], "config")
+        served = {chat(atc.port, max_tokens=1)[1]["x-atc-endpoint"] for _ in range(40)}
+        self.assertEqual(served, {"a", "b"})
+        out = subprocess.run([ATC_BIN, "status", "--admin", f"127.0.0.1:{atc.admin_port}"], capture_output=True,
+                             text=True, timeout=10)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        row = [line.split() for line in out.stdout.splitlines() if line.startswith("b ")]
+        self.assertEqual((row[0][1], row[0][2], row[0][-1]), ("llama-3-8b", "healthy", "api"), out.stdout)
+
+    def test_bad_bodies_unknown_models_and_taken_ids_are_refused_with_a_reason(self):
+        a = self.start_sim("a", extra=["--decode-ms", "1"])
+        atc = self.start_atc(config([("a", a.url)]))
+        cases = [
+            ("not json", 400, "invalid_json"),
+            ({"model": "llama-3-8b", "id": "x"}, 400, "invalid_endpoint"),  # no url
+            ({"model": "llama-3-8b", "id": "x", "url": "ftp://h:1"}, 400, "invalid_endpoint"),
+            ({"model": "llama-3-8b", "id": "", "url": a.url}, 400, "invalid_endpoint"),
+            ({"model": "llama-3-8b", "id": "x", "url": a.url, "capacity": 0}, 400, "invalid_endpoint"),
+            ({"model": "llama-3-8b", "id": "x", "url": a.url, "colour": "red"}, 400, "invalid_endpoint"),
+            ({"model": "llama-3-8b", "id": "x", "url": a.url, "tags": [1]}, 400, "invalid_endpoint"),
+            ({"model": "nope", "id": "x", "url": a.url}, 404, "model_not_found"),
+            ({"model": "other", "id": "a", "url": a.url}, 409, "duplicate_endpoint"),
+        ]
+        for body, want, code in cases:
+            status, answer = self.admin(atc, "POST", "/admin/endpoints", body)
+            self.assertEqual((status, answer["error"]["code"]), (want, code), body)
+            self.assertTrue(answer["error"]["message"], body)
+        self.assertEqual(sorted(atc.endpoints()), ["a", "o"])  # nothing half-added
+        self.assertEqual(self.admin(atc, "DELETE", "/admin/endpoints/nope")[0], 404)
+
+    def test_a_removed_endpoint_drains_its_requests_in_flight_and_leaves(self):
+        a = self.start_sim("a", extra=["--decode-ms", "1"])
+        b = self.start_sim("b", extra=["--decode-ms", "20"])
+        atc = self.start_atc(config([("a", a.url)]))
+        self.assertEqual(self.admin(atc, "POST", "/admin/endpoints", {"model": "llama-3-8b", "id": "b", "url": b.url})[0],
+                         201)
+        wait_for(lambda: atc.endpoints()["b"]["state"] == "healthy", what="b healthy")
+        self.assertEqual(self.admin(atc, "POST", "/admin/endpoints/a/drain")[0], 200)  # the stream goes to b
+        conn = http.client.HTTPConnection("127.0.0.1", atc.port, timeout=10)
+        conn.request("POST", "/v1/chat/completions", json.dumps(
+            {"model": "llama-3-8b", "stream": True, "max_tokens": 40, "messages": [{"role": "user", "content": "x"}]}),
+            {"content-type": "application/json"})
+        resp = conn.getresponse()
+        self.assertEqual(resp.getheader("x-atc-endpoint"), "b")
+        self.assertEqual(self.admin(atc, "POST", "/admin/endpoints/a/enable")[0], 200)
+        status, body = self.admin(atc, "DELETE", "/admin/endpoints/b")
+        self.assertEqual((status, body), (200, {"id": "b", "removed": True, "draining_inflight": 1}))
+        self.assertNotIn("b", atc.endpoints())
+        for _ in range(10):
+            status, headers, _ = chat(atc.port, max_tokens=1)
+            self.assertEqual((status, headers["x-atc-endpoint"]), (200, "a"))
+        stream = resp.read().decode()  # the request in flight on b finishes whole
+        conn.close()
+        self.assertTrue(stream.rstrip().endswith("data: [DONE]"), stream[-200:])
+        self.assertIn('"finish_reason":"length"', stream)
+        self.assertEqual(self.admin(atc, "DELETE", "/admin/endpoints/b")[0], 404)
+        self.assertIn("endpoint b removed: it drains", atc.read_log())
+
+    def test_a_yaml_reload_keeps_added_endpoints_unless_the_file_names_them(self):
+        a = self.start_sim("a", extra=["--decode-ms", "1"])
+        b = self.start_sim("b", extra=["--decode-ms", "1"])
+        atc = self.start_atc(config([("a", a.url)]))
+        self.assertEqual(self.admin(atc, "POST", "/admin/endpoints", {"model": "llama-3-8b", "id": "b", "url": b.url})[0],
+                         201)
+        wait_for(lambda: atc.endpoints()["b"]["state"] == "healthy", what="b healthy")
+        status, body = self.admin(atc, "POST", "/admin/config/reload")
+        self.assertEqual(status, 200, body)
+        self.assertEqual((atc.endpoints()["b"]["origin"], atc.endpoints()["b"]["state"]), ("api", "healthy"))
+        with open(atc.config_path, "w") as f:
+            f.write(config([("a", a.url), ("b", b.url)]))
+        self.assertEqual(self.admin(atc, "POST", "/admin/config/reload")[0], 200)
+        self.assertEqual(atc.endpoints()["b"]["origin"], "config")  # the file's now
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_file(__file__))
