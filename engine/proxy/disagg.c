@@ -16,6 +16,7 @@
 #include "config/roles.h"
 #include "fleet/balancer.h"
 #include "fleet/endpoint.h"
+#include "ops/access_log.h"
 #include "http/upstream.h"
 #include "proxy/worker.h"
 
@@ -121,14 +122,17 @@ static unsigned batch_size(const char *body, size_t len)
 
 /* ---- the prefill server ---- */
 
-static void release_prefill(struct atc_disagg *dg, bool ok)
+/* Frees the prefill server's slot; @p ok its outcome (passive health), < 0 none (cancelled). */
+static void release_prefill(struct atc_disagg *dg, int ok)
 {
     if (dg->prefill == NULL)
         return;
     struct atc_worker *w = dg->rq->w;
     bool had_errors = dg->prefill->consecutive_errors > 0;
-    atc_endpoint_record(dg->prefill, ok, -1);
-    atc_worker_observe(w, dg->prefill, ok, had_errors);
+    if (ok >= 0) {
+        atc_endpoint_record(dg->prefill, ok, -1);
+        atc_worker_observe(w, dg->prefill, ok, had_errors);
+    }
     atc_endpoint_release(dg->prefill, dg->rq->tokens);
     dg->prefill = NULL;
     atc_worker_capacity_freed(w);
@@ -399,7 +403,7 @@ int atc_disagg_attempt(struct atc_disagg **dgp, const struct atc_disagg_request 
     if (dg->up != NULL) { /* SGLang: the last pair's prefill, whose decode failed */
         atc_upstream_cancel(dg->up);
         dg->up = NULL;
-        release_prefill(dg, true);
+        release_prefill(dg, -1);
     }
     if (!pick_prefill(dg)) {
         *err = "no prefill server can take the request now";
@@ -417,19 +421,15 @@ void atc_disagg_body(const struct atc_disagg *dg, const char **body, size_t *len
     *len = dg->decode_len;
 }
 
-const char *atc_disagg_prefill_id(const struct atc_disagg *dg)
+void atc_disagg_log(const struct atc_disagg *dg, struct atc_access_record *rec, uint64_t first_us)
 {
-    return dg != NULL ? dg->prefill_id : "";
-}
-
-double atc_disagg_prefill_ms(const struct atc_disagg *dg)
-{
-    return dg != NULL && dg->t_answered_us ? (double)(dg->t_answered_us - dg->t_sent_us) / 1000.0 : -1;
-}
-
-unsigned atc_disagg_prefill_failures(const struct atc_disagg *dg)
-{
-    return dg != NULL ? dg->failures : 0;
+    if (dg == NULL)
+        return;
+    rec->prefill_endpoint = dg->prefill_id;
+    rec->prefill_ms = dg->t_answered_us ? (double)(dg->t_answered_us - dg->t_sent_us) / 1000.0 : -1;
+    /* SGLang's stages overlap: its decode waits from the send of both */
+    uint64_t from = dg->t_answered_us ? dg->t_answered_us : dg->t_sent_us;
+    rec->decode_first_ms = first_us > from && from != 0 ? (double)(first_us - from) / 1000.0 : -1;
 }
 
 void atc_disagg_free(struct atc_disagg *dg)
@@ -438,7 +438,7 @@ void atc_disagg_free(struct atc_disagg *dg)
         return;
     if (dg->up != NULL)
         atc_upstream_cancel(dg->up);
-    release_prefill(dg, true);
+    release_prefill(dg, -1);
     if (dg->answer != NULL)
         evbuffer_free(dg->answer);
     free(dg->decode_body);

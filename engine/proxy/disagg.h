@@ -33,6 +33,7 @@ struct atc_endpoint;
 struct atc_model;
 struct atc_disagg;
 struct atc_endpoint_table;
+struct atc_access_record;
 
 /* What the relay hands to a request's stages. */
 struct atc_disagg_request {
@@ -62,12 +63,10 @@ int atc_disagg_attempt(struct atc_disagg **dg, const struct atc_disagg_request *
 /** The decode server's body of the last ready attempt (borrowed from @p dg). */
 void atc_disagg_body(const struct atc_disagg *dg, const char **body, size_t *len);
 
-/** The prefill server of the last attempt ("" before one), and the ms from the request's first prefill
- * send to its answer (vLLM; -1 when not known), for the access log. */
-const char *atc_disagg_prefill_id(const struct atc_disagg *dg);
-double atc_disagg_prefill_ms(const struct atc_disagg *dg);
-/** Prefill servers tried that failed, for the access log and the counters. */
-unsigned atc_disagg_prefill_failures(const struct atc_disagg *dg);
+/** Fills the stages' fields of the access log's @p rec (NULL @p dg: none): the prefill server of the last
+ * attempt, the prefill's time (from the first prefill send to the answer used; vLLM) and the time from
+ * that answer to the client's first token at @p first_us (0: none). */
+void atc_disagg_log(const struct atc_disagg *dg, struct atc_access_record *rec, uint64_t first_us);
 
 /** The disaggregated model endpoint @p ep serves, or NULL when its model is not disaggregated. */
 const struct atc_model *atc_disagg_model(const struct atc_endpoint_table *t, const struct atc_endpoint *ep);

@@ -233,6 +233,7 @@ static void account(struct relay *r)
         .decision = w->policy != NULL ? &r->rec : NULL,
     };
     r->rec.endpoint = endpoint;
+    atc_disagg_log(r->dg, &rec, r->t_first_us);
     atc_access_log_request(w->access_log, &rec);
 }
 
@@ -295,7 +296,6 @@ static void relay_end(struct relay *r)
     atc_worker_queue_changed(r->w); /* it left the queue now, or earlier (placed, expired) */
     release_endpoint(r);
     atc_disagg_free(r->dg); /* a prefill in flight is cancelled: the client left, or decode answered */
-    r->dg = NULL;
     if (r->client != NULL)
         atc_http_req_set_callbacks(r->client, NULL, NULL); /* the request is the HTTP server's again */
     r->client = NULL;

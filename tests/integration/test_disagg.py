@@ -10,10 +10,11 @@ what does not fit their role, so each assertion can fail.
 """
 
 import json
+import os
 import threading
 import unittest
 
-from harness import AtcTestCase, chat, request, stream_events
+from harness import AtcTestCase, chat, request, stream_events, wait_for
 
 MODEL = "llama-3-8b"
 
@@ -22,6 +23,7 @@ def config(prefills, decodes, protocol, tries=2):
     eps = "".join(f"      - {{id: p{i}, url: \"{s.url}\", role: prefill}}\n" for i, s in enumerate(prefills))
     eps += "".join(f"      - {{id: d{i}, url: \"{s.url}\", role: decode}}\n" for i, s in enumerate(decodes))
     return (f"listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\nworkers: 2\nupstream: {{tries: {tries}}}\n"
+            f"access_log: access.log\n"
             f"health: {{enabled: false}}\n"
             f"models:\n  - name: {MODEL}\n    disaggregation: {protocol}\n    endpoints:\n{eps}")
 
@@ -63,6 +65,14 @@ class Vllm(AtcTestCase):
         self.assertEqual(d["seen"][0]["max_tokens"], 6)
         eps = atc.endpoints()
         self.assertEqual((eps["p0"]["role"], eps["d0"]["role"]), ("prefill", "decode"))
+        # the access log names both servers and times the stages: prefill, then transfer + first token
+        path = os.path.join(self.tmp.name, "access.log")
+        line = wait_for(lambda: os.path.exists(path) and open(path).read().strip(), what="the access log")
+        rec = json.loads(line.splitlines()[-1])
+        self.assertEqual((rec["endpoint"], rec["prefill_endpoint"]), ("d0", "p0"))
+        self.assertGreater(rec["prefill_ms"], 0)
+        self.assertGreater(rec["decode_first_ms"], 0)
+        self.assertGreaterEqual(rec["ttft_ms"], rec["prefill_ms"] + rec["decode_first_ms"] - 1)
 
     def test_whole_chat_and_completion(self):
         atc = self.fleet()
@@ -85,6 +95,17 @@ class Vllm(AtcTestCase):
             status, _, body = chat(atc.port, max_tokens=2)
             self.assertEqual(status, 200, body)
         self.assertEqual(seen(self.prefills[1])["requests"], 6)
+
+    def test_dead_decode_server_is_replaced_with_the_same_params(self):
+        atc = self.fleet(ndecode=2)
+        self.decodes[0].stop()
+        for _ in range(6):
+            status, _, body = chat(atc.port, max_tokens=2)
+            self.assertEqual(status, 200, body)
+        # each request prefilled once: a decode retry reuses the prefill answer's kv_transfer_params
+        self.assertEqual(seen(self.prefills[0])["requests"], 6)
+        ids = [x["carried"]["remote_request_id"] for x in seen(self.decodes[1])["seen"]]
+        self.assertEqual(ids, [f"atc-sim-{self.prefills[0].port}-{i}" for i in range(1, 7)])
 
     def test_killing_a_prefill_server_under_load_loses_nothing(self):
         atc = self.fleet(nprefill=2, ndecode=2)
@@ -120,6 +141,7 @@ class Vllm(AtcTestCase):
         self.assertIsInstance(d[0]["carried"], int)
         self.assertLess(d[0]["carried"], 2 ** 63)
         self.assertEqual(len(d[1]["carried"]), 2)  # a room per prompt of the batch
+        self.assertEqual(len(set(d[1]["carried"])), 2)
         self.assertEqual(sorted(json.dumps(x["carried"]) for x in p), sorted(json.dumps(x["carried"]) for x in d))
 
     def test_sim_refuses_what_its_role_does_not_take(self):
