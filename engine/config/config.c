@@ -18,6 +18,7 @@
 #include <yaml.h>
 
 #include "config/config.h"
+#include "config/roles.h"
 #include "config/config_errors.h"
 #include "config/api_key.h"
 #include "config/engine_profile.h"
@@ -313,6 +314,7 @@ static const struct field model_fields[] = {
     {.key = "endpoints", .kind = F_NODE},
     {.key = "health", .kind = F_NODE},
     ACCESS_FIELDS(MODEL){.key = "kv_events", .kind = F_SECTION, .sub = model_kv_fields},
+    {.key = "disaggregation", .kind = F_CHOICE, .off = MODEL(disaggregation), .choices = atc_disagg_names},
     {.key = NULL},
 };
 
@@ -328,6 +330,8 @@ static const struct field endpoint_fields[] = {
     {.key = "tags", .kind = F_STRS, .off = EP(tags), .aux = EP(ntags)},
     {.key = "health", .kind = F_NODE},
     ACCESS_FIELDS(EP){.key = "kv_events", .kind = F_SECTION, .sub = endpoint_kv_fields},
+    {.key = "role", .kind = F_CHOICE, .off = EP(role), .choices = atc_role_names},
+    {.key = "bootstrap_port", .kind = F_UINT, .off = EP(bootstrap_port), .min = 1, .max = 65535},
     {.key = NULL},
 };
 
@@ -361,6 +365,9 @@ static const struct field simulate_fields[] = {
     {.key = "api_key", .kind = F_STR, .off = SIM(params.api_key)},
     {.key = "kv_events", .kind = F_STR, .off = SIM(params.kv_events)},
     {.key = "max_concurrent", .kind = F_UINT, .off = SIM(params.max_concurrent), .min = 1, .max = UINT_MAX},
+    {.key = "role", .kind = F_CHOICE, .off = SIM(params.role), .choices = atc_role_names},
+    {.key = "kv_bytes_per_token", .kind = F_POSITIVE, .off = SIM(params.kv_bytes_per_token)},
+    {.key = "transfer_gbps", .kind = F_POSITIVE, .off = SIM(params.transfer_gbps)},
     {.key = NULL},
 };
 
@@ -837,6 +844,7 @@ static void parse_endpoint(struct parse *p, yaml_node_t *n, const char *key, str
 
     ep->capacity = 64;
     ep->weight = 1;
+    ep->bootstrap_port = ATC_SGLANG_BOOTSTRAP_PORT;
     if (atc_health_config_copy(&ep->health, model_health) < 0 ||
         atc_upstream_access_copy(&ep->access, model_access) < 0)
         p->errs.oom = true;
@@ -862,7 +870,7 @@ static void parse_endpoint(struct parse *p, yaml_node_t *n, const char *key, str
 
 static void parse_model(struct parse *p, yaml_node_t *n, const char *key, struct atc_model_config *m)
 {
-    yaml_node_t *found[MAX_FIELDS], *eps, *health;
+    yaml_node_t *found[MAX_FIELDS], *eps, *health, *dis;
     yaml_node_item_t *items = NULL;
     char k[KEY_MAX];
 
@@ -873,6 +881,10 @@ static void parse_model(struct parse *p, yaml_node_t *n, const char *key, struct
         return;
     parse_api_key(p, model_fields, found, key, &m->access);
     m->access.engine_set = lookup(model_fields, found, "engine") != NULL;
+    if ((dis = lookup(model_fields, found, "disaggregation"))) {
+        m->disagg_line = (unsigned)dis->start_mark.line + 1;
+        m->disagg_column = (unsigned)dis->start_mark.column + 1;
+    }
     if ((health = lookup(model_fields, found, "health")))
         parse_health(p, health, keyf(k, "%s.health", key), &m->health, false);
     if (atc_health_config_apply_engine(&m->health, &p->cfg->health, m->access.engine) < 0)
@@ -887,15 +899,6 @@ static void parse_model(struct parse *p, yaml_node_t *n, const char *key, struct
     for (size_t i = 0; i < m->nendpoints; i++)
         parse_endpoint(p, node(p, items[i]), keyf(k, "%s.endpoints[%zu]", key, i), &m->endpoints[i], m->name,
                        &m->health, &m->access, &m->kv_events);
-}
-
-static struct atc_model_config *model_named(const struct atc_config *cfg, const char *model)
-{
-    for (size_t i = 0; i < cfg->nmodels; i++) {
-        if (cfg->models[i].name && !strcmp(cfg->models[i].name, model))
-            return &cfg->models[i];
-    }
-    return NULL;
 }
 
 /* The servers of a simulate: entry that names an engine are checked as that engine, unless their model
@@ -915,15 +918,6 @@ static void simulate_engine(struct parse *p, const yaml_node_t *engine, const ch
                           m->name, atc_engine_names[was]);
 }
 
-static bool is_simulated(const struct atc_config *cfg, const char *model)
-{
-    for (size_t i = 0; i < cfg->nsimulate; i++) {
-        if (cfg->simulate[i].params.model && !strcmp(cfg->simulate[i].params.model, model))
-            return true;
-    }
-    return false;
-}
-
 static void parse_simulate(struct parse *p, yaml_node_t *n, const char *key, struct atc_simulate_config *s)
 {
     yaml_node_t *found[MAX_FIELDS];
@@ -940,7 +934,7 @@ static void parse_simulate(struct parse *p, yaml_node_t *n, const char *key, str
      * max_seqs default (vLLM's 1024), so a simulated endpoint is routed to as a configured one is. */
     if (!lookup(simulate_fields, found, "capacity"))
         s->capacity = lookup(simulate_fields, found, "max_seqs") ? s->params.max_seqs : 64;
-    struct atc_model_config *m = s->params.model ? model_named(p->cfg, s->params.model) : NULL;
+    struct atc_model_config *m = s->params.model ? atc_config_model(p->cfg, s->params.model) : NULL;
     if (s->params.model && m == NULL)
         atc_config_report(&p->errs, lookup(simulate_fields, found, "model")->start_mark,
                           keyf(k, "%s.model", key), "no model named '%s' is declared under 'models'",
@@ -1101,16 +1095,23 @@ static void parse_root(struct parse *p, yaml_node_t *root)
     for (size_t i = 0; i < cfg->nsimulate; i++)
         parse_simulate(p, node(p, items[i]), keyf(k, "simulate[%zu]", i), &cfg->simulate[i]);
     for (size_t i = 0; i < cfg->nsimulate; i++) /* once every entry has had its say */
-        if (cfg->simulate[i].params.model && model_named(cfg, cfg->simulate[i].params.model))
-            cfg->simulate[i].engine = model_named(cfg, cfg->simulate[i].params.model)->access.engine;
+        if (cfg->simulate[i].params.model && atc_config_model(cfg, cfg->simulate[i].params.model))
+            cfg->simulate[i].engine = atc_config_model(cfg, cfg->simulate[i].params.model)->access.engine;
 
     /* Each model needs somewhere to send requests: its own endpoints or simulated ones. */
     for (size_t i = 0; i < cfg->nmodels; i++) {
         const char *name = cfg->models[i].name;
-        if (name && cfg->models[i].nendpoints == 0 && !is_simulated(cfg, name))
+        if (name && cfg->models[i].nendpoints == 0 && !atc_config_simulated(cfg, name))
             atc_config_report(&p->errs, node(p, models->data.sequence.items.start[i])->start_mark,
                               keyf(k, "models[%zu]", i),
                               "model '%s' has no endpoints and no simulate entry provides any", name);
+        const char *missing = atc_roles_missing(cfg, &cfg->models[i]); /* (a disaggregated model) */
+        yaml_mark_t at = {.line = cfg->models[i].disagg_line - 1, .column = cfg->models[i].disagg_column - 1};
+        if (missing != NULL)
+            atc_config_report(
+                &p->errs, at, keyf(k, "models[%zu].disaggregation", i),
+                "model '%s' has no %s server: give an endpoint or a simulate entry role: %s or both", name,
+                missing, missing);
     }
 }
 

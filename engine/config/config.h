@@ -117,6 +117,8 @@ struct atc_endpoint_config {
     struct atc_upstream_access access; /* the model's, overridden by this endpoint's */
     struct atc_kv_events_config kv_events; /* the model's, overridden by this endpoint's kv_events: */
     unsigned origin; /* enum atc_endpoint_origin: where it came from (config_endpoint.c) */
+    unsigned role;           /* role: an enum atc_role (config/roles.h), default both */
+    unsigned bootstrap_port; /* bootstrap_port: SGLang's bootstrap server of a prefill endpoint (8998) */
 };
 
 struct atc_model_config {
@@ -126,6 +128,8 @@ struct atc_model_config {
     struct atc_health_config health;   /* the top level's, overridden by this model's health: */
     struct atc_upstream_access access; /* engine, api key, forward_authorization for its endpoints */
     struct atc_kv_events_config kv_events; /* kv_events: defaults for its endpoints */
+    unsigned disaggregation;             /* disaggregation: an enum atc_disaggregation (roles.h); none */
+    unsigned disagg_line, disagg_column; /* where disaggregation: is written, from 1, for atc check */
 };
 
 struct atc_simulate_config {
@@ -272,6 +276,14 @@ int atc_model_config_take_sim_engine(struct atc_model_config *m, const struct at
 
 /** Frees what @p ec owns (config_defaults.c), not @p ec itself. */
 void atc_endpoint_config_dispose(struct atc_endpoint_config *ec);
+/** The model called @p name in @p cfg, or NULL (config_defaults.c, as the two below). */
+struct atc_model_config *atc_config_model(const struct atc_config *cfg, const char *name);
+/** Whether a simulate: entry of @p cfg adds servers to model @p name. */
+bool atc_config_simulated(const struct atc_config *cfg, const char *name);
+/** Whether a stage of @p m (disaggregated: config/roles.h) has no server: its endpoints' roles and those of
+ * the simulate: entries of @p cfg for it, "both" counting for either. Returns the missing role's name
+ * ("prefill" or "decode"), or NULL when both have one (or @p m is not disaggregated). */
+const char *atc_roles_missing(const struct atc_config *cfg, const struct atc_model_config *m);
 
 /** Frees a config returned by the functions above (config_defaults.c); NULL is fine. */
 void atc_config_free(struct atc_config *cfg);

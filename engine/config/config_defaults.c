@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "config/config.h"
+#include "config/roles.h"
 #include "config/api_key.h"
 #include "config/engine_profile.h"
 #include "base/config_value.h"
@@ -243,4 +244,41 @@ void atc_config_free(struct atc_config *cfg)
     free(cfg->dir);
     free(cfg->path);
     free(cfg);
+}
+
+/* ---- lookups across a config's entries ---- */
+
+struct atc_model_config *atc_config_model(const struct atc_config *cfg, const char *name)
+{
+    for (size_t i = 0; i < cfg->nmodels; i++)
+        if (cfg->models[i].name && !strcmp(cfg->models[i].name, name))
+            return &cfg->models[i];
+    return NULL;
+}
+
+bool atc_config_simulated(const struct atc_config *cfg, const char *name)
+{
+    for (size_t i = 0; i < cfg->nsimulate; i++)
+        if (cfg->simulate[i].params.model && !strcmp(cfg->simulate[i].params.model, name))
+            return true;
+    return false;
+}
+
+const char *atc_roles_missing(const struct atc_config *cfg, const struct atc_model_config *m)
+{
+    if (m->disaggregation == ATC_DISAGG_NONE || m->name == NULL)
+        return NULL;
+    bool prefill = false, decode = false;
+    for (size_t i = 0; i < m->nendpoints; i++) {
+        prefill |= m->endpoints[i].role != ATC_ROLE_DECODE;
+        decode |= m->endpoints[i].role != ATC_ROLE_PREFILL;
+    }
+    for (size_t i = 0; i < cfg->nsimulate; i++) {
+        const struct atc_simulate_config *s = &cfg->simulate[i];
+        if (s->params.model == NULL || strcmp(s->params.model, m->name) != 0)
+            continue;
+        prefill |= s->params.role != ATC_ROLE_DECODE;
+        decode |= s->params.role != ATC_ROLE_PREFILL;
+    }
+    return !prefill ? "prefill" : !decode ? "decode" : NULL;
 }

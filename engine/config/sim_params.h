@@ -59,6 +59,11 @@ struct atc_sim_params {
     unsigned max_batched_tokens; /* tokens per iteration, prefill is chunked to fit (8192, as vLLM) */
     unsigned output_min;         /* output length drawn when a request has no max_tokens ... (16) */
     unsigned output_max;         /* ... up to this many tokens (512) */
+
+    /* Prefill/decode disaggregation (sim/sim_disagg.c); 0 = default. */
+    unsigned role;             /* an enum atc_role (config/roles.h): both (default), prefill, decode */
+    double kv_bytes_per_token; /* KV bytes a decode server reads per prompt token (131072: Llama-3-8B) */
+    double transfer_gbps;      /* the KV transfer's bandwidth, GB/s (25: one 200 Gb/s RDMA NIC) */
 };
 
 /** Fills @p p with the defaults (sim.h); p->model = strdup("llama-3-8b"), no api_key. */

@@ -14,6 +14,7 @@
 #include "fleet/admission.h"
 #include "base/clock.h"
 #include "config/config.h"
+#include "config/roles.h"
 #include "config/engine_profile.h"
 #include "base/log.h"
 #include "fleet/endpoint.h"
@@ -242,7 +243,8 @@ static void send_endpoints(struct atc_server *srv, struct atc_http_req *req)
                             (unsigned long long)ep->requests_total, (unsigned long long)ep->errors_total,
                             f.idle != NULL ? f.idle[i] : 0);
         /* how atc speaks to it: its engine, and whether it has a key (never the key) */
-        evbuffer_add_printf(b, ",\"engine\":\"%s\",\"api_key\":\"%s\",", atc_engine_profile(ep->engine)->name,
+        evbuffer_add_printf(b, ",\"engine\":\"%s\",\"role\":\"%s\",\"api_key\":\"%s\",",
+                            atc_engine_profile(ep->engine)->name, atc_role_names[ep->role],
                             ep->authorization != NULL ? "set" : "not set");
         atc_json_key_string(b, "api_key_source", ep->api_key_source);
         evbuffer_add_printf(b, ",\"forward_authorization\":%s", ep->forward_authorization ? "true" : "false");

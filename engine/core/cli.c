@@ -249,7 +249,7 @@ static int cmd_status(const struct admin_target *t)
            "CAPACITY", "ERRORS", "TTFT(ms)", "FLEET(others, age)", "ENGINE", "ORIGIN");
     int eps = atc_json_get(&j, 0, "endpoints");
     for (int k = 0, i = eps + 1; k < atc_json_count(&j, eps); k++, i = atc_json_next(&j, i)) {
-        char id[128], model[128], state[32], engine[16], inflight[16], capacity[16], errors[24], ttft[24],
+        char id[128], model[128], state[32], engine[32], inflight[16], capacity[16], errors[24], ttft[24],
             origin[16] = "-";
         json_text(&j, atc_json_get(&j, i, "id"), id, sizeof(id));
         json_text(&j, atc_json_get(&j, i, "model"), model, sizeof(model));
@@ -262,6 +262,11 @@ static int cmd_status(const struct admin_target *t)
         }
         json_text(&j, atc_json_get(&j, i, "engine"), engine, sizeof(engine));
         json_text(&j, atc_json_get(&j, i, "origin"), origin, sizeof(origin)); /* config, api, dns, simulate */
+        char role[16] = "both";
+        json_text(&j, atc_json_get(&j, i, "role"), role, sizeof(role));
+        size_t elen = strlen(engine);
+        if (strcmp(role, "both") != 0 && strcmp(role, "-") != 0) /* a disaggregated model's: "vllm prefill" */
+            snprintf(engine + elen, sizeof(engine) - elen, " %s", role);
         json_text(&j, atc_json_get(&j, i, "inflight"), inflight, sizeof(inflight));
         json_text(&j, atc_json_get(&j, i, "capacity"), capacity, sizeof(capacity));
         json_text(&j, atc_json_get(&j, i, "errors_total"), errors, sizeof(errors));

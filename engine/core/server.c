@@ -92,6 +92,8 @@ static int start_sims(struct atc_server *srv, const char **err)
             }
             sep->simulated = true;
             sep->engine = sc->engine; /* what /admin/endpoints shows; health reads the model's, the same */
+            sep->role = p.role;
+            sep->bootstrap_port = port; /* the sim's bootstrap rooms are on its own port (sim_disagg.c) */
             atomic_store_explicit(&sep->kv_tokens, atc_sim_params_kv_tokens(&p), memory_order_relaxed);
             atc_info("simulated %s server %s on 127.0.0.1:%u", p.model, id, (unsigned)port);
         }

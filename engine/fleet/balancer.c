@@ -2,6 +2,7 @@
 
 #include <stdbool.h>
 
+#include "config/roles.h"
 #include "fleet/endpoint.h"
 
 uint64_t atc_random_next(uint64_t *state)
@@ -43,12 +44,13 @@ struct pick_ctx {
     struct atc_endpoint *const *exclude;
     size_t nexclude;
     uint64_t tokens;
+    unsigned stage; /* an enum atc_role: what the endpoint must take (config/roles.h atc_role_serves) */
 };
 
-static bool is_candidate(const struct atc_endpoint *ep, struct atc_endpoint *const *exclude, size_t nexclude,
-                         uint64_t tokens)
+static bool is_candidate(const struct pick_ctx *c, const struct atc_endpoint *ep,
+                         struct atc_endpoint *const *exclude, size_t nexclude, uint64_t tokens)
 {
-    if (!atc_endpoint_available(ep, tokens))
+    if (!atc_role_serves(ep->role, c->m->disaggregation, c->stage) || !atc_endpoint_available(ep, tokens))
         return false;
     for (size_t i = 0; i < nexclude; i++)
         if (exclude[i] == ep)
@@ -59,7 +61,7 @@ static bool is_candidate(const struct atc_endpoint *ep, struct atc_endpoint *con
 static bool pick_usable(void *arg, size_t i)
 {
     const struct pick_ctx *c = arg;
-    return is_candidate(c->m->endpoints[i], c->exclude, c->nexclude, c->tokens);
+    return is_candidate(c, c->m->endpoints[i], c->exclude, c->nexclude, c->tokens);
 }
 
 /* Load as a share of the capacity offered now (less while slow-starting), compared by
@@ -75,7 +77,15 @@ static bool pick_lighter(void *arg, size_t i, size_t j)
 struct atc_endpoint *atc_balancer_pick(const struct atc_model *m, uint64_t *rng,
                                        struct atc_endpoint *const *exclude, size_t nexclude, uint64_t tokens)
 {
-    struct pick_ctx c = {.m = m, .exclude = exclude, .nexclude = nexclude, .tokens = tokens};
+    return atc_balancer_pick_stage(m, rng, exclude, nexclude, tokens,
+                                   m->disaggregation != ATC_DISAGG_NONE ? ATC_ROLE_DECODE : ATC_ROLE_BOTH);
+}
+
+struct atc_endpoint *atc_balancer_pick_stage(const struct atc_model *m, uint64_t *rng,
+                                             struct atc_endpoint *const *exclude, size_t nexclude,
+                                             uint64_t tokens, unsigned stage)
+{
+    struct pick_ctx c = {.m = m, .exclude = exclude, .nexclude = nexclude, .tokens = tokens, .stage = stage};
     long i = atc_balancer_p2c(m->nendpoints, rng, pick_usable, pick_lighter, &c);
     return i < 0 ? NULL : m->endpoints[i];
 }

@@ -24,8 +24,14 @@ long atc_balancer_p2c(size_t n, uint64_t *rng, bool (*usable)(void *ctx, size_t 
                       bool (*lighter)(void *ctx, size_t a, size_t b), void *ctx);
 
 /** Picks an endpoint of @p m that is available for a request of @p tokens and not among the @p nexclude
- * endpoints in @p exclude. Returns a borrowed endpoint, or NULL when none can take the request. */
+ * endpoints in @p exclude: one that answers it, a decode server in a disaggregated model. Returns a
+ * borrowed endpoint, or NULL when none can take the request. */
 struct atc_endpoint *atc_balancer_pick(const struct atc_model *m, uint64_t *rng,
                                        struct atc_endpoint *const *exclude, size_t nexclude, uint64_t tokens);
+/** The same for stage @p stage (an enum atc_role, config/roles.h): ATC_ROLE_PREFILL picks the prefill
+ * server of a disaggregated model's pair (role prefill or both), ATC_ROLE_DECODE its decode server. */
+struct atc_endpoint *atc_balancer_pick_stage(const struct atc_model *m, uint64_t *rng,
+                                             struct atc_endpoint *const *exclude, size_t nexclude,
+                                             uint64_t tokens, unsigned stage);
 
 #endif

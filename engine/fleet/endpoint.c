@@ -96,6 +96,8 @@ static int apply_config(struct atc_endpoint *ep, const struct atc_endpoint_confi
     if (ec->kv_tokens > 0)
         atomic_store_explicit(&ep->kv_tokens, ec->kv_tokens, memory_order_relaxed);
     ep->engine = ec->access.engine;
+    ep->role = ec->role;
+    ep->bootstrap_port = (uint16_t)ec->bootstrap_port;
     ep->forward_authorization = ec->access.forward_authorization;
     drop_key(ep);
     if (ec->access.api_key != NULL) {
@@ -139,6 +141,7 @@ struct atc_endpoint_table *atc_endpoint_table_create(const struct atc_config *cf
         struct atc_model *m = &t->models[t->nmodels++];
         if ((m->name = strdup(mc->name)) == NULL)
             goto error;
+        m->disaggregation = mc->disaggregation;
         for (size_t j = 0; j < mc->nendpoints; j++) {
             const struct atc_endpoint_config *ec = &mc->endpoints[j];
             struct atc_endpoint *ep = endpoint_new(mc->name, ec->id, ec->host, ec->port, ec->capacity);
@@ -200,6 +203,7 @@ struct atc_endpoint_table *atc_endpoint_table_rebuild(struct atc_endpoint_table 
         struct atc_model *m = &t->models[t->nmodels++];
         if ((m->name = strdup(mc->name)) == NULL)
             goto error;
+        m->disaggregation = mc->disaggregation;
         for (size_t j = 0; j < mc->nendpoints; j++) {
             const struct atc_endpoint_config *ec = &mc->endpoints[j];
             /* Same id, model and address: the same server, which keeps its counters, pool and health. */

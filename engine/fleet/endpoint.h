@@ -61,6 +61,8 @@ struct atc_endpoint {
                              never logged nor reported (reports say whether it is set, and api_key_source) */
     char *api_key_source; /* "env NAME" or "file PATH", NULL = none */
     bool forward_authorization; /* without a key of atc's own, the client's Authorization header goes to it */
+    unsigned role;              /* role: an enum atc_role (config/roles.h); a simulated one's: its entry's */
+    uint16_t bootstrap_port;    /* bootstrap_port: SGLang's bootstrap server (a prefill endpoint) */
 
     /* workers: live counters */
     _Atomic unsigned inflight;        /* requests routed here and not finished */
@@ -90,6 +92,7 @@ struct atc_endpoint {
 
 struct atc_model {
     char *name;
+    unsigned disaggregation; /* config: disaggregation:, an enum atc_disaggregation (config/roles.h) */
     struct atc_endpoint **endpoints; /* borrowed from the table */
     size_t nendpoints;
 };

@@ -221,6 +221,13 @@ void atc_access_log_request(struct atc_access_log *log, const struct atc_access_
         line_ms(&l, r->ttft_ms);
     else
         LINE_LIT(&l, "null");
+    if (r->prefill_endpoint != NULL) {
+        JSON_FIELD(&l, "prefill_endpoint", r->prefill_endpoint);
+        LINE_LIT(&l, ",\"prefill_ms\":");
+        r->prefill_ms >= 0 ? line_ms(&l, r->prefill_ms) : LINE_LIT(&l, "null");
+        LINE_LIT(&l, ",\"decode_first_ms\":");
+        r->decode_first_ms >= 0 ? line_ms(&l, r->decode_first_ms) : LINE_LIT(&l, "null");
+    }
     LINE_LIT(&l, ",\"total_ms\":");
     line_ms(&l, r->total_ms);
     LINE_LIT(&l, ",\"prompt_tokens\":");

@@ -37,6 +37,11 @@ struct atc_access_record {
     /* the decision that routed it: kind and reason always, the whole record (scores, the shadow's pick)
      * when it has scores or a shadow ran; NULL: none (no policy) */
     const struct atc_decision_record *decision;
+    /* a disaggregated model's two stages (proxy/disagg.c): the prefill server (NULL: not disaggregated),
+     * the prefill's ms from its send to its answer, and from that answer to the first token the client
+     * saw (the KV's transfer and the decode server's first step); < 0: not known */
+    const char *prefill_endpoint;
+    double prefill_ms, decode_first_ms;
 };
 
 /** Appends @p r as one JSON line. */

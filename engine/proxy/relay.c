@@ -24,6 +24,7 @@
 #include "ops/metrics.h"
 #include "policy/decision.h"
 #include "proxy/answer.h"
+#include "proxy/disagg.h"
 #include "policy/policy.h"
 #include "trace/recorder.h"
 #include "trace/trace.h"
@@ -106,6 +107,8 @@ struct relay {
     struct atc_endpoint *tried[MAX_TRIES];
     unsigned ntried;
     struct atc_upstream_req *up;
+    struct atc_disagg *dg;           /* a disaggregated model's prefill stage (disagg.h); NULL: none */
+    struct atc_disagg_request dgreq; /* what it is given */
     enum atc_upstream_error last_error;
     bool had_error;
 
@@ -230,6 +233,7 @@ static void account(struct relay *r)
         .decision = w->policy != NULL ? &r->rec : NULL,
     };
     r->rec.endpoint = endpoint;
+    atc_disagg_log(r->dg, &rec, r->t_first_us);
     atc_access_log_request(w->access_log, &rec);
 }
 
@@ -291,6 +295,7 @@ static void relay_end(struct relay *r)
         atc_admission_remove(r->w->admission, &r->qi);
     atc_worker_queue_changed(r->w); /* it left the queue now, or earlier (placed, expired) */
     release_endpoint(r);
+    atc_disagg_free(r->dg); /* a prefill in flight is cancelled: the client left, or decode answered */
     if (r->client != NULL)
         atc_http_req_set_callbacks(r->client, NULL, NULL); /* the request is the HTTP server's again */
     r->client = NULL;
@@ -513,6 +518,8 @@ static enum choice decide(struct relay *r, struct atc_endpoint **ep)
         switch (d.kind) {
         case ATC_DECISION_ENDPOINT:
             *ep = d.endpoint;
+            if (!atc_disagg_answers(w->table, d.endpoint))
+                break; /* a prefill server cannot answer a disaggregated request: the C balancer picks */
             return CHOSEN;
         case ATC_DECISION_QUEUE:
             return first ? WAIT : NONE;
@@ -921,11 +928,45 @@ static const struct atc_upstream_callbacks upstream_cb = {
     .on_error = on_up_error,
 };
 
-/* Sends the request to @p ep. */
-static void attempt(struct relay *r, struct atc_endpoint *ep)
+/* Sends the attempt's body (a disaggregated model's decode body, once its prefill stage is done) to r->ep. */
+static void send_up(struct relay *r)
 {
     const char *body;
     size_t len;
+    const struct atc_endpoint *ep = r->ep;
+    /* atc's own key for the server; the client's Authorization only where forward_authorization says so. */
+    const char *auth = ep->authorization != NULL ? ep->authorization
+                       : ep->forward_authorization && r->client != NULL
+                           ? atc_http_req_header(r->client, "Authorization")
+                           : NULL;
+    int rc = r->dg != NULL ? (atc_disagg_body(r->dg, &body, &len), body != NULL ? 0 : -1)
+                           : body_for(r, ep, &body, &len);
+    r->up = rc == 0 ? atc_upstream_send_as(ep->pools[r->w->id], "POST", r->path, r->extra_headers, auth, body,
+                                           len, &upstream_cb, r)
+                    : NULL;
+    if (r->up == NULL) {
+        release_endpoint(r);
+        reply_error(r, 500, "server_error", "out_of_memory", "out of memory", 0);
+    }
+}
+
+/* The prefill stage is over (disagg.c): the decode server gets its body, or the client the reason. */
+static void on_prefilled(void *arg, const char *err)
+{
+    struct relay *r = arg;
+    relay_expect(r, RELAY_IN(RELAY_ATTEMPT));
+    if (err == NULL) {
+        send_up(r);
+        return;
+    }
+    r->w->stats.upstream_errors_total++;
+    release_endpoint(r);
+    reply_error(r, 502, "upstream_error", "prefill_failed", err, 0);
+}
+
+/* Sends the request to @p ep. */
+static void attempt(struct relay *r, struct atc_endpoint *ep)
+{
     relay_set_state(r, RELAY_ATTEMPT);
     r->ep = ep;
     r->tried[r->ntried++] = ep;
@@ -940,20 +981,20 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
     size_t cached = r->w->policy != NULL ? atc_policy_routed(r->w->policy, &r->rreq, ep) : 0;
     r->t_attempt_us = atc_mono_us();
     uint32_t bt = r->rreq.block_tokens ? r->rreq.block_tokens : ATC_PREFIX_BLOCK_BYTES / 4;
-    /* atc's own key for the server; the client's Authorization only where forward_authorization says so. */
-    const char *auth = ep->authorization != NULL ? ep->authorization
-                       : ep->forward_authorization && r->client != NULL
-                           ? atc_http_req_header(r->client, "Authorization")
-                           : NULL;
     atc_signals_sent(&ep->sig, &r->w->table->signals, &r->sig,
                      atc_signals_uncached(r->f->prompt_tokens, cached, bt), r->t_attempt_us);
-    r->up = body_for(r, ep, &body, &len) == 0
-                ? atc_upstream_send_as(ep->pools[r->w->id], "POST", r->path, r->extra_headers, auth, body,
-                                       len, &upstream_cb, r)
-                : NULL;
-    if (r->up == NULL) {
+    struct atc_disagg_request *q = &r->dgreq;
+    const char *why = "out of memory";
+    *q = (struct atc_disagg_request){r->w, atc_disagg_model(r->w->table, ep), r->path, NULL, 0, r->extra_headers,
+                                     ep->authorization, r->tokens};
+    int pd = body_for(r, ep, &q->body, &q->len);
+    if (pd == 0 && q->model != NULL) /* a disaggregated model: its prefill stage first */
+        pd = atc_disagg_attempt(&r->dg, q, ep, on_prefilled, r, &why);
+    if (pd == 0)
+        send_up(r);
+    else if (pd < 0) {
         release_endpoint(r);
-        reply_error(r, 500, "server_error", "out_of_memory", "out of memory", 0);
+        reply_error(r, 503, "server_error", "no_endpoint_available", why, 1);
     }
 }
 

@@ -15,6 +15,7 @@
 #include <event2/event.h>
 
 #include "config/config.h"
+#include "config/roles.h"
 #include "base/config_value.h"
 #include "base/log.h"
 #include "sim/sim.h"
@@ -53,6 +54,13 @@ static const char usage[] =
     "                            503 'Loading model' (default 0)\n"
     "  --die-after N             the request after the Nth is cut (a stream after half its tokens), then\n"
     "                            the server closes everything and exits with status 1 (default 0 = never)\n"
+    "  --role ROLE               prefill, decode or both (default): a server of a disaggregated fleet,\n"
+    "                            speaking the protocol of its --engine (vllm: NixlConnector's\n"
+    "                            kv_transfer_params; sglang: bootstrap rooms); GET /sim/disagg lists what\n"
+    "                            the last requests carried\n"
+    "  --kv-bytes-per-token N    KV bytes a decode server reads per prompt token (default 131072)\n"
+    "  --transfer-gbps X         the KV transfer's bandwidth in GB/s (default 25): a decode server waits\n"
+    "                            kv-bytes-per-token x prompt tokens / bandwidth before it decodes\n"
     "  --seed N                  seed of every draw: output lengths, words, faults (default 1)\n"
     "  --ready-file PATH         once the port is bound, write {\"listen\":\"HOST:PORT\"} to PATH\n"
     "  --help                    this text\n"
@@ -60,7 +68,7 @@ static const char usage[] =
     "SIGTERM or SIGINT stops it with status 0.\n";
 
 /* Flags that set a field of struct atc_sim_params, parsed by kind. */
-enum flag_kind { FLAG_NAME, FLAG_COUNT, FLAG_NUMBER, FLAG_SHARE, FLAG_DURATION, FLAG_U64, FLAG_ENGINE };
+enum flag_kind { FLAG_NAME, FLAG_COUNT, FLAG_NUMBER, FLAG_SHARE, FLAG_DURATION, FLAG_U64, FLAG_ENGINE, FLAG_ROLE };
 
 static const struct sim_flag {
     const char *name;
@@ -87,6 +95,9 @@ static const struct sim_flag {
     {"not-ready-for", FLAG_DURATION, P(not_ready_for_ms), 0},
     {"die-after", FLAG_COUNT, P(die_after), 0},
     {"seed", FLAG_U64, P(seed), 0},
+    {"role", FLAG_ROLE, P(role), 0},
+    {"kv-bytes-per-token", FLAG_NUMBER, P(kv_bytes_per_token), 1e-9},
+    {"transfer-gbps", FLAG_NUMBER, P(transfer_gbps), 1e-9},
 #undef P
 };
 #define NFLAGS (sizeof(flags) / sizeof(flags[0]))
@@ -100,6 +111,7 @@ static const char *const expected[] = {
     [FLAG_DURATION] = "a duration (250ms, 2s)",
     [FLAG_U64] = "an integer",
     [FLAG_ENGINE] = "vllm, sglang, llamacpp or tgi",
+    [FLAG_ROLE] = "prefill, decode or both",
 };
 
 static int parse_u64(const char *s, uint64_t max, uint64_t *out)
@@ -160,6 +172,13 @@ static int set_flag(const struct sim_flag *f, const char *arg, struct atc_sim_pa
         *(unsigned *)field = (unsigned)e;
         return 0;
     }
+    case FLAG_ROLE:
+        for (unsigned i = 0; atc_role_names[i] != NULL; i++)
+            if (strcmp(arg, atc_role_names[i]) == 0) {
+                *(unsigned *)field = i;
+                return 0;
+            }
+        return -1;
     }
     return -1;
 }

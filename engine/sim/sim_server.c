@@ -28,6 +28,7 @@
 #include "config/config.h"
 #include "base/json.h"
 #include "base/log.h"
+#include "sim/sim_disagg.h"
 #include "http/http_server.h"
 #include "request/request_features.h"
 #include "base/clock.h"
@@ -102,6 +103,7 @@ struct atc_sim_server {
     evutil_socket_t loading_fd;       /* bound, not listening yet (refuse_loading); -1 once listening */
     struct event *loaded_ev;          /* starts listening once not_ready_for has passed */
     const struct engine_face *face;
+    struct atc_sim_disagg *disagg; /* its role in a disaggregated fleet (sim_disagg.h) */
     void (*on_death)(void *arg);
     void *on_death_arg;
 };
@@ -496,6 +498,7 @@ static void send_whole(struct sim_req *r)
     evbuffer_add_printf(b, "\"%s,\"logprobs\":null,\"finish_reason\":\"%s\"}]",
                         r->kind == ATC_KIND_CHAT ? "}" : "", finish);
     add_usage(b, r);
+    atc_sim_disagg_answer(r->srv->disagg, b, r->srv->port, r->num, r->prompt_tokens);
     evbuffer_add(b, "}", 1);
     reply_buffer(r->req, 200, "application/json", b);
     evbuffer_free(b);
@@ -668,6 +671,12 @@ static void handle_inference(struct atc_sim_server *srv, struct atc_http_req *re
         send_error(srv, req, ERR_MODEL, msg);
         return;
     }
+    struct atc_sim_disagg_req dg = {.max_tokens = f.max_tokens, .compute_prompt = true};
+    if (kind != ATC_KIND_EMBEDDING && atc_sim_disagg_check(srv->disagg, body ? body : "", body ? len : 0,
+                                                           f.max_tokens, f.prompt_tokens, stream, &dg, &err) < 0) {
+        send_error(srv, req, ERR_INVALID, err);
+        return;
+    }
     if (f.max_tokens == 0) {
         const char *msg = "max_tokens must be at least 1, got 0.";
         (tgi && stream ? send_stream_error : send_error)(srv, req, ERR_INVALID, msg);
@@ -723,13 +732,13 @@ static void handle_inference(struct atc_sim_server *srv, struct atc_http_req *re
     if (!r->stream && !(r->text = evbuffer_new()))
         goto oom;
     struct atc_sim_request mreq = {
-        .prompt_tokens = r->prompt_tokens,
-        .max_tokens = f.max_tokens,
+        .prompt_tokens = dg.compute_prompt ? r->prompt_tokens : 1, /* a decode server reads the KV */
+        .max_tokens = dg.max_tokens,
         .blocks = f.blocks,
         .nblocks = f.nblocks,
         .block_tokens = BLOCK_TOKENS,
     };
-    r->seq = atc_sim_submit(srv->sim, now_us(srv), &mreq, r, &r->output_tokens);
+    r->seq = atc_sim_submit(srv->sim, now_us(srv) + dg.transfer_us, &mreq, r, &r->output_tokens);
     if (!r->seq)
         goto oom;
     if (cut)
@@ -969,7 +978,7 @@ static void on_request(struct atc_http_req *req, void *arg)
     enum atc_http_method cmd = atc_http_req_method(req);
     bool get = cmd == ATC_HTTP_GET || cmd == ATC_HTTP_HEAD, post = cmd == ATC_HTTP_POST;
 
-    if (llamacpp_loading(srv, req, path))
+    if (llamacpp_loading(srv, req, path) || (get && atc_sim_disagg_route(srv->disagg, req, path)))
         return;
     if (srv->p.api_key && cmd != ATC_HTTP_OPTIONS && guarded(srv, path, post) && !key_ok(srv, req)) {
         send_error(srv, req, ERR_UNAUTHORIZED, "Unauthorized");
@@ -1079,6 +1088,7 @@ struct atc_sim_server *atc_sim_server_start(struct event_base *base, const struc
     srv->t0 = atc_mono_us();
     if (!srv->p.model || (p->api_key && !(srv->p.api_key = strdup(p->api_key))) ||
         !(srv->sim = atc_sim_create(&srv->p, on_token, srv)) ||
+        !(srv->disagg = atc_sim_disagg_create(&srv->p)) ||
         !(srv->timer = evtimer_new(base, on_timer, srv)) || !(srv->die_ev = evtimer_new(base, on_die, srv)) ||
         !(srv->loaded_ev = evtimer_new(base, on_loaded, srv)) ||
         !(srv->http = atc_http_server_create(base, &http_cfg, on_request, srv)))
@@ -1129,6 +1139,7 @@ void atc_sim_server_stop(struct atc_sim_server *s)
     if (s->loaded_ev)
         event_free(s->loaded_ev);
     atc_sim_destroy(s->sim);
+    atc_sim_disagg_free(s->disagg);
     free(s->p.model);
     free(s->p.api_key);
     free(s);

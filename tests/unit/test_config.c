@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "config/config.h"
+#include "config/roles.h"
 #include "config/engine_profile.h"
 #include "base/config_value.h"
 
@@ -482,6 +483,44 @@ static void test_engines_and_keys(void **state)
     assert_null(strstr(errors, "two words")); /* the key is never printed */
     free(errors);
     unsetenv("ATC_TEST_KEY");
+}
+
+/* role: and disaggregation: (issue 30): read, defaulted, and a disaggregated model without a server for a
+ * stage refused at its disaggregation: key, simulate: entries counted. */
+static void test_disaggregation(void **state)
+{
+    (void)state;
+    struct atc_config *cfg = parse_ok("models:\n"
+                                      "  - name: m\n"
+                                      "    disaggregation: sglang\n"
+                                      "    endpoints:\n"
+                                      "      - {id: p, url: \"http://127.0.0.1:1\", role: prefill,\n"
+                                      "         bootstrap_port: 9000}\n"
+                                      "      - {id: d, url: \"http://127.0.0.1:2\", role: decode}\n"
+                                      "      - {id: q, url: \"http://127.0.0.1:3\", role: prefill}\n"
+                                      "  - name: n\n"
+                                      "    endpoints: [{id: c, url: \"http://127.0.0.1:4\"}]\n");
+    const struct atc_endpoint_config *e = cfg->models[0].endpoints;
+    assert_int_equal(cfg->models[0].disaggregation, ATC_DISAGG_SGLANG);
+    assert_int_equal(e[0].role, ATC_ROLE_PREFILL);
+    assert_int_equal(e[0].bootstrap_port, 9000);
+    assert_int_equal(e[1].role, ATC_ROLE_DECODE);
+    assert_int_equal(e[2].bootstrap_port, ATC_SGLANG_BOOTSTRAP_PORT); /* SGLang's default */
+    assert_int_equal(cfg->models[1].disaggregation, ATC_DISAGG_NONE);
+    assert_int_equal(cfg->models[1].endpoints[0].role, ATC_ROLE_BOTH);
+    atc_config_free(cfg);
+    /* simulated servers with roles make a whole fleet */
+    cfg = parse_ok("models:\n  - name: m\n    disaggregation: vllm\n"
+                   "simulate:\n  - {model: m, role: prefill, transfer_gbps: 10}\n  - {model: m, role: decode}\n");
+    assert_int_equal(cfg->simulate[0].params.role, ATC_ROLE_PREFILL);
+    assert_true(cfg->simulate[0].params.transfer_gbps == 10);
+    atc_config_free(cfg);
+    expect_one_error("models:\n  - name: m\n    disaggregation: vllm\n    endpoints:\n"
+                     "      - {id: a, url: \"http://127.0.0.1:1\", role: decode}\n",
+                     "t.yaml:3:21: key 'models[0].disaggregation': ", "model 'm' has no prefill server");
+    expect_one_error("models:\n  - name: m\n    disaggregation: sglang\n"
+                     "simulate:\n  - {model: m, role: prefill}\n",
+                     "t.yaml:3:21: key 'models[0].disaggregation': ", "model 'm' has no decode server");
 }
 
 static void test_bad_port(void **state)
@@ -1001,6 +1040,7 @@ int main(void)
         cmocka_unit_test(test_health_overrides),
         cmocka_unit_test(test_health_errors),
         cmocka_unit_test(test_engines_and_keys),
+        cmocka_unit_test(test_disaggregation),
         cmocka_unit_test(test_bad_port),
         cmocka_unit_test(test_bad_url),
         cmocka_unit_test(test_https_url),

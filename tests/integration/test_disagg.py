@@ -1,0 +1,156 @@
+"""Prefill/decode disaggregation end to end (issue 30): atc serve in front of `atc sim --role prefill` and
+`--role decode` servers (real processes on loopback, port 0 and ready files, deadlines rather than sleeps).
+
+vLLM's protocol (NixlConnector, as vLLM's toy_proxy_server.py runs it): the prefill server saw max_tokens 1,
+stream false and kv_transfer_params.do_remote_decode true; the decode server saw the prefill answer's
+kv_transfer_params; the client got one whole answer, streamed or not, chat or completions. SGLang's
+protocol (pd_router.rs): both servers saw the same bootstrap_room. Failures: a dead prefill server is
+replaced within tries, and killing a prefill server under load loses no request. The sims refuse with 400
+what does not fit their role, so each assertion can fail.
+"""
+
+import json
+import os
+import threading
+import unittest
+
+from harness import AtcTestCase, chat, request, stream_events, wait_for
+
+MODEL = "llama-3-8b"
+
+
+def config(prefills, decodes, protocol, tries=2):
+    eps = "".join(f"      - {{id: p{i}, url: \"{s.url}\", role: prefill}}\n" for i, s in enumerate(prefills))
+    eps += "".join(f"      - {{id: d{i}, url: \"{s.url}\", role: decode}}\n" for i, s in enumerate(decodes))
+    return (f"listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\nworkers: 2\nupstream: {{tries: {tries}}}\n"
+            f"access_log: access.log\n"
+            f"health: {{enabled: false}}\n"
+            f"models:\n  - name: {MODEL}\n    disaggregation: {protocol}\n    endpoints:\n{eps}")
+
+
+def seen(sim):
+    status, _, body = request("127.0.0.1", sim.port, "GET", "/sim/disagg")
+    assert status == 200, body
+    return json.loads(body)
+
+
+class Vllm(AtcTestCase):
+    def fleet(self, nprefill=1, ndecode=1, protocol="vllm", extra=()):
+        eng = ["--engine", protocol]
+        self.prefills = [self.start_sim(f"p{i}", extra=("--role", "prefill", *eng, *extra)) for i in range(nprefill)]
+        self.decodes = [self.start_sim(f"d{i}", extra=("--role", "decode", *eng)) for i in range(ndecode)]
+        return self.start_atc(config(self.prefills, self.decodes, protocol))
+
+    def test_streamed_chat_whole_and_params(self):
+        atc = self.fleet()
+        status, _, events = stream_events(atc.port, {"model": MODEL, "stream": True, "max_tokens": 6,
+                                                     "stream_options": {"include_usage": True},
+                                                     "messages": [{"role": "user", "content": "hello " * 40}]})
+        self.assertEqual(status, 200)
+        self.assertEqual(events[-1][1], "[DONE]")
+        text = "".join(json.loads(e)["choices"][0]["delta"].get("content", "")
+                       for _, e in events[:-1] if json.loads(e).get("choices"))
+        self.assertEqual(len(text.split()), 6)  # the decode server's 6 tokens, not the prefill's 1
+        p, d = seen(self.prefills[0]), seen(self.decodes[0])
+        self.assertEqual(p["requests"], 1)
+        self.assertEqual(p["seen"][0]["max_tokens"], 1)
+        self.assertFalse(p["seen"][0]["stream"])
+        self.assertIs(p["seen"][0]["carried"]["do_remote_decode"], True)
+        self.assertIsNone(p["seen"][0]["carried"]["remote_engine_id"])
+        got = d["seen"][0]["carried"]
+        self.assertIs(got["do_remote_prefill"], True)
+        self.assertEqual(got["remote_engine_id"], f"atc-sim-{self.prefills[0].port}")
+        self.assertEqual(got["remote_request_id"], f"atc-sim-{self.prefills[0].port}-1")
+        self.assertTrue(d["seen"][0]["stream"])
+        self.assertEqual(d["seen"][0]["max_tokens"], 6)
+        eps = atc.endpoints()
+        self.assertEqual((eps["p0"]["role"], eps["d0"]["role"]), ("prefill", "decode"))
+        # the access log names both servers and times the stages: prefill, then transfer + first token
+        path = os.path.join(self.tmp.name, "access.log")
+        line = wait_for(lambda: os.path.exists(path) and open(path).read().strip(), what="the access log")
+        rec = json.loads(line.splitlines()[-1])
+        self.assertEqual((rec["endpoint"], rec["prefill_endpoint"]), ("d0", "p0"))
+        self.assertGreater(rec["prefill_ms"], 0)
+        self.assertGreater(rec["decode_first_ms"], 0)
+        self.assertGreaterEqual(rec["ttft_ms"], rec["prefill_ms"] + rec["decode_first_ms"] - 1)
+
+    def test_whole_chat_and_completion(self):
+        atc = self.fleet()
+        status, _, body = chat(atc.port, max_tokens=4, max_completion_tokens=4)
+        self.assertEqual(status, 200, body)
+        self.assertEqual(json.loads(body)["usage"]["completion_tokens"], 4)
+        self.assertNotIn("kv_transfer_params", json.loads(body))  # the prefill answer is not the client's
+        status, _, body = request("127.0.0.1", atc.port, "POST", "/v1/completions",
+                                  {"model": MODEL, "prompt": "once upon", "max_tokens": 3, "min_tokens": 2})
+        self.assertEqual(status, 200, body)
+        self.assertEqual(json.loads(body)["usage"]["completion_tokens"], 3)
+        s = seen(self.prefills[0])["seen"]
+        self.assertEqual([x["max_tokens"] for x in s], [1, 1])
+        self.assertEqual(seen(self.decodes[0])["requests"], 2)
+
+    def test_dead_prefill_server_is_replaced(self):
+        atc = self.fleet(nprefill=2)
+        self.prefills[0].stop()
+        for _ in range(6):
+            status, _, body = chat(atc.port, max_tokens=2)
+            self.assertEqual(status, 200, body)
+        self.assertEqual(seen(self.prefills[1])["requests"], 6)
+
+    def test_dead_decode_server_is_replaced_with_the_same_params(self):
+        atc = self.fleet(ndecode=2)
+        self.decodes[0].stop()
+        for _ in range(6):
+            status, _, body = chat(atc.port, max_tokens=2)
+            self.assertEqual(status, 200, body)
+        # each request prefilled once: a decode retry reuses the prefill answer's kv_transfer_params
+        self.assertEqual(seen(self.prefills[0])["requests"], 6)
+        ids = [x["carried"]["remote_request_id"] for x in seen(self.decodes[1])["seen"]]
+        self.assertEqual(ids, [f"atc-sim-{self.prefills[0].port}-{i}" for i in range(1, 7)])
+
+    def test_killing_a_prefill_server_under_load_loses_nothing(self):
+        atc = self.fleet(nprefill=2, ndecode=2)
+        results = []
+
+        def client(n):
+            for _ in range(n):
+                status, _, events = stream_events(atc.port, {"model": MODEL, "stream": True, "max_tokens": 5,
+                                                             "messages": [{"role": "user", "content": "hi"}]})
+                results.append((status, events[-1][1] if events else None))
+
+        threads = [threading.Thread(target=client, args=(15,)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        self.prefills[0].stop()
+        for t in threads:
+            t.join(60)
+        self.assertEqual(len(results), 60)
+        self.assertEqual([r for r in results if r != (200, "[DONE]")], [])
+
+    def test_sglang_same_room(self):
+        atc = self.fleet(protocol="sglang")
+        status, _, events = stream_events(atc.port, {"model": MODEL, "stream": True, "max_tokens": 5,
+                                                     "messages": [{"role": "user", "content": "hello there"}]})
+        self.assertEqual(status, 200)
+        self.assertEqual(events[-1][1], "[DONE]")
+        status, _, body = request("127.0.0.1", atc.port, "POST", "/v1/completions",
+                                  {"model": MODEL, "prompt": ["a b", "c d"], "max_tokens": 2})
+        self.assertEqual(status, 200, body)
+        d = seen(self.decodes[0])["seen"]
+        p = seen(self.prefills[0])["seen"]
+        self.assertEqual(len(d), 2)
+        self.assertIsInstance(d[0]["carried"], int)
+        self.assertLess(d[0]["carried"], 2 ** 63)
+        self.assertEqual(len(d[1]["carried"]), 2)  # a room per prompt of the batch
+        self.assertEqual(len(set(d[1]["carried"])), 2)
+        self.assertEqual(sorted(json.dumps(x["carried"]) for x in p), sorted(json.dumps(x["carried"]) for x in d))
+
+    def test_sim_refuses_what_its_role_does_not_take(self):
+        self.fleet()
+        status, _, body = chat(self.prefills[0].port, max_tokens=3)
+        self.assertEqual(status, 400, body)
+        status, _, body = chat(self.decodes[0].port, max_tokens=3)
+        self.assertEqual(status, 400, body)
+
+
+if __name__ == "__main__":
+    unittest.main()
