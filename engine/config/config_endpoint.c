@@ -64,14 +64,6 @@ oom:
     return -1;
 }
 
-struct atc_model_config *atc_config_model(const struct atc_config *cfg, const char *name)
-{
-    for (size_t i = 0; i < cfg->nmodels; i++)
-        if (cfg->models[i].name != NULL && strcmp(cfg->models[i].name, name) == 0)
-            return &cfg->models[i];
-    return NULL;
-}
-
 struct atc_endpoint_config *atc_config_endpoint(const struct atc_config *cfg, const char *id,
                                                 struct atc_model_config **model)
 {

@@ -29,8 +29,6 @@ int atc_config_endpoint_init(struct atc_endpoint_config *ec, const struct atc_co
                              const struct atc_model_config *m, const char *id, const char *url,
                              unsigned origin, const char **err);
 
-/** The model of @p cfg called @p name, or NULL. */
-struct atc_model_config *atc_config_model(const struct atc_config *cfg, const char *name);
 
 /** The endpoint of @p cfg with id @p id (in any model), or NULL; its model in *model when not NULL. */
 struct atc_endpoint_config *atc_config_endpoint(const struct atc_config *cfg, const char *id,
