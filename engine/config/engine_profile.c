@@ -40,8 +40,7 @@ static const struct atc_engine_profile profiles[ATC_ENGINE_COUNT] = {
     [ATC_ENGINE_TGI] = {.name = "tgi",
                         .ready_path = "/health",
                         .live_timeout_ms = 5000, /* /health runs a prefill on an idle server */
-                        .startup_grace_ms = MINUTES(10),
-                        .overloaded_429 = true},
+                        .startup_grace_ms = MINUTES(10)},
 };
 
 const struct atc_engine_profile *atc_engine_profile(unsigned engine)

@@ -29,8 +29,6 @@ struct atc_engine_profile {
     uint64_t startup_grace_ms; /* health.startup_grace unless set: until it first turns healthy and for at
                                   most this long, refused connections (and loading_503) read "starting" */
     bool loading_503;          /* a 503 during the start-up grace is the server loading its model */
-    bool overloaded_429;       /* its 429 means "this server is full", not "this client is over a limit":
-                                  another endpoint may take the request */
 };
 
 /** The names `engine:` accepts, NULL-terminated, indexed by enum atc_engine. */

@@ -286,6 +286,36 @@ static void on_observe(void *ctx, struct atc_worker *w, struct atc_endpoint *ep,
         free(o);
 }
 
+struct key_refusal {
+    struct atc_server *srv;
+    struct atc_endpoint *ep;
+    int status;
+};
+
+static void key_refused_on_main(void *arg)
+{
+    struct key_refusal *k = arg;
+    const struct atc_endpoint_table *t = k->srv->table;
+    for (size_t i = 0; i < t->nendpoints; i++) /* (as observe_on_main: looked up, never read, if gone) */
+        if (t->endpoints[i] == k->ep)
+            atc_health_key_refused(k->ep, k->status);
+    free(k);
+}
+
+/* An engine refused atc's key on a request: health says so in the endpoint's last_error. */
+static void on_key_refused(void *ctx, struct atc_worker *w, struct atc_endpoint *ep, int status)
+{
+    struct atc_server *srv = ctx;
+    struct key_refusal *k = malloc(sizeof(*k));
+    if (k == NULL)
+        return;
+    *k = (struct key_refusal){.srv = srv, .ep = ep, .status = status};
+    if (!w->threaded)
+        key_refused_on_main(k);
+    else if (atc_worker_post(main_worker(srv), key_refused_on_main, k) < 0)
+        free(k);
+}
+
 size_t atc_server_policies(const struct atc_server *srv, struct atc_policy_runtime **out)
 {
     size_t n = 0;
@@ -923,6 +953,7 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
         .request_started = on_request_started,
         .request_finished = on_request_finished,
         .observe = on_observe,
+        .key_refused = on_key_refused,
         .capacity_freed = on_capacity_freed,
         .queue_changed = on_queue_changed,
     };

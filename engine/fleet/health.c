@@ -174,6 +174,16 @@ static void set_last_error(struct hep *e, const char *fmt, ...)
     atc_health_text_set(&e->pub.last_error, e->last_error);
 }
 
+/* Why a 401/403 from @p ep is a configuration error, and what to set. */
+static void refusal_text(const struct atc_endpoint *ep, int status, char *why, size_t size)
+{
+    bool keyed = ep->authorization != NULL;
+    snprintf(why, size, "the server refused atc's credentials (%d): %s%s", status,
+             keyed ? "check the key in api_key "
+                   : "set api_key_env or api_key_file on this endpoint or its model",
+             keyed ? ep->api_key_source : "");
+}
+
 const char *atc_health_state_name(enum atc_health_state state)
 {
     switch (state) {
@@ -659,15 +669,7 @@ static void on_probe_done(void *arg)
 
     pr->refused = st == 401 || st == 403;
     if (pr->refused) {
-        if (e->ep->authorization != NULL)
-            snprintf(why, sizeof(why),
-                     "the server refused atc's credentials (%d): check the key in api_key %s", st,
-                     e->ep->api_key_source);
-        else
-            snprintf(why, sizeof(why),
-                     "the server refused atc's credentials (%d): set api_key_env or "
-                     "api_key_file on this endpoint or its model",
-                     st);
+        refusal_text(e->ep, st, why, sizeof(why));
         probe_end(pr, false, why, false);
         return;
     }
@@ -777,6 +779,18 @@ static void on_eject_over(evutil_socket_t fd, short what, void *arg)
     e->ejected = false;
     snprintf(reason, sizeof(reason), "ejection over after %.1fs", (double)e->eject_ms / 1000.0);
     set_state(e, reason);
+}
+
+void atc_health_key_refused(struct atc_endpoint *ep, int status)
+{
+    char why[sizeof(((struct hep *)0)->last_error)];
+    refusal_text(ep, status, why, sizeof(why));
+    struct hep *e = hep_of(ep);
+    if (e != NULL && strcmp(e->last_error, why) == 0)
+        return; /* said already */
+    atc_warn("endpoint %s: %s", ep->id, why);
+    if (e != NULL)
+        set_last_error(e, "%s", why);
 }
 
 void atc_health_observe(struct atc_endpoint *ep, bool ok)

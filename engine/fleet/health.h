@@ -118,6 +118,10 @@ void atc_health_set_drained(struct atc_health *h, struct atc_endpoint *ep, bool 
 /** Passive check: the outcome of one real request to @p ep (ok false for connection failures, timeouts
  * and 5xx only). May eject the endpoint. No-op for an endpoint without health. */
 void atc_health_observe(struct atc_endpoint *ep, bool ok);
+/** On the main thread: @p ep answered a request @p status (401/403) for atc's own key. Its last_error
+ * says so (as a probe's refusal does), logged once while the text stays the same; without health checks
+ * only the log line. */
+void atc_health_key_refused(struct atc_endpoint *ep, int status);
 
 /** "healthy", "unhealthy", "ejected", "draining" or "starting". */
 const char *atc_health_state_name(enum atc_health_state state);

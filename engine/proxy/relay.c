@@ -617,9 +617,8 @@ static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
     struct atc_endpoint *next;
     /* It refused atc's own credentials (api_key_env / api_key_file): not the client's doing. */
     bool refused_key = (resp->status == 401 || resp->status == 403) && !r->ep->forward_authorization;
-    if (refused_key)
-        atc_warn("request %s: upstream %s answered %d: it refused atc's credentials", r->id, r->ep->id,
-                 resp->status);
+    if (refused_key) /* logged, and made its last_error, on the main thread */
+        atc_worker_key_refused(r->w, r->ep, resp->status);
     /* A 5xx, or a 429 (the server's own queue is full: TGI answers 429 "overloaded"), is the server's
      * failure, not the client's: it counts against the server and, before anything reached the client,
      * another endpoint may do better. So does a refused key (another endpoint may hold a good one). */

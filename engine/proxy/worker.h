@@ -53,6 +53,8 @@ struct atc_worker_hooks {
     void (*request_finished)(void *ctx, struct atc_worker *w);
     /** A request's outcome on @p ep, for passive health checks (which run on the main thread). */
     void (*observe)(void *ctx, struct atc_worker *w, struct atc_endpoint *ep, bool ok, bool had_errors);
+    /** @p ep answered a request 401/403 (@p status): it refused atc's own key, a configuration error. */
+    void (*key_refused)(void *ctx, struct atc_worker *w, struct atc_endpoint *ep, int status);
     /** A slot on some endpoint freed: the worker with the most urgent waiting request tries to place it. */
     void (*capacity_freed)(void *ctx, struct atc_worker *w);
     /** @p w's admission queue changed: other workers read its top priority. */
@@ -191,6 +193,10 @@ static inline void atc_worker_request_finished(struct atc_worker *w)
 static inline void atc_worker_observe(struct atc_worker *w, struct atc_endpoint *ep, bool ok, bool had_errors)
 {
     w->group->hooks.observe(w->group->hooks.ctx, w, ep, ok, had_errors);
+}
+static inline void atc_worker_key_refused(struct atc_worker *w, struct atc_endpoint *ep, int status)
+{
+    w->group->hooks.key_refused(w->group->hooks.ctx, w, ep, status);
 }
 static inline void atc_worker_capacity_freed(struct atc_worker *w)
 {

@@ -184,13 +184,15 @@ class EnginesSimTest(AtcTestCase):
                 status, _, body = chat(bare.port, max_tokens=2, headers={"Authorization": "Bearer client-own"})
                 self.assertEqual(status, 502, body)
                 self.assertEqual(json.loads(body)["error"]["code"], "upstream_credentials")
-                if engine in ("vllm", "sglang"):  # their ready probe (/v1/models) needs the key too
-                    wait_for(lambda: "401" in (bare.endpoints()["e0"]["last_error"] or ""), timeout=10,
-                             what=f"{engine}: the 401 in last_error")
-                    self.assertIn("api_key_env", bare.endpoints()["e0"]["last_error"])
+                # the refused request says so in last_error on every engine, also where the probes
+                # are not guarded (llama.cpp, TGI); vLLM's and SGLang's ready probe is refused too
+                wait_for(lambda: "401" in (bare.endpoints()["e0"]["last_error"] or ""), timeout=10,
+                         what=f"{engine}: the 401 in last_error")
+                self.assertIn("api_key_env", bare.endpoints()["e0"]["last_error"])
+                if engine in ("vllm", "sglang"):
                     self.assertEqual(bare.endpoints()["e0"]["state"], "unhealthy")
                 bare.stop()
-                self.assertIn("answered 401: it refused atc's credentials", bare.read_log())
+                self.assertIn("e0: the server refused atc's credentials (401)", bare.read_log())
                 # with it
                 atc = self.start_atc(config([sim.url], engine, top=f"access_log: {log}",
                                             model_extra="    api_key_env: ATC_E2E_KEY", scrape=True),
