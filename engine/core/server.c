@@ -60,6 +60,16 @@ static void stop_sims(struct atc_server *srv)
 /* Starts the simulated servers of simulate: on free loopback ports and adds each as an endpoint. */
 static void on_more_capacity(void *arg);
 
+/* A simulated server's api_key as the key atc sends it (the endpoint owns the copy, endpoint.c wipes it). */
+static int sim_key(struct atc_endpoint *ep, const char *key)
+{
+    size_t n = strlen(key) + sizeof("Bearer ");
+    if ((ep->authorization = malloc(n)) == NULL || (ep->api_key_source = strdup("simulate: api_key")) == NULL)
+        return -1;
+    snprintf(ep->authorization, n, "Bearer %s", key);
+    return 0;
+}
+
 static int start_sims(struct atc_server *srv, const char **err)
 {
     size_t total = 0;
@@ -94,6 +104,10 @@ static int start_sims(struct atc_server *srv, const char **err)
             sep->engine = sc->engine; /* what /admin/endpoints shows; health reads the model's, the same */
             sep->role = p.role;
             sep->bootstrap_port = port; /* the sim's bootstrap rooms are on its own port (sim_disagg.c) */
+            if (p.api_key != NULL && sim_key(sep, p.api_key) < 0) { /* atc speaks to it with its own key */
+                *err = "out of memory";
+                return -1;
+            }
             atomic_store_explicit(&sep->kv_tokens, atc_sim_params_kv_tokens(&p), memory_order_relaxed);
             atc_info("simulated %s server %s on 127.0.0.1:%u", p.model, id, (unsigned)port);
         }

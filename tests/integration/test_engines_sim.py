@@ -402,6 +402,21 @@ simulate:
                  what="unhealthy with the model's engine: openai")
         self.assertEqual(next(iter(atc2.endpoints().values()))["engine"], "openai")
 
+    def test_a_simulated_servers_key_is_the_one_atc_sends_it(self):
+        atc = self.start_atc(f"""
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+models:
+  - name: {MODEL}
+simulate:
+  - {{model: {MODEL}, engine: vllm, api_key: sk-sim-own, decode_ms: 1}}
+""")
+        wait_for(lambda: next(iter(atc.endpoints().values()))["state"] == "healthy", timeout=10,
+                 what="the keyed simulated endpoint healthy (its ready probe needs the key)")
+        self.assertEqual(next(iter(atc.endpoints().values()))["api_key"], "set")
+        status, _, body = chat(atc.port, max_tokens=2)
+        self.assertEqual(status, 200, body)
+
     def test_simulate_entries_of_one_model_disagreeing_on_engine(self):
         path = os.path.join(self.tmp.name, "two.yaml")
         with open(path, "w") as fh:
