@@ -5,12 +5,13 @@ and a simulated fleet, and checks every request it sends."""
 import http.client
 import json
 import os
+import re
 import subprocess
 import threading
 import time
 import unittest
 
-from harness import ATC_BIN, AtcTestCase, chat, request, wait_for
+from harness import ATC_BIN, SOURCE_DIR, AtcTestCase, chat, request, wait_for
 
 CONFIG = """
 listen: 127.0.0.1:0
@@ -129,6 +130,28 @@ class DecisionRecordTest(SafelyTestCase):
         doc = wait_for(line, timeout=5, what="the access log line")
         self.assertEqual((doc["decision"], doc["reason"]), ("endpoint", None))
         self.assertEqual(doc["explain"], rec)
+
+    def test_the_shipped_policy_scores_every_candidate_as_the_docs_show(self):
+        # docs/policies.md, "Reading a decision record": its command on the quick start with explain: true,
+        # run as written (on this atc's port), prints the record the docs show.
+        with open(os.path.join(SOURCE_DIR, "docs", "policies.md")) as f:
+            doc = f.read()
+        section = doc[doc.index("## Reading a decision record"):]
+        command = re.search(r"```bash\n(curl .*)\n```", section).group(1)
+        shown = json.loads(re.search(r"```json\n(.*)\n```", section).group(1))
+        with open(os.path.join(SOURCE_DIR, "examples", "quickstart.yaml")) as f:
+            text = f.read()
+        text = re.sub(r"(?m)^listen: \S+", "listen: 127.0.0.1:0", text)
+        text = re.sub(r"(?m)^admin: \S+", "admin: 127.0.0.1:0", text)
+        text = re.sub(r"(?m)^  entry: \.\./scripts/policy\.lua.*$",
+                      "  entry: " + os.path.join(SOURCE_DIR, "scripts", "policy.lua") + "\n  explain: true", text)
+        atc = self.start_atc(text)
+        out = subprocess.run(["sh", "-c", command.replace("127.0.0.1:8080", f"127.0.0.1:{atc.port}")],
+                             capture_output=True, text=True, timeout=30)
+        rec = json.loads(out.stdout)
+        self.assertEqual(rec, shown)
+        self.assertEqual([s["endpoint"] for s in rec["scores"]][1:],  # every candidate, the pick first
+                         [f"llama-3-8b-sim-{i}" for i in (1, 2, 3) if f"llama-3-8b-sim-{i}" != rec["endpoint"]])
 
     def test_explain_off_in_the_config_sends_no_record(self):
         self.policy_path = os.path.join(self.tmp.name, "policy.lua")
