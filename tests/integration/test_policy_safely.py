@@ -81,7 +81,12 @@ class RollbackTest(SafelyTestCase):
         self.assertEqual(answers[5:], [("2", "endpoint")] * 7)  # v2, not v1
         doc = self.policy_status(atc)
         self.assertEqual((doc["version"], doc["rollbacks"]), (2, 1))
-        self.assertIn("rolling back to v2", atc.read_log())
+        log = atc.read_log()
+        # One rollback line, by the worker whose failure made the fifth in a row; the failures count
+        # across both workers, as rollback_after does: 1, 2, 3, 4, 5, each once.
+        self.assertEqual(re.findall(r"policy v3 failed (\d+) decisions in a row: rolling back to v2", log), ["5"])
+        self.assertEqual(sorted(int(n) for n in re.findall(r"policy v3 error \((\d+) in a row across the workers", log)),
+                         [1, 2, 3, 4, 5])
 
     def test_an_overrun_and_an_invalid_return_say_so_with_the_value_and_the_line(self):
         atc = self.start("""
