@@ -29,7 +29,7 @@
 #include "policy/watchdog.h"
 
 const char atc_policy_fallback_error[] = "error";
-const char atc_policy_fallback_budget[] = "budget";
+const char atc_policy_fallback_budget[] = "overrun"; /* the one name: header, record, metrics, log */
 const char atc_policy_fallback_memory[] = "memory";
 const char atc_policy_fallback_invalid[] = "invalid_return"; /* a label value: no space */
 

@@ -108,6 +108,11 @@ class RollbackTest(SafelyTestCase):
         self.assertRegex(log, r"policy\.lua:2: route returned 42 \(return an endpoint")
         self.assertIn('policy.lua:2: route returned "no-such-endpoint", which is no endpoint id', log)
         self.assertTrue(os.path.exists(policy))
+        # the metrics name the overrun as the header does
+        _, _, metrics = request("127.0.0.1", atc.admin_port, "GET", "/metrics")
+        metrics = metrics.decode() if isinstance(metrics, bytes) else metrics
+        self.assertIn('atc_policy_failures_total{version="1",kind="overrun"} 1\n', metrics)
+        self.assertIn('atc_policy_fallbacks_total{reason="overrun"} 1\n', metrics)
 
 
 class DecisionRecordTest(SafelyTestCase):
