@@ -54,8 +54,10 @@ M.HIGH_PRIORITY, M.CACHE_WEIGHT, M.HOLD_MS = HIGH_PRIORITY, CACHE_WEIGHT, HOLD_M
 -- same hardware, and comparing each one's noisy estimate of the same speed moved traffic for nothing
 -- (the same first-half grid: per-endpoint rates cost 9 points of cache hits at 1x/32 servers, 31% ->
 -- 22%, 16% of TTFT p90 there and 23% at 2x/8). A pool of unlike servers: split it by tags (capability).
-M.COST = { pooled = true, uncached = CACHE_WEIGHT, decode = DECODE_WEIGHT, congestion = CONGESTION }
-M.URGENT = { pooled = true, uncached = 1, decode = DECODE_WEIGHT }
+-- explain: atc.fastest puts every candidate's cost (ms) and predicted TTFT in the decision record, the
+-- pick first, when someone reads it (x-atc-explain: 1, the access log, a recording); else it costs nothing.
+M.COST = { pooled = true, uncached = CACHE_WEIGHT, decode = DECODE_WEIGHT, congestion = CONGESTION, explain = true }
+M.URGENT = { pooled = true, uncached = 1, decode = DECODE_WEIGHT, explain = true }
 
 function M.cost(req)
   return req.priority > HIGH_PRIORITY and M.URGENT or M.COST

@@ -70,7 +70,7 @@ enum atc_decision_kind {
 };
 
 /* Why a decision fell back to the C balancer: interned strings, compared by pointer
- * (d.reason == atc_policy_fallback_budget), printable as they are ("budget"). */
+ * (d.reason == atc_policy_fallback_budget), printable as they are ("overrun"). */
 extern const char atc_policy_fallback_error[];   /* the policy raised an error */
 extern const char atc_policy_fallback_budget[];  /* it ran past its time budget and was stopped */
 extern const char atc_policy_fallback_memory[];  /* it ran out of its memory cap */

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <lauxlib.h>
@@ -15,6 +16,7 @@
 #include "fleet/balancer.h"
 #include "fleet/endpoint.h"
 #include "fleet/signals.h"
+#include "policy/decision.h"
 #include "policy/policy_api.h"
 #include "policy/state.h"
 
@@ -606,9 +608,18 @@ static double fast_recent(struct fast_cand *c, const struct atc_signal_params *p
 /* The option names atc.fastest reads, kept as upvalues 2.. of its closure: a raw get with a string
  * already interned, where lua_getfield would hash and look up the C string on every call (6 of them were
  * an eighth of a decision of the shipped policy, callgrind). Raw: a policy cannot set metatables. */
-enum { FAST_RECENT, FAST_DECODE, FAST_UNCACHED, FAST_CONGESTION, FAST_POOLED, FAST_SKIP, FAST_NOPTIONS };
-static const char *const fast_options[FAST_NOPTIONS] = {"recent",     "decode", "uncached",
-                                                        "congestion", "pooled", "skip"};
+enum {
+    FAST_RECENT,
+    FAST_DECODE,
+    FAST_UNCACHED,
+    FAST_CONGESTION,
+    FAST_POOLED,
+    FAST_SKIP,
+    FAST_EXPLAIN,
+    FAST_NOPTIONS
+};
+static const char *const fast_options[FAST_NOPTIONS] = {"recent", "decode", "uncached", "congestion",
+                                                        "pooled", "skip",   "explain"};
 
 /* Pushes option @p which of the options table (argument 3). */
 static void fast_option_push(lua_State *L, int which)
@@ -639,15 +650,43 @@ static double fast_option(lua_State *L, int which, double dflt)
  * request brings delays the requests behind it too, so cache hits are worth more than their own TTFT.
  * opts.recent (0) spreads traffic that arrives one request at a time; opts.decode (0) weighs the decode
  * batch a request joins. opts.skip: an endpoint never chosen. Ties go to less recent work, then the
- * lower in-flight share. The loop runs in C, so a decision at 512 endpoints stays in microseconds. */
+ * lower in-flight share. opts.explain: each usable candidate's cost goes to the decision record (as
+ * atc.explain(ep, cost, "ttft .. ms, .. uncached")), the chosen one first, when someone reads the record
+ * (else nothing is done: explaining costs one option read). The loop runs in C, so a decision at 512
+ * endpoints stays in microseconds. */
 #define CONGESTION_MAX 16.0
+
+static double fast_cost(struct fast_cand *x, double w_uncached, double w_recent, double w_decode,
+                        const struct atc_signal_params *p, uint64_t now, double *ttft)
+{
+    *ttft = (x->queued + x->uncached) * 1000.0 / x->tps + x->itl;
+    return *ttft + (w_uncached - 1) * x->uncached * 1000.0 / x->tps +
+           (w_recent > 0 ? w_recent * fast_recent(x, p, now) * 1000.0 / x->tps : 0) +
+           w_decode * x->decoding * x->itl;
+}
+
+/* opts.explain: the candidates' costs in the record, the chosen (best, 1-based) first. A mock (no
+ * engine endpoint) has no id the record could name, and is left out. */
+static void fast_explain(struct atc_explain *out, struct fast_cand *c, int n, int best, double w_uncached,
+                         double w_recent, double w_decode, const struct atc_signal_params *p, uint64_t now)
+{
+    for (int k = 0; k <= n; k++) {
+        int i = k == 0 ? best : k; /* best first, then the others in the pool's order */
+        if ((k > 0 && i == best) || i == 0 || !c[i - 1].usable || c[i - 1].ep == NULL)
+            continue;
+        double ttft, cost = fast_cost(&c[i - 1], w_uncached, w_recent, w_decode, p, now, &ttft);
+        char note[48];
+        snprintf(note, sizeof(note), "ttft %.1f ms, %.0f uncached", ttft, c[i - 1].uncached);
+        atc_explain_add(out, c[i - 1].ep->id, cost, note);
+    }
+}
 static int policy_pick_fastest(lua_State *L)
 {
     struct policy_version *v = policy_api_version(L);
     luaL_checktype(L, 1, LUA_TTABLE);
     luaL_checkany(L, 2);
     double w_recent = 0, w_decode = 0, w_uncached = 1, w_congestion = 0;
-    bool pooled = false;
+    bool pooled = false, explain = false;
     if (!lua_isnoneornil(L, 3)) {
         luaL_checktype(L, 3, LUA_TTABLE);
         w_recent = fast_option(L, FAST_RECENT, 0);
@@ -656,6 +695,9 @@ static int policy_pick_fastest(lua_State *L)
         w_congestion = fast_option(L, FAST_CONGESTION, 0);
         fast_option_push(L, FAST_POOLED);
         pooled = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+        fast_option_push(L, FAST_EXPLAIN);
+        explain = lua_toboolean(L, -1);
         lua_pop(L, 1);
         fast_option_push(L, FAST_SKIP);
     } else {
@@ -698,10 +740,7 @@ static int policy_pick_fastest(lua_State *L)
         struct fast_cand *x = &c[i - 1];
         if (!x->usable)
             continue;
-        double ttft = (x->queued + x->uncached) * 1000.0 / x->tps + x->itl;
-        double cost = ttft + (w_uncached - 1) * x->uncached * 1000.0 / x->tps +
-                      (w_recent > 0 ? w_recent * fast_recent(x, p, now) * 1000.0 / x->tps : 0) +
-                      w_decode * x->decoding * x->itl;
+        double ttft, cost = fast_cost(x, w_uncached, w_recent, w_decode, p, now, &ttft);
         bool better = best == 0 || cost < best_cost;
         if (!better && cost == best_cost) { /* a tie: less recent work, then the lighter */
             struct fast_cand *b = &c[best - 1];
@@ -714,6 +753,8 @@ static int policy_pick_fastest(lua_State *L)
             best_ttft = ttft;
         }
     }
+    if (explain && v->req != NULL && v->req->explain != NULL)
+        fast_explain(v->req->explain, c, n, best, w_uncached, w_recent, w_decode, p, now);
     if (best == 0) {
         lua_pushnil(L);
         return 1;

@@ -29,7 +29,7 @@
 #include "policy/watchdog.h"
 
 const char atc_policy_fallback_error[] = "error";
-const char atc_policy_fallback_budget[] = "budget";
+const char atc_policy_fallback_budget[] = "overrun"; /* the one name: header, record, metrics, log */
 const char atc_policy_fallback_memory[] = "memory";
 const char atc_policy_fallback_invalid[] = "invalid_return"; /* a label value: no space */
 
@@ -43,24 +43,32 @@ static double default_now_ms(void *ctx)
 
 /* ---- decisions ---- */
 
+/* streak: the failures in a row of v counted across the workers (what rollback_after compares), 0 for a
+ * canary's decision, which counts toward no streak. */
 static void log_failure(struct atc_policy_runtime *rt, struct policy_version *v, const char *what,
-                        const char *msg)
+                        const char *msg, unsigned streak)
 {
-    /* Rate-limited: the first failures of a version, then every 1000th. */
+    /* Rate-limited: the first failures of a version on this worker, then every 1000th. */
     uint64_t failures = v->c.errors + v->c.overruns + v->c.oom + v->c.invalid;
-    if (failures <= 10 || failures % 1000 == 0)
-        atc_warn("policy v%llu %s (failure %llu, routed by the C balancer): %s",
-                 (unsigned long long)v->version, what, (unsigned long long)failures, msg);
+    if (streak > 0 && (failures <= 10 || failures % 1000 == 0))
+        atc_warn("policy v%llu %s (%u in a row across the workers, routed by the C balancer): %s",
+                 (unsigned long long)v->version, what, streak, msg);
+    else if (failures <= 10 || failures % 1000 == 0)
+        atc_warn("policy v%llu %s (canary, routed by the C balancer): %s", (unsigned long long)v->version,
+                 what, msg);
     free(rt->last_error);
     rt->last_error = strdup(msg);
 }
 
-static void rollback(struct atc_policy_runtime *rt)
+/* Only the worker whose failure reached rollback_after (leader) says so; the others follow it quietly
+ * at their next decision (atc_policy_sync), when the streak is already reset. */
+static void rollback(struct atc_policy_runtime *rt, bool leader)
 {
     struct policy_version *bad = rt->current;
-    atc_error("policy v%llu failed %u decisions in a row: rolling back to v%llu",
-              (unsigned long long)bad->version, bad->consecutive_failures,
-              (unsigned long long)rt->last_good->version);
+    if (leader)
+        atc_error("policy v%llu failed %u decisions in a row: rolling back to v%llu",
+                  (unsigned long long)bad->version, bad->consecutive_failures,
+                  (unsigned long long)rt->last_good->version);
     rt->current = rt->last_good;
     rt->last_good = NULL;
     rt->rollbacks++;
@@ -75,18 +83,20 @@ void atc_policy_sync(struct atc_policy_runtime *rt)
 {
     if (rt->s.group != NULL && rt->last_good != NULL &&
         atomic_load(&rt->s.group->rolled_back) == rt->current->version) {
-        rt->current->consecutive_failures = atomic_load(&rt->s.group->streak);
-        rollback(rt);
+        rollback(rt, false);
     }
 }
 
-static void count_result(struct atc_policy_runtime *rt, struct policy_version *v, bool ok)
+/* Counts a decision of v; a failure is logged here (what, msg), with the streak it makes. */
+static void count_result(struct atc_policy_runtime *rt, struct policy_version *v, bool ok, const char *what,
+                         const char *msg)
 {
     struct atc_policy_group *g = rt->s.group;
     if (ok) {
         v->consecutive_failures = 0;
         /* It served: from now on it is the version a later bad one rolls back to (swap_in). */
-        if (v->successes == 0 && g != NULL && atomic_load_explicit(&g->served, memory_order_relaxed) < v->version)
+        if (v->successes == 0 && g != NULL &&
+            atomic_load_explicit(&g->served, memory_order_relaxed) < v->version)
             atomic_store(&g->served, v->version);
         if (g != NULL && atomic_load_explicit(&g->streak, memory_order_relaxed) != 0)
             atomic_store(&g->streak, 0);
@@ -98,9 +108,10 @@ static void count_result(struct atc_policy_runtime *rt, struct policy_version *v
     }
     rt->fallbacks++;
     v->consecutive_failures = g != NULL ? atomic_fetch_add(&g->streak, 1) + 1 : v->consecutive_failures + 1;
+    log_failure(rt, v, what, msg, v->consecutive_failures);
     if (rt->current == v && rt->last_good != NULL && rt->s.rollback_after > 0 &&
         v->consecutive_failures >= rt->s.rollback_after)
-        rollback(rt);
+        rollback(rt, true);
 }
 
 /* Turns the value at -1 into a decision; false when it is not one. */
@@ -158,10 +169,12 @@ static void describe_invalid(struct policy_version *v, char *buf, size_t size)
     describe_value(L, value, sizeof(value));
     const struct atc_endpoint *ep = policy_api_to_endpoint(v, -1);
     if (lua_isnil(L, -1))
-        snprintf(buf, size, "%s: route returned nil (return an endpoint, atc.queue() or atc.reject())", where);
+        snprintf(buf, size, "%s: route returned nil (return an endpoint, atc.queue() or atc.reject())",
+                 where);
     else if (ep != NULL)
-        snprintf(buf, size, "%s: route returned endpoint %s, which cannot take it now (full, unhealthy or tried)",
-                 where, ep->id);
+        snprintf(buf, size,
+                 "%s: route returned endpoint %s, which cannot take it now (full, unhealthy or tried)", where,
+                 ep->id);
     else if (lua_type(L, -1) == LUA_TSTRING)
         snprintf(buf, size, "%s: route returned %s, which is no endpoint id", where, value);
     else if (lua_istable(L, -1))
@@ -227,13 +240,15 @@ void atc_policy_route(struct atc_policy_runtime *rt, const struct atc_route_requ
     if (!ok) {
         out->kind = ATC_DECISION_FALLBACK;
         out->reason = why;
-        log_failure(rt, v, why, err);
     }
     policy_canary_count(rt->canary, out->canary, ok, why);
-    if (out->canary) /* no streak and no rollback of its own: its window judges it (canary.c) */
+    if (out->canary) { /* no streak and no rollback of its own: its window judges it (canary.c) */
         rt->fallbacks += !ok;
-    else
-        count_result(rt, v, ok);
+        if (!ok)
+            log_failure(rt, v, why, err, 0);
+    } else {
+        count_result(rt, v, ok, why, err);
+    }
 }
 
 size_t atc_policy_routed(struct atc_policy_runtime *rt, const struct atc_route_request *req,
@@ -331,8 +346,8 @@ void policy_swap_in(struct atc_policy_runtime *rt, struct policy_version *v)
     /* The version a bad new one rolls back to is the last one that served: the outgoing one once it made a
      * good decision (here or, through the group, on any worker), else the one kept before it. */
     struct policy_version *old = rt->current;
-    bool served = old->successes > 0 ||
-                  (rt->s.group != NULL && atomic_load(&rt->s.group->served) >= old->version);
+    bool served =
+        old->successes > 0 || (rt->s.group != NULL && atomic_load(&rt->s.group->served) >= old->version);
     if (rt->last_good == NULL || served) {
         policy_version_destroy(rt->last_good);
         rt->last_good = old;
@@ -358,11 +373,11 @@ struct atc_policy_build {
     struct atc_policy_runtime *loader;
     struct policy_version **versions; /* [n]: one per runtime, taken by atc_policy_adopt */
     size_t n;
-    uint64_t version;       /* the number they take */
-    uint64_t table_changes; /* the runtimes' when the build began: a later table makes the build stale */
+    uint64_t version;         /* the number they take */
+    uint64_t table_changes;   /* the runtimes' when the build began: a later table makes the build stale */
     uint64_t shadow_versions; /* the runtimes' shadows loaded so far: a shadow build numbers from there */
     bool failed;
-    char *err; /* why it failed (NULL: out of memory) */
+    char *err;                        /* why it failed (NULL: out of memory) */
     struct atc_policy_target_spec as; /* as.entry owned */
 };
 

@@ -336,7 +336,7 @@ void policy_shadow_metrics(struct atc_policy_runtime *const *rts, size_t n, stru
                         "# HELP atc_policy_shadow_failures_total Shadow decisions that failed, by kind.\n"
                         "# TYPE atc_policy_shadow_failures_total counter\n"
                         "atc_policy_shadow_failures_total{%s,kind=\"error\"} %llu\n"
-                        "atc_policy_shadow_failures_total{%s,kind=\"budget\"} %llu\n"
+                        "atc_policy_shadow_failures_total{%s,kind=\"overrun\"} %llu\n"
                         "atc_policy_shadow_failures_total{%s,kind=\"invalid_return\"} %llu\n"
                         "# HELP atc_policy_shadow_picks_total Endpoints the shadow picked.\n"
                         "# TYPE atc_policy_shadow_picks_total counter\n",

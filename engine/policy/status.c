@@ -244,7 +244,7 @@ void atc_policy_metrics(struct atc_policy_runtime *const *rts, size_t n, struct 
             const char *kind;
             uint64_t n;
         } kinds[] = {{"error", t.c.errors},
-                     {"budget", t.c.overruns},
+                     {"overrun", t.c.overruns},
                      {"memory", t.c.oom},
                      {"invalid_return", t.c.invalid}};
         for (size_t k = 0; k < 4; k++)

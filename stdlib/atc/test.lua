@@ -40,7 +40,7 @@
 --            prefix index learns their blocks, so ep:prefix_overlap(req) answers as in production),
 --   allow_error = true: return a failed decision instead of raising its error.
 -- The decision: { kind = "endpoint" | "queue" | "reject" | "fallback", endpoint (id), status, message,
--- reason ("error", "budget", "memory", "invalid_return"), error (the policy's error message) }. When the
+-- reason ("error", "overrun", "memory", "invalid_return"), error (the policy's error message) }. When the
 -- policy raised, t.route raises that error (a failed t.expect inside the policy fails the test) unless
 -- allow_error. Views handed to the policy are only valid during its decision.
 --

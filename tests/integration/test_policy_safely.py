@@ -5,12 +5,13 @@ and a simulated fleet, and checks every request it sends."""
 import http.client
 import json
 import os
+import re
 import subprocess
 import threading
 import time
 import unittest
 
-from harness import ATC_BIN, AtcTestCase, chat, request, wait_for
+from harness import ATC_BIN, SOURCE_DIR, AtcTestCase, chat, request, wait_for
 
 CONFIG = """
 listen: 127.0.0.1:0
@@ -80,7 +81,12 @@ class RollbackTest(SafelyTestCase):
         self.assertEqual(answers[5:], [("2", "endpoint")] * 7)  # v2, not v1
         doc = self.policy_status(atc)
         self.assertEqual((doc["version"], doc["rollbacks"]), (2, 1))
-        self.assertIn("rolling back to v2", atc.read_log())
+        log = atc.read_log()
+        # One rollback line, by the worker whose failure made the fifth in a row; the failures count
+        # across both workers, as rollback_after does: 1, 2, 3, 4, 5, each once.
+        self.assertEqual(re.findall(r"policy v3 failed (\d+) decisions in a row: rolling back to v2", log), ["5"])
+        self.assertEqual(sorted(int(n) for n in re.findall(r"policy v3 error \((\d+) in a row across the workers", log)),
+                         [1, 2, 3, 4, 5])
 
     def test_an_overrun_and_an_invalid_return_say_so_with_the_value_and_the_line(self):
         atc = self.start("""
@@ -102,6 +108,11 @@ class RollbackTest(SafelyTestCase):
         self.assertRegex(log, r"policy\.lua:2: route returned 42 \(return an endpoint")
         self.assertIn('policy.lua:2: route returned "no-such-endpoint", which is no endpoint id', log)
         self.assertTrue(os.path.exists(policy))
+        # the metrics name the overrun as the header does
+        _, _, metrics = request("127.0.0.1", atc.admin_port, "GET", "/metrics")
+        metrics = metrics.decode() if isinstance(metrics, bytes) else metrics
+        self.assertIn('atc_policy_failures_total{version="1",kind="overrun"} 1\n', metrics)
+        self.assertIn('atc_policy_fallbacks_total{reason="overrun"} 1\n', metrics)
 
 
 class DecisionRecordTest(SafelyTestCase):
@@ -129,6 +140,28 @@ class DecisionRecordTest(SafelyTestCase):
         doc = wait_for(line, timeout=5, what="the access log line")
         self.assertEqual((doc["decision"], doc["reason"]), ("endpoint", None))
         self.assertEqual(doc["explain"], rec)
+
+    def test_the_shipped_policy_scores_every_candidate_as_the_docs_show(self):
+        # docs/policies.md, "Reading a decision record": its command on the quick start with explain: true,
+        # run as written (on this atc's port), prints the record the docs show.
+        with open(os.path.join(SOURCE_DIR, "docs", "policies.md")) as f:
+            doc = f.read()
+        section = doc[doc.index("## Reading a decision record"):]
+        command = re.search(r"```bash\n(curl .*)\n```", section).group(1)
+        shown = json.loads(re.search(r"```json\n(.*)\n```", section).group(1))
+        with open(os.path.join(SOURCE_DIR, "examples", "quickstart.yaml")) as f:
+            text = f.read()
+        text = re.sub(r"(?m)^listen: \S+", "listen: 127.0.0.1:0", text)
+        text = re.sub(r"(?m)^admin: \S+", "admin: 127.0.0.1:0", text)
+        text = re.sub(r"(?m)^  entry: \.\./scripts/policy\.lua.*$",
+                      "  entry: " + os.path.join(SOURCE_DIR, "scripts", "policy.lua") + "\n  explain: true", text)
+        atc = self.start_atc(text)
+        out = subprocess.run(["sh", "-c", command.replace("127.0.0.1:8080", f"127.0.0.1:{atc.port}")],
+                             capture_output=True, text=True, timeout=30)
+        rec = json.loads(out.stdout)
+        self.assertEqual(rec, shown)
+        self.assertEqual([s["endpoint"] for s in rec["scores"]][1:],  # every candidate, the pick first
+                         [f"llama-3-8b-sim-{i}" for i in (1, 2, 3) if f"llama-3-8b-sim-{i}" != rec["endpoint"]])
 
     def test_explain_off_in_the_config_sends_no_record(self):
         self.policy_path = os.path.join(self.tmp.name, "policy.lua")

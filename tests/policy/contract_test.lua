@@ -416,7 +416,7 @@ t.test("t.route refuses what atc refuses, and a decision keeps its budget", func
   end).to_raise("inside a decision")
   local d = t.route({ endpoints = eps, body = ok, allow_error = true, budget_ms = 5 }, function() while true do end end)
   t.expect(d.kind).to_be("fallback")
-  t.expect(d.reason).to_be("budget")
+  t.expect(d.reason).to_be("overrun")
 end)
 
 t.test("atc.explain: the scores a policy attaches reach the decision record, eight at most", function()

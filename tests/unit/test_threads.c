@@ -437,7 +437,7 @@ static void test_metrics_from_two_threads(void **state)
     }
     snprintf(line, sizeof(line), "atc_policy_decision_seconds_count %d\n", 2 * METRIC_REQUESTS);
     assert_non_null(strstr(text, line));
-    snprintf(line, sizeof(line), "atc_policy_fallbacks_total{reason=\"budget\"} %d\n",
+    snprintf(line, sizeof(line), "atc_policy_fallbacks_total{reason=\"overrun\"} %d\n",
              2 * METRIC_REQUESTS / 10);
     assert_non_null(strstr(text, line));
     snprintf(line, sizeof(line), "atc_relayed_bytes_total %d\n", 2 * METRIC_REQUESTS * 10);
