@@ -105,6 +105,9 @@ struct atc_replay_result {
     double imbalance_max;
     double work_imbalance; /* max / mean over endpoints of the tokens (prompt + output) sent to each */
     double wall_s; /* real time the replay took (not deterministic: kept out of --json) */
+    /* against a recorded trace's picks (replay_cli.c): how many of the recorded live picks / shadow picks
+     * this policy made too; recorded_*: how many the trace holds (0: none recorded) */
+    size_t agree_live, agree_shadow, recorded_live, recorded_shadow;
     bool live;     /* --speed: measured at the client; the fleet's cache and load are unknown */
 
     /* per request (index = trace record); NaN when the request did not complete */

@@ -23,32 +23,43 @@
 /* ---- atc replay ---- */
 
 /* A recorded trace holds the live pick (endpoint) and the shadow's (shadow_endpoint): how often each
- * replayed policy picks what they picked, and what its picks cost against the first policy's, so that
- * a shadow's live agreement can be checked offline and its TTFT priced under the simulated fleet. */
-static void print_agreement(const struct atc_trace *t, const struct atc_replay_result *res, size_t n)
+ * replayed policy picks what they picked (into each result, for the reports too), and what its picks cost
+ * against the first policy's, so that a shadow's live agreement can be checked offline and its TTFT
+ * priced under the simulated fleet. */
+static void count_agreement(const struct atc_trace *t, struct atc_replay_result *res, size_t n)
 {
     size_t live = 0, shadow = 0;
     for (size_t k = 0; k < t->n; k++) {
         live += t->records[k].endpoint != NULL;
         shadow += t->records[k].shadow_endpoint != NULL;
     }
-    if (live == 0)
+    for (size_t i = 0; i < n; i++) {
+        struct atc_replay_result *r = &res[i];
+        r->recorded_live = live;
+        r->recorded_shadow = shadow;
+        r->agree_live = r->agree_shadow = 0;
+        for (size_t k = 0; k < t->n && k < r->requests; k++) {
+            const char *id = r->endpoint[k] >= 0 ? r->endpoints[r->endpoint[k]].id : NULL;
+            const struct atc_trace_record *rec = &t->records[k];
+            r->agree_live += id != NULL && rec->endpoint != NULL && strcmp(id, rec->endpoint) == 0;
+            r->agree_shadow +=
+                id != NULL && rec->shadow_endpoint != NULL && strcmp(id, rec->shadow_endpoint) == 0;
+        }
+    }
+}
+
+static void print_agreement(const struct atc_replay_result *res, size_t n)
+{
+    if (n == 0 || res[0].recorded_live == 0)
         return;
     printf("\n");
     for (size_t i = 0; i < n; i++) {
         const struct atc_replay_result *r = &res[i];
-        size_t same = 0, same_shadow = 0;
-        for (size_t k = 0; k < t->n && k < r->requests; k++) {
-            const char *id = r->endpoint[k] >= 0 ? r->endpoints[r->endpoint[k]].id : NULL;
-            const struct atc_trace_record *rec = &t->records[k];
-            same += id != NULL && rec->endpoint != NULL && strcmp(id, rec->endpoint) == 0;
-            same_shadow += id != NULL && rec->shadow_endpoint != NULL && strcmp(id, rec->shadow_endpoint) == 0;
-        }
-        printf("%s: agreement with the recorded live picks %zu/%zu (%.4f)", r->name, same, live,
-               (double)same / (double)live);
-        if (shadow > 0)
-            printf(", with the recorded shadow picks %zu/%zu (%.4f)", same_shadow, shadow,
-                   (double)same_shadow / (double)shadow);
+        printf("%s: agreement with the recorded live picks %zu/%zu (%.4f)", r->name, r->agree_live,
+               r->recorded_live, (double)r->agree_live / (double)r->recorded_live);
+        if (r->recorded_shadow > 0)
+            printf(", with the recorded shadow picks %zu/%zu (%.4f)", r->agree_shadow, r->recorded_shadow,
+                   (double)r->agree_shadow / (double)r->recorded_shadow);
         if (i > 0)
             printf("; TTFT p90 %+.1f ms against %s", r->ttft_p90_ms - res[0].ttft_p90_ms, res[0].name);
         printf("\n");
@@ -56,7 +67,8 @@ static void print_agreement(const struct atc_trace *t, const struct atc_replay_r
 }
 
 static const char usage_replay[] =
-    "usage: atc replay -c FLEET.yaml --trace FILE [--policy P] [--vs P2 ...] [--speed LIST] [--servers LIST]\n"
+    "usage: atc replay -c FLEET.yaml --trace FILE [--policy P] [--vs P2 ...] [--speed LIST] [--servers "
+    "LIST]\n"
     "       atc replay --live --speed X --trace FILE (--target HOST:PORT | -c CONFIG) [flags]\n"
     "\n"
     "Replays a trace through one or more policies against a simulated fleet, in virtual time: each\n"
@@ -298,15 +310,17 @@ int atc_replay_main(int argc, char **argv)
             break;
         case 'S':
             if ((nspeeds = parse_list(optarg, speeds, false)) < 0) {
-                fprintf(stderr, "atc replay: --speed must be a number > 0, or a list such as 1,2,4 (at most %d)\n",
+                fprintf(stderr,
+                        "atc replay: --speed must be a number > 0, or a list such as 1,2,4 (at most %d)\n",
                         MAX_CELLS);
                 return 2;
             }
             break;
         case 'N':
             if ((nservers = parse_list(optarg, server_list, true)) < 0) {
-                fprintf(stderr, "atc replay: --servers must be a whole number > 0, or a list such as 8,16,32 "
-                                "(at most %d)\n",
+                fprintf(stderr,
+                        "atc replay: --servers must be a whole number > 0, or a list such as 8,16,32 "
+                        "(at most %d)\n",
                         MAX_CELLS);
                 return 2;
             }
@@ -359,7 +373,8 @@ int atc_replay_main(int argc, char **argv)
     }
     if (live) {
         if (nspeeds != 1 || nservers > 0) {
-            fprintf(stderr, "atc replay: --live replays at one --speed X against a running atc (no --servers)\n");
+            fprintf(stderr,
+                    "atc replay: --live replays at one --speed X against a running atc (no --servers)\n");
             return 2;
         }
         lo.speed = speeds[0];
@@ -451,10 +466,13 @@ int atc_replay_main(int argc, char **argv)
             gpolicies[i].name = pargs[i].name;
             gpolicies[i].path = pargs[i].path[0] != '\0' ? pargs[i].path : NULL;
         }
-        grid = (struct atc_replay_grid){.trace_path = trace_path, .fleet_path = config, .seed = o.seed,
-                                        .policies = gpolicies, .npolicies = npolicies};
-        if (atc_replay_grid_run(cfg, trace, &grid, speeds, (size_t)nspeeds, servers, (size_t)nservers, &o, &err) <
-            0) {
+        grid = (struct atc_replay_grid){.trace_path = trace_path,
+                                        .fleet_path = config,
+                                        .seed = o.seed,
+                                        .policies = gpolicies,
+                                        .npolicies = npolicies};
+        if (atc_replay_grid_run(cfg, trace, &grid, speeds, (size_t)nspeeds, servers, (size_t)nservers, &o,
+                                &err) < 0) {
             fprintf(stderr, "atc replay: %s\n", err != NULL ? err : "failed");
             free(err);
             err = NULL;
@@ -484,11 +502,14 @@ int atc_replay_main(int argc, char **argv)
         double speed = nspeeds ? speeds[0] : 1;
         snprintf(title, sizeof(title), "%s%s: %zu requests over %.1f s; fleet %s: %zu endpoints; seed %llu",
                  trace_path, speed != 1 ? " (time-compressed)" : "", results[0].requests,
-                 results[0].requests ? (double)trace->records[results[0].requests - 1].at_us / 1e6 / speed : 0.0,
+                 results[0].requests ? (double)trace->records[results[0].requests - 1].at_us / 1e6 / speed
+                                     : 0.0,
                  config, neps, (unsigned long long)o.seed);
     }
+    count_agreement(trace, results, nresults);
     if (json)
-        atc_replay_report_json(stdout, trace_path, config, o.seed, results, nresults, have_ideal ? &ideal : NULL);
+        atc_replay_report_json(stdout, trace_path, config, o.seed, results, nresults,
+                               have_ideal ? &ideal : NULL);
     else
         atc_replay_report_table(stdout, title, results, nresults, have_ideal ? &ideal : NULL);
     if (html != NULL &&
@@ -498,7 +519,7 @@ int atc_replay_main(int argc, char **argv)
         rc = 1;
     }
     if (!json)
-        print_agreement(trace, results, nresults);
+        print_agreement(results, nresults);
     for (size_t i = 0; i < nresults; i++)
         if (results[i].rejected == results[i].requests && results[i].requests > 0)
             fprintf(stderr,

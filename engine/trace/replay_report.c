@@ -12,9 +12,10 @@
 #include "trace/replay_report.h"
 
 /* The footnote every report gives the ideal fleet (replay_ideal.h). */
-#define IDEAL_NOTE                                                                                          \
-    "ideal fleet: the fleet's KV caches pooled into one LRU cache, its servers as parallel prefill lanes and one\n" \
-    "central FIFO queue (TTFT = queue wait + prefill of the uncached tokens + one decode step); /ideal: a\n"     \
+#define IDEAL_NOTE                                                                                           \
+    "ideal fleet: the fleet's KV caches pooled into one LRU cache, its servers as parallel prefill lanes "   \
+    "and one\n"                                                                                              \
+    "central FIFO queue (TTFT = queue wait + prefill of the uncached tokens + one decode step); /ideal: a\n" \
     "policy's TTFT p90 over the ideal's. It ignores decode interference: a target, not a strict bound."
 
 static void fmt_ms(char *buf, size_t size, double ms)
@@ -36,8 +37,9 @@ void atc_replay_report_table(FILE *out, const char *title, const struct atc_repl
                              const struct atc_replay_ideal *ideal)
 {
     fprintf(out, "%s\n\n", title);
-    fprintf(out, "%-22s %8s %8s %8s %6s %8s %8s %7s %9s %6s %6s %14s %7s\n", "policy", "ttft p50", "p90", "p99",
-            "/ideal", "e2e p50", "p99", "req/s", "out tok/s", "cache", "imbal", "queued (p99)", "errors");
+    fprintf(out, "%-22s %8s %8s %8s %6s %8s %8s %7s %9s %6s %6s %14s %7s\n", "policy", "ttft p50", "p90",
+            "p99", "/ideal", "e2e p50", "p99", "req/s", "out tok/s", "cache", "imbal", "queued (p99)",
+            "errors");
     if (ideal != NULL) {
         char a[16], b[16], c[16];
         fmt_ms(a, sizeof(a), ideal->ttft_p50_ms);
@@ -65,13 +67,15 @@ void atc_replay_report_table(FILE *out, const char *title, const struct atc_repl
         char vs[16];
         double ratio = atc_replay_vs_ideal(x, ideal);
         snprintf(vs, sizeof(vs), ratio > 0 ? "%.2f" : "-", ratio);
-        fprintf(out, "%-22.22s %8s %8s %8s %6s %8s %8s %7.2f %9.0f %6s %6s %14s %7llu\n", x->name, a, b, c, vs, d,
-                e, x->throughput_rps, x->output_tps, cache, imbal, q,
+        fprintf(out, "%-22.22s %8s %8s %8s %6s %8s %8s %7.2f %9.0f %6s %6s %14s %7llu\n", x->name, a, b, c,
+                vs, d, e, x->throughput_rps, x->output_tps, cache, imbal, q,
                 (unsigned long long)(x->policy_errors + x->budget_overruns));
     }
     fputs("\nlatencies in ms (s where marked); cache: prefix blocks found in the server's KV cache / blocks "
-          "requested;\nimbal: mean over time of max / mean requests in flight per endpoint (of the models asked "
-          "for); queued: requests\nthat waited for capacity in front of the fleet (p99 of their wait); errors: policy failures and "
+          "requested;\nimbal: mean over time of max / mean requests in flight per endpoint (of the models "
+          "asked "
+          "for); queued: requests\nthat waited for capacity in front of the fleet (p99 of their wait); "
+          "errors: policy failures and "
           "budget overruns\n(those requests went to the built-in balancer).\n",
           out);
     if (ideal != NULL)
@@ -129,7 +133,8 @@ void atc_replay_report_json_ideal(FILE *out, const struct atc_replay_ideal *idea
     fprintf(out,
             "{\"requests\":%zu,\"ttft_p50_ms\":%.3f,\"ttft_p90_ms\":%.3f,\"ttft_p99_ms\":%.3f,"
             "\"cache_hit_rate\":%.4f}",
-            ideal->requests, ideal->ttft_p50_ms, ideal->ttft_p90_ms, ideal->ttft_p99_ms, ideal->cache_hit_rate);
+            ideal->requests, ideal->ttft_p50_ms, ideal->ttft_p90_ms, ideal->ttft_p99_ms,
+            ideal->cache_hit_rate);
 }
 
 void atc_replay_report_json(FILE *out, const char *trace, const char *fleet, uint64_t seed,
@@ -209,6 +214,17 @@ void atc_replay_report_json_policies(FILE *out, const struct atc_replay_result *
                     (unsigned long long)e->preemptions);
         }
         fputc(']', out);
+        /* against the trace's recorded picks: null when it recorded none */
+        if (x->recorded_live > 0)
+            fprintf(out, ",\"agreement\":{\"live\":%.4f,\"live_picks\":%zu",
+                    (double)x->agree_live / (double)x->recorded_live, x->recorded_live);
+        else
+            fputs(",\"agreement\":{\"live\":null,\"live_picks\":0", out);
+        if (x->recorded_shadow > 0)
+            fprintf(out, ",\"shadow\":%.4f,\"shadow_picks\":%zu}",
+                    (double)x->agree_shadow / (double)x->recorded_shadow, x->recorded_shadow);
+        else
+            fputs(",\"shadow\":null,\"shadow_picks\":0}", out);
         json_groups(out, "tenants", x->tenants, x->ntenants);
         json_groups(out, "priorities", x->priorities, x->npriorities);
         fputc('}', out);
@@ -375,18 +391,20 @@ int atc_replay_report_html(const char *path, const char *title, const struct atc
           "{text-align:left}h2{margin-top:2em}</style></head><body>\n<h1>atc replay</h1>\n<p>",
           out);
     atc_replay_report_html_text(out, title);
-    fputs(
-        "</p>\n<table><tr><th>policy</th><th>requests</th><th>TTFT p50</th><th>p90</th><th>p99</th>"
-        "<th>p90 / ideal</th><th>e2e p50</th><th>p99</th><th>req/s</th><th>output tok/s</th><th>cache hit</th><th>imbalance</th>"
-        "<th>queued</th><th>policy errors</th><th>budget overruns</th></tr>\n",
-        out);
+    fputs("</p>\n<table><tr><th>policy</th><th>requests</th><th>TTFT p50</th><th>p90</th><th>p99</th>"
+          "<th>p90 / ideal</th><th>e2e p50</th><th>p99</th><th>req/s</th><th>output tok/s</th><th>cache "
+          "hit</th><th>imbalance</th>"
+          "<th>queued</th><th>policy errors</th><th>budget overruns</th></tr>\n",
+          out);
     if (ideal != NULL)
-        fprintf(out,
-                "<tr><td>ideal fleet</td><td>%zu</td><td>%.0f ms</td><td>%.0f ms</td><td>%.0f ms</td><td>1.00</td>"
-                "<td>-</td><td>-</td><td>-</td><td>-</td><td>%.1f%%</td><td>-</td><td>-</td><td>-</td><td>-</td>"
-                "</tr>\n",
-                ideal->requests, ideal->ttft_p50_ms, ideal->ttft_p90_ms, ideal->ttft_p99_ms,
-                100 * ideal->cache_hit_rate);
+        fprintf(
+            out,
+            "<tr><td>ideal fleet</td><td>%zu</td><td>%.0f ms</td><td>%.0f ms</td><td>%.0f "
+            "ms</td><td>1.00</td>"
+            "<td>-</td><td>-</td><td>-</td><td>-</td><td>%.1f%%</td><td>-</td><td>-</td><td>-</td><td>-</td>"
+            "</tr>\n",
+            ideal->requests, ideal->ttft_p50_ms, ideal->ttft_p90_ms, ideal->ttft_p99_ms,
+            100 * ideal->cache_hit_rate);
     for (size_t i = 0; i < n; i++) {
         const struct atc_replay_result *x = &r[i];
         double ratio = atc_replay_vs_ideal(x, ideal);
@@ -404,6 +422,16 @@ int atc_replay_report_html(const char *path, const char *title, const struct atc
                 (unsigned long long)x->policy_errors, (unsigned long long)x->budget_overruns);
     }
     fputs("</table>\n", out);
+    for (size_t i = 0; i < n && r[i].recorded_live > 0; i++) { /* a recorded trace: its live picks */
+        fputs("<p>", out);
+        atc_replay_report_html_text(out, r[i].name);
+        fprintf(out, ": agreement with the recorded live picks %zu/%zu (%.4f)", r[i].agree_live,
+                r[i].recorded_live, (double)r[i].agree_live / (double)r[i].recorded_live);
+        if (r[i].recorded_shadow > 0)
+            fprintf(out, ", with the recorded shadow picks %zu/%zu (%.4f)", r[i].agree_shadow,
+                    r[i].recorded_shadow, (double)r[i].agree_shadow / (double)r[i].recorded_shadow);
+        fputs("</p>\n", out);
+    }
     if (ideal != NULL) {
         fputs("<p><small>", out);
         atc_replay_report_html_text(out, IDEAL_NOTE);

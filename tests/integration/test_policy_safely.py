@@ -440,6 +440,17 @@ class ShadowTest(SafelyTestCase):
         self.assertIn(f"recorded live picks {doc['agreed']}/200", line)
         self.assertIn("with the recorded shadow picks 200/200", line)
         self.assertIn("TTFT p90", line)
+        # the same figures in --json and the HTML report
+        html = os.path.join(self.tmp.name, "replay.html")
+        out = subprocess.run([ATC_BIN, "replay", "-c", atc.config_path, "--trace", trace, "--vs",
+                              f"candidate={candidate}", "--json", "--html", html], capture_output=True, text=True,
+                             cwd=self.tmp.name)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        cand = [p for p in json.loads(out.stdout)["policies"] if p["name"] == "candidate"][0]
+        self.assertEqual(cand["agreement"], {"live": round(doc["agreed"] / 200, 4), "live_picks": 200,
+                                             "shadow": 1.0, "shadow_picks": 200})
+        with open(html) as f:
+            self.assertIn(f"candidate: agreement with the recorded live picks {doc['agreed']}/200", f.read())
 
 
 class EntryPathTest(SafelyTestCase):
