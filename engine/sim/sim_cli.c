@@ -193,7 +193,8 @@ static int set_flag(const struct sim_flag *f, const char *arg, struct atc_sim_pa
 }
 
 /* Written to a temporary name and renamed, so a watcher never reads half of it. */
-static int write_ready_file(const char *path, const char *host, uint16_t port, const struct atc_sim_kv_pub *kv)
+static int write_ready_file(const char *path, const char *host, uint16_t port,
+                            const struct atc_sim_kv_pub *kv)
 {
     char pub[256] = "", replay[256] = "";
     char tmp[4096];
