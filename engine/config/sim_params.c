@@ -53,4 +53,6 @@ void atc_sim_params_dispose(struct atc_sim_params *p)
     p->api_key = NULL;
     free(p->kv_events);
     p->kv_events = NULL;
+    free(p->kv_events_replay);
+    p->kv_events_replay = NULL;
 }

@@ -50,6 +50,9 @@ struct atc_sim_params {
     char *kv_events;         /* --kv-events / simulate: kv_events: where it publishes its KV-cache events
                                 (vLLM's ZMQ wire format, sim_kv_events.h; the replay feeds the exact index
                                 directly); owned, freed by atc_sim_params_dispose (none) */
+    char *kv_events_replay;  /* --kv-events-replay: its replay (ROUTER) socket; owned, likewise (none) */
+    uint64_t kv_events_drop; /* --kv-events-drop N: batch N is left out of the live socket, kept for
+                                replays (a sequence gap on purpose, for tests); 0 = none */
     unsigned max_concurrent; /* requests held (queued or running) past which a new one gets 429, as TGI's
                                 router (0 = ATC_SIM_TGI_MAX_CONCURRENT for TGI, no limit for the others) */
 
@@ -72,7 +75,7 @@ void atc_sim_params_init(struct atc_sim_params *p);
 uint64_t atc_sim_params_kv_tokens(const struct atc_sim_params *p);
 /** The engine named @p name (atc_sim_engine_names), or -1. */
 int atc_sim_engine_parse(const char *name);
-/** Frees what @p p owns (model, api_key, kv_events). */
+/** Frees what @p p owns (model, api_key, kv_events, kv_events_replay). */
 void atc_sim_params_dispose(struct atc_sim_params *p);
 
 #endif

@@ -871,6 +871,7 @@ static int start_worker(struct atc_server *srv, struct atc_worker *w, const char
     w->metrics = srv->metrics;
     w->recorder = srv->recorder;
     w->limits = srv->limits;
+    w->kv = srv->kv;
     if (start_policy(srv, w, err) < 0)
         return -1;
     if (cfg->admission.queue > 0) {

@@ -25,6 +25,7 @@
 #include "policy/decision.h"
 #include "proxy/answer.h"
 #include "proxy/disagg.h"
+#include "proxy/kv_route.h"
 #include "policy/policy.h"
 #include "trace/recorder.h"
 #include "trace/trace.h"
@@ -79,8 +80,7 @@ struct relay {
     struct atc_deferred deferred; /* the free after the end */
     struct atc_http_req *client; /* NULL once it went, or once the relay ended */
     struct atc_features *f;
-    const char *path;
-    const char *body;
+    const char *path, *body;
     size_t bodylen;
     int priority;
     char tenant[64];
@@ -92,6 +92,7 @@ struct relay {
     char content_type[128]; /* the server's, for the answer */
 
     struct atc_route_request rreq; /* what the policy sees */
+    struct atc_kv_route kvr;       /* its ep:cached_tokens */
     struct atc_queue_item qi;      /* while waiting for capacity */
     uint64_t policy_version;
     struct atc_decision_record rec; /* the decision that routed it (its last one) */
@@ -125,9 +126,8 @@ struct relay {
     struct evbuffer *buffered;
     uint64_t t_attempt_us;
 
-    /* what the access log and the metrics say about it */
-    /* arrival; the first token: a stream's first data event (0: none, and always for an answer that is
-     * not an event stream, whose first token atc cannot see) */
+    /* For the access log and the metrics. Arrival; the first token: a stream's first data event (0: none,
+     * and always for an answer that is not an event stream, whose first token atc cannot see) */
     uint64_t t_start_us, t_first_us;
     uint64_t bytes, sse_events;
     uint64_t data_events;  /* events with a data field; comments and empty events are not tokens */
@@ -152,8 +152,7 @@ static void reply_error(struct relay *r, int status, const char *type, const cha
 static inline void relay_expect(const struct relay *r, unsigned states)
 {
     assert(r->state <= RELAY_ENDED && (RELAY_IN(r->state) & states) != 0);
-    (void)r;
-    (void)states;
+    (void)r, (void)states;
 }
 
 static void relay_set_state(struct relay *r, enum relay_state to)
@@ -672,11 +671,10 @@ static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
     }
 }
 
-/* The held stream's first data event came: its first token. Everything fed from the first token is fed
- * now (the endpoint's TTFT and outcome, the prefill sample, the trace's mark, the access log's ttft_ms),
- * and the client gets the head and the held bytes. A first event that is an error (TGI's validation
- * error in a stream) counts against the server, reaches the client in OpenAI's shape, and is no
- * token. */
+/* The held stream's first data event came: its first token. Everything fed from the first token is fed now
+ * (the endpoint's TTFT and outcome, the prefill sample, the trace's mark, the access log's ttft_ms), and the
+ * client gets the head and the held bytes. A first event that is an error (TGI's validation error in a
+ * stream) counts against the server, reaches the client in OpenAI's shape, and is no token. */
 static void first_event(struct relay *r)
 {
     uint64_t now = atc_mono_us();
@@ -1112,6 +1110,8 @@ void atc_relay_start(struct atc_worker *w, struct atc_http_req *client, const st
         .header = client_header,
         .tokens = r->tokens,
         .header_ctx = r,
+        .cached_tokens = w->kv != NULL ? atc_kv_route_cached : NULL,
+        .cached_ctx = atc_kv_route_init(&r->kvr, w->kv, r->f),
     };
     if (over_limit(r))
         return;

@@ -29,6 +29,7 @@ struct atc_access_log;
 struct atc_metrics;
 struct atc_recorder;
 struct atc_limits;
+struct atc_kv_events;
 struct atc_worker;
 struct worker_task;
 
@@ -103,6 +104,7 @@ struct atc_worker {
     struct atc_metrics *metrics;   /* its own lock (ops/metrics.h) */
     struct atc_recorder *recorder; /* record: traffic (trace/recorder.h's threads); NULL without it */
     struct atc_limits *limits;     /* limits: tenant budgets (cluster/limits.h's threads); NULL without */
+    const struct atc_kv_events *kv; /* kv_events: the exact index (read without locks); NULL without */
     struct atc_worker_stats stats;
     unsigned active; /* client requests in progress on this worker */
     bool draining;

@@ -19,6 +19,7 @@
 #include "base/config_value.h"
 #include "base/log.h"
 #include "sim/sim.h"
+#include "sim/sim_kv_publish.h"
 #include "sim/sim_server.h"
 
 /* ---- atc sim ---- */
@@ -62,7 +63,12 @@ static const char usage[] =
     "  --transfer-gbps X         the KV transfer's bandwidth in GB/s (default 25): a decode server waits\n"
     "                            kv-bytes-per-token x prompt tokens / bandwidth before it decodes\n"
     "  --seed N                  seed of every draw: output lengths, words, faults (default 1)\n"
+    "  --kv-events ENDPOINT      publish KV-cache events there as vLLM does (ZMQ PUB, e.g.\n"
+    "                            tcp://127.0.0.1:5557; port * = any free one): stored, removed, cleared\n"
+    "  --kv-events-replay ENDPOINT  its replay socket (ZMQ ROUTER, e.g. tcp://127.0.0.1:5558)\n"
+    "  --kv-events-drop N        leave batch N out of the live socket (kept for replays): a gap, for tests\n"
     "  --ready-file PATH         once the port is bound, write {\"listen\":\"HOST:PORT\"} to PATH\n"
+    "                            (and \"kv_events\", \"kv_events_replay\": the bound ZMQ addresses)\n"
     "  --help                    this text\n"
     "\n"
     "SIGTERM or SIGINT stops it with status 0.\n";
@@ -80,6 +86,9 @@ static const struct sim_flag {
     {"model", FLAG_NAME, P(model), 0},
     {"engine", FLAG_ENGINE, P(engine), 0},
     {"api-key", FLAG_NAME, P(api_key), 0},
+    {"kv-events", FLAG_NAME, P(kv_events), 0},
+    {"kv-events-replay", FLAG_NAME, P(kv_events_replay), 0},
+    {"kv-events-drop", FLAG_U64, P(kv_events_drop), 0},
     {"max-seqs", FLAG_COUNT, P(max_seqs), 1},
     {"max-concurrent", FLAG_COUNT, P(max_concurrent), 1},
     {"prefill-tps", FLAG_NUMBER, P(prefill_tps), 1e-9},
@@ -184,8 +193,10 @@ static int set_flag(const struct sim_flag *f, const char *arg, struct atc_sim_pa
 }
 
 /* Written to a temporary name and renamed, so a watcher never reads half of it. */
-static int write_ready_file(const char *path, const char *host, uint16_t port)
+static int write_ready_file(const char *path, const char *host, uint16_t port,
+                            const struct atc_sim_kv_pub *kv)
 {
+    char pub[256] = "", replay[256] = "";
     char tmp[4096];
     if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= sizeof(tmp))
         return -1;
@@ -193,7 +204,12 @@ static int write_ready_file(const char *path, const char *host, uint16_t port)
     if (!f)
         return -1;
     bool v6 = strchr(host, ':') != NULL;
-    fprintf(f, "{\"listen\":\"%s%s%s:%u\"}\n", v6 ? "[" : "", host, v6 ? "]" : "", port);
+    fprintf(f, "{\"listen\":\"%s%s%s:%u\"", v6 ? "[" : "", host, v6 ? "]" : "", port);
+    if (kv && atc_sim_kv_pub_endpoint(kv, 0, pub, sizeof(pub)) == 0)
+        fprintf(f, ",\"kv_events\":\"%s\"", pub); /* a ZMQ address: no quote or backslash in it */
+    if (kv && atc_sim_kv_pub_endpoint(kv, 1, replay, sizeof(replay)) == 0)
+        fprintf(f, ",\"kv_events_replay\":\"%s\"", replay);
+    fputs("}\n", f);
     if (fclose(f) != 0 || rename(tmp, path) != 0) {
         unlink(tmp);
         return -1;
@@ -299,7 +315,7 @@ int atc_sim_main(int argc, char **argv)
         goto out;
     }
     port = atc_sim_server_port(srv);
-    if (ready_file && write_ready_file(ready_file, host, port) < 0) {
+    if (ready_file && write_ready_file(ready_file, host, port, atc_sim_server_kv_pub(srv)) < 0) {
         fprintf(stderr, "atc sim: --ready-file %s: %s\n", ready_file, strerror(errno));
         goto out;
     }

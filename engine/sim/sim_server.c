@@ -32,6 +32,7 @@
 #include "http/http_server.h"
 #include "request/request_features.h"
 #include "base/clock.h"
+#include "sim/sim_kv_publish.h"
 
 #define BLOCK_TOKENS (ATC_PREFIX_BLOCK_BYTES / 4) /* request_features estimates 4 bytes per token */
 #define MAX_BODY (32u << 20)
@@ -90,6 +91,7 @@ struct atc_sim_server {
     struct atc_http_server *http; /* NULL once dead */
     struct atc_sim_params p;
     struct atc_sim *sim;
+    struct atc_sim_kv_pub *kv_pub; /* --kv-events: its KV-cache events over ZMQ; NULL without */
     struct event *timer;  /* the model's next event */
     struct event *die_ev; /* deferred death: never free the server from inside its own callbacks */
     uint64_t t0;          /* CLOCK_MONOTONIC at start, us: model time is relative to it */
@@ -1093,6 +1095,12 @@ struct atc_sim_server *atc_sim_server_start(struct event_base *base, const struc
         !(srv->loaded_ev = evtimer_new(base, on_loaded, srv)) ||
         !(srv->http = atc_http_server_create(base, &http_cfg, on_request, srv)))
         goto error;
+    if (p->kv_events != NULL) {
+        if (!(srv->kv_pub = atc_sim_kv_pub_create(base, p->kv_events, p->kv_events_replay, BLOCK_TOKENS,
+                                                  p->kv_events_drop, err)))
+            goto error; /* *err says why */
+        atc_sim_set_kv_listener(srv->sim, atc_sim_kv_pub_on_kv, srv->kv_pub);
+    }
     if ((srv->loading_fd = bind_socket(host, port, err)) < 0)
         goto error;
     srv->port = socket_port(srv->loading_fd);
@@ -1111,6 +1119,11 @@ struct atc_sim_server *atc_sim_server_start(struct event_base *base, const struc
 error:
     atc_sim_server_stop(srv);
     return NULL;
+}
+
+const struct atc_sim_kv_pub *atc_sim_server_kv_pub(const struct atc_sim_server *s)
+{
+    return s->kv_pub;
 }
 
 uint16_t atc_sim_server_port(const struct atc_sim_server *s)
@@ -1139,6 +1152,7 @@ void atc_sim_server_stop(struct atc_sim_server *s)
     if (s->loaded_ev)
         event_free(s->loaded_ev);
     atc_sim_destroy(s->sim);
+    atc_sim_kv_pub_destroy(s->kv_pub);
     atc_sim_disagg_free(s->disagg);
     free(s->p.model);
     free(s->p.api_key);

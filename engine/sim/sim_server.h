@@ -55,6 +55,7 @@
 
 struct event_base;
 struct atc_sim_server;
+struct atc_sim_kv_pub;
 
 /** Starts a server on @p base bound to @p host : @p port (0 = a free port, see atc_sim_server_port),
  * listening at once or, for an engine that refuses connections while loading, after not_ready_for_ms. @p p is copied (the model name too). Returns the server, or NULL with *err a
@@ -64,6 +65,8 @@ struct atc_sim_server *atc_sim_server_start(struct event_base *base, const struc
 
 /** The port it listens on, or will once loaded (still answers after it died). */
 uint16_t atc_sim_server_port(const struct atc_sim_server *s);
+/** Its KV-cache events' publisher (sim/sim_kv_publish.h), or NULL without --kv-events. */
+const struct atc_sim_kv_pub *atc_sim_server_kv_pub(const struct atc_sim_server *s);
 
 /** @p on_death(@p arg) is called from the loop once the server has died (die_after), after it closed
  * its listener and connections. The server must still be stopped with atc_sim_server_stop, which

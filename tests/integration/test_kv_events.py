@@ -8,8 +8,9 @@ import json
 import os
 import subprocess
 import unittest
+from time import time_ns
 
-from harness import AtcTestCase, request, wait_for
+from harness import AtcTestCase, chat, request, wait_for
 
 PUBLISHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kv_publisher.py")
 # Debian's python3 with python3-zmq and python3-msgpack (the `python3` on PATH may be another one).
@@ -117,6 +118,108 @@ class KvEventsTest(AtcTestCase):
         self.assertEqual(atc.read_log().count("did not decode"), 1)  # logged once
         status, _, _ = request("127.0.0.1", atc.admin_port, "GET", "/metrics")
         self.assertEqual(status, 200)
+
+
+# Routes a request to the endpoint whose KV events say it holds the most of its prompt (atc.prefix's
+# pick, exact where published); with none holding any, to the endpoint named in x-target (default a).
+SIM_POLICY = """
+local prefix = require "atc.prefix"
+return function(req, fleet)
+  local pool = fleet:endpoints(req.model)
+  for _, ep in ipairs(pool) do
+    local c = ep:cached_tokens(req)
+    if c ~= nil and c > 0 then
+      return prefix.pick(pool, req)
+    end
+  end
+  local want = req:header("x-target") or "a"
+  for _, ep in ipairs(pool) do
+    if ep.id == want then return ep end
+  end
+  return atc.queue()
+end
+"""
+
+
+class SimKvEventsTest(AtcTestCase):
+    """Two atc sim servers publishing their KV events live (vLLM's wire format) behind atc."""
+
+    ZMQ_ANY = "tcp://127.0.0.1:*"
+
+    def sim(self, name, extra=()):
+        return self.start_sim(name, extra=("--kv-events", self.ZMQ_ANY, "--kv-events-replay", self.ZMQ_ANY,
+                                           *extra))
+
+    def kv(self, atc, ep):
+        return atc.endpoints()[ep]["kv_events"]
+
+    def served(self, atc):
+        eps = atc.endpoints()
+        return eps["a"]["requests_total"], eps["b"]["requests_total"]
+
+    def ask(self, atc, content, target=None):
+        headers = {"x-target": target} if target else None
+        status, _, body = chat(atc.port, content=content, max_tokens=4, headers=headers)
+        self.assertEqual(status, 200, body)
+
+    def test_two_sims_feed_the_exact_index(self):
+        a = self.sim("a")
+        b = self.sim("b", ("--kv-events-drop", "8"))  # its live socket skips batch 8: a gap to replay
+        policy = self.write_policy(SIM_POLICY)
+        eps = "".join(f"""
+                  - id: {name}
+                    url: {s.url}
+                    kv_events: {{endpoint: "{s.info["kv_events"]}", replay_endpoint: "{s.info["kv_events_replay"]}"}}"""
+                      for name, s in (("a", a), ("b", b)))
+        atc = self.start_atc(f"""
+            listen: 127.0.0.1:0
+            admin: 127.0.0.1:0
+            health: {{enabled: false}}
+            policy: {{entry: {policy}}}
+            models:
+              - name: llama-3-8b
+                endpoints:{eps}
+            """)
+        prompt = "the exact index knows where this prompt is cached. " * 40  # 2,080 bytes: 8 blocks
+        # The first request goes to b by its header (nothing is cached anywhere yet); its blocks are
+        # then counted from b's events. ZMQ subscribers join late: keep asking (new prompts, to a)
+        # until a's events are read too.
+        wait_for(lambda: self.ask(atc, "warm-up " + str(time_ns()) * 100, "a") or self.kv(atc, "a")["batches"] > 0,
+                 what="a's first batch")
+        wait_for(lambda: self.ask(atc, "warm-up " + str(time_ns()) * 100, "b") or self.kv(atc, "b")["batches"] > 0,
+                 what="b's first batch")
+        self.assertLess(self.kv(atc, "b")["last_seq"], 8)  # atc reads b before the gap
+        before_b = self.kv(atc, "b")["blocks_gpu"]
+        self.ask(atc, prompt, "b")
+        k = wait_for(lambda: (lambda k: k if k["blocks_gpu"] >= before_b + 8 else None)(self.kv(atc, "b")),
+                     what="b's stored blocks")
+        self.assertGreaterEqual(k["blocks_stored"], 8)
+        # Batch 8 never comes live: the gap is filled from b's replay socket.
+        k = wait_for(lambda: self.ask(atc, "more " + str(time_ns()) * 100, "b") or
+                     (lambda k: k if k["last_seq"] > 8 else None)(self.kv(atc, "b")), what="b past batch 8")
+        self.assertGreaterEqual(k["gaps"], 1)
+        self.assertGreaterEqual(k["replays"], 1)
+        self.assertEqual(k["replay_failures"], 0)
+        self.assertGreaterEqual(k["blocks_gpu"], before_b + 8)
+        # The repeat, without a header (the fallback would send it to a), goes to b by its cached tokens.
+        na, nb = self.served(atc)
+        self.ask(atc, prompt)
+        self.assertEqual(self.served(atc), (na, nb + 1))
+
+        # b restarts on the same ports: its sequence starts again, and atc forgets what b held.
+        b.stop()
+        b2 = self.start_sim("b2", extra=("--listen", f"127.0.0.1:{b.port}", "--kv-events", b.info["kv_events"],
+                                         "--kv-events-replay", b.info["kv_events_replay"]))
+        self.assertEqual(b2.port, b.port)
+        def restarted():
+            self.ask(atc, "after the restart " + str(time_ns()) * 100, "b")
+            k = self.kv(atc, "b")
+            return k if k["restarts"] + k["cleared"] >= 1 else None
+        wait_for(restarted, what="b's restart seen")
+        # The old prompt is no longer held by b: its repeat falls back to a.
+        na, nb = self.served(atc)
+        self.ask(atc, prompt)
+        self.assertEqual(self.served(atc), (na + 1, nb))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,20 @@
+/* ep:cached_tokens for a live request, from the exact index (kv_route.h). */
+#include "proxy/kv_route.h"
+
+int64_t atc_kv_route_cached(void *ctx, const struct atc_endpoint *ep)
+{
+    const struct atc_kv_route *k = ctx;
+    int slot = k->kv != NULL ? atc_kv_events_slot(k->kv, ep->id) : -1;
+    if (slot < 0)
+        return -1;
+    size_t held = atc_kv_index_held_prefix(atc_kv_events_index(k->kv), (unsigned)slot, k->f->blocks,
+                                           k->f->nblocks, 1u << ATC_KV_GPU);
+    uint64_t tokens = (uint64_t)held * (ATC_PREFIX_BLOCK_BYTES / 4);
+    return (int64_t)(tokens < k->f->prompt_tokens ? tokens : k->f->prompt_tokens);
+}
+
+void *atc_kv_route_init(struct atc_kv_route *k, const struct atc_kv_events *kv, const struct atc_features *f)
+{
+    *k = (struct atc_kv_route){.kv = kv, .f = f};
+    return k;
+}
