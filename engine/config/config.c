@@ -59,16 +59,13 @@ struct map_iter {
     char path[KEY_MAX]; /* prefix.key */
 };
 
-static char *format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static char *format(const char *fmt, ...)
+static __attribute__((format(printf, 1, 2))) char *format(const char *fmt, ...)
 {
     va_list ap;
     char *s;
-    int n;
 
     va_start(ap, fmt);
-    n = vsnprintf(NULL, 0, fmt, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
     if (n < 0 || !(s = malloc((size_t)n + 1)))
         return NULL;
@@ -265,9 +262,8 @@ static const struct field rule_fields[] = {
     {.key = "tokens_per_minute", .kind = F_U64, .off = LIM(tokens_per_minute), .max = UINT32_MAX * 1024ull},
     {.key = NULL},
 };
-static const struct field limits_fields[] = {{.key = "tenants", .kind = F_NODE},
-                                             {.key = "default", .kind = F_NODE},
-                                             {.key = NULL}};
+static const struct field limits_fields[] = {
+    {.key = "tenants", .kind = F_NODE}, {.key = "default", .kind = F_NODE}, {.key = NULL}};
 
 static const struct field root_fields[] = {
     {.key = "listen", .kind = F_HOSTPORT, .off = CFG(listen_host), .aux = CFG(listen_port)},
@@ -309,9 +305,17 @@ static const char *const kv_hashes[] = {"sha256_cbor", "xxhash_cbor", "sglang", 
 static const struct field model_kv_fields[] = {KV_FIELDS(MODEL){.key = NULL}};
 static const struct field endpoint_kv_fields[] = {KV_FIELDS(EP){.key = NULL}};
 
+static const struct field discover_fields[] = {
+    {.key = "dns", .kind = F_STR, .off = MODEL(discover.dns), .required = true},
+    {.key = "port", .kind = F_UINT, .off = MODEL(discover.port), .min = 1, .max = 65535, .required = true},
+    {.key = "interval", .kind = F_MS, .off = MODEL(discover.interval_ms), .min = 1},
+    {.key = "resolver", .kind = F_HOSTPORT, .off = MODEL(discover.resolver), .aux = MODEL(discover.rport)},
+    {.key = NULL},
+};
 static const struct field model_fields[] = {
     {.key = "name", .kind = F_STR, .off = MODEL(name), .required = true},
     {.key = "endpoints", .kind = F_NODE},
+    {.key = "discover", .kind = F_SECTION, .sub = discover_fields},
     {.key = "health", .kind = F_NODE},
     ACCESS_FIELDS(MODEL){.key = "kv_events", .kind = F_SECTION, .sub = model_kv_fields},
     {.key = "disaggregation", .kind = F_CHOICE, .off = MODEL(disaggregation), .choices = atc_disagg_names},
@@ -724,10 +728,9 @@ static int parse_section(struct parse *p, yaml_node_t *n, const char *key, bool 
         else if (f->kind != F_NODE)
             get_field(p, f, it.value, it.path, base);
     }
-    for (f = fields; f->key; f++) {
+    for (f = fields; f->key; f++)
         if (f->required && !seen[f - fields])
             atc_config_report(&p->errs, n->start_mark, key, "missing '%s'", f->key);
-    }
     if (found)
         memcpy(found, seen, sizeof seen);
     return 0;
@@ -735,10 +738,9 @@ static int parse_section(struct parse *p, yaml_node_t *n, const char *key, bool 
 
 static yaml_node_t *lookup(const struct field *fields, yaml_node_t *const *found, const char *key)
 {
-    for (size_t i = 0; fields[i].key; i++) {
+    for (size_t i = 0; fields[i].key; i++)
         if (!strcmp(fields[i].key, key))
             return found[i];
-    }
     return NULL;
 }
 
@@ -1101,10 +1103,11 @@ static void parse_root(struct parse *p, yaml_node_t *root)
     /* Each model needs somewhere to send requests: its own endpoints or simulated ones. */
     for (size_t i = 0; i < cfg->nmodels; i++) {
         const char *name = cfg->models[i].name;
-        if (name && cfg->models[i].nendpoints == 0 && !atc_config_simulated(cfg, name))
+        if (name && cfg->models[i].nendpoints == 0 && !cfg->models[i].discover.dns &&
+            !atc_config_simulated(cfg, name))
             atc_config_report(&p->errs, node(p, models->data.sequence.items.start[i])->start_mark,
                               keyf(k, "models[%zu]", i),
-                              "model '%s' has no endpoints and no simulate entry provides any", name);
+                              "model '%s' has no endpoints, no discover: and no simulate entry", name);
         const char *missing = atc_roles_missing(cfg, &cfg->models[i]); /* (a disaggregated model) */
         yaml_mark_t at = {.line = cfg->models[i].disagg_line - 1, .column = cfg->models[i].disagg_column - 1};
         if (missing != NULL)

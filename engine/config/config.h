@@ -121,13 +121,23 @@ struct atc_endpoint_config {
     unsigned bootstrap_port; /* bootstrap_port: SGLang's bootstrap server of a prefill endpoint (8998) */
 };
 
+/* discover: on a model: its endpoints are the A records of a name (core/discovery.h). */
+struct atc_discover_config {
+    char *dns;            /* the name resolved; NULL without discover: */
+    unsigned port;        /* the servers' port (A records carry none) */
+    uint64_t interval_ms; /* between resolutions; 0: the default, 5s */
+    char *resolver;       /* resolver: host:port, its host; NULL: the system's (/etc/resolv.conf) */
+    uint16_t rport;       /* and its port */
+};
+
 struct atc_model_config {
     char *name;
-    struct atc_endpoint_config *endpoints; /* may be empty when simulate: provides them */
+    struct atc_endpoint_config *endpoints; /* may be empty when simulate: or discover: provides them */
     size_t nendpoints;
     struct atc_health_config health;   /* the top level's, overridden by this model's health: */
     struct atc_upstream_access access; /* engine, api key, forward_authorization for its endpoints */
     struct atc_kv_events_config kv_events; /* kv_events: defaults for its endpoints */
+    struct atc_discover_config discover;   /* discover: (dns NULL without) */
     unsigned disaggregation;             /* disaggregation: an enum atc_disaggregation (roles.h); none */
     unsigned disagg_line, disagg_column; /* where disaggregation: is written, from 1, for atc check */
 };

@@ -216,6 +216,8 @@ void atc_config_free(struct atc_config *cfg)
         health_dispose(&m->health);
         access_dispose(&m->access);
         kv_events_dispose(&m->kv_events);
+        free(m->discover.dns);
+        free(m->discover.resolver);
     }
     health_dispose(&cfg->health);
     free(cfg->models);

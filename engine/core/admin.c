@@ -33,6 +33,7 @@
 #include "base/config_value.h"
 #include "base/json.h"
 #include "config/config_endpoint.h"
+#include "core/discovery.h"
 #include "core/rollout.h"
 #include "core/server.h"
 #include "http/upstream.h"
@@ -294,6 +295,7 @@ static void send_endpoints(struct atc_server *srv, struct atc_http_req *req)
                             (unsigned long long)w->policy_version);
     }
     evbuffer_add(b, "]", 1);
+    atc_discovery_json(srv, b); /* ,"discovery":[...] */
     evbuffer_add_printf(b,
                         ",\"requests_total\":%llu,\"responses_total\":%llu,\"client_gone_total\":%llu,"
                         "\"retries_total\":%llu,\"upstream_errors_total\":%llu,\"active\":%u,\"health\":",
@@ -333,6 +335,7 @@ static void send_metrics(struct atc_server *srv, struct evbuffer *b)
     for (unsigned i = 0; i < srv->group.nworkers; i++)
         src.worker_requests[i] = f.w[i].stats.requests_total;
     atc_metrics_render(srv->metrics, &src, b);
+    atc_discovery_metrics(srv, b);
     figures_free(&f);
 }
 

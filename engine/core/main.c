@@ -8,6 +8,7 @@
 #include <event2/event.h>
 
 #include "core/cli.h"
+#include "core/discovery.h"
 #include "config/config.h"
 #include "base/event_memory.h"
 #include "fleet/endpoint.h"
@@ -288,11 +289,14 @@ static int cmd_serve(int argc, char **argv)
         return 1;
     }
     atc_rollout_start(srv); /* policy.shadow */
+    if (atc_discovery_start(srv) < 0) /* discover: */
+        atc_error("discover: out of memory: no model is discovered");
     struct ready_file rf = {.srv = srv, .path = o.ready_file};
     if (o.ready_file != NULL)
         atc_server_when_ready(srv, on_ready, &rf);
     event_base_dispatch(base);
     atc_info("stopped");
+    atc_discovery_stop(srv);
     atc_server_destroy(srv);
     event_base_free(base);
     return rf.failed ? 1 : 0;

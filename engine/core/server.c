@@ -772,6 +772,8 @@ int atc_server_reload_config(struct atc_server *srv, char **errors)
         *errors = NULL;
     atc_info("config reloaded from %s: %s", ncfg->path, *errors != NULL ? *errors : "");
     free_retired(srv, false);
+    if (srv->on_config_reloaded != NULL)
+        srv->on_config_reloaded(srv);
     return 0;
 }
 

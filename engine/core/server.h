@@ -32,6 +32,7 @@ struct atc_admission_shared;
 struct atc_access_log;
 struct atc_limits;
 struct atc_cluster;
+struct atc_discovery;
 
 struct atc_server {
     struct event_base *base; /* the main thread's loop: worker 0, health, admin, signals, simulated servers */
@@ -58,6 +59,10 @@ struct atc_server {
     /* What a change of the policy's files does (core/rollout.c sets it: a canary armed or running
      * comes first); NULL: reload. Main thread. */
     void (*on_policy_files)(struct atc_server *srv);
+    /* discover: (core/discovery.c, started by main.c): its state, and what follows a config reload that
+     * succeeded (called at its end; NULL: nothing). Main thread. */
+    struct atc_discovery *discovery;
+    void (*on_config_reloaded)(struct atc_server *srv);
     /* The workers ([group.nworkers], worker 0 on the main thread), their pause and the request path's
      * hooks into this file: see proxy/worker.h for who touches what. */
     struct atc_worker_group group;

@@ -748,7 +748,7 @@ static void test_model_without_endpoints(void **state)
     struct atc_config *cfg;
 
     expect_one_error(MODELS "  - name: lonely\n", "t.yaml:6:5: key 'models[1]': ",
-                     "model 'lonely' has no endpoints and no simulate entry provides any");
+                     "model 'lonely' has no endpoints, no discover: and no simulate entry");
     expect_one_error(MODELS "  - name: lonely\n    endpoints: []\n",
                      "t.yaml:6:5: key 'models[1]': ", "has no endpoints");
     expect_one_error("models: []\n", "t.yaml:1:9: key 'models': ", "at least one model is required");
