@@ -34,9 +34,9 @@
 #include "policy/policy.h"
 #include "trace/recorder.h"
 #include "proxy/relay.h"
-#include "sim/sim_server.h"
 #include "http/upstream.h"
 #include "core/reloader.h"
+#include "core/sim_fleet.h"
 #include "proxy/worker.h"
 
 /* Connections open at once on the admin port, beyond the front's max_connections: operators' tools and
@@ -48,72 +48,7 @@
  * connection), so a hostile upload cannot fill memory. */
 #define HARD_BODY_FACTOR 4
 
-static void stop_sims(struct atc_server *srv)
-{
-    for (size_t i = 0; i < srv->nsims; i++)
-        atc_sim_server_stop(srv->sims[i]);
-    free(srv->sims);
-    srv->sims = NULL;
-    srv->nsims = 0;
-}
-
-/* Starts the simulated servers of simulate: on free loopback ports and adds each as an endpoint. */
 static void on_more_capacity(void *arg);
-
-/* A simulated server's api_key as the key atc sends it (the endpoint owns the copy, endpoint.c wipes it). */
-static int sim_key(struct atc_endpoint *ep, const char *key)
-{
-    size_t n = strlen(key) + sizeof("Bearer ");
-    if ((ep->authorization = malloc(n)) == NULL || (ep->api_key_source = strdup("simulate: api_key")) == NULL)
-        return -1;
-    snprintf(ep->authorization, n, "Bearer %s", key);
-    return 0;
-}
-
-static int start_sims(struct atc_server *srv, const char **err)
-{
-    size_t total = 0;
-    for (size_t i = 0; i < srv->cfg->nsimulate; i++)
-        total += srv->cfg->simulate[i].count;
-    if (total == 0)
-        return 0;
-    if ((srv->sims = calloc(total, sizeof(*srv->sims))) == NULL) {
-        *err = "out of memory";
-        return -1;
-    }
-    for (size_t i = 0; i < srv->cfg->nsimulate; i++) {
-        const struct atc_simulate_config *sc = &srv->cfg->simulate[i];
-        for (unsigned k = 0; k < sc->count; k++) {
-            struct atc_sim_params p = sc->params;
-            p.seed = sc->params.seed + srv->nsims; /* each server draws differently, reproducibly */
-            struct atc_sim_server *sim = atc_sim_server_start(srv->base, &p, "127.0.0.1", 0, err);
-            if (sim == NULL)
-                return -1;
-            srv->sims[srv->nsims++] = sim;
-            char id[300];
-            struct atc_model *m = atc_endpoint_table_model(srv->table, p.model, strlen(p.model));
-            snprintf(id, sizeof(id), "%s-sim-%zu", p.model, m != NULL ? m->nendpoints + 1 : 1);
-            uint16_t port = atc_sim_server_port(sim);
-            struct atc_endpoint *sep = atc_endpoint_table_add(srv->table, p.model, id, "127.0.0.1", port,
-                                                              sc->capacity ? sc->capacity : p.max_seqs);
-            if (sep == NULL) {
-                *err = "cannot add a simulated endpoint";
-                return -1;
-            }
-            sep->simulated = true;
-            sep->engine = sc->engine; /* what /admin/endpoints shows; health reads the model's, the same */
-            sep->role = p.role;
-            sep->bootstrap_port = port; /* the sim's bootstrap rooms are on its own port (sim_disagg.c) */
-            if (p.api_key != NULL && sim_key(sep, p.api_key) < 0) { /* atc speaks to it with its own key */
-                *err = "out of memory";
-                return -1;
-            }
-            atomic_store_explicit(&sep->kv_tokens, atc_sim_params_kv_tokens(&p), memory_order_relaxed);
-            atc_info("simulated %s server %s on 127.0.0.1:%u", p.model, id, (unsigned)port);
-        }
-    }
-    return 0;
-}
 
 static uint16_t bound_port(evutil_socket_t fd)
 {
@@ -994,7 +929,7 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
         fail(err, "out of memory");
         goto error;
     }
-    if (start_sims(srv, &why) < 0) {
+    if (atc_sim_fleet_start(&srv->sims, srv->base, srv->cfg, srv->table, &why) < 0) {
         fail(err, "%s", why);
         goto error;
     }
@@ -1196,7 +1131,7 @@ void atc_server_destroy(struct atc_server *srv)
     }
     free_retired(srv, true);
     free(srv->retired);
-    stop_sims(srv);
+    atc_sim_fleet_stop(&srv->sims);
     for (unsigned i = 0; i < srv->group.nworkers; i++) {
         struct atc_worker *w = &srv->group.workers[i];
         atc_worker_free(w);

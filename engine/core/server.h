@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/sim_fleet.h"
 #include "core/reloader.h"
 #include "proxy/worker.h"
 #include "policy/policy.h"
@@ -74,8 +75,7 @@ struct atc_server {
     size_t nretired;
     struct event *retire_timer;
     uint64_t config_reloads_ok, config_reloads_failed;
-    struct atc_sim_server **sims;
-    size_t nsims;
+    struct atc_sim_fleet sims; /* simulate:'s servers (sim_fleet.h) */
     struct event *sig_term, *sig_int, *sig_hup, *drain_timer;
     bool draining;
     unsigned idle_workers; /* while draining: workers with nothing left in flight */
