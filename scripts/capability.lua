@@ -11,13 +11,20 @@ local verdict = require "atc.verdict"
 -- Knobs ------------------------------------------------------------------------------------------------
 
 -- Aliases. A list names real models in order of preference: the first one with endpoints (with the
--- requested tags) serves. `small`/`large` lists are picked by needs_large() below.
+-- requested tags) serves. `small`/`large` lists are picked by needs_large() below. alias{} notes its
+-- own file:line (error() with a level writes it), so that init's warning points at the alias.
+local function alias(targets)
+  local _, at = pcall(error, "", 3)
+  targets.at = at
+  return targets
+end
+
 local ALIASES = {
-  auto = {
+  auto = alias {
     small = { "qwen-2.5-1.5b", "llama-3-8b" },
     large = { "llama-3-70b", "llama-3-8b" },
   },
-  fast = { "qwen-2.5-1.5b", "llama-3-8b" },
+  fast = alias { "qwen-2.5-1.5b", "llama-3-8b" },
 }
 
 -- When `auto` means the large model: a long prompt (req.prompt_tokens estimates messages or prompt at
@@ -243,22 +250,23 @@ function M.candidates(req, fleet)
   return split_versions(req, eps)
 end
 
--- Alias targets that no endpoint serves, as log lines (run from the policy's init).
+-- Alias targets that no endpoint serves, as log lines that start with the alias's file:line (run from the
+-- policy's init; atc.log keeps that position).
 function M.check(fleet)
   local problems = {}
-  local function check_list(name, list)
+  local function check_list(name, list, at)
     for i = 1, #list do
       if #fleet:endpoints(list[i]) == 0 then
-        problems[#problems + 1] = "alias '" .. name .. "': no endpoint serves '" .. list[i] .. "'"
+        problems[#problems + 1] = (at or "") .. "alias '" .. name .. "': no endpoint serves '" .. list[i] .. "'"
       end
     end
   end
-  for name, alias in pairs(ALIASES) do
-    if alias.small ~= nil then
-      check_list(name, alias.small)
-      check_list(name, alias.large)
+  for name, targets in pairs(ALIASES) do
+    if targets.small ~= nil then
+      check_list(name, targets.small, targets.at)
+      check_list(name, targets.large, targets.at)
     else
-      check_list(name, alias)
+      check_list(name, targets, targets.at)
     end
   end
   table.sort(problems)

@@ -2,6 +2,7 @@
  * live state, and the host functions of the `atc` table. Every function here validates its arguments
  * before it changes anything: a Lua error longjmps out of it. */
 
+#include <ctype.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -737,6 +738,21 @@ static int atc_hash(lua_State *L)
     return 1;
 }
 
+/* The length of a script position the line starts with ("capability.lua:16: ", as error(msg, level) writes
+ * it), else 0: such a line is about that place (an alias init checks), not about the atc.log call. */
+static size_t leading_position(const char *line)
+{
+    const char *colon = strstr(line, ".lua:");
+    if (colon == NULL || memchr(line, ' ', (size_t)(colon - line)) != NULL)
+        return 0;
+    const char *p = colon + 5;
+    if (!isdigit((unsigned char)*p))
+        return 0;
+    while (isdigit((unsigned char)*p))
+        p++;
+    return p[0] == ':' && p[1] == ' ' ? (size_t)(p + 2 - line) : 0;
+}
+
 static int atc_log(lua_State *L)
 {
     struct policy_version *v = policy_api_version(L);
@@ -757,7 +773,7 @@ static int atc_log(lua_State *L)
     if (v->rt->s.quiet && (v->req == NULL || strcmp(v->req->id, "atc-reload-check") == 0))
         return 0; /* init() on a worker that repeats the leader's load: the leader said it */
     lua_Debug ar;
-    bool where = lua_getstack(L, 1, &ar) && lua_getinfo(L, "Sl", &ar);
+    bool where = leading_position(line) == 0 && lua_getstack(L, 1, &ar) && lua_getinfo(L, "Sl", &ar);
     if (v->rt->s.log != NULL && v->req != NULL && strcmp(v->req->id, "atc-reload-check") == 0)
         return 0;               /* atc test: the load's made-up requests are not the test's traffic */
     if (v->rt->s.log != NULL) { /* atc test: the line belongs to the test that runs */

@@ -433,20 +433,24 @@ int atc_policy_build_run(struct atc_policy_build *b)
 {
     if (b->failed) /* refused before it began (atc_policy_build_target) */
         return -1;
+    bool quiet = b->loader->s.quiet;
     for (size_t i = 0; b->as.target != ATC_POLICY_SHADOW_CLEAR && i < b->n; i++) {
         char *err = NULL;
+        b->loader->s.quiet = quiet || i > 0; /* init()'s log lines once per load, not once per worker */
         struct policy_version *v = policy_version_create(b->loader, &err);
         if (v != NULL && smoke_test(b->loader, v, &err) < 0) {
             policy_version_destroy(v);
             v = NULL;
         }
         if (v == NULL) {
+            b->loader->s.quiet = quiet;
             b->failed = true;
             b->err = err;
             return -1;
         }
         b->versions[i] = v;
     }
+    b->loader->s.quiet = quiet;
     return 0;
 }
 

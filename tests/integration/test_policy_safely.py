@@ -503,5 +503,39 @@ class EntryPathTest(SafelyTestCase):
         self.assertLess(time.monotonic() - t0, 5.0)
 
 
+class InitWarningTest(SafelyTestCase):
+    """The shipped policy's init warns about an alias whose target nothing serves (issue 31): once per load,
+    not once per worker, and at the alias's own line in capability.lua, not at init's atc.log call."""
+
+    def test_the_alias_warning_is_logged_once_per_load_at_the_alias(self):
+        scripts = os.path.abspath(os.path.join(SOURCE_DIR, "scripts"))
+        with open(os.path.join(scripts, "capability.lua")) as f:
+            line = next(i for i, text in enumerate(f, 1) if text.lstrip().startswith("auto = alias"))
+        atc = self.start_atc(f"""
+listen: 127.0.0.1:0
+admin: 127.0.0.1:0
+workers: 2
+policy:
+  entry: {scripts}/policy.lua
+  watch: false
+models:
+  - name: llama-3-8b
+  - name: qwen-2.5-1.5b
+simulate:
+  - model: llama-3-8b
+    count: 1
+  - model: qwen-2.5-1.5b
+    count: 1
+""")
+        warning = f"{scripts}/capability.lua:{line}: alias 'auto': no endpoint serves 'llama-3-70b'"
+        lines = [l for l in atc.read_log().splitlines() if "no endpoint serves" in l]
+        self.assertEqual(len(lines), 1, lines)
+        self.assertTrue(lines[0].endswith(f"policy v1: {warning}"), lines[0])
+        self.assertEqual(self.reload(atc), (200, {"version": 2}))
+        lines = [l for l in atc.read_log().splitlines() if "no endpoint serves" in l]
+        self.assertEqual(len(lines), 2, lines)
+        self.assertTrue(lines[1].endswith(f"policy v2: {warning}"), lines[1])
+
+
 if __name__ == "__main__":
     unittest.main()
