@@ -96,7 +96,7 @@ M.atc = {
   { name = "random", args = "[n]", type = "number", doc = "[0, 1), or an integer 1..n; seedable by the host (replay)" },
   { name = "now", args = "", type = "number", unit = "ms", doc = "monotonic milliseconds; virtual time under replay" },
   { name = "hash", args = "s", type = "integer", doc = "XXH3 of s, 52 bits (exact in a Lua number)" },
-  { name = "log", args = "...", type = "nothing", doc = "a rate-limited log line with the script's file:line" },
+  { name = "log", args = "...", type = "nothing", doc = "a rate-limited log line with the script's file:line (a line that starts with a position, `file.lua:N: ` as `error(msg, level)` writes it, keeps that one: the shipped init points at an alias so)" },
   { name = "explain", args = "ep_or_id, score [, note]", type = "nothing", doc = "attaches a candidate's score (and a note, 47 printable characters) to the decision record, up to 8 per decision; kept only when someone reads the record (access log, trace, x-atc-explain), else it returns at once" },
   { name = "least_loaded", args = "eps", type = "endpoint", nil_when = "none available", doc = "the available endpoint with the lowest `load` (ties: fewer tokens in flight, then the first)" },
   { name = "p2c", args = "eps", type = "endpoint", nil_when = "none available", doc = "power of two choices, the built-in balancer's (fleet/balancer.c)" },
