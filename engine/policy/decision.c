@@ -29,9 +29,7 @@ const char *atc_decision_kind_name(enum atc_decision_kind kind)
 
 const char *atc_decision_reason_name(const char *fallback_reason)
 {
-    /* "budget" is the metrics' label; a person reading one request's record asks "did it overrun?" */
-    if (fallback_reason == atc_policy_fallback_budget)
-        return "overrun";
+    /* The reasons are printable as they are (atc_policy_fallback_budget is "overrun" everywhere). */
     return fallback_reason != NULL ? fallback_reason : atc_policy_fallback_error;
 }
 

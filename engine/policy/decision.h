@@ -53,8 +53,8 @@ const char *atc_decision_kind_name(enum atc_decision_kind kind);
 /* The kind of a request routed with no policy configured (the C balancer), beside those above. */
 extern const char atc_decision_balancer[];
 
-/** The decision record's word for a fallback reason (atc_policy_fallback_*): "overrun" for a budget
- * overrun, else the reason as it is. */
+/** The decision record's word for a fallback reason (atc_policy_fallback_*): the reason as it is
+ * ("overrun" for a budget overrun), "error" for NULL. */
 const char *atc_decision_reason_name(const char *fallback_reason);
 
 /** Fills @p rec from decision @p d (its strings are static, copied, or borrowed from the endpoint table
