@@ -54,10 +54,12 @@ static int take_answer(struct atc_tokenize *t)
 {
     size_t len = evbuffer_get_length(t->answer);
     const char *js = (const char *)evbuffer_pullup(t->answer, -1);
-    struct atc_json j;
+    struct atc_json j = {0};
     const char *err;
-    if (js == NULL || atc_json_parse(&j, js, len, &err) < 0)
+    if (js == NULL || atc_json_parse(&j, js, len, &err) < 0) {
+        atc_json_dispose(&j);
         return -1;
+    }
     int arr = atc_json_type(&j, 0) == ATC_JSON_OBJECT ? atc_json_get(&j, 0, "tokens") : -1;
     int n = arr >= 0 && atc_json_type(&j, arr) == ATC_JSON_ARRAY ? atc_json_count(&j, arr) : -1;
     uint32_t *tokens = n >= 0 ? malloc(((size_t)n + 1) * sizeof *tokens) : NULL;
