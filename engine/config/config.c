@@ -59,22 +59,6 @@ struct map_iter {
     char path[KEY_MAX]; /* prefix.key */
 };
 
-static __attribute__((format(printf, 1, 2))) char *format(const char *fmt, ...)
-{
-    va_list ap;
-    char *s;
-
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n < 0 || !(s = malloc((size_t)n + 1)))
-        return NULL;
-    va_start(ap, fmt);
-    vsnprintf(s, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    return s;
-}
-
 static yaml_node_t *node(struct parse *p, int index)
 {
     return yaml_document_get_node(p->doc, index);
@@ -301,7 +285,10 @@ static const char *const kv_hashes[] = {"sha256_cbor", "xxhash_cbor", "sglang", 
         {.key = "hash", .kind = F_CHOICE, .off = at(kv_events.hash), .choices = kv_hashes},                  \
         {.key = "block_size", .kind = F_UINT, .off = at(kv_events.block_size), .min = 1, .max = 65536},      \
         {.key = "seed", .kind = F_U64, .off = at(kv_events.seed), .max = UINT64_MAX},                        \
-        {.key = "max_blocks", .kind = F_U64, .off = at(kv_events.max_blocks), .min = 1, .max = 1u << 26},
+        {.key = "max_blocks", .kind = F_U64, .off = at(kv_events.max_blocks), .min = 1, .max = 1u << 26},    \
+        {.key = "tokenize", .kind = F_BOOL, .off = at(kv_events.tokenize)},                                  \
+        {.key = "tokenize_timeout", .kind = F_MS, .off = at(kv_events.tokenize_timeout_ms), .min = 1},       \
+        {.key = "tokenize_min_bytes", .kind = F_SIZE, .off = at(kv_events.tokenize_min_bytes)},
 static const struct field model_kv_fields[] = {KV_FIELDS(MODEL){.key = NULL}};
 static const struct field endpoint_kv_fields[] = {KV_FIELDS(EP){.key = NULL}};
 
@@ -826,7 +813,7 @@ static void parse_api_key(struct parse *p, const struct field *fields, yaml_node
     }
     atc_api_key_free(a->api_key);
     a->api_key = secret;
-    set_str(p, &a->api_key_source, format("%s %s", file ? "file" : "env", s));
+    set_str(p, &a->api_key_source, atc_config_format("%s %s", file ? "file" : "env", s));
 }
 
 static char *dup_or_null(struct parse *p, const char *s)
@@ -878,7 +865,8 @@ static void parse_model(struct parse *p, yaml_node_t *n, const char *key, struct
 
     if (atc_health_config_copy(&m->health, &p->cfg->health) < 0)
         p->errs.oom = true;
-    m->kv_events = (struct atc_kv_events_config){.block_size = 16, .max_blocks = 65536};
+    m->kv_events = (struct atc_kv_events_config){
+        .block_size = 16, .max_blocks = 65536, .tokenize_timeout_ms = 20, .tokenize_min_bytes = 2048};
     if (parse_section(p, n, key, false, model_fields, m, found) < 0)
         return;
     parse_api_key(p, model_fields, found, key, &m->access);

@@ -85,6 +85,12 @@ struct atc_kv_events_config {
     unsigned block_size;   /* tokens per block (default 16) */
     uint64_t seed;         /* the engine's PYTHONHASHSEED (default 0) */
     uint64_t max_blocks;   /* the exact index's cap for this endpoint, both tiers (default 65536) */
+    /* tokenize: true: before a decision, the request's token ids from the engine's POST /tokenize become
+     * block keys with hash, block_size and seed (proxy/tokenize.h); false (the default): the keys are
+     * atc's prompt-text hashes (atc sim's stand-in without --kv-events-hash) */
+    bool tokenize;
+    uint64_t tokenize_timeout_ms; /* the budget of that call; past it the decision guesses (default 20) */
+    size_t tokenize_min_bytes;    /* prompts (raw JSON) below this are not tokenized (default 2048) */
 };
 
 struct atc_weights {

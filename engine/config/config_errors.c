@@ -158,3 +158,19 @@ const char *atc_yaml_describe(const yaml_node_t *n, char *buf, size_t size)
     buf[o] = '\0';
     return buf;
 }
+
+char *atc_config_format(const char *fmt, ...)
+{
+    va_list ap;
+    char *s;
+
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0 || !(s = malloc((size_t)n + 1)))
+        return NULL;
+    va_start(ap, fmt);
+    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    return s;
+}

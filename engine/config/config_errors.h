@@ -28,6 +28,9 @@ void atc_config_report(struct atc_config_errors *e, yaml_mark_t at, const char *
     __attribute__((format(printf, 4, 5)));
 
 /** Records libyaml's syntax error of @p y (or marks @p e out of memory). */
+/** A formatted message in a new string the caller frees; NULL when out of memory. */
+char *atc_config_format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 void atc_config_report_syntax(struct atc_config_errors *e, const yaml_parser_t *y);
 
 /** True when anything was recorded (or memory ran out). */

@@ -55,4 +55,6 @@ void atc_sim_params_dispose(struct atc_sim_params *p)
     p->kv_events = NULL;
     free(p->kv_events_replay);
     p->kv_events_replay = NULL;
+    free(p->kv_events_hash);
+    p->kv_events_hash = NULL;
 }

@@ -53,6 +53,9 @@ struct atc_sim_params {
     char *kv_events_replay;  /* --kv-events-replay: its replay (ROUTER) socket; owned, likewise (none) */
     uint64_t kv_events_drop; /* --kv-events-drop N: batch N is left out of the live socket, kept for
                                 replays (a sequence gap on purpose, for tests); 0 = none */
+    char *kv_events_hash;    /* --kv-events-hash: publish keys chained from /tokenize's token ids with this
+                                hash (sim_tokenize.h) instead of the prompt-text stand-in; owned (NULL) */
+    uint64_t tokenize_delay_ms; /* --tokenize-delay-ms: /tokenize answers this late (0: at once) */
     unsigned max_concurrent; /* requests held (queued or running) past which a new one gets 429, as TGI's
                                 router (0 = ATC_SIM_TGI_MAX_CONCURRENT for TGI, no limit for the others) */
 

@@ -47,6 +47,8 @@ struct sub {
     uint64_t batches, stored, removed, cleared, gaps, replays, replayed, replay_failures, decode_errors,
         unknown_events, restarts, dropped;
     double lag_ms; /* wall clock at the last batch applied minus its ts; 0 before one */
+    struct atc_kv_tokenize tokenize; /* kv_events.tokenize's settings (has_tokenize) */
+    bool has_tokenize;
 };
 
 struct atc_kv_events {
@@ -55,6 +57,7 @@ struct atc_kv_events {
     struct atc_kv_index *index;
     struct sub *subs;
     unsigned nsubs;
+    struct atc_kv_token_cache *tokens; /* the /tokenize step's cache and counters (its own lock) */
 };
 
 static void note(struct sub *s, enum problem p, const char *fmt, const char *detail)
@@ -355,6 +358,9 @@ static int start_sub(struct atc_kv_events *kv, struct sub *s, const struct atc_e
     evutil_socket_t fd;
     size_t size = sizeof fd;
     s->set = kv;
+    s->has_tokenize = c->tokenize && atc_kv_keyer_init(&s->tokenize.keyer, c->hash, c->block_size, c->seed) == 0;
+    s->tokenize.timeout_ms = c->tokenize_timeout_ms;
+    s->tokenize.min_bytes = c->tokenize_min_bytes;
     if (!(s->id = strdup(ec->id)) || !(s->endpoint = strdup(c->endpoint)) ||
         (c->replay_endpoint && !(s->replay_endpoint = strdup(c->replay_endpoint))) ||
         !(s->pending = malloc(KV_PENDING_MAX * sizeof *s->pending)) ||
@@ -404,7 +410,7 @@ struct atc_kv_events *atc_kv_events_create(struct event_base *base, const struct
         for (size_t j = 0; j < cfg->models[i].nendpoints; j++)
             if (cfg->models[i].endpoints[j].kv_events.endpoint)
                 caps[kv->nsubs++] = (size_t)cfg->models[i].endpoints[j].kv_events.max_blocks;
-    if (!(kv->index = atc_kv_index_create(caps, n)))
+    if (!(kv->index = atc_kv_index_create(caps, n)) || !(kv->tokens = atc_kv_token_cache_create()))
         goto error;
     unsigned k = 0;
     for (size_t i = 0; i < cfg->nmodels; i++)
@@ -430,6 +436,7 @@ void atc_kv_events_destroy(struct atc_kv_events *kv)
 {
     if (!kv)
         return;
+    atc_kv_token_cache_destroy(kv->tokens);
     for (unsigned i = 0; i < kv->nsubs && kv->subs; i++) {
         struct sub *s = &kv->subs[i];
         close_dealer(s);
@@ -508,6 +515,7 @@ void atc_kv_events_metrics(const struct atc_kv_events *kv, struct evbuffer *out)
 {
     if (!kv)
         return;
+    atc_kv_token_cache_metrics(kv->tokens, out);
     static const struct {
         const char *name, *help;
         size_t off;
@@ -558,4 +566,14 @@ void atc_kv_events_metrics(const struct atc_kv_events *kv, struct evbuffer *out)
         atc_json_escape(out, s->id, strlen(s->id));
         evbuffer_add_printf(out, "\"} %.6f\n", s->lag_ms / 1000.0);
     }
+}
+
+const struct atc_kv_tokenize *atc_kv_events_tokenize(const struct atc_kv_events *kv, unsigned slot)
+{
+    return slot < kv->nsubs && kv->subs[slot].has_tokenize ? &kv->subs[slot].tokenize : NULL;
+}
+
+struct atc_kv_token_cache *atc_kv_events_token_cache(const struct atc_kv_events *kv)
+{
+    return kv->tokens;
 }

@@ -32,6 +32,7 @@
 
 #include "config/config.h"
 #include "fleet/kv_index.h"
+#include "fleet/kv_token_cache.h"
 
 struct atc_kv_events;
 
@@ -57,5 +58,13 @@ void atc_kv_events_endpoint_json(const struct atc_kv_events *kv, const char *id,
 
 /** The counters in the Prometheus text format, labelled by endpoint. Main thread. */
 void atc_kv_events_metrics(const struct atc_kv_events *kv, struct evbuffer *out);
+
+/** Endpoint @p slot's kv_events.tokenize settings, or NULL when it has tokenize off. Any thread (fixed
+ * for the set's life). */
+const struct atc_kv_tokenize *atc_kv_events_tokenize(const struct atc_kv_events *kv, unsigned slot);
+
+/** The /tokenize step's cache and counters, shared by the workers (kv_token_cache.h: its own lock).
+ * Any thread; fixed for the set's life. */
+struct atc_kv_token_cache *atc_kv_events_token_cache(const struct atc_kv_events *kv);
 
 #endif

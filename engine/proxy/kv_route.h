@@ -4,20 +4,24 @@
 /* ep:cached_tokens for a live request (policy/policy.h's atc_route_request.cached_tokens): the leading
  * prefix blocks of the request that the endpoint's KV-cache events say it holds (fleet/kv_index.h).
  *
- * The keys looked up are the request's prefix hashes from atc's feature scan (request/request_features.h,
- * ATC_PREFIX_BLOCK_BYTES of prompt text a block, about 64 tokens), not the engine's token-level keys:
- * they match what atc sim publishes (sim/sim_kv_publish.h), and a real engine's keys only once the
- * request's token ids come from its /tokenize (issue 29 part 3, not done: docs/engines.md). */
+ * For an endpoint with kv_events.tokenize on, when the /tokenize step before the decision (tokenize.h)
+ * gave the request's keys (the engine's token ids chained as the engine chains them), those are looked
+ * up, block_size tokens a block. Otherwise (tokenize off, a small prompt, the step slow or failing: the
+ * guess) the keys are the request's prefix hashes from atc's feature scan (request/request_features.h,
+ * ATC_PREFIX_BLOCK_BYTES of prompt text a block, about 64 tokens): what atc sim publishes without
+ * --kv-events-hash (sim/sim_kv_publish.h). */
 
 #include <stdint.h>
 
 #include "fleet/endpoint.h"
 #include "fleet/kv_events.h"
+#include "proxy/tokenize.h"
 #include "request/request_features.h"
 
 struct atc_kv_route {
     const struct atc_kv_events *kv; /* borrowed; NULL: no endpoint publishes */
     const struct atc_features *f;   /* borrowed: the request's features */
+    const struct atc_tokenize *tk;  /* borrowed: its /tokenize step once over; NULL: none (the guess) */
 };
 
 /** Fills @p k with @p kv and @p f (both borrowed) and returns it: atc_route_request.cached_ctx. */

@@ -26,6 +26,8 @@
 #include "proxy/answer.h"
 #include "proxy/disagg.h"
 #include "proxy/kv_route.h"
+#include "proxy/sse_line.h"
+#include "proxy/tokenize.h"
 #include "policy/policy.h"
 #include "trace/recorder.h"
 #include "trace/trace.h"
@@ -93,6 +95,8 @@ struct relay {
 
     struct atc_route_request rreq; /* what the policy sees */
     struct atc_kv_route kvr;       /* its ep:cached_tokens */
+    struct atc_tokenize *tk;       /* its /tokenize step before the decision (tokenize.h); NULL: none */
+    uint64_t deadline_ms;          /* x-atc-deadline, for the wait after the step */
     struct atc_queue_item qi;      /* while waiting for capacity */
     uint64_t policy_version;
     struct atc_decision_record rec; /* the decision that routed it (its last one) */
@@ -145,6 +149,7 @@ static void attempt(struct relay *r, struct atc_endpoint *ep);
 static void end_broken_stream(struct relay *r, enum atc_upstream_error err);
 static struct atc_endpoint *next_endpoint(struct relay *r);
 static void record_finished(struct relay *r, bool flushed);
+static void on_tokenized(void *arg);
 static void reply_error(struct relay *r, int status, const char *type, const char *code, const char *message,
                         int retry_after);
 
@@ -276,6 +281,7 @@ static void relay_free(struct atc_deferred *d)
 {
     struct relay *r = (struct relay *)(void *)((char *)d - offsetof(struct relay, deferred));
     relay_expect(r, RELAY_IN(RELAY_ENDED));
+    atc_tokenize_free(r->tk);
     free(r->recorded_headers);
     free(r->up_headers);
     free(r);
@@ -295,6 +301,7 @@ static void relay_end(struct relay *r)
     atc_worker_queue_changed(r->w); /* it left the queue now, or earlier (placed, expired) */
     release_endpoint(r);
     atc_disagg_free(r->dg); /* a prefill in flight is cancelled: the client left, or decode answered */
+    atc_tokenize_cancel(r->tk); /* freed with the relay: its callback may be up the stack */
     if (r->client != NULL)
         atc_http_req_set_callbacks(r->client, NULL, NULL); /* the request is the HTTP server's again */
     r->client = NULL;
@@ -708,25 +715,6 @@ static void first_event(struct relay *r)
     atc_worker_capacity_freed(r->w);
 }
 
-/* Whether the start of an SSE line (@p n bytes of it, the whole line when @p complete) can be what an
- * inference server sends: a field (data, event, id, retry) or a comment. */
-static bool sse_line_ok(const char *head, size_t n, bool complete)
-{
-    static const char *const fields[] = {"data", "event", "id", "retry"};
-    if (n == 0 || head[0] == ':')
-        return true;
-    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
-        size_t f = strlen(fields[i]);
-        if (n > f && memcmp(head, fields[i], f) == 0 && head[f] == ':')
-            return true;
-        if (n == f && complete && memcmp(head, fields[i], f) == 0)
-            return true;
-        if (n < f + 1 && !complete && memcmp(head, fields[i], n) == 0)
-            return true; /* too early to tell */
-    }
-    return false;
-}
-
 /* One pass over the next bytes of an event stream, left to right, that checks its framing and counts its
  * events. Every line must be a field or a comment (sse_line_ok on its first bytes: only those are
  * looked at one by one, memchr finds the line's end). An event ends with an empty line: each "\n\n"
@@ -750,7 +738,7 @@ static bool sse_scan(struct relay *r, const char *p, size_t len)
         }
         char c = *p++;
         if (c == '\n') {
-            if (!sse_line_ok(r->sse_head, line_len, true))
+            if (!atc_sse_line_ok(r->sse_head, line_len, true))
                 return false;
             if (line_len >= 4 && memcmp(r->sse_head, "data", 4) == 0 &&
                 (line_len == 4 || r->sse_head[4] == ':'))
@@ -768,7 +756,7 @@ static bool sse_scan(struct relay *r, const char *p, size_t len)
         if (c == '\r')
             continue;
         r->sse_head[line_len] = c;
-        if (++line_len == sizeof(r->sse_head) && !sse_line_ok(r->sse_head, line_len, false))
+        if (++line_len == sizeof(r->sse_head) && !atc_sse_line_ok(r->sse_head, line_len, false))
             return false;
     }
     r->sse_line_len = line_len;
@@ -1115,6 +1103,18 @@ void atc_relay_start(struct atc_worker *w, struct atc_http_req *client, const st
     };
     if (over_limit(r))
         return;
+    r->deadline_ms = info->deadline_ms;
+    if (atc_tokenize_start(&r->tk, w, r->f, info->kind, on_tokenized, r) == 0)
+        on_tokenized(r);
+}
+
+/* The /tokenize step is over (or was not needed): the decision, on the keys it gave or on the guess. */
+static void on_tokenized(void *arg)
+{
+    struct relay *r = arg;
+    struct atc_worker *w = r->w;
+    relay_expect(r, RELAY_IN(RELAY_ROUTING));
+    r->kvr.tk = r->tk;
     r->rec.kind = atc_decision_balancer;
     const char *ask = client_header(r, "x-atc-explain");
     r->explain_reply = w->cfg->policy.explain && ask != NULL && strcmp(ask, "1") == 0;
@@ -1128,7 +1128,7 @@ void atc_relay_start(struct atc_worker *w, struct atc_http_req *client, const st
         attempt(r, ep);
         break;
     case WAIT:
-        wait_for_capacity(r, info->deadline_ms);
+        wait_for_capacity(r, r->deadline_ms);
         break;
     case ANSWERED:
         break;

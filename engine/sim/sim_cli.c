@@ -67,6 +67,9 @@ static const char usage[] =
     "                            tcp://127.0.0.1:5557; port * = any free one): stored, removed, cleared\n"
     "  --kv-events-replay ENDPOINT  its replay socket (ZMQ ROUTER, e.g. tcp://127.0.0.1:5558)\n"
     "  --kv-events-drop N        leave batch N out of the live socket (kept for replays): a gap, for tests\n"
+    "  --kv-events-hash HASH     publish keys chained from /tokenize's token ids (sha256_cbor, xxhash_cbor,\n"
+    "                            sglang), as an engine does, instead of atc's prompt-text hashes\n"
+    "  --tokenize-delay-ms N     answer POST /tokenize N ms late (a slow tokenizer, for tests)\n"
     "  --ready-file PATH         once the port is bound, write {\"listen\":\"HOST:PORT\"} to PATH\n"
     "                            (and \"kv_events\", \"kv_events_replay\": the bound ZMQ addresses)\n"
     "  --help                    this text\n"
@@ -89,6 +92,8 @@ static const struct sim_flag {
     {"kv-events", FLAG_NAME, P(kv_events), 0},
     {"kv-events-replay", FLAG_NAME, P(kv_events_replay), 0},
     {"kv-events-drop", FLAG_U64, P(kv_events_drop), 0},
+    {"kv-events-hash", FLAG_NAME, P(kv_events_hash), 0},
+    {"tokenize-delay-ms", FLAG_U64, P(tokenize_delay_ms), 0},
     {"max-seqs", FLAG_COUNT, P(max_seqs), 1},
     {"max-concurrent", FLAG_COUNT, P(max_concurrent), 1},
     {"prefill-tps", FLAG_NUMBER, P(prefill_tps), 1e-9},

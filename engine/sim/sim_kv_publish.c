@@ -37,7 +37,15 @@ struct atc_sim_kv_pub {
     bool open;
     struct held_batch ring[ATC_SIM_KV_REPLAY_BATCHES]; /* the last batches, by seq modulo the size */
     uint64_t batches, replays;
+    /* --kv-events-hash: each prompt-text block hash's engine-style key (atc_sim_kv_pub_alias), direct
+     * mapped by the hash (a later block in the same place replaces it; a block without its key is
+     * published under its text hash: a miss for a router, no more). NULL: never aliased. */
+    struct {
+        uint64_t hash, key;
+    } * alias;
 };
+
+#define ALIAS_SLOTS (1u << 16)
 
 static void close_event(struct atc_sim_kv_pub *p)
 {
@@ -142,8 +150,11 @@ void atc_sim_kv_pub_on_kv(void *ctx, enum atc_sim_kv_op op, const uint64_t *hash
         p->open_keys = k;
         p->open_cap = cap;
     }
-    if (n > 0)
-        memcpy(p->open_keys + p->nopen, hashes, n * sizeof(*hashes));
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = hashes[i];
+        bool aliased = p->alias != NULL && p->alias[h % ALIAS_SLOTS].hash == h;
+        p->open_keys[p->nopen + i] = aliased ? p->alias[h % ALIAS_SLOTS].key : h;
+    }
     p->nopen += n;
     p->open_op = op;
     p->open = true;
@@ -262,6 +273,7 @@ void atc_sim_kv_pub_destroy(struct atc_sim_kv_pub *p)
 {
     if (p == NULL)
         return;
+    free(p->alias);
     if (p->router_ev)
         event_free(p->router_ev);
     if (p->flush_ev)
@@ -296,4 +308,14 @@ uint64_t atc_sim_kv_pub_batches(const struct atc_sim_kv_pub *p)
 uint64_t atc_sim_kv_pub_replays(const struct atc_sim_kv_pub *p)
 {
     return p->replays;
+}
+
+void atc_sim_kv_pub_alias(struct atc_sim_kv_pub *p, const uint64_t *hashes, const uint64_t *keys, size_t n)
+{
+    if (p->alias == NULL && (p->alias = calloc(ALIAS_SLOTS, sizeof *p->alias)) == NULL)
+        return; /* published under the text hashes: misses, not errors */
+    for (size_t i = 0; i < n; i++) {
+        p->alias[hashes[i] % ALIAS_SLOTS].hash = hashes[i];
+        p->alias[hashes[i] % ALIAS_SLOTS].key = keys[i];
+    }
 }

@@ -19,6 +19,9 @@
  * prompt text (request/request_features.h, 256 bytes a block, reported as block_size 64 tokens), the
  * same keys atc serve looks up for a live request. They stand in for the engine's token-level keys
  * (request/kv_keys.h), which atc computes only from the engine's token ids; token_ids is sent empty.
+ * With --kv-events-hash, the server tells the publisher each block's engine-style key (the sim's own
+ * token ids, sim/sim_tokenize.h, chained with that hash: atc_sim_kv_pub_alias) and those are published
+ * instead, as a real engine's would be.
  *
  * Everything runs on the loop given at creation. */
 
@@ -48,6 +51,9 @@ void atc_sim_kv_pub_destroy(struct atc_sim_kv_pub *pub);
 /** An atc_sim_on_kv listener (ctx: the publisher): queues the change into the batch the loop's next
  * turn sends. */
 void atc_sim_kv_pub_on_kv(void *ctx, enum atc_sim_kv_op op, const uint64_t *hashes, size_t n);
+
+/** From now on, the block of prompt-text hash @p hashes[i] is published as @p keys[i] (@p n of each). */
+void atc_sim_kv_pub_alias(struct atc_sim_kv_pub *p, const uint64_t *hashes, const uint64_t *keys, size_t n);
 
 /** The address the PUB socket (@p replay false) or the ROUTER socket is bound to (the port chosen
  * for "*"), into @p out (@p len bytes). Returns 0, or -1 (none, or too long). */

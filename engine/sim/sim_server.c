@@ -33,6 +33,7 @@
 #include "request/request_features.h"
 #include "base/clock.h"
 #include "sim/sim_kv_publish.h"
+#include "sim/sim_tokenize.h"
 
 #define BLOCK_TOKENS (ATC_PREFIX_BLOCK_BYTES / 4) /* request_features estimates 4 bytes per token */
 #define MAX_BODY (32u << 20)
@@ -92,6 +93,7 @@ struct atc_sim_server {
     struct atc_sim_params p;
     struct atc_sim *sim;
     struct atc_sim_kv_pub *kv_pub; /* --kv-events: its KV-cache events over ZMQ; NULL without */
+    struct atc_sim_tokenizer *tok; /* POST /tokenize, and --kv-events-hash's keys (sim_tokenize.h) */
     struct event *timer;  /* the model's next event */
     struct event *die_ev; /* deferred death: never free the server from inside its own callbacks */
     uint64_t t0;          /* CLOCK_MONOTONIC at start, us: model time is relative to it */
@@ -664,6 +666,9 @@ static void handle_inference(struct atc_sim_server *srv, struct atc_http_req *re
         send_error(srv, req, ERR_INVALID, err);
         return;
     }
+    uint64_t keys[ATC_PREFIX_BLOCKS_MAX];
+    if (srv->kv_pub != NULL) /* --kv-events-hash: its blocks go out under the engine-style keys */
+        atc_sim_kv_pub_alias(srv->kv_pub, f.blocks, keys, atc_sim_tokenizer_keys(srv->tok, &f, keys, f.nblocks));
     bool stream = f.stream && kind != ATC_KIND_EMBEDDING;
     bool tgi = srv->p.engine == ATC_SIM_TGI;
     /* TGI serves one model and does not read the request's model name. */
@@ -992,6 +997,8 @@ static void on_request(struct atc_http_req *req, void *arg)
         handle_inference(srv, req, ATC_KIND_COMPLETION);
     else if (strcmp(path, "/v1/embeddings") == 0 && post)
         handle_inference(srv, req, ATC_KIND_EMBEDDING);
+    else if (strcmp(path, "/tokenize") == 0 && post)
+        atc_sim_tokenizer_handle(srv->tok, req);
     else if (strcmp(path, "/v1/models") == 0 && get)
         handle_models(srv, req);
     else if (strcmp(path, "/health") == 0 && get)
@@ -1095,6 +1102,8 @@ struct atc_sim_server *atc_sim_server_start(struct event_base *base, const struc
         !(srv->loaded_ev = evtimer_new(base, on_loaded, srv)) ||
         !(srv->http = atc_http_server_create(base, &http_cfg, on_request, srv)))
         goto error;
+    if (!(srv->tok = atc_sim_tokenizer_create(base, p->kv_events_hash, BLOCK_TOKENS, p->tokenize_delay_ms, err)))
+        goto error;
     if (p->kv_events != NULL) {
         if (!(srv->kv_pub = atc_sim_kv_pub_create(base, p->kv_events, p->kv_events_replay, BLOCK_TOKENS,
                                                   p->kv_events_drop, err)))
@@ -1153,6 +1162,7 @@ void atc_sim_server_stop(struct atc_sim_server *s)
         event_free(s->loaded_ev);
     atc_sim_destroy(s->sim);
     atc_sim_kv_pub_destroy(s->kv_pub);
+    atc_sim_tokenizer_destroy(s->tok);
     atc_sim_disagg_free(s->disagg);
     free(s->p.model);
     free(s->p.api_key);

@@ -222,5 +222,87 @@ class SimKvEventsTest(AtcTestCase):
         self.assertEqual(self.served(atc), (na + 1, nb))
 
 
+class TokenizeTest(AtcTestCase):
+    """kv_events.tokenize: before the decision atc asks an endpoint's POST /tokenize for the request's token
+    ids and chains them into the engine's block keys. The sims publish keys chained from their own token
+    ids with sha256_cbor (--kv-events-hash), never the prompt-text hashes atc would guess with, so only
+    the tokenize path finds what they hold."""
+
+    ZMQ_ANY = "tcp://127.0.0.1:*"
+
+    def start(self, timeout="2s", sim_extra=()):
+        sims = {n: self.start_sim(n, extra=("--kv-events", self.ZMQ_ANY, "--kv-events-hash", "sha256_cbor",
+                                            *sim_extra)) for n in ("a", "b")}
+        policy = self.write_policy(SIM_POLICY)
+        eps = "".join(f"""
+                  - id: {n}
+                    url: {s.url}
+                    kv_events: {{endpoint: "{s.info["kv_events"]}"}}""" for n, s in sims.items())
+        return self.start_atc(f"""
+            listen: 127.0.0.1:0
+            admin: 127.0.0.1:0
+            health: {{enabled: false}}
+            policy: {{entry: {policy}}}
+            models:
+              - name: llama-3-8b
+                kv_events: {{block_size: 64, hash: sha256_cbor, tokenize: true, tokenize_timeout: {timeout},
+                             tokenize_min_bytes: 1KiB}}
+                endpoints:{eps}
+            """)
+
+    def metric(self, atc, name):
+        status, _, body = request("127.0.0.1", atc.admin_port, "GET", "/metrics")
+        self.assertEqual(status, 200)
+        for line in body.decode().splitlines():
+            if line.startswith(name + " "):
+                return int(line.split()[1])
+        self.fail(f"{name} not in /metrics")
+
+    def ask(self, atc, content, target=None):
+        status, _, body = chat(atc.port, content=content, max_tokens=4,
+                               headers={"x-target": target} if target else None)
+        self.assertEqual(status, 200, body)
+
+    def served(self, atc):
+        eps = atc.endpoints()
+        return eps["a"]["requests_total"], eps["b"]["requests_total"]
+
+    def test_repeat_goes_to_the_holder_through_tokenize(self):
+        atc = self.start()
+        for n in ("a", "b"):  # ZMQ subscribers join late: ask until each one's events are read
+            wait_for(lambda: self.ask(atc, "warm-up " + str(time_ns()) * 100, n) or
+                     atc.endpoints()[n]["kv_events"]["batches"] > 1, what=f"{n}'s first stores")
+        calls = self.metric(atc, "atc_kv_tokenize_calls_total")
+        self.assertGreaterEqual(calls, 2)  # the warm-ups (2 KiB) were tokenized
+        prompt = "the engine's own tokens find where this prompt is cached. " * 40  # 2,400 bytes
+        before = atc.endpoints()["b"]["kv_events"]["blocks_gpu"]
+        self.ask(atc, prompt, "b")  # nothing holds it yet: the header's endpoint
+        wait_for(lambda: atc.endpoints()["b"]["kv_events"]["blocks_gpu"] >= before + 9, what="b's stores")
+        self.assertEqual(self.metric(atc, "atc_kv_tokenize_calls_total"), calls + 1)
+        hits = self.metric(atc, "atc_kv_tokenize_cache_hits_total")
+        # The repeat, without a header (the guess would send it to a: the text hashes match nothing the
+        # sims publish), goes to b by the keys of its token ids, taken from the cache this time.
+        na, nb = self.served(atc)
+        self.ask(atc, prompt)
+        self.assertEqual(self.served(atc), (na, nb + 1))
+        self.assertEqual(self.metric(atc, "atc_kv_tokenize_cache_hits_total"), hits + 1)
+        self.assertEqual(self.metric(atc, "atc_kv_tokenize_calls_total"), calls + 1)
+        # A small prompt is not tokenized; nothing timed out or failed.
+        self.ask(atc, "short", "a")
+        self.assertEqual(self.metric(atc, "atc_kv_tokenize_calls_total"), calls + 1)
+        self.assertEqual((self.metric(atc, "atc_kv_tokenize_timeouts_total"),
+                          self.metric(atc, "atc_kv_tokenize_failures_total")), (0, 0))
+
+    def test_a_hanging_tokenizer_falls_back_within_the_budget(self):
+        atc = self.start(timeout="50ms", sim_extra=("--tokenize-delay-ms", "30000"))
+        t0 = time_ns()
+        self.ask(atc, "a tokenizer that never answers in time. " * 60, "b")
+        elapsed_ms = (time_ns() - t0) / 1e6
+        self.assertLess(elapsed_ms, 5000)  # served on the guess, not after the sim's 30 s
+        self.assertEqual(self.served(atc), (0, 1))
+        self.assertEqual(self.metric(atc, "atc_kv_tokenize_timeouts_total"), 1)
+        self.assertEqual(self.metric(atc, "atc_kv_tokenize_calls_total"), 1)
+
+
 if __name__ == "__main__":
     unittest.main()
