@@ -109,7 +109,7 @@ static void store(struct atc_endpoint_table *t, const struct sum *sums)
 {
     for (size_t i = 0; i < t->nendpoints; i++) {
         struct atc_remote_load *rl = &t->endpoints[i]->remote;
-        const struct sum *m = &sums[i];
+        const struct sum *m = &sums[t->endpoints[i]->index]; /* by slot */
         atomic_store_explicit(&rl->inflight, (unsigned)(m->inflight < UINT32_MAX ? m->inflight : UINT32_MAX),
                               memory_order_relaxed);
         atomic_store_explicit(&rl->tokens, m->tokens, memory_order_relaxed);
@@ -124,7 +124,7 @@ static void store(struct atc_endpoint_table *t, const struct sum *sums)
 unsigned atc_load_share_apply(struct atc_load_share *s, struct atc_endpoint_table *t, uint64_t now_ms,
                               uint64_t stale_ms)
 {
-    struct sum *sums = calloc(t->nendpoints ? t->nendpoints : 1, sizeof(*sums));
+    struct sum *sums = calloc(t->nslots ? t->nslots : 1, sizeof(*sums));
     if (sums == NULL)
         return 0;
     unsigned used = 0;
@@ -172,7 +172,7 @@ unsigned atc_load_share_apply(struct atc_load_share *s, struct atc_endpoint_tabl
 
 void atc_load_share_clear(struct atc_endpoint_table *t)
 {
-    struct sum *zero = calloc(t->nendpoints ? t->nendpoints : 1, sizeof(*zero));
+    struct sum *zero = calloc(t->nslots ? t->nslots : 1, sizeof(*zero));
     if (zero != NULL)
         store(t, zero);
     free(zero);

@@ -589,7 +589,10 @@ static void commit_config(struct atc_server *srv, struct atc_config *ncfg, worke
         ch->done = atc_config_remove_endpoint(ncfg, ch->remove);
     struct atc_endpoint **gone = NULL;
     size_t ngone = 0;
-    struct atc_endpoint_table *t = atc_endpoint_table_rebuild(srv->table, ncfg, &gone, &ngone);
+    /* One endpoint added or removed keeps every other endpoint in its slot (endpoint.h), so what is keyed by
+     * slot stays true: the prefix index, the policies' views and module state. */
+    struct atc_endpoint_table *t = ch != NULL ? atc_endpoint_table_change(srv->table, ncfg, &gone, &ngone)
+                                              : atc_endpoint_table_rebuild(srv->table, ncfg, &gone, &ngone);
     srv->table = t;
     if (srv->cluster != NULL)
         atc_cluster_set_table(srv->cluster, t);
@@ -621,15 +624,16 @@ static void commit_config(struct atc_server *srv, struct atc_config *ncfg, worke
         for (size_t i = 0; i < t->nendpoints; i++)
             t->endpoints[i]->routable = true;
     }
-    if (srv->prefix != NULL)
-        atc_prefix_index_clear(srv->prefix); /* it knows endpoints by their place in the table */
+    if (srv->prefix != NULL && ch == NULL)
+        atc_prefix_index_clear(srv->prefix); /* the table was renumbered */
     srv->cfg = ncfg;
     for (unsigned i = 0; i < srv->group.nworkers; i++) {
         struct atc_worker *w = &srv->group.workers[i];
         w->table = t;
         w->cfg = ncfg;
         char *perr = NULL;
-        if (w->policy != NULL && atc_policy_set_table(w->policy, t, &perr) == 0)
+        if (w->policy != NULL && (ch != NULL ? atc_policy_update_table(w->policy, t, &perr)
+                                             : atc_policy_set_table(w->policy, t, &perr)) == 0)
             atc_error("config reload: the policy did not reload on worker %u (%s); the C balancer routes "
                       "there until it does",
                       i, perr != NULL ? perr : "?");

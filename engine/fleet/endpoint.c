@@ -72,17 +72,36 @@ static int model_append(struct atc_model *m, struct atc_endpoint *ep)
     return 0;
 }
 
-static int table_append(struct atc_endpoint_table *t, struct atc_model *m, struct atc_endpoint *ep)
+/* Appends @p ep to the table and to model @p m, in slot @p slot (one it held in the table this one
+ * replaces), or in a new slot when @p slot is < 0. */
+static int table_append_at(struct atc_endpoint_table *t, struct atc_model *m, struct atc_endpoint *ep,
+                           long slot)
 {
     struct atc_endpoint **eps = realloc(t->endpoints, (t->nendpoints + 1) * sizeof(*eps));
     if (eps == NULL)
         return -1;
     t->endpoints = eps;
+    size_t nslots = slot < 0 ? t->nslots + 1 : ((size_t)slot >= t->nslots ? (size_t)slot + 1 : t->nslots);
+    if (nslots > t->nslots) {
+        struct atc_endpoint **s = realloc(t->slots, nslots * sizeof(*s));
+        if (s == NULL)
+            return -1;
+        memset(s + t->nslots, 0, (nslots - t->nslots) * sizeof(*s));
+        t->slots = s;
+    }
     if (model_append(m, ep) < 0)
         return -1;
-    ep->index = (unsigned)t->nendpoints;
+    ep->index = slot < 0 ? (unsigned)t->nslots : (unsigned)slot;
+    t->nslots = nslots;
+    t->slots[ep->index] = ep;
+    ep->position = (unsigned)t->nendpoints;
     eps[t->nendpoints++] = ep;
     return 0;
+}
+
+static int table_append(struct atc_endpoint_table *t, struct atc_model *m, struct atc_endpoint *ep)
+{
+    return table_append_at(t, m, ep, -1);
 }
 
 /* The settings of @p ec that may change in place (a config reload keeps the endpoint and its counters). */
@@ -183,21 +202,28 @@ static void table_free_shell(struct atc_endpoint_table *t)
         free(t->models[i].endpoints);
     }
     free(t->endpoints);
+    free(t->slots);
     free(t->models);
     free(t);
 }
 
-struct atc_endpoint_table *atc_endpoint_table_rebuild(struct atc_endpoint_table *old,
-                                                      const struct atc_config *cfg,
-                                                      struct atc_endpoint ***retired, size_t *nretired)
+/* The table of @p cfg from @p old: renumbered from 0 (@p keep_slots false) or with every endpoint that
+ * stays in its slot and new ones in slots never used before (true). */
+static struct atc_endpoint_table *rebuild(struct atc_endpoint_table *old, const struct atc_config *cfg,
+                                          bool keep_slots, struct atc_endpoint ***retired, size_t *nretired)
 {
     struct atc_endpoint_table *t = calloc(1, sizeof(*t));
-    bool *moved = calloc(old->nendpoints ? old->nendpoints : 1, sizeof(bool));
+    bool *moved = calloc(old->nslots ? old->nslots : 1, sizeof(bool));
     struct atc_endpoint **gone = calloc(old->nendpoints ? old->nendpoints : 1, sizeof(*gone));
     if (t == NULL || moved == NULL || gone == NULL ||
         (t->models = calloc(cfg->nmodels ? cfg->nmodels : 1, sizeof(*t->models))) == NULL)
         goto error;
     t->signals = cfg->signals;
+    if (keep_slots) { /* new endpoints take slots after every slot the old table had, used or not */
+        if ((t->slots = calloc(old->nslots ? old->nslots : 1, sizeof(*t->slots))) == NULL)
+            goto error;
+        t->nslots = old->nslots;
+    }
     for (size_t i = 0; i < cfg->nmodels; i++) {
         const struct atc_model_config *mc = &cfg->models[i];
         struct atc_model *m = &t->models[t->nmodels++];
@@ -208,12 +234,14 @@ struct atc_endpoint_table *atc_endpoint_table_rebuild(struct atc_endpoint_table 
             const struct atc_endpoint_config *ec = &mc->endpoints[j];
             /* Same id, model and address: the same server, which keeps its counters, pool and health. */
             struct atc_endpoint *ep = atc_endpoint_table_find(old, ec->id);
+            long slot = -1;
             if (atc_endpoint_same_server(ep, ec, mc->name)) {
                 moved[ep->index] = true;
+                slot = keep_slots ? (long)ep->index : -1;
             } else if ((ep = endpoint_new(mc->name, ec->id, ec->host, ec->port, ec->capacity)) == NULL) {
                 goto error;
             }
-            if (apply_config(ep, ec) < 0 || table_append(t, m, ep) < 0)
+            if (apply_config(ep, ec) < 0 || table_append_at(t, m, ep, slot) < 0)
                 goto error; /* out of memory: the process is in no state to go on either way */
         }
         /* Simulated servers stay as they are (simulate: changes need a restart). */
@@ -222,16 +250,16 @@ struct atc_endpoint_table *atc_endpoint_table_rebuild(struct atc_endpoint_table 
             struct atc_endpoint *ep = om->endpoints[j];
             if (ep->simulated) {
                 moved[ep->index] = true;
-                if (table_append(t, m, ep) < 0)
+                if (table_append_at(t, m, ep, keep_slots ? (long)ep->index : -1) < 0)
                     goto error;
             }
         }
     }
     size_t n = 0;
-    for (size_t i = 0; i < old->nendpoints; i++)
-        if (!moved[i]) {
-            old->endpoints[i]->routable = false;
-            gone[n++] = old->endpoints[i];
+    for (size_t i = 0; i < old->nslots; i++) /* (moved[] is by old slot: ep->index may have changed) */
+        if (old->slots[i] != NULL && !moved[i]) {
+            old->slots[i]->routable = false;
+            gone[n++] = old->slots[i];
         }
     free(moved);
     table_free_shell(old);
@@ -240,6 +268,25 @@ struct atc_endpoint_table *atc_endpoint_table_rebuild(struct atc_endpoint_table 
     return t;
 error:
     abort(); /* allocation failure halfway through moving endpoints: nothing consistent is left */
+}
+
+struct atc_endpoint_table *atc_endpoint_table_rebuild(struct atc_endpoint_table *old,
+                                                      const struct atc_config *cfg,
+                                                      struct atc_endpoint ***retired, size_t *nretired)
+{
+    return rebuild(old, cfg, false, retired, nretired);
+}
+
+struct atc_endpoint_table *atc_endpoint_table_change(struct atc_endpoint_table *old,
+                                                     const struct atc_config *cfg,
+                                                     struct atc_endpoint ***retired, size_t *nretired)
+{
+    return rebuild(old, cfg, true, retired, nretired);
+}
+
+struct atc_endpoint *atc_endpoint_table_slot(const struct atc_endpoint_table *t, size_t slot)
+{
+    return t != NULL && slot < t->nslots ? t->slots[slot] : NULL;
 }
 
 void atc_endpoint_free(struct atc_endpoint *ep)
@@ -258,6 +305,7 @@ void atc_endpoint_table_destroy(struct atc_endpoint_table *t)
         free(t->models[i].endpoints);
     }
     free(t->endpoints);
+    free(t->slots);
     free(t->models);
     free(t);
 }

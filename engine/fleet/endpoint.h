@@ -42,7 +42,8 @@ struct atc_remote_load {
 
 struct atc_endpoint {
     /* config */
-    unsigned index; /* position in the table's endpoints[] */
+    unsigned index;    /* its slot: the table's slots[index] (see struct atc_endpoint_table) */
+    unsigned position; /* its place in the table's endpoints[], which an endpoint set change may move */
     char *id;
     char *url;
     char *host;
@@ -97,9 +98,16 @@ struct atc_model {
     size_t nendpoints;
 };
 
+/* endpoints[] lists the endpoints (nendpoints, dense: iterate it). slots[] keys them by ep->index, the
+ * number that policy views, the prefix index and per-endpoint arrays of other subsystems (nslots long)
+ * know an endpoint by: an endpoint added or removed at run time (atc_endpoint_table_change) moves no other
+ * endpoint, and a removed one leaves its slot NULL, never reused by that table or its successors (only a
+ * config reload, atc_endpoint_table_rebuild, renumbers from 0). */
 struct atc_endpoint_table {
     struct atc_endpoint **endpoints;
     size_t nendpoints;
+    struct atc_endpoint **slots; /* slot -> endpoint, NULL for one removed */
+    size_t nslots;
     struct atc_model *models;
     size_t nmodels;
     struct atc_signal_params signals; /* priors and time constants of every endpoint's signals */
@@ -122,6 +130,16 @@ struct atc_endpoint *atc_endpoint_table_add(struct atc_endpoint_table *t, const 
 struct atc_endpoint_table *atc_endpoint_table_rebuild(struct atc_endpoint_table *old,
                                                       const struct atc_config *cfg,
                                                       struct atc_endpoint ***retired, size_t *nretired);
+
+/** The same for an endpoint added to or removed from @p cfg at run time (the admin API, discovery): every
+ * endpoint that stays keeps its slot (ep->index), new ones take slots never used before, and the slots of
+ * the removed ones stay empty. Aborts on allocation failure. */
+struct atc_endpoint_table *atc_endpoint_table_change(struct atc_endpoint_table *old,
+                                                     const struct atc_config *cfg,
+                                                     struct atc_endpoint ***retired, size_t *nretired);
+
+/** The endpoint in slot @p slot of @p t (may be NULL), or NULL: none, or removed. */
+struct atc_endpoint *atc_endpoint_table_slot(const struct atc_endpoint_table *t, size_t slot);
 
 /** Frees an endpoint that is in no table (not its pool). */
 void atc_endpoint_free(struct atc_endpoint *ep);

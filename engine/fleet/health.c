@@ -1048,7 +1048,7 @@ struct atc_health *atc_health_create(struct event_base *base, struct atc_endpoin
             goto error;
         }
         for (size_t j = 0; j < tm->nendpoints; j++) {
-            struct hep *e = &h->eps[tm->endpoints[j]->index];
+            struct hep *e = &h->eps[tm->endpoints[j]->position]; /* (ep->index is its slot) */
             e->model = m;
             m->eps[m->neps++] = e;
         }

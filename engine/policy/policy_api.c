@@ -38,7 +38,7 @@ const struct atc_policy_settings *atc_policy_settings_of(lua_State *L)
 struct atc_endpoint *policy_api_endpoint_at(const struct policy_version *v, unsigned index)
 {
     const struct atc_endpoint_table *t = v->rt->table;
-    return t != NULL && index < t->nendpoints ? t->endpoints[index] : NULL;
+    return t != NULL && index < t->nslots ? t->slots[index] : NULL; /* NULL: a removed endpoint's view */
 }
 
 bool policy_api_available(const struct policy_version *v, const struct atc_endpoint *ep)
@@ -148,8 +148,7 @@ unsigned policy_api_overlap(lua_State *L, struct policy_version *v, const struct
     if (v->rt->prefix == NULL || f == NULL || f->nblocks == 0)
         return 0;
     if (!v->overlaps_ready) {
-        atc_prefix_index_overlaps(v->rt->prefix, f->blocks, f->nblocks, v->overlaps,
-                                  v->rt->table->nendpoints);
+        atc_prefix_index_overlaps(v->rt->prefix, f->blocks, f->nblocks, v->overlaps, v->rt->table->nslots);
         v->overlaps_ready = true;
     }
     return v->overlaps[ep->index];
@@ -988,12 +987,31 @@ static void make_readonly(lua_State *L)
     lua_remove(L, -2);
 }
 
-/* Builds one view table per endpoint of v->rt->table (see ep_live) into a registry table, index + 1 ->
- * view, and the view -> index lookup; replaces any previous ones. Raises only before it changes v. */
-static void open_views(struct policy_version *v)
+/* A view whose endpoint left the table: its live fields read nil from now on, and it is no view any more
+ * (policy_api_view_index). Its static fields (id, model, ...) stay, so that a policy can still name it. */
+static void kill_view(lua_State *L, int view)
+{
+    if (!lua_getmetatable(L, view))
+        return;
+    lua_getfield(L, -1, "__index"); /* its static part */
+    if (lua_istable(L, -1)) {
+        lua_pushlightuserdata(L, (void *)&view_index_key);
+        lua_pushnil(L);
+        lua_rawset(L, -3);
+    }
+    lua_pop(L, 2);
+}
+
+/* Builds one view table per endpoint of v->rt->table (see ep_live) into a registry table, slot + 1 ->
+ * view, and the view -> slot lookup; replaces any previous ones. With @p keep, the views of endpoints
+ * still in their slots stay the same tables (a policy may hold them across decisions: that table was
+ * renumbered by atc_endpoint_table_change, which keeps slots) and the views of endpoints that left are
+ * killed (kill_view). Raises only before it changes v. */
+static void open_views(struct policy_version *v, bool keep)
 {
     lua_State *L = v->L;
-    size_t n = v->rt->table != NULL ? v->rt->table->nendpoints : 0;
+    const struct atc_endpoint_table *t = v->rt->table;
+    size_t n = t != NULL ? t->nslots : 0;
     size_t mask = 15;
     while (mask < 2 * n)
         mask = mask * 2 + 1;
@@ -1010,10 +1028,16 @@ static void open_views(struct policy_version *v)
     free(v->overlaps);
     v->overlaps = overlaps;
     v->overlaps_ready = false;
-    if (v->endpoints_ref != 0 && v->endpoints_ref != LUA_NOREF)
+    int old = 0; /* the previous views, kept */
+    if (v->endpoints_ref != 0 && v->endpoints_ref != LUA_NOREF) {
+        if (keep) {
+            lua_rawgeti(L, LUA_REGISTRYINDEX, v->endpoints_ref);
+            old = lua_gettop(L);
+        }
         luaL_unref(L, LUA_REGISTRYINDEX, v->endpoints_ref);
+    }
 
-    lua_createtable(L, (int)n, 0); /* index + 1 -> view */
+    lua_createtable(L, (int)n, 0); /* slot + 1 -> view */
     int views = lua_gettop(L);
     lua_createtable(L, 0, 1); /* the static parts' metatable */
     lua_pushlightuserdata(L, v);
@@ -1027,7 +1051,18 @@ static void open_views(struct policy_version *v)
             lua_pushcclosure(L, f->method, 1);
         }
     for (size_t i = 0; i < n; i++) {
-        const struct atc_endpoint *ep = v->rt->table->endpoints[i];
+        const struct atc_endpoint *ep = t->slots[i];
+        if (ep == NULL)
+            continue;
+        if (old != 0) {
+            lua_rawgeti(L, old, (int)i + 1);
+            if (!lua_isnil(L, -1)) {
+                view_remember(v, lua_topointer(L, -1), (unsigned)i);
+                lua_rawseti(L, views, (int)i + 1);
+                continue;
+            }
+            lua_pop(L, 1);
+        }
         lua_newtable(L);          /* the view */
         lua_createtable(L, 0, 8); /* its static part */
         int m = methods;
@@ -1056,7 +1091,18 @@ static void open_views(struct policy_version *v)
         lua_rawseti(L, views, (int)i + 1);
     }
     lua_settop(L, views);
+    if (old != 0) { /* the views of endpoints that left */
+        lua_pushnil(L);
+        while (lua_next(L, old) != 0) {
+            lua_Integer slot = lua_tointeger(L, -2) - 1;
+            if (slot < 0 || (size_t)slot >= n || t->slots[slot] == NULL)
+                kill_view(L, lua_gettop(L));
+            lua_pop(L, 1);
+        }
+    }
     v->endpoints_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    if (old != 0)
+        lua_remove(L, old);
 }
 
 /* The fleet userdata (its metatable made by policy_api_open). A new table gets a new one, as a new
@@ -1074,7 +1120,13 @@ static void new_fleet(struct policy_version *v)
 
 void policy_api_set_table(struct policy_version *v)
 {
-    open_views(v);
+    open_views(v, false);
+    new_fleet(v);
+}
+
+void policy_api_update_views(struct policy_version *v)
+{
+    open_views(v, true);
     new_fleet(v);
 }
 
@@ -1082,7 +1134,7 @@ void policy_api_open(struct policy_version *v)
 {
     lua_State *L = v->L; /* the sandbox globals table is at -1 */
     pthread_once(&indexes_once, build_indexes);
-    open_views(v);
+    open_views(v, false);
 
     /* req: one userdata, pointed at the request of the decision in progress */
     lua_pushlightuserdata(L, v);

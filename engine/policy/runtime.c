@@ -375,6 +375,7 @@ struct atc_policy_build {
     size_t n;
     uint64_t version;         /* the number they take */
     uint64_t table_changes;   /* the runtimes' when the build began: a later table makes the build stale */
+    uint64_t table_updates;   /* likewise for endpoint set changes: its views are then updated on adoption */
     uint64_t shadow_versions; /* the runtimes' shadows loaded so far: a shadow build numbers from there */
     bool failed;
     char *err;                        /* why it failed (NULL: out of memory) */
@@ -426,6 +427,7 @@ struct atc_policy_build *atc_policy_build_create(struct atc_policy_runtime *cons
     b->n = n;
     b->version = rts[0]->next_version + 1;
     b->table_changes = rts[0]->table_changes;
+    b->table_updates = rts[0]->table_updates;
     return b;
 }
 
@@ -461,6 +463,8 @@ const char *atc_policy_build_error(const struct atc_policy_build *b)
     return b->err != NULL ? b->err : "out of memory";
 }
 
+static int update_views(struct policy_version *v);
+
 uint64_t atc_policy_adopt(struct atc_policy_runtime *rt, struct atc_policy_build *b, size_t i)
 {
     bool first = i == 0;
@@ -478,13 +482,19 @@ uint64_t atc_policy_adopt(struct atc_policy_runtime *rt, struct atc_policy_build
     }
     struct policy_version *v = b->versions[i];
     b->versions[i] = NULL;
-    if (b->table_changes != rt->table_changes) { /* a config reload rebuilt the runtime meanwhile */
+    if (b->table_changes != rt->table_changes ||
+        (b->table_updates != rt->table_updates && b->as.target == ATC_POLICY_SHADOW)) {
+        /* a config reload rebuilt the runtime meanwhile (or the shadow, on an endpoint set change) */
         policy_version_destroy(v);
         return 0;
     }
     if (b->as.target == ATC_POLICY_SHADOW)
         return policy_shadow_adopt(rt, v, atc_policy_build_version(b), b->as.entry, b->as.sample, first);
     v->rt = rt; /* from here on its own watchdog, clock and random numbers */
+    if (b->table_updates != rt->table_updates && update_views(v) < 0) { /* built on an older endpoint set */
+        policy_version_destroy(v);
+        return 0;
+    }
     if (b->as.target == ATC_POLICY_CANARY) {
         v->version = rt->next_version = b->version;
         policy_canary_adopt(rt, v, b->as.share, first);
@@ -506,6 +516,39 @@ void atc_policy_build_destroy(struct atc_policy_build *b)
     free((char *)b->as.entry);
     free(b->err);
     free(b);
+}
+
+static int update_views_protected(lua_State *L)
+{
+    policy_api_update_views(lua_touserdata(L, 1));
+    return 0;
+}
+
+/* @p v's views for v->rt->table, which atc_endpoint_table_change made from the one they were built on:
+ * no Lua code runs. -1 when Lua ran out of memory (the views are then as they were). */
+static int update_views(struct policy_version *v)
+{
+    if (lua_cpcall(v->L, update_views_protected, v) == 0)
+        return 0;
+    lua_pop(v->L, 1);
+    return -1;
+}
+
+uint64_t atc_policy_update_table(struct atc_policy_runtime *rt, struct atc_endpoint_table *table, char **err)
+{
+    *err = NULL;
+    rt->table = table;
+    rt->table_updates++;
+    if (policy_canary_running(rt->canary) != NULL) /* judged against a set that changed under it */
+        atc_policy_canary_end(rt, false, "an endpoint was added or removed");
+    policy_shadow_set_table(rt, table); /* a shadow reloads (its statistics are per endpoint) */
+    if (rt->last_good != NULL && update_views(rt->last_good) < 0) {
+        policy_version_destroy(rt->last_good);
+        rt->last_good = NULL;
+    }
+    if (update_views(rt->current) == 0)
+        return rt->current->version;
+    return atc_policy_set_table(rt, table, err); /* out of memory in the state: a fresh one */
 }
 
 uint64_t atc_policy_set_table(struct atc_policy_runtime *rt, struct atc_endpoint_table *table, char **err)

@@ -85,6 +85,7 @@ struct atc_policy_runtime {
     unsigned nchanged;         /* events in the burst */
     bool stale;                /* the table changed and no version matches it yet: the C balancer routes */
     uint64_t table_changes;    /* atc_policy_set_table calls: a build begun before one is stale */
+    uint64_t table_updates;    /* atc_policy_update_table calls: a build begun before one updates its views */
     lua_CFunction test_replay; /* atc test: installed as atc.replay (upvalue 1: the version) */
     lua_CFunction test_route;  /* atc test: installed as atc.test_route (upvalue 1: the version) */
 

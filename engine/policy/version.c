@@ -191,7 +191,7 @@ struct policy_version *policy_version_create(struct atc_policy_runtime *rt, char
     v->version = rt->next_version + 1; /* what it will be if it loads: init() logs show it */
     v->mem_limit = rt->s.memory;
     v->loaded_at = atc_wall_s();
-    size_t nendpoints = rt->table != NULL ? rt->table->nendpoints : 0;
+    size_t nendpoints = rt->table != NULL ? rt->table->nslots : 0; /* overlaps are by slot */
     if ((v->overlaps = calloc(nendpoints ? nendpoints : 1, sizeof(uint16_t))) == NULL)
         goto oom;
     /* LuaJIT's lua_newstate crashes when an allocation fails half-way (measured: a cap of 8KiB), so

@@ -115,6 +115,60 @@ class EndpointsApiTest(AtcTestCase):
         self.assertEqual(self.admin(atc, "POST", "/admin/config/reload")[0], 200)
         self.assertEqual(atc.endpoints()["b"]["origin"], "config")  # the file's now
 
+    def test_a_policy_keeps_its_state_and_views_while_endpoints_come_and_go(self):
+        # The policy keeps every view it saw in its module state, and counts its decisions. Adding and
+        # removing endpoints must neither rebuild its Lua state (the count goes on, the version stays) nor
+        # break the views it holds: b's reads nil once b is removed, a's still reads a.
+        a = self.start_sim("a", extra=["--decode-ms", "1"])
+        b = self.start_sim("b", extra=["--decode-ms", "1"])
+        policy = self.write_policy("""
+local held, decisions = {}, 0
+return function(req, fleet)
+  decisions = decisions + 1
+  for _, ep in ipairs(fleet:endpoints(req.model)) do held[ep.id] = ep end
+  if req:header("x-probe") then
+    local function show(id)
+      local ep = held[id]
+      return ep == nil and "unseen" or string.format("%s/%s", tostring(ep.id), tostring(ep.health))
+    end
+    return atc.reject(418, string.format("decisions=%d a=%s b=%s", decisions, show("a"), show("b")))
+  end
+  local want = req:header("x-want")
+  if want and held[want] and held[want].health == "healthy" then return held[want] end
+  return held.a
+end
+""")
+        cfg = config([("a", a.url)], workers=1).replace("workers: 1\n", f"workers: 1\npolicy: {{entry: {policy}}}\n")
+        atc = self.start_atc(cfg)
+
+        def probe():
+            status, _, body = request("127.0.0.1", atc.port, "POST", "/v1/chat/completions",
+                                      {"model": "llama-3-8b", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]},
+                                      headers={"x-probe": "1"})
+            self.assertEqual(status, 418, body)
+            return json.loads(body)["error"]["message"]
+
+        first = probe()  # (the count starts after the load's smoke test, which decides a few made-up requests)
+        n = int(first.split()[0].split("=")[1])
+        self.assertEqual(first, f"decisions={n} a=a/healthy b=unseen")
+        version = self.policy_status(atc)["version"]
+        self.assertEqual(self.admin(atc, "POST", "/admin/endpoints", {"model": "llama-3-8b", "id": "b", "url": b.url})[0],
+                         201)
+        wait_for(lambda: atc.endpoints()["b"]["state"] == "healthy", what="b healthy")
+        self.assertEqual(probe(), f"decisions={n + 1} a=a/healthy b=b/healthy")
+        status, headers, _ = request("127.0.0.1", atc.port, "POST", "/v1/chat/completions",
+                                     {"model": "llama-3-8b", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]},
+                                     headers={"x-want": "b"})
+        self.assertEqual((status, headers["x-atc-endpoint"], headers["x-atc-decision"]), (200, "b", "endpoint"))
+        self.assertEqual(self.admin(atc, "DELETE", "/admin/endpoints/b")[0], 200)
+        self.assertEqual(probe(), f"decisions={n + 3} a=a/healthy b=b/nil")  # the held view of b: its id, live fields nil
+        status, headers, _ = request("127.0.0.1", atc.port, "POST", "/v1/chat/completions",
+                                     {"model": "llama-3-8b", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]},
+                                     headers={"x-want": "b"})
+        self.assertEqual((status, headers["x-atc-endpoint"], headers["x-atc-decision"]), (200, "a", "endpoint"))
+        self.assertEqual(self.policy_status(atc)["version"], version)  # never reloaded
+        self.assertNotIn("policy v2", atc.read_log())
+
 
 if __name__ == "__main__":
     raise SystemExit(run_file(__file__))
