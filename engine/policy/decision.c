@@ -39,6 +39,7 @@ void atc_decision_record_set(struct atc_decision_record *rec, const struct atc_d
     rec->version = d->version;
     rec->kind = atc_decision_kind_name(d->kind);
     rec->endpoint = d->kind == ATC_DECISION_ENDPOINT && d->endpoint != NULL ? d->endpoint->id : NULL;
+    rec->prefill = d->kind == ATC_DECISION_ENDPOINT && d->prefill != NULL ? d->prefill->id : NULL;
     const char *reason = d->kind == ATC_DECISION_FALLBACK  ? atc_decision_reason_name(d->reason)
                          : d->kind == ATC_DECISION_ENDPOINT ? ""
                                                             : d->message;
@@ -78,6 +79,8 @@ void atc_decision_record_json(const struct atc_decision_record *rec, struct evbu
     evbuffer_add_printf(out, "{\"version\":%llu", (unsigned long long)rec->version);
     json_string(out, "kind", rec->kind);
     json_string(out, "endpoint", rec->endpoint);
+    if (rec->prefill != NULL)
+        json_string(out, "prefill", rec->prefill);
     json_string(out, "reason", rec->reason[0] != '\0' ? rec->reason : NULL);
     if (rec->canary)
         evbuffer_add_printf(out, ",\"canary\":true");

@@ -34,6 +34,7 @@ struct atc_decision_record {
     uint64_t version;     /* the version that decided (0: no policy, the C balancer routes) */
     const char *kind;     /* atc_decision_kind_name's, or atc_decision_balancer (no policy) */
     const char *endpoint; /* where the request went, NULL when it went nowhere */
+    const char *prefill;  /* a disaggregated model: the prefill server the policy chose, else NULL */
     char reason[128];     /* fallback: why ("error", "overrun", "memory", "invalid_return"); queue or
                            * reject: the verdict's message; else "" */
     bool canary;          /* the version deciding was a canary (policy/canary.h) */

@@ -78,7 +78,11 @@ extern const char atc_policy_fallback_invalid[]; /* it returned something that i
 
 struct atc_decision {
     enum atc_decision_kind kind;
-    struct atc_endpoint *endpoint;
+    struct atc_endpoint *endpoint; /* ENDPOINT: the server that answers (a disaggregated model's decode
+                                    * server); NULL when the policy named only the prefill server: the C
+                                    * balancer picks it */
+    struct atc_endpoint *prefill;  /* ENDPOINT of a disaggregated model: the prefill server the policy
+                                    * chose (available when decided); NULL: the C balancer picks it */
     int status;
     char message[256];
     const char *reason; /* fallbacks: one of atc_policy_fallback_* (compare by pointer; _error also when

@@ -12,6 +12,7 @@
 #include <lauxlib.h>
 #include <xxhash.h>
 
+#include "config/roles.h"
 #include "fleet/affinity.h"
 #include "fleet/balancer.h"
 #include "fleet/endpoint.h"
@@ -266,6 +267,12 @@ static void push_ep_weight(lua_State *L, struct policy_version *v, const void *o
     (void)v;
     lua_pushinteger(L, (lua_Integer)ep->weight);
 }
+static void push_ep_role(lua_State *L, struct policy_version *v, const void *of)
+{
+    EP;
+    (void)v;
+    lua_pushstring(L, ep->role < 3 ? atc_role_names[ep->role] : "both");
+}
 static void push_ep_available(lua_State *L, struct policy_version *v, const void *of)
 {
     lua_pushboolean(L, policy_api_available(v, of));
@@ -357,6 +364,7 @@ static const struct policy_field ep_static_fields[] = {
     {"version", push_ep_version, NULL},
     {"capacity", push_ep_capacity, NULL},
     {"weight", push_ep_weight, NULL},
+    {"role", push_ep_role, NULL},
     {"has_tag", NULL, ep_has_tag},
     {"prefix_overlap", NULL, ep_prefix_overlap},
     {"cached_tokens", NULL, ep_cached_tokens},

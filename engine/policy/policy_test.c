@@ -25,6 +25,7 @@
 #include "base/config_value.h"
 #include "base/log.h"
 #include "fleet/affinity.h"
+#include "config/roles.h"
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
 #include "request/request_features.h"
@@ -377,6 +378,11 @@ static void build_table(lua_State *L, struct route_scratch *x, int eps)
         ec->weight = (unsigned)spec_number(L, e, "weight", 1);
         ec->token_budget = (uint64_t)spec_number(L, e, "token_budget", 0);
         ec->max_server_queue = (unsigned)spec_number(L, e, "max_server_queue", 0);
+        const char *role = spec_string(L, e, "role"), *disagg = spec_string(L, e, "disaggregation");
+        for (unsigned k = 0; role != NULL && atc_role_names[k] != NULL; k++)
+            ec->role = strcmp(role, atc_role_names[k]) == 0 ? k : ec->role;
+        if (role != NULL && strcmp(role, atc_role_names[ec->role]) != 0)
+            luaL_error(L, "t.route: endpoint '%s': unknown role '%s'", id, role);
         lua_getfield(L, e, "tags");
         if (lua_istable(L, -1)) {
             size_t nt = lua_objlen(L, -1);
@@ -399,6 +405,8 @@ static void build_table(lua_State *L, struct route_scratch *x, int eps)
             x->models[m].endpoints = check_alloc(L, calloc(n, sizeof(struct atc_endpoint_config)));
         }
         struct atc_model_config *mc = &x->models[m];
+        for (unsigned k = 0; disagg != NULL && atc_disagg_names[k] != NULL; k++)
+            mc->disaggregation = strcmp(disagg, atc_disagg_names[k]) == 0 ? k : mc->disaggregation;
         mc->endpoints[mc->nendpoints++] = *ec; /* a shallow copy: the strings stay x->ecs[i]'s */
         lua_settop(L, e - 1);
     }
@@ -665,9 +673,11 @@ static int test_route(lua_State *L)
     v->rt = own;
     int restored = lua_cpcall(L, set_table_protected, v); /* back to the runner's (empty) table */
 
-    char endpoint[256] = "", error[512] = "";
+    char endpoint[256] = "", prefill[256] = "", error[512] = "";
     if (d.kind == ATC_DECISION_ENDPOINT && d.endpoint != NULL)
         snprintf(endpoint, sizeof(endpoint), "%s", d.endpoint->id);
+    if (d.kind == ATC_DECISION_ENDPOINT && d.prefill != NULL)
+        snprintf(prefill, sizeof(prefill), "%s", d.prefill->id);
     if (d.kind == ATC_DECISION_FALLBACK && x->rt->last_error != NULL) /* what log_failure logged */
         snprintf(error, sizeof(error), "%s", x->rt->last_error);
     char score_ids[ATC_EXPLAIN_MAX][128]; /* the ids are the scratch table's, freed next */
@@ -695,6 +705,10 @@ static int test_route(lua_State *L)
     if (endpoint[0] != '\0') {
         lua_pushstring(L, endpoint);
         lua_setfield(L, -2, "endpoint");
+    }
+    if (prefill[0] != '\0') {
+        lua_pushstring(L, prefill);
+        lua_setfield(L, -2, "prefill");
     }
     if (d.kind == ATC_DECISION_REJECT) {
         lua_pushinteger(L, d.status);

@@ -21,6 +21,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "fleet/affinity.h"
+#include "config/roles.h"
 #include "fleet/endpoint.h"
 #include "policy/sandbox.h"
 #include "policy/state.h"
@@ -114,6 +115,50 @@ static void count_result(struct atc_policy_runtime *rt, struct policy_version *v
         rollback(rt, true);
 }
 
+/* The stage @p ep takes of a request of its model: ATC_ROLE_PREFILL for a prefill server of a
+ * disaggregated model, ATC_ROLE_DECODE for its decode (or both) servers, ATC_ROLE_BOTH when the model is
+ * not disaggregated. */
+static unsigned stage_of(const struct policy_version *v, const struct atc_endpoint *ep)
+{
+    const struct atc_model *m =
+        v->rt->table != NULL ? atc_endpoint_table_model(v->rt->table, ep->model, strlen(ep->model)) : NULL;
+    if (m == NULL || m->disaggregation == ATC_DISAGG_NONE)
+        return ATC_ROLE_BOTH;
+    return ep->role == ATC_ROLE_PREFILL ? ATC_ROLE_PREFILL : ATC_ROLE_DECODE;
+}
+
+/* The field @p name of the table at -1 (a plain table: no metamethod runs): false when it is set to
+ * anything but an available endpoint that takes @p stage of a disaggregated model (a prefill stage:
+ * role prefill or both; a decode stage: decode or both); *ep NULL when it is not set. */
+static bool pair_field(struct policy_version *v, const char *name, unsigned stage, struct atc_endpoint **ep)
+{
+    lua_State *L = v->L;
+    lua_getfield(L, -1, name);
+    bool ok = lua_isnil(L, -1);
+    *ep = ok ? NULL : policy_api_to_endpoint(v, -1);
+    if (*ep != NULL && policy_api_available(v, *ep) && stage_of(v, *ep) != ATC_ROLE_BOTH)
+        ok = stage == ATC_ROLE_PREFILL ? (*ep)->role != ATC_ROLE_DECODE : (*ep)->role != ATC_ROLE_PREFILL;
+    lua_pop(L, 1);
+    return ok;
+}
+
+/* route returned a table {prefill = ep, decode = ep} (either may be left out: the C balancer picks that
+ * one): a disaggregated model's pair. */
+static bool interpret_pair(struct policy_version *v, struct atc_decision *out)
+{
+    struct atc_endpoint *prefill, *decode;
+    if (!pair_field(v, "prefill", ATC_ROLE_PREFILL, &prefill) ||
+        !pair_field(v, "decode", ATC_ROLE_DECODE, &decode))
+        return false;
+    if ((prefill == NULL && decode == NULL) ||
+        (prefill != NULL && decode != NULL && strcmp(prefill->model, decode->model) != 0))
+        return false;
+    out->kind = ATC_DECISION_ENDPOINT;
+    out->endpoint = decode;
+    out->prefill = prefill;
+    return true;
+}
+
 /* Turns the value at -1 into a decision; false when it is not one. */
 static bool interpret(struct policy_version *v, struct atc_decision *out)
 {
@@ -125,11 +170,16 @@ static bool interpret(struct policy_version *v, struct atc_decision *out)
         snprintf(out->message, sizeof(out->message), "%s", verdict->message);
         return true;
     }
-    struct atc_endpoint *ep = policy_api_to_endpoint(v, -1);
+    struct atc_endpoint *ep = policy_api_to_endpoint(v, -1), *prefill = NULL;
+    if (ep == NULL && lua_istable(L, -1) && policy_api_view_index(v, -1) < 0) /* {prefill = , decode = } */
+        return interpret_pair(v, out);
     if (ep == NULL || !policy_api_available(v, ep))
         return false;
+    if (stage_of(v, ep) == ATC_ROLE_PREFILL) /* one prefill server: its stage; the C balancer the other */
+        prefill = ep, ep = NULL;
     out->kind = ATC_DECISION_ENDPOINT;
     out->endpoint = ep;
+    out->prefill = prefill;
     return true;
 }
 
@@ -178,7 +228,10 @@ static void describe_invalid(struct policy_version *v, char *buf, size_t size)
     else if (lua_type(L, -1) == LUA_TSTRING)
         snprintf(buf, size, "%s: route returned %s, which is no endpoint id", where, value);
     else if (lua_istable(L, -1))
-        snprintf(buf, size, "%s: route returned a table that is not an endpoint view", where);
+        snprintf(buf, size,
+                 "%s: route returned a table that is neither an endpoint view nor {prefill = ep, decode = ep} "
+                 "of available servers that take those stages of one disaggregated model",
+                 where);
     else
         snprintf(buf, size, "%s: route returned %s (return an endpoint, atc.queue() or atc.reject())", where,
                  value);

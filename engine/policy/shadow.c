@@ -203,7 +203,7 @@ static bool same_pick(const struct atc_decision *a, const struct atc_decision *b
 {
     if (a->kind != b->kind)
         return false;
-    return a->kind != ATC_DECISION_ENDPOINT || a->endpoint == b->endpoint;
+    return a->kind != ATC_DECISION_ENDPOINT || (a->endpoint == b->endpoint && a->prefill == b->prefill);
 }
 
 void atc_policy_shadow_route(struct atc_policy_runtime *rt, const struct atc_route_request *req,
@@ -222,14 +222,14 @@ void atc_policy_shadow_route(struct atc_policy_runtime *rt, const struct atc_rou
     ss->decisions++;
     if (same_pick(&d, live))
         ss->agreed++;
-    if (d.kind == ATC_DECISION_ENDPOINT && d.endpoint->index < ss->npicks)
+    if (d.kind == ATC_DECISION_ENDPOINT && d.endpoint != NULL && d.endpoint->index < ss->npicks)
         ss->picks[d.endpoint->index]++;
-    if (live->kind == ATC_DECISION_ENDPOINT && live->endpoint->index < ss->npicks)
+    if (live->kind == ATC_DECISION_ENDPOINT && live->endpoint != NULL && live->endpoint->index < ss->npicks)
         ss->live_picks[live->endpoint->index]++;
     if (rec != NULL) {
         rec->shadow_version = d.version;
         rec->shadow_kind = atc_decision_kind_name(d.kind);
-        rec->shadow_endpoint = d.kind == ATC_DECISION_ENDPOINT ? d.endpoint->id : NULL;
+        rec->shadow_endpoint = d.kind == ATC_DECISION_ENDPOINT && d.endpoint != NULL ? d.endpoint->id : NULL;
     }
 }
 

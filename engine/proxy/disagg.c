@@ -143,9 +143,15 @@ static bool pick_prefill(struct atc_disagg *dg)
 {
     const struct atc_disagg_request *rq = dg->rq;
     unsigned tries = rq->w->cfg->upstream.tries;
+    struct atc_endpoint *want = rq->prefill;
+    for (unsigned i = 0; want != NULL && i < dg->ntried; i++)
+        want = dg->tried[i] == want ? NULL : want; /* the policy's pick failed once: the C balancer's now */
     for (int round = 0; round < 3 && dg->ntried < tries && dg->ntried < MAX_PREFILL_TRIES; round++) {
-        struct atc_endpoint *ep = atc_balancer_pick_stage(rq->model, &rq->w->rng, dg->tried, dg->ntried,
-                                                          rq->tokens, ATC_ROLE_PREFILL);
+        struct atc_endpoint *ep = want != NULL
+                                      ? want
+                                      : atc_balancer_pick_stage(rq->model, &rq->w->rng, dg->tried, dg->ntried,
+                                                                rq->tokens, ATC_ROLE_PREFILL);
+        want = NULL;
         if (ep == NULL)
             return false;
         if (!atc_endpoint_try_acquire(ep, rq->tokens))
@@ -451,9 +457,4 @@ const struct atc_model *atc_disagg_model(const struct atc_endpoint_table *t, con
 {
     const struct atc_model *m = atc_endpoint_table_model(t, ep->model, strlen(ep->model));
     return m != NULL && m->disaggregation != ATC_DISAGG_NONE ? m : NULL;
-}
-
-bool atc_disagg_answers(const struct atc_endpoint_table *t, const struct atc_endpoint *ep)
-{
-    return ep->role != ATC_ROLE_PREFILL || atc_disagg_model(t, ep) == NULL;
 }

@@ -45,6 +45,8 @@ struct atc_disagg_request {
     const char *headers; /* the relay's extra headers (x-request-id) */
     const char *auth;    /* an Authorization value, or NULL */
     uint64_t tokens;     /* prompt estimate + max_tokens, for the prefill server's slot */
+    struct atc_endpoint *prefill; /* the policy's prefill server (runtime.c checked it takes the stage), tried
+                                   * first; NULL, tried, full or failed: the C balancer picks */
 };
 
 /** Called once the first stage is over: @p err NULL and the decode body ready (atc_disagg_body), or the
@@ -70,10 +72,6 @@ void atc_disagg_log(const struct atc_disagg *dg, struct atc_access_record *rec, 
 
 /** The disaggregated model endpoint @p ep serves, or NULL when its model is not disaggregated. */
 const struct atc_model *atc_disagg_model(const struct atc_endpoint_table *t, const struct atc_endpoint *ep);
-/** Whether @p ep may answer a request of its model whole or as its decode server (not a prefill server
- * of a disaggregated model), for a policy's choice. */
-bool atc_disagg_answers(const struct atc_endpoint_table *t, const struct atc_endpoint *ep);
-
 /** Cancels a prefill in flight, frees its slot and @p dg; NULL is fine. */
 void atc_disagg_free(struct atc_disagg *dg);
 

@@ -509,6 +509,7 @@ static enum choice decide(struct relay *r, struct atc_endpoint **ep)
     r->rreq.attempt = r->ntried + 1;
     r->rreq.tried = r->tried;
     r->rreq.ntried = r->ntried;
+    r->dgreq.prefill = NULL;
     if (w->policy != NULL) {
         struct atc_decision d;
         uint64_t t0 = atc_mono_us();
@@ -523,9 +524,9 @@ static enum choice decide(struct relay *r, struct atc_endpoint **ep)
         }
         switch (d.kind) {
         case ATC_DECISION_ENDPOINT:
-            *ep = d.endpoint;
-            if (!atc_disagg_answers(w->table, d.endpoint))
-                break; /* a prefill server cannot answer a disaggregated request: the C balancer picks */
+            r->dgreq.prefill = d.prefill; /* a prefill server it chose: disagg.c tries it first */
+            if ((*ep = d.endpoint) == NULL)
+                break; /* it named the prefill server only: the C balancer picks the decode server */
             return CHOSEN;
         case ATC_DECISION_QUEUE:
             return first ? WAIT : NONE;
@@ -961,8 +962,7 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
     r->bytes = r->sse_events = r->data_events = 0;
     r->event_has_data = r->after_newline = false;
     r->sse_line_len = 0;
-    atc_record_marks_init(&r->marks);
-    /* its slot was taken by choose() */
+    atc_record_marks_init(&r->marks); /* its slot was taken by choose() */
     size_t cached = r->w->policy != NULL ? atc_policy_routed(r->w->policy, &r->rreq, ep) : 0;
     r->t_attempt_us = atc_mono_us();
     uint32_t bt = r->rreq.block_tokens ? r->rreq.block_tokens : ATC_PREFIX_BLOCK_BYTES / 4;
@@ -971,7 +971,7 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
     struct atc_disagg_request *q = &r->dgreq;
     const char *why = "out of memory";
     *q = (struct atc_disagg_request){r->w, atc_disagg_model(r->w->table, ep), r->path, NULL, 0, r->extra_headers,
-                                     ep->authorization, r->tokens};
+                                     ep->authorization, r->tokens, q->prefill};
     int pd = body_for(r, ep, &q->body, &q->len);
     if (pd == 0 && q->model != NULL) /* a disaggregated model: its prefill stage first */
         pd = atc_disagg_attempt(&r->dg, q, ep, on_prefilled, r, &why);

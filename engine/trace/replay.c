@@ -474,6 +474,11 @@ static enum outcome decide(struct replay *rp, size_t i)
         }
     } else if (d.kind == ATC_DECISION_ENDPOINT) {
         ep = d.endpoint;
+        if (ep == NULL) { /* the policy named a prefill server only: the C balancer picks the decode one */
+            const struct atc_endpoint *p = d.prefill;
+            ep = atc_balancer_pick(atc_endpoint_table_model(rp->table, p->model, strlen(p->model)), &rp->rng,
+                                   NULL, 0, rp->rreq.tokens);
+        }
     }
     if (rp->o->on_decision != NULL) {
         struct atc_replay_decision rd = {

@@ -47,6 +47,7 @@ M.ep = {
   { name = "version", type = "string", nil_when = "none configured", doc = "its `version`" },
   { name = "tags", type = "string[]", mock = {}, doc = "its `tags` (a new array each read)" },
   { name = "weight", type = "integer", mock = 1, doc = "its `weight`" },
+  { name = "role", type = "string", mock = "both", doc = "its `role`: `\"prefill\"`, `\"decode\"` or `\"both\"` (the default); in a model with `disaggregation:`, route returns `{prefill = ep, decode = ep}` (see the return values below)" },
   { name = "capacity", type = "integer", unit = "requests", mock = 8, doc = "its configured `capacity`" },
   { name = "inflight", type = "integer", unit = "requests", mock = 0, doc = "requests atc routed there that have not finished; with `cluster:`, every replica's (this one's + `remote_inflight`)" },
   { name = "inflight_tokens", type = "integer", unit = "tokens", mock = 0, doc = "their prompt estimates + `max_tokens` (every replica's, as `inflight`)" },
@@ -106,6 +107,14 @@ M.atc = {
   { name = "affinity.get", args = "key", type = "string", nil_when = "no live pin", doc = "the endpoint id pinned to key (a bounded LRU in C: it survives reloads)" },
   { name = "affinity.set", args = "key, ep_or_id [, ttl_ms]", type = "nothing", doc = "pins key to an endpoint (default ttl 10 min)" },
   { name = "affinity.del", args = "key", type = "nothing", doc = "forgets key" },
+}
+
+-- What route(req, fleet) may return (not a view: no engine table serves it; docs only).
+M.returns = {
+  { name = "ep", type = "endpoint", doc = "an available endpoint (or its id): it answers the request; in a disaggregated model a `role: prefill` one takes the prefill stage and the C balancer picks the decode server, any other takes the decode stage and the C balancer picks the prefill server" },
+  { name = "{prefill = ep, decode = ep}", type = "table", doc = "a disaggregated model's pair: the prefill server (`role` prefill or both) and the decode server (decode or both), both available, of one model; either may be left out (the C balancer picks that one); anything else in it is an invalid return. The decision record's `prefill` and the access log's `prefill_endpoint` name the prefill server, `endpoint` the decode one. A prefill server that fails is replaced by the C balancer's pick" },
+  { name = "atc.queue(reason)", type = "verdict", doc = "wait in the model's admission queue, and decide again when a slot frees" },
+  { name = "atc.reject(status, message)", type = "verdict", doc = "answer that status (`code: rejected_by_policy`)" },
 }
 
 M.SECTIONS = {
@@ -185,6 +194,14 @@ function M.markdown()
       local ty = (e.kind == "method" or sec.key == "atc") and ("→ " .. e.type) or e.type
       add("| " .. name .. " | " .. cell(ty) .. " | " .. cell(e.unit) .. " | " .. cell(e.nil_when) .. " | " .. cell(e.doc) .. " |")
     end
+  end
+  add("")
+  add("**`route`'s return**: what `route(req, fleet)` may return (anything else is an invalid return: the C balancer routes).")
+  add("")
+  add("| return | type | meaning |")
+  add("|---|---|---|")
+  for _, e in ipairs(M.returns) do
+    add("| `" .. cell(e.name) .. "` | " .. cell(e.type) .. " | " .. cell(e.doc) .. " |")
   end
   return table.concat(out, "\n") .. "\n"
 end

@@ -144,6 +144,52 @@ class Vllm(AtcTestCase):
         self.assertEqual(len(set(d[1]["carried"])), 2)
         self.assertEqual(sorted(json.dumps(x["carried"]) for x in p), sorted(json.dumps(x["carried"]) for x in d))
 
+    def test_policy_picks_the_pair(self):
+        """A Lua policy returns {prefill = p1, decode = d0}: those two servers saw their stage, the others
+        nothing; the decision record and the access log name both."""
+        self.prefills = [self.start_sim(f"p{i}", extra=("--role", "prefill", "--engine", "vllm")) for i in range(2)]
+        self.decodes = [self.start_sim(f"d{i}", extra=("--role", "decode", "--engine", "vllm")) for i in range(2)]
+        self.write_policy('return function(req, fleet)\n'
+                          '  return {prefill = fleet:endpoint("p1"), decode = "d0"}\nend\n')
+        atc = self.start_atc(config(self.prefills, self.decodes, "vllm")
+                             + "policy: {entry: policy.lua, explain: true}\n")
+        for _ in range(3):
+            status, headers, body = chat(atc.port, max_tokens=3, headers={"x-atc-explain": "1"})
+            self.assertEqual(status, 200, body)
+            self.assertEqual(headers.get("x-atc-endpoint"), "d0")
+            record = json.loads(headers["x-atc-explain"])
+            self.assertEqual((record["kind"], record["endpoint"], record["prefill"]), ("endpoint", "d0", "p1"))
+        self.assertEqual([seen(s)["requests"] for s in self.prefills], [0, 3])
+        self.assertEqual([seen(s)["requests"] for s in self.decodes], [3, 0])
+        self.assertEqual(seen(self.prefills[1])["seen"][0]["max_tokens"], 1)
+        d = seen(self.decodes[0])["seen"][0]["carried"]
+        self.assertEqual(d["remote_engine_id"], f"atc-sim-{self.prefills[1].port}")
+        path = os.path.join(self.tmp.name, "access.log")
+
+        def log_lines():
+            if not os.path.exists(path):
+                return None
+            with open(path) as f:
+                got = f.read().splitlines()
+            return got if len(got) >= 3 else None
+
+        lines = wait_for(log_lines, what="three access log lines")
+        rec = json.loads(lines[-1])
+        self.assertEqual((rec["endpoint"], rec["prefill_endpoint"], rec["decision"]), ("d0", "p1", "endpoint"))
+
+    def test_policy_naming_the_prefill_server_only(self):
+        """One endpoint, a prefill server: it takes the prefill stage, the C balancer picks the decode one."""
+        self.prefills = [self.start_sim(f"p{i}", extra=("--role", "prefill", "--engine", "vllm")) for i in range(2)]
+        self.decodes = [self.start_sim("d0", extra=("--role", "decode", "--engine", "vllm"))]
+        self.write_policy('return function(req, fleet) return "p0" end\n')
+        atc = self.start_atc(config(self.prefills, self.decodes, "vllm") + "policy: {entry: policy.lua}\n")
+        for _ in range(8):  # the C balancer alone would send some of them to p1
+            status, headers, body = chat(atc.port, max_tokens=2)
+            self.assertEqual(status, 200, body)
+            self.assertEqual(headers.get("x-atc-decision"), "endpoint")
+        self.assertEqual([seen(s)["requests"] for s in self.prefills], [8, 0])
+        self.assertEqual(seen(self.decodes[0])["requests"], 8)
+
     def test_sim_refuses_what_its_role_does_not_take(self):
         self.fleet()
         status, _, body = chat(self.prefills[0].port, max_tokens=3)

@@ -129,7 +129,7 @@ end)
 t.test("ep: every field and method of a scraped endpoint, and of one nothing is known about", function()
   t.route(FULL, function(req, fleet)
     check_section("ep", fleet:endpoint("a"), {
-      id = "a", model = "llama", version = "v2", tags = { "gpu", "big" }, weight = 3, capacity = 4, inflight = 1,
+      id = "a", model = "llama", version = "v2", tags = { "gpu", "big" }, weight = 3, role = "both", capacity = 4, inflight = 1,
       inflight_tokens = 500, load = 0.25, available = true, health = "healthy", consecutive_failures = 1,
       last_error = "timeout", last_check = 1234, errors = 2, ttft_ewma = 120, running = 3, server_queue = 2,
       kv_usage = 0.5, prefix_hit_rate = 0.25, cached_token_share = 0.5, scrape_age = { near = 300, within = 50 },
@@ -144,7 +144,7 @@ t.test("ep: every field and method of a scraped endpoint, and of one nothing is 
                        value = (3000 + req.prompt_tokens - SHARED_BLOCKS * 64) * 1000 / 10000 + 20 },
     }, "a")
     check_section("ep", fleet:endpoint("b"), {
-      id = "b", model = "llama", version = NIL, tags = {}, weight = 1, capacity = 8, inflight = 2,
+      id = "b", model = "llama", version = NIL, tags = {}, weight = 1, role = "both", capacity = 8, inflight = 2,
       inflight_tokens = 100, load = 0.25, available = true, health = "healthy", consecutive_failures = 0,
       last_error = NIL, last_check = NIL, errors = 0, ttft_ewma = NIL, running = NIL, server_queue = NIL,
       kv_usage = NIL, prefix_hit_rate = NIL, cached_token_share = NIL, scrape_age = NIL, prefill_tokens = 0,
