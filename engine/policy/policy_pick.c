@@ -683,7 +683,7 @@ static double fast_cost(struct fast_cand *x, const struct fast_weights *w, const
  * is not an engine view (a test's mock) are read every time. It lives in a userdata, an upvalue of the
  * atc.fastest closure, so the collector frees it with the state. */
 struct fast_snap {
-    uint64_t decision; /* v->c.decisions when read; with req, which decision */
+    uint64_t decision; /* v->serial when read: which decision */
     const struct atc_route_request *req;
     int n, cap;
     double pool_tps, pool_itl, pool_queued, pool_uncached; /* sums over the pool */
@@ -700,7 +700,7 @@ struct fast_snap {
 static struct fast_snap *fast_snap_find(lua_State *L, const struct policy_version *v, int n, const void *skip)
 {
     struct fast_snap *s = lua_touserdata(L, lua_upvalueindex(FAST_SNAP_UPVALUE));
-    if (s == NULL || v->req == NULL || s->req != v->req || s->decision != v->c.decisions || s->n != n)
+    if (s == NULL || v->req == NULL || s->req != v->req || s->decision != v->serial || s->n != n)
         return NULL;
     for (int i = 1; i <= n; i++) {
         lua_rawgeti(L, 1, i);
@@ -818,7 +818,7 @@ static int policy_pick_fastest(lua_State *L)
             snap->pool_itl = pool_itl;
             snap->pool_queued = pool_queued;
             snap->pool_uncached = pool_uncached;
-            snap->decision = v->c.decisions;
+            snap->decision = v->serial;
             snap->req = v->req;
         }
     }
