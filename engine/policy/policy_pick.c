@@ -656,25 +656,97 @@ static double fast_option(lua_State *L, int which, double dflt)
  * endpoints stays in microseconds. */
 #define CONGESTION_MAX 16.0
 
-static double fast_cost(struct fast_cand *x, double w_uncached, double w_recent, double w_decode,
-                        const struct atc_signal_params *p, uint64_t now, double *ttft)
+/* The weights and speeds of one call: with opts.pooled every candidate at the pool's mean speeds (tps and
+ * itl > 0), else each at its own. */
+struct fast_weights {
+    double uncached, recent, decode;
+    double tps, itl; /* 0: the candidate's own */
+};
+
+static double fast_cost(struct fast_cand *x, const struct fast_weights *w, const struct atc_signal_params *p,
+                        uint64_t now, double *ttft)
 {
-    *ttft = (x->queued + x->uncached) * 1000.0 / x->tps + x->itl;
-    return *ttft + (w_uncached - 1) * x->uncached * 1000.0 / x->tps +
-           (w_recent > 0 ? w_recent * fast_recent(x, p, now) * 1000.0 / x->tps : 0) +
-           w_decode * x->decoding * x->itl;
+    double tps = w->tps > 0 ? w->tps : x->tps, itl = w->tps > 0 ? w->itl : x->itl;
+    *ttft = (x->queued + x->uncached) * 1000.0 / tps + itl;
+    return *ttft + (w->uncached - 1) * x->uncached * 1000.0 / tps +
+           (w->recent > 0 ? w->recent * fast_recent(x, p, now) * 1000.0 / tps : 0) +
+           w->decode * x->decoding * itl;
+}
+
+/* The pool read by the last atc.fastest of the decision in progress. The shipped policy asks atc.fastest
+ * two or three times a decision over the same pool (affinity's bound, priority's hold check, its pick):
+ * the later calls reuse what the first read of each endpoint (availability, signals, the uncached tokens
+ * by the prefix index) rather than reading it again, which was most of a decision at 512 endpoints. What
+ * one decision sees is then one snapshot of the fleet, as the replay's virtual time already gave. The
+ * snapshot holds the view of every element, and a later call uses it only if the pool still holds the
+ * same views in the same order (a pool is a plain table a policy may change); pools with an element that
+ * is not an engine view (a test's mock) are read every time. It lives in a userdata, an upvalue of the
+ * atc.fastest closure, so the collector frees it with the state. */
+struct fast_snap {
+    uint64_t decision; /* v->serial when read: which decision */
+    const struct atc_route_request *req;
+    int n, cap;
+    double pool_tps, pool_itl, pool_queued, pool_uncached; /* sums over the pool */
+    const void **views;                                    /* n views, after c[cap] in the same block */
+    bool *available;                                       /* n, before the call's skip */
+    struct fast_cand c[]; /* n candidates; c[i].usable is the last call's (available and not skipped) */
+};
+
+#define FAST_SNAP_UPVALUE (2 + FAST_NOPTIONS)
+
+/* The snapshot of this decision for the pool at index 1 (of @p n elements), or NULL when there is none.
+ * On a match each candidate's usable is set again for this call's @p skip (a view's address, or NULL) and
+ * its lazily read recent work is reset (read again at this call's clock). */
+static struct fast_snap *fast_snap_find(lua_State *L, const struct policy_version *v, int n, const void *skip)
+{
+    struct fast_snap *s = lua_touserdata(L, lua_upvalueindex(FAST_SNAP_UPVALUE));
+    if (s == NULL || v->req == NULL || s->req != v->req || s->decision != v->serial || s->n != n)
+        return NULL;
+    for (int i = 1; i <= n; i++) {
+        lua_rawgeti(L, 1, i);
+        const void *view = lua_topointer(L, -1);
+        lua_pop(L, 1);
+        if (view != s->views[i - 1])
+            return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        s->c[i].usable = s->available[i] && s->views[i] != skip;
+        s->c[i].recent = -1;
+    }
+    return s;
+}
+
+/* A snapshot with room for @p n elements, not valid until the caller fills it and sets req, or NULL when
+ * there can be none (no decision in progress, an empty pool). */
+static struct fast_snap *fast_snap_make(lua_State *L, const struct policy_version *v, int n)
+{
+    if (v->req == NULL || n == 0)
+        return NULL;
+    struct fast_snap *s = lua_touserdata(L, lua_upvalueindex(FAST_SNAP_UPVALUE));
+    if (s == NULL || s->cap < n) {
+        int cap = n < 64 ? 64 : n;
+        size_t size = sizeof(*s) + (size_t)cap * (sizeof(s->c[0]) + sizeof(s->views[0]) + sizeof(bool));
+        s = lua_newuserdata(L, size); /* raises on no memory: nothing changed yet */
+        s->cap = cap;
+        s->views = (const void **)(s->c + cap);
+        s->available = (bool *)(s->views + cap);
+        lua_replace(L, lua_upvalueindex(FAST_SNAP_UPVALUE));
+    }
+    s->req = NULL; /* invalid until filled */
+    s->n = n;
+    return s;
 }
 
 /* opts.explain: the candidates' costs in the record, the chosen (best, 1-based) first. A mock (no
  * engine endpoint) has no id the record could name, and is left out. */
-static void fast_explain(struct atc_explain *out, struct fast_cand *c, int n, int best, double w_uncached,
-                         double w_recent, double w_decode, const struct atc_signal_params *p, uint64_t now)
+static void fast_explain(struct atc_explain *out, struct fast_cand *c, int n, int best,
+                         const struct fast_weights *w, const struct atc_signal_params *p, uint64_t now)
 {
     for (int k = 0; k <= n; k++) {
         int i = k == 0 ? best : k; /* best first, then the others in the pool's order */
         if ((k > 0 && i == best) || i == 0 || !c[i - 1].usable || c[i - 1].ep == NULL)
             continue;
-        double ttft, cost = fast_cost(&c[i - 1], w_uncached, w_recent, w_decode, p, now, &ttft);
+        double ttft, cost = fast_cost(&c[i - 1], w, p, now, &ttft);
         char note[48];
         snprintf(note, sizeof(note), "ttft %.1f ms, %.0f uncached", ttft, c[i - 1].uncached);
         atc_explain_add(out, c[i - 1].ep->id, cost, note);
@@ -685,13 +757,14 @@ static int policy_pick_fastest(lua_State *L)
     struct policy_version *v = policy_api_version(L);
     luaL_checktype(L, 1, LUA_TTABLE);
     luaL_checkany(L, 2);
-    double w_recent = 0, w_decode = 0, w_uncached = 1, w_congestion = 0;
+    struct fast_weights w = {.uncached = 1};
+    double w_congestion = 0;
     bool pooled = false, explain = false;
     if (!lua_isnoneornil(L, 3)) {
         luaL_checktype(L, 3, LUA_TTABLE);
-        w_recent = fast_option(L, FAST_RECENT, 0);
-        w_decode = fast_option(L, FAST_DECODE, 0);
-        w_uncached = fast_option(L, FAST_UNCACHED, 1);
+        w.recent = fast_option(L, FAST_RECENT, 0);
+        w.decode = fast_option(L, FAST_DECODE, 0);
+        w.uncached = fast_option(L, FAST_UNCACHED, 1);
         w_congestion = fast_option(L, FAST_CONGESTION, 0);
         fast_option_push(L, FAST_POOLED);
         pooled = lua_toboolean(L, -1);
@@ -704,43 +777,67 @@ static int policy_pick_fastest(lua_State *L)
         lua_pushnil(L);
     }
     int skip = lua_gettop(L);
+    const void *skip_view = lua_istable(L, skip) ? lua_topointer(L, skip) : NULL;
     const struct atc_signal_params *p = signal_params(v);
     uint64_t now = signals_now_us(v);
     int n = pool_len(L, 1), best = 0;
-    /* One pass reads every element and the pool's mean speeds; the next finds the cheapest. The array is
-     * on the C stack for a pool of up to FAST_STACK (no allocation and no garbage per decision), else a
-     * userdata; either way a Lua error raised while reading leaks nothing. */
-    struct fast_cand stack[FAST_STACK];
-    struct fast_cand *c = n <= FAST_STACK ? stack : lua_newuserdata(L, (size_t)n * sizeof(*c));
+    /* One pass reads every element and the pool's mean speeds; the next finds the cheapest. The pool is
+     * read once a decision into the snapshot (above); a pool with a mock, or outside a decision, is read
+     * into a C stack array for up to FAST_STACK elements (no allocation and no garbage), else a userdata;
+     * either way a Lua error raised while reading leaks nothing. */
+    struct fast_cand stack[FAST_STACK], *c;
     double pool_tps = 0, pool_itl = 0, pool_queued = 0, pool_uncached = 0;
-    for (int i = 1; i <= n; i++) {
-        lua_rawgeti(L, 1, i);
-        read_fast_cand(L, v, lua_gettop(L), &c[i - 1]);
-        c[i - 1].usable = c[i - 1].usable && !lua_rawequal(L, -1, skip);
-        lua_pop(L, 1);
-        pool_tps += c[i - 1].tps;
-        pool_itl += c[i - 1].itl;
-        pool_queued += c[i - 1].queued;
-        pool_uncached += c[i - 1].uncached_mean;
+    struct fast_snap *snap = fast_snap_find(L, v, n, skip_view);
+    if (snap != NULL) {
+        c = snap->c;
+        pool_tps = snap->pool_tps;
+        pool_itl = snap->pool_itl;
+        pool_queued = snap->pool_queued;
+        pool_uncached = snap->pool_uncached;
+    } else {
+        snap = fast_snap_make(L, v, n);
+        c = snap != NULL ? snap->c : n <= FAST_STACK ? stack : lua_newuserdata(L, (size_t)n * sizeof(*c));
+        bool all_views = snap != NULL;
+        for (int i = 1; i <= n; i++) {
+            lua_rawgeti(L, 1, i);
+            read_fast_cand(L, v, lua_gettop(L), &c[i - 1]);
+            if (snap != NULL) {
+                all_views = all_views && c[i - 1].ep != NULL;
+                snap->views[i - 1] = lua_topointer(L, -1);
+                snap->available[i - 1] = c[i - 1].usable;
+            }
+            c[i - 1].usable = c[i - 1].usable && !lua_rawequal(L, -1, skip);
+            lua_pop(L, 1);
+            pool_tps += c[i - 1].tps;
+            pool_itl += c[i - 1].itl;
+            pool_queued += c[i - 1].queued;
+            pool_uncached += c[i - 1].uncached_mean;
+        }
+        if (all_views) { /* valid from now to the end of this decision */
+            snap->pool_tps = pool_tps;
+            snap->pool_itl = pool_itl;
+            snap->pool_queued = pool_queued;
+            snap->pool_uncached = pool_uncached;
+            snap->decision = v->serial;
+            snap->req = v->req;
+        }
     }
     if (w_congestion > 0 && pool_uncached > 0) {
-        double w = 1 + w_congestion * pool_queued / pool_uncached;
-        w = w < CONGESTION_MAX ? w : CONGESTION_MAX;
-        w_uncached = w > w_uncached ? w : w_uncached;
+        double wc = 1 + w_congestion * pool_queued / pool_uncached;
+        wc = wc < CONGESTION_MAX ? wc : CONGESTION_MAX;
+        w.uncached = wc > w.uncached ? wc : w.uncached;
     }
     /* every endpoint at the pool's mean speeds: compare the work queued, not noisy rates */
     if (pooled && n > 0) {
-        for (int i = 0; i < n; i++) {
-            c[i].tps = pool_tps / n;
-            c[i].itl = pool_itl / n;
-        }
+        w.tps = pool_tps / n;
+        w.itl = pool_itl / n;
     }
     double best_cost = 0, best_ttft = 0;
     for (int i = 1; i <= n; i++) {
         struct fast_cand *x = &c[i - 1];
         if (!x->usable)
             continue;
-        double ttft, cost = fast_cost(x, w_uncached, w_recent, w_decode, p, now, &ttft);
+        double ttft, cost = fast_cost(x, &w, p, now, &ttft);
         bool better = best == 0 || cost < best_cost;
         if (!better && cost == best_cost) { /* a tie: less recent work, then the lighter */
             struct fast_cand *b = &c[best - 1];
@@ -754,7 +851,7 @@ static int policy_pick_fastest(lua_State *L)
         }
     }
     if (explain && v->req != NULL && v->req->explain != NULL)
-        fast_explain(v->req->explain, c, n, best, w_uncached, w_recent, w_decode, p, now);
+        fast_explain(v->req->explain, c, n, best, &w, p, now);
     if (best == 0) {
         lua_pushnil(L);
         return 1;
@@ -770,5 +867,6 @@ void policy_pick_push_fastest(lua_State *L, struct policy_version *v)
     lua_pushlightuserdata(L, v);
     for (int i = 0; i < FAST_NOPTIONS; i++)
         lua_pushstring(L, fast_options[i]);
-    lua_pushcclosure(L, policy_pick_fastest, 1 + FAST_NOPTIONS);
+    lua_pushnil(L); /* the snapshot (struct fast_snap), made by the first call in a decision */
+    lua_pushcclosure(L, policy_pick_fastest, 1 + FAST_NOPTIONS + 1);
 }

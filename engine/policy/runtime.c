@@ -244,6 +244,7 @@ static bool decide(struct policy_version *v, const struct atc_route_request *req
     lua_State *L = v->L;
     v->req = req;
     v->overlaps_ready = false;
+    v->serial++;
     v->c.decisions++;
     lua_rawgeti(L, LUA_REGISTRYINDEX, v->route_ref);
     lua_rawgeti(L, LUA_REGISTRYINDEX, v->req_ref);

@@ -52,6 +52,7 @@ struct policy_version {
     const struct atc_route_request *req;
     uint16_t *overlaps; /* per endpoint, computed on the first ep:prefix_overlap of a decision */
     bool overlaps_ready;
+    uint64_t serial; /* decisions ever begun on this version (never reset, unlike c.decisions) */
     double log_window_start; /* atc.log rate limit */
     unsigned log_count;
 };
