@@ -194,8 +194,8 @@ class HealthTest(AtcTestCase):
 
         # Back on the same port: healthy after recovery_threshold (2) good probes of each check, then it
         # ramps up (slow start) to its full capacity.
+        restarted = time.monotonic()  # before the start: the sim answers probes before start_sim returns
         b2 = self.start_sim("b2", extra=["--decode-ms", "1", "--listen", f"127.0.0.1:{b.port}"])
-        restarted = time.monotonic()
         ep = self.wait_state(atc, "b", "healthy")
         back_after = time.monotonic() - restarted
         self.assertGreaterEqual(back_after, 0.05)  # the second good probe is a fast interval after the first

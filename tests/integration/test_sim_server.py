@@ -41,7 +41,7 @@ class Sim:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(5)
+                self.proc.wait(15)  # a TSan build's exit can take seconds on a loaded machine
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
