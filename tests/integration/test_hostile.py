@@ -551,7 +551,7 @@ class BodyTest(HostileTestCase):
                 body = b'{"model": "llama-3-8b", "messages": ' + b"[" * depth + b"]" * depth + b"}"
                 start = time.monotonic()
                 status, _, reply = split_response(exchange(self.atc.port, post(body)))
-                self.assertLess(time.monotonic() - start, 1.0)
+                self.assertLess(time.monotonic() - start, 1.0 * harness.SLACK)
                 if len(body) > 64 * 1024:
                     self.assertEqual(status, 413)
                 else:
