@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import unittest
 
@@ -33,6 +34,66 @@ def wait_for(predicate, timeout=10.0, interval=0.01, what="condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+class RawServer(threading.Thread):
+    """A raw-socket server playing an inference server that HTTP libraries cannot imitate (headers sent
+    before the first token, garbage, stalls): reads each request's head and its Content-Length body,
+    then hands the connection to @p behaviour(conn, body) (the body parsed as JSON, {} when empty) and
+    closes it. `requests` counts the POSTs to /v1/ (not the health checks)."""
+
+    def __init__(self, behaviour):
+        super().__init__(daemon=True)
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.behaviour = behaviour
+        self.requests = 0
+        self.start()
+
+    def run(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
+
+    def serve(self, conn):
+        try:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            head, body = data.split(b"\r\n\r\n", 1)
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            while len(body) < length:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                body += chunk
+            if head.startswith(b"POST /v1/"):
+                self.requests += 1
+            try:
+                parsed = json.loads(body) if body else {}
+            except ValueError:
+                parsed = {}
+            self.behaviour(conn, parsed)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self):
+        self.sock.close()
 
 
 def dead_port():

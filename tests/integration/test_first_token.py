@@ -1,73 +1,21 @@
 """The first token is a stream's first SSE data event, never its response headers.
 
 vLLM, SGLang (Starlette's StreamingResponse) and TGI send their headers at once and the first event only
-after prefill; llama.cpp holds its headers until the first token. A small raw-socket server in this file
+after prefill; llama.cpp holds its headers until the first token. A raw-socket server (harness.RawServer)
 plays each engine (the simulator is not used: its header timing is not what these tests are about)."""
 
 import json
 import os
-import socket
-import threading
 import time
 import unittest
 
-from harness import SLACK, AtcTestCase, chat, request, stream_events, wait_for
+from harness import SLACK, AtcTestCase, RawServer, chat, request, stream_events, wait_for
 
 PREFILL_S = 1.0  # the fake vLLM's time from its headers to its first event
 GAP_S = 0.010  # between two events after it
 TOKENS = 20
 USAGE = {"prompt_tokens": 12, "completion_tokens": TOKENS, "total_tokens": 12 + TOKENS,
          "prompt_tokens_details": {"cached_tokens": 8}}
-
-
-class FakeEngine(threading.Thread):
-    """Accepts connections; answers each request with @p behaviour(conn, body) and closes."""
-
-    def __init__(self, behaviour):
-        super().__init__(daemon=True)
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
-        self.behaviour = behaviour
-        self.requests = 0
-        self.start()
-
-    def run(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
-
-    def serve(self, conn):
-        try:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                data += chunk
-            head, body = data.split(b"\r\n\r\n", 1)
-            length = 0
-            for line in head.split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            while len(body) < length:
-                body += conn.recv(65536)
-            if head.startswith(b"POST /v1/"):  # (not health's load scrape of /metrics)
-                self.requests += 1
-            self.behaviour(conn, json.loads(body or b"{}"))
-        except OSError:
-            pass
-        finally:
-            conn.close()
-
-    def close(self):
-        self.sock.close()
 
 
 def chunk(conn, data):
@@ -196,7 +144,7 @@ class FirstTokenTest(AtcTestCase):
         return stream_events(atc.port, body, timeout=15)
 
     def test_ttft_itl_and_usage_of_a_server_that_sends_headers_before_prefill(self):
-        engine = FakeEngine(vllm_stream(PREFILL_S))
+        engine = RawServer(vllm_stream(PREFILL_S))
         atc = self.start_with(engine)
         status, headers, events = self.stream(atc)
         self.assertEqual(status, 200)
@@ -228,7 +176,7 @@ class FirstTokenTest(AtcTestCase):
         self.assertEqual(sig["prefill_tokens"], 0, "the prompt left the backlog")
 
     def test_a_non_streamed_answer_gives_no_ttft_but_its_usage(self):
-        atc = self.start_with(FakeEngine(completion))
+        atc = self.start_with(RawServer(completion))
         status, headers, body = chat(atc.port, model="m")
         self.assertEqual(status, 200, body)
         line = self.access_lines(1)[0]
@@ -237,7 +185,7 @@ class FirstTokenTest(AtcTestCase):
         self.assertEqual(atc.endpoints()["e0"]["ttft_ewma_ms"], 0)
 
     def test_a_server_that_dies_after_its_headers_before_the_first_event_is_retried(self):
-        dead, good = FakeEngine(dies_after_headers), FakeEngine(vllm_stream(0.05))
+        dead, good = RawServer(dies_after_headers), RawServer(vllm_stream(0.05))
         atc = self.start_with(dead, good, tries=2, policy=True)
         for _ in range(3):
             status, headers, events = self.stream(atc)
@@ -252,7 +200,7 @@ class FirstTokenTest(AtcTestCase):
         self.assertEqual([l["retries"] for l in self.access_lines(3)], [1, 1, 1])
 
     def test_first_byte_timeout_covers_the_wait_for_the_first_event(self):
-        atc = self.start_with(FakeEngine(headers_then_nothing), first_byte="500ms", idle="10s")
+        atc = self.start_with(RawServer(headers_then_nothing), first_byte="500ms", idle="10s")
         start = time.monotonic()
         status, headers, body = chat(atc.port, model="m", stream=True)
         took = time.monotonic() - start
@@ -264,7 +212,7 @@ class FirstTokenTest(AtcTestCase):
         self.assertEqual(atc.endpoints()["e0"]["errors_total"], 1)
 
     def test_a_tgi_429_is_the_server_overloaded_retried_elsewhere(self):
-        busy, good = FakeEngine(json_answer(429, TGI_OVERLOADED)), FakeEngine(completion)
+        busy, good = RawServer(json_answer(429, TGI_OVERLOADED)), RawServer(completion)
         atc = self.start_with(busy, good, tries=2, policy=True)
         for _ in range(10):
             status, _, body = chat(atc.port, model="m")
@@ -273,7 +221,7 @@ class FirstTokenTest(AtcTestCase):
         self.assertEqual(atc.endpoints()["e0"]["errors_total"], busy.requests)
 
     def test_tgi_error_bodies_reach_the_client_in_openai_shape(self):
-        atc = self.start_with(FakeEngine(json_answer(422, TGI_VALIDATION, b"x-engine: tgi\r\n")))
+        atc = self.start_with(RawServer(json_answer(422, TGI_VALIDATION, b"x-engine: tgi\r\n")))
         status, headers, body = chat(atc.port, model="m")
         self.assertEqual(status, 422)
         self.assertEqual(headers["content-type"], "application/json")
@@ -283,7 +231,7 @@ class FirstTokenTest(AtcTestCase):
             "code": "validation"}})
 
         # the only server overloaded: its 429 reaches the client, OpenAI-shaped
-        atc = self.start_with(FakeEngine(json_answer(429, TGI_OVERLOADED)), name="atc2")
+        atc = self.start_with(RawServer(json_answer(429, TGI_OVERLOADED)), name="atc2")
         status, _, body = chat(atc.port, model="m")
         self.assertEqual(status, 429)
         err = json.loads(body)["error"]
@@ -292,7 +240,7 @@ class FirstTokenTest(AtcTestCase):
         self.assertEqual(atc.endpoints()["e0"]["errors_total"], 1, "counted against the server")
 
     def test_a_stream_whose_first_event_is_an_error_counts_against_the_server(self):
-        atc = self.start_with(FakeEngine(tgi_stream_error))
+        atc = self.start_with(RawServer(tgi_stream_error))
         status, _, events = self.stream(atc)
         self.assertEqual(status, 200)
         self.assertEqual(len(events), 1)

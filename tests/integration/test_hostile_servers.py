@@ -2,48 +2,15 @@
 never a hang. A tiny raw-socket server plays the misbehaving inference server."""
 
 import json
-import socket
-import threading
 import time
 import unittest
 
-from harness import AtcTestCase, post_raw, chat, request, stream_events
+from harness import AtcTestCase, RawServer, post_raw, chat, request, stream_events
 
 
-class BadServer(threading.Thread):
-    """Accepts connections and answers every request with @p behaviour(conn)."""
-
-    def __init__(self, behaviour):
-        super().__init__(daemon=True)
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
-        self.behaviour = behaviour
-        self.start()
-
-    def run(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
-
-    def serve(self, conn):
-        try:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                data += chunk
-            self.behaviour(conn)
-        except OSError:
-            pass
-        finally:
-            conn.close()
+def BadServer(behaviour):
+    """A raw-socket server answering every request with @p behaviour(conn)."""
+    return RawServer(lambda conn, body: behaviour(conn))
 
 
 def garbage(conn):
