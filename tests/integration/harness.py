@@ -96,6 +96,19 @@ class RawServer(threading.Thread):
         self.sock.close()
 
 
+def wait_access_lines(path, n, timeout=10.0):
+    """Waits until the JSON-lines access log at @p path holds at least @p n records; returns them all."""
+    def lines():
+        try:
+            with open(path) as f:
+                got = [json.loads(line) for line in f.read().splitlines()]
+        except FileNotFoundError:
+            return None
+        return got if len(got) >= n else None
+
+    return wait_for(lines, timeout=timeout, what=f"{n} access log lines")
+
+
 def dead_port():
     """A loopback port with nothing listening (bound, then closed)."""
     s = socket.socket()

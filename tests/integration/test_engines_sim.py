@@ -18,7 +18,8 @@ import threading
 import time
 import unittest
 
-from harness import ATC_BIN, SLACK, SOURCE_DIR, AtcTestCase, chat, request, stream_events, wait_for
+from harness import (ATC_BIN, SLACK, SOURCE_DIR, AtcTestCase, chat, request, stream_events, wait_access_lines,
+                     wait_for)
 
 MODEL = "llama-3-8b"
 ENGINES = ("vllm", "sglang", "llamacpp", "tgi")
@@ -76,17 +77,6 @@ class EnginesSimTest(AtcTestCase):
     def sim(self, engine, *flags, name=None):
         return self.start_sim(name=name or f"sim-{engine}", model=MODEL, extra=("--engine", engine, *flags))
 
-    def access_lines(self, path, n):
-        def lines():
-            try:
-                with open(path) as f:
-                    got = [json.loads(line) for line in f.read().splitlines()]
-            except FileNotFoundError:
-                return None
-            return got if len(got) >= n else None
-
-        return wait_for(lines, timeout=10, what=f"{n} access log lines")
-
     def wait_healthy(self, atc, ep="e0", timeout=15):
         wait_for(lambda: atc.endpoints()[ep]["state"] == "healthy", timeout=timeout, what=f"{ep} healthy")
 
@@ -113,7 +103,7 @@ class EnginesSimTest(AtcTestCase):
         self.assertEqual(events[-1][1], "[DONE]")
         first = events[0][0]
         self.assertGreater(first, 0.8, f"{engine}: the first event came after prefill")
-        line = self.access_lines(log, 1)[0]
+        line = wait_access_lines(log, 1)[0]
         self.assertIsNotNone(line["ttft_ms"], line)
         # within 10% of the first token the client saw (atc saw it a little earlier, never later)
         self.assertLessEqual(abs(line["ttft_ms"] - first * 1000), 0.10 * first * 1000,
@@ -208,7 +198,7 @@ class EnginesSimTest(AtcTestCase):
                          what="more probes with the key")
                 ep = atc.endpoints()["e0"]
                 self.assertEqual((ep["state"], ep["engine"], ep["api_key"]), ("healthy", engine, "set"), ep)
-                self.assertEqual(len(self.access_lines(log, 2)), 2)
+                self.assertEqual(len(wait_access_lines(log, 2)), 2)
                 self.assert_key_in_no_output(atc, key)
 
     # ---- start-up ----
@@ -319,7 +309,7 @@ class EnginesSimTest(AtcTestCase):
         self.assertTrue(all(h.get("x-atc-endpoint") == "e1" for _, h, _ in results))
         # each try on the full one was its 429, retried (passive health may take it out of the policy's
         # choice after a few: then a request goes to e1 at once)
-        retries = sum(line["retries"] for line in self.access_lines(log, 10))
+        retries = sum(line["retries"] for line in wait_access_lines(log, 10))
         self.assertGreaterEqual(retries, 1)
         self.assertEqual(atc.endpoints()["e0"]["errors_total"], retries)
 

@@ -9,7 +9,7 @@ import os
 import time
 import unittest
 
-from harness import SLACK, AtcTestCase, RawServer, chat, request, stream_events, wait_for
+from harness import SLACK, AtcTestCase, RawServer, chat, request, stream_events, wait_access_lines, wait_for
 
 PREFILL_S = 1.0  # the fake vLLM's time from its headers to its first event
 GAP_S = 0.010  # between two events after it
@@ -126,17 +126,7 @@ class FirstTokenTest(AtcTestCase):
         """, name=name)
 
     def access_lines(self, n, name="atc"):
-        path = os.path.join(self.tmp.name, name + ".access.log")
-
-        def lines():
-            try:
-                with open(path) as f:
-                    got = [json.loads(line) for line in f.read().splitlines()]
-            except FileNotFoundError:
-                return None
-            return got if len(got) >= n else None
-
-        return wait_for(lines, timeout=10, what=f"{n} access log lines")
+        return wait_access_lines(os.path.join(self.tmp.name, name + ".access.log"), n)
 
     def stream(self, atc, **extra):
         body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
