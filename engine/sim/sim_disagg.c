@@ -29,7 +29,8 @@ struct seen {
 struct atc_sim_disagg {
     const struct atc_sim_params *p;
     struct seen log[LOG_SIZE];
-    uint64_t nseen; /* requests checked, total: log[(nseen - 1) % LOG_SIZE] is the last */
+    uint64_t nseen;   /* requests checked, total: log[(nseen - 1) % LOG_SIZE] is the last */
+    uint64_t aborted; /* of those, the ones whose client (atc) left before the answer ended */
 };
 
 struct atc_sim_disagg *atc_sim_disagg_create(const struct atc_sim_params *p)
@@ -43,6 +44,12 @@ struct atc_sim_disagg *atc_sim_disagg_create(const struct atc_sim_params *p)
 void atc_sim_disagg_free(struct atc_sim_disagg *d)
 {
     free(d);
+}
+
+void atc_sim_disagg_gone(struct atc_sim_disagg *d)
+{
+    if (d->p->role != ATC_ROLE_BOTH)
+        d->aborted++;
 }
 
 static void note(struct atc_sim_disagg *d, const struct atc_json *j, int carried, int64_t max_tokens,
@@ -161,9 +168,10 @@ bool atc_sim_disagg_route(struct atc_sim_disagg *d, struct atc_http_req *req, co
         atc_http_reply(req, 500, "text/plain", NULL, "out of memory", 13);
         return true;
     }
-    evbuffer_add_printf(b, "{\"role\":\"%s\",\"protocol\":\"%s\",\"requests\":%llu,\"seen\":[",
+    evbuffer_add_printf(b,
+                        "{\"role\":\"%s\",\"protocol\":\"%s\",\"requests\":%llu,\"aborted\":%llu,\"seen\":[",
                         atc_role_names[d->p->role], d->p->engine == ATC_SIM_SGLANG ? "sglang" : "vllm",
-                        (unsigned long long)d->nseen);
+                        (unsigned long long)d->nseen, (unsigned long long)d->aborted);
     uint64_t first = d->nseen > LOG_SIZE ? d->nseen - LOG_SIZE : 0;
     for (uint64_t i = first; i < d->nseen; i++) {
         const struct seen *s = &d->log[i % LOG_SIZE];

@@ -17,7 +17,8 @@
  * A decode server waits for the KV's transfer before its sequence joins the model: kv_bytes_per_token x
  * prompt tokens / transfer_gbps. Both refuse what does not fit their role with a 400, so an answer through
  * atc proves what each server saw; GET /sim/disagg lists what the last requests carried (the tests read
- * it). Single-threaded: the server's loop. */
+ * it), and "aborted": the requests whose client left before the answer ended. Single-threaded: the server's
+ * loop. */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -51,6 +52,10 @@ int atc_sim_disagg_check(struct atc_sim_disagg *d, const char *body, size_t len,
  * kv_transfer_params for the @p num-th request of @p prompt_tokens. Nothing for other roles. */
 void atc_sim_disagg_answer(struct atc_sim_disagg *d, struct evbuffer *b, uint16_t port, uint64_t num,
                            uint32_t prompt_tokens);
+
+/** Counts a request of a prefill or decode server whose client left before its answer ended (on_gone):
+ * GET /sim/disagg's "aborted", so a test sees that the router cancelled the stage. */
+void atc_sim_disagg_gone(struct atc_sim_disagg *d);
 
 /** Answers GET /sim/disagg on @p req when @p path is it; false (nothing done) otherwise. */
 bool atc_sim_disagg_route(struct atc_sim_disagg *d, struct atc_http_req *req, const char *path);

@@ -14,7 +14,7 @@ import os
 import threading
 import unittest
 
-from harness import AtcTestCase, chat, request, stream_events, wait_for
+from harness import AtcTestCase, chat, post_raw, request, stream_events, wait_for
 
 MODEL = "llama-3-8b"
 
@@ -35,10 +35,11 @@ def seen(sim):
 
 
 class Vllm(AtcTestCase):
-    def fleet(self, nprefill=1, ndecode=1, protocol="vllm", extra=()):
+    def fleet(self, nprefill=1, ndecode=1, protocol="vllm", extra=(), decode_extra=()):
         eng = ["--engine", protocol]
         self.prefills = [self.start_sim(f"p{i}", extra=("--role", "prefill", *eng, *extra)) for i in range(nprefill)]
-        self.decodes = [self.start_sim(f"d{i}", extra=("--role", "decode", *eng)) for i in range(ndecode)]
+        self.decodes = [self.start_sim(f"d{i}", extra=("--role", "decode", *eng, *decode_extra))
+                        for i in range(ndecode)]
         return self.start_atc(config(self.prefills, self.decodes, protocol))
 
     def test_streamed_chat_whole_and_params(self):
@@ -189,6 +190,35 @@ class Vllm(AtcTestCase):
             self.assertEqual(headers.get("x-atc-decision"), "endpoint")
         self.assertEqual([seen(s)["requests"] for s in self.prefills], [8, 0])
         self.assertEqual(seen(self.decodes[0])["requests"], 8)
+
+    def leave_and_see_aborts(self, atc, want, read_events=0):
+        """A streamed chat on a raw socket; once each server of @want (sim -> aborts expected) has it (and
+        @read_events data events arrived), the client leaves; each server must see its request aborted."""
+        sock = post_raw(atc.port, {"model": MODEL, "stream": True, "max_tokens": 500,
+                                   "messages": [{"role": "user", "content": "hello " * 20}]})
+        sims = self.prefills + self.decodes
+        wait_for(lambda: all(seen(s)["requests"] == 1 for s in want), what="the stages in flight")
+        got = b""
+        while got.count(b"data: ") < read_events:
+            got += sock.recv(65536)
+        sock.close()
+        wait_for(lambda: [seen(s)["aborted"] for s in sims] == [want.get(s, 0) for s in sims],
+                 what="the servers' aborts")
+        wait_for(lambda: all(e["inflight"] == 0 for e in atc.endpoints().values()), what="slots freed")
+
+    def test_a_client_that_leaves_during_prefill_aborts_it(self):
+        atc = self.fleet(extra=("--hang-rate", "1"))  # the prefill server never answers
+        self.leave_and_see_aborts(atc, {self.prefills[0]: 1})
+        self.assertEqual(seen(self.decodes[0])["requests"], 0)
+
+    def test_a_client_that_leaves_while_decode_streams_aborts_it(self):
+        atc = self.fleet(decode_extra=("--decode-ms", "100"))  # 500 tokens: 50 s
+        self.leave_and_see_aborts(atc, {self.decodes[0]: 1}, read_events=2)
+        self.assertEqual(seen(self.prefills[0])["aborted"], 0)  # it had answered
+
+    def test_sglang_a_client_that_leaves_aborts_both_servers(self):
+        atc = self.fleet(protocol="sglang", extra=("--hang-rate", "1"), decode_extra=("--hang-rate", "1"))
+        self.leave_and_see_aborts(atc, {self.prefills[0]: 1, self.decodes[0]: 1})
 
     def test_sim_refuses_what_its_role_does_not_take(self):
         self.fleet()
