@@ -28,6 +28,17 @@ def config(prefills, decodes, protocol, tries=2):
             f"models:\n  - name: {MODEL}\n    disaggregation: {protocol}\n    endpoints:\n{eps}")
 
 
+def metric(atc, name, **labels):
+    """The value of one /metrics series of atc's admin port (0 when absent)."""
+    status, _, body = request("127.0.0.1", atc.admin_port, "GET", "/metrics")
+    assert status == 200, body
+    want = "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items(), key=lambda kv: kv[0] != "model")) + "}"
+    for line in body.decode().splitlines():
+        if line.startswith(name + (want if labels else " ")):
+            return float(line.rsplit(" ", 1)[1])
+    return 0
+
+
 def seen(sim):
     status, _, body = request("127.0.0.1", sim.port, "GET", "/sim/disagg")
     assert status == 200, body
@@ -74,6 +85,10 @@ class Vllm(AtcTestCase):
         self.assertGreater(rec["prefill_ms"], 0)
         self.assertGreater(rec["decode_first_ms"], 0)
         self.assertGreaterEqual(rec["ttft_ms"], rec["prefill_ms"] + rec["decode_first_ms"] - 1)
+        # and /metrics has both stages' times (a whole answer has no first token: the streamed one only)
+        self.assertEqual(metric(atc, "atc_disagg_prefill_seconds_count", model=MODEL), 1)
+        self.assertEqual(metric(atc, "atc_disagg_decode_first_token_seconds_count", model=MODEL), 1)
+        self.assertGreater(metric(atc, "atc_disagg_decode_first_token_seconds_sum", model=MODEL), 0)
 
     def test_whole_chat_and_completion(self):
         atc = self.fleet()
@@ -96,6 +111,14 @@ class Vllm(AtcTestCase):
             status, _, body = chat(atc.port, max_tokens=2)
             self.assertEqual(status, 200, body)
         self.assertEqual(seen(self.prefills[1])["requests"], 6)
+        # /metrics: the prefill stage's failures (a refused connection) and retries, per model and stage
+        failed = metric(atc, "atc_disagg_failures_total", model=MODEL, stage="prefill", reason="connection")
+        self.assertGreater(failed, 0)
+        self.assertEqual(metric(atc, "atc_disagg_retries_total", model=MODEL, stage="prefill"), failed)
+        self.assertEqual(metric(atc, "atc_disagg_failures_total", model=MODEL, stage="decode", reason="connection"), 0)
+        # the stages' times, once each request's access log line is written (at its end, after its answer)
+        wait_for(lambda: metric(atc, "atc_disagg_prefill_seconds_count", model=MODEL) == 6, what="6 prefill times")
+
 
     def test_dead_decode_server_is_replaced_with_the_same_params(self):
         atc = self.fleet(ndecode=2)
@@ -107,6 +130,10 @@ class Vllm(AtcTestCase):
         self.assertEqual(seen(self.prefills[0])["requests"], 6)
         ids = [x["carried"]["remote_request_id"] for x in seen(self.decodes[1])["seen"]]
         self.assertEqual(ids, [f"atc-sim-{self.prefills[0].port}-{i}" for i in range(1, 7)])
+        failed = metric(atc, "atc_disagg_failures_total", model=MODEL, stage="decode", reason="connection")
+        self.assertGreater(failed, 0)
+        self.assertEqual(metric(atc, "atc_disagg_retries_total", model=MODEL, stage="decode"), failed)
+        self.assertEqual(metric(atc, "atc_disagg_retries_total", model=MODEL, stage="prefill"), 0)
 
     def test_killing_a_prefill_server_under_load_loses_nothing(self):
         atc = self.fleet(nprefill=2, ndecode=2)
@@ -219,6 +246,62 @@ class Vllm(AtcTestCase):
     def test_sglang_a_client_that_leaves_aborts_both_servers(self):
         atc = self.fleet(protocol="sglang", extra=("--hang-rate", "1"), decode_extra=("--hang-rate", "1"))
         self.leave_and_see_aborts(atc, {self.prefills[0]: 1, self.decodes[0]: 1})
+
+    def sglang_pair(self, nprefill, ndecode, policy, prefill_extra=(), decode_extra=()):
+        eng = ("--engine", "sglang")
+        self.prefills = [self.start_sim(f"p{i}", extra=("--role", "prefill", *eng, *(prefill_extra if i == 0 else ())))
+                         for i in range(nprefill)]
+        self.decodes = [self.start_sim(f"d{i}", extra=("--role", "decode", *eng, *decode_extra))
+                        for i in range(ndecode)]
+        self.write_policy(f"return function(req, fleet) return {policy} end\n")
+        return self.start_atc(config(self.prefills, self.decodes, "sglang", tries=3) + "policy: {entry: policy.lua}\n")
+
+    def test_sglang_failed_prefill_sends_the_pair_again_with_a_new_room(self):
+        """p0 answers 500 while d0 works on the pair (its first token 300 ms away): atc cancels d0's attempt
+        and sends the pair again, p1 and d0, with a new room; the client gets one whole answer."""
+        atc = self.sglang_pair(2, 1, '{prefill = "p0", decode = "d0"}', prefill_extra=("--error-rate", "1"),
+                               decode_extra=("--decode-ms", "300"))
+        status, _, events = stream_events(atc.port, {"model": MODEL, "stream": True, "max_tokens": 2,
+                                                     "messages": [{"role": "user", "content": "hello"}]})
+        self.assertEqual((status, events[-1][1]), (200, "[DONE]"))
+        rooms = [x["carried"] for x in seen(self.decodes[0])["seen"]]
+        self.assertEqual(len(rooms), 2)
+        self.assertNotEqual(rooms[0], rooms[1])
+        self.assertEqual([x["carried"] for x in seen(self.prefills[0])["seen"]], rooms[:1])
+        self.assertEqual([x["carried"] for x in seen(self.prefills[1])["seen"]], rooms[1:])
+        wait_for(lambda: seen(self.decodes[0])["aborted"] == 1, what="the first pair's decode cancelled")
+        self.assertEqual(metric(atc, "atc_disagg_failures_total", model=MODEL, stage="prefill", reason="http_5xx"), 1)
+        self.assertEqual(metric(atc, "atc_disagg_retries_total", model=MODEL, stage="prefill"), 1)
+        self.assertEqual(metric(atc, "atc_disagg_retries_total", model=MODEL, stage="decode"), 0)
+
+    def test_sglang_failed_decode_sends_the_pair_again_on_the_same_prefill_server(self):
+        """d0 is dead: the pair goes again to p0 (which did not fail) and d1, with a new room."""
+        atc = self.sglang_pair(1, 2, '{decode = "d0"}')
+        self.decodes[0].stop()
+        status, _, body = chat(atc.port, max_tokens=2)
+        self.assertEqual(status, 200, body)
+        rooms = [x["carried"] for x in seen(self.prefills[0])["seen"]]
+        self.assertEqual(len(rooms), 2)
+        self.assertNotEqual(rooms[0], rooms[1])
+        self.assertEqual([x["carried"] for x in seen(self.decodes[1])["seen"]], rooms[1:])
+        self.assertEqual(metric(atc, "atc_disagg_failures_total", model=MODEL, stage="decode", reason="connection"), 1)
+        self.assertEqual(metric(atc, "atc_disagg_retries_total", model=MODEL, stage="decode"), 1)
+
+    def test_admission_holds_the_pair_until_decode_has_room(self):
+        """The decode server is full (capacity 1): a second request waits in the queue before its prefill
+        and, past its deadline, is shed with no prefill sent for it."""
+        self.prefills = [self.start_sim("p0", extra=("--role", "prefill", "--engine", "vllm"))]
+        self.decodes = [self.start_sim("d0", extra=("--role", "decode", "--engine", "vllm", "--decode-ms", "100"))]
+        yaml = config(self.prefills, self.decodes, "vllm").replace("role: decode}", "role: decode, capacity: 1}")
+        atc = self.start_atc(yaml + "admission: {queue: 8, deadline: 10s}\n")
+        blocker = post_raw(atc.port, {"model": MODEL, "stream": True, "max_tokens": 100,
+                                      "messages": [{"role": "user", "content": "block"}]})
+        wait_for(lambda: seen(self.decodes[0])["requests"] == 1, what="the blocker decoding")
+        status, _, body = chat(atc.port, max_tokens=2, headers={"x-atc-deadline": "300ms"})
+        self.assertEqual(status, 503, body)
+        self.assertEqual(json.loads(body)["error"]["code"], "queue_timeout")
+        self.assertEqual(seen(self.prefills[0])["requests"], 1)  # the blocker's only
+        blocker.close()
 
     def test_sim_refuses_what_its_role_does_not_take(self):
         self.fleet()
