@@ -139,9 +139,11 @@ void atc_stage_metrics_render(struct atc_stage_metrics *s, struct evbuffer *out)
         for (int st = 0; st < 2; st++) {
             evbuffer_add(out, "atc_disagg_retries_total{", 25);
             model_label(out, m);
-            evbuffer_add_printf(out, ",stage=\"%s\"} %llu\n", stage_names[st], (unsigned long long)m->retries[st]);
+            evbuffer_add_printf(out, ",stage=\"%s\"} %llu\n", stage_names[st],
+                                (unsigned long long)m->retries[st]);
         }
-    static const char *const names[] = {"atc_disagg_prefill_seconds", "atc_disagg_decode_first_token_seconds"};
+    static const char *const names[] = {"atc_disagg_prefill_seconds",
+                                        "atc_disagg_decode_first_token_seconds"};
     static const char *const helps[] = {
         "From the prefill request's send to its answer (vLLM).",
         "From the prefill answer (SGLang: the pair's send) to the first token: KV transfer and first step.",

@@ -30,6 +30,18 @@ struct atc_http_req;
 struct evbuffer;
 struct atc_sim_disagg;
 
+/* The KV transfer's defaults (kv_bytes_per_token:, transfer_gbps:; --kv-bytes-per-token, --transfer-gbps).
+ * Llama-3-8B's KV per token, from its config.json: 32 layers x 8 KV heads x 128 (4096 / 32 heads) x 2 (K
+ * and V) x 2 bytes (bf16) = 131072 bytes. 25 GB/s: one 200 Gb/s RDMA NIC per GPU (ConnectX-7 at 200G, as
+ * H100 nodes pair them), the link NIXL reads the blocks over. */
+#define ATC_SIM_KV_BYTES_PER_TOKEN 131072.0
+#define ATC_SIM_TRANSFER_GBPS 25.0
+
+/** The KV transfer's time to a decode server of parameters @p p for a prompt of @p prompt_tokens:
+ * kv_bytes_per_token x prompt_tokens / transfer_gbps (the defaults above for 0), in us. The replay uses
+ * it too (trace/replay.c). */
+uint64_t atc_sim_transfer_us(const struct atc_sim_params *p, uint32_t prompt_tokens);
+
 /* What the check found in one request. */
 struct atc_sim_disagg_req {
     uint64_t transfer_us; /* decode: the KV's transfer time, before the sequence may start */

@@ -11,10 +11,12 @@ what does not fit their role, so each assertion can fail.
 
 import json
 import os
+import subprocess
+import tempfile
 import threading
 import unittest
 
-from harness import AtcTestCase, chat, post_raw, request, stream_events, wait_for
+from harness import ATC_BIN, AtcTestCase, chat, post_raw, request, stream_events, wait_for
 
 MODEL = "llama-3-8b"
 
@@ -309,6 +311,65 @@ class Vllm(AtcTestCase):
         self.assertEqual(status, 400, body)
         status, _, body = chat(self.decodes[0].port, max_tokens=3)
         self.assertEqual(status, 400, body)
+
+
+class Replay(unittest.TestCase):
+    """`atc replay` of a disaggregated fleet: simulate: entries with role: prefill and role: decode."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.trace = os.path.join(self.tmp.name, "t.jsonl")
+        with open(self.trace, "w") as f:
+            for i in range(4):  # one at a time, far apart: no queueing, each TTFT its own stages
+                f.write(json.dumps({"at_ms": 1000 * i, "id": f"r{i}", "model": MODEL, "prompt_tokens": 1000,
+                                    "output_tokens": 20, "max_tokens": 20, "stream": True}) + "\n")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def replay(self, fleet, policy=None, disaggregation="vllm"):
+        cfg = os.path.join(self.tmp.name, "fleet.yaml")
+        with open(cfg, "w") as f:
+            f.write(f"models:\n  - name: {MODEL}\n" + (f"    disaggregation: {disaggregation}\n" if disaggregation else "")
+                    + "simulate:\n" + "".join(f"  - {{model: {MODEL}, {e}}}\n" for e in fleet))
+        args = [ATC_BIN, "replay", "-c", cfg, "--trace", self.trace, "--json"]
+        if policy is not None:
+            path = os.path.join(self.tmp.name, "policy.lua")
+            with open(path, "w") as f:
+                f.write(policy)
+            args += ["--policy", path]
+        done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        return json.loads(done.stdout)["policies"][0]
+
+    def test_ttft_includes_the_transfer_and_both_servers_work(self):
+        # 1000 prompt tokens x 1e6 bytes / 1 GB/s = 1 s of transfer; x 1e7 = 10 s: TTFT 9 s more, exactly
+        fast = self.replay(["count: 1, role: prefill", "count: 1, role: decode, kv_bytes_per_token: 1000000, "
+                            "transfer_gbps: 1"])
+        slow = self.replay(["count: 1, role: prefill", "count: 1, role: decode, kv_bytes_per_token: 10000000, "
+                            "transfer_gbps: 1"])
+        for r in (fast, slow):
+            self.assertEqual(r["completed"], 4)
+            self.assertEqual([e["requests"] for e in r["endpoints"]], [4, 4])  # each stage on its server
+        self.assertGreater(fast["ttft_p50_ms"], 1000)
+        self.assertAlmostEqual(slow["ttft_p50_ms"] - fast["ttft_p50_ms"], 9000, delta=1)
+        self.assertAlmostEqual(slow["itl_p50_ms"], fast["itl_p50_ms"], delta=0.01)  # decode is not slower
+        self.assertGreater(fast["itl_p50_ms"], 0)
+        colocated = self.replay(["count: 2"], disaggregation=None)
+        self.assertLess(colocated["ttft_p50_ms"], 1000)  # no transfer
+
+    def test_the_policy_picks_the_pair_in_replay(self):
+        fleet = ["count: 2, role: prefill", "count: 2, role: decode"]
+        r = self.replay(fleet, policy='return function(req, fleet)\n'
+                                      '  return {prefill = "llama-3-8b-sim-2", decode = "llama-3-8b-sim-3"}\nend\n')
+        self.assertEqual([e["requests"] for e in r["endpoints"]], [0, 4, 4, 0])
+        r = self.replay(fleet, policy='local disagg = require "atc.disagg"\n'
+                                      'return function(req, fleet)\n'
+                                      '  return disagg.pick(fleet:endpoints(req.model), req) or atc.queue("no pair")\nend\n')
+        self.assertEqual(r["completed"], 4)
+        self.assertEqual(r["fallbacks"], 0)
+        self.assertEqual(sum(e["requests"] for e in r["endpoints"][:2]), 4)
+        self.assertEqual(sum(e["requests"] for e in r["endpoints"][2:]), 4)
 
 
 if __name__ == "__main__":
