@@ -61,6 +61,21 @@ static inline void atc_strbuf_hex(struct atc_strbuf *b, uint64_t v, unsigned wid
 }
 
 /** Copies @p src (NULL: "") into @p dst of @p size bytes, cut to fit: snprintf(dst, size, "%s", src). */
+/* Appends "name: value suffix\r\n" when the whole line fits, else nothing: a line cut short would run
+ * into the next header (an endpoint's id has no length limit). */
+static inline void atc_strbuf_header(struct atc_strbuf *b, const char *name, const char *value,
+                                     const char *suffix)
+{
+    size_t n = strlen(name), v = strlen(value), x = strlen(suffix);
+    if (b->len + n + v + x + 4 >= b->size)
+        return;
+    atc_strbuf_addn(b, name, n);
+    atc_strbuf_addn(b, ": ", 2);
+    atc_strbuf_addn(b, value, v);
+    atc_strbuf_addn(b, suffix, x);
+    atc_strbuf_addn(b, "\r\n", 2);
+}
+
 static inline void atc_strlcpy(char *dst, size_t size, const char *src)
 {
     struct atc_strbuf b = atc_strbuf_init(dst, size);

@@ -18,6 +18,7 @@
 #include "fleet/endpoint.h"
 #include "fleet/health.h"
 #include "fleet/health_report.h"
+#include "ops/stage_metrics.h"
 #include "policy/policy.h"
 
 static const double latency_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
@@ -49,6 +50,7 @@ struct atc_metrics {
     struct atc_histogram decision;
     uint64_t fallbacks[8];
     uint64_t retries, client_gone, bytes, sse_events;
+    struct atc_stage_metrics *stages; /* a disaggregated model's stages, under their own lock */
 };
 
 /* atc_policy_fallback_* (interned: compared by pointer), in the order of m->fallbacks */
@@ -65,6 +67,10 @@ struct atc_metrics *atc_metrics_create(void)
         return NULL;
     }
     atc_histogram_init(&m->decision, decision_bounds, NELEMS(decision_bounds));
+    if ((m->stages = atc_stage_metrics_create()) == NULL) {
+        atc_metrics_destroy(m);
+        return NULL;
+    }
     return m;
 }
 
@@ -79,6 +85,7 @@ void atc_metrics_destroy(struct atc_metrics *m)
             free(s);
         }
     }
+    atc_stage_metrics_free(m->stages);
     pthread_mutex_destroy(&m->mu);
     free(m);
 }
@@ -140,6 +147,11 @@ void atc_metrics_request(struct atc_metrics *m, const struct atc_request_metrics
     m->bytes += r->bytes;
     m->sse_events += r->sse_events;
     pthread_mutex_unlock(&m->mu);
+}
+
+struct atc_stage_metrics *atc_metrics_stages(struct atc_metrics *m)
+{
+    return m->stages;
 }
 
 void atc_metrics_decision(struct atc_metrics *m, double seconds, const char *fallback_reason)
@@ -324,6 +336,7 @@ void atc_metrics_render(struct atc_metrics *m, const struct atc_metrics_sources 
     evbuffer_add_printf(out, "atc_relayed_bytes_total %llu\n", (unsigned long long)bytes);
     help(out, "atc_relayed_sse_events_total", "counter", "Server-sent events relayed to clients.");
     evbuffer_add_printf(out, "atc_relayed_sse_events_total %llu\n", (unsigned long long)sse_events);
+    atc_stage_metrics_render(m->stages, out);
     help(out, "atc_active_requests", "gauge", "Client requests in progress (waiting, routed or relaying).");
     evbuffer_add_printf(out, "atc_active_requests %u\n", src->active);
     help(out, "atc_worker_requests_total", "counter", "Client requests accepted, by worker thread.");

@@ -62,6 +62,9 @@ void atc_metrics_request(struct atc_metrics *m, const struct atc_request_metrics
 /** One policy decision: its latency and, when the C balancer had to step in, why (else NULL). */
 void atc_metrics_decision(struct atc_metrics *m, double seconds, const char *fallback_reason);
 
+/** The disaggregated models' stage figures (ops/stage_metrics.h), which the request path feeds. */
+struct atc_stage_metrics *atc_metrics_stages(struct atc_metrics *m);
+
 /** Renders every metric into @p out: this file's counters, then the gauges and counters of @p src's
  * subsystems (borrowed), read now. Takes m's lock only while its own series are written. */
 void atc_metrics_render(struct atc_metrics *m, const struct atc_metrics_sources *src, struct evbuffer *out);

@@ -17,6 +17,8 @@
 #include "fleet/balancer.h"
 #include "fleet/endpoint.h"
 #include "ops/access_log.h"
+#include "ops/metrics.h"
+#include "ops/stage_metrics.h"
 #include "http/upstream.h"
 #include "proxy/worker.h"
 
@@ -28,8 +30,12 @@
 struct atc_disagg {
     const struct atc_disagg_request *rq;
     struct atc_endpoint *prefill; /* holds a slot while set */
-    struct atc_endpoint *tried[MAX_PREFILL_TRIES];
+    struct atc_endpoint *tried[MAX_PREFILL_TRIES]; /* prefill servers that failed this request */
     unsigned ntried, failures;
+    unsigned nsent;    /* prefill requests sent (at most upstream.tries) */
+    unsigned ndecode;  /* decode attempts made ready: each after the first is a retry */
+    bool pair_pending; /* SGLang: the pair's prefill runs beside a decode attempt the relay holds */
+    bool pair_again;   /* SGLang: the next attempt is the pair again because its prefill failed */
     struct atc_upstream_req *up; /* the prefill request in flight */
     int status;
     struct evbuffer *answer; /* vLLM: the prefill answer so far */
@@ -45,6 +51,22 @@ struct atc_disagg {
 };
 
 static void prefill_send(struct atc_disagg *dg);
+
+static struct atc_stage_metrics *stages(const struct atc_disagg *dg)
+{
+    return atc_metrics_stages(dg->rq->w->metrics);
+}
+
+static enum atc_stage_failure failure_of(int status, enum atc_upstream_error err)
+{
+    if (status == 429)
+        return ATC_STAGE_FAIL_HTTP_429;
+    if (status >= 500)
+        return ATC_STAGE_FAIL_HTTP_5XX;
+    if (status > 0)
+        return ATC_STAGE_FAIL_OTHER; /* a refused key */
+    return atc_upstream_is_timeout(err) ? ATC_STAGE_FAIL_TIMEOUT : ATC_STAGE_FAIL_CONNECTION;
+}
 
 /* atc's key for the prefill server, else the decode server's (what the relay sends it). */
 static const char *prefill_auth(const struct atc_disagg *dg)
@@ -146,7 +168,7 @@ static bool pick_prefill(struct atc_disagg *dg)
     struct atc_endpoint *want = rq->prefill;
     for (unsigned i = 0; want != NULL && i < dg->ntried; i++)
         want = dg->tried[i] == want ? NULL : want; /* the policy's pick failed once: the C balancer's now */
-    for (int round = 0; round < 3 && dg->ntried < tries && dg->ntried < MAX_PREFILL_TRIES; round++) {
+    for (int round = 0; round < 3 && dg->nsent < tries && dg->ntried < MAX_PREFILL_TRIES; round++) {
         struct atc_endpoint *ep = want != NULL
                                       ? want
                                       : atc_balancer_pick_stage(rq->model, &rq->w->rng, dg->tried, dg->ntried,
@@ -156,20 +178,31 @@ static bool pick_prefill(struct atc_disagg *dg)
             return false;
         if (!atc_endpoint_try_acquire(ep, rq->tokens))
             continue; /* another worker took its last slot: pick again */
-        dg->prefill = dg->tried[dg->ntried++] = ep;
+        dg->prefill = ep;
+        dg->nsent++;
         snprintf(dg->prefill_id, sizeof(dg->prefill_id), "%s", ep->id);
         return true;
     }
     return false;
 }
 
-/* The prefill stage failed on dg->prefill: another prefill server, or the relay is told. */
-static void prefill_failed(struct atc_disagg *dg, const char *why)
+/* Counts a failure of the prefill stage on dg->prefill (@p why), which is not tried again. */
+static void count_prefill_failure(struct atc_disagg *dg, const char *why, enum atc_stage_failure reason)
 {
     atc_warn("prefill server %s: %s", dg->prefill != NULL ? dg->prefill->id : "-", why);
+    atc_stage_failed(stages(dg), dg->rq->model->name, ATC_STAGE_PREFILL, reason);
+    if (dg->prefill != NULL && dg->ntried < MAX_PREFILL_TRIES)
+        dg->tried[dg->ntried++] = dg->prefill;
     release_prefill(dg, false);
     dg->failures++;
+}
+
+/* The prefill stage failed on dg->prefill: another prefill server, or the relay is told. */
+static void prefill_failed(struct atc_disagg *dg, const char *why, enum atc_stage_failure reason)
+{
+    count_prefill_failure(dg, why, reason);
     if (pick_prefill(dg)) {
+        atc_stage_retried(stages(dg), dg->rq->model->name, ATC_STAGE_PREFILL);
         prefill_send(dg);
         return;
     }
@@ -221,7 +254,7 @@ static void on_prefill_done(void *arg)
         char why[64];
         snprintf(why, sizeof(why), "the prefill server answered %d", dg->status);
         if (dg->status >= 500 || dg->status == 429) {
-            prefill_failed(dg, "the prefill server failed");
+            prefill_failed(dg, "the prefill server failed", failure_of(dg->status, 0));
             return;
         }
         release_prefill(dg, true); /* the request's fault (a 4xx): no other server will do better */
@@ -241,7 +274,7 @@ static void on_prefill_done(void *arg)
     atc_json_dispose(&j);
     evbuffer_drain(dg->answer, n);
     if (dg->kv_params == NULL) { /* not a NixlConnector prefill server: its KV cannot reach decode */
-        prefill_failed(dg, "the prefill answer has no kv_transfer_params");
+        prefill_failed(dg, "the prefill answer has no kv_transfer_params", ATC_STAGE_FAIL_NO_KV_PARAMS);
         return;
     }
     dg->t_answered_us = atc_mono_us();
@@ -254,7 +287,7 @@ static void on_prefill_error(void *arg, enum atc_upstream_error err, bool got_re
     struct atc_disagg *dg = arg;
     (void)got_response;
     dg->up = NULL;
-    prefill_failed(dg, atc_upstream_strerror(err));
+    prefill_failed(dg, atc_upstream_strerror(err), failure_of(0, err));
 }
 
 static const struct atc_upstream_callbacks prefill_cb = {
@@ -264,13 +297,29 @@ static const struct atc_upstream_callbacks prefill_cb = {
     .on_error = on_prefill_error,
 };
 
-/* SGLang's prefill answer is not used: read and dropped (pd_router.rs relays decode's). Its failure counts
- * against the prefill server; the decode server's own answer tells the client how it went. */
+/* SGLang: the pair's prefill failed. It counts against the prefill server, which is not tried again, and
+ * the relay is told while it holds the decode attempt: before decode's first byte it sends the pair again
+ * (a new room), as pd_router.rs retries a failed dual dispatch; after, decode's answer goes on. */
+static void sglang_failed(struct atc_disagg *dg, const char *why, enum atc_stage_failure reason)
+{
+    count_prefill_failure(dg, why, reason);
+    if (dg->pair_pending) {
+        dg->pair_pending = false;
+        dg->pair_again = true;
+        dg->on_ready(dg->arg, why);
+    }
+}
+
+/* SGLang's prefill answer is not used: read and dropped (pd_router.rs relays decode's). */
 static void on_sglang_done(void *arg)
 {
     struct atc_disagg *dg = arg;
     dg->up = NULL;
-    release_prefill(dg, dg->status < 500 && dg->status != 429);
+    if (dg->status >= 500 || dg->status == 429) {
+        sglang_failed(dg, "the prefill server failed", failure_of(dg->status, 0));
+        return;
+    }
+    release_prefill(dg, true);
 }
 
 static void on_sglang_error(void *arg, enum atc_upstream_error err, bool got_response)
@@ -278,10 +327,7 @@ static void on_sglang_error(void *arg, enum atc_upstream_error err, bool got_res
     struct atc_disagg *dg = arg;
     (void)got_response;
     dg->up = NULL;
-    atc_warn("prefill server %s: %s", dg->prefill != NULL ? dg->prefill->id : "-",
-             atc_upstream_strerror(err));
-    dg->failures++;
-    release_prefill(dg, false);
+    sglang_failed(dg, atc_upstream_strerror(err), failure_of(0, err));
 }
 
 static void on_ignore_body(void *arg, const char *data, size_t len)
@@ -330,7 +376,7 @@ static void prefill_send(struct atc_disagg *dg)
     dg->up = atc_upstream_send_as(dg->prefill->pools[rq->w->id], "POST", rq->path, rq->headers,
                                   prefill_auth(dg), dg->prefill_body, dg->prefill_len, &prefill_cb, dg);
     if (dg->up == NULL)
-        prefill_failed(dg, "out of memory");
+        prefill_failed(dg, "out of memory", ATC_STAGE_FAIL_OTHER);
 }
 
 /* SGLang: the bootstrap fields into the body, which goes to the prefill server now and is the decode
@@ -379,6 +425,7 @@ static int sglang_attempt(struct atc_disagg *dg, const char **err)
         release_prefill(dg, true);
         return -1;
     }
+    dg->pair_pending = true;
     *err = NULL;
     return 0;
 error:
@@ -404,6 +451,10 @@ int atc_disagg_attempt(struct atc_disagg **dgp, const struct atc_disagg_request 
     dg->rq = rq;
     dg->on_ready = on_ready;
     dg->arg = arg;
+    dg->pair_pending = false;
+    if (dg->ndecode++ > 0) /* the relay tries another decode server (SGLang: the pair again) */
+        atc_stage_retried(stages(dg), rq->model->name, dg->pair_again ? ATC_STAGE_PREFILL : ATC_STAGE_DECODE);
+    dg->pair_again = false;
     if (rq->model->disaggregation == ATC_DISAGG_VLLM && dg->kv_params != NULL)
         return 0;         /* a decode retry: the prefill server still holds the blocks for these params */
     if (dg->up != NULL) { /* SGLang: the last pair's prefill, whose decode failed */
@@ -427,15 +478,24 @@ void atc_disagg_body(const struct atc_disagg *dg, const char **body, size_t *len
     *len = dg->decode_len;
 }
 
-void atc_disagg_log(const struct atc_disagg *dg, struct atc_access_record *rec, uint64_t first_us)
+void atc_disagg_decode_failed(struct atc_disagg *dg, int status, enum atc_upstream_error err)
+{
+    if (dg != NULL)
+        atc_stage_failed(stages(dg), dg->rq->model->name, ATC_STAGE_DECODE, failure_of(status, err));
+}
+
+void atc_disagg_log(struct atc_disagg *dg, struct atc_access_record *rec, uint64_t first_us)
 {
     if (dg == NULL)
         return;
+    dg->pair_pending = false; /* the relay ends */
     rec->prefill_endpoint = dg->prefill_id;
     rec->prefill_ms = dg->t_answered_us ? (double)(dg->t_answered_us - dg->t_sent_us) / 1000.0 : -1;
     /* SGLang's stages overlap: its decode waits from the send of both */
     uint64_t from = dg->t_answered_us ? dg->t_answered_us : dg->t_sent_us;
     rec->decode_first_ms = first_us > from && from != 0 ? (double)(first_us - from) / 1000.0 : -1;
+    atc_stage_times(stages(dg), dg->rq->model->name, rec->prefill_ms >= 0 ? rec->prefill_ms / 1000.0 : -1,
+                    rec->decode_first_ms >= 0 ? rec->decode_first_ms / 1000.0 : -1);
 }
 
 void atc_disagg_free(struct atc_disagg *dg)

@@ -28,6 +28,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "http/upstream.h" /* enum atc_upstream_error */
+
 struct atc_worker;
 struct atc_endpoint;
 struct atc_model;
@@ -50,7 +52,9 @@ struct atc_disagg_request {
 };
 
 /** Called once the first stage is over: @p err NULL and the decode body ready (atc_disagg_body), or the
- * reason no prefill server could do it. Never called from within atc_disagg_attempt. */
+ * reason no prefill server could do it. SGLang (whose attempt was ready at once): called with the reason
+ * when the pair's prefill failed while the relay held the decode attempt, which then goes again with a new
+ * pair, or goes on if its answer started. Never called from within atc_disagg_attempt. */
 typedef void (*atc_disagg_on_ready)(void *arg, const char *err);
 
 /** Makes ready the attempt on decode server @p decode (its slot held by the relay) of request @p rq
@@ -65,10 +69,14 @@ int atc_disagg_attempt(struct atc_disagg **dg, const struct atc_disagg_request *
 /** The decode server's body of the last ready attempt (borrowed from @p dg). */
 void atc_disagg_body(const struct atc_disagg *dg, const char **body, size_t *len);
 
+/** Counts a failure of the decode attempt in /metrics (ops/stage_metrics.h): an answer of @p status (a 5xx,
+ * a 429, a refused key), or with @p status 0 the upstream error @p err. NULL @p dg: not disaggregated. */
+void atc_disagg_decode_failed(struct atc_disagg *dg, int status, enum atc_upstream_error err);
 /** Fills the stages' fields of the access log's @p rec (NULL @p dg: none): the prefill server of the last
  * attempt, the prefill's time (from the first prefill send to the answer used; vLLM) and the time from
- * that answer to the client's first token at @p first_us (0: none). */
-void atc_disagg_log(const struct atc_disagg *dg, struct atc_access_record *rec, uint64_t first_us);
+ * that answer to the client's first token at @p first_us (0: none); the same times go to /metrics. The
+ * relay ends: a prefill failure after this is not reported to it. */
+void atc_disagg_log(struct atc_disagg *dg, struct atc_access_record *rec, uint64_t first_us);
 
 /** The disaggregated model endpoint @p ep serves, or NULL when its model is not disaggregated. */
 const struct atc_model *atc_disagg_model(const struct atc_endpoint_table *t, const struct atc_endpoint *ep);

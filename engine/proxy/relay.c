@@ -342,42 +342,28 @@ static void reply_head_free(struct reply_head *h)
     h->heap = NULL;
 }
 
-/* Appends "name: value suffix\r\n" when the whole line fits, else nothing: a line cut short would run
- * into the next header (an endpoint's id has no length limit). */
-static void header_line(struct atc_strbuf *b, const char *name, const char *value, const char *suffix)
-{
-    size_t n = strlen(name), v = strlen(value), x = strlen(suffix);
-    if (b->len + n + v + x + 4 >= b->size)
-        return;
-    atc_strbuf_addn(b, name, n);
-    atc_strbuf_addn(b, ": ", 2);
-    atc_strbuf_addn(b, value, v);
-    atc_strbuf_addn(b, suffix, x);
-    atc_strbuf_addn(b, "\r\n", 2);
-}
-
 static const char *reply_headers(struct relay *r, struct reply_head *h, bool event_stream)
 {
     struct atc_strbuf hb = atc_strbuf_init(h->line, sizeof(h->line));
     h->heap = NULL;
     if (event_stream)
-        header_line(&hb, "Cache-Control", "no-cache", "");
+        atc_strbuf_header(&hb, "Cache-Control", "no-cache", "");
     if (r->ntried > 0)
-        header_line(&hb, "x-atc-endpoint", r->tried[r->ntried - 1]->id, "");
-    header_line(&hb, "x-request-id", r->id, "");
+        atc_strbuf_header(&hb, "x-atc-endpoint", r->tried[r->ntried - 1]->id, "");
+    atc_strbuf_header(&hb, "x-request-id", r->id, "");
     if (r->w->policy != NULL) {
         /* The version is named only on what it decided: a client must be able to tell that the C
          * balancer routed a request because the policy failed. */
         if (r->rec.kind == atc_decision_kind_name(ATC_DECISION_FALLBACK)) {
-            header_line(&hb, "x-atc-decision", "fallback; reason=", r->rec.reason);
+            atc_strbuf_header(&hb, "x-atc-decision", "fallback; reason=", r->rec.reason);
         } else {
             if (r->policy_version != 0) { /* 0: refused before any decision (a tenant's limit) */
                 char version[24];
                 struct atc_strbuf vb = atc_strbuf_init(version, sizeof(version));
                 atc_strbuf_u64(&vb, r->policy_version);
-                header_line(&hb, "x-atc-policy-version", version, "");
+                atc_strbuf_header(&hb, "x-atc-policy-version", version, "");
             }
-            header_line(&hb, "x-atc-decision", r->rec.kind, r->rec.canary ? "; canary" : "");
+            atc_strbuf_header(&hb, "x-atc-decision", r->rec.kind, r->rec.canary ? "; canary" : "");
         }
     }
     char *out = hb.p;
@@ -630,6 +616,8 @@ static void on_up_headers(void *arg, const struct atc_upstream_response *resp)
      * failure, not the client's: it counts against the server and, before anything reached the client,
      * another endpoint may do better. So does a refused key (another endpoint may hold a good one). */
     bool server_failed = resp->status >= 500 || resp->status == 429 || refused_key;
+    if (server_failed) /* a disaggregated model's decode stage: counted per stage */
+        atc_disagg_decode_failed(r->dg, resp->status, ATC_UPSTREAM_ERR_PROTOCOL);
     if (server_failed && (next = next_endpoint(r)) != NULL) {
         record_outcome(r, false, -1);
         atc_warn("request %s: upstream %s answered %d, retrying on %s", r->id, r->ep->id, resp->status,
@@ -887,6 +875,7 @@ static void attempt_failed(struct relay *r, enum atc_upstream_error err)
 {
     r->w->stats.upstream_errors_total++;
     record_outcome(r, false, -1);
+    atc_disagg_decode_failed(r->dg, 0, err);
     atc_warn("request %s: upstream %s: %s", r->id, r->ep->id, atc_upstream_strerror(err));
     release_endpoint(r);
     r->last_error = err;
@@ -940,6 +929,18 @@ static void send_up(struct relay *r)
 static void on_prefilled(void *arg, const char *err)
 {
     struct relay *r = arg;
+    if (err != NULL && r->up != NULL) { /* SGLang: the pair's prefill failed while decode runs */
+        if (r->state != RELAY_ATTEMPT || r->t_first_us != 0)
+            return; /* decode's answer started: it goes on */
+        atc_upstream_cancel(r->up); /* before its first byte: the pair again, with a new room */
+        r->up = NULL;
+        atc_signals_done(&r->ep->sig, &r->sig, atc_mono_us(), 0); /* attempt() sends it again */
+        if (r->ntried < r->w->cfg->upstream.tries && r->ntried < MAX_TRIES) {
+            r->w->stats.retries_total++;
+            attempt(r, r->ep);
+            return;
+        }
+    }
     relay_expect(r, RELAY_IN(RELAY_ATTEMPT));
     if (err == NULL) {
         send_up(r);
@@ -1081,7 +1082,7 @@ void atc_relay_start(struct atc_worker *w, struct atc_http_req *client, const st
     if (kept != NULL)
         r->f = kept;
     struct atc_strbuf xh = atc_strbuf_init(r->extra_headers, sizeof(r->extra_headers));
-    header_line(&xh, "x-request-id", r->id, "");
+    atc_strbuf_header(&xh, "x-request-id", r->id, "");
     r->tokens = atc_request_tokens(r->f->prompt_tokens, r->f->max_tokens);
     if (w->recorder != NULL) /* now: the client's request may be gone when the record is made */
         r->recorded_headers = atc_recorder_capture(w->recorder, client_header, r, &r->nrecorded_headers);

@@ -50,6 +50,7 @@ struct seq {
     uint32_t emitted;
     uint32_t held; /* KV blocks held for the tail and the output while running */
     bool running;
+    bool kv_arrives; /* atc_sim_request's: its prompt's KV was computed elsewhere */
     bool emits; /* emits a token at the end of the current iteration */
     bool dead;  /* finished or cancelled during callbacks; freed after them */
     size_t nblocks;
@@ -425,15 +426,17 @@ static int admit(struct atc_sim *sim, struct seq *s)
         s->pins[done] = e;
     }
 
-    uint64_t hit_tokens = (uint64_t)hits * s->block_tokens;
+    uint64_t hit_tokens = s->kv_arrives ? s->prompt_tokens : (uint64_t)hits * s->block_tokens;
     if (hit_tokens >= s->prompt_tokens && s->emitted == 0)
         hit_tokens = s->prompt_tokens > 0 ? s->prompt_tokens - 1 : 0; /* the last token is recomputed */
     if (hit_tokens > s->prompt_tokens)
         hit_tokens = s->prompt_tokens;
-    sim->prefix_queries += s->prompt_tokens;
-    sim->prefix_hits += hit_tokens;
-    sim->prefix_blocks += s->nblocks;
-    sim->prefix_block_hits += hits;
+    if (!s->kv_arrives) {
+        sim->prefix_queries += s->prompt_tokens;
+        sim->prefix_hits += hit_tokens;
+        sim->prefix_blocks += s->nblocks;
+        sim->prefix_block_hits += hits;
+    }
     /* A preempted sequence recomputes the tokens it had produced, as vLLM's recompute preemption. */
     uint64_t left = s->prompt_tokens - hit_tokens + s->emitted;
     s->prefill_left = left == 0 ? 1 : left > UINT32_MAX ? UINT32_MAX : (uint32_t)left;
@@ -636,6 +639,7 @@ uint64_t atc_sim_submit(struct atc_sim *sim, uint64_t now_us, const struct atc_s
         .prompt_tokens = req->prompt_tokens,
         .output_tokens = out,
         .block_tokens = bt,
+        .kv_arrives = req->kv_arrives,
         .tail_tokens = covered < req->prompt_tokens ? (uint32_t)(req->prompt_tokens - covered) : 0,
         .nblocks = n,
     };

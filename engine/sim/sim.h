@@ -62,6 +62,9 @@ struct atc_sim_request {
     const uint64_t *blocks; /* chained prefix block hashes (may be NULL when nblocks == 0) */
     size_t nblocks;         /* full blocks only */
     uint32_t block_tokens;  /* tokens covered by one hash (0 = ATC_SIM_KV_BLOCK_TOKENS) */
+    bool kv_arrives; /* a disaggregated decode server's: the prompt's KV comes from a prefill server. It
+                      * takes KV room as a computed prompt would, but no prefill (one step for its first
+                      * token) and counts in no prefix-cache figure */
 };
 
 /* One output token, as reported to the on_token callback. */

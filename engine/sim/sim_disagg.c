@@ -16,8 +16,6 @@
 #define LOG_SIZE 64               /* requests GET /sim/disagg lists, the last ones */
 #define LOG_TEXT 1024             /* of each, what it carried (kv_transfer_params or bootstrap_room), cut */
 #define MAX_BLOCK_IDS 1024        /* remote_block_ids listed in an answer at most */
-#define DEFAULT_KV_BYTES 131072.0 /* Llama-3-8B: 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes */
-#define DEFAULT_GBPS 25.0         /* one 200 Gb/s RDMA NIC, as NIXL reads over it */
 #define BLOCK_TOKENS 16           /* vLLM's block size, as remote_block_ids count them */
 
 struct seen {
@@ -29,8 +27,16 @@ struct seen {
 struct atc_sim_disagg {
     const struct atc_sim_params *p;
     struct seen log[LOG_SIZE];
-    uint64_t nseen; /* requests checked, total: log[(nseen - 1) % LOG_SIZE] is the last */
+    uint64_t nseen;   /* requests checked, total: log[(nseen - 1) % LOG_SIZE] is the last */
+    uint64_t aborted; /* of those, the ones whose client (atc) left before the answer ended */
 };
+
+uint64_t atc_sim_transfer_us(const struct atc_sim_params *p, uint32_t prompt_tokens)
+{
+    double bytes = p->kv_bytes_per_token > 0 ? p->kv_bytes_per_token : ATC_SIM_KV_BYTES_PER_TOKEN;
+    double gbps = p->transfer_gbps > 0 ? p->transfer_gbps : ATC_SIM_TRANSFER_GBPS;
+    return (uint64_t)(bytes * prompt_tokens / (gbps * 1e9) * 1e6);
+}
 
 struct atc_sim_disagg *atc_sim_disagg_create(const struct atc_sim_params *p)
 {
@@ -43,6 +49,12 @@ struct atc_sim_disagg *atc_sim_disagg_create(const struct atc_sim_params *p)
 void atc_sim_disagg_free(struct atc_sim_disagg *d)
 {
     free(d);
+}
+
+void atc_sim_disagg_gone(struct atc_sim_disagg *d)
+{
+    if (d->p->role != ATC_ROLE_BOTH)
+        d->aborted++;
 }
 
 static void note(struct atc_sim_disagg *d, const struct atc_json *j, int carried, int64_t max_tokens,
@@ -126,9 +138,7 @@ int atc_sim_disagg_check(struct atc_sim_disagg *d, const char *body, size_t len,
     if (d->p->role == ATC_ROLE_PREFILL && d->p->engine == ATC_SIM_SGLANG)
         out->max_tokens = 1; /* it runs the prefill and hands the KV on; decode generates */
     if (d->p->role == ATC_ROLE_DECODE) {
-        double bytes = d->p->kv_bytes_per_token > 0 ? d->p->kv_bytes_per_token : DEFAULT_KV_BYTES;
-        double gbps = d->p->transfer_gbps > 0 ? d->p->transfer_gbps : DEFAULT_GBPS;
-        out->transfer_us = (uint64_t)(bytes * prompt_tokens / (gbps * 1e9) * 1e6);
+        out->transfer_us = atc_sim_transfer_us(d->p, prompt_tokens);
         out->compute_prompt = false;
     }
     return 0;
@@ -161,9 +171,10 @@ bool atc_sim_disagg_route(struct atc_sim_disagg *d, struct atc_http_req *req, co
         atc_http_reply(req, 500, "text/plain", NULL, "out of memory", 13);
         return true;
     }
-    evbuffer_add_printf(b, "{\"role\":\"%s\",\"protocol\":\"%s\",\"requests\":%llu,\"seen\":[",
+    evbuffer_add_printf(b,
+                        "{\"role\":\"%s\",\"protocol\":\"%s\",\"requests\":%llu,\"aborted\":%llu,\"seen\":[",
                         atc_role_names[d->p->role], d->p->engine == ATC_SIM_SGLANG ? "sglang" : "vllm",
-                        (unsigned long long)d->nseen);
+                        (unsigned long long)d->nseen, (unsigned long long)d->aborted);
     uint64_t first = d->nseen > LOG_SIZE ? d->nseen - LOG_SIZE : 0;
     for (uint64_t i = first; i < d->nseen; i++) {
         const struct seen *s = &d->log[i % LOG_SIZE];

@@ -17,7 +17,8 @@
  * A decode server waits for the KV's transfer before its sequence joins the model: kv_bytes_per_token x
  * prompt tokens / transfer_gbps. Both refuse what does not fit their role with a 400, so an answer through
  * atc proves what each server saw; GET /sim/disagg lists what the last requests carried (the tests read
- * it). Single-threaded: the server's loop. */
+ * it), and "aborted": the requests whose client left before the answer ended. Single-threaded: the server's
+ * loop. */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -28,6 +29,18 @@
 struct atc_http_req;
 struct evbuffer;
 struct atc_sim_disagg;
+
+/* The KV transfer's defaults (kv_bytes_per_token:, transfer_gbps:; --kv-bytes-per-token, --transfer-gbps).
+ * Llama-3-8B's KV per token, from its config.json: 32 layers x 8 KV heads x 128 (4096 / 32 heads) x 2 (K
+ * and V) x 2 bytes (bf16) = 131072 bytes. 25 GB/s: one 200 Gb/s RDMA NIC per GPU (ConnectX-7 at 200G, as
+ * H100 nodes pair them), the link NIXL reads the blocks over. */
+#define ATC_SIM_KV_BYTES_PER_TOKEN 131072.0
+#define ATC_SIM_TRANSFER_GBPS 25.0
+
+/** The KV transfer's time to a decode server of parameters @p p for a prompt of @p prompt_tokens:
+ * kv_bytes_per_token x prompt_tokens / transfer_gbps (the defaults above for 0), in us. The replay uses
+ * it too (trace/replay.c). */
+uint64_t atc_sim_transfer_us(const struct atc_sim_params *p, uint32_t prompt_tokens);
 
 /* What the check found in one request. */
 struct atc_sim_disagg_req {
@@ -51,6 +64,10 @@ int atc_sim_disagg_check(struct atc_sim_disagg *d, const char *body, size_t len,
  * kv_transfer_params for the @p num-th request of @p prompt_tokens. Nothing for other roles. */
 void atc_sim_disagg_answer(struct atc_sim_disagg *d, struct evbuffer *b, uint16_t port, uint64_t num,
                            uint32_t prompt_tokens);
+
+/** Counts a request of a prefill or decode server whose client left before its answer ended (on_gone):
+ * GET /sim/disagg's "aborted", so a test sees that the router cancelled the stage. */
+void atc_sim_disagg_gone(struct atc_sim_disagg *d);
 
 /** Answers GET /sim/disagg on @p req when @p path is it; false (nothing done) otherwise. */
 bool atc_sim_disagg_route(struct atc_sim_disagg *d, struct atc_http_req *req, const char *path);

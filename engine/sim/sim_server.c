@@ -287,6 +287,7 @@ static void on_client_gone(void *arg)
     struct atc_sim_server *srv = r->srv;
     if (r->seq)
         atc_sim_cancel(srv->sim, r->seq);
+    atc_sim_disagg_gone(srv->disagg);
     req_unlink(r);
     schedule(srv);
 }

@@ -14,7 +14,9 @@
 #include "fleet/endpoint.h"
 #include "fleet/kv_index.h"
 #include "base/log.h"
+#include "config/roles.h"
 #include "sim/sim.h"
+#include "sim/sim_disagg.h"
 #include "trace/trace.h"
 #include "trace/trace_import.h"
 #include "base/clock.h"
@@ -26,13 +28,15 @@
 #define KILL_FACTOR 100
 #define KILL_MIN_US 100000
 
-enum req_state { RS_PENDING, RS_QUEUED, RS_RUNNING, RS_DONE, RS_REJECTED };
+/* RS_PREFILL: a disaggregated model's request on its prefill server (its decode server's slot held) */
+enum req_state { RS_PENDING, RS_QUEUED, RS_PREFILL, RS_RUNNING, RS_DONE, RS_REJECTED };
 
 struct rp_req {
     uint64_t queued_at;
     uint64_t tokens; /* counted in its endpoint's inflight_tokens while running */
-    struct atc_signal_ticket sig;
+    struct atc_signal_ticket sig, psig; /* psig: on its prefill server */
     int ep;
+    int prefill_ep; /* a disaggregated model's prefill server while RS_PREFILL */
     uint8_t state;
     unsigned decisions;
 };
@@ -54,6 +58,7 @@ struct rp_endpoint {
     uint64_t scraped_queries, scraped_hits; /* its prefix cache counters at the previous scrape */
     int kv_slot;      /* its endpoint number in rp->kv: it publishes KV events; -1: it does not */
     unsigned kv_caps; /* its KV blocks, the index's cap for it */
+    struct atc_sim_params transfer; /* a decode server's KV transfer knobs (atc_sim_transfer_us) */
 };
 
 struct outage_event {
@@ -171,6 +176,10 @@ static int add_server(struct replay *rp, struct atc_endpoint *ep, const struct a
     /* simulate: kv_events: it publishes (build_kv feeds its events to the exact index) */
     e->kv_slot = params->kv_events != NULL ? 0 : -1;
     e->kv_caps = params->kv_blocks ? params->kv_blocks : ATC_SIM_DEFAULT_KV_BLOCKS;
+    e->transfer.kv_bytes_per_token = params->kv_bytes_per_token;
+    e->transfer.transfer_gbps = params->transfer_gbps;
+    if (params->role != ATC_ROLE_BOTH) /* simulate: role: (a listed endpoint has its own role:) */
+        ep->role = params->role;
     ep->kv_tokens = atc_sim_params_kv_tokens(&p); /* what vLLM's /metrics would tell */
     e->heap_pos = rp->neps;
     rp->heap[rp->neps] = (struct heap_entry){.key = UINT64_MAX, .ep = rp->neps};
@@ -318,40 +327,86 @@ static void queue_pop(struct replay *rp)
     rp->qlen--;
 }
 
-/* Starts request @p i on @p ep now. */
-static void dispatch(struct replay *rp, size_t i, struct atc_endpoint *ep)
+/* Submits request @p i to server @p e at @p at: its whole generation, or (@p stage ATC_ROLE_PREFILL) the
+ * prefill server's one token, or (ATC_ROLE_DECODE) the decode server's generation from a KV that arrives
+ * then. False when the model is out of memory. */
+static bool submit(struct replay *rp, size_t i, struct rp_endpoint *e, uint64_t at, unsigned stage)
 {
     const struct atc_trace_record *r = &rp->trace->records[i];
-    struct rp_req *q = &rp->reqs[i];
-    struct rp_endpoint *e = endpoint_of(rp, ep);
-    int64_t out = r->output_tokens > 0 ? r->output_tokens : r->max_tokens;
-    q->tokens = atc_request_tokens(r->prompt_tokens, r->max_tokens);
-    q->ep = (int)ep->index;
-    q->state = RS_RUNNING;
-    atc_endpoint_acquire(ep, q->tokens);
-    /* the prefix index learns where these blocks went, and says what that server likely has cached */
-    size_t cached = rp->rt != NULL ? atc_policy_routed(rp->rt, &rp->rreq, ep) : 0;
-    atc_signals_sent(&ep->sig, &rp->table->signals, &q->sig,
-                     atc_signals_uncached(r->prompt_tokens, cached, r->block_tokens), rp->now);
+    int64_t out = stage == ATC_ROLE_PREFILL ? 1 : r->output_tokens > 0 ? r->output_tokens : r->max_tokens;
     struct atc_sim_request sr = {
         .prompt_tokens = r->prompt_tokens,
         .max_tokens = out >= 0 ? out : -1,
         .blocks = r->blocks,
         .nblocks = r->nblocks,
         .block_tokens = r->block_tokens,
+        .kv_arrives = stage == ATC_ROLE_DECODE,
     };
-    if (atc_sim_submit(e->sim, rp->now, &sr, (void *)(uintptr_t)(i + 1), NULL) == 0) {
+    if (atc_sim_submit(e->sim, at, &sr, (void *)(uintptr_t)(i + 1), NULL) == 0)
+        return false;
+    e->requests++;
+    e->tokens += stage == ATC_ROLE_PREFILL ? r->prompt_tokens
+                 : stage == ATC_ROLE_DECODE ? (uint64_t)(out >= 0 ? out : 0)
+                                            : r->prompt_tokens + (uint64_t)(out >= 0 ? out : 0);
+    server_changed(rp, (size_t)(e - rp->eps));
+    return true;
+}
+
+/* Starts request @p i on @p ep now; a disaggregated model's on prefill server @p pf first (NULL: none),
+ * whose slot it takes too, as atc serve's relay (proxy/disagg.c) does. */
+static void dispatch(struct replay *rp, size_t i, struct atc_endpoint *ep, struct atc_endpoint *pf)
+{
+    const struct atc_trace_record *r = &rp->trace->records[i];
+    struct rp_req *q = &rp->reqs[i];
+    q->tokens = atc_request_tokens(r->prompt_tokens, r->max_tokens);
+    q->ep = (int)ep->index;
+    q->prefill_ep = pf != NULL ? (int)pf->index : -1;
+    q->state = pf != NULL ? RS_PREFILL : RS_RUNNING;
+    atc_endpoint_acquire(ep, q->tokens);
+    if (pf != NULL)
+        atc_endpoint_acquire(pf, q->tokens);
+    /* the prefix index learns where these blocks went (the server that computes the prompt), and says
+     * what that server likely has cached */
+    struct atc_endpoint *computes = pf != NULL ? pf : ep;
+    size_t cached = rp->rt != NULL ? atc_policy_routed(rp->rt, &rp->rreq, computes) : 0;
+    uint64_t uncached = atc_signals_uncached(r->prompt_tokens, cached, r->block_tokens);
+    atc_signals_sent(&ep->sig, &rp->table->signals, &q->sig, pf != NULL ? 0 : uncached, rp->now);
+    if (pf != NULL)
+        atc_signals_sent(&pf->sig, &rp->table->signals, &q->psig, uncached, rp->now);
+    if (!submit(rp, i, endpoint_of(rp, computes), rp->now, pf != NULL ? ATC_ROLE_PREFILL : ATC_ROLE_BOTH)) {
         /* out of memory in the model: the request is lost, not the replay */
         atc_signals_done(&ep->sig, &q->sig, rp->now, 0);
         atc_endpoint_release(ep, q->tokens);
+        if (pf != NULL) {
+            atc_signals_done(&pf->sig, &q->psig, rp->now, 0);
+            atc_endpoint_release(pf, q->tokens);
+        }
         q->state = RS_REJECTED;
         rp->res->rejected++;
         return;
     }
-    e->requests++;
-    e->tokens += r->prompt_tokens + (uint64_t)(out >= 0 ? out : 0);
     rp->res->endpoint[i] = (int)ep->index;
-    server_changed(rp, ep->index);
+}
+
+/* Request @p i's prefill server produced its one token at @p at: its slot is freed and the KV moves to the
+ * decode server, which starts once it has arrived (kv_bytes_per_token x prompt / transfer_gbps). */
+static void prefilled(struct replay *rp, size_t i, struct rp_endpoint *pf, uint64_t at)
+{
+    struct rp_req *q = &rp->reqs[i];
+    struct rp_endpoint *d = &rp->eps[q->ep];
+    atc_signals_first_byte(&pf->ep->sig, &rp->table->signals, &q->psig, at, true);
+    atc_signals_done(&pf->ep->sig, &q->psig, at, 1);
+    atc_endpoint_release(pf->ep, q->tokens);
+    q->prefill_ep = -1;
+    q->state = RS_RUNNING;
+    rp->drain = true; /* a prefill slot is free */
+    uint64_t transfer = atc_sim_transfer_us(&d->transfer, rp->trace->records[i].prompt_tokens);
+    if (!submit(rp, i, d, at + transfer, ATC_ROLE_DECODE)) {
+        atc_signals_done(&d->ep->sig, &q->sig, at, 0);
+        atc_endpoint_release(d->ep, q->tokens);
+        q->state = RS_REJECTED;
+        rp->res->rejected++;
+    }
 }
 
 static void on_token(void *ctx, const struct atc_sim_token *tok)
@@ -361,6 +416,11 @@ static void on_token(void *ctx, const struct atc_sim_token *tok)
     size_t i = (size_t)(uintptr_t)tok->user - 1;
     const struct atc_trace_record *r = &rp->trace->records[i];
     struct atc_replay_result *res = rp->res;
+    if (rp->reqs[i].state == RS_PREFILL) { /* its prefill server's token: the decode stage's turn */
+        if (tok->last)
+            prefilled(rp, i, e, tok->at_us);
+        return;
+    }
     if (tok->index == 0) {
         res->ttft_ms[i] = (double)(tok->at_us - r->at_us) / 1000.0;
         atc_endpoint_record(e->ep, true, res->ttft_ms[i]);
@@ -373,6 +433,8 @@ static void on_token(void *ctx, const struct atc_sim_token *tok)
     if (!tok->last)
         return;
     res->e2e_ms[i] = (double)(tok->at_us - r->at_us) / 1000.0;
+    if (tok->index > 0) /* its mean inter-token latency: first to last token */
+        res->itl_ms[i] = (res->e2e_ms[i] - res->ttft_ms[i]) / tok->index;
     res->output_tokens += tok->index + 1;
     res->completed++;
     rp->reqs[i].state = RS_DONE;
@@ -480,6 +542,18 @@ static enum outcome decide(struct replay *rp, size_t i)
                                    NULL, 0, rp->rreq.tokens);
         }
     }
+    /* A disaggregated model: the policy's prefill server, else the C balancer's (proxy/disagg.c
+     * pick_prefill); none free, the pair waits in the queue (atc serve answers 503 at once). */
+    const struct atc_model *dm =
+        ep != NULL ? atc_endpoint_table_model(rp->table, ep->model, strlen(ep->model)) : NULL;
+    struct atc_endpoint *pf = NULL;
+    if (dm != NULL && dm->disaggregation != ATC_DISAGG_NONE) {
+        pf = d.kind == ATC_DECISION_ENDPOINT && d.prefill != NULL &&
+                     atc_endpoint_available(d.prefill, rp->rreq.tokens)
+                 ? d.prefill
+                 : atc_balancer_pick_stage(dm, &rp->rng, NULL, 0, rp->rreq.tokens, ATC_ROLE_PREFILL);
+        ep = pf != NULL ? ep : NULL;
+    }
     if (rp->o->on_decision != NULL) {
         struct atc_replay_decision rd = {
             .record = i,
@@ -496,7 +570,7 @@ static enum outcome decide(struct replay *rp, size_t i)
         rp->o->on_decision(rp->o->ctx, &rd);
     }
     if (ep != NULL) {
-        dispatch(rp, i, ep);
+        dispatch(rp, i, ep, pf);
         result = DISPATCHED;
     } else if (d.kind == ATC_DECISION_REJECT) {
         q->state = RS_REJECTED;
@@ -594,119 +668,6 @@ static void mark_counted(struct replay *rp)
     }
     for (size_t k = 0; any == 0 && k < rp->neps; k++)
         rp->eps[k].counted = true;
-}
-
-/* ---- TTFT per tenant and per priority ---- */
-
-static int by_tenant(const void *a, const void *b, void *ctx)
-{
-    const struct atc_trace *t = ctx;
-    int c = strcmp(t->records[*(const size_t *)a].tenant, t->records[*(const size_t *)b].tenant);
-    return c != 0 ? c : (*(const size_t *)a > *(const size_t *)b) - (*(const size_t *)a < *(const size_t *)b);
-}
-
-/* Fills @p g from the requests idx[0..n) of @p r. @p v: scratch for n values. */
-static void fill_group(struct atc_replay_group *g, const struct atc_replay_result *r, const size_t *idx, size_t n,
-                       double *v)
-{
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++)
-        if (!isnan(r->ttft_ms[idx[i]]))
-            v[m++] = r->ttft_ms[idx[i]];
-    atc_replay_sort(v, m);
-    g->requests = n;
-    g->completed = m;
-    g->ttft_p50_ms = atc_replay_percentile(v, m, 50);
-    g->ttft_p90_ms = atc_replay_percentile(v, m, 90);
-    g->ttft_p99_ms = atc_replay_percentile(v, m, 99);
-}
-
-int atc_replay_groups(struct atc_replay_result *r, const struct atc_trace *t, size_t n)
-{
-    size_t *idx = malloc((n ? n : 1) * sizeof(size_t)), *sel = malloc((n ? n : 1) * sizeof(size_t));
-    double *v = malloc((n ? n : 1) * sizeof(double));
-    bool tenants = false, priorities = false;
-    for (size_t i = 0; i < n; i++) {
-        idx[i] = i;
-        tenants |= t->records[i].tenant[0] != '\0';
-        priorities |= t->records[i].priority != 0;
-    }
-    if (idx == NULL || sel == NULL || v == NULL)
-        goto oom;
-    if (priorities) { /* every priority the trace has, in order */
-        if ((r->priorities = calloc(10, sizeof(*r->priorities))) == NULL)
-            goto oom;
-        for (int p = 0; p <= 9; p++) {
-            size_t m = 0;
-            for (size_t i = 0; i < n; i++)
-                if (t->records[i].priority == p)
-                    sel[m++] = i;
-            if (m == 0)
-                continue;
-            struct atc_replay_group *g = &r->priorities[r->npriorities++];
-            if ((g->name = malloc(2)) == NULL)
-                goto oom;
-            g->name[0] = (char)('0' + p);
-            g->name[1] = '\0';
-            fill_group(g, r, sel, m, v);
-        }
-    }
-    if (tenants) { /* the busiest ATC_REPLAY_GROUPS_MAX - 1 tenants by name, the rest as one "(other)" */
-        qsort_r(idx, n, sizeof(size_t), by_tenant, (void *)t);
-        size_t runs = 0;
-        for (size_t i = 0; i < n; i++) /* sel[k]: the start of run k */
-            if (i == 0 || strcmp(t->records[idx[i]].tenant, t->records[idx[i - 1]].tenant) != 0)
-                sel[runs++] = i;
-        size_t keep = runs <= ATC_REPLAY_GROUPS_MAX ? runs : ATC_REPLAY_GROUPS_MAX - 1;
-        bool *kept = calloc(runs, sizeof(bool));
-        if (kept == NULL || (r->tenants = calloc(keep + 1, sizeof(*r->tenants))) == NULL) {
-            free(kept);
-            goto oom;
-        }
-        for (size_t k = 0; k < keep; k++) { /* the largest run not kept yet, the first on a tie */
-            size_t best = SIZE_MAX, best_len = 0;
-            for (size_t j = 0; j < runs; j++) {
-                size_t len = (j + 1 < runs ? sel[j + 1] : n) - sel[j];
-                if (!kept[j] && len > best_len)
-                    best = j, best_len = len;
-            }
-            kept[best] = true;
-        }
-        size_t *rest = malloc((n ? n : 1) * sizeof(size_t)), nrest = 0;
-        for (size_t j = 0; rest != NULL && j < runs; j++) {
-            size_t start = sel[j], len = (j + 1 < runs ? sel[j + 1] : n) - start;
-            if (!kept[j]) {
-                memcpy(rest + nrest, idx + start, len * sizeof(size_t));
-                nrest += len;
-                continue;
-            }
-            const char *name = t->records[idx[start]].tenant;
-            struct atc_replay_group *g = &r->tenants[r->ntenants++];
-            g->name = strdup(name[0] != '\0' ? name : "(none)");
-            fill_group(g, r, idx + start, len, v);
-        }
-        if (rest != NULL && nrest > 0) {
-            struct atc_replay_group *g = &r->tenants[r->ntenants++];
-            g->name = strdup("(other)");
-            fill_group(g, r, rest, nrest, v);
-        }
-        free(kept);
-        free(rest);
-        if (rest == NULL)
-            goto oom;
-        for (size_t k = 0; k < r->ntenants; k++)
-            if (r->tenants[k].name == NULL)
-                goto oom;
-    }
-    free(idx);
-    free(sel);
-    free(v);
-    return 0;
-oom:
-    free(idx);
-    free(sel);
-    free(v);
-    return -1;
 }
 
 /* ---- the run ---- */
@@ -850,6 +811,13 @@ void atc_replay_latencies(struct atc_replay_result *r, size_t n)
     atc_replay_sort(v, m);
     r->e2e_p50_ms = atc_replay_percentile(v, m, 50);
     r->e2e_p99_ms = atc_replay_percentile(v, m, 99);
+    m = 0;
+    for (size_t i = 0; r->itl_ms != NULL && i < n; i++)
+        if (!isnan(r->itl_ms[i]))
+            v[m++] = r->itl_ms[i];
+    atc_replay_sort(v, m);
+    r->itl_p50_ms = atc_replay_percentile(v, m, 50);
+    r->itl_p90_ms = atc_replay_percentile(v, m, 90);
     free(v);
 }
 
@@ -931,6 +899,7 @@ int atc_replay_run(const struct atc_config *cfg, const struct atc_trace *trace, 
     out->requests = rp.n;
     out->ttft_ms = malloc((rp.n ? rp.n : 1) * sizeof(double));
     out->e2e_ms = malloc((rp.n ? rp.n : 1) * sizeof(double));
+    out->itl_ms = malloc((rp.n ? rp.n : 1) * sizeof(double));
     out->endpoint = malloc((rp.n ? rp.n : 1) * sizeof(int));
     rp.reqs = calloc(rp.n ? rp.n : 1, sizeof(*rp.reqs));
     rp.queue = malloc((rp.n ? rp.n : 1) * sizeof(size_t));
@@ -938,13 +907,14 @@ int atc_replay_run(const struct atc_config *cfg, const struct atc_trace *trace, 
     rp.affinity = atc_affinity_create(0);
     rp.prefix = atc_prefix_index_create(0);
     if (out->name == NULL || out->entry == NULL || out->ttft_ms == NULL || out->e2e_ms == NULL ||
+        out->itl_ms == NULL ||
         out->endpoint == NULL || rp.reqs == NULL || rp.queue == NULL || rp.waits == NULL ||
         rp.affinity == NULL || rp.prefix == NULL) {
         *err = strdup("out of memory");
         goto error;
     }
     for (size_t i = 0; i < rp.n; i++) {
-        out->ttft_ms[i] = out->e2e_ms[i] = NAN;
+        out->ttft_ms[i] = out->e2e_ms[i] = out->itl_ms[i] = NAN;
         out->endpoint[i] = -1;
     }
     if (build_fleet(&rp, cfg, err) < 0 || plan_outages(&rp, err) < 0)
@@ -1007,6 +977,7 @@ void atc_replay_result_dispose(struct atc_replay_result *r)
     free(r->entry);
     free(r->ttft_ms);
     free(r->e2e_ms);
+    free(r->itl_ms);
     free(r->endpoint);
     for (size_t k = 0; k < r->nendpoints; k++)
         free(r->endpoints[k].id);

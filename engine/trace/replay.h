@@ -95,6 +95,8 @@ struct atc_replay_result {
     uint64_t budget_overruns; /* decisions that used more CPU than the budget (or were stopped) */
     double ttft_p50_ms, ttft_p90_ms, ttft_p99_ms, ttft_mean_ms;
     double e2e_p50_ms, e2e_p99_ms;
+    double itl_p50_ms, itl_p90_ms; /* over the requests of two tokens or more: each one's mean
+                                      inter-token latency, (end - first token) / (tokens - 1) */
     double queue_wait_p50_ms, queue_wait_p99_ms, queue_wait_max_ms; /* over the requests that waited */
     double duration_s; /* first arrival to last completion, virtual */
     double throughput_rps, output_tps;
@@ -111,7 +113,7 @@ struct atc_replay_result {
     bool live;     /* --speed: measured at the client; the fleet's cache and load are unknown */
 
     /* per request (index = trace record); NaN when the request did not complete */
-    double *ttft_ms, *e2e_ms;
+    double *ttft_ms, *e2e_ms, *itl_ms;
     int *endpoint; /* index into endpoints, -1 when it never ran */
 
     struct atc_replay_endpoint_result *endpoints;

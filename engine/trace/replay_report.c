@@ -37,26 +37,29 @@ void atc_replay_report_table(FILE *out, const char *title, const struct atc_repl
                              const struct atc_replay_ideal *ideal)
 {
     fprintf(out, "%s\n\n", title);
-    fprintf(out, "%-22s %8s %8s %8s %6s %8s %8s %7s %9s %6s %6s %14s %7s\n", "policy", "ttft p50", "p90",
-            "p99", "/ideal", "e2e p50", "p99", "req/s", "out tok/s", "cache", "imbal", "queued (p99)",
-            "errors");
+    fprintf(out, "%-22s %8s %8s %8s %6s %8s %8s %7s %7s %7s %9s %6s %6s %14s %7s\n", "policy",
+            "ttft p50", "p90", "p99", "/ideal", "e2e p50", "p99", "itl p50", "p90", "req/s", "out tok/s",
+            "cache", "imbal", "queued (p99)", "errors");
     if (ideal != NULL) {
         char a[16], b[16], c[16];
         fmt_ms(a, sizeof(a), ideal->ttft_p50_ms);
         fmt_ms(b, sizeof(b), ideal->ttft_p90_ms);
         fmt_ms(c, sizeof(c), ideal->ttft_p99_ms);
-        fprintf(out, "%-22s %8s %8s %8s %6s %8s %8s %7s %9s %5.1f%% %6s %14s %7s\n", "(ideal fleet)", a, b, c,
-                "1.00", "-", "-", "-", "-", 100 * ideal->cache_hit_rate, "-", "-", "-");
+        fprintf(out, "%-22s %8s %8s %8s %6s %8s %8s %7s %7s %7s %9s %5.1f%% %6s %14s %7s\n",
+                "(ideal fleet)", a, b, c, "1.00", "-", "-", "-", "-", "-", "-", 100 * ideal->cache_hit_rate,
+                "-", "-", "-");
     }
     for (size_t i = 0; i < n; i++) {
         const struct atc_replay_result *x = &r[i];
-        char a[16], b[16], c[16], d[16], e[16], q[48], w[16];
+        char a[16], b[16], c[16], d[16], e[16], q[48], w[16], i50[16], i90[16];
         fmt_ms(a, sizeof(a), x->ttft_p50_ms);
         fmt_ms(b, sizeof(b), x->ttft_p90_ms);
         fmt_ms(c, sizeof(c), x->ttft_p99_ms);
         fmt_ms(d, sizeof(d), x->e2e_p50_ms);
         fmt_ms(e, sizeof(e), x->e2e_p99_ms);
         fmt_ms(w, sizeof(w), x->queue_wait_p99_ms);
+        snprintf(i50, sizeof(i50), "%.1f", x->itl_p50_ms);
+        snprintf(i90, sizeof(i90), "%.1f", x->itl_p90_ms);
         if (x->queued > 0)
             snprintf(q, sizeof(q), "%zu (%s)", x->queued, w);
         else
@@ -67,11 +70,12 @@ void atc_replay_report_table(FILE *out, const char *title, const struct atc_repl
         char vs[16];
         double ratio = atc_replay_vs_ideal(x, ideal);
         snprintf(vs, sizeof(vs), ratio > 0 ? "%.2f" : "-", ratio);
-        fprintf(out, "%-22.22s %8s %8s %8s %6s %8s %8s %7.2f %9.0f %6s %6s %14s %7llu\n", x->name, a, b, c,
-                vs, d, e, x->throughput_rps, x->output_tps, cache, imbal, q,
+        fprintf(out, "%-22.22s %8s %8s %8s %6s %8s %8s %7s %7s %7.2f %9.0f %6s %6s %14s %7llu\n", x->name, a,
+                b, c, vs, d, e, i50, i90, x->throughput_rps, x->output_tps, cache, imbal, q,
                 (unsigned long long)(x->policy_errors + x->budget_overruns));
     }
-    fputs("\nlatencies in ms (s where marked); cache: prefix blocks found in the server's KV cache / blocks "
+    fputs("\nlatencies in ms (s where marked); itl: each request's mean inter-token latency, (last token - "
+          "first) / (tokens - 1); cache: prefix blocks found in the server's KV cache / blocks "
           "requested;\nimbal: mean over time of max / mean requests in flight per endpoint (of the models "
           "asked "
           "for); queued: requests\nthat waited for capacity in front of the fleet (p99 of their wait); "
@@ -189,7 +193,8 @@ void atc_replay_report_json_policies(FILE *out, const struct atc_replay_result *
         fprintf(out,
                 ",\"requests\":%zu,\"completed\":%zu,\"rejected\":%zu,\"unserved\":%zu,"
                 "\"ttft_p50_ms\":%.3f,\"ttft_p90_ms\":%.3f,\"ttft_p99_ms\":%.3f,\"ttft_mean_ms\":%.3f,"
-                "\"e2e_p50_ms\":%.3f,\"e2e_p99_ms\":%.3f,\"throughput_rps\":%.4f,\"output_tps\":%.4f,"
+                "\"e2e_p50_ms\":%.3f,\"e2e_p99_ms\":%.3f,\"itl_p50_ms\":%.3f,\"itl_p90_ms\":%.3f,"
+                "\"throughput_rps\":%.4f,\"output_tps\":%.4f,"
                 "\"output_tokens\":%llu,\"duration_s\":%.6f,\"cache_hit_rate\":%s,\"prefix_blocks\":%llu,"
                 "\"prefix_block_hits\":%llu,\"imbalance\":%s,\"imbalance_max\":%s,\"work_imbalance\":%.4f,"
                 "\"queued\":%zu,"
@@ -197,7 +202,8 @@ void atc_replay_report_json_policies(FILE *out, const struct atc_replay_result *
                 "\"decisions\":%llu,\"fallbacks\":%llu,\"policy_errors\":%llu,\"budget_overruns\":%llu,"
                 "\"preemptions\":%llu,\"endpoints\":[",
                 x->requests, x->completed, x->rejected, x->unserved, x->ttft_p50_ms, x->ttft_p90_ms,
-                x->ttft_p99_ms, x->ttft_mean_ms, x->e2e_p50_ms, x->e2e_p99_ms, x->throughput_rps,
+                x->ttft_p99_ms, x->ttft_mean_ms, x->e2e_p50_ms, x->e2e_p99_ms, x->itl_p50_ms, x->itl_p90_ms,
+                x->throughput_rps,
                 x->output_tps, (unsigned long long)x->output_tokens, x->duration_s, cache,
                 (unsigned long long)x->prefix_blocks, (unsigned long long)x->prefix_block_hits, imbal,
                 imbal_max, x->work_imbalance, x->queued, x->queue_wait_p50_ms, x->queue_wait_p99_ms,
