@@ -19,6 +19,7 @@
 #include "ops/access_log.h"
 #include "ops/metrics.h"
 #include "ops/stage_metrics.h"
+#include "policy/policy.h"
 #include "http/upstream.h"
 #include "proxy/worker.h"
 
@@ -180,6 +181,10 @@ static bool pick_prefill(struct atc_disagg *dg)
             continue; /* another worker took its last slot: pick again */
         dg->prefill = ep;
         dg->nsent++;
+        /* The prefill server computes (and caches) the prompt, as the decode server does once the KV
+         * arrives: both hold its blocks, so both go into the prefix index the next pick reads. */
+        if (rq->rreq != NULL && rq->w->policy != NULL)
+            atc_policy_routed(rq->w->policy, rq->rreq, ep);
         snprintf(dg->prefill_id, sizeof(dg->prefill_id), "%s", ep->id);
         return true;
     }

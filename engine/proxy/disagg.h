@@ -30,6 +30,8 @@
 
 #include "http/upstream.h" /* enum atc_upstream_error */
 
+struct atc_route_request;
+
 struct atc_worker;
 struct atc_endpoint;
 struct atc_model;
@@ -49,6 +51,7 @@ struct atc_disagg_request {
     uint64_t tokens;     /* prompt estimate + max_tokens, for the prefill server's slot */
     struct atc_endpoint *prefill; /* the policy's prefill server (runtime.c checked it takes the stage), tried
                                    * first; NULL, tried, full or failed: the C balancer picks */
+    const struct atc_route_request *rreq; /* its prompt's blocks: the prefill server will hold them too */
 };
 
 /** Called once the first stage is over: @p err NULL and the decode body ready (atc_disagg_body), or the

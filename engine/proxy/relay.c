@@ -972,7 +972,7 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
     struct atc_disagg_request *q = &r->dgreq;
     const char *why = "out of memory";
     *q = (struct atc_disagg_request){r->w, atc_disagg_model(r->w->table, ep), r->path, NULL, 0, r->extra_headers,
-                                     ep->authorization, r->tokens, q->prefill};
+                                     ep->authorization, r->tokens, q->prefill, &r->rreq};
     int pd = body_for(r, ep, &q->body, &q->len);
     if (pd == 0 && q->model != NULL) /* a disaggregated model: its prefill stage first */
         pd = atc_disagg_attempt(&r->dg, q, ep, on_prefilled, r, &why);

@@ -220,6 +220,30 @@ class Vllm(AtcTestCase):
         self.assertEqual([seen(s)["requests"] for s in self.prefills], [8, 0])
         self.assertEqual(seen(self.decodes[0])["requests"], 8)
 
+    def test_the_prefill_server_is_learned_as_holding_the_prompt(self):
+        """The prefix index records the prefill server as well as the decode one: a repeat of a long
+        prompt shows a prefix overlap on the prefill server that computed it (the policy sends the pair to
+        d0 only when it sees one)."""
+        self.prefills = [self.start_sim(f"p{i}", extra=("--role", "prefill", "--engine", "vllm")) for i in range(2)]
+        self.decodes = [self.start_sim(f"d{i}", extra=("--role", "decode", "--engine", "vllm")) for i in range(2)]
+        self.write_policy('return function(req, fleet)\n'
+                          '  for _, ep in ipairs(fleet:endpoints(req.model)) do\n'
+                          '    if ep.role == "prefill" and ep:prefix_overlap(req) > 0 then\n'
+                          '      return {prefill = ep, decode = "d0"}\n'
+                          '    end\n'
+                          '  end\n'
+                          '  return {prefill = "p1", decode = "d1"}\n'
+                          'end\n')
+        atc = self.start_atc(config(self.prefills, self.decodes, "vllm") + "policy: {entry: policy.lua}\n")
+        prompt = "the same long system prompt " * 40
+        picks = []
+        for _ in range(2):
+            status, headers, body = chat(atc.port, content=prompt, max_tokens=2)
+            self.assertEqual(status, 200, body)
+            picks.append(headers.get("x-atc-endpoint"))
+        self.assertEqual(picks, ["d1", "d0"])  # the second saw p1 holding the prompt
+        self.assertEqual([seen(s)["requests"] for s in self.prefills], [0, 2])
+
     def leave_and_see_aborts(self, atc, want, read_events=0):
         """A streamed chat on a raw socket; once each server of @want (sim -> aborts expected) has it (and
         @read_events data events arrived), the client leaves; each server must see its request aborted."""
