@@ -523,3 +523,9 @@ const struct atc_model *atc_disagg_model(const struct atc_endpoint_table *t, con
     const struct atc_model *m = atc_endpoint_table_model(t, ep->model, strlen(ep->model));
     return m != NULL && m->disaggregation != ATC_DISAGG_NONE ? m : NULL;
 }
+
+bool atc_disagg_prefill_room(struct atc_worker *w, const struct atc_endpoint *decode, uint64_t tokens)
+{
+    const struct atc_model *m = atc_disagg_model(w->table, decode);
+    return m == NULL || atc_balancer_pick_stage(m, &w->rng, NULL, 0, tokens, ATC_ROLE_PREFILL) != NULL;
+}

@@ -83,6 +83,10 @@ void atc_disagg_log(struct atc_disagg *dg, struct atc_access_record *rec, uint64
 
 /** The disaggregated model endpoint @p ep serves, or NULL when its model is not disaggregated. */
 const struct atc_model *atc_disagg_model(const struct atc_endpoint_table *t, const struct atc_endpoint *ep);
+/** Whether a request whose decode server is @p decode can start its prefill now: true but for a
+ * disaggregated model whose prefill servers are all full (the request then waits in the admission queue,
+ * as it would for a full fleet, and a prefill slot freed wakes it). */
+bool atc_disagg_prefill_room(struct atc_worker *w, const struct atc_endpoint *decode, uint64_t tokens);
 /** Cancels a prefill in flight, frees its slot and @p dg; NULL is fine. */
 void atc_disagg_free(struct atc_disagg *dg);
 

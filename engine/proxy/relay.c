@@ -449,11 +449,6 @@ static void on_client_drained(void *arg)
 
 static const struct atc_http_req_callbacks client_cb = {.on_gone = on_client_gone, .on_drained = on_client_drained};
 
-static int error_status(enum atc_upstream_error err)
-{
-    return atc_upstream_is_timeout(err) ? 504 : 502;
-}
-
 static const char *error_code(enum atc_upstream_error err)
 {
     return atc_upstream_is_timeout(err) ? "upstream_timeout" : "upstream_error";
@@ -470,8 +465,8 @@ static void give_up(struct relay *r)
     }
     struct atc_endpoint *last = r->tried[r->ntried - 1];
     snprintf(msg, sizeof(msg), "upstream %s: %s", last->id, atc_upstream_strerror(r->last_error));
-    int status = error_status(r->last_error);
-    reply_error(r, status, status == 504 ? "timeout" : "upstream_error", error_code(r->last_error), msg, 0);
+    bool timeout = atc_upstream_is_timeout(r->last_error);
+    reply_error(r, timeout ? 504 : 502, timeout ? "timeout" : "upstream_error", error_code(r->last_error), msg, 0);
 }
 
 static bool model_served(struct atc_worker *w, const struct atc_features *f)
@@ -551,6 +546,8 @@ static enum choice choose(struct relay *r, struct atc_endpoint **ep)
 {
     for (int round = 0; round < 3; round++) {
         enum choice c = decide(r, ep);
+        if (c == CHOSEN && r->ntried == 0 && !atc_disagg_prefill_room(r->w, *ep, r->tokens))
+            return WAIT; /* a disaggregated model's prefill servers are full */
         if (c != CHOSEN || atc_endpoint_try_acquire(*ep, r->tokens))
             return c;
     }

@@ -329,6 +329,27 @@ class Vllm(AtcTestCase):
         self.assertEqual(seen(self.prefills[0])["requests"], 1)  # the blocker's only
         blocker.close()
 
+    def test_a_full_prefill_stage_queues_the_request_rather_than_refusing_it(self):
+        """The only prefill server is full (capacity 1, a slow prefill in flight): a second request waits in
+        the admission queue and is served once the slot frees, where it was refused with 503 at once."""
+        self.prefills = [self.start_sim("p0", extra=("--role", "prefill", "--engine", "vllm",
+                                                     "--prefill-tps", "400"))]
+        self.decodes = [self.start_sim("d0", extra=("--role", "decode", "--engine", "vllm"))]
+        yaml = config(self.prefills, self.decodes, "vllm").replace("role: prefill}", "role: prefill, capacity: 1}")
+        atc = self.start_atc(yaml + "admission: {queue: 8, deadline: 20s}\n")
+        results = []
+
+        def first():
+            results.append(chat(atc.port, content="a long prompt " * 100, max_tokens=2)[0])
+
+        t = threading.Thread(target=first)
+        t.start()
+        wait_for(lambda: seen(self.prefills[0])["requests"] == 1, what="the first prefill in flight")
+        status, _, body = chat(atc.port, content="another", max_tokens=2)
+        t.join()
+        self.assertEqual((results, status), ([200], 200), body)
+        self.assertEqual(seen(self.prefills[0])["requests"], 2)
+
     def test_sim_refuses_what_its_role_does_not_take(self):
         self.fleet()
         status, _, body = chat(self.prefills[0].port, max_tokens=3)
