@@ -740,11 +740,12 @@ static void handle_inference(struct atc_sim_server *srv, struct atc_http_req *re
     if (!r->stream && !(r->text = evbuffer_new()))
         goto oom;
     struct atc_sim_request mreq = {
-        .prompt_tokens = dg.compute_prompt ? r->prompt_tokens : 1, /* a decode server reads the KV */
+        .prompt_tokens = r->prompt_tokens,
         .max_tokens = dg.max_tokens,
         .blocks = f.blocks,
         .nblocks = f.nblocks,
         .block_tokens = BLOCK_TOKENS,
+        .kv_arrives = !dg.compute_prompt, /* a decode server reads the KV: it takes room, not prefill */
     };
     r->seq = atc_sim_submit(srv->sim, now_us(srv) + dg.transfer_us, &mreq, r, &r->output_tokens);
     if (!r->seq)
