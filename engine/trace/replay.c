@@ -336,8 +336,9 @@ static void guess_error(struct replay *rp, const struct rp_endpoint *e, const st
     res->guess_error_tokens += guessed > actual ? guessed - actual : actual - guessed;
     if (e->kv_slot < 0)
         return;
-    uint64_t exact = (uint64_t)atc_kv_index_held_prefix(rp->kv, (unsigned)e->kv_slot, r->blocks, r->nblocks,
-                                                        1u << ATC_KV_GPU) * bt;
+    size_t held =
+        atc_kv_index_held_prefix(rp->kv, (unsigned)e->kv_slot, r->blocks, r->nblocks, 1u << ATC_KV_GPU);
+    uint64_t exact = (uint64_t)held * bt;
     res->exact_samples++;
     res->exact_error_tokens += exact > actual ? exact - actual : actual - exact;
 }

@@ -371,7 +371,8 @@ int atc_replay_main(int argc, char **argv)
                 fprintf(stderr, "atc replay: at most %d --restart\n", MAX_RESTARTS);
                 return 2;
             }
-            if (at == NULL || at == optarg || atc_parse_duration_us(at + 1, &restarts[o.nrestarts].at_us) < 0) {
+            if (at == NULL || at == optarg ||
+                atc_parse_duration_us(at + 1, &restarts[o.nrestarts].at_us) < 0) {
                 fprintf(stderr, "atc replay: --restart wants SERVER@TIME, such as llama-3-8b-sim-2@90s\n");
                 return 2;
             }

@@ -220,9 +220,10 @@ void atc_replay_report_json_policies(FILE *out, const struct atc_replay_result *
                     ",\"around\":%zu,\"guess\":{\"samples\":%llu,\"guessed_cached_tokens\":%llu,"
                     "\"actual_cached_tokens\":%llu,\"error_tokens\":%llu,\"exact_samples\":%llu,"
                     "\"exact_error_tokens\":%llu}",
-                    x->around, (unsigned long long)x->guess_samples, (unsigned long long)x->guessed_cached_tokens,
-                    (unsigned long long)x->actual_cached_tokens, (unsigned long long)x->guess_error_tokens,
-                    (unsigned long long)x->exact_samples, (unsigned long long)x->exact_error_tokens);
+                    x->around, (unsigned long long)x->guess_samples,
+                    (unsigned long long)x->guessed_cached_tokens, (unsigned long long)x->actual_cached_tokens,
+                    (unsigned long long)x->guess_error_tokens, (unsigned long long)x->exact_samples,
+                    (unsigned long long)x->exact_error_tokens);
         else
             fputs(",\"around\":null,\"guess\":null", out);
         /* against the trace's recorded picks: null when it recorded none */
