@@ -105,6 +105,14 @@ void atc_signals_sent(struct atc_signals *s, const struct atc_signal_params *p, 
     ewma_add(&s->uncached_ewma, &s->uncached_samples, (double)uncached);
 }
 
+void atc_signals_sent_guessed(struct atc_signals *s, const struct atc_signal_params *p,
+                              struct atc_signal_ticket *t, uint64_t prompt_tokens, uint64_t cached_blocks,
+                              uint64_t block_tokens, uint64_t now_us)
+{
+    atc_signals_sent(s, p, t, atc_signals_uncached(prompt_tokens, cached_blocks, block_tokens), now_us);
+    t->guessed = cached_blocks * block_tokens;
+}
+
 void atc_signals_first_byte(struct atc_signals *s, const struct atc_signal_params *p, struct atc_signal_ticket *t,
                             uint64_t now_us, bool sample)
 {

@@ -86,6 +86,12 @@ uint64_t atc_signals_uncached(uint64_t prompt_tokens, uint64_t cached_blocks, ui
 void atc_signals_sent(struct atc_signals *s, const struct atc_signal_params *p, struct atc_signal_ticket *t,
                       uint64_t uncached, uint64_t now_us);
 
+/** atc_signals_sent for a request of @p prompt_tokens whose @p cached_blocks leading blocks of
+ * @p block_tokens each the prefix index guesses the endpoint holds (atc_signals_uncached), keeping that
+ * guess in @p t for atc_signals_cached to compare with the engine's own count. Any thread. */
+void atc_signals_sent_guessed(struct atc_signals *s, const struct atc_signal_params *p,
+                              struct atc_signal_ticket *t, uint64_t prompt_tokens, uint64_t cached_blocks,
+                              uint64_t block_tokens, uint64_t now_us);
 /** The answer's first token came back at @p now_us (a stream's first data event, never its head: vLLM,
  * SGLang and TGI send the head before prefill): moves the request from prefilling to decoding and, when
  * @p sample, takes a prefill-rate sample. An answer that is not streamed never calls it: its prompt
@@ -100,8 +106,8 @@ void atc_signals_first_byte(struct atc_signals *s, const struct atc_signal_param
 void atc_signals_done(struct atc_signals *s, struct atc_signal_ticket *t, uint64_t now_us, uint64_t tokens);
 
 /** An answer's usage said @p cached of its @p prompt prompt tokens were cached (@p prompt > 0). With
- * @p t (may be NULL) of that request and its guess set (t->guessed, which atc_signals_sent leaves with no
- * guess), also counts the guess's error. */
+ * @p t (may be NULL) of that request sent with a guess (atc_signals_sent_guessed), also counts the
+ * guess's error. */
 void atc_signals_cached(struct atc_signals *s, const struct atc_signal_ticket *t, uint64_t prompt,
                         uint64_t cached);
 /** The guess error's counters (see above). */

@@ -966,9 +966,8 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
     size_t cached = r->w->policy != NULL ? atc_policy_routed(r->w->policy, &r->rreq, ep) : 0;
     r->t_attempt_us = atc_mono_us();
     uint32_t bt = r->rreq.block_tokens ? r->rreq.block_tokens : ATC_PREFIX_BLOCK_BYTES / 4;
-    atc_signals_sent(&ep->sig, &r->w->table->signals, &r->sig,
-                     atc_signals_uncached(r->f->prompt_tokens, cached, bt), r->t_attempt_us);
-    r->sig.guessed = r->w->policy != NULL ? (uint64_t)cached * bt : UINT64_MAX; /* vs usage's */
+    atc_signals_sent_guessed(&ep->sig, &r->w->table->signals, &r->sig, r->f->prompt_tokens, cached, bt,
+                             r->t_attempt_us);
     struct atc_disagg_request *q = &r->dgreq;
     const char *why = "out of memory";
     *q = (struct atc_disagg_request){r->w, atc_disagg_model(r->w->table, ep), r->path, NULL, 0, r->extra_headers,

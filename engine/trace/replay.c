@@ -403,8 +403,8 @@ static void dispatch(struct replay *rp, size_t i, struct atc_endpoint *ep)
     /* the prefix index learns where these blocks went, and says what that server likely has cached */
     size_t cached = rp->rt != NULL ? atc_policy_routed(rp->rt, &rp->rreq, ep) : 0;
     guess_error(rp, e, r, cached);
-    atc_signals_sent(&ep->sig, &rp->table->signals, &q->sig,
-                     atc_signals_uncached(r->prompt_tokens, cached, r->block_tokens), rp->now);
+    atc_signals_sent_guessed(&ep->sig, &rp->table->signals, &q->sig, r->prompt_tokens, cached,
+                             r->block_tokens, rp->now);
     struct atc_sim_request sr = {
         .prompt_tokens = r->prompt_tokens,
         .max_tokens = out >= 0 ? out : -1,

@@ -137,7 +137,7 @@ static void test_cached_share(void **state)
     assert_true(atc_signals_cached_share(&s) > 0.5);
 }
 
-/* The guess's error: counted only for a request whose ticket carries a guess, both ways. */
+/* The guess's error: counted only for a request sent with a guess, too high and too low. */
 static void test_guess_error(void **state)
 {
     (void)state;
@@ -147,13 +147,13 @@ static void test_guess_error(void **state)
     struct atc_signals_guess g;
     atc_signals_init(&s);
     atc_signals_sent(&s, &p, &t, 100, 0);
-    atc_signals_cached(&s, &t, 1000, 600); /* no guess set: nothing to compare */
+    atc_signals_cached(&s, &t, 1000, 600); /* sent without a guess: nothing to compare */
     atc_signals_guess(&s, &g);
     assert_int_equal(g.samples, 0);
-    t.guessed = 800; /* guessed too much */
+    atc_signals_sent_guessed(&s, &p, &t, 1000, 50, 16, 0); /* guessed 800 tokens: too much */
+    assert_int_equal(t.uncached, 200);
     atc_signals_cached(&s, &t, 1000, 600);
-    atc_signals_sent(&s, &p, &t, 1000, 0);
-    t.guessed = 0; /* cached around atc: guessed too little */
+    atc_signals_sent_guessed(&s, &p, &t, 1000, 0, 16, 0); /* cached around atc: guessed too little */
     atc_signals_cached(&s, &t, 1000, 512);
     atc_signals_guess(&s, &g);
     assert_int_equal(g.samples, 2);
