@@ -98,10 +98,19 @@ void atc_signals_sent(struct atc_signals *s, const struct atc_signal_params *p, 
     t->ahead = atomic_fetch_add_explicit(&s->prefill_tokens, uncached, memory_order_relaxed);
     t->sent_us = now_us;
     t->first_us = 0;
+    t->guessed = UINT64_MAX;
     t->phase = ATC_SIGNAL_PREFILL;
     atomic_fetch_add_explicit(&s->prefilling, 1, memory_order_relaxed);
     recent_add(s, p, (double)uncached, now_us);
     ewma_add(&s->uncached_ewma, &s->uncached_samples, (double)uncached);
+}
+
+void atc_signals_sent_guessed(struct atc_signals *s, const struct atc_signal_params *p,
+                              struct atc_signal_ticket *t, uint64_t prompt_tokens, uint64_t cached_blocks,
+                              uint64_t block_tokens, uint64_t now_us)
+{
+    atc_signals_sent(s, p, t, atc_signals_uncached(prompt_tokens, cached_blocks, block_tokens), now_us);
+    t->guessed = cached_blocks * block_tokens;
 }
 
 void atc_signals_first_byte(struct atc_signals *s, const struct atc_signal_params *p, struct atc_signal_ticket *t,
@@ -142,10 +151,19 @@ void atc_signals_done(struct atc_signals *s, struct atc_signal_ticket *t, uint64
  * half way. */
 #define CACHED_WEIGHT_TOKENS 20000.0
 
-void atc_signals_cached(struct atc_signals *s, uint64_t prompt, uint64_t cached)
+void atc_signals_cached(struct atc_signals *s, const struct atc_signal_ticket *t, uint64_t prompt,
+                        uint64_t cached)
 {
     if (prompt == 0)
         return;
+    if (t != NULL && t->guessed != UINT64_MAX) {
+        atomic_fetch_add_explicit(&s->guess_samples, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->guessed_tokens, t->guessed, memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->reported_tokens, cached, memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->guess_error_tokens,
+                                  t->guessed > cached ? t->guessed - cached : cached - t->guessed,
+                                  memory_order_relaxed);
+    }
     double share = cached >= prompt ? 1.0 : (double)cached / (double)prompt;
     double w = (double)prompt / CACHED_WEIGHT_TOKENS;
     w = w > 0.5 ? 0.5 : w < EWMA_ALPHA / 10 ? EWMA_ALPHA / 10 : w;
@@ -153,6 +171,16 @@ void atc_signals_cached(struct atc_signals *s, uint64_t prompt, uint64_t cached)
     double old = atomic_load_explicit(&s->cached_share_ewma, memory_order_relaxed);
     atomic_store_explicit(&s->cached_share_ewma, n == 0 ? share : old + w * (share - old),
                           memory_order_relaxed);
+}
+
+void atc_signals_guess(const struct atc_signals *s, struct atc_signals_guess *out)
+{
+    *out = (struct atc_signals_guess){
+        .samples = atomic_load_explicit(&s->guess_samples, memory_order_relaxed),
+        .guessed_tokens = atomic_load_explicit(&s->guessed_tokens, memory_order_relaxed),
+        .reported_tokens = atomic_load_explicit(&s->reported_tokens, memory_order_relaxed),
+        .error_tokens = atomic_load_explicit(&s->guess_error_tokens, memory_order_relaxed),
+    };
 }
 
 double atc_signals_cached_share(const struct atc_signals *s)

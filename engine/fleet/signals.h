@@ -25,6 +25,10 @@
  *                   prompt_tokens_details.cached_tokens / prompt_tokens), an EWMA over the answers that
  *                   reported it, prompt-token weighted; not known (nil) until one did: the engine's real
  *                   cache hits, beside the router's guess by its prefix index;
+ *   guess error     over the answers that reported cached tokens: the prompt tokens atc's prefix index
+ *                   guessed the server held when the request was sent, the tokens the server said it
+ *                   found cached, and |guessed - reported| summed (counters: /metrics
+ *                   atc_prefix_guess_*), so an operator sees how far the guess is off, per endpoint;
  *   scraped         the server's own running / waiting / KV usage / prefix hit rate from its /metrics,
  *                   with the time of that scrape (never scraped: not known, shown as nil).
  *
@@ -53,6 +57,7 @@ struct atc_signals {
     _Atomic uint64_t prefill_samples, itl_samples, uncached_samples;
     _Atomic double cached_share_ewma; /* meaningful once cached_samples > 0 */
     _Atomic uint64_t cached_samples;
+    _Atomic uint64_t guess_samples, guessed_tokens, reported_tokens, guess_error_tokens; /* guess error */
     /* scraped (main thread writes); scraped_at_us 0 = never */
     _Atomic double scraped_running, scraped_waiting, scraped_kv_usage, scraped_prefix_hit_rate;
     _Atomic uint64_t scraped_at_us;
@@ -65,6 +70,7 @@ struct atc_signal_ticket {
     uint64_t uncached; /* its tokens counted in prefill_tokens */
     uint64_t ahead;    /* prefill_tokens of the endpoint when it was sent */
     uint64_t sent_us, first_us;
+    uint64_t guessed; /* prompt tokens the prefix index guessed the endpoint held; UINT64_MAX: no guess */
     enum atc_signal_phase phase;
 };
 
@@ -80,6 +86,12 @@ uint64_t atc_signals_uncached(uint64_t prompt_tokens, uint64_t cached_blocks, ui
 void atc_signals_sent(struct atc_signals *s, const struct atc_signal_params *p, struct atc_signal_ticket *t,
                       uint64_t uncached, uint64_t now_us);
 
+/** atc_signals_sent for a request of @p prompt_tokens whose @p cached_blocks leading blocks of
+ * @p block_tokens each the prefix index guesses the endpoint holds (atc_signals_uncached), keeping that
+ * guess in @p t for atc_signals_cached to compare with the engine's own count. Any thread. */
+void atc_signals_sent_guessed(struct atc_signals *s, const struct atc_signal_params *p,
+                              struct atc_signal_ticket *t, uint64_t prompt_tokens, uint64_t cached_blocks,
+                              uint64_t block_tokens, uint64_t now_us);
 /** The answer's first token came back at @p now_us (a stream's first data event, never its head: vLLM,
  * SGLang and TGI send the head before prefill): moves the request from prefilling to decoding and, when
  * @p sample, takes a prefill-rate sample. An answer that is not streamed never calls it: its prompt
@@ -93,8 +105,16 @@ void atc_signals_first_byte(struct atc_signals *s, const struct atc_signal_param
  * sent/first_byte counted; a ticket that is idle already is left alone, so calling it twice is safe. */
 void atc_signals_done(struct atc_signals *s, struct atc_signal_ticket *t, uint64_t now_us, uint64_t tokens);
 
-/** An answer's usage said @p cached of its @p prompt prompt tokens were cached (@p prompt > 0). */
-void atc_signals_cached(struct atc_signals *s, uint64_t prompt, uint64_t cached);
+/** An answer's usage said @p cached of its @p prompt prompt tokens were cached (@p prompt > 0). With
+ * @p t (may be NULL) of that request sent with a guess (atc_signals_sent_guessed), also counts the
+ * guess's error. */
+void atc_signals_cached(struct atc_signals *s, const struct atc_signal_ticket *t, uint64_t prompt,
+                        uint64_t cached);
+/** The guess error's counters (see above). */
+struct atc_signals_guess {
+    uint64_t samples, guessed_tokens, reported_tokens, error_tokens;
+};
+void atc_signals_guess(const struct atc_signals *s, struct atc_signals_guess *out);
 /** cached_share in [0, 1]; -1 when no answer ever reported cached tokens. */
 double atc_signals_cached_share(const struct atc_signals *s);
 

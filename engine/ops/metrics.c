@@ -254,6 +254,27 @@ static void render_endpoints(const struct atc_metrics_sources *src, struct evbuf
         endpoint_labels(out, t->endpoints[i]);
         evbuffer_add_printf(out, " %.3f\n", (double)(now_ms > at ? now_ms - at : 0) / 1000.0);
     }
+    /* the prefix index's guess against the engine's own usage.prompt_tokens_details.cached_tokens */
+    static const char *const guess[][2] = {
+        {"atc_prefix_guess_answers_total",
+         "Answers that reported cached prompt tokens, to compare the guess with."},
+        {"atc_prefix_guess_cached_tokens_total",
+         "Prompt tokens atc's prefix index guessed the endpoint held."},
+        {"atc_prefix_guess_reported_cached_tokens_total",
+         "Prompt tokens the endpoint reported cached (usage)."},
+        {"atc_prefix_guess_error_tokens_total", "|guessed - reported| cached prompt tokens, summed."},
+    };
+    for (size_t g = 0; g < NELEMS(guess); g++) {
+        help(out, guess[g][0], "counter", guess[g][1]);
+        for (size_t i = 0; i < t->nendpoints; i++) {
+            struct atc_signals_guess sg;
+            atc_signals_guess(&t->endpoints[i]->sig, &sg);
+            const uint64_t v[] = {sg.samples, sg.guessed_tokens, sg.reported_tokens, sg.error_tokens};
+            evbuffer_add_printf(out, "%s", guess[g][0]);
+            endpoint_labels(out, t->endpoints[i]);
+            evbuffer_add_printf(out, " %llu\n", (unsigned long long)v[g]);
+        }
+    }
 }
 
 void atc_metrics_render(struct atc_metrics *m, const struct atc_metrics_sources *src, struct evbuffer *out)

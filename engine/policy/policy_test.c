@@ -475,7 +475,7 @@ static void set_live(lua_State *L, struct route_scratch *x, int eps)
         ep->kv_tokens = (uint64_t)spec_number(L, e, "kv_tokens", 0);
         double cached = nan_or(L, e, "cached_token_share"); /* nil: never reported */
         if (isfinite(cached) && cached >= 0 && cached <= 1)
-            atc_signals_cached(s, 1000000, (uint64_t)(cached * 1000000.0));
+            atc_signals_cached(s, NULL, 1000000, (uint64_t)(cached * 1000000.0));
         double running = nan_or(L, e, "running"), hit = nan_or(L, e, "prefix_hit_rate");
         double age = spec_number(L, e, "scrape_age", 0);
         if (isfinite(queue) || isfinite(kv) || isfinite(running) || isfinite(hit))

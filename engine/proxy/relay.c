@@ -801,9 +801,9 @@ static void on_up_done(void *arg)
         r->holding = false;
         record_outcome(r, r->status < 500 && r->status != 429, -1);
     }
-    /* The engine's own count of the prompt tokens it found cached: the endpoint's real cache hits. */
-    if (r->marks.prompt_tokens > 0 && r->marks.cached_tokens >= 0)
-        atc_signals_cached(&r->ep->sig, (uint64_t)r->marks.prompt_tokens, (uint64_t)r->marks.cached_tokens);
+    if (r->marks.prompt_tokens > 0 && r->marks.cached_tokens >= 0) /* the engine's own: its real cache hits */
+        atc_signals_cached(&r->ep->sig, &r->sig, (uint64_t)r->marks.prompt_tokens,
+                           (uint64_t)r->marks.cached_tokens); /* and the guess's error (signals.h) */
     if (r->streaming) {
         atc_http_reply_end(r->client);
     } else {
@@ -964,8 +964,8 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
     size_t cached = r->w->policy != NULL ? atc_policy_routed(r->w->policy, &r->rreq, ep) : 0;
     r->t_attempt_us = atc_mono_us();
     uint32_t bt = r->rreq.block_tokens ? r->rreq.block_tokens : ATC_PREFIX_BLOCK_BYTES / 4;
-    atc_signals_sent(&ep->sig, &r->w->table->signals, &r->sig,
-                     atc_signals_uncached(r->f->prompt_tokens, cached, bt), r->t_attempt_us);
+    atc_signals_sent_guessed(&ep->sig, &r->w->table->signals, &r->sig, r->f->prompt_tokens, cached, bt,
+                             r->t_attempt_us);
     struct atc_disagg_request *q = &r->dgreq;
     const char *why = "out of memory";
     *q = (struct atc_disagg_request){r->w, atc_disagg_model(r->w->table, ep), r->path, NULL, 0, r->extra_headers,

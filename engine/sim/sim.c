@@ -743,3 +743,17 @@ size_t atc_sim_prefix_cached(const struct atc_sim *sim, const uint64_t *blocks, 
         n++;
     return n;
 }
+
+void atc_sim_restart(struct atc_sim *sim)
+{
+    struct kv_cache *kv = &sim->kv;
+    while (kv_evict_one(kv) == 0) /* silently: AllBlocksCleared below says it once */
+        ;
+    if (sim->on_kv == NULL)
+        return;
+    sim->on_kv(sim->kv_ctx, ATC_SIM_KV_CLEARED, NULL, 0);
+    /* What the running sequences pin is still there (they run on); the new engine's first batch tells it. */
+    for (uint32_t e = 0; e < kv->nentries; e++)
+        if (kv->entries[e].refs > 0)
+            sim->on_kv(sim->kv_ctx, ATC_SIM_KV_STORED, &kv->entries[e].hash, 1);
+}

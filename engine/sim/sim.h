@@ -134,6 +134,11 @@ void atc_sim_stats(const struct atc_sim *sim, struct atc_sim_stats *st);
 /** How many of the leading @p nblocks hashes are cached now (no side effect). */
 size_t atc_sim_prefix_cached(const struct atc_sim *sim, const uint64_t *blocks, size_t nblocks);
 
+/** An engine restart between iterations: every cached prefix block nobody uses is dropped, and the KV
+ * events' listener hears ATC_SIM_KV_CLEARED, then STORED for the blocks the running sequences still pin
+ * (they run on: a restart drained first, or one that kept its running batch). Counters stay. */
+void atc_sim_restart(struct atc_sim *sim);
+
 /** splitmix64: advances *state and returns the next value; the model's and the server's PRNG. */
 uint64_t atc_sim_rand(uint64_t *state);
 

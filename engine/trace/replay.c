@@ -38,6 +38,7 @@ struct rp_req {
     int ep;
     int prefill_ep; /* a disaggregated model's prefill server while RS_PREFILL */
     uint8_t state;
+    bool around; /* sent around atc (o->around): atc's counts and signals never saw it */
     unsigned decisions;
 };
 
@@ -65,6 +66,7 @@ struct outage_event {
     uint64_t at_us;
     unsigned ep;
     bool routable;
+    bool restart; /* an engine restart (o->restarts), not a change of routable */
 };
 
 struct replay {
@@ -92,6 +94,7 @@ struct replay {
     struct outage_event *outages;
     size_t noutages, next_outage;
     uint64_t last_completion;
+    uint64_t seed_around; /* goes_around's and dispatch_around's draws */
 
     struct atc_features f;
     struct atc_route_request rreq;
@@ -327,6 +330,28 @@ static void queue_pop(struct replay *rp)
     rp->qlen--;
 }
 
+/* The guessed index's @p cached blocks of @p r on @p e, and the exact index's, against what the server
+ * holds as the request arrives (what its usage's cached_tokens would say). */
+static void guess_error(struct replay *rp, const struct rp_endpoint *e, const struct atc_trace_record *r,
+                        size_t cached)
+{
+    struct atc_replay_result *res = rp->res;
+    uint64_t bt = r->block_tokens ? r->block_tokens : ATC_SIM_KV_BLOCK_TOKENS;
+    uint64_t actual = (uint64_t)atc_sim_prefix_cached(e->sim, r->blocks, r->nblocks) * bt;
+    uint64_t guessed = (uint64_t)cached * bt;
+    res->guess_samples++;
+    res->guessed_cached_tokens += guessed;
+    res->actual_cached_tokens += actual;
+    res->guess_error_tokens += guessed > actual ? guessed - actual : actual - guessed;
+    if (e->kv_slot < 0)
+        return;
+    size_t held =
+        atc_kv_index_held_prefix(rp->kv, (unsigned)e->kv_slot, r->blocks, r->nblocks, 1u << ATC_KV_GPU);
+    uint64_t exact = (uint64_t)held * bt;
+    res->exact_samples++;
+    res->exact_error_tokens += exact > actual ? exact - actual : actual - exact;
+}
+
 /* Submits request @p i to server @p e at @p at: its whole generation, or (@p stage ATC_ROLE_PREFILL) the
  * prefill server's one token, or (ATC_ROLE_DECODE) the decode server's generation from a KV that arrives
  * then. False when the model is out of memory. */
@@ -352,6 +377,42 @@ static bool submit(struct replay *rp, size_t i, struct rp_endpoint *e, uint64_t 
     return true;
 }
 
+/* Sends request @p i around atc (o->around) to a server of its model drawn at random: the server and its
+ * KV events see it, atc's counts, signals and guessed index do not. false: its model has no server. */
+static bool dispatch_around(struct replay *rp, size_t i)
+{
+    const struct atc_trace_record *r = &rp->trace->records[i];
+    const char *model = rp->o->model != NULL ? rp->o->model : r->model;
+    const struct atc_model *m = atc_endpoint_table_model(rp->table, model, strlen(model));
+    if (m == NULL || m->nendpoints == 0)
+        return false;
+    uint64_t draw = rp->seed_around ^ (i * 0x9E3779B97F4A7C15ull);
+    struct rp_endpoint *e = endpoint_of(rp, m->endpoints[atc_sim_rand(&draw) % m->nendpoints]);
+    struct rp_req *q = &rp->reqs[i];
+    q->around = true;
+    q->ep = (int)e->ep->index;
+    q->prefill_ep = -1;
+    q->state = RS_RUNNING;
+    rp->res->around++;
+    if (!submit(rp, i, e, rp->now, ATC_ROLE_BOTH)) {
+        q->state = RS_REJECTED;
+        rp->res->rejected++;
+        return true;
+    }
+    rp->res->endpoint[i] = (int)e->ep->index;
+    return true;
+}
+
+/* Is request @p i one of the share sent around atc? A draw of its own, so the share does not move the
+ * policy's random numbers. */
+static bool goes_around(const struct replay *rp, size_t i)
+{
+    if (rp->o->around <= 0)
+        return false;
+    uint64_t draw = rp->seed_around + i;
+    return (double)(atc_sim_rand(&draw) >> 11) * 0x1.0p-53 < rp->o->around;
+}
+
 /* Starts request @p i on @p ep now; a disaggregated model's on prefill server @p pf first (NULL: none),
  * whose slot it takes too, as atc serve's relay (proxy/disagg.c) does. */
 static void dispatch(struct replay *rp, size_t i, struct atc_endpoint *ep, struct atc_endpoint *pf)
@@ -369,10 +430,15 @@ static void dispatch(struct replay *rp, size_t i, struct atc_endpoint *ep, struc
      * what that server likely has cached */
     struct atc_endpoint *computes = pf != NULL ? pf : ep;
     size_t cached = rp->rt != NULL ? atc_policy_routed(rp->rt, &rp->rreq, computes) : 0;
-    uint64_t uncached = atc_signals_uncached(r->prompt_tokens, cached, r->block_tokens);
-    atc_signals_sent(&ep->sig, &rp->table->signals, &q->sig, pf != NULL ? 0 : uncached, rp->now);
-    if (pf != NULL)
-        atc_signals_sent(&pf->sig, &rp->table->signals, &q->psig, uncached, rp->now);
+    guess_error(rp, endpoint_of(rp, computes), r, cached);
+    if (pf != NULL) {
+        atc_signals_sent(&ep->sig, &rp->table->signals, &q->sig, 0, rp->now);
+        atc_signals_sent_guessed(&pf->sig, &rp->table->signals, &q->psig, r->prompt_tokens, cached,
+                                 r->block_tokens, rp->now);
+    } else {
+        atc_signals_sent_guessed(&ep->sig, &rp->table->signals, &q->sig, r->prompt_tokens, cached,
+                                 r->block_tokens, rp->now);
+    }
     if (!submit(rp, i, endpoint_of(rp, computes), rp->now, pf != NULL ? ATC_ROLE_PREFILL : ATC_ROLE_BOTH)) {
         /* out of memory in the model: the request is lost, not the replay */
         atc_signals_done(&ep->sig, &q->sig, rp->now, 0);
@@ -421,8 +487,11 @@ static void on_token(void *ctx, const struct atc_sim_token *tok)
             prefilled(rp, i, e, tok->at_us);
         return;
     }
+    bool around = rp->reqs[i].around;
     if (tok->index == 0) {
         res->ttft_ms[i] = (double)(tok->at_us - r->at_us) / 1000.0;
+        if (around)
+            goto first_done;
         atc_endpoint_record(e->ep, true, res->ttft_ms[i]);
         atc_signals_first_byte(&e->ep->sig, &rp->table->signals, &rp->reqs[i].sig, tok->at_us, true);
         /* its prefill is done: the endpoint's prefill queue shrank, which a policy that binds late (a
@@ -430,6 +499,7 @@ static void on_token(void *ctx, const struct atc_sim_token *tok)
          * kicks its admission queue at a first byte */
         rp->drain = true;
     }
+first_done:
     if (!tok->last)
         return;
     res->e2e_ms[i] = (double)(tok->at_us - r->at_us) / 1000.0;
@@ -438,8 +508,10 @@ static void on_token(void *ctx, const struct atc_sim_token *tok)
     res->output_tokens += tok->index + 1;
     res->completed++;
     rp->reqs[i].state = RS_DONE;
-    atc_signals_done(&e->ep->sig, &rp->reqs[i].sig, tok->at_us, tok->index + 1);
-    atc_endpoint_release(e->ep, rp->reqs[i].tokens);
+    if (!around) {
+        atc_signals_done(&e->ep->sig, &rp->reqs[i].sig, tok->at_us, tok->index + 1);
+        atc_endpoint_release(e->ep, rp->reqs[i].tokens);
+    }
     if (tok->at_us > rp->last_completion)
         rp->last_completion = tok->at_us;
     rp->drain = true;
@@ -584,6 +656,8 @@ static enum outcome decide(struct replay *rp, size_t i)
 
 static void arrive(struct replay *rp, size_t i)
 {
+    if (goes_around(rp, i) && dispatch_around(rp, i))
+        return;
     if (decide(rp, i) != QUEUED)
         return;
     rp->reqs[i].state = RS_QUEUED;
@@ -700,9 +774,9 @@ static int by_time(const void *a, const void *b)
 static int plan_outages(struct replay *rp, char **err)
 {
     const struct atc_replay_options *o = rp->o;
-    if (o->noutages == 0)
+    if (o->noutages == 0 && o->nrestarts == 0)
         return 0;
-    if ((rp->outages = calloc(o->noutages * 2, sizeof(*rp->outages))) == NULL) {
+    if ((rp->outages = calloc(o->noutages * 2 + o->nrestarts, sizeof(*rp->outages))) == NULL) {
         *err = strdup("out of memory");
         return -1;
     }
@@ -713,8 +787,17 @@ static int plan_outages(struct replay *rp, char **err)
                 *err = NULL;
             return -1;
         }
-        rp->outages[rp->noutages++] = (struct outage_event){o->outages[i].from_us, ep->index, false};
-        rp->outages[rp->noutages++] = (struct outage_event){o->outages[i].to_us, ep->index, true};
+        rp->outages[rp->noutages++] = (struct outage_event){o->outages[i].from_us, ep->index, false, false};
+        rp->outages[rp->noutages++] = (struct outage_event){o->outages[i].to_us, ep->index, true, false};
+    }
+    for (size_t i = 0; i < o->nrestarts; i++) {
+        const struct atc_endpoint *ep = atc_endpoint_table_find(rp->table, o->restarts[i].endpoint);
+        if (ep == NULL) {
+            if (asprintf(err, "restart of unknown endpoint '%s'", o->restarts[i].endpoint) < 0)
+                *err = NULL;
+            return -1;
+        }
+        rp->outages[rp->noutages++] = (struct outage_event){o->restarts[i].at_us, ep->index, true, true};
     }
     qsort(rp->outages, rp->noutages, sizeof(*rp->outages), by_time);
     return 0;
@@ -769,9 +852,13 @@ static void loop(struct replay *rp, const char *name)
         }
         if (t_out == t) {
             const struct outage_event *ev = &rp->outages[rp->next_outage++];
-            rp->eps[ev->ep].ep->routable = ev->routable;
-            if (ev->routable)
-                rp->drain = true;
+            if (ev->restart) {
+                atc_sim_restart(rp->eps[ev->ep].sim);
+                server_changed(rp, ev->ep);
+            } else {
+                rp->eps[ev->ep].ep->routable = ev->routable;
+                rp->drain |= ev->routable;
+            }
         } else {
             while (heap_key(rp, 0) <= t) {
                 size_t k = rp->heap[0].ep;
@@ -894,6 +981,7 @@ int atc_replay_run(const struct atc_config *cfg, const struct atc_trace *trace, 
     memset(out, 0, sizeof(*out));
     rp.n = o->limit && o->limit < trace->n ? o->limit : trace->n;
     rp.rng = o->seed ? o->seed : 1;
+    rp.seed_around = rp.rng * 0xD1B54A32D192ED03ull;
     out->name = strdup(name);
     out->entry = strdup(entry != NULL ? entry : "(built-in balancer)");
     out->requests = rp.n;

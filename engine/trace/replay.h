@@ -38,6 +38,14 @@ struct atc_replay_outage {
     uint64_t from_us, to_us;
 };
 
+/* A simulated server's engine restarts at at_us of virtual time: its prefix cache is emptied (what running
+ * requests pin stays), and if it publishes KV events the exact index hears AllBlocksCleared; atc's
+ * guessed index is not told, as live. Combine with an outage for the time it is down. */
+struct atc_replay_restart {
+    const char *endpoint;
+    uint64_t at_us;
+};
+
 /* One decision, as reported to on_decision. */
 struct atc_replay_decision {
     size_t record;    /* index in the trace */
@@ -63,6 +71,12 @@ struct atc_replay_options {
     size_t nmodule_path;
     const struct atc_replay_outage *outages;
     size_t noutages;
+    const struct atc_replay_restart *restarts;
+    size_t nrestarts;
+    /* traffic around atc: this share (0..1) of the trace's requests, drawn with the seed, goes straight to
+     * a server of its model drawn at random, as another client or router's would: no decision, atc's
+     * in-flight counts and its guessed index never see it; the server's cache, load and KV events do */
+    double around;
     void (*on_decision)(void *ctx, const struct atc_replay_decision *d);
     void *ctx;
     void (*log)(void *ctx, const char *line); /* the policy's atc.log lines (NULL: the log) */
@@ -110,6 +124,12 @@ struct atc_replay_result {
     /* against a recorded trace's picks (replay_cli.c): how many of the recorded live picks / shadow picks
      * this policy made too; recorded_*: how many the trace holds (0: none recorded) */
     size_t agree_live, agree_shadow, recorded_live, recorded_shadow;
+    size_t around; /* requests sent around atc (o->around) */
+    /* the guess's error, over the requests the policy routed (live: usage's cached_tokens): prompt tokens
+     * the guessed index said the chosen server held, the server really held as the request arrived, and
+     * |guessed - actual| summed; exact_error_tokens: the same for the exact index (servers that publish) */
+    uint64_t guess_samples, guessed_cached_tokens, actual_cached_tokens, guess_error_tokens;
+    uint64_t exact_samples, exact_error_tokens;
     bool live;     /* --speed: measured at the client; the fleet's cache and load are unknown */
 
     /* per request (index = trace record); NaN when the request did not complete */

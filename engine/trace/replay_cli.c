@@ -113,6 +113,12 @@ static const char usage_replay[] =
     "                        and hit rate, each policy's TTFT p90, hit rate and ratio to the ideal,\n"
     "                        and the first policy's ratio to the best of the others (--json and\n"
     "                        --html write the grid)\n"
+    "      --restart SERVER@TIME  that simulated server's engine restarts at TIME of virtual time (90s,\n"
+    "                        1500ms): its prefix cache is emptied, its KV events say AllBlocksCleared,\n"
+    "                        atc's guessed index is not told (repeatable)\n"
+    "      --around SHARE    send this share of the trace's requests (0..1, drawn with the seed) around\n"
+    "                        atc, straight to a server of their model drawn at random, as another\n"
+    "                        client's: the servers' caches and KV events see them, atc's guess does not\n"
     "\n"
     "  wall-time replay against a running atc (also the benchmarks' load generator):\n"
     "      --live            send the trace to a running atc in wall time, --speed X times faster than\n"
@@ -124,6 +130,7 @@ static const char usage_replay[] =
     "  -h, --help            this text\n";
 
 #define MAX_POLICIES 16
+#define MAX_RESTARTS 64
 #define MAX_CELLS 16
 
 /* "1,2,4" into @p v (at most MAX_CELLS values, each > 0). Returns how many, or -1. */
@@ -226,6 +233,8 @@ int atc_replay_main(int argc, char **argv)
         {"target", required_argument, NULL, 'T'},
         {"max-inflight", required_argument, NULL, 'M'},
         {"timeout", required_argument, NULL, 'o'},
+        {"restart", required_argument, NULL, 'R'},
+        {"around", required_argument, NULL, 'A'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -238,6 +247,8 @@ int atc_replay_main(int argc, char **argv)
     int nspeeds = 0, nservers = 0;
     size_t from = 0;
     struct atc_replay_options o = {.seed = 1};
+    struct atc_replay_restart restarts[MAX_RESTARTS];
+    o.restarts = restarts;
     struct atc_trace_import_options io = {0};
     struct atc_replay_live_options lo = {0};
     char *end;
@@ -351,6 +362,28 @@ int atc_replay_main(int argc, char **argv)
         case 'o':
             if (atc_parse_duration_ms(optarg, &lo.timeout_ms) < 0 || lo.timeout_ms == 0) {
                 fprintf(stderr, "atc replay: invalid --timeout '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'R': { /* ID@TIME: a simulated server's engine restarts at that virtual time */
+            char *at = strrchr(optarg, '@'); /* argv's own bytes: cut there, nothing to free */
+            if (o.nrestarts == MAX_RESTARTS) {
+                fprintf(stderr, "atc replay: at most %d --restart\n", MAX_RESTARTS);
+                return 2;
+            }
+            if (at == NULL || at == optarg ||
+                atc_parse_duration_us(at + 1, &restarts[o.nrestarts].at_us) < 0) {
+                fprintf(stderr, "atc replay: --restart wants SERVER@TIME, such as llama-3-8b-sim-2@90s\n");
+                return 2;
+            }
+            *at = '\0';
+            restarts[o.nrestarts++].endpoint = optarg;
+            break;
+        }
+        case 'A':
+            o.around = strtod(optarg, &end);
+            if (*end != '\0' || *optarg == '\0' || !(o.around >= 0 && o.around <= 1)) {
+                fprintf(stderr, "atc replay: --around must be a share in [0, 1], such as 0.1\n");
                 return 2;
             }
             break;

@@ -369,6 +369,32 @@ int atc_replay_lua(struct lua_State *L)
         o.outages = outages;
         o.noutages = (size_t)n;
     }
+    struct atc_replay_restart restarts[MAX_OUTAGES];
+    lua_getfield(L, 1, "restarts");
+    top = lua_gettop(L);
+    if (!lua_isnil(L, top)) {
+        luaL_checktype(L, top, LUA_TTABLE);
+        int n = (int)lua_objlen(L, top);
+        if (n > MAX_OUTAGES)
+            return luaL_error(L, "t.replay: at most %d restarts", MAX_OUTAGES);
+        for (int i = 1; i <= n; i++) {
+            lua_rawgeti(L, top, i); /* stays on the stack: keeps the endpoint string alive */
+            if (!lua_istable(L, -1))
+                return luaL_error(L, "t.replay: restarts[%d]: {endpoint = ID, at_ms = T} expected", i);
+            lua_getfield(L, -1, "endpoint");
+            restarts[i - 1].endpoint = luaL_checkstring(L, -1);
+            lua_pop(L, 1);
+            double at = opt_number(L, lua_gettop(L), "at_ms", -1);
+            if (at < 0)
+                return luaL_error(L, "t.replay: restarts[%d]: need at_ms >= 0", i);
+            restarts[i - 1].at_us = (uint64_t)(at * 1000);
+        }
+        o.restarts = restarts;
+        o.nrestarts = (size_t)n;
+    }
+    o.around = opt_number(L, 1, "around", 0);
+    if (o.around < 0 || o.around > 1)
+        return luaL_error(L, "t.replay: around: a share in [0, 1] expected");
 
     /* From here on C owns memory: nothing below raises until it is freed (collect, clean up, then
      * raise). The result tables are built under lua_cpcall, and an error there is raised again only
@@ -501,6 +527,23 @@ static int push_results(lua_State *L)
     set_number(L, "imbalance", res.imbalance);
     set_number(L, "queue_wait_p99_ms", res.queue_wait_p99_ms);
     set_string(L, "policy", rs->policy);
+    set_number(L, "around", (double)res.around);
+    set_number(L, "guess_samples", (double)res.guess_samples);
+    set_number(L, "guessed_cached_tokens", (double)res.guessed_cached_tokens);
+    set_number(L, "actual_cached_tokens", (double)res.actual_cached_tokens);
+    set_number(L, "guess_error_tokens", (double)res.guess_error_tokens);
+    set_number(L, "exact_samples", (double)res.exact_samples);
+    set_number(L, "exact_error_tokens", (double)res.exact_error_tokens);
+    lua_createtable(L, 0, (int)res.nendpoints); /* endpoints: {[id] = {requests, prefix_blocks, ...}} */
+    for (size_t e = 0; e < res.nendpoints; e++) {
+        const struct atc_replay_endpoint_result *er = &res.endpoints[e];
+        lua_createtable(L, 0, 3);
+        set_number(L, "requests", (double)er->requests);
+        set_number(L, "prefix_blocks", (double)er->prefix_blocks);
+        set_number(L, "prefix_block_hits", (double)er->prefix_block_hits);
+        lua_setfield(L, -2, er->id);
+    }
+    lua_setfield(L, -2, "endpoints");
     lua_rawseti(L, -2, 2);
     lua_rawset(L, LUA_REGISTRYINDEX);
     return 0;

@@ -220,6 +220,18 @@ void atc_replay_report_json_policies(FILE *out, const struct atc_replay_result *
                     (unsigned long long)e->preemptions);
         }
         fputc(']', out);
+        /* the guessed index against what the chosen server held (null in a live replay: not known) */
+        if (!x->live)
+            fprintf(out,
+                    ",\"around\":%zu,\"guess\":{\"samples\":%llu,\"guessed_cached_tokens\":%llu,"
+                    "\"actual_cached_tokens\":%llu,\"error_tokens\":%llu,\"exact_samples\":%llu,"
+                    "\"exact_error_tokens\":%llu}",
+                    x->around, (unsigned long long)x->guess_samples,
+                    (unsigned long long)x->guessed_cached_tokens, (unsigned long long)x->actual_cached_tokens,
+                    (unsigned long long)x->guess_error_tokens, (unsigned long long)x->exact_samples,
+                    (unsigned long long)x->exact_error_tokens);
+        else
+            fputs(",\"around\":null,\"guess\":null", out);
         /* against the trace's recorded picks: null when it recorded none */
         if (x->recorded_live > 0)
             fprintf(out, ",\"agreement\":{\"live\":%.4f,\"live_picks\":%zu",

@@ -2,7 +2,8 @@
  * vLLM's format (vllm/distributed/kv_events.py: EventBatch, BlockStored, BlockRemoved,
  * AllBlocksCleared as msgspec tagged structs, array_like or maps, trailing defaults omitted), and the
  * exact index (fleet/kv_index.c): store, remove, clear, tiers, the cap's overflow rule, a model check
- * against a plain reference, and a reader thread racing the writer (run under ThreadSanitizer). */
+ * against a plain reference, the seqlock's retry with the writer run between a reader's loads, and a reader
+ * thread racing the writer (run under ThreadSanitizer). */
 
 #include <pthread.h>
 #include <setjmp.h>
@@ -21,6 +22,10 @@
 #define calloc(n, m) test_calloc(n, m)
 #define realloc(p, n) test_realloc(p, n)
 #define free(p) test_free(p)
+/* The writer between a reader's loads of a slot (kv_index.c's KV_INDEX_MID_READ), when a test arms it. */
+struct slot;
+static void mid_read(const struct slot *s);
+#define KV_INDEX_MID_READ(s) mid_read(s)
 #include "../../engine/fleet/kv_event_decode.c"
 #include "../../engine/fleet/kv_index.c"
 #undef malloc
@@ -377,6 +382,43 @@ static void test_index_matches_a_reference(void **state)
     atc_kv_index_destroy(ix);
 }
 
+/* The seqlock's retry, deterministically: the writer rewrites a slot between the reader's load of its key
+ * and of its masks (a torn read: the old key with the new masks). The reader must notice the sequence moved
+ * and read again, returning the new slot whole. Without the retry it returns the old key with the new
+ * masks, and this fails; the thread test below rarely hits that moment. */
+static struct {
+    struct slot *slot;
+    struct slot_view next;
+    unsigned fired;
+} armed;
+
+static void mid_read(const struct slot *s)
+{
+    if (armed.slot != s || armed.fired++ > 0)
+        return;
+    slot_write(armed.slot, &armed.next);
+}
+
+static void test_index_torn_read_is_retried(void **state)
+{
+    (void)state;
+    size_t caps[1] = {16};
+    struct atc_kv_index *ix = atc_kv_index_create(caps, 1);
+    uint64_t old_key = 12345;
+    atc_kv_index_store(ix, 0, old_key, ATC_KV_GPU);
+    struct slot *s = &ix->slots[find(ix, old_key)];
+    armed.slot = s;
+    armed.next = (struct slot_view){.used = 1, .key = 777, .mask = {0, 1}}; /* another key moved in */
+    armed.fired = 0;
+    struct slot_view v = slot_read(s);
+    assert_int_equal(armed.fired, 2); /* read twice: the hook ran in the first, and was called again */
+    assert_int_equal(v.key, 777);
+    assert_int_equal(v.mask[0], 0);
+    assert_int_equal(v.mask[1], 1);
+    armed.slot = NULL;
+    atc_kv_index_destroy(ix);
+}
+
 /* One writer (as the main thread), one reader (as a worker) at once. Keys 0..63 are always held by
  * endpoint 0: a reader must always find all of them, whatever the writer does to other keys. */
 struct race {
@@ -431,6 +473,7 @@ int main(void)
         cmocka_unit_test(test_index_store_remove_clear),
         cmocka_unit_test(test_index_cap_evicts_oldest),
         cmocka_unit_test(test_index_matches_a_reference),
+        cmocka_unit_test(test_index_torn_read_is_retried),
         cmocka_unit_test(test_index_reader_thread),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

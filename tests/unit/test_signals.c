@@ -125,16 +125,41 @@ static void test_cached_share(void **state)
     struct atc_signals s;
     atc_signals_init(&s);
     assert_true(atc_signals_cached_share(&s) < 0);
-    atc_signals_cached(&s, 0, 0); /* no prompt: no sample */
+    atc_signals_cached(&s, NULL, 0, 0); /* no prompt: no sample */
     assert_true(atc_signals_cached_share(&s) < 0);
-    atc_signals_cached(&s, 1000, 0);
+    atc_signals_cached(&s, NULL, 1000, 0);
     assert_true(atc_signals_cached_share(&s) == 0);
-    atc_signals_cached(&s, 100, 100); /* a small prompt moves it a little */
+    atc_signals_cached(&s, NULL, 100, 100); /* a small prompt moves it a little */
     double small = atc_signals_cached_share(&s);
     assert_true(small > 0 && small < 0.05);
-    atc_signals_cached(&s, 100000, 100000); /* a huge one half way at most */
+    atc_signals_cached(&s, NULL, 100000, 100000); /* a huge one half way at most */
     assert_true(atc_signals_cached_share(&s) <= 0.5 + small / 2 + 1e-9);
     assert_true(atc_signals_cached_share(&s) > 0.5);
+}
+
+/* The guess's error: counted only for a request sent with a guess, too high and too low. */
+static void test_guess_error(void **state)
+{
+    (void)state;
+    struct atc_signals s;
+    struct atc_signal_params p = {.prefill_tps = 10000, .itl_us = 10000, .recent_half_life_ms = 1000};
+    struct atc_signal_ticket t;
+    struct atc_signals_guess g;
+    atc_signals_init(&s);
+    atc_signals_sent(&s, &p, &t, 100, 0);
+    atc_signals_cached(&s, &t, 1000, 600); /* sent without a guess: nothing to compare */
+    atc_signals_guess(&s, &g);
+    assert_int_equal(g.samples, 0);
+    atc_signals_sent_guessed(&s, &p, &t, 1000, 50, 16, 0); /* guessed 800 tokens: too much */
+    assert_int_equal(t.uncached, 200);
+    atc_signals_cached(&s, &t, 1000, 600);
+    atc_signals_sent_guessed(&s, &p, &t, 1000, 0, 16, 0); /* cached around atc: guessed too little */
+    atc_signals_cached(&s, &t, 1000, 512);
+    atc_signals_guess(&s, &g);
+    assert_int_equal(g.samples, 2);
+    assert_int_equal(g.guessed_tokens, 800);
+    assert_int_equal(g.reported_tokens, 1112);
+    assert_int_equal(g.error_tokens, 200 + 512);
 }
 
 int main(void)
@@ -146,6 +171,7 @@ int main(void)
         cmocka_unit_test(test_recent_tokens_decay),
         cmocka_unit_test(test_scrape),
         cmocka_unit_test(test_cached_share),
+        cmocka_unit_test(test_guess_error),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
