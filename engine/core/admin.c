@@ -323,6 +323,7 @@ static void send_metrics(struct atc_server *srv, struct evbuffer *b)
     figures_take(srv, &f, true);
     struct atc_metrics_sources src = {.table = srv->table,
                                       .nworkers = srv->group.nworkers,
+                                      .worker_parks = srv->group.parks,
                                       .idle = f.idle,
                                       .health = srv->health,
                                       .cluster = srv->cluster,

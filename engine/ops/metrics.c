@@ -364,6 +364,10 @@ void atc_metrics_render(struct atc_metrics *m, const struct atc_metrics_sources 
     for (unsigned i = 0; i < src->nworkers; i++)
         evbuffer_add_printf(out, "atc_worker_requests_total{worker=\"%u\"} %llu\n", i,
                             (unsigned long long)src->worker_requests[i]);
+    help(out, "atc_worker_parks_total", "counter",
+         "Times every worker thread was stopped between two callbacks so that the main thread could change "
+         "their state.");
+    evbuffer_add_printf(out, "atc_worker_parks_total %llu\n", (unsigned long long)src->worker_parks);
 
     if (src->table != NULL)
         render_endpoints(src, out);

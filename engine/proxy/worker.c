@@ -245,6 +245,7 @@ void atc_workers_pause(struct atc_worker_group *g)
 {
     if (g->pause_depth++ > 0)
         return; /* already paused (an admin request that reloads) */
+    g->parks++;
     pthread_mutex_lock(&g->pause_mu);
     g->paused = true;
     pthread_mutex_unlock(&g->pause_mu);

@@ -77,6 +77,7 @@ struct atc_worker_group {
     unsigned parked; /* (pause_mu) workers waiting in park */
     bool paused;     /* (pause_mu) */
     unsigned pause_depth;
+    uint64_t parks; /* outermost atc_workers_pause calls: every worker stopped once (main thread only) */
 };
 
 /* An object that must outlive the callback that ended it (STYLE: never free an object while a callback

@@ -1,11 +1,13 @@
 """What a steady request stream sees while endpoints are added and removed through the admin API: the
 largest and the 99th-percentile latency of small chat requests (one client thread, keep-alive off), first
-with no change, then while 20 endpoints are added and 20 removed. Not a pass/fail test.
+with no change, then while endpoints are added and removed back to back for the whole window; and how many
+times the workers were parked meanwhile (atc_worker_parks_total). Not a pass/fail test.
 
-    ATC_BIN=build/atc python3 tests/bench/endpoint_churn_bench.py
+    ATC_SOURCE_DIR=$PWD ATC_BIN=build/atc python3 tests/bench/endpoint_churn_bench.py [SECONDS]
 """
 
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -27,7 +29,15 @@ def stream(atc, seconds):
     return lat[-1], lat[int(len(lat) * 0.99)], len(lat)
 
 
+def parks(atc):
+    """atc_worker_parks_total, or None on a build without it."""
+    body = request("127.0.0.1", atc.admin_port, "GET", "/metrics")[2]
+    m = re.search(r"^atc_worker_parks_total (\d+)$", body.decode(), re.M)
+    return int(m.group(1)) if m else None
+
+
 def main():
+    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 5
     with tempfile.TemporaryDirectory() as tmp:
         sim = Sim(tmp, "a", extra=["--decode-ms", "1"])
         atc = Atc(f"""listen: 127.0.0.1:0
@@ -40,16 +50,22 @@ models:
       - {{id: a, url: "{sim.url}"}}
 """, tmp)
         try:
-            print("steady:   max %.1f ms, p99 %.1f ms over %d requests" % stream(atc, 3))
+            print("steady:   max %.1f ms, p99 %.1f ms over %d requests" % stream(atc, seconds))
             out = {}
-            t = threading.Thread(target=lambda: out.setdefault("r", stream(atc, 3)))
+            before = parks(atc)
+            t = threading.Thread(target=lambda: out.setdefault("r", stream(atc, seconds)))
             t.start()
-            for i in range(20):
-                request("127.0.0.1", atc.admin_port, "POST", "/admin/endpoints",
-                        {"model": "llama-3-8b", "id": f"n{i}", "url": sim.url})
-                request("127.0.0.1", atc.admin_port, "DELETE", f"/admin/endpoints/n{i}")
+            changes = 0
+            while t.is_alive():
+                i = changes // 2
+                assert request("127.0.0.1", atc.admin_port, "POST", "/admin/endpoints",
+                               {"model": "llama-3-8b", "id": f"n{i}", "url": sim.url})[0] == 201
+                assert request("127.0.0.1", atc.admin_port, "DELETE", f"/admin/endpoints/n{i}")[0] == 200
+                changes += 2
             t.join()
-            print("churning: max %.1f ms, p99 %.1f ms over %d requests" % out["r"])
+            after = parks(atc)
+            print("churning: max %.1f ms, p99 %.1f ms over %d requests" % out["r"]
+                  + ", %d endpoint changes, %s parks" % (changes, "?" if after is None else after - before))
         finally:
             atc.stop()
             sim.stop()
