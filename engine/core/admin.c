@@ -37,6 +37,7 @@
 #include "core/rollout.h"
 #include "core/server.h"
 #include "http/upstream.h"
+#include "proxy/table_swap.h"
 #include "proxy/worker.h"
 
 static void admin_error(struct atc_http_req *req, int status, const char *type, const char *code,
@@ -324,6 +325,7 @@ static void send_metrics(struct atc_server *srv, struct evbuffer *b)
     struct atc_metrics_sources src = {.table = srv->table,
                                       .nworkers = srv->group.nworkers,
                                       .worker_parks = srv->group.parks,
+                                      .endpoints_removed = atc_table_swap_retired(srv->swap),
                                       .idle = f.idle,
                                       .health = srv->health,
                                       .cluster = srv->cluster,

@@ -247,3 +247,8 @@ void atc_reloader_wait(struct atc_reloader *r)
 {
     join_loader(r);
 }
+
+bool atc_reloader_idle(const struct atc_reloader *r)
+{
+    return r == NULL || r->state == RELOADER_IDLE;
+}

@@ -12,6 +12,7 @@
  * thread, between its start and the task it posts back) and each worker's swap (on its own thread, a
  * task posted to its mailbox, which counts down `pending`). */
 
+#include <stdbool.h>
 #include <stdint.h>
 
 struct atc_worker_group;
@@ -43,5 +44,9 @@ void atc_reloader_start_as(struct atc_reloader *r, const struct atc_policy_targe
  * table: a config reload). A build that finished this way is dropped when the workers' runtimes have
  * been rebuilt since (atc_policy_adopt). Main thread. */
 void atc_reloader_wait(struct atc_reloader *r);
+
+/** True when no round is in progress (no build reads the endpoint table it began with). NULL: true. Main
+ * thread. */
+bool atc_reloader_idle(const struct atc_reloader *r);
 
 #endif

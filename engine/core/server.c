@@ -34,6 +34,7 @@
 #include "policy/policy.h"
 #include "trace/recorder.h"
 #include "proxy/relay.h"
+#include "proxy/table_swap.h"
 #include "http/upstream.h"
 #include "core/reloader.h"
 #include "core/sim_fleet.h"
@@ -516,34 +517,22 @@ static const char *restart_only_change(const struct atc_config *o, const struct 
     return NULL;
 }
 
-/* Frees the endpoints that left the config once nothing is in flight on them (@p all: at exit). Their
- * pools hold connections on every worker's loop, so the workers are parked meanwhile. */
-static void free_retired(struct atc_server *srv, bool all)
-{
-    size_t kept = 0, freeing = 0;
-    for (size_t i = 0; i < srv->nretired; i++)
-        freeing += all || atomic_load(&srv->retired[i]->inflight) == 0;
-    if (freeing == 0)
-        return;
-    if (!all)
-        atc_workers_pause(&srv->group);
-    for (size_t i = 0; i < srv->nretired; i++) {
-        struct atc_endpoint *ep = srv->retired[i];
-        if (all || atomic_load(&ep->inflight) == 0) {
-            destroy_pools(ep->pools);
-            atc_endpoint_free(ep);
-        } else {
-            srv->retired[kept++] = ep;
-        }
-    }
-    srv->nretired = kept;
-    if (!all)
-        atc_workers_resume(&srv->group);
-}
-
+/* Frees what the endpoint set changes left behind once no worker reaches it (proxy/table_swap.h): old
+ * tables once no policy build reads them either, removed endpoints once their requests have finished. */
 static void on_retire_tick(evutil_socket_t fd, short what, void *arg)
 {
-    free_retired(arg, false);
+    struct atc_server *srv = arg;
+    atc_table_swap_collect(srv->swap, atc_reloader_idle(srv->reloader));
+}
+
+/* An endpoint that left, once no worker reaches it: the pools of workers whose loop had stopped, its
+ * health, itself. */
+static void free_endpoint(void *ctx, struct atc_endpoint *ep)
+{
+    struct atc_server *srv = ctx;
+    destroy_pools(ep->pools);
+    atc_health_forget(srv->health, ep);
+    atc_endpoint_free(ep);
 }
 
 static void reload_failed(struct atc_server *srv, struct atc_config *ncfg, worker_pools *fresh, size_t nfresh)
@@ -555,63 +544,27 @@ static void reload_failed(struct atc_server *srv, struct atc_config *ncfg, worke
     srv->config_reloads_failed++;
 }
 
-/* One endpoint added to or removed from the config in force (the admin API, discovery). */
-struct endpoint_change {
-    struct atc_endpoint_config *add; /* appended to its model's endpoints (taken), or NULL */
-    worker_pools pools;              /* add's pools (taken when it was added) */
-    const char *remove;              /* the id of an endpoint to remove, or NULL */
-    bool done;                       /* the config changed */
-};
-
-/* Puts @p ncfg (owned; srv->cfg itself when @p ch changes it) in force: with every worker parked, @p ch
- * (may be NULL) is applied to @p ncfg first, then the table is rebuilt from @p ncfg (the servers that
- * stayed keep counters, connections, health; fresh[k], when @p fresh is not NULL, holds the pools of the
- * config's k-th endpoint when it is new), health restarts and each worker's policy is rebuilt against the
- * new table. The endpoints that left drain (srv->retired). The caller frees the config it replaced. */
-static void commit_config(struct atc_server *srv, struct atc_config *ncfg, worker_pools *fresh,
-                          size_t *ngone_out, struct endpoint_change *ch)
+/* Puts @p ncfg (owned) in force: with every worker parked, the table is rebuilt from @p ncfg (the servers
+ * that stayed keep counters, connections, health; fresh[k] holds the pools of the config's k-th endpoint
+ * when it is new), health restarts and each worker's policy is rebuilt against the new table. The
+ * endpoints that left drain (retired to srv->swap). The caller frees the config it replaced. */
+static void commit_config(struct atc_server *srv, struct atc_config *ncfg, worker_pools *fresh, size_t *ngone_out)
 {
-    /* Commit, with every worker parked: the new table keeps the servers that stayed (counters,
-     * connections, health), and each worker's policy is rebuilt against it. A policy build in progress
-     * reads the old table: it finishes first (and is then dropped). */
+    /* A policy build in progress reads the old table: it finishes first (and is then dropped). */
     if (srv->reloader != NULL)
         atc_reloader_wait(srv->reloader);
     atc_workers_pause(&srv->group);
-    const char *added = NULL;
-    if (ch != NULL && ch->add != NULL) {
-        struct atc_model_config *m = atc_config_model(ncfg, ch->add->model);
-        if (m != NULL && atc_config_append_endpoint(m, ch->add) == 0) {
-            added = m->endpoints[m->nendpoints - 1].id;
-            ch->done = true;
-        }
-    }
-    if (ch != NULL && ch->remove != NULL)
-        ch->done = atc_config_remove_endpoint(ncfg, ch->remove);
     struct atc_endpoint **gone = NULL;
     size_t ngone = 0;
-    /* One endpoint added or removed keeps every other endpoint in its slot (endpoint.h), so what is keyed by
-     * slot stays true: the prefix index, the policies' views and module state. */
-    struct atc_endpoint_table *t = ch != NULL ? atc_endpoint_table_change(srv->table, ncfg, &gone, &ngone)
-                                              : atc_endpoint_table_rebuild(srv->table, ncfg, &gone, &ngone);
+    struct atc_endpoint_table *t = atc_endpoint_table_rebuild(srv->table, ncfg, &gone, &ngone);
     srv->table = t;
     if (srv->cluster != NULL)
         atc_cluster_set_table(srv->cluster, t);
-    if (added != NULL) {
-        memcpy(atc_endpoint_table_find(t, added)->pools, ch->pools, sizeof(ch->pools));
-        memset(ch->pools, 0, sizeof(ch->pools));
-    }
     for (size_t i = 0, k = 0; fresh != NULL && i < ncfg->nmodels; i++)
         for (size_t j = 0; j < ncfg->models[i].nendpoints; j++, k++)
             if (fresh[k][0] != NULL)
                 memcpy(atc_endpoint_table_find(t, ncfg->models[i].endpoints[j].id)->pools, fresh[k],
                        sizeof(fresh[k]));
-    struct atc_endpoint **r = realloc(srv->retired, (srv->nretired + ngone + 1) * sizeof(*r));
-    if (r != NULL) {
-        srv->retired = r;
-        for (size_t i = 0; i < ngone; i++)
-            r[srv->nretired++] = gone[i];
-    }
-    free(gone);
 
     const char *herr = NULL;
     struct atc_health *h = atc_health_create(srv->base, t, ncfg, srv->health, &herr);
@@ -624,7 +577,7 @@ static void commit_config(struct atc_server *srv, struct atc_config *ncfg, worke
         for (size_t i = 0; i < t->nendpoints; i++)
             t->endpoints[i]->routable = true;
     }
-    if (srv->prefix != NULL && ch == NULL)
+    if (srv->prefix != NULL)
         atc_prefix_index_clear(srv->prefix); /* the table was renumbered */
     srv->cfg = ncfg;
     for (unsigned i = 0; i < srv->group.nworkers; i++) {
@@ -632,13 +585,17 @@ static void commit_config(struct atc_server *srv, struct atc_config *ncfg, worke
         w->table = t;
         w->cfg = ncfg;
         char *perr = NULL;
-        if (w->policy != NULL && (ch != NULL ? atc_policy_update_table(w->policy, t, &perr)
-                                             : atc_policy_set_table(w->policy, t, &perr)) == 0)
+        if (w->policy != NULL && atc_policy_set_table(w->policy, t, &perr) == 0)
             atc_error("config reload: the policy did not reload on worker %u (%s); the C balancer routes "
                       "there until it does",
                       i, perr != NULL ? perr : "?");
         free(perr);
     }
+    atc_table_swap_taken_by_all(srv->swap);
+    for (size_t i = 0; i < ngone; i++)
+        if (atc_table_swap_retire(srv->swap, gone[i]) < 0)
+            atc_error("config reload: out of memory: endpoint %s is never freed", gone[i]->id);
+    free(gone);
     atc_workers_resume(&srv->group);
     *ngone_out = ngone;
 }
@@ -700,7 +657,7 @@ int atc_server_reload_config(struct atc_server *srv, char **errors)
     size_t ngone = 0, before = srv->table->nendpoints;
     struct atc_config *old = srv->cfg;
     bool watch = old->policy.watch;
-    commit_config(srv, ncfg, fresh, &ngone, NULL);
+    commit_config(srv, ncfg, fresh, &ngone);
     free(fresh);
     apply_watch(srv, watch, ncfg->policy.watch);
     atc_config_free(old);
@@ -710,16 +667,31 @@ int atc_server_reload_config(struct atc_server *srv, char **errors)
                  ngone, before - ngone) < 0)
         *errors = NULL;
     atc_info("config reloaded from %s: %s", ncfg->path, *errors != NULL ? *errors : "");
-    free_retired(srv, false);
+    atc_table_swap_collect(srv->swap, atc_reloader_idle(srv->reloader));
     if (srv->on_config_reloaded != NULL)
         srv->on_config_reloaded(srv);
+    return 0;
+}
+
+/* The new table @p t (made from srv->table) to every worker without parking them (proxy/table_swap.h).
+ * -1 when out of memory (then nothing changed: @p t is freed). */
+static int publish_table(struct atc_server *srv, struct atc_endpoint_table *t)
+{
+    if (atc_table_swap_publish(srv->swap, srv->table, t) < 0) {
+        atc_endpoint_table_free_shell(t);
+        return -1;
+    }
+    srv->table = t;
+    if (srv->cluster != NULL)
+        atc_cluster_set_table(srv->cluster, t);
     return 0;
 }
 
 int atc_server_add_endpoint(struct atc_server *srv, struct atc_endpoint_config *ec, const char **why)
 {
     *why = NULL;
-    if (atc_config_model(srv->cfg, ec->model) == NULL) {
+    struct atc_model_config *m = atc_config_model(srv->cfg, ec->model);
+    if (m == NULL) {
         *why = atc_server_no_model;
         return -1;
     }
@@ -727,22 +699,40 @@ int atc_server_add_endpoint(struct atc_server *srv, struct atc_endpoint_config *
         *why = atc_server_duplicate;
         return -1;
     }
-    struct endpoint_change ch = {.add = ec};
-    const char *err = NULL;
-    if (create_pools(srv, ec->host, ec->port, srv->cfg, ch.pools, &err) < 0) {
-        destroy_pools(ch.pools);
-        *why = err;
+    /* Everything it needs made first (a failure changes nothing), then it joins: the config, health
+     * (ep->health set before any worker sees it), the workers' tables. */
+    struct atc_endpoint *ep = atc_endpoint_create(m->name, ec);
+    const struct atc_endpoint_table *old = srv->table;
+    struct atc_endpoint_table *t = ep != NULL ? atc_endpoint_table_with(old, ep, NULL) : NULL;
+    if (t == NULL || create_pools(srv, ec->host, ec->port, srv->cfg, ep->pools, why) < 0 ||
+        atc_config_append_endpoint(m, ec) < 0) {
+        if (*why == NULL)
+            *why = "out of memory";
+        atc_endpoint_table_free_shell(t);
+        if (ep != NULL)
+            destroy_pools(ep->pools);
+        if (ep != NULL)
+            atc_endpoint_free(ep);
         return -1;
     }
-    size_t ngone = 0;
-    commit_config(srv, srv->cfg, NULL, &ngone, &ch);
-    destroy_pools(ch.pools); /* NULL once taken */
-    if (!ch.done) {
+    const char *herr = NULL;
+    if (srv->health == NULL || atc_health_add(srv->health, ep, srv->cfg, &herr) < 0) {
+        if (srv->health != NULL) /* should not happen: it routes, unchecked, rather than not at all */
+            atc_error("endpoint %s: health checks could not start (%s); it is routable", ep->id, herr);
+        atomic_store(&ep->routable, true);
+    }
+    if (publish_table(srv, t) < 0) {
+        atc_health_remove(srv->health, ep, srv->cfg);
+        atc_health_forget(srv->health, ep);
+        atc_config_remove_endpoint(srv->cfg, ep->id);
+        destroy_pools(ep->pools);
+        atc_endpoint_free(ep);
         *why = "out of memory";
         return -1;
     }
-    atc_info("endpoint %s (%s) added to model %s: it joins once its health checks pass", ec->id, ec->url,
-             ec->model);
+    const struct atc_endpoint_config *added = &m->endpoints[m->nendpoints - 1];
+    atc_info("endpoint %s (%s) added to model %s: it joins once its health checks pass", added->id, added->url,
+             m->name);
     return 0;
 }
 
@@ -754,11 +744,21 @@ int atc_server_remove_endpoint(struct atc_server *srv, const char *id, const cha
             atc_endpoint_table_find(srv->table, id) != NULL ? atc_server_simulated : atc_server_no_endpoint;
         return -1;
     }
-    struct endpoint_change ch = {.remove = id};
-    size_t ngone = 0;
-    commit_config(srv, srv->cfg, NULL, &ngone, &ch);
-    atc_info("endpoint %s removed: it drains (%zu endpoint(s) draining)", id, srv->nretired);
-    free_retired(srv, false);
+    struct atc_endpoint *ep = atc_endpoint_table_find(srv->table, id);
+    struct atc_endpoint_table *t = ep != NULL ? atc_endpoint_table_with(srv->table, NULL, ep) : NULL;
+    if (ep != NULL && (t == NULL || atc_table_swap_retire(srv->swap, ep) < 0)) {
+        atc_endpoint_table_free_shell(t);
+        *why = "out of memory";
+        return -1;
+    }
+    atc_config_remove_endpoint(srv->cfg, id);
+    if (ep != NULL) {
+        atc_health_remove(srv->health, ep, srv->cfg); /* no longer routable from here on */
+        if (publish_table(srv, t) < 0) /* the workers keep the table with it, unroutable, until a reload */
+            atc_error("endpoint %s: out of memory: it stays in the table, unroutable", id);
+    }
+    atc_info("endpoint %s removed: it drains (%zu endpoint(s) draining)", id, atc_table_swap_retired(srv->swap));
+    atc_table_swap_collect(srv->swap, atc_reloader_idle(srv->reloader));
     return 0;
 }
 
@@ -929,7 +929,8 @@ struct atc_server *atc_server_create(struct event_base *base, struct atc_config 
             goto error;
         }
     }
-    if ((srv->table = atc_endpoint_table_create(cfg)) == NULL) {
+    if ((srv->swap = atc_table_swap_create(&srv->group, free_endpoint, srv)) == NULL ||
+        (srv->table = atc_endpoint_table_create(cfg)) == NULL) {
         fail(err, "out of memory");
         goto error;
     }
@@ -1128,13 +1129,13 @@ void atc_server_destroy(struct atc_server *srv)
         event_free(srv->canary_timer);
     atc_prefix_index_destroy(srv->prefix);
     atc_health_destroy(srv->health); /* its probes use the table's endpoints */
+    srv->health = NULL;
     if (srv->table != NULL) {
         for (size_t i = 0; i < srv->table->nendpoints; i++)
             destroy_pools(srv->table->endpoints[i]->pools);
         atc_endpoint_table_destroy(srv->table);
     }
-    free_retired(srv, true);
-    free(srv->retired);
+    atc_table_swap_destroy(srv->swap); /* old tables, endpoints removed and not freed yet */
     atc_sim_fleet_stop(&srv->sims);
     for (unsigned i = 0; i < srv->group.nworkers; i++) {
         struct atc_worker *w = &srv->group.workers[i];

@@ -34,6 +34,7 @@ struct atc_access_log;
 struct atc_limits;
 struct atc_cluster;
 struct atc_discovery;
+struct atc_table_swap;
 
 struct atc_server {
     struct event_base *base; /* the main thread's loop: worker 0, health, admin, signals, simulated servers */
@@ -71,9 +72,10 @@ struct atc_server {
     struct atc_http_server *admin;
     uint16_t front_port; /* as bound (config port 0 picks a free one) */
     uint16_t admin_port;
-    struct atc_endpoint **retired; /* left the config; freed once nothing is in flight on them */
-    size_t nretired;
-    struct event *retire_timer;
+    /* Endpoint set changes that reach the workers through their mailboxes, and what they leave behind:
+     * old tables, endpoints removed (proxy/table_swap.h). Main thread. */
+    struct atc_table_swap *swap;
+    struct event *retire_timer; /* collects it every second */
     uint64_t config_reloads_ok, config_reloads_failed;
     struct atc_sim_fleet sims; /* simulate:'s servers (sim_fleet.h) */
     struct event *sig_term, *sig_int, *sig_hup, *drain_timer;

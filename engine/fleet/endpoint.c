@@ -72,36 +72,23 @@ static int model_append(struct atc_model *m, struct atc_endpoint *ep)
     return 0;
 }
 
-/* Appends @p ep to the table and to model @p m, in slot @p slot (one it held in the table this one
- * replaces), or in a new slot when @p slot is < 0. */
-static int table_append_at(struct atc_endpoint_table *t, struct atc_model *m, struct atc_endpoint *ep,
-                           long slot)
+/* Appends @p ep to the table and to model @p m, in a new slot. */
+static int table_append(struct atc_endpoint_table *t, struct atc_model *m, struct atc_endpoint *ep)
 {
     struct atc_endpoint **eps = realloc(t->endpoints, (t->nendpoints + 1) * sizeof(*eps));
     if (eps == NULL)
         return -1;
     t->endpoints = eps;
-    size_t nslots = slot < 0 ? t->nslots + 1 : ((size_t)slot >= t->nslots ? (size_t)slot + 1 : t->nslots);
-    if (nslots > t->nslots) {
-        struct atc_endpoint **s = realloc(t->slots, nslots * sizeof(*s));
-        if (s == NULL)
-            return -1;
-        memset(s + t->nslots, 0, (nslots - t->nslots) * sizeof(*s));
-        t->slots = s;
-    }
+    struct atc_endpoint **s = realloc(t->slots, (t->nslots + 1) * sizeof(*s));
+    if (s == NULL)
+        return -1;
+    t->slots = s;
     if (model_append(m, ep) < 0)
         return -1;
-    ep->index = slot < 0 ? (unsigned)t->nslots : (unsigned)slot;
-    t->nslots = nslots;
-    t->slots[ep->index] = ep;
-    ep->position = (unsigned)t->nendpoints;
+    ep->index = (unsigned)t->nslots;
+    t->slots[t->nslots++] = ep;
     eps[t->nendpoints++] = ep;
     return 0;
-}
-
-static int table_append(struct atc_endpoint_table *t, struct atc_model *m, struct atc_endpoint *ep)
-{
-    return table_append_at(t, m, ep, -1);
 }
 
 /* The settings of @p ec that may change in place (a config reload keeps the endpoint and its counters). */
@@ -207,10 +194,9 @@ static void table_free_shell(struct atc_endpoint_table *t)
     free(t);
 }
 
-/* The table of @p cfg from @p old: renumbered from 0 (@p keep_slots false) or with every endpoint that
- * stays in its slot and new ones in slots never used before (true). */
-static struct atc_endpoint_table *rebuild(struct atc_endpoint_table *old, const struct atc_config *cfg,
-                                          bool keep_slots, struct atc_endpoint ***retired, size_t *nretired)
+struct atc_endpoint_table *atc_endpoint_table_rebuild(struct atc_endpoint_table *old,
+                                                      const struct atc_config *cfg,
+                                                      struct atc_endpoint ***retired, size_t *nretired)
 {
     struct atc_endpoint_table *t = calloc(1, sizeof(*t));
     bool *moved = calloc(old->nslots ? old->nslots : 1, sizeof(bool));
@@ -219,11 +205,6 @@ static struct atc_endpoint_table *rebuild(struct atc_endpoint_table *old, const 
         (t->models = calloc(cfg->nmodels ? cfg->nmodels : 1, sizeof(*t->models))) == NULL)
         goto error;
     t->signals = cfg->signals;
-    if (keep_slots) { /* new endpoints take slots after every slot the old table had, used or not */
-        if ((t->slots = calloc(old->nslots ? old->nslots : 1, sizeof(*t->slots))) == NULL)
-            goto error;
-        t->nslots = old->nslots;
-    }
     for (size_t i = 0; i < cfg->nmodels; i++) {
         const struct atc_model_config *mc = &cfg->models[i];
         struct atc_model *m = &t->models[t->nmodels++];
@@ -234,14 +215,11 @@ static struct atc_endpoint_table *rebuild(struct atc_endpoint_table *old, const 
             const struct atc_endpoint_config *ec = &mc->endpoints[j];
             /* Same id, model and address: the same server, which keeps its counters, pool and health. */
             struct atc_endpoint *ep = atc_endpoint_table_find(old, ec->id);
-            long slot = -1;
-            if (atc_endpoint_same_server(ep, ec, mc->name)) {
+            if (atc_endpoint_same_server(ep, ec, mc->name))
                 moved[ep->index] = true;
-                slot = keep_slots ? (long)ep->index : -1;
-            } else if ((ep = endpoint_new(mc->name, ec->id, ec->host, ec->port, ec->capacity)) == NULL) {
+            else if ((ep = endpoint_new(mc->name, ec->id, ec->host, ec->port, ec->capacity)) == NULL)
                 goto error;
-            }
-            if (apply_config(ep, ec) < 0 || table_append_at(t, m, ep, slot) < 0)
+            if (apply_config(ep, ec) < 0 || table_append(t, m, ep) < 0)
                 goto error; /* out of memory: the process is in no state to go on either way */
         }
         /* Simulated servers stay as they are (simulate: changes need a restart). */
@@ -250,13 +228,13 @@ static struct atc_endpoint_table *rebuild(struct atc_endpoint_table *old, const 
             struct atc_endpoint *ep = om->endpoints[j];
             if (ep->simulated) {
                 moved[ep->index] = true;
-                if (table_append_at(t, m, ep, keep_slots ? (long)ep->index : -1) < 0)
+                if (table_append(t, m, ep) < 0)
                     goto error;
             }
         }
     }
     size_t n = 0;
-    for (size_t i = 0; i < old->nslots; i++) /* (moved[] is by old slot: ep->index may have changed) */
+    for (size_t i = 0; i < old->nslots; i++) /* (moved[] is by old slot: ep->index has changed) */
         if (old->slots[i] != NULL && !moved[i]) {
             old->slots[i]->routable = false;
             gone[n++] = old->slots[i];
@@ -270,18 +248,64 @@ error:
     abort(); /* allocation failure halfway through moving endpoints: nothing consistent is left */
 }
 
-struct atc_endpoint_table *atc_endpoint_table_rebuild(struct atc_endpoint_table *old,
-                                                      const struct atc_config *cfg,
-                                                      struct atc_endpoint ***retired, size_t *nretired)
+struct atc_endpoint *atc_endpoint_create(const char *model, const struct atc_endpoint_config *ec)
 {
-    return rebuild(old, cfg, false, retired, nretired);
+    struct atc_endpoint *ep = endpoint_new(model, ec->id, ec->host, ec->port, ec->capacity);
+    if (ep != NULL && apply_config(ep, ec) < 0) {
+        endpoint_free(ep);
+        return NULL;
+    }
+    return ep;
 }
 
-struct atc_endpoint_table *atc_endpoint_table_change(struct atc_endpoint_table *old,
-                                                     const struct atc_config *cfg,
-                                                     struct atc_endpoint ***retired, size_t *nretired)
+struct atc_endpoint_table *atc_endpoint_table_with(const struct atc_endpoint_table *old, struct atc_endpoint *add,
+                                                   const struct atc_endpoint *remove)
 {
-    return rebuild(old, cfg, true, retired, nretired);
+    if (add != NULL && atc_endpoint_table_model(old, add->model, strlen(add->model)) == NULL)
+        return NULL;
+    struct atc_endpoint_table *t = calloc(1, sizeof(*t));
+    if (t == NULL)
+        return NULL;
+    t->signals = old->signals;
+    t->nslots = old->nslots + (add != NULL);
+    if ((t->models = calloc(old->nmodels ? old->nmodels : 1, sizeof(*t->models))) == NULL ||
+        (t->slots = calloc(t->nslots ? t->nslots : 1, sizeof(*t->slots))) == NULL ||
+        (t->endpoints = calloc(old->nendpoints + 1, sizeof(*t->endpoints))) == NULL)
+        goto error;
+    for (size_t i = 0; i < old->nmodels; i++) {
+        const struct atc_model *om = &old->models[i];
+        struct atc_model *m = &t->models[t->nmodels++];
+        if ((m->name = strdup(om->name)) == NULL ||
+            (m->endpoints = calloc(om->nendpoints + 1, sizeof(*m->endpoints))) == NULL)
+            goto error;
+        m->disaggregation = om->disaggregation;
+        for (size_t j = 0; j < om->nendpoints; j++)
+            if (om->endpoints[j] != remove)
+                m->endpoints[m->nendpoints++] = om->endpoints[j];
+        if (add != NULL && strcmp(add->model, m->name) == 0)
+            m->endpoints[m->nendpoints++] = add;
+    }
+    for (size_t i = 0; i < old->nendpoints; i++)
+        if (old->endpoints[i] != remove)
+            t->endpoints[t->nendpoints++] = old->endpoints[i];
+    memcpy(t->slots, old->slots, old->nslots * sizeof(*t->slots));
+    if (remove != NULL && remove->index < old->nslots && old->slots[remove->index] == remove)
+        t->slots[remove->index] = NULL;
+    if (add != NULL) {
+        add->index = (unsigned)old->nslots; /* (not published yet: no other thread reads it) */
+        t->slots[add->index] = add;
+        t->endpoints[t->nendpoints++] = add;
+    }
+    return t;
+error:
+    table_free_shell(t);
+    return NULL;
+}
+
+void atc_endpoint_table_free_shell(struct atc_endpoint_table *t)
+{
+    if (t != NULL)
+        table_free_shell(t);
 }
 
 struct atc_endpoint *atc_endpoint_table_slot(const struct atc_endpoint_table *t, size_t slot)

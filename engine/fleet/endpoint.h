@@ -8,7 +8,9 @@
  * field below says who writes it and how the others read it, in one of three ways:
  * - "config": set in atc_endpoint_table_create/_add/_rebuild (or by the server right after, like
  *   `simulated` and `pools`), which run before the worker threads start or with every worker parked
- *   (atc_workers_pause); read plainly by any thread afterwards.
+ *   (atc_workers_pause), or in atc_endpoint_create for an endpoint that joins at run time, before any
+ *   other thread can see it (the table that holds it reaches the workers through their mailboxes, whose
+ *   lock orders those writes before their reads); read plainly by any thread afterwards.
  * - "workers": C11 atomics that every worker updates (fetch-add, compare-and-swap) and any thread reads.
  * - "health": C11 atomics that health.c stores on the main thread and workers load.
  * Atomics are relaxed, each consistent on its own but not with the others (a reader may see inflight
@@ -42,8 +44,7 @@ struct atc_remote_load {
 
 struct atc_endpoint {
     /* config */
-    unsigned index;    /* its slot: the table's slots[index] (see struct atc_endpoint_table) */
-    unsigned position; /* its place in the table's endpoints[], which an endpoint set change may move */
+    unsigned index; /* its slot: the table's slots[index] (see struct atc_endpoint_table) */
     char *id;
     char *url;
     char *host;
@@ -100,9 +101,13 @@ struct atc_model {
 
 /* endpoints[] lists the endpoints (nendpoints, dense: iterate it). slots[] keys them by ep->index, the
  * number that policy views, the prefix index and per-endpoint arrays of other subsystems (nslots long)
- * know an endpoint by: an endpoint added or removed at run time (atc_endpoint_table_change) moves no other
+ * know an endpoint by: an endpoint added or removed at run time (atc_endpoint_table_with) moves no other
  * endpoint, and a removed one leaves its slot NULL, never reused by that table or its successors (only a
- * config reload, atc_endpoint_table_rebuild, renumbers from 0). */
+ * config reload, atc_endpoint_table_rebuild, renumbers from 0).
+ *
+ * Threads: a table (this shell: its arrays and models) does not change once the workers see it. An
+ * endpoint set change makes a new one (atc_endpoint_table_with) that each worker takes in place of its
+ * own (w->table) from its mailbox; the server frees the old shell once every worker has (core/server.c). */
 struct atc_endpoint_table {
     struct atc_endpoint **endpoints;
     size_t nendpoints;
@@ -131,12 +136,22 @@ struct atc_endpoint_table *atc_endpoint_table_rebuild(struct atc_endpoint_table 
                                                       const struct atc_config *cfg,
                                                       struct atc_endpoint ***retired, size_t *nretired);
 
-/** The same for an endpoint added to or removed from @p cfg at run time (the admin API, discovery): every
- * endpoint that stays keeps its slot (ep->index), new ones take slots never used before, and the slots of
- * the removed ones stay empty. Aborts on allocation failure. */
-struct atc_endpoint_table *atc_endpoint_table_change(struct atc_endpoint_table *old,
-                                                     const struct atc_config *cfg,
-                                                     struct atc_endpoint ***retired, size_t *nretired);
+/** A new endpoint of model @p model as @p ec describes it (strings copied), in no table yet, or NULL when
+ * out of memory. */
+struct atc_endpoint *atc_endpoint_create(const char *model, const struct atc_endpoint_config *ec);
+
+/** An endpoint set change at run time (the admin API, discovery, a replay's servers that come and go): a
+ * new table, owned, with @p old's endpoints but @p remove (may be NULL; it is not freed) and with @p add
+ * (may be NULL; the table borrows it, like every endpoint) in a slot never used before (add->index set).
+ * Every endpoint that stays keeps its slot and is not written to, and @p old is left as it was: workers
+ * may go on reading it until they take the new one. NULL when out of memory or @p add's model is not in
+ * @p old. */
+struct atc_endpoint_table *atc_endpoint_table_with(const struct atc_endpoint_table *old, struct atc_endpoint *add,
+                                                   const struct atc_endpoint *remove);
+
+/** Frees a table's shell (its arrays and models), not its endpoints: one atc_endpoint_table_with replaced.
+ * NULL is fine. */
+void atc_endpoint_table_free_shell(struct atc_endpoint_table *t);
 
 /** The endpoint in slot @p slot of @p t (may be NULL), or NULL: none, or removed. */
 struct atc_endpoint *atc_endpoint_table_slot(const struct atc_endpoint_table *t, size_t slot);

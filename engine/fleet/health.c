@@ -14,6 +14,7 @@
  * state changes. */
 
 #include "fleet/health.h"
+#include "fleet/health_internal.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -49,111 +50,10 @@
 #define RAMP_TICK_MS 100
 #define CHECK_HEADERS "User-Agent: atc-health-check\r\n"
 
-enum probe_kind { PROBE_LIVE, PROBE_READY, PROBE_DEEP, PROBE_SCRAPE, NPROBES };
-
 static const char *const probe_names[NPROBES] = {"live", "ready", "deep", "scrape"};
-
-struct hep;
-
-struct probe {
-    struct hep *e;
-    enum probe_kind kind;
-    const struct atc_check_config *cfg;
-    bool enabled;
-    struct event *timer;          /* starts the next probe */
-    struct event *deadline;       /* ends the running probe */
-    struct atc_upstream_req *req; /* the running probe, NULL between probes */
-    struct evbuffer *body;
-    size_t body_max;
-    int status;
-    uint64_t started_ms;
-    enum atc_check_verdict verdict;
-    unsigned oks, fails; /* consecutive raw results */
-    bool loading;        /* its last failure was a sign of start-up within the grace (refused, loading
-                            503), and it has not passed recovery_threshold times in a row since */
-    bool refused;        /* its last answer was 401/403: the server refused atc's credentials */
-    bool first_pending;  /* counts towards the first round */
-};
-
-struct hmodel {
-    const char *name;
-    const struct atc_health_config *cfg; /* model-wide settings: panic, eject.max_share */
-    struct hep **eps;
-    size_t neps;
-    bool panic;
-    uint64_t panics_total;
-};
-
-/* One endpoint's health. `pub` is what ep->health points to, the part workers read (health.h); every
- * other field is the main thread's alone. state and last_error are kept here too, and copied to pub
- * when they change (publish_state, set_last_error): the main thread reads its own copies. */
-struct hep {
-    struct atc_endpoint_health pub;
-    enum atc_health_state state;
-    enum atc_check_verdict live, ready, deep;   /* deep starts OK: it can only take an endpoint out */
-    char last_error[ATC_HEALTH_TEXT_WORDS * 8]; /* the last failed probe or ejection, with why; "" if none */
-    uint64_t state_changes;
-    uint64_t ejections_total;
-    double slow_start; /* share of its capacity offered now: 1 unless ramping up */
-    struct atc_server_load load;
-    struct atc_health *h;
-    struct atc_endpoint *ep;
-    struct hmodel *model;
-    const struct atc_health_config *cfg;
-    const struct atc_engine_profile *engine; /* engine: of the endpoint (its model's for simulated ones) */
-    unsigned engine_id;                      /* the same, as an enum atc_engine */
-    uint64_t started_ms;                     /* when checks began: the start-up grace runs from it */
-    struct atc_upstream_pool *pool;
-    struct probe probes[NPROBES];
-    char *deep_body;
-    size_t deep_len;
-    const char *deep_method;
-    bool drained;
-    bool ejected;
-    bool ever_healthy;
-    bool cap_logged; /* the ejection cap stopped an ejection; logged once per streak */
-    unsigned passive_fails;
-    unsigned ejections; /* the current streak, for the growing ejection time */
-    uint64_t eject_ms;  /* length of the current ejection */
-    uint64_t returned_ms;
-    uint64_t last_kick_ms;
-    uint64_t deep_started_ms;
-    struct event *eject_timer;
-    uint64_t ramp_start_ms; /* 0 = not ramping */
-    struct atc_load_counters prefix_counters;
-    bool scrape_failing;
-    bool ready_unanswered; /* the last ready probe got no HTTP answer at all (refused, timed out) */
-    bool down_seen;        /* since (or just before) its ejection, the probes found it unreachable */
-};
-
-struct atc_health {
-    struct event_base *base;
-    struct atc_endpoint_table *table;
-    struct hep *eps;
-    size_t neps;
-    struct hmodel *models;
-    size_t nmodels;
-    struct event *ramp_timer;
-    struct event *first_ev;
-    void (*first_cb)(void *arg);
-    void *first_arg;
-    size_t first_pending;
-    bool first_done;
-    struct event *capacity_ev; /* tells on_capacity, from the loop, that there is more room */
-    void (*on_capacity)(void *arg);
-    void *on_capacity_arg;
-    uint64_t rng;
-    struct atc_health_stats stats;
-};
 
 static void set_state(struct hep *e, const char *reason);
 static void schedule(struct probe *pr, uint64_t delay_ms);
-
-static struct hep *hep_of(const struct atc_endpoint *ep)
-{
-    /* ep->health is the first member of its struct hep */
-    return ep->health != NULL ? (struct hep *)(void *)ep->health : NULL;
-}
 
 /* ---- what the workers read ---- */
 
@@ -276,7 +176,7 @@ static bool apply_ramps(struct atc_health *h)
     uint64_t now = atc_mono_ms();
     bool more = false;
     for (size_t i = 0; i < h->neps; i++) {
-        struct hep *e = &h->eps[i];
+        struct hep *e = h->eps[i];
         if (e->ramp_start_ms == 0)
             continue;
         double share = e->state == ATC_HEALTH_HEALTHY ? ramp_share(e, now) : 1.0;
@@ -315,7 +215,7 @@ static void on_ramp_tick(evutil_socket_t fd, short what, void *arg)
 /* Panic mode and `routable` for every endpoint of @p m, from their states. */
 static void update_model(struct hmodel *m)
 {
-    struct atc_health *h = m->eps[0]->h;
+    struct atc_health *h = m->h;
     size_t healthy = 0, out = 0, drained = 0;
     for (size_t i = 0; i < m->neps; i++) {
         healthy += m->eps[i]->state == ATC_HEALTH_HEALTHY;
@@ -785,7 +685,7 @@ void atc_health_key_refused(struct atc_endpoint *ep, int status)
 {
     char why[sizeof(((struct hep *)0)->last_error)];
     refusal_text(ep, status, why, sizeof(why));
-    struct hep *e = hep_of(ep);
+    struct hep *e = atc_health_hep_of(ep);
     if (e != NULL && strcmp(e->last_error, why) == 0)
         return; /* said already */
     atc_warn("endpoint %s: %s", ep->id, why);
@@ -795,7 +695,7 @@ void atc_health_key_refused(struct atc_endpoint *ep, int status)
 
 void atc_health_observe(struct atc_endpoint *ep, bool ok)
 {
-    struct hep *e = hep_of(ep);
+    struct hep *e = atc_health_hep_of(ep);
     if (e == NULL)
         return;
     if (ok) {
@@ -852,7 +752,7 @@ void atc_health_observe(struct atc_endpoint *ep, bool ok)
 
 void atc_health_set_drained(struct atc_health *h, struct atc_endpoint *ep, bool drain)
 {
-    struct hep *e = hep_of(ep);
+    struct hep *e = atc_health_hep_of(ep);
     if (e == NULL || e->drained == drain)
         return;
     e->drained = drain;
@@ -987,11 +887,80 @@ oom:
     return -1;
 }
 
+/* Points @p e's settings (its own and its probes') into @p cfg, and its model's: adding or removing an
+ * endpoint at run time moves the entries of the config's endpoint arrays. */
+static void bind_config(struct hep *e, const struct atc_config *cfg)
+{
+    const struct atc_health_config *mc;
+    unsigned engine;
+    e->cfg = config_for(cfg, e->ep, &mc, &engine);
+    const struct atc_check_config *checks[NPROBES] = {&e->cfg->live, &e->cfg->ready, &e->cfg->deep,
+                                                      &e->cfg->scrape};
+    for (int k = 0; k < NPROBES; k++)
+        e->probes[k].cfg = checks[k];
+}
+
+static const struct atc_health_config *model_config(const struct atc_config *cfg, const char *name)
+{
+    for (size_t j = 0; j < cfg->nmodels; j++)
+        if (strcmp(cfg->models[j].name, name) == 0)
+            return &cfg->models[j].health;
+    return &cfg->health;
+}
+
+static void rebind(struct atc_health *h, const struct atc_config *cfg)
+{
+    for (size_t i = 0; i < h->neps; i++)
+        bind_config(h->eps[i], cfg);
+    for (size_t i = 0; i < h->nmodels; i++)
+        h->models[i].cfg = model_config(cfg, h->models[i].name);
+}
+
+/* Stops @p e's probes and timers and frees what they hold; its `pub` stays as it was. */
+static void hep_stop(struct hep *e)
+{
+    for (int k = 0; k < NPROBES; k++) {
+        struct probe *pr = &e->probes[k];
+        if (pr->req != NULL)
+            atc_upstream_cancel(pr->req);
+        pr->req = NULL;
+        if (pr->timer != NULL)
+            event_free(pr->timer);
+        if (pr->deadline != NULL)
+            event_free(pr->deadline);
+        if (pr->body != NULL)
+            evbuffer_free(pr->body);
+        pr->timer = pr->deadline = NULL;
+        pr->body = NULL;
+        pr->enabled = false;
+    }
+    if (e->eject_timer != NULL)
+        event_free(e->eject_timer);
+    e->eject_timer = NULL;
+    atc_upstream_pool_destroy(e->pool);
+    e->pool = NULL;
+    free(e->deep_body);
+    e->deep_body = NULL;
+}
+
+/* Frees @p e, once no worker reads its endpoint's health any more (or they are parked). */
+static void hep_free(struct hep *e)
+{
+    if (e == NULL)
+        return;
+    hep_stop(e);
+    if (e->ep != NULL && e->ep->health == &e->pub) {
+        e->ep->health = NULL;
+        atomic_store_explicit(&e->ep->slow_start_limit, 0, memory_order_relaxed);
+    }
+    free(e);
+}
+
 /* A config reload: an endpoint that stays keeps what its checks found, so it keeps serving. */
 static void carry_over(struct hep *e, const struct atc_health *previous)
 {
     for (size_t i = 0; previous != NULL && i < previous->neps; i++) {
-        const struct hep *o = &previous->eps[i];
+        const struct hep *o = previous->eps[i];
         if (o->ep != e->ep)
             continue;
         e->live = o->live;
@@ -1008,6 +977,41 @@ static void carry_over(struct hep *e, const struct atc_health *previous)
     }
 }
 
+/* @p e's first state: starting, or what @p previous found (may be NULL); healthy at once without active
+ * checks. */
+static void first_state(struct hep *e, const struct atc_health *previous)
+{
+    publish_state(e, ATC_HEALTH_STARTING);
+    carry_over(e, previous);
+    enum atc_health_state s = derive_state(e);
+    if (s != ATC_HEALTH_STARTING) {
+        publish_state(e, s);
+        if (s == ATC_HEALTH_HEALTHY) {
+            e->ever_healthy = true;
+            e->returned_ms = atc_mono_ms();
+        }
+    }
+}
+
+/* @p e's first probes: live and ready at once (they count towards the first round until it is over). */
+static void start_probes(struct hep *e)
+{
+    struct atc_health *h = e->h;
+    for (int k = 0; k < NPROBES; k++) {
+        struct probe *pr = &e->probes[k];
+        if (!pr->enabled)
+            continue;
+        if ((k == PROBE_LIVE || k == PROBE_READY) && !h->first_done) {
+            pr->first_pending = true;
+            h->first_pending++;
+        }
+        if (k == PROBE_DEEP)
+            schedule(pr, pr->cfg->interval_ms); /* and at once when it first turns healthy */
+        else
+            kick(pr); /* start-up: check at once */
+    }
+}
+
 struct atc_health *atc_health_create(struct event_base *base, struct atc_endpoint_table *table,
                                      const struct atc_config *cfg, const struct atc_health *previous,
                                      const char **err)
@@ -1018,11 +1022,9 @@ struct atc_health *atc_health_create(struct event_base *base, struct atc_endpoin
         return NULL;
     }
     h->base = base;
-    h->table = table;
     h->rng = atc_mono_us() ^ ((uint64_t)getpid() << 32);
-    h->neps = table->nendpoints;
     h->nmodels = table->nmodels;
-    h->eps = calloc(h->neps ? h->neps : 1, sizeof(*h->eps));
+    h->eps = calloc(table->nendpoints ? table->nendpoints : 1, sizeof(*h->eps));
     h->models = calloc(h->nmodels ? h->nmodels : 1, sizeof(*h->models));
     h->ramp_timer = evtimer_new(base, on_ramp_tick, h);
     h->first_ev = evtimer_new(base, on_first_round, h);
@@ -1032,103 +1034,159 @@ struct atc_health *atc_health_create(struct event_base *base, struct atc_endpoin
         *err = "out of memory";
         goto error;
     }
-    for (size_t i = 0; i < h->neps; i++)
-        if (hep_init(h, &h->eps[i], table->endpoints[i], cfg, err) < 0)
-            goto error;
-    for (size_t i = 0; i < h->nmodels; i++) {
-        struct atc_model *tm = &table->models[i];
-        struct hmodel *m = &h->models[i];
-        m->name = tm->name;
-        m->cfg = &cfg->health;
-        for (size_t j = 0; j < cfg->nmodels; j++)
-            if (strcmp(cfg->models[j].name, tm->name) == 0)
-                m->cfg = &cfg->models[j].health;
-        if ((m->eps = calloc(tm->nendpoints ? tm->nendpoints : 1, sizeof(*m->eps))) == NULL) {
+    for (size_t i = 0; i < table->nendpoints; i++) {
+        struct hep *e = calloc(1, sizeof(*e));
+        if (e == NULL) {
             *err = "out of memory";
             goto error;
         }
-        for (size_t j = 0; j < tm->nendpoints; j++) {
-            struct hep *e = &h->eps[tm->endpoints[j]->position]; /* (ep->index is its slot) */
-            e->model = m;
-            m->eps[m->neps++] = e;
+        h->eps[h->neps++] = e;
+        if (hep_init(h, e, table->endpoints[i], cfg, err) < 0)
+            goto error;
+    }
+    for (size_t i = 0; i < h->nmodels; i++) {
+        struct atc_model *tm = &table->models[i];
+        struct hmodel *m = &h->models[i];
+        m->h = h;
+        m->cfg = model_config(cfg, tm->name);
+        if ((m->name = strdup(tm->name)) == NULL ||
+            (m->eps = calloc(tm->nendpoints ? tm->nendpoints : 1, sizeof(*m->eps))) == NULL) {
+            *err = "out of memory";
+            goto error;
         }
+        for (size_t j = 0; j < h->neps; j++) /* (in the table's order: the model's own may differ) */
+            for (size_t k = 0; k < tm->nendpoints; k++)
+                if (tm->endpoints[k] == h->eps[j]->ep) {
+                    h->eps[j]->model = m;
+                    m->eps[m->neps++] = h->eps[j];
+                }
     }
     /* Publish, then derive every state (endpoints without active checks are healthy at once), then
      * start the first probes. */
     for (size_t i = 0; i < h->neps; i++) {
-        struct hep *e = &h->eps[i];
+        struct hep *e = h->eps[i];
         e->ep->health = &e->pub; /* (the workers are parked, or not started yet) */
         atomic_store_explicit(&e->ep->routable, false, memory_order_relaxed);
         atomic_store_explicit(&e->ep->slow_start_limit, 0, memory_order_relaxed);
     }
-    for (size_t i = 0; i < h->neps; i++) {
-        struct hep *e = &h->eps[i];
-        if (e->model == NULL)
-            continue;
-        publish_state(e, ATC_HEALTH_STARTING);
-        carry_over(e, previous);
-        enum atc_health_state s = derive_state(e);
-        if (s != ATC_HEALTH_STARTING) {
-            publish_state(e, s);
-            if (s == ATC_HEALTH_HEALTHY) {
-                e->ever_healthy = true;
-                e->returned_ms = atc_mono_ms();
-            }
-        }
-    }
+    for (size_t i = 0; i < h->neps; i++)
+        if (h->eps[i]->model != NULL)
+            first_state(h->eps[i], previous);
     for (size_t i = 0; i < h->nmodels; i++)
         if (h->models[i].neps > 0)
             update_model(&h->models[i]);
-    for (size_t i = 0; i < h->neps; i++) {
-        struct hep *e = &h->eps[i];
-        for (int k = 0; k < NPROBES; k++) {
-            struct probe *pr = &e->probes[k];
-            if (!pr->enabled)
-                continue;
-            if (k == PROBE_LIVE || k == PROBE_READY) {
-                pr->first_pending = true;
-                h->first_pending++;
-            }
-            if (k == PROBE_DEEP)
-                schedule(pr, pr->cfg->interval_ms); /* and at once when it first turns healthy */
-            else
-                kick(pr); /* start-up: check at once */
-        }
-    }
+    for (size_t i = 0; i < h->neps; i++)
+        start_probes(h->eps[i]);
     return h;
 error:
     atc_health_destroy(h);
     return NULL;
 }
 
+int atc_health_add(struct atc_health *h, struct atc_endpoint *ep, const struct atc_config *cfg, const char **err)
+{
+    struct hmodel *m = NULL;
+    for (size_t i = 0; i < h->nmodels && m == NULL; i++)
+        if (strcmp(h->models[i].name, ep->model) == 0)
+            m = &h->models[i];
+    if (m == NULL) {
+        *err = "no model with this name";
+        return -1;
+    }
+    struct hep **eps = realloc(h->eps, (h->neps + 1) * sizeof(*eps));
+    if (eps != NULL)
+        h->eps = eps;
+    struct hep **meps = eps != NULL ? realloc(m->eps, (m->neps + 1) * sizeof(*meps)) : NULL;
+    if (meps != NULL)
+        m->eps = meps;
+    struct hep *e = meps != NULL ? calloc(1, sizeof(*e)) : NULL;
+    if (e == NULL) {
+        *err = "out of memory";
+        return -1;
+    }
+    if (hep_init(h, e, ep, cfg, err) < 0) {
+        hep_free(e);
+        return -1;
+    }
+    e->model = m;
+    h->eps[h->neps++] = e;
+    m->eps[m->neps++] = e;
+    rebind(h, cfg);
+    /* Before any worker can see the endpoint: the caller publishes it afterwards. */
+    ep->health = &e->pub;
+    atomic_store_explicit(&ep->routable, false, memory_order_relaxed);
+    atomic_store_explicit(&ep->slow_start_limit, 0, memory_order_relaxed);
+    first_state(e, NULL);
+    update_model(m);
+    start_probes(e);
+    return 0;
+}
+
+void atc_health_remove(struct atc_health *h, struct atc_endpoint *ep, const struct atc_config *cfg)
+{
+    struct hep *e = NULL;
+    for (size_t i = 0; i < h->neps && e == NULL; i++)
+        if (h->eps[i]->ep == ep) {
+            e = h->eps[i];
+            memmove(&h->eps[i], &h->eps[i + 1], (h->neps - i - 1) * sizeof(*h->eps));
+            h->neps--;
+        }
+    if (e != NULL) {
+        struct hmodel *m = e->model;
+        for (size_t i = 0; m != NULL && i < m->neps; i++)
+            if (m->eps[i] == e) {
+                memmove(&m->eps[i], &m->eps[i + 1], (m->neps - i - 1) * sizeof(*m->eps));
+                m->neps--;
+                break;
+            }
+        for (int k = 0; k < NPROBES; k++)
+            if (e->probes[k].first_pending) {
+                e->probes[k].first_pending = false;
+                first_round_step(h);
+            }
+        hep_stop(e);
+        /* Workers may still read ep->health until they all take the table without it: it stays, as
+         * "draining" (what the endpoint does now), until atc_health_forget. */
+        publish_state(e, ATC_HEALTH_DRAINING);
+        atomic_store_explicit(&ep->routable, false, memory_order_relaxed);
+        atomic_store_explicit(&ep->slow_start_limit, 0, memory_order_relaxed);
+        struct hep **husks = realloc(h->husks, (h->nhusks + 1) * sizeof(*husks));
+        if (husks != NULL) {
+            h->husks = husks;
+            h->husks[h->nhusks++] = e;
+        } /* else it is never freed: a few hundred bytes, rather than a pointer a worker may follow */
+        if (m != NULL && m->neps > 0) {
+            update_model(m);
+        } else if (m != NULL && m->panic) {
+            m->panic = false;
+            h->stats.models_in_panic--;
+        }
+    }
+    rebind(h, cfg);
+}
+
+void atc_health_forget(struct atc_health *h, struct atc_endpoint *ep)
+{
+    for (size_t i = 0; h != NULL && i < h->nhusks; i++)
+        if (h->husks[i]->ep == ep) {
+            hep_free(h->husks[i]);
+            h->husks[i] = h->husks[--h->nhusks];
+            return;
+        }
+}
+
 void atc_health_destroy(struct atc_health *h)
 {
     if (h == NULL)
         return;
-    for (size_t i = 0; i < h->neps; i++) {
-        struct hep *e = &h->eps[i];
-        for (int k = 0; k < NPROBES; k++) {
-            struct probe *pr = &e->probes[k];
-            if (pr->req != NULL)
-                atc_upstream_cancel(pr->req);
-            if (pr->timer != NULL)
-                event_free(pr->timer);
-            if (pr->deadline != NULL)
-                event_free(pr->deadline);
-            if (pr->body != NULL)
-                evbuffer_free(pr->body);
-        }
-        if (e->eject_timer != NULL)
-            event_free(e->eject_timer);
-        atc_upstream_pool_destroy(e->pool);
-        free(e->deep_body);
-        if (e->ep != NULL && e->ep->health == &e->pub) {
-            e->ep->health = NULL;
-            atomic_store_explicit(&e->ep->slow_start_limit, 0, memory_order_relaxed);
-        }
-    }
-    for (size_t i = 0; i < h->nmodels; i++)
+    for (size_t i = 0; i < h->neps; i++)
+        hep_free(h->eps[i]);
+    for (size_t i = 0; i < h->nhusks; i++) /* (the workers are parked or gone, as for the others) */
+        hep_free(h->husks[i]);
+    for (size_t i = 0; i < h->nmodels; i++) {
+        free(h->models[i].name);
         free(h->models[i].eps);
+    }
     if (h->ramp_timer != NULL)
         event_free(h->ramp_timer);
     if (h->first_ev != NULL)
@@ -1136,65 +1194,7 @@ void atc_health_destroy(struct atc_health *h)
     if (h->capacity_ev != NULL)
         event_free(h->capacity_ev);
     free(h->eps);
+    free(h->husks);
     free(h->models);
     free(h);
-}
-
-/* ---- views for the reports ---- */
-
-bool atc_health_view_endpoint(const struct atc_endpoint *ep, struct atc_health_view *v)
-{
-    const struct hep *e = hep_of(ep);
-    if (e == NULL)
-        return false;
-    *v = (struct atc_health_view){
-        .id = ep->id,
-        .model = ep->model,
-        .state = e->state,
-        .live = e->live,
-        .ready = e->ready,
-        .deep = e->deep,
-        .deep_enabled = e->probes[PROBE_DEEP].enabled,
-        .consecutive_failures = atomic_load_explicit(&e->pub.consecutive_failures, memory_order_relaxed),
-        .last_check_ms = atomic_load_explicit(&e->pub.last_check_ms, memory_order_relaxed),
-        .state_changes = e->state_changes,
-        .ejections_total = e->ejections_total,
-        .slow_start = e->slow_start,
-        .drained = e->drained,
-        .ejected = e->ejected,
-        .load = e->load,
-    };
-    snprintf(v->last_error, sizeof(v->last_error), "%s", e->last_error);
-    return true;
-}
-
-size_t atc_health_nendpoints(const struct atc_health *h)
-{
-    return h->neps;
-}
-
-const struct atc_endpoint *atc_health_endpoint_at(const struct atc_health *h, size_t i)
-{
-    return h->eps[i].ep;
-}
-
-size_t atc_health_nmodels(const struct atc_health *h)
-{
-    return h->nmodels;
-}
-
-void atc_health_view_model(const struct atc_health *h, size_t i, struct atc_health_model_view *v)
-{
-    const struct hmodel *m = &h->models[i];
-    *v = (struct atc_health_model_view){
-        .name = m->name,
-        .panic = m->panic,
-        .panic_fails = m->cfg->panic == ATC_PANIC_FAIL,
-        .panics_total = m->panics_total,
-    };
-}
-
-void atc_health_stats(const struct atc_health *h, struct atc_health_stats *out)
-{
-    *out = h->stats;
 }

@@ -27,8 +27,10 @@
  * ep->slow_start_limit (the balancer; endpoint.h): each of those fields is an atomic, read and written
  * relaxed (each value is consistent on its own, not with the others: routing is a heuristic over values
  * that change all the time), and the one text, last_error, is a seqlock (struct atc_health_text). The
- * pointer ep->health itself changes only in atc_health_create and _destroy, which run before the worker
- * threads start, after they stop, or with every worker parked (a config reload, atc_workers_pause).
+ * pointer ep->health itself is set by atc_health_create (before the worker threads start, or with every
+ * worker parked: a config reload, atc_workers_pause) and atc_health_add (before the endpoint is in any
+ * table a worker sees), and cleared by _destroy (parked or stopped) and atc_health_forget (once no worker
+ * sees the endpoint); an endpoint removed at run time keeps it meanwhile, reading "draining".
  * Everything else (verdicts, counters, the scraped load: workers read its values in ep->sig,
  * signals.h) stays in health.c, where only the main thread touches it. */
 
@@ -37,7 +39,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "fleet/health_text.h"
+#include "fleet/health_state.h"
 #include "fleet/load_scrape.h"
 
 struct event_base;
@@ -47,50 +49,6 @@ struct atc_endpoint;
 struct atc_endpoint_table;
 struct atc_health;
 
-enum atc_health_state {
-    ATC_HEALTH_STARTING,  /* answering (or not checked yet) but not ready: loading its model */
-    ATC_HEALTH_HEALTHY,   /* in rotation */
-    ATC_HEALTH_UNHEALTHY, /* its live or deep check has failed */
-    ATC_HEALTH_EJECTED,   /* taken out for a while by failures of real traffic */
-    ATC_HEALTH_DRAINING,  /* taken out by the admin API; in-flight requests finish */
-};
-
-/* A check's verdict. */
-enum atc_check_verdict { ATC_CHECK_UNKNOWN = -1, ATC_CHECK_FAILED = 0, ATC_CHECK_OK = 1 };
-
-/* What other threads may read about an endpoint's health (ep->health): written by the main thread
- * (health.c), read by any thread, every field on its own (see the top of this file). */
-struct atc_endpoint_health {
-    _Atomic int state;                     /* enum atc_health_state: atc_health_state_of */
-    _Atomic unsigned consecutive_failures; /* the longest current run of failed probes of one check */
-    _Atomic double last_check_ms;          /* monotonic ms (atc.now()'s clock) of the last probe; 0 = none */
-    struct atc_health_text
-        last_error; /* the last failed probe or ejection, with why: atc_health_last_error */
-};
-
-/** The state of @p h (relaxed: it may change at once after). Any thread. */
-static inline enum atc_health_state atc_health_state_of(const struct atc_endpoint_health *h)
-{
-    return (enum atc_health_state)atomic_load_explicit(&h->state, memory_order_relaxed);
-}
-
-/** @p h's last error, as atc_health_text_get. Any thread. */
-static inline size_t atc_health_last_error(const struct atc_endpoint_health *h, char *out, size_t size)
-{
-    return atc_health_text_get(&h->last_error, out, size);
-}
-
-struct atc_health_stats {
-    uint64_t probes_total;
-    uint64_t probe_failures_total;
-    uint64_t state_changes_total;
-    uint64_t ejections_total;
-    uint64_t panics_total;  /* times a model entered panic mode */
-    size_t models_in_panic; /* now */
-    uint64_t scrapes_total;
-    uint64_t scrape_errors_total;
-};
-
 /** Starts checking every endpoint of @p table as @p cfg says (each endpoint's health: settings, else its
  * model's, else the top level's; @p cfg must outlive the scheduler). The first probes start at once;
  * until an endpoint's first results arrive it is "starting" and gets no traffic. Sets ep->health and
@@ -98,6 +56,22 @@ struct atc_health_stats {
 struct atc_health *atc_health_create(struct event_base *base, struct atc_endpoint_table *table,
                                      const struct atc_config *cfg, const struct atc_health *previous,
                                      const char **err);
+
+/** An endpoint that joins at run time (the admin API, discovery): its checks start as at start-up (it is
+ * "starting", not routable, until they pass), with its settings from @p cfg, the config in force that
+ * now holds it (@p cfg must outlive the scheduler, as atc_health_create's). Sets ep->health: call it
+ * before any worker can see @p ep. 0, or -1 and *err (static): its model is unknown, out of memory. */
+int atc_health_add(struct atc_health *h, struct atc_endpoint *ep, const struct atc_config *cfg, const char **err);
+
+/** An endpoint removed at run time: its checks stop, it is no longer routable, and its model's panic mode
+ * and ejection cap count without it. ep->health stays (workers may still read it) and reads "draining"
+ * until atc_health_forget. @p cfg: the config in force, which no longer holds it (the others' settings
+ * are read there from now on). */
+void atc_health_remove(struct atc_health *h, struct atc_endpoint *ep, const struct atc_config *cfg);
+
+/** Frees what atc_health_remove kept of @p ep and clears ep->health: call it once no worker can reach @p ep
+ * (before freeing it). Nothing when @p h (may be NULL) does not hold it. */
+void atc_health_forget(struct atc_health *h, struct atc_endpoint *ep);
 
 /** Stops every probe and timer and clears ep->health (before the table and its pools go). NULL is fine. */
 void atc_health_destroy(struct atc_health *h);

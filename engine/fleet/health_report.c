@@ -13,6 +13,7 @@
 #include "base/clock.h"
 #include "base/histogram.h"
 #include "fleet/health.h"
+#include "fleet/health_internal.h"
 #include "base/json.h"
 
 static void json_number(struct evbuffer *out, const char *key, double v)
@@ -197,4 +198,63 @@ void atc_health_metrics(const struct atc_health *h, struct evbuffer *out)
     metric_help(out, "atc_health_probe_failures_total", "counter", "Active health probes that failed.");
     evbuffer_add_printf(out, "atc_health_probe_failures_total %llu\n",
                         (unsigned long long)st.probe_failures_total);
+}
+
+/* ---- the views (health.h), copied from health.c's state ---- */
+
+bool atc_health_view_endpoint(const struct atc_endpoint *ep, struct atc_health_view *v)
+{
+    const struct hep *e = atc_health_hep_of(ep);
+    if (e == NULL)
+        return false;
+    *v = (struct atc_health_view){
+        .id = ep->id,
+        .model = ep->model,
+        .state = e->state,
+        .live = e->live,
+        .ready = e->ready,
+        .deep = e->deep,
+        .deep_enabled = e->probes[PROBE_DEEP].enabled,
+        .consecutive_failures = atomic_load_explicit(&e->pub.consecutive_failures, memory_order_relaxed),
+        .last_check_ms = atomic_load_explicit(&e->pub.last_check_ms, memory_order_relaxed),
+        .state_changes = e->state_changes,
+        .ejections_total = e->ejections_total,
+        .slow_start = e->slow_start,
+        .drained = e->drained,
+        .ejected = e->ejected,
+        .load = e->load,
+    };
+    snprintf(v->last_error, sizeof(v->last_error), "%s", e->last_error);
+    return true;
+}
+
+size_t atc_health_nendpoints(const struct atc_health *h)
+{
+    return h->neps;
+}
+
+const struct atc_endpoint *atc_health_endpoint_at(const struct atc_health *h, size_t i)
+{
+    return h->eps[i]->ep;
+}
+
+size_t atc_health_nmodels(const struct atc_health *h)
+{
+    return h->nmodels;
+}
+
+void atc_health_view_model(const struct atc_health *h, size_t i, struct atc_health_model_view *v)
+{
+    const struct hmodel *m = &h->models[i];
+    *v = (struct atc_health_model_view){
+        .name = m->name,
+        .panic = m->panic,
+        .panic_fails = m->cfg->panic == ATC_PANIC_FAIL,
+        .panics_total = m->panics_total,
+    };
+}
+
+void atc_health_stats(const struct atc_health *h, struct atc_health_stats *out)
+{
+    *out = h->stats;
 }

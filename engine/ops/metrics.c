@@ -368,6 +368,10 @@ void atc_metrics_render(struct atc_metrics *m, const struct atc_metrics_sources 
          "Times every worker thread was stopped between two callbacks so that the main thread could change "
          "their state.");
     evbuffer_add_printf(out, "atc_worker_parks_total %llu\n", (unsigned long long)src->worker_parks);
+    help(out, "atc_endpoints_removed_pending", "gauge",
+         "Endpoints removed (admin API, discovery, config reload) not freed yet: requests still in flight "
+         "on them, or a worker still to take the table without them.");
+    evbuffer_add_printf(out, "atc_endpoints_removed_pending %zu\n", src->endpoints_removed);
 
     if (src->table != NULL)
         render_endpoints(src, out);

@@ -37,6 +37,7 @@ struct atc_metrics_sources {
     uint64_t worker_requests[ATC_MAX_WORKERS]; /* client requests accepted, by worker */
     unsigned active;                           /* client requests in progress, all workers */
     uint64_t worker_parks;                     /* times every worker was parked (atc_workers_pause) */
+    size_t endpoints_removed;                  /* removed, not freed yet (proxy/table_swap.h) */
     struct atc_cluster *cluster;               /* NULL without cluster: */
     struct atc_limits *limits;                 /* NULL without limits: */
     const struct atc_kv_events *kv;            /* NULL without kv_events: */

@@ -5,9 +5,12 @@ processes on free loopback ports, deadlines rather than sleeps."""
 
 import http.client
 import json
+import os
+import re
 import subprocess
+import threading
 
-from harness import ATC_BIN, AtcTestCase, chat, request, run_file, wait_for
+from harness import ATC_BIN, SOURCE_DIR, AtcTestCase, chat, request, run_file, stream_events, wait_for
 
 HEALTH = """
 health:
@@ -168,6 +171,64 @@ end
         self.assertEqual((status, headers["x-atc-endpoint"], headers["x-atc-decision"]), (200, "a", "endpoint"))
         self.assertEqual(self.policy_status(atc)["version"], version)  # never reloaded
         self.assertNotIn("policy v2", atc.read_log())
+
+    def metric(self, atc, name):
+        body = request("127.0.0.1", atc.admin_port, "GET", "/metrics")[2].decode()
+        m = re.search(r"^%s (\d+)$" % re.escape(name), body, re.M)
+        self.assertIsNotNone(m, f"{name} not in /metrics")
+        return int(m.group(1))
+
+    def test_endpoints_come_and_go_while_requests_flow_and_no_worker_is_parked(self):
+        # Clients stream and post without a pause while endpoints are added, take traffic and are removed
+        # with requests in flight on them, ten times over. None of those requests may fail, the removed
+        # endpoints' connections must all be freed in the end, and the workers must never have been parked:
+        # the endpoint set reaches them through their mailboxes, as policy versions do.
+        a = self.start_sim("a", extra=["--decode-ms", "1"])
+        b = self.start_sim("b", extra=["--decode-ms", "3"])
+        policy = os.path.join(SOURCE_DIR, "scripts", "policy.lua")
+        atc = self.start_atc(config([("a", a.url)], workers=2).replace(
+            "workers: 2\n", f"workers: 2\npolicy: {{entry: {policy}}}\n"))
+        parks = self.metric(atc, "atc_worker_parks_total")
+        served, failures, count = set(), [], [0]
+        stop = threading.Event()
+
+        def client(k):
+            i = 0
+            while not stop.is_set():
+                i += 1
+                body = {"model": "llama-3-8b", "max_tokens": 8, "messages": [{"role": "user", "content": f"c{k} {i}"}]}
+                try:
+                    if i % 2:
+                        status, headers, events = stream_events(atc.port, dict(body, stream=True))
+                        ok = status == 200 and events and events[-1][1] == "[DONE]"
+                    else:
+                        status, headers, data = request("127.0.0.1", atc.port, "POST", "/v1/chat/completions", body)
+                        ok = status == 200 and json.loads(data)["choices"]
+                except Exception as e:  # a connection cut counts as a failure too
+                    status, headers, ok = repr(e), {}, False
+                count[0] += 1
+                if not ok:
+                    failures.append((status, headers.get("x-atc-endpoint")))
+                served.add(headers.get("x-atc-endpoint"))
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        try:
+            for i in range(10):
+                status, body = self.admin(atc, "POST", "/admin/endpoints", {"model": "llama-3-8b", "id": f"n{i}", "url": b.url})
+                self.assertEqual(status, 201, body)
+                wait_for(lambda: f"n{i}" in served, what=f"n{i} serving")
+                self.assertEqual(self.admin(atc, "DELETE", f"/admin/endpoints/n{i}")[0], 200)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        self.assertEqual(failures, [])
+        self.assertGreater(count[0], 50)
+        self.assertEqual(self.metric(atc, "atc_worker_parks_total"), parks)
+        wait_for(lambda: self.metric(atc, "atc_endpoints_removed_pending") == 0, what="removed endpoints freed")
+        self.assertEqual(sorted(atc.endpoints()), ["a", "o"])
 
 
 if __name__ == "__main__":

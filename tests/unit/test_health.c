@@ -250,7 +250,7 @@ static void test_ejection_needs_consecutive_failures_and_is_capped(void **state)
     outcome(f->ep[0], false, -1);
     assert_int_equal(f->ep[0]->health->state, ATC_HEALTH_EJECTED);
     assert_false(f->ep[0]->routable);
-    assert_int_equal(hep_of(f->ep[0])->ejections_total, 1);
+    assert_int_equal(atc_health_hep_of(f->ep[0])->ejections_total, 1);
     char err[200];
     assert_true(atc_health_last_error(f->ep[0]->health, err, sizeof(err)) > 0);
     assert_non_null(strstr(err, "ejected for 3600.0s: 2 requests in a row failed"));
@@ -290,7 +290,7 @@ static void test_drain_and_panic(void **state)
     outcome(f->ep[0], false, -1);
     assert_int_equal(f->ep[0]->health->state, ATC_HEALTH_EJECTED);
     /* Mark b out by hand (as its live check would): with a ejected and c drained, nothing is healthy. */
-    struct hep *b = hep_of(f->ep[1]);
+    struct hep *b = atc_health_hep_of(f->ep[1]);
     b->live = ATC_CHECK_FAILED;
     set_state(b, "test");
     assert_int_equal(f->ep[1]->health->state, ATC_HEALTH_UNHEALTHY);
