@@ -30,6 +30,10 @@
 
 struct atc_disagg {
     const struct atc_disagg_request *rq;
+    /* rq->model's name and protocol, kept: the model struct belongs to a table that an endpoint set change
+     * may replace (and free) between two callbacks, so a retry looks the model up again by name. */
+    char model[128];
+    unsigned disaggregation;
     struct atc_endpoint *prefill; /* holds a slot while set */
     struct atc_endpoint *tried[MAX_PREFILL_TRIES]; /* prefill servers that failed this request */
     unsigned ntried, failures;
@@ -167,13 +171,18 @@ static bool pick_prefill(struct atc_disagg *dg)
     const struct atc_disagg_request *rq = dg->rq;
     unsigned tries = rq->w->cfg->upstream.tries;
     struct atc_endpoint *want = rq->prefill;
+    const struct atc_model *m = atc_endpoint_table_model(rq->w->table, dg->model, strlen(dg->model));
     for (unsigned i = 0; want != NULL && i < dg->ntried; i++)
         want = dg->tried[i] == want ? NULL : want; /* the policy's pick failed once: the C balancer's now */
+    bool listed = false; /* (and only while it is still in the table: it may have been removed since) */
+    for (size_t i = 0; want != NULL && m != NULL && i < m->nendpoints; i++)
+        listed |= m->endpoints[i] == want;
+    want = listed ? want : NULL;
     for (int round = 0; round < 3 && dg->nsent < tries && dg->ntried < MAX_PREFILL_TRIES; round++) {
-        struct atc_endpoint *ep = want != NULL
-                                      ? want
-                                      : atc_balancer_pick_stage(rq->model, &rq->w->rng, dg->tried, dg->ntried,
-                                                                rq->tokens, ATC_ROLE_PREFILL);
+        struct atc_endpoint *ep = want != NULL ? want
+                                  : m == NULL  ? NULL /* the model left the config */
+                                               : atc_balancer_pick_stage(m, &rq->w->rng, dg->tried, dg->ntried,
+                                                                         rq->tokens, ATC_ROLE_PREFILL);
         want = NULL;
         if (ep == NULL)
             return false;
@@ -195,7 +204,7 @@ static bool pick_prefill(struct atc_disagg *dg)
 static void count_prefill_failure(struct atc_disagg *dg, const char *why, enum atc_stage_failure reason)
 {
     atc_warn("prefill server %s: %s", dg->prefill != NULL ? dg->prefill->id : "-", why);
-    atc_stage_failed(stages(dg), dg->rq->model->name, ATC_STAGE_PREFILL, reason);
+    atc_stage_failed(stages(dg), dg->model, ATC_STAGE_PREFILL, reason);
     if (dg->prefill != NULL && dg->ntried < MAX_PREFILL_TRIES)
         dg->tried[dg->ntried++] = dg->prefill;
     release_prefill(dg, false);
@@ -207,7 +216,7 @@ static void prefill_failed(struct atc_disagg *dg, const char *why, enum atc_stag
 {
     count_prefill_failure(dg, why, reason);
     if (pick_prefill(dg)) {
-        atc_stage_retried(stages(dg), dg->rq->model->name, ATC_STAGE_PREFILL);
+        atc_stage_retried(stages(dg), dg->model, ATC_STAGE_PREFILL);
         prefill_send(dg);
         return;
     }
@@ -454,13 +463,15 @@ int atc_disagg_attempt(struct atc_disagg **dgp, const struct atc_disagg_request 
         return -1;
     }
     dg->rq = rq;
+    snprintf(dg->model, sizeof(dg->model), "%s", rq->model->name);
+    dg->disaggregation = rq->model->disaggregation;
     dg->on_ready = on_ready;
     dg->arg = arg;
     dg->pair_pending = false;
     if (dg->ndecode++ > 0) /* the relay tries another decode server (SGLang: the pair again) */
-        atc_stage_retried(stages(dg), rq->model->name, dg->pair_again ? ATC_STAGE_PREFILL : ATC_STAGE_DECODE);
+        atc_stage_retried(stages(dg), dg->model, dg->pair_again ? ATC_STAGE_PREFILL : ATC_STAGE_DECODE);
     dg->pair_again = false;
-    if (rq->model->disaggregation == ATC_DISAGG_VLLM && dg->kv_params != NULL)
+    if (dg->disaggregation == ATC_DISAGG_VLLM && dg->kv_params != NULL)
         return 0;         /* a decode retry: the prefill server still holds the blocks for these params */
     if (dg->up != NULL) { /* SGLang: the last pair's prefill, whose decode failed */
         atc_upstream_cancel(dg->up);
@@ -471,7 +482,7 @@ int atc_disagg_attempt(struct atc_disagg **dgp, const struct atc_disagg_request 
         *err = "no prefill server can take the request now";
         return -1;
     }
-    if (rq->model->disaggregation == ATC_DISAGG_SGLANG)
+    if (dg->disaggregation == ATC_DISAGG_SGLANG)
         return sglang_attempt(dg, err);
     prefill_send(dg);
     return 1;
@@ -486,7 +497,7 @@ void atc_disagg_body(const struct atc_disagg *dg, const char **body, size_t *len
 void atc_disagg_decode_failed(struct atc_disagg *dg, int status, enum atc_upstream_error err)
 {
     if (dg != NULL)
-        atc_stage_failed(stages(dg), dg->rq->model->name, ATC_STAGE_DECODE, failure_of(status, err));
+        atc_stage_failed(stages(dg), dg->model, ATC_STAGE_DECODE, failure_of(status, err));
 }
 
 void atc_disagg_log(struct atc_disagg *dg, struct atc_access_record *rec, uint64_t first_us)
@@ -499,7 +510,7 @@ void atc_disagg_log(struct atc_disagg *dg, struct atc_access_record *rec, uint64
     /* SGLang's stages overlap: its decode waits from the send of both */
     uint64_t from = dg->t_answered_us ? dg->t_answered_us : dg->t_sent_us;
     rec->decode_first_ms = first_us > from && from != 0 ? (double)(first_us - from) / 1000.0 : -1;
-    atc_stage_times(stages(dg), dg->rq->model->name, rec->prefill_ms >= 0 ? rec->prefill_ms / 1000.0 : -1,
+    atc_stage_times(stages(dg), dg->model, rec->prefill_ms >= 0 ? rec->prefill_ms / 1000.0 : -1,
                     rec->decode_first_ms >= 0 ? rec->decode_first_ms / 1000.0 : -1);
 }
 

@@ -42,7 +42,7 @@ struct atc_access_record;
 /* What the relay hands to a request's stages. */
 struct atc_disagg_request {
     struct atc_worker *w;
-    const struct atc_model *model; /* disaggregated */
+    const struct atc_model *model; /* disaggregated; in w->table now: read during atc_disagg_attempt only */
     const char *path;              /* upstream path */
     const char *body;              /* the client's body as the decode server gets it (a model alias mapped) */
     size_t len;
