@@ -1013,7 +1013,7 @@ static void kill_view(lua_State *L, int view)
 /* Builds one view table per endpoint of v->rt->table (see ep_live) into a registry table, slot + 1 ->
  * view, and the view -> slot lookup; replaces any previous ones. With @p keep, the views of endpoints
  * still in their slots stay the same tables (a policy may hold them across decisions: that table was
- * renumbered by atc_endpoint_table_change, which keeps slots) and the views of endpoints that left are
+ * renumbered by atc_endpoint_table_with, which keeps slots) and the views of endpoints that left are
  * killed (kill_view). Raises only before it changes v. */
 static void open_views(struct policy_version *v, bool keep)
 {

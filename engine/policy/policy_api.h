@@ -21,7 +21,7 @@ void policy_api_open(struct policy_version *v);
 /** Rebuilds the endpoint views of @p v for v->rt->table (views made before no longer resolve). May raise a
  * Lua error (out of memory) before it changes anything. */
 void policy_api_set_table(struct policy_version *v);
-/** The same after atc_endpoint_table_change (slots kept): the views of the endpoints that stayed are the
+/** The same after atc_endpoint_table_with (slots kept): the views of the endpoints that stayed are the
  * same tables, those of the endpoints that left read nil. Raises on allocation failure. */
 void policy_api_update_views(struct policy_version *v);
 /** The endpoint behind the value at @p idx (an endpoint view or an id string), or NULL. */

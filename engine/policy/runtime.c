@@ -536,16 +536,21 @@ uint64_t atc_policy_adopt(struct atc_policy_runtime *rt, struct atc_policy_build
     }
     struct policy_version *v = b->versions[i];
     b->versions[i] = NULL;
-    if (b->table_changes != rt->table_changes ||
-        (b->table_updates != rt->table_updates && b->as.target == ATC_POLICY_SHADOW)) {
-        /* a config reload rebuilt the runtime meanwhile (or the shadow, on an endpoint set change) */
+    if (b->table_changes != rt->table_changes) { /* a config reload rebuilt the runtime meanwhile */
         policy_version_destroy(v);
         return 0;
     }
-    if (b->as.target == ATC_POLICY_SHADOW)
-        return policy_shadow_adopt(rt, v, atc_policy_build_version(b), b->as.entry, b->as.sample, first);
+    bool stale = b->table_updates != rt->table_updates; /* built on an older endpoint set: its views */
+    if (b->as.target == ATC_POLICY_SHADOW) {
+        uint64_t version = policy_shadow_adopt(rt, v, atc_policy_build_version(b), b->as.entry, b->as.sample, first);
+        if (version != 0 && stale && update_views(v) < 0) { /* (v is the shadow's now, on rt->table) */
+            policy_shadow_clear(rt, first);
+            return 0;
+        }
+        return version;
+    }
     v->rt = rt; /* from here on its own watchdog, clock and random numbers */
-    if (b->table_updates != rt->table_updates && update_views(v) < 0) { /* built on an older endpoint set */
+    if (stale && update_views(v) < 0) {
         policy_version_destroy(v);
         return 0;
     }
@@ -578,7 +583,7 @@ static int update_views_protected(lua_State *L)
     return 0;
 }
 
-/* @p v's views for v->rt->table, which atc_endpoint_table_change made from the one they were built on:
+/* @p v's views for v->rt->table, which atc_endpoint_table_with made from the one they were built on:
  * no Lua code runs. -1 when Lua ran out of memory (the views are then as they were). */
 static int update_views(struct policy_version *v)
 {
@@ -595,7 +600,7 @@ uint64_t atc_policy_update_table(struct atc_policy_runtime *rt, struct atc_endpo
     rt->table_updates++;
     if (policy_canary_running(rt->canary) != NULL) /* judged against a set that changed under it */
         atc_policy_canary_end(rt, false, "an endpoint was added or removed");
-    policy_shadow_set_table(rt, table); /* a shadow reloads (its statistics are per endpoint) */
+    policy_shadow_update_table(rt, table); /* its views too: its record, kept by slot, goes on */
     if (rt->last_good != NULL && update_views(rt->last_good) < 0) {
         policy_version_destroy(rt->last_good);
         rt->last_good = NULL;

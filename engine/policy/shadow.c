@@ -26,7 +26,7 @@ struct atc_policy_shadow {
     /* Its record beside one live version: reset when the live version changes. */
     uint64_t live_version;
     uint64_t decisions, agreed;
-    uint64_t *picks, *live_picks; /* per endpoint index [npicks] */
+    uint64_t *picks, *live_picks; /* per endpoint slot (ep->index) [npicks]: kept when endpoints come and go */
     size_t npicks;
 };
 
@@ -59,6 +59,24 @@ static int stats_alloc(struct atc_policy_shadow *ss, size_t n)
     ss->live_picks = calloc(n ? n : 1, sizeof(uint64_t));
     ss->npicks = n;
     return ss->picks != NULL && ss->live_picks != NULL ? 0 : -1;
+}
+
+/* Room for @p n slots, the counts so far kept (an endpoint added takes a new slot). -1: out of memory. */
+static int stats_grow(struct atc_policy_shadow *ss, size_t n)
+{
+    if (n <= ss->npicks)
+        return 0;
+    uint64_t *p = realloc(ss->picks, n * sizeof(uint64_t));
+    if (p != NULL)
+        ss->picks = p;
+    uint64_t *l = p != NULL ? realloc(ss->live_picks, n * sizeof(uint64_t)) : NULL;
+    if (l == NULL)
+        return -1;
+    ss->live_picks = l;
+    memset(ss->picks + ss->npicks, 0, (n - ss->npicks) * sizeof(uint64_t));
+    memset(ss->live_picks + ss->npicks, 0, (n - ss->npicks) * sizeof(uint64_t));
+    ss->npicks = n;
+    return 0;
 }
 
 /* Unloads the shadow of @p ss, keeping the count of versions loaded. */
@@ -151,7 +169,7 @@ uint64_t policy_shadow_adopt(struct atc_policy_runtime *rt, struct policy_versio
     s.rollback_after = 0;
     s.quiet = true;
     struct atc_policy_runtime *sh = policy_runtime_create(&s);
-    if (sh == NULL || (ss->entry = strdup(entry)) == NULL || stats_alloc(ss, rt->table->nendpoints) < 0) {
+    if (sh == NULL || (ss->entry = strdup(entry)) == NULL || stats_alloc(ss, rt->table->nslots) < 0) {
         atc_policy_runtime_destroy(sh);
         policy_version_destroy(v);
         unload(ss);
@@ -180,12 +198,27 @@ void policy_shadow_set_table(struct atc_policy_runtime *rt, struct atc_endpoint_
     if (ss->rt == NULL)
         return;
     char *err = NULL;
-    if (atc_policy_set_table(ss->rt, table, &err) == 0 || stats_alloc(ss, table->nendpoints) < 0) {
+    if (atc_policy_set_table(ss->rt, table, &err) == 0 || stats_alloc(ss, table->nslots) < 0) {
         atc_error("policy shadow removed: it does not load against the new endpoint table: %s",
                   err != NULL ? err : "out of memory");
         policy_shadow_clear(rt, false);
     } else {
         stats_reset(ss, rt->current->version);
+    }
+    free(err);
+}
+
+void policy_shadow_update_table(struct atc_policy_runtime *rt, struct atc_endpoint_table *table)
+{
+    struct atc_policy_shadow *ss = rt->shadow;
+    if (ss->rt == NULL)
+        return;
+    char *err = NULL;
+    /* Its views only, as the live version's: no Lua code runs, its module state and record go on. */
+    if (atc_policy_update_table(ss->rt, table, &err) == 0 || stats_grow(ss, table->nslots) < 0) {
+        atc_error("policy shadow removed: it does not take the new endpoint set: %s",
+                  err != NULL ? err : "out of memory");
+        policy_shadow_clear(rt, false);
     }
     free(err);
 }
@@ -246,6 +279,9 @@ static bool totals(struct atc_policy_runtime *const *rts, size_t n, struct shado
     if (s0->rt == NULL)
         return false;
     *t = (struct shadow_totals){.npicks = s0->npicks};
+    for (size_t i = 0; i < n; i++) /* (a worker may not have taken the latest endpoint set yet) */
+        if (rts[i]->shadow->npicks > t->npicks)
+            t->npicks = rts[i]->shadow->npicks;
     t->picks = calloc(t->npicks ? t->npicks : 1, sizeof(uint64_t));
     t->live_picks = calloc(t->npicks ? t->npicks : 1, sizeof(uint64_t));
     if (t->picks == NULL || t->live_picks == NULL) {
@@ -261,11 +297,11 @@ static bool totals(struct atc_policy_runtime *const *rts, size_t n, struct shado
         t->errors += c->errors + c->oom;
         t->overruns += c->overruns;
         t->invalid += c->invalid;
-        if (ss->live_version != s0->live_version || ss->npicks != t->npicks)
+        if (ss->live_version != s0->live_version)
             continue;
         t->decisions += ss->decisions;
         t->agreed += ss->agreed;
-        for (size_t k = 0; k < t->npicks; k++) {
+        for (size_t k = 0; k < ss->npicks; k++) {
             t->picks[k] += ss->picks[k];
             t->live_picks[k] += ss->live_picks[k];
         }
@@ -278,10 +314,10 @@ static void picks_json(struct evbuffer *out, const struct atc_endpoint_table *ta
 {
     evbuffer_add(out, "{", 1);
     bool first = true;
-    for (size_t k = 0; k < n && k < table->nendpoints; k++) {
-        if (picks[k] == 0)
+    for (size_t k = 0; k < n && k < table->nslots; k++) { /* (an endpoint removed is no longer named) */
+        if (picks[k] == 0 || table->slots[k] == NULL)
             continue;
-        const char *id = table->endpoints[k]->id;
+        const char *id = table->slots[k]->id;
         evbuffer_add_printf(out, "%s\"", first ? "" : ",");
         atc_json_escape(out, id, strlen(id));
         evbuffer_add_printf(out, "\":%llu", (unsigned long long)picks[k]);
@@ -343,9 +379,10 @@ void policy_shadow_metrics(struct atc_policy_runtime *const *rts, size_t n, stru
                         labels, (unsigned long long)t.decisions, labels, (unsigned long long)t.agreed, labels,
                         (unsigned long long)t.errors, labels, (unsigned long long)t.overruns, labels,
                         (unsigned long long)t.invalid);
-    for (size_t k = 0; k < t.npicks && k < r0->table->nendpoints; k++)
-        evbuffer_add_printf(out, "atc_policy_shadow_picks_total{%s,endpoint=\"%s\"} %llu\n", labels,
-                            r0->table->endpoints[k]->id, (unsigned long long)t.picks[k]);
+    for (size_t k = 0; k < t.npicks && k < r0->table->nslots; k++)
+        if (r0->table->slots[k] != NULL)
+            evbuffer_add_printf(out, "atc_policy_shadow_picks_total{%s,endpoint=\"%s\"} %llu\n", labels,
+                                r0->table->slots[k]->id, (unsigned long long)t.picks[k]);
     free(t.picks);
     free(t.live_picks);
 }

@@ -32,8 +32,13 @@ uint64_t policy_shadow_adopt(struct atc_policy_runtime *rt, struct policy_versio
                              const char *entry, double sample, bool log);
 /** Removes @p rt's shadow (none: nothing). */
 void policy_shadow_clear(struct atc_policy_runtime *rt, bool log);
-/** The endpoint table changed: the shadow is rebuilt against it (dropped, logged, if it cannot be). */
+/** The endpoint table changed (a config reload, which renumbers it): the shadow is rebuilt against it and
+ * its record starts again (dropped, logged, if it cannot be rebuilt). */
 void policy_shadow_set_table(struct atc_policy_runtime *rt, struct atc_endpoint_table *table);
+/** An endpoint was added or removed (atc_policy_update_table: every other endpoint keeps its slot): the
+ * shadow's views are updated as the live version's are, and its record goes on (decisions, agreement,
+ * picks by slot). Dropped, logged, if its views cannot be updated. */
+void policy_shadow_update_table(struct atc_policy_runtime *rt, struct atc_endpoint_table *table);
 /** A status copy of @p ss for @p copy (a runtime's status copy): its record and its runtime's, no Lua
  * state; NULL for NULL. Sets *failed when out of memory. Freed by policy_shadow_status_copy_free. */
 struct atc_policy_shadow *policy_shadow_status_copy(const struct atc_policy_shadow *ss, bool *failed);

@@ -404,6 +404,30 @@ class ShadowTest(SafelyTestCase):
         self.assertEqual(self.admin(atc, "POST", "/admin/policy/shadow/clear")[0], 200)
         self.assertIsNone(self.policy_status(atc)["shadow"])
 
+    def test_a_shadows_record_goes_on_while_endpoints_come_and_go(self):
+        # An endpoint added and removed through the admin API changes neither the shadow's version nor its
+        # record: its decisions, agreement and picks (kept by endpoint slot) go on counting across both.
+        atc = self.start(PICK_BY_N % 0)
+        other = self.write_policy(PICK_BY_N % 1, "candidate.lua")
+        self.assertEqual(self.admin(atc, "POST", "/admin/policy/shadow", {"entry": other, "sample": 1})[0], 200)
+        self.assertEqual([r for r in load(atc.port, 30, headers_for=lambda n: {"x-n": str(n)}) if r[0] != 200], [])
+        before = self.policy_status(atc)["shadow"]
+        self.assertEqual((before["version"], before["decisions"], before["agreed"]), (1, 30, 0), before)
+        extra = self.start_sim("x", model="m", extra=["--decode-ms", "1"])
+        self.assertEqual(self.admin(atc, "POST", "/admin/endpoints", {"model": "m", "id": "x", "url": extra.url})[0], 201)
+        wait_for(lambda: atc.endpoints()["x"]["state"] == "healthy", what="x healthy")
+        results = load(atc.port, 30, headers_for=lambda n: {"x-n": str(n)})
+        self.assertEqual([r for r in results if r[0] != 200], [])
+        self.assertIn("x", {h["x-atc-endpoint"] for _, h in results})
+        self.assertEqual(self.admin(atc, "DELETE", "/admin/endpoints/x")[0], 200)
+        self.assertEqual([r for r in load(atc.port, 30, headers_for=lambda n: {"x-n": str(n)}) if r[0] != 200], [])
+        doc = self.policy_status(atc)["shadow"]
+        self.assertEqual((doc["version"], doc["live_version"], doc["decisions"], doc["agreed"]), (1, 1, 90, 0), doc)
+        for ep, n in before["picks"].items():  # what it counted before the changes is still counted
+            self.assertGreaterEqual(doc["picks"][ep], n, doc)
+        self.assertNotIn("x", doc["picks"])  # (a removed endpoint is no longer named)
+        self.assertNotIn("policy shadow removed", atc.read_log())
+
     def test_a_shadow_that_differs_agrees_as_often_as_atc_replay_computes_from_the_recording(self):
         by_session = """
             return function(req, fleet)
