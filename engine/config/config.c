@@ -120,7 +120,7 @@ struct field {
     const char *const *choices; /* F_CHOICE, NULL-terminated */
 };
 
-#define MAX_FIELDS 24 /* the longest table below, for parse_section's found[] */
+#define MAX_FIELDS 28 /* the longest table below, for parse_section's found[] */
 #define CFG(m) offsetof(struct atc_config, m)
 #define MODEL(m) offsetof(struct atc_model_config, m)
 #define EP(m) offsetof(struct atc_endpoint_config, m)
@@ -289,6 +289,9 @@ static const char *const kv_hashes[] = {"sha256_cbor", "xxhash_cbor", "sglang", 
         {.key = "tokenize", .kind = F_BOOL, .off = at(kv_events.tokenize)},                                  \
         {.key = "tokenize_timeout", .kind = F_MS, .off = at(kv_events.tokenize_timeout_ms), .min = 1},       \
         {.key = "tokenize_min_bytes", .kind = F_SIZE, .off = at(kv_events.tokenize_min_bytes)},
+#define WINDOW_FIELDS(at)                                                                                    \
+    {.key = "from", .kind = F_MS, .off = at(window.from_ms)},                                                \
+        {.key = "until", .kind = F_MS, .off = at(window.until_ms), .min = 1},
 static const struct field model_kv_fields[] = {KV_FIELDS(MODEL){.key = NULL}};
 static const struct field endpoint_kv_fields[] = {KV_FIELDS(EP){.key = NULL}};
 
@@ -323,7 +326,7 @@ static const struct field endpoint_fields[] = {
     ACCESS_FIELDS(EP){.key = "kv_events", .kind = F_SECTION, .sub = endpoint_kv_fields},
     {.key = "role", .kind = F_CHOICE, .off = EP(role), .choices = atc_role_names},
     {.key = "bootstrap_port", .kind = F_UINT, .off = EP(bootstrap_port), .min = 1, .max = 65535},
-    {.key = NULL},
+    WINDOW_FIELDS(EP){.key = NULL},
 };
 
 static const struct field simulate_fields[] = {
@@ -359,7 +362,7 @@ static const struct field simulate_fields[] = {
     {.key = "role", .kind = F_CHOICE, .off = SIM(params.role), .choices = atc_role_names},
     {.key = "kv_bytes_per_token", .kind = F_POSITIVE, .off = SIM(params.kv_bytes_per_token)},
     {.key = "transfer_gbps", .kind = F_POSITIVE, .off = SIM(params.transfer_gbps)},
-    {.key = NULL},
+    WINDOW_FIELDS(SIM){.key = NULL},
 };
 
 /* ---- walking the document ---- */
@@ -816,6 +819,13 @@ static void parse_api_key(struct parse *p, const struct field *fields, yaml_node
     set_str(p, &a->api_key_source, atc_config_format("%s %s", file ? "file" : "env", s));
 }
 
+static void check_window(struct parse *p, const yaml_node_t *u, const char *key, const struct atc_window *w)
+{
+    char k[KEY_MAX]; /* (from: and until: are durations into the trace a replay reads) */
+    if (u != NULL && w->until_ms > 0 && w->until_ms <= w->from_ms) /* (0: refused already) */
+        atc_config_report(&p->errs, u->start_mark, keyf(k, "%s.until", key), "must be later than from:");
+}
+
 static char *dup_or_null(struct parse *p, const char *s)
 {
     char *d = s ? strdup(s) : NULL;
@@ -853,6 +863,7 @@ static void parse_endpoint(struct parse *p, yaml_node_t *n, const char *key, str
     if (ep->id)
         check_unique(p, &p->ids, ep->id, lookup(endpoint_fields, found, "id"), keyf(k, "%s.id", key),
                      "endpoint id");
+    check_window(p, lookup(endpoint_fields, found, "until"), key, &ep->window);
     if (model && !(ep->model = strdup(model)))
         p->errs.oom = true;
 }
@@ -931,6 +942,7 @@ static void parse_simulate(struct parse *p, yaml_node_t *n, const char *key, str
                           s->params.model);
     if (m != NULL && lookup(simulate_fields, found, "engine"))
         simulate_engine(p, lookup(simulate_fields, found, "engine"), key, m, s);
+    check_window(p, lookup(simulate_fields, found, "until"), key, &s->window);
 }
 
 /* record: (trace recording); its file name prefix becomes part of paths, so it is checked here. */

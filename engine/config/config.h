@@ -105,6 +105,13 @@ struct atc_limit_rule {
     uint64_t tokens_per_minute; /* prompt estimate + max_tokens at admission, corrected by the usage */
 };
 
+/* from: / until: of an endpoint or a simulate: entry: when, in a replay's virtual time (from the trace's
+ * first request), the server is in the fleet (trace/replay.h). atc serve ignores them and says so. */
+struct atc_window {
+    uint64_t from_ms;  /* joins then (0: from the start) */
+    uint64_t until_ms; /* leaves then: its requests in flight finish, no new ones (0: never) */
+};
+
 struct atc_endpoint_config {
     char *id;
     char *url;     /* as written: http://host:port */
@@ -125,6 +132,7 @@ struct atc_endpoint_config {
     unsigned origin; /* enum atc_endpoint_origin: where it came from (config_endpoint.c) */
     unsigned role;           /* role: an enum atc_role (config/roles.h), default both */
     unsigned bootstrap_port; /* bootstrap_port: SGLang's bootstrap server of a prefill endpoint (8998) */
+    struct atc_window window; /* from: / until: (replay only) */
 };
 
 /* discover: on a model: its endpoints are the A records of a name (core/discovery.h). */
@@ -154,6 +162,7 @@ struct atc_simulate_config {
     unsigned capacity;            /* capacity of each resulting endpoint (default: params.max_seqs) */
     unsigned engine; /* the profile of its endpoints, an enum atc_engine: its model's engine:, else the
                         engine: of the model's simulate entries (params.engine), else openai */
+    struct atc_window window; /* from: / until: of each of its servers (replay only) */
 };
 
 struct atc_config {

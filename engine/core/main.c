@@ -265,6 +265,22 @@ static void on_ready(void *arg)
     }
 }
 
+/* from: / until: (config.h, struct atc_window) are a replay's: say so for each entry that has them. */
+static void warn_replay_windows(const struct atc_config *cfg)
+{
+    const char *why = "from:/until: are read by atc replay and atc test only; atc serve ignores them and "
+                      "serves it from the start (add and remove servers live with /admin/endpoints)";
+    for (size_t i = 0; i < cfg->nmodels; i++)
+        for (size_t j = 0; j < cfg->models[i].nendpoints; j++) {
+            const struct atc_endpoint_config *ec = &cfg->models[i].endpoints[j];
+            if (ec->window.from_ms > 0 || ec->window.until_ms > 0)
+                atc_warn("%s: endpoint %s: %s", cfg->path, ec->id, why);
+        }
+    for (size_t i = 0; i < cfg->nsimulate; i++)
+        if (cfg->simulate[i].window.from_ms > 0 || cfg->simulate[i].window.until_ms > 0)
+            atc_warn("%s: simulate[%zu] (model %s): %s", cfg->path, i, cfg->simulate[i].params.model, why);
+}
+
 static int cmd_serve(int argc, char **argv)
 {
     struct cli_opts o = {0};
@@ -274,6 +290,7 @@ static int cmd_serve(int argc, char **argv)
     struct atc_config *cfg = load_config(o.config);
     if (cfg == NULL)
         return 1;
+    warn_replay_windows(cfg);
     struct event_base *base = atc_event_base_new();
     if (base == NULL) {
         atc_error("cannot create the event loop");

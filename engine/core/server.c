@@ -548,7 +548,8 @@ static void reload_failed(struct atc_server *srv, struct atc_config *ncfg, worke
  * that stayed keep counters, connections, health; fresh[k] holds the pools of the config's k-th endpoint
  * when it is new), health restarts and each worker's policy is rebuilt against the new table. The
  * endpoints that left drain (retired to srv->swap). The caller frees the config it replaced. */
-static void commit_config(struct atc_server *srv, struct atc_config *ncfg, worker_pools *fresh, size_t *ngone_out)
+static void commit_config(struct atc_server *srv, struct atc_config *ncfg, worker_pools *fresh,
+                          size_t *ngone_out)
 {
     /* A policy build in progress reads the old table: it finishes first (and is then dropped). */
     if (srv->reloader != NULL)
@@ -731,8 +732,8 @@ int atc_server_add_endpoint(struct atc_server *srv, struct atc_endpoint_config *
         return -1;
     }
     const struct atc_endpoint_config *added = &m->endpoints[m->nendpoints - 1];
-    atc_info("endpoint %s (%s) added to model %s: it joins once its health checks pass", added->id, added->url,
-             m->name);
+    atc_info("endpoint %s (%s) added to model %s: it joins once its health checks pass", added->id,
+             added->url, m->name);
     return 0;
 }
 
@@ -757,7 +758,8 @@ int atc_server_remove_endpoint(struct atc_server *srv, const char *id, const cha
         if (publish_table(srv, t) < 0) /* the workers keep the table with it, unroutable, until a reload */
             atc_error("endpoint %s: out of memory: it stays in the table, unroutable", id);
     }
-    atc_info("endpoint %s removed: it drains (%zu endpoint(s) draining)", id, atc_table_swap_retired(srv->swap));
+    atc_info("endpoint %s removed: it drains (%zu endpoint(s) draining)", id,
+             atc_table_swap_retired(srv->swap));
     atc_table_swap_collect(srv->swap, atc_reloader_idle(srv->reloader));
     return 0;
 }

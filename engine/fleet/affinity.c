@@ -304,6 +304,21 @@ void atc_affinity_forget(struct atc_affinity *t, const char *key, size_t keylen)
     pthread_mutex_unlock(&t->mu);
 }
 
+size_t atc_affinity_forget_endpoint(struct atc_affinity *t, const char *endpoint_id)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&t->mu);
+    for (struct lru_link *l = t->lru.next, *next; l != &t->lru; l = next) {
+        next = l->next;
+        if (strcmp(entry_id(entry_of(l)), endpoint_id) == 0) {
+            remove_entry(t, entry_of(l));
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+    return n;
+}
+
 size_t atc_affinity_count(struct atc_affinity *t)
 {
     pthread_mutex_lock(&t->mu);
@@ -765,6 +780,37 @@ void atc_prefix_index_clear(struct atc_prefix_index *idx)
     idx->cur.nwide = idx->prev.nwide = 0;
     memset(idx->kv, 0, ATC_PREFIX_INDEX_ENDPOINTS_MAX * sizeof(*idx->kv));
     memset(idx->evicting, 0, sizeof(idx->evicting));
+    pthread_mutex_unlock(&idx->mu);
+}
+
+/* Drops endpoint e from the holders of every slot of g. */
+static void forget_in(struct generation *g, size_t nslots, unsigned e)
+{
+    for (size_t i = 0; i < nslots; i++) {
+        struct slot *s = &g->slots[i];
+        if (s->block == 0)
+            continue;
+        if (s->wide) {
+            wide_of(g, s)[e / 64] &= ~(UINT64_C(1) << (e % 64));
+            continue;
+        }
+        unsigned k = 0;
+        for (unsigned j = 0; j < s->n; j++)
+            if (s->ep[j] != e)
+                s->ep[k++] = s->ep[j];
+        s->n = (uint16_t)k;
+    }
+}
+
+void atc_prefix_index_forget(struct atc_prefix_index *idx, unsigned endpoint_index)
+{
+    if (endpoint_index >= ATC_PREFIX_INDEX_ENDPOINTS_MAX)
+        return;
+    pthread_mutex_lock(&idx->mu);
+    forget_in(&idx->cur, idx->nslots, endpoint_index);
+    forget_in(&idx->prev, idx->nslots, endpoint_index);
+    memset(&idx->kv[endpoint_index], 0, sizeof(idx->kv[endpoint_index]));
+    idx->evicting[endpoint_index / 64] &= ~(UINT64_C(1) << (endpoint_index % 64));
     pthread_mutex_unlock(&idx->mu);
 }
 

@@ -72,6 +72,10 @@ void atc_affinity_del(struct atc_affinity *t, const char *key, size_t keylen);
 /** The same without telling the observer (a delete learnt from another replica). */
 void atc_affinity_forget(struct atc_affinity *t, const char *key, size_t keylen);
 
+/** Removes every entry that names endpoint @p endpoint_id (one that left the fleet), without telling the
+ * observer; returns how many. O(entries held). */
+size_t atc_affinity_forget_endpoint(struct atc_affinity *t, const char *endpoint_id);
+
 /** Entries held, including expired ones not yet dropped (they go when looked up or evicted). */
 size_t atc_affinity_count(struct atc_affinity *t);
 
@@ -119,6 +123,10 @@ void atc_prefix_index_overlaps(struct atc_prefix_index *idx, const uint64_t *blo
 
 /** Forgets everything, e.g. on a config reload that renumbers endpoints. O(size of the index). */
 void atc_prefix_index_clear(struct atc_prefix_index *idx);
+
+/** Forgets endpoint @p endpoint_index (one that left the fleet): it holds no block any more, and its KV
+ * clock starts again. O(size of the index), as atc_prefix_index_clear. */
+void atc_prefix_index_forget(struct atc_prefix_index *idx, unsigned endpoint_index);
 
 /** Entries held, at most max_blocks (a block re-inserted since the last rotation counts twice until
  * its older copy is dropped). */

@@ -258,7 +258,8 @@ struct atc_endpoint *atc_endpoint_create(const char *model, const struct atc_end
     return ep;
 }
 
-struct atc_endpoint_table *atc_endpoint_table_with(const struct atc_endpoint_table *old, struct atc_endpoint *add,
+struct atc_endpoint_table *atc_endpoint_table_with(const struct atc_endpoint_table *old,
+                                                   struct atc_endpoint *add,
                                                    const struct atc_endpoint *remove)
 {
     if (add != NULL && atc_endpoint_table_model(old, add->model, strlen(add->model)) == NULL)
@@ -296,6 +297,39 @@ struct atc_endpoint_table *atc_endpoint_table_with(const struct atc_endpoint_tab
         t->slots[add->index] = add;
         t->endpoints[t->nendpoints++] = add;
     }
+    return t;
+error:
+    table_free_shell(t);
+    return NULL;
+}
+
+struct atc_endpoint_table *atc_endpoint_table_only(const struct atc_endpoint_table *all, const bool *in)
+{
+    struct atc_endpoint_table *t = calloc(1, sizeof(*t));
+    if (t == NULL)
+        return NULL;
+    t->signals = all->signals;
+    t->nslots = all->nslots;
+    if ((t->models = calloc(all->nmodels ? all->nmodels : 1, sizeof(*t->models))) == NULL ||
+        (t->slots = calloc(t->nslots ? t->nslots : 1, sizeof(*t->slots))) == NULL ||
+        (t->endpoints = calloc(all->nendpoints ? all->nendpoints : 1, sizeof(*t->endpoints))) == NULL)
+        goto error;
+    for (size_t i = 0; i < all->nmodels; i++) {
+        const struct atc_model *om = &all->models[i];
+        struct atc_model *m = &t->models[t->nmodels++];
+        if ((m->name = strdup(om->name)) == NULL ||
+            (m->endpoints = calloc(om->nendpoints ? om->nendpoints : 1, sizeof(*m->endpoints))) == NULL)
+            goto error;
+        m->disaggregation = om->disaggregation;
+        for (size_t j = 0; j < om->nendpoints; j++)
+            if (in[om->endpoints[j]->index])
+                m->endpoints[m->nendpoints++] = om->endpoints[j];
+    }
+    for (size_t i = 0; i < all->nendpoints; i++)
+        if (in[all->endpoints[i]->index]) {
+            t->endpoints[t->nendpoints++] = all->endpoints[i];
+            t->slots[all->endpoints[i]->index] = all->endpoints[i];
+        }
     return t;
 error:
     table_free_shell(t);

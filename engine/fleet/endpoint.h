@@ -146,8 +146,15 @@ struct atc_endpoint *atc_endpoint_create(const char *model, const struct atc_end
  * Every endpoint that stays keeps its slot and is not written to, and @p old is left as it was: workers
  * may go on reading it until they take the new one. NULL when out of memory or @p add's model is not in
  * @p old. */
-struct atc_endpoint_table *atc_endpoint_table_with(const struct atc_endpoint_table *old, struct atc_endpoint *add,
+struct atc_endpoint_table *atc_endpoint_table_with(const struct atc_endpoint_table *old,
+                                                   struct atc_endpoint *add,
                                                    const struct atc_endpoint *remove);
+
+/** The endpoints of @p all whose slot @p in[] (by ep->index, all->nslots of them) says, each in the slot it
+ * has in @p all, the others' slots empty: a replay's fleet at one moment, when servers join and leave
+ * (from: / until:). An owned shell (atc_endpoint_table_free_shell) that borrows @p all's endpoints, or
+ * NULL when out of memory. */
+struct atc_endpoint_table *atc_endpoint_table_only(const struct atc_endpoint_table *all, const bool *in);
 
 /** Frees a table's shell (its arrays and models), not its endpoints: one atc_endpoint_table_with replaced.
  * NULL is fine. */

@@ -923,16 +923,13 @@ static void hep_stop(struct hep *e)
         struct probe *pr = &e->probes[k];
         if (pr->req != NULL)
             atc_upstream_cancel(pr->req);
-        pr->req = NULL;
         if (pr->timer != NULL)
             event_free(pr->timer);
         if (pr->deadline != NULL)
             event_free(pr->deadline);
         if (pr->body != NULL)
             evbuffer_free(pr->body);
-        pr->timer = pr->deadline = NULL;
-        pr->body = NULL;
-        pr->enabled = false;
+        *pr = (struct probe){.e = e, .kind = pr->kind, .cfg = pr->cfg}; /* stopped: no timer, no request */
     }
     if (e->eject_timer != NULL)
         event_free(e->eject_timer);
@@ -1083,7 +1080,8 @@ error:
     return NULL;
 }
 
-int atc_health_add(struct atc_health *h, struct atc_endpoint *ep, const struct atc_config *cfg, const char **err)
+int atc_health_add(struct atc_health *h, struct atc_endpoint *ep, const struct atc_config *cfg,
+                   const char **err)
 {
     struct hmodel *m = NULL;
     for (size_t i = 0; i < h->nmodels && m == NULL; i++)

@@ -61,7 +61,8 @@ struct atc_health *atc_health_create(struct event_base *base, struct atc_endpoin
  * "starting", not routable, until they pass), with its settings from @p cfg, the config in force that
  * now holds it (@p cfg must outlive the scheduler, as atc_health_create's). Sets ep->health: call it
  * before any worker can see @p ep. 0, or -1 and *err (static): its model is unknown, out of memory. */
-int atc_health_add(struct atc_health *h, struct atc_endpoint *ep, const struct atc_config *cfg, const char **err);
+int atc_health_add(struct atc_health *h, struct atc_endpoint *ep, const struct atc_config *cfg,
+                   const char **err);
 
 /** An endpoint removed at run time: its checks stop, it is no longer routable, and its model's panic mode
  * and ejection cap count without it. ep->health stays (workers may still read it) and reads "draining"

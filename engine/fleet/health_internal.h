@@ -45,7 +45,7 @@ struct probe {
 
 struct hmodel {
     struct atc_health *h;
-    char *name; /* its own copy: the table's goes with the table */
+    char *name;                          /* its own copy: the table's goes with the table */
     const struct atc_health_config *cfg; /* model-wide settings: panic, eject.max_share */
     struct hep **eps;
     size_t neps;

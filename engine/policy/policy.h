@@ -198,9 +198,9 @@ uint64_t atc_policy_set_table(struct atc_policy_runtime *rt, struct atc_endpoint
  * to) only update their endpoint views, with no Lua code run: views the policy holds of endpoints that
  * stay go on working, those of endpoints that left read nil (module state and affinity pins are kept).
  * A canary running ends; a shadow updates its views too and keeps its record (by slot). On the thread
- * that owns @p rt (a worker takes it from its mailbox: proxy/table_swap.h). Returns the version deciding, or 0 with *err (owned) when
- * the views could not be updated nor a state rebuilt (the C balancer routes, as after
- * atc_policy_set_table). */
+ * that owns @p rt (a worker takes it from its mailbox: proxy/table_swap.h). Returns the version deciding, or
+ * 0 with *err (owned) when the views could not be updated nor a state rebuilt (the C balancer routes, as
+ * after atc_policy_set_table). */
 uint64_t atc_policy_update_table(struct atc_policy_runtime *rt, struct atc_endpoint_table *table, char **err);
 
 /** Applies a rollback another worker of its group made (the admin API calls it before reporting). */

@@ -542,7 +542,8 @@ uint64_t atc_policy_adopt(struct atc_policy_runtime *rt, struct atc_policy_build
     }
     bool stale = b->table_updates != rt->table_updates; /* built on an older endpoint set: its views */
     if (b->as.target == ATC_POLICY_SHADOW) {
-        uint64_t version = policy_shadow_adopt(rt, v, atc_policy_build_version(b), b->as.entry, b->as.sample, first);
+        uint64_t version =
+            policy_shadow_adopt(rt, v, atc_policy_build_version(b), b->as.entry, b->as.sample, first);
         if (version != 0 && stale && update_views(v) < 0) { /* (v is the shadow's now, on rt->table) */
             policy_shadow_clear(rt, first);
             return 0;

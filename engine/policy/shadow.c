@@ -26,7 +26,8 @@ struct atc_policy_shadow {
     /* Its record beside one live version: reset when the live version changes. */
     uint64_t live_version;
     uint64_t decisions, agreed;
-    uint64_t *picks, *live_picks; /* per endpoint slot (ep->index) [npicks]: kept when endpoints come and go */
+    uint64_t *picks,
+        *live_picks; /* per endpoint slot (ep->index) [npicks]: kept when endpoints come and go */
     size_t npicks;
 };
 

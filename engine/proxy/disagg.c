@@ -181,8 +181,8 @@ static bool pick_prefill(struct atc_disagg *dg)
     for (int round = 0; round < 3 && dg->nsent < tries && dg->ntried < MAX_PREFILL_TRIES; round++) {
         struct atc_endpoint *ep = want != NULL ? want
                                   : m == NULL  ? NULL /* the model left the config */
-                                               : atc_balancer_pick_stage(m, &rq->w->rng, dg->tried, dg->ntried,
-                                                                         rq->tokens, ATC_ROLE_PREFILL);
+                                              : atc_balancer_pick_stage(m, &rq->w->rng, dg->tried, dg->ntried,
+                                                                        rq->tokens, ATC_ROLE_PREFILL);
         want = NULL;
         if (ep == NULL)
             return false;

@@ -31,8 +31,8 @@ struct atc_table_swap {
     struct atc_worker_group *g;
     void (*on_free)(void *ctx, struct atc_endpoint *ep);
     void *ctx;
-    uint64_t generation;                /* tables published (and config reloads) */
-    uint64_t taken[ATC_MAX_WORKERS];    /* the latest generation each worker has answered for */
+    uint64_t generation;             /* tables published (and config reloads) */
+    uint64_t taken[ATC_MAX_WORKERS]; /* the latest generation each worker has answered for */
     struct old_table *old;
     size_t nold;
     struct retired *retired;
@@ -136,7 +136,8 @@ static void post(struct swap_task *t)
         answered(t);
 }
 
-int atc_table_swap_publish(struct atc_table_swap *s, struct atc_endpoint_table *old, struct atc_endpoint_table *t)
+int atc_table_swap_publish(struct atc_table_swap *s, struct atc_endpoint_table *old,
+                           struct atc_endpoint_table *t)
 {
     unsigned n = s->g->nworkers;
     struct swap_task *tasks[ATC_MAX_WORKERS] = {0};

@@ -41,7 +41,8 @@ void atc_table_swap_destroy(struct atc_table_swap *s);
  * (taken: freed here later). Worker 0 takes it at once, the others from their mailboxes; a worker whose
  * loop has stopped counts as having taken it. 0, or -1 when out of memory (nothing was posted; @p old is
  * still the caller's and the workers keep it). */
-int atc_table_swap_publish(struct atc_table_swap *s, struct atc_endpoint_table *old, struct atc_endpoint_table *t);
+int atc_table_swap_publish(struct atc_table_swap *s, struct atc_endpoint_table *old,
+                           struct atc_endpoint_table *t);
 
 /** Every worker took the current table while parked (a config reload set w->table itself): what was
  * published before needs no more answers. */

@@ -11,6 +11,7 @@
 #include "fleet/affinity.h"
 #include "fleet/balancer.h"
 #include "config/config.h"
+#include "config/config_endpoint.h"
 #include "fleet/endpoint.h"
 #include "fleet/kv_index.h"
 #include "base/log.h"
@@ -60,6 +61,8 @@ struct rp_endpoint {
     int kv_slot;      /* its endpoint number in rp->kv: it publishes KV events; -1: it does not */
     unsigned kv_caps; /* its KV blocks, the index's cap for it */
     struct atc_sim_params transfer; /* a decode server's KV transfer knobs (atc_sim_transfer_us) */
+    struct atc_window window;       /* from: / until: (0: from the start / to the end) */
+    uint64_t inflight_at_leave;     /* its requests in flight as it left (they finished there) */
 };
 
 struct outage_event {
@@ -67,6 +70,7 @@ struct outage_event {
     unsigned ep;
     bool routable;
     bool restart; /* an engine restart (o->restarts), not a change of routable */
+    int member;   /* +1: it joins the fleet (from:), -1: it leaves (until:); 0: neither */
 };
 
 struct replay {
@@ -74,7 +78,9 @@ struct replay {
     size_t n;
     const struct atc_replay_options *o;
     struct atc_replay_result *res;
-    struct atc_endpoint_table *table;
+    struct atc_endpoint_table *table; /* the fleet now: `all`, or those of it in their window (`in`) */
+    struct atc_endpoint_table *all;   /* every server, each in its slot (owns the endpoints) */
+    bool *in;                         /* by slot: in the fleet now (NULL: every server always is) */
     struct rp_endpoint *eps;
     size_t neps;
     struct heap_entry *heap; /* a binary min-heap of the servers on their next event */
@@ -121,7 +127,7 @@ static void on_token(void *ctx, const struct atc_sim_token *tok);
 /* The endpoint table of @p cfg plus its simulated servers, each endpoint with its model. */
 static int build_fleet(struct replay *rp, const struct atc_config *cfg, char **err)
 {
-    rp->table = atc_endpoint_table_create(cfg);
+    rp->all = rp->table = atc_endpoint_table_create(cfg);
     if (rp->table == NULL)
         goto oom;
     size_t total = rp->table->nendpoints;
@@ -143,6 +149,8 @@ static int build_fleet(struct replay *rp, const struct atc_config *cfg, char **e
         atc_sim_params_dispose(&p);
         if (rc < 0)
             goto oom;
+        const struct atc_endpoint_config *ec = atc_config_endpoint(cfg, rp->table->endpoints[i]->id, NULL);
+        rp->eps[rp->neps - 1].window = ec != NULL ? ec->window : (struct atc_window){0};
     }
     for (size_t i = 0; i < cfg->nsimulate; i++) {
         const struct atc_simulate_config *sc = &cfg->simulate[i];
@@ -157,6 +165,7 @@ static int build_fleet(struct replay *rp, const struct atc_config *cfg, char **e
             if (ep == NULL || add_server(rp, ep, &sc->params,
                                          (sc->params.seed + rp->neps) ^ (seed * 0x9E3779B97F4A7C15ull)) < 0)
                 goto oom;
+            rp->eps[rp->neps - 1].window = sc->window;
         }
     }
     return 0;
@@ -701,7 +710,7 @@ static void take_sample(struct replay *rp, uint64_t at)
     unsigned *row = res->sample_inflight + res->nsamples * rp->neps, max = 0, total = 0, counted = 0;
     for (size_t k = 0; k < rp->neps; k++) {
         row[k] = rp->eps[k].ep->inflight;
-        if (!rp->eps[k].counted)
+        if (!rp->eps[k].counted || (rp->in != NULL && !rp->in[k])) /* (out of the fleet now) */
             continue;
         counted++;
         total += row[k];
@@ -768,15 +777,76 @@ double atc_replay_percentile(const double *v, size_t n, double p)
 static int by_time(const void *a, const void *b)
 {
     const struct outage_event *x = a, *y = b;
-    return x->at_us < y->at_us ? -1 : x->at_us > y->at_us ? 1 : (int)x->routable - (int)y->routable;
+    if (x->at_us != y->at_us)
+        return x->at_us < y->at_us ? -1 : 1;
+    if (x->member != y->member || x->routable != y->routable) /* leaves, then outages, then joins */
+        return x->member != y->member ? x->member - y->member : (int)x->routable - (int)y->routable;
+    return x->ep < y->ep ? -1 : x->ep > y->ep;
+}
+
+/* ---- servers that join and leave the fleet (from: / until:) ---- */
+
+/* The fleet is now the servers in their window: a new table for the decisions and the policy's views
+ * (proxy/table_swap.h does the same live, for an endpoint added or removed). */
+static int refleet(struct replay *rp)
+{
+    struct atc_endpoint_table *t = atc_endpoint_table_only(rp->all, rp->in);
+    if (t == NULL)
+        return -1;
+    char *err = NULL;
+    if (rp->rt != NULL && atc_policy_update_table(rp->rt, t, &err) == 0)
+        atc_warn("replay: the policy did not take the new fleet (%s): the C balancer decides",
+                 err ? err : "?");
+    free(err);
+    if (rp->table != rp->all)
+        atc_endpoint_table_free_shell(rp->table);
+    rp->table = t;
+    return 0;
+}
+
+/* Servers with a from: are out of the fleet at the start. */
+static int start_windows(struct replay *rp, char **err)
+{
+    if ((rp->in = calloc(rp->all->nslots ? rp->all->nslots : 1, sizeof(bool))) == NULL) {
+        *err = strdup("out of memory");
+        return -1;
+    }
+    for (size_t k = 0; k < rp->neps; k++)
+        rp->in[rp->eps[k].ep->index] = rp->eps[k].window.from_ms == 0;
+    if (refleet(rp) < 0) {
+        *err = strdup("out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* Server k joins (@p member +1) or leaves (-1) the fleet now. One that leaves gets no new request; those
+ * in flight there finish; the prefix index, the affinity table and the exact index forget it. */
+static void member_event(struct replay *rp, unsigned k, int member)
+{
+    struct rp_endpoint *e = &rp->eps[k];
+    rp->in[e->ep->index] = member > 0;
+    if (member < 0) {
+        e->inflight_at_leave = e->ep->inflight;
+        atc_prefix_index_forget(rp->prefix, e->ep->index);
+        atc_affinity_forget_endpoint(rp->affinity, e->ep->id);
+        if (e->kv_slot >= 0)
+            atc_kv_index_clear(rp->kv, (unsigned)e->kv_slot);
+    }
+    if (refleet(rp) < 0)
+        atc_warn("replay: out of memory: %s %s the fleet late", e->ep->id, member > 0 ? "joins" : "leaves");
+    rp->drain |= member > 0;
 }
 
 static int plan_outages(struct replay *rp, char **err)
 {
     const struct atc_replay_options *o = rp->o;
-    if (o->noutages == 0 && o->nrestarts == 0)
+    size_t windows = 0;
+    for (size_t k = 0; k < rp->neps; k++)
+        windows += (rp->eps[k].window.from_ms > 0) + (rp->eps[k].window.until_ms > 0);
+    if (o->noutages == 0 && o->nrestarts == 0 && windows == 0)
         return 0;
-    if ((rp->outages = calloc(o->noutages * 2 + o->nrestarts, sizeof(*rp->outages))) == NULL) {
+    if ((rp->outages = calloc(o->noutages * 2 + o->nrestarts + windows, sizeof(*rp->outages))) == NULL) {
         *err = strdup("out of memory");
         return -1;
     }
@@ -787,8 +857,9 @@ static int plan_outages(struct replay *rp, char **err)
                 *err = NULL;
             return -1;
         }
-        rp->outages[rp->noutages++] = (struct outage_event){o->outages[i].from_us, ep->index, false, false};
-        rp->outages[rp->noutages++] = (struct outage_event){o->outages[i].to_us, ep->index, true, false};
+        rp->outages[rp->noutages++] =
+            (struct outage_event){o->outages[i].from_us, ep->index, false, false, 0};
+        rp->outages[rp->noutages++] = (struct outage_event){o->outages[i].to_us, ep->index, true, false, 0};
     }
     for (size_t i = 0; i < o->nrestarts; i++) {
         const struct atc_endpoint *ep = atc_endpoint_table_find(rp->table, o->restarts[i].endpoint);
@@ -797,10 +868,19 @@ static int plan_outages(struct replay *rp, char **err)
                 *err = NULL;
             return -1;
         }
-        rp->outages[rp->noutages++] = (struct outage_event){o->restarts[i].at_us, ep->index, true, true};
+        rp->outages[rp->noutages++] = (struct outage_event){o->restarts[i].at_us, ep->index, true, true, 0};
+    }
+    for (size_t k = 0; k < rp->neps; k++) { /* from: / until: (each server's own slot is k) */
+        const struct atc_window *w = &rp->eps[k].window;
+        if (w->from_ms > 0)
+            rp->outages[rp->noutages++] =
+                (struct outage_event){w->from_ms * 1000, (unsigned)k, false, false, +1};
+        if (w->until_ms > 0)
+            rp->outages[rp->noutages++] =
+                (struct outage_event){w->until_ms * 1000, (unsigned)k, false, false, -1};
     }
     qsort(rp->outages, rp->noutages, sizeof(*rp->outages), by_time);
-    return 0;
+    return windows > 0 ? start_windows(rp, err) : 0;
 }
 
 static void progress(const struct replay *rp, const char *name, size_t done, int *shown)
@@ -852,7 +932,9 @@ static void loop(struct replay *rp, const char *name)
         }
         if (t_out == t) {
             const struct outage_event *ev = &rp->outages[rp->next_outage++];
-            if (ev->restart) {
+            if (ev->member != 0) {
+                member_event(rp, ev->ep, ev->member);
+            } else if (ev->restart) {
                 atc_sim_restart(rp->eps[ev->ep].sim);
                 server_changed(rp, ev->ep);
             } else {
@@ -931,6 +1013,9 @@ static void summarize(struct replay *rp)
         er->prefix_blocks = st.prefix_blocks;
         er->prefix_block_hits = st.prefix_block_hits;
         er->preemptions = st.preemptions;
+        er->from_ms = rp->eps[k].window.from_ms;
+        er->until_ms = rp->eps[k].window.until_ms;
+        er->inflight_at_leave = rp->eps[k].inflight_at_leave;
         res->prefix_blocks += st.prefix_blocks;
         res->prefix_block_hits += st.prefix_block_hits;
         res->preemptions += st.preemptions;
@@ -961,7 +1046,10 @@ static void replay_dispose(struct replay *rp)
         atc_sim_destroy(rp->eps[k].sim);
     free(rp->eps);
     free(rp->heap);
-    atc_endpoint_table_destroy(rp->table);
+    if (rp->table != rp->all)
+        atc_endpoint_table_free_shell(rp->table);
+    atc_endpoint_table_destroy(rp->all);
+    free(rp->in);
     atc_affinity_destroy(rp->affinity);
     atc_prefix_index_destroy(rp->prefix);
     atc_kv_index_destroy(rp->kv);

@@ -5,7 +5,11 @@
  *
  * The fleet comes from a config: every simulate: entry becomes `count` simulated servers (ids
  * <model>-sim-N, as under `atc serve`), and every endpoint listed under models: is simulated with the
- * default server model (sim.h). Each server is the same model `atc sim` runs: continuous batching,
+ * default server model (sim.h). A server with from: / until: (struct atc_window) joins the fleet then and
+ * leaves it then: the policy's views, the C balancer and traffic around atc see it only in its window;
+ * its requests in flight as it leaves finish there, and the prefix index, the affinity table and the
+ * exact index forget it (as the live endpoint set changes of proxy/table_swap.h, which keep slots).
+ * Each server is the same model `atc sim` runs: continuous batching,
  * prefill/decode timing, a batching limit and a per-server prefix KV cache with eviction. Requests carry
  * the trace's prefix block hashes with the trace's block size, so shared prefixes hit that cache.
  *
@@ -89,6 +93,8 @@ struct atc_replay_endpoint_result {
     uint64_t prefix_blocks; /* looked up in its KV cache, and found */
     uint64_t prefix_block_hits;
     uint64_t preemptions;
+    uint64_t from_ms, until_ms; /* its window in the fleet (from: / until:; 0: the start / the end) */
+    uint64_t inflight_at_leave; /* its requests in flight as it left, which finished there */
 };
 
 /* TTFT of one tenant's or one priority's requests. */

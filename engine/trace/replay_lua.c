@@ -1,6 +1,7 @@
 /* atc.replay(opts) for `atc test` (t.replay in stdlib/atc/test.lua): a trace replayed through a policy
  * against a simulated fleet, returning every decision to the test so it can assert invariants. */
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,11 +31,13 @@ struct recorded {
     int status;
 };
 
+#define ABSENT UINT_MAX /* a snapshot's capacity of a server out of the fleet (its from: / until:) */
+
 struct collector {
     struct recorded *v;
     size_t n, cap;
     bool snapshots;
-    unsigned *snap; /* per decision: neps x (inflight, capacity, routable) */
+    unsigned *snap; /* per decision: neps (slots) x (inflight, capacity, routable); capacity ABSENT: out */
     size_t neps;
     bool oom;
 };
@@ -48,7 +51,7 @@ static void on_decision(void *ctx, const struct atc_replay_decision *d)
         size_t cap = c->cap ? c->cap * 2 : 1024;
         struct recorded *v = realloc(c->v, cap * sizeof(*v));
         unsigned *snap =
-            c->snapshots ? realloc(c->snap, cap * d->table->nendpoints * 3 * sizeof(unsigned)) : NULL;
+            c->snapshots ? realloc(c->snap, cap * d->table->nslots * 3 * sizeof(unsigned)) : NULL;
         if (v != NULL)
             c->v = v;
         if (snap != NULL)
@@ -70,14 +73,14 @@ static void on_decision(void *ctx, const struct atc_replay_decision *d)
         .capacity = d->capacity,
         .status = d->status,
     };
-    if (c->snapshots) {
-        c->neps = d->table->nendpoints;
+    if (c->snapshots) { /* by slot, as res.endpoints[] (the fleet now may lack servers out of their window) */
+        c->neps = d->table->nslots;
         unsigned *row = c->snap + c->n * c->neps * 3;
         for (size_t k = 0; k < c->neps; k++) {
-            const struct atc_endpoint *ep = d->table->endpoints[k];
-            row[3 * k] = ep->inflight;
-            row[3 * k + 1] = ep->capacity;
-            row[3 * k + 2] = ep->routable;
+            const struct atc_endpoint *ep = d->table->slots[k];
+            row[3 * k] = ep != NULL ? ep->inflight : 0;
+            row[3 * k + 1] = ep != NULL ? ep->capacity : ABSENT;
+            row[3 * k + 2] = ep != NULL && ep->routable;
         }
     }
     c->n++;
@@ -89,13 +92,16 @@ static int yaml_scalar(lua_State *L, luaL_Buffer *b)
     const char *key = lua_tostring(L, -2);
     if (lua_type(L, -2) != LUA_TSTRING || strspn(key, "abcdefghijklmnopqrstuvwxyz_0123456789") != strlen(key))
         return -1;
+    /* from_ms / until_ms (a number): from: / until: in milliseconds, as outages' from_ms (until is a
+     * keyword in Lua) */
+    bool ms = (strcmp(key, "from_ms") == 0 || strcmp(key, "until_ms") == 0) && lua_type(L, -1) == LUA_TNUMBER;
     luaL_addstring(b, "    ");
-    luaL_addstring(b, key);
+    luaL_addlstring(b, key, strlen(key) - (ms ? 3 : 0));
     luaL_addstring(b, ": ");
     switch (lua_type(L, -1)) {
     case LUA_TNUMBER: {
         char num[64];
-        snprintf(num, sizeof(num), "%.17g", lua_tonumber(L, -1));
+        snprintf(num, sizeof(num), ms ? "%.17gms" : "%.17g", lua_tonumber(L, -1));
         luaL_addstring(b, num);
         break;
     }
@@ -485,6 +491,8 @@ static int push_results(lua_State *L)
             lua_createtable(L, 0, (int)c.neps);
             const unsigned *row = c.snap + k * c.neps * 3;
             for (size_t e = 0; e < c.neps && e < res.nendpoints; e++) {
+                if (row[3 * e + 1] == ABSENT)
+                    continue; /* not in the fleet then: d.fleet[id] is nil */
                 lua_createtable(L, 0, 3);
                 set_number(L, "inflight", row[3 * e]);
                 set_number(L, "capacity", row[3 * e + 1]);
@@ -541,6 +549,12 @@ static int push_results(lua_State *L)
         set_number(L, "requests", (double)er->requests);
         set_number(L, "prefix_blocks", (double)er->prefix_blocks);
         set_number(L, "prefix_block_hits", (double)er->prefix_block_hits);
+        if (er->from_ms > 0)
+            set_number(L, "from_ms", (double)er->from_ms);
+        if (er->until_ms > 0) {
+            set_number(L, "until_ms", (double)er->until_ms);
+            set_number(L, "inflight_at_leave", (double)er->inflight_at_leave);
+        }
         lua_setfield(L, -2, er->id);
     }
     lua_setfield(L, -2, "endpoints");

@@ -108,6 +108,21 @@ void atc_replay_report_table(FILE *out, const char *title, const struct atc_repl
                 fprintf(out, "  %-24.24s %9zu %8s %8s %8s\n", g[k].name, g[k].requests, a, b, c);
             }
         }
+    for (size_t i = 0; i < n; i++) /* servers that joined or left the fleet (from: / until:) */
+        for (size_t k = 0; k < r[i].nendpoints; k++) {
+            const struct atc_replay_endpoint_result *e = &r[i].endpoints[k];
+            if (e->from_ms == 0 && e->until_ms == 0)
+                continue;
+            char until[48] = "the end";
+            if (e->until_ms > 0)
+                snprintf(until, sizeof(until), "%.1f s", (double)e->until_ms / 1000.0);
+            fprintf(out, "%s: %s in the fleet from %.1f s to %s: %llu requests", r[i].name, e->id,
+                    (double)e->from_ms / 1000.0, until, (unsigned long long)e->requests);
+            if (e->until_ms > 0)
+                fprintf(out, " (%llu in flight as it left, finished there)",
+                        (unsigned long long)e->inflight_at_leave);
+            fputc('\n', out);
+        }
     fprintf(out, "replayed in");
     for (size_t i = 0; i < n; i++)
         fprintf(out, "%s %s %.2f s", i ? "," : "", r[i].name, r[i].wall_s);
@@ -214,10 +229,18 @@ void atc_replay_report_json_policies(FILE *out, const struct atc_replay_result *
             const struct atc_replay_endpoint_result *e = &x->endpoints[k];
             fputs(k ? ",{\"id\":" : "{\"id\":", out);
             json_str(out, e->id);
-            fprintf(out, ",\"requests\":%llu,\"cache_hit_rate\":%.4f,\"preemptions\":%llu}",
+            fprintf(out, ",\"requests\":%llu,\"cache_hit_rate\":%.4f,\"preemptions\":%llu",
                     (unsigned long long)e->requests,
                     e->prefix_blocks ? (double)e->prefix_block_hits / (double)e->prefix_blocks : 0.0,
                     (unsigned long long)e->preemptions);
+            if (e->from_ms > 0 || e->until_ms > 0) /* from: / until: (null: the start / the end) */
+                fprintf(out, ",\"window\":{\"from_s\":%.3f,\"until_s\":", (double)e->from_ms / 1000.0);
+            if (e->until_ms > 0)
+                fprintf(out, "%.3f,\"inflight_at_leave\":%llu}", (double)e->until_ms / 1000.0,
+                        (unsigned long long)e->inflight_at_leave);
+            else if (e->from_ms > 0)
+                fputs("null,\"inflight_at_leave\":null}", out);
+            fputc('}', out);
         }
         fputc(']', out);
         /* the guessed index against what the chosen server held (null in a live replay: not known) */

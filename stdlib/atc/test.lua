@@ -44,7 +44,8 @@
 -- policy raised, t.route raises that error (a failed t.expect inside the policy fails the test) unless
 -- allow_error. Views handed to the policy are only valid during its decision.
 --
--- Traces: t.replay{ trace = FILE, fleet = CONFIG.yaml or { {model = "m", count = 3, ...}, ... },
+-- Traces: t.replay{ trace = FILE, fleet = CONFIG.yaml or { {model = "m", count = 3, ...}, ... } (an entry's
+-- from_ms / until_ms: its servers join / leave the fleet then, the YAML's from: / until:),
 -- [policy = FILE], [seed = 1], [limit = N], [model = NAME], [outages = {{endpoint, from_ms, to_ms}}],
 -- [snapshots = true] } replays a trace through a policy against a simulated fleet, as `atc replay`
 -- does, and returns its decisions and the replay's report. policy: a file, or a module as require
@@ -54,9 +55,12 @@
 --   decisions[k] = { record, id, at_ms, attempt, kind ("endpoint" | "queue" | "reject" | "fallback"),
 --                    endpoint (id or nil), inflight (that endpoint's, before), capacity, model, session,
 --                    tenant, priority, prompt_tokens, reason, status, ttft_ms, e2e_ms (of the request,
---                    on its last decision), fleet (with snapshots: id -> {inflight, capacity, routable})}
+--                    on its last decision), fleet (with snapshots: id -> {inflight, capacity, routable},
+--                    the servers in the fleet then only)}
 --   report = { requests, completed, rejected, ttft_p50_ms, ttft_p90_ms, ttft_p99_ms, e2e_p50_ms,
---              e2e_p99_ms, cache_hit_rate, imbalance, policy_errors, budget_overruns, ... }
+--              e2e_p99_ms, cache_hit_rate, imbalance, policy_errors, budget_overruns, ...,
+--              endpoints = { [id] = {requests, prefix_blocks, prefix_block_hits, from_ms, until_ms,
+--                                    inflight_at_leave (its requests in flight as it left)} } }
 
 local testing = require "atc.testing"
 local verdict = require "atc.verdict"

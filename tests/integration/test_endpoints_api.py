@@ -230,6 +230,17 @@ end
         wait_for(lambda: self.metric(atc, "atc_endpoints_removed_pending") == 0, what="removed endpoints freed")
         self.assertEqual(sorted(atc.endpoints()), ["a", "o"])
 
+    def test_atc_serve_ignores_a_replays_from_and_until_and_says_so(self):
+        # from: / until: place a server in a replay's fleet over time; atc serve serves it from the start.
+        a = self.start_sim("a", extra=["--decode-ms", "1"])
+        atc = self.start_atc(config([("a", a.url)]).replace(
+            f'url: "{a.url}", capacity: 64}}', f'url: "{a.url}", capacity: 64, from: 10m, until: 20m}}'))
+        wait_for(lambda: atc.endpoints()["a"]["state"] == "healthy", what="a healthy")
+        status, headers, _ = chat(atc.port, max_tokens=1)
+        self.assertEqual((status, headers["x-atc-endpoint"]), (200, "a"))
+        self.assertIn("endpoint a: from:/until: are read by atc replay and atc test only; atc serve ignores them",
+                      atc.read_log())
+
 
 if __name__ == "__main__":
     raise SystemExit(run_file(__file__))

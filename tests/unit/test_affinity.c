@@ -492,6 +492,38 @@ static void test_clear(void **state)
     atc_prefix_index_destroy(idx);
 }
 
+/* An endpoint that leaves the fleet (a replay's until:): its holdings go, in both generations and in the
+ * wide sets, and nobody else's; its pins go, nobody else's. */
+static void test_forget_an_endpoint(void **state)
+{
+    struct atc_prefix_index *idx = atc_prefix_index_create(1000);
+    uint64_t req[8], cold = 0;
+    uint16_t out[8];
+    blocks_of(req, 8, 9);
+    atc_prefix_index_insert(idx, req, 8, 1, 64, 0);
+    insert_cold(idx, &cold, 700);    /* req's blocks move to the previous generation */
+    for (unsigned e = 2; e < 8; e++) /* held by 7 endpoints: a wide set */
+        atc_prefix_index_insert(idx, req, 4, e, 64, 0);
+    atc_prefix_index_forget(idx, 1);
+    atc_prefix_index_forget(idx, 3);
+    atc_prefix_index_overlaps(idx, req, 8, out, 8);
+    const uint16_t want[8] = {0, 0, 4, 0, 4, 4, 4, 4};
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(out[i], want[i]);
+    atc_prefix_index_destroy(idx);
+
+    struct atc_affinity *t = atc_affinity_create(16);
+    assert_int_equal(set(t, "s1", "gone", 1000), 0);
+    assert_int_equal(set(t, "s2", "stays", 1000), 0);
+    assert_int_equal(set(t, "s3", "gone", 1000), 0);
+    assert_int_equal(atc_affinity_forget_endpoint(t, "gone"), 2);
+    assert_null(get(t, "s1", 0));
+    assert_null(get(t, "s3", 0));
+    assert_string_equal(get(t, "s2", 0), "stays");
+    assert_int_equal(atc_affinity_count(t), 1);
+    atc_affinity_destroy(t);
+}
+
 /* ---- micro-benchmark: printed, not asserted ---- */
 
 static double now_ns(void)
@@ -581,6 +613,7 @@ int main(void)
         cmocka_unit_test(test_eviction_keeps_memory_bounded),
         cmocka_unit_test(test_hot_prefix_survives_rotations),
         cmocka_unit_test(test_clear),
+        cmocka_unit_test(test_forget_an_endpoint),
         cmocka_unit_test(test_bench),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

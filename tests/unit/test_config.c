@@ -589,6 +589,22 @@ static void test_zero_capacity(void **state)
                      "t.yaml:6:19: key 'models[0].endpoints[0].capacity': ", "must be from 1 to 1000000");
 }
 
+/* from: / until: (a replay's fleet over time): durations, until after from; simulate: entries too. */
+static void test_replay_windows(void **state)
+{
+    struct atc_config *cfg = parse_ok(MODELS "        from: 10m\n        until: 20m\n"
+                                             "simulate:\n  - {model: m, count: 2, from: 90s}\n");
+    assert_int_equal(cfg->models[0].endpoints[0].window.from_ms, 600000);
+    assert_int_equal(cfg->models[0].endpoints[0].window.until_ms, 1200000);
+    assert_int_equal(cfg->simulate[0].window.from_ms, 90000);
+    assert_int_equal(cfg->simulate[0].window.until_ms, 0);
+    atc_config_free(cfg);
+    expect_one_error(MODELS "        from: 20m\n        until: 10m\n",
+                     "t.yaml:7:16: key 'models[0].endpoints[0].until': ", "must be later than from:");
+    expect_one_error(MODELS "simulate:\n  - {model: m, until: 0s}\n",
+                     "t.yaml:7:23: key 'simulate[0].until': ", "must be greater than 0");
+}
+
 static void test_duplicate_id(void **state)
 {
     /* Endpoint ids are unique across all models: they name endpoints in metrics and the admin API. */
@@ -1046,6 +1062,7 @@ int main(void)
         cmocka_unit_test(test_https_url),
         cmocka_unit_test(test_ipv6_url),
         cmocka_unit_test(test_zero_capacity),
+        cmocka_unit_test(test_replay_windows),
         cmocka_unit_test(test_duplicate_id),
         cmocka_unit_test(test_duplicate_model),
         cmocka_unit_test(test_record),
