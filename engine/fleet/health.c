@@ -1123,7 +1123,8 @@ int atc_health_add(struct atc_health *h, struct atc_endpoint *ep, const struct a
 void atc_health_remove(struct atc_health *h, struct atc_endpoint *ep, const struct atc_config *cfg)
 {
     struct hep *e = NULL;
-    for (size_t i = 0; i < h->neps && e == NULL; i++)
+    atomic_store_explicit(&ep->routable, false, memory_order_relaxed);
+    for (size_t i = 0; h != NULL && i < h->neps && e == NULL; i++)
         if (h->eps[i]->ep == ep) {
             e = h->eps[i];
             memmove(&h->eps[i], &h->eps[i + 1], (h->neps - i - 1) * sizeof(*h->eps));
@@ -1146,7 +1147,6 @@ void atc_health_remove(struct atc_health *h, struct atc_endpoint *ep, const stru
         /* Workers may still read ep->health until they all take the table without it: it stays, as
          * "draining" (what the endpoint does now), until atc_health_forget. */
         publish_state(e, ATC_HEALTH_DRAINING);
-        atomic_store_explicit(&ep->routable, false, memory_order_relaxed);
         atomic_store_explicit(&ep->slow_start_limit, 0, memory_order_relaxed);
         struct hep **husks = realloc(h->husks, (h->nhusks + 1) * sizeof(*husks));
         if (husks != NULL) {
@@ -1160,7 +1160,8 @@ void atc_health_remove(struct atc_health *h, struct atc_endpoint *ep, const stru
             h->stats.models_in_panic--;
         }
     }
-    rebind(h, cfg);
+    if (h != NULL)
+        rebind(h, cfg);
 }
 
 void atc_health_forget(struct atc_health *h, struct atc_endpoint *ep)

@@ -67,7 +67,7 @@ int atc_health_add(struct atc_health *h, struct atc_endpoint *ep, const struct a
 /** An endpoint removed at run time: its checks stop, it is no longer routable, and its model's panic mode
  * and ejection cap count without it. ep->health stays (workers may still read it) and reads "draining"
  * until atc_health_forget. @p cfg: the config in force, which no longer holds it (the others' settings
- * are read there from now on). */
+ * are read there from now on). @p h NULL (no checks): it is only made unroutable. */
 void atc_health_remove(struct atc_health *h, struct atc_endpoint *ep, const struct atc_config *cfg);
 
 /** Frees what atc_health_remove kept of @p ep and clears ep->health: call it once no worker can reach @p ep
