@@ -311,6 +311,47 @@ static void test_drain_and_panic(void **state)
     assert_int_equal(st.state_changes_total, 4);
 }
 
+/* Endpoints that join and leave at run time (the admin API, discovery): a removed one is out of routing and
+ * out of its model's counts (panic, the ejection cap) at once, its health kept for the workers that may
+ * still read it until it is forgotten; an added one starts as at start-up (healthy at once without
+ * checks) and counts from then on. */
+static void test_endpoints_added_and_removed_at_run_time(void **state)
+{
+    struct fixture *f = *state;
+    atc_health_remove(f->h, f->ep[2], f->cfg);
+    assert_false(f->ep[2]->routable);
+    assert_non_null(f->ep[2]->health); /* workers may still read it */
+    assert_int_equal(f->ep[2]->health->state, ATC_HEALTH_DRAINING);
+    assert_int_equal(atc_health_nendpoints(f->h), 2);
+    outcome(f->ep[0], false, -1);
+    outcome(f->ep[0], false, -1);
+    assert_int_equal(f->ep[0]->health->state, ATC_HEALTH_EJECTED); /* 50% of 2: one may be ejected */
+    struct hep *b = atc_health_hep_of(f->ep[1]);
+    b->live = ATC_CHECK_FAILED;
+    set_state(b, "test");
+    struct atc_health_stats st;
+    atc_health_stats(f->h, &st);
+    assert_int_equal(st.models_in_panic, 1); /* a and b out, and c no longer counts */
+    atc_health_forget(f->h, f->ep[2]);
+    assert_null(f->ep[2]->health);
+
+    struct atc_endpoint *d = atc_endpoint_table_add(f->table, "m", "d", "127.0.0.1", 4, 8);
+    const char *err = NULL;
+    assert_int_equal(atc_health_add(f->h, d, f->cfg, &err), 0);
+    assert_int_equal(d->health->state, ATC_HEALTH_HEALTHY);
+    assert_true(d->routable);
+    assert_int_equal(atc_health_nendpoints(f->h), 3);
+    atc_health_stats(f->h, &st);
+    assert_int_equal(st.models_in_panic, 0); /* d is healthy: the model is out of panic */
+    assert_false(f->ep[0]->routable);
+    struct atc_endpoint *x = atc_endpoint_table_add(f->table, "m", "x", "127.0.0.1", 5, 8);
+    free(x->model);
+    x->model = strdup("nope");
+    assert_int_equal(atc_health_add(f->h, x, f->cfg, &err), -1);
+    assert_string_equal(err, "no model with this name");
+    assert_null(x->health);
+}
+
 /* The text the workers read: what was set, cut to fit either side, "" before anything was set. */
 static void test_last_error_text(void **state)
 {
@@ -366,6 +407,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_record_alone_does_not_eject, setup, teardown),
         cmocka_unit_test_setup_teardown(test_drain_and_panic, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_endpoints_added_and_removed_at_run_time, setup, teardown),
         cmocka_unit_test_setup_teardown(test_json, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
