@@ -289,7 +289,8 @@ struct atc_endpoint_table *atc_endpoint_table_with(const struct atc_endpoint_tab
     for (size_t i = 0; i < old->nendpoints; i++)
         if (old->endpoints[i] != remove)
             t->endpoints[t->nendpoints++] = old->endpoints[i];
-    memcpy(t->slots, old->slots, old->nslots * sizeof(*t->slots));
+    if (old->nslots > 0) /* (a table without endpoints has no slots array) */
+        memcpy(t->slots, old->slots, old->nslots * sizeof(*t->slots));
     if (remove != NULL && remove->index < old->nslots && old->slots[remove->index] == remove)
         t->slots[remove->index] = NULL;
     if (add != NULL) {
