@@ -96,7 +96,7 @@ int atc_dns_query_encode(uint8_t *buf, uint16_t id, const char *name, uint16_t q
     p = put16(p, 0);
     p = put16(p, 0);
     p = put16(p, 1); /* the EDNS0 record */
-    for (size_t i = 0; i < n;) {
+    for (size_t i = 0;; i++) { /* i: the start of a label; after it, a dot or the end */
         size_t l = 0;
         while (i + l < n && name[i + l] != '.') {
             char c = name[i + l];
@@ -112,7 +112,8 @@ int atc_dns_query_encode(uint8_t *buf, uint16_t id, const char *name, uint16_t q
         *p++ = (uint8_t)l;
         memcpy(p, name + i, l);
         p += l;
-        i += l + 1;
+        if ((i += l) == n)
+            break;
     }
     *p++ = 0;
     p = put16(p, qtype);

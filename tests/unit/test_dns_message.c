@@ -182,7 +182,8 @@ static void test_bad_names(void **state)
     for (int i = 50; i < 254; i += 50)
         long254[i] = '.';
     long254[254] = '\0';
-    const char *bad[] = {"", ".", "a..b", ".a.b", "a b.test", "a.b\xc3\xa9", "a/b", label64, long254};
+    const char *bad[] = {"",         ".",           "a..b", "a.b..", ".a.b",
+                         "a b.test", "a.b\xc3\xa9", "a/b",  label64, long254};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         const char *err = NULL;
         assert_int_equal(atc_dns_name_check(bad[i], &err), -1);
