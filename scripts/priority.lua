@@ -3,52 +3,76 @@
 -- (ep.prefill_tokens: sent, first token not back yet) plus this request's own uncached tokens (the prefix
 -- index credits what the endpoint likely has cached), at the observed prefill rate, plus one decode step.
 -- atc.fastest computes it over the pool in C. Urgent requests take the soonest first token, full stop;
--- the others also weigh the cache they leave behind, and wait in atc's queue while every endpoint has a
--- long prefill queue (late binding, HOLD_MS). Nothing available: queue.
+-- the others also weigh the cache they leave behind and the work each endpoint was given lately (so a cold
+-- server takes a share of a hot prefix rather than stay idle), and a long one waits in atc's own queue
+-- while every endpoint has a long prefill queue (late binding); a short one never waits there. Nothing
+-- available: queue.
 
 local verdict = require "atc.verdict"
 
 -- Knobs ------------------------------------------------------------------------------------------------
-local HIGH_PRIORITY = 5 -- req.priority (0-9, header x-atc-priority) above this is urgent
--- The cost of an endpoint, in milliseconds of its prefill (at the pool's observed rate):
---   the prompt tokens queued there (ep.prefill_tokens: sent, first token not back)
---   + CACHE_WEIGHT x this request's tokens not cached there: their prefill now, and the cache they leave
---     on a server that did not hold them (urgent requests count them once: the soonest first token)
---   + DECODE_WEIGHT x one decode step per request decoding there (a new request slows every step of the
---     batch it joins).
--- Fitted on the first half of Mooncake's synthetic trace only (`atc replay -c examples/replay/mooncake.yaml
--- --trace mooncake_synthetic.jsonl --limit 1996 --speed 1,2,2.5,4 --servers 8,16,32`, docs/replay.md, "The routing grids"):
--- below 0.5 of the fleet's prefill capacity every weighting tied (TTFT p90 within 3%: the floor is the
--- prefill of the long prompts); at 0.77-0.96 CACHE_WEIGHT 1.5 gave the lowest TTFT p90 (2x/8 servers:
--- 2945 ms against 3103 at 1 and 3218 at 2; 2.5x/8: 6213 against 6713 and 6328). DECODE_WEIGHT 0.1 is a tie-breaker: on the Azure code trace (no
--- prefixes, requests one at a time) it cut e2e p99 by 9% and left TTFT as it was.
--- CONGESTION: near saturation a token of prefill delays every request queued behind it, so the cache a
--- request uses or leaves is worth more than its own first token: the uncached weight rises to
--- 1 + CONGESTION x the requests queued per endpoint (mean ep.prefill_tokens / mean ep.uncached_mean), the
--- marginal cost of work in a queue (M/M/1: 1 / (1 - utilisation)); 1 is that formula, not a fit. On the
--- first half and the conversation trace, 0.5 / 1 / 2 gave geomean TTFT p90 ratios 0.981 / 0.980 / 0.979 and
--- 0.859 / 0.850 / 0.877 against the best reference; without it, at 2.5x / 8 servers (0.96 of capacity) the
--- policy gave hits away for balance: 5.3 s against 4.7 s.
--- Not weighed: the tokens held by requests in flight (ep.inflight_tokens). Counting them as Dynamo does
--- helped by 3-7% at 0.6-0.8 of capacity, and past saturation gave cache hits away for balance, the
--- collapse "tokens in flight" caused in the policy this one replaced (docs/replay.md, "The routing grids").
+local HIGH_PRIORITY = 5   -- req.priority (0-9, header x-atc-priority) above this is urgent
+local CACHE_WEIGHT = 1.5  -- an uncached prompt token counts this many times (> 1: the cache it leaves behind)
+local DECODE_WEIGHT = 1   -- + this x one decode step per request decoding there (the batch it joins)
+local CONGESTION = 1      -- near saturation the uncached weight rises to 1 + this x requests queued per endpoint
+local RECENT = 0.3        -- + this x the prefill of the uncached tokens sent there lately (ep.recent_tokens)
+local HOLD_MS = 300       -- late binding: wait in atc's queue while every endpoint has more prefill queued
+----------------------------------------------------------------------------------------------------------
+-- What each knob does, and the data that fitted it: the first half of Mooncake's synthetic trace
+-- (`--limit 1996`), tests/bench/bursty_trace.py 7 (agents and documents shared by bursts of requests) and
+-- examples/replay/conversations.py 11 (multi-turn chats, one-off documents). Never the data reported
+-- against: docs/replay.md ("The routing grids") has the second half, the Azure code trace and those
+-- generators with another seed. Figures are TTFT p90 over the ideal fleet's, geomean over the cells of
+-- offered load <= 1.5, for first half / bursty / conversations (`tests/bench/routing_grid --fit`; a knob
+-- changed in a copy of scripts/ and `--policy COPY/policy.lua` gives the same line for it).
+--
+-- The cost of an endpoint, in milliseconds of prefill at the pool's mean observed rate:
+--   ep.prefill_tokens                      the prompt tokens queued there (sent, first token not back)
+--   + CACHE_WEIGHT x its uncached tokens   its prefill now, and the cache it leaves on a server that did
+--                                          not hold it (urgent requests count them once)
+--   + RECENT x ep.recent_tokens            the uncached tokens sent there in the last few seconds
+--   + DECODE_WEIGHT x decoding x itl       the decode batch it joins
+-- CACHE_WEIGHT 1.5 (first half): below 0.5 of capacity every weight tied; at 0.77-0.96 1.5 gave the lowest
+-- TTFT p90 (2x/8 servers: 2945 ms against 3103 at 1 and 3218 at 2).
+-- CONGESTION: near saturation a token of prefill delays every request queued behind it, so the uncached
+-- weight rises to 1 + CONGESTION x (mean ep.prefill_tokens / mean ep.uncached_mean), the marginal cost of
+-- work in a queue (M/M/1: 1 / (1 - utilisation)); 1 is that formula, not a fit (0.5 / 1 / 2 tied within 1%
+-- on the first half; without it the policy gave hits away for balance at 0.96 of capacity).
+-- RECENT: a server that was just given a burst is about to be busy (the next calls of the same agents come
+-- back to it), which its prefill queue stops saying once those prefills are done; and where many prompts
+-- open with the same blocks, a cold server always looked dearer and stayed idle while the warm one
+-- queued. With RECENT the next request of a hot prefix goes to the cold server, which computes the prefix
+-- once and then holds it too. RECENT 0 / 0.1 / 0.3 / 1: 1.238 / 1.249 / 1.173, 1.240 / 1.178 / 1.165,
+-- 1.241 / 1.117 / 1.182, 1.256 / 1.096 / 1.198 (bursty at 4x / 32 servers: 3.8x the ideal without it,
+-- 1.17x with 0.3).
+-- DECODE_WEIGHT: RECENT evens out the uncached tokens each server is sent, not the requests: servers that
+-- got cache hits took more of them and their decode batches grew (first half, 4x / 16 servers: in-flight
+-- imbalance 2.14 against 1.59, ITL p50 28.5 ms against 22.9). A full decode step per request decoding
+-- there evens the batches again: 0.1 / 1 / 2: 1.252 / 1.124 / 1.181, 1.241 / 1.117 / 1.182, 1.251 /
+-- 1.115 / 1.182.
 -- HOLD_MS: late binding. While every endpoint has more than HOLD_MS of prefill queued, a request that is
 -- not urgent waits in atc's own queue (a queue verdict: the engine asks again when a prefill finishes or
 -- a slot frees, and answers 503 at the admission deadline), then goes where it costs least among them
--- all. Committed at arrival, it would sit behind one endpoint's queue while another frees first or while
--- the endpoint holding its prefix frees; waiting centrally is what the ideal fleet does (one FIFO queue).
--- Fitted on the first half only (speeds 1,2,2.5,3,4 x 8,16,32 servers, TTFT p90 over the ideal fleet's):
--- 0 / 200 / 300 / 500 / 800 ms gave geomeans 1.255 / 1.251 / 1.236 / 1.239 / 1.243 against 1.253 without;
--- at 0.77 of capacity (2x/8, 4x/16) 1.07 and 1.06 against 1.11 and 1.11. 0 (bind only to an endpoint with
--- no prefill queued) starves the servers' batches near saturation (2.5x/8: 2.07 against 1.75).
-local CACHE_WEIGHT = 1.5
-local DECODE_WEIGHT = 0.1
-local CONGESTION = 1
-local HOLD_MS = 300
-----------------------------------------------------------------------------------------------------------
+-- all, as the ideal fleet's one FIFO queue binds a request only when a server comes free. 0 / 300 / 600 /
+-- never: 1.243 / 1.117 / 1.180, 1.241 / 1.117 / 1.182, 1.242 / 1.117 / 1.185, 1.276 / 1.117 / 1.186.
+-- Not weighed: the tokens held by requests in flight (ep.inflight_tokens). Counting them as Dynamo does
+-- helped by 3-7% at 0.6-0.8 of capacity, and past saturation gave cache hits away for balance, the
+-- collapse "tokens in flight" caused in the policy this one replaced (docs/replay.md, "The routing grids").
+-- Tried on the same data and left out:
+-- * never holding a short request (its own prefill under 500 ms): 1.219 on the first half, all of it
+--   from long prompts starved past saturation (short ones kept every queue full: bursty at 2x / 8 servers
+--   62x the ideal against 38x); bypassing only while nothing had waited 2 s left 1.240, no gain.
+-- * holding a request until the endpoint it would pick (its cache holder) has a short queue: it starved
+--   behind a hot holder that never emptied (bursty at 1x / 16 servers: 95x the ideal).
+-- * sending a request to an idle server when its first token comes 300-600 ms sooner there than at the
+--   cheapest one (replicating a hot prefix): nothing once RECENT spreads the work; RECENT only while some
+--   endpoint has nothing queued: the same.
+-- * CONGESTION only while no endpoint is idle (a pool with an idle server is not congested): without
+--   RECENT it took the bursty trace from 1.528 to 1.191, with RECENT it changed nothing (1.255 / 1.109 /
+--   1.179); only while some endpoint was never sent a request (M.COLD_POOL below): 1.241 / 1.114 / 1.182.
 
 local M = {}
-M.HIGH_PRIORITY, M.CACHE_WEIGHT, M.HOLD_MS = HIGH_PRIORITY, CACHE_WEIGHT, HOLD_MS
+M.HIGH_PRIORITY, M.CACHE_WEIGHT, M.RECENT, M.HOLD_MS = HIGH_PRIORITY, CACHE_WEIGHT, RECENT, HOLD_MS
 
 -- Every endpoint at the pool's mean observed rates: the servers of one pool run the same model on the
 -- same hardware, and comparing each one's noisy estimate of the same speed moved traffic for nothing
@@ -56,8 +80,15 @@ M.HIGH_PRIORITY, M.CACHE_WEIGHT, M.HOLD_MS = HIGH_PRIORITY, CACHE_WEIGHT, HOLD_M
 -- 22%, 16% of TTFT p90 there and 23% at 2x/8). A pool of unlike servers: split it by tags (capability).
 -- explain: atc.fastest puts every candidate's cost (ms) and predicted TTFT in the decision record, the
 -- pick first, when someone reads it (x-atc-explain: 1, the access log, a recording); else it costs nothing.
-M.COST = { pooled = true, uncached = CACHE_WEIGHT, decode = DECODE_WEIGHT, congestion = CONGESTION, explain = true }
-M.URGENT = { pooled = true, uncached = 1, decode = DECODE_WEIGHT, explain = true }
+M.COST = { pooled = true, uncached = CACHE_WEIGHT, decode = DECODE_WEIGHT, congestion = CONGESTION,
+           recent = RECENT, explain = true }
+M.URGENT = { pooled = true, uncached = 1, explain = true } -- the soonest predicted first token alone
+-- While some endpoint has never been sent a request, COST without CONGESTION: the pool's queued requests
+-- per endpoint (mean ep.prefill_tokens / mean ep.uncached_mean) count such an endpoint as holding requests
+-- of no size, so one busy server beside idle new ones read as a congested pool (at most 16x), and its
+-- cache weight kept every request on it while they stayed idle: a hot prefix from a cold start queued on
+-- one server of four (tests/policy/fixtures/hot_prefix.jsonl: TTFT p90 2.1 s, 1.1 s with this).
+M.COLD_POOL = { pooled = true, uncached = CACHE_WEIGHT, decode = DECODE_WEIGHT, recent = RECENT, explain = true }
 
 function M.cost(req)
   return req.priority > HIGH_PRIORITY and M.URGENT or M.COST
@@ -72,6 +103,9 @@ function M.pick(req, pool)
     local soon, wait = atc.fastest(pool, req, M.SOONEST)
     if soon ~= nil and wait > HOLD_MS and soon.prefill_tokens > 0 then -- (a first token will come)
       return verdict.queue("every endpoint has a prefill queue")
+    end
+    if soon ~= nil and soon.uncached_mean == nil then -- (the least queued: a new one if any is new)
+      cost = M.COLD_POOL
     end
   end
   return atc.fastest(pool, req, cost) or verdict.queue("no endpoint of the pool has room")

@@ -23,6 +23,7 @@
 #include "config/api_key.h"
 #include "config/engine_profile.h"
 #include "base/config_value.h"
+#include "base/dns_message.h"
 
 /* Per-endpoint ceilings: far above any real server, low enough that sums over a fleet cannot overflow. */
 #define CAPACITY_MAX 1000000u
@@ -296,8 +297,9 @@ static const struct field model_kv_fields[] = {KV_FIELDS(MODEL){.key = NULL}};
 static const struct field endpoint_kv_fields[] = {KV_FIELDS(EP){.key = NULL}};
 
 static const struct field discover_fields[] = {
-    {.key = "dns", .kind = F_STR, .off = MODEL(discover.dns), .required = true},
-    {.key = "port", .kind = F_UINT, .off = MODEL(discover.port), .min = 1, .max = 65535, .required = true},
+    {.key = "dns", .kind = F_STR, .off = MODEL(discover.dns)},
+    {.key = "srv", .kind = F_STR, .off = MODEL(discover.srv)},
+    {.key = "port", .kind = F_UINT, .off = MODEL(discover.port), .min = 1, .max = 65535},
     {.key = "interval", .kind = F_MS, .off = MODEL(discover.interval_ms), .min = 1},
     {.key = "resolver", .kind = F_HOSTPORT, .off = MODEL(discover.resolver), .aux = MODEL(discover.rport)},
     {.key = NULL},
@@ -666,10 +668,8 @@ static int get_weights(struct parse *p, const struct field *f, yaml_node_t *n, c
 
 static void unknown_key(struct parse *p, const struct map_iter *it, const struct field *fields)
 {
-    char list[256];
+    char list[256] = "";
     size_t o = 0;
-
-    list[0] = '\0';
     for (; fields->key && o < sizeof list; fields++)
         o += (size_t)snprintf(list + o, sizeof list - o, "%s%s", o ? ", " : "", fields->key);
     atc_config_report(&p->errs, it->keynode->start_mark, it->prefix, "unknown key '%s' (expected one of: %s)",
@@ -868,6 +868,24 @@ static void parse_endpoint(struct parse *p, yaml_node_t *n, const char *key, str
         p->errs.oom = true;
 }
 
+/* discover: names A/AAAA records and the servers' port (dns:, port:) or SRV records, which carry it. */
+static void check_discover(struct parse *p, yaml_node_t *n, const char *key, const char *srv_name)
+{
+    yaml_node_t *dns = child(p, n, "dns"), *srv = child(p, n, "srv"), *port = child(p, n, "port");
+    const char *why = NULL;
+    char k[KEY_MAX];
+    if (!dns && !srv)
+        atc_config_report(&p->errs, n->start_mark, key, "missing 'dns' (A records) or 'srv' (SRV records)");
+    else if (dns && !srv && !port)
+        atc_config_report(&p->errs, n->start_mark, key, "missing 'port' (A records carry none)");
+    if (dns && srv)
+        atc_config_report(&p->errs, srv->start_mark, keyf(k, "%s.srv", key), "set dns: or srv:, not both");
+    if (srv && port && !dns)
+        atc_config_report(&p->errs, port->start_mark, keyf(k, "%s.port", key), "SRV records carry the port");
+    if (srv_name && atc_dns_name_check(srv_name, &why) < 0)
+        atc_config_report(&p->errs, srv->start_mark, keyf(k, "%s.srv", key), "not a DNS name: %s", why);
+}
+
 static void parse_model(struct parse *p, yaml_node_t *n, const char *key, struct atc_model_config *m)
 {
     yaml_node_t *found[MAX_FIELDS], *eps, *health, *dis;
@@ -888,6 +906,8 @@ static void parse_model(struct parse *p, yaml_node_t *n, const char *key, struct
     }
     if ((health = lookup(model_fields, found, "health")))
         parse_health(p, health, keyf(k, "%s.health", key), &m->health, false);
+    if ((dis = lookup(model_fields, found, "discover")) && dis->type == YAML_MAPPING_NODE)
+        check_discover(p, dis, keyf(k, "%s.discover", key), m->discover.srv);
     if (atc_health_config_apply_engine(&m->health, &p->cfg->health, m->access.engine) < 0)
         p->errs.oom = true;
     if (m->name)
@@ -1027,17 +1047,8 @@ static void parse_limits(struct parse *p, yaml_node_t *n)
  * section when the entry is the default. */
 static void mark_policy_entry(struct parse *p, const yaml_node_t *policy)
 {
-    yaml_mark_t at = policy->start_mark;
-    if (policy->type == YAML_MAPPING_NODE)
-        for (yaml_node_pair_t *q = policy->data.mapping.pairs.start; q < policy->data.mapping.pairs.top;
-             q++) {
-            const yaml_node_t *k = yaml_document_get_node(p->doc, q->key);
-            if (k != NULL && k->type == YAML_SCALAR_NODE &&
-                strcmp((const char *)k->data.scalar.value, "entry") == 0) {
-                const yaml_node_t *v = yaml_document_get_node(p->doc, q->value);
-                at = v != NULL ? v->start_mark : k->start_mark;
-            }
-        }
+    const yaml_node_t *entry = child(p, policy, "entry");
+    yaml_mark_t at = entry != NULL ? entry->start_mark : policy->start_mark;
     p->cfg->policy.entry_line = (unsigned)at.line + 1;
     p->cfg->policy.entry_column = (unsigned)at.column + 1;
 }
@@ -1104,7 +1115,7 @@ static void parse_root(struct parse *p, yaml_node_t *root)
     for (size_t i = 0; i < cfg->nmodels; i++) {
         const char *name = cfg->models[i].name;
         if (name && cfg->models[i].nendpoints == 0 && !cfg->models[i].discover.dns &&
-            !atc_config_simulated(cfg, name))
+            !cfg->models[i].discover.srv && !atc_config_simulated(cfg, name))
             atc_config_report(&p->errs, node(p, models->data.sequence.items.start[i])->start_mark,
                               keyf(k, "models[%zu]", i),
                               "model '%s' has no endpoints, no discover: and no simulate entry", name);
@@ -1163,7 +1174,6 @@ static int parse_text(const char *text, size_t len, const char *name, const char
     yaml_parser_t parser;
     yaml_document_t doc;
     bool loaded = false;
-    int rc;
 
     *out = NULL;
     *errors = NULL;
@@ -1178,7 +1188,7 @@ static int parse_text(const char *text, size_t len, const char *name, const char
         atc_config_report_syntax(&p.errs, &parser);
     else
         parse_stream(&p, &parser, &doc);
-    rc = finish(&p, out, errors);
+    int rc = finish(&p, out, errors);
     if (loaded)
         yaml_document_delete(&doc);
     yaml_parser_delete(&parser);

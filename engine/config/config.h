@@ -135,10 +135,12 @@ struct atc_endpoint_config {
     struct atc_window window; /* from: / until: (replay only) */
 };
 
-/* discover: on a model: its endpoints are the A records of a name (core/discovery.h). */
+/* discover: on a model: its endpoints are the A/AAAA records of a name, or the targets of its SRV records
+ * (core/discovery.h). One of dns and srv is set. */
 struct atc_discover_config {
-    char *dns;            /* the name resolved; NULL without discover: */
-    unsigned port;        /* the servers' port (A records carry none) */
+    char *dns;            /* the name resolved; NULL without discover: or with srv: */
+    char *srv;            /* the name whose SRV records are asked; NULL without discover: or with dns: */
+    unsigned port;        /* dns: the servers' port (A records carry none); 0 with srv: (its records do) */
     uint64_t interval_ms; /* between resolutions; 0: the default, 5s */
     char *resolver;       /* resolver: host:port, its host; NULL: the system's (/etc/resolv.conf) */
     uint16_t rport;       /* and its port */
@@ -151,7 +153,7 @@ struct atc_model_config {
     struct atc_health_config health;   /* the top level's, overridden by this model's health: */
     struct atc_upstream_access access; /* engine, api key, forward_authorization for its endpoints */
     struct atc_kv_events_config kv_events; /* kv_events: defaults for its endpoints */
-    struct atc_discover_config discover;   /* discover: (dns NULL without) */
+    struct atc_discover_config discover;   /* discover: (dns and srv NULL without) */
     unsigned disaggregation;             /* disaggregation: an enum atc_disaggregation (roles.h); none */
     unsigned disagg_line, disagg_column; /* where disaggregation: is written, from 1, for atc check */
 };

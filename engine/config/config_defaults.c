@@ -217,6 +217,7 @@ void atc_config_free(struct atc_config *cfg)
         access_dispose(&m->access);
         kv_events_dispose(&m->kv_events);
         free(m->discover.dns);
+        free(m->discover.srv);
         free(m->discover.resolver);
     }
     health_dispose(&cfg->health);

@@ -96,6 +96,36 @@ class CliTest(AtcTestCase):
                 self.assertEqual(out.returncode, 0, out.stderr)
                 self.assertIn("ok", out.stdout)
 
+    def test_check_accepts_the_kubernetes_example(self):
+        # The atc config of examples/kubernetes/atc.yaml's ConfigMap passes atc check, laid out as the
+        # Deployment mounts it (the config in config/, the atc-policy ConfigMap made from scripts/ in
+        # policy/), and it discovers the Service and model of examples/kubernetes/vllm.yaml.
+        manifest = read_doc(os.path.join("examples", "kubernetes", "atc.yaml"))
+        block = re.search(r"(?m)^  atc\.yaml: \|\n((?:    .*\n|\n)+)", manifest)
+        self.assertIsNotNone(block, "no atc.yaml: | in the ConfigMap")
+        config = "".join(l[4:] + "\n" for l in block.group(1).splitlines())
+        root = os.path.join(self.tmp.name, "etc-atc")
+        os.makedirs(os.path.join(root, "config"))
+        os.symlink(os.path.join(os.path.abspath(SOURCE_DIR), "scripts"), os.path.join(root, "policy"))
+        self.assertIn("mountPath: /etc/atc/config,", manifest)
+        self.assertIn("mountPath: /etc/atc/policy,", manifest)
+        with open(os.path.join(root, "config", "atc.yaml"), "w") as f:
+            f.write(config)
+        out = run("check", "-c", os.path.join(root, "config", "atc.yaml"))
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("ok (1 model(s), 0 endpoint(s), policy compiled)", out.stdout)
+        # the admin port is loopback and no container port; the SRV name is vllm.yaml's Service's
+        self.assertRegex(config, r"(?m)^admin: 127\.0\.0\.1:8081 ")
+        self.assertEqual(re.findall(r"containerPort: (\d+)", manifest), ["8080"])
+        vllm = read_doc(os.path.join("examples", "kubernetes", "vllm.yaml"))
+        service = vllm.split("kind: Service", 1)[1].split("---", 1)[0]
+        name, namespace = re.search(r"name: (\S+)\n  namespace: (\S+)", service).groups()
+        port = re.search(r"- name: (\S+) ", service).group(1)
+        self.assertIn("clusterIP: None", service)
+        self.assertRegex(config, rf"(?m)^ +srv: _{port}\._tcp\.{name}\.{namespace}\.svc\.cluster\.local$")
+        served = re.search(r"--served-model-name=(\S+)", vllm).group(1)
+        self.assertRegex(config, rf"(?m)^  - name: {re.escape(served)} ")
+
     def test_check_reports_the_policy_at_its_entry_key(self):
         # The quick start's own check: the policy's init sees the simulated endpoints, so it does not
         # warn that the models it serves are not served.

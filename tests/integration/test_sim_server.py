@@ -12,6 +12,8 @@ import tempfile
 import time
 import unittest
 
+SLACK = float(os.environ.get("ATC_TEST_SLACK", "1"))  # as harness.SLACK: upper time bounds only
+
 ATC = os.environ.get("ATC_BIN", os.path.join(os.path.dirname(__file__), "..", "..", "build", "atc"))
 MODEL = "llama-3-8b"
 
@@ -265,8 +267,8 @@ class TestSimServer(unittest.TestCase):
         body["messages"][0]["content"] = "word " * 12000
         t_head, t_first, status, events = self.sim.stream(body)
         self.assertEqual(status, 200)
-        self.assertLess(t_head, 0.05)
-        self.assertGreater(t_first, 0.2)
+        self.assertLess(t_head, 0.05 * SLACK)
+        self.assertGreater(t_first - t_head, 0.2)  # a prefill between the headers and the first event
         self.assertEqual(events[-1], "[DONE]")
 
     def test_include_usage(self):
@@ -438,8 +440,10 @@ class TestEngines(unittest.TestCase):
         t0 = time.monotonic()
         self.assertEqual(sim.request("GET", "/health")[0], 200)
         self.assertGreater(time.monotonic() - t0, 0.9)
-        t_head, t_first, status, events = sim.stream(chat(2, stream=True))
-        self.assertLess(t_head, 0.05)
+        body = chat(2, stream=True)
+        body["messages"][0]["content"] = "word " * 12000
+        t_head, t_first, status, events = sim.stream(body)
+        self.assertGreater(t_first - t_head, 0.2)  # headers at once, the first event after prefill
         self.assertEqual(events[-1], "[DONE]")
         m = sim.metrics()
         for name in ["sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",

@@ -34,6 +34,45 @@ return {
     t.is_endpoint(priority.pick(t.request(REQ), cached_vs_idle(8000):endpoints("m")), "a", "not urgent: the cache")
   end,
 
+  a_burst_just_sent_to_the_holder_gives_the_next_request_to_a_cold_server = function()
+    -- a holds 6,400 of the 8,000 tokens and has nothing queued, but was just sent R tokens (recent_tokens):
+    -- a = 1.5 x 1,600 + RECENT x R, b = 1.5 x 8,000, so b from R = 9,600 / RECENT on (32,000 at 0.3)
+    local function fleet(recent)
+      return t.fleet { { id = "a", overlap = 100, recent_tokens = recent }, { id = "b" } }
+    end
+    local flip = 9600 / priority.RECENT
+    t.is_endpoint(priority.pick(t.request(REQ), fleet(flip / 2):endpoints("m")), "a", "a short burst: the cache")
+    t.is_endpoint(priority.pick(t.request(REQ), fleet(flip * 2):endpoints("m")), "b", "a hot holder: the cold one")
+  end,
+
+  a_full_decode_batch_gives_a_request_to_an_empty_one_unless_its_cache_saves_more = function()
+    -- a holds 6,400 of 8,000 tokens: 1.5 x 1,600 tokens (160 ms) + a 12 ms step per request decoding there,
+    -- against b's 1.5 x 8,000 (800 ms): a while fewer than 54 decode there
+    local function fleet(decoding)
+      return t.fleet { { id = "a", overlap = 100, decoding = decoding }, { id = "b" } }
+    end
+    t.is_endpoint(priority.pick(t.request(REQ), fleet(20):endpoints("m")), "a")
+    t.is_endpoint(priority.pick(t.request(REQ), fleet(64):endpoints("m")), "b")
+  end,
+
+  urgent_requests_weigh_their_first_token_alone = function()
+    -- a's first token comes 20 ms before b's (a: 5,800 queued + 1,600 uncached; b: 8,000 of 15,000 a second
+    -- minus 300), whatever the 64 requests decoding there
+    local f = t.fleet { { id = "a", overlap = 100, prefill_tokens = 5800, decoding = 64 }, { id = "b", prefill_tokens = 300 } }
+    t.is_endpoint(priority.pick(t.request { prompt_tokens = 8000, block_tokens = 64, priority = 9 }, f:endpoints("m")), "a")
+  end,
+
+  one_busy_server_beside_new_ones_is_not_a_congested_pool = function()
+    -- a holds the prefix and 15 requests' prefill (30,000 tokens of 2,000 each); b was never sent anything.
+    -- Read as a congested pool (15 requests queued) the cache weight would be 16 and keep the request on a;
+    -- b is idle and starts it now.
+    local f = t.fleet { { id = "a", overlap = 100, prefill_tokens = 30000, uncached_mean = 2000 }, { id = "b" } }
+    t.is_endpoint(priority.pick(t.request(REQ), f:endpoints("m")), "b")
+    -- b sent one request (2,000 tokens, 133 ms queued): the pool holds 8 requests per endpoint, weight 9
+    f:set("b", { uncached_mean = 2000, prefill_tokens = 2000 })
+    t.is_endpoint(priority.pick(t.request(REQ), f:endpoints("m")), "a", "a congested pool: the cache")
+  end,
+
   a_smaller_decode_batch_breaks_a_tie = function()
     local f = t.fleet { { id = "a", decoding = 30 }, { id = "b", decoding = 2 }, { id = "c", decoding = 9 } }
     t.is_endpoint(priority.pick(t.request(REQ), f:endpoints("m")), "b")

@@ -759,6 +759,43 @@ static void test_simulate_undeclared_model(void **state)
                      "t.yaml:2:5: key 'simulate[0]': ", "missing 'model'");
 }
 
+/* discover: takes dns: (A/AAAA records) with port:, or srv: (SRV records, which carry the port) alone. */
+static void test_discover(void **state)
+{
+    (void)state;
+    struct atc_config *cfg = parse_ok("models:\n  - name: m\n    discover: {dns: vllm.llm.svc, port: 8000}\n"
+                                      "  - name: n\n    discover:\n"
+                                      "      srv: _http._tcp.vllm.default.svc.cluster.local.\n"
+                                      "      interval: 2s\n      resolver: 10.96.0.10:53\n");
+    assert_string_equal(cfg->models[0].discover.dns, "vllm.llm.svc");
+    assert_null(cfg->models[0].discover.srv);
+    assert_int_equal(cfg->models[0].discover.port, 8000);
+    assert_null(cfg->models[1].discover.dns);
+    assert_string_equal(cfg->models[1].discover.srv, "_http._tcp.vllm.default.svc.cluster.local.");
+    assert_int_equal(cfg->models[1].discover.port, 0);
+    assert_int_equal(cfg->models[1].discover.interval_ms, 2000);
+    assert_string_equal(cfg->models[1].discover.resolver, "10.96.0.10");
+    assert_int_equal(cfg->models[1].discover.rport, 53);
+    atc_config_free(cfg);
+
+#define M "models:\n  - name: m\n"
+    expect_one_error(M "    discover: {srv: _x._tcp.a.test, port: 80}\n",
+                     "t.yaml:3:43: key 'models[0].discover.port': ", "SRV records carry the port");
+    expect_one_error(M "    discover: {dns: a.test, srv: _x._tcp.a.test, port: 80}\n",
+                     "t.yaml:3:34: key 'models[0].discover.srv': ", "set dns: or srv:, not both");
+    expect_one_error(M "    discover: {dns: a.test}\n",
+                     "t.yaml:3:15: key 'models[0].discover': ", "missing 'port' (A records carry none)");
+    expect_one_error(
+        M "    discover: {interval: 1s}\n    endpoints: [{id: a, url: 'http://127.0.0.1:1'}]\n",
+        "t.yaml:3:15: key 'models[0].discover': ", "missing 'dns' (A records) or 'srv' (SRV records)");
+    expect_one_error(M "    discover: {srv: _x._tcp..a.test}\n",
+                     "t.yaml:3:21: key 'models[0].discover.srv': ", "not a DNS name: an empty label");
+    expect_one_error(
+        M "    discover: {srv: 'http://a.test'}\n",
+        "t.yaml:3:21: key 'models[0].discover.srv': ", "not a DNS name: a name of letters, digits");
+#undef M
+}
+
 static void test_model_without_endpoints(void **state)
 {
     struct atc_config *cfg;
@@ -1073,6 +1110,7 @@ int main(void)
         cmocka_unit_test(test_numbers),
         cmocka_unit_test(test_simulate_undeclared_model),
         cmocka_unit_test(test_model_without_endpoints),
+        cmocka_unit_test(test_discover),
         cmocka_unit_test(test_missing_required),
         cmocka_unit_test(test_wrong_type),
         cmocka_unit_test(test_yaml_syntax_error),
