@@ -20,15 +20,12 @@
 #include "config/config.h"
 #include "config/roles.h"
 #include "config/config_errors.h"
+#include "config/config_keys.h"
 #include "config/api_key.h"
 #include "config/engine_profile.h"
 #include "base/config_value.h"
 #include "base/dns_message.h"
 
-/* Per-endpoint ceilings: far above any real server, low enough that sums over a fleet cannot overflow. */
-#define CAPACITY_MAX 1000000u
-#define WEIGHT_MAX 1000000u
-#define SIMULATE_COUNT_MAX 1024u /* the prefix index is exact up to ATC_PREFIX_INDEX_ENDPOINTS_MAX */
 #define KEY_MAX 320 /* longest key path in a message ("models[3].endpoints[12].tags[0]"); longer is cut */
 
 /* Names declared so far, to report a duplicate together with where the first one is. */
@@ -65,31 +62,7 @@ static yaml_node_t *node(struct parse *p, int index)
     return yaml_document_get_node(p->doc, index);
 }
 
-/* ---- the schema: one table of fields per mapping ---- */
-
-enum kind {
-    F_STR,      /* required text, not empty */
-    F_OPTSTR,   /* text, or nothing ("version:") for absent */
-    F_PATH,     /* text resolved against the file's directory */
-    F_STRS,     /* list of F_STR; aux is the count */
-    F_PATHS,    /* list of F_PATH; aux is the count */
-    F_BOOL,     /* bool */
-    F_UINT,     /* unsigned within [min, max] */
-    F_U64,      /* uint64_t within [min, max] */
-    F_MS,       /* duration, uint64_t milliseconds; min 1 = must not be 0 */
-    F_US,       /* duration, uint64_t microseconds; min 1 = must not be 0 */
-    F_SIZE,     /* size_t bytes, > 0 */
-    F_POSITIVE, /* double > 0 */
-    F_NONNEG,   /* double >= 0 */
-    F_SHARE,    /* double in [0, 1] */
-    F_HOSTPORT, /* char * host at off, uint16_t port at aux */
-    F_URL,      /* the url, host and port of an endpoint */
-    F_URLPATH,  /* char *: a request path, "/" followed by printable ASCII without spaces */
-    F_CHOICE,   /* unsigned: the index of the value in choices */
-    F_WEIGHTS,  /* mapping of name -> whole number >= 1, into a struct atc_weights */
-    F_SECTION,  /* a nested mapping described by sub, filling the same struct */
-    F_NODE,     /* handled by the caller, which finds the node in parse_section's found[] */
-};
+/* ---- the schema: config_keys.h ---- */
 
 static const char *const expected[] = {
     [F_STR] = "a string",
@@ -108,263 +81,6 @@ static const char *const expected[] = {
     [F_URL] = "a URL",
     [F_URLPATH] = "a path such as /health",
     [F_CHOICE] = "a string",
-};
-
-struct field {
-    const char *key;
-    enum kind kind;
-    size_t off, aux;   /* where the value goes in the struct being filled; aux: see enum kind */
-    uint64_t min, max; /* F_UINT, F_U64; F_MS and F_US use min only */
-    bool required;
-    bool model_wide;            /* refused in an endpoint's health: (it applies to a whole model) */
-    const struct field *sub;    /* F_SECTION */
-    const char *const *choices; /* F_CHOICE, NULL-terminated */
-};
-
-#define MAX_FIELDS 28 /* the longest table below, for parse_section's found[] */
-#define CFG(m) offsetof(struct atc_config, m)
-#define MODEL(m) offsetof(struct atc_model_config, m)
-#define EP(m) offsetof(struct atc_endpoint_config, m)
-#define SIM(m) offsetof(struct atc_simulate_config, m)
-#define HC(m) offsetof(struct atc_health_config, m)
-
-static const struct field shadow_fields[] = {
-    {.key = "entry", .kind = F_PATH, .off = CFG(policy.shadow_entry)},
-    {.key = "sample", .kind = F_SHARE, .off = CFG(policy.shadow_sample)},
-    {.key = NULL},
-};
-
-static const struct field canary_fields[] = {
-    {.key = "error_rate", .kind = F_SHARE, .off = CFG(policy.canary.error_rate)},
-    {.key = "fallback_rate", .kind = F_SHARE, .off = CFG(policy.canary.fallback_rate)},
-    {.key = "overrun_rate", .kind = F_SHARE, .off = CFG(policy.canary.overrun_rate)},
-    {.key = "ttft_p90", .kind = F_POSITIVE, .off = CFG(policy.canary.ttft_p90)},
-    {.key = "min_requests", .kind = F_UINT, .off = CFG(policy.canary.min_requests), .max = 1000000},
-    {.key = NULL},
-};
-
-static const struct field policy_fields[] = {
-    {.key = "entry", .kind = F_PATH, .off = CFG(policy.entry)},
-    {.key = "path", .kind = F_PATHS, .off = CFG(policy.path), .aux = CFG(policy.npath)},
-    {.key = "budget", .kind = F_US, .off = CFG(policy.budget_us), .min = 1},
-    {.key = "memory", .kind = F_SIZE, .off = CFG(policy.memory)},
-    {.key = "jit", .kind = F_BOOL, .off = CFG(policy.jit)},
-    {.key = "rollback_after", .kind = F_UINT, .off = CFG(policy.rollback_after), .max = 1000000},
-    {.key = "watch", .kind = F_BOOL, .off = CFG(policy.watch)},
-    {.key = "explain", .kind = F_BOOL, .off = CFG(policy.explain)},
-    {.key = "shadow", .kind = F_SECTION, .sub = shadow_fields},
-    {.key = "canary", .kind = F_SECTION, .sub = canary_fields},
-    {.key = NULL},
-};
-
-static const struct field upstream_fields[] = {
-    {.key = "connect_timeout", .kind = F_MS, .off = CFG(upstream.connect_timeout_ms), .min = 1},
-    {.key = "first_byte_timeout", .kind = F_MS, .off = CFG(upstream.first_byte_timeout_ms), .min = 1},
-    {.key = "idle_timeout", .kind = F_MS, .off = CFG(upstream.idle_timeout_ms), .min = 1},
-    {.key = "tries", .kind = F_UINT, .off = CFG(upstream.tries), .min = 1, .max = 100},
-    {.key = "keepalive", .kind = F_UINT, .off = CFG(upstream.keepalive), .max = 100000},
-    {.key = NULL},
-};
-
-/* health: the same table at the top level, under a model and under an endpoint (parse_health). */
-#define CHECK_FIELDS(c)                                                                                      \
-    {.key = "enabled", .kind = F_BOOL, .off = HC(c.enabled)},                                                \
-        {.key = "path", .kind = F_URLPATH, .off = HC(c.path)},                                               \
-        {.key = "interval", .kind = F_MS, .off = HC(c.interval_ms), .min = 1},                               \
-        {.key = "timeout", .kind = F_MS, .off = HC(c.timeout_ms), .min = 1},
-
-static const struct field live_fields[] = {CHECK_FIELDS(live){.key = NULL}};
-static const struct field ready_fields[] = {CHECK_FIELDS(ready){.key = NULL}};
-static const struct field deep_fields[] = {CHECK_FIELDS(deep){.key = NULL}};
-static const struct field scrape_fields[] = {CHECK_FIELDS(scrape){.key = NULL}};
-
-static const struct field eject_fields[] = {
-    {.key = "consecutive_errors", .kind = F_UINT, .off = HC(eject.consecutive_errors), .max = 1000},
-    {.key = "base_time", .kind = F_MS, .off = HC(eject.base_time_ms), .min = 1},
-    {.key = "max_time", .kind = F_MS, .off = HC(eject.max_time_ms), .min = 1},
-    {.key = "max_share", .kind = F_SHARE, .off = HC(eject.max_share), .model_wide = true},
-    {.key = NULL},
-};
-
-static const char *const panic_modes[] = {"route_all", "fail", NULL};
-
-static const struct field health_fields[] = {
-    {.key = "enabled", .kind = F_BOOL, .off = HC(enabled)},
-    {.key = "live", .kind = F_SECTION, .sub = live_fields},
-    {.key = "ready", .kind = F_SECTION, .sub = ready_fields},
-    {.key = "deep", .kind = F_SECTION, .sub = deep_fields},
-    {.key = "scrape", .kind = F_SECTION, .sub = scrape_fields},
-    {.key = "failure_threshold", .kind = F_UINT, .off = HC(failure_threshold), .min = 1, .max = 100},
-    {.key = "recovery_threshold", .kind = F_UINT, .off = HC(recovery_threshold), .min = 1, .max = 100},
-    {.key = "fast_interval", .kind = F_MS, .off = HC(fast_interval_ms), .min = 1},
-    {.key = "down_interval", .kind = F_MS, .off = HC(down_interval_ms), .min = 1},
-    {.key = "jitter", .kind = F_SHARE, .off = HC(jitter)},
-    {.key = "eject", .kind = F_SECTION, .sub = eject_fields},
-    {.key = "panic", .kind = F_CHOICE, .off = HC(panic), .choices = panic_modes, .model_wide = true},
-    {.key = "slow_start", .kind = F_MS, .off = HC(slow_start_ms)},
-    {.key = "startup_grace", .kind = F_MS, .off = HC(startup_grace_ms)},
-    {.key = NULL},
-};
-
-static const struct field record_fields[] = {
-    {.key = "dir", .kind = F_PATH, .off = CFG(record.dir)},
-    {.key = "prefix", .kind = F_STR, .off = CFG(record.prefix)},
-    {.key = "rotate_size", .kind = F_SIZE, .off = CFG(record.rotate_size)},
-    {.key = "rotate_interval", .kind = F_MS, .off = CFG(record.rotate_interval_ms), .min = 1},
-    {.key = "text", .kind = F_BOOL, .off = CFG(record.text)},
-    {.key = "buffer", .kind = F_SIZE, .off = CFG(record.buffer)},
-    {.key = "sample", .kind = F_SHARE, .off = CFG(record.sample)},
-    {.key = "headers", .kind = F_STRS, .off = CFG(record.headers), .aux = CFG(record.nheaders)},
-    {.key = NULL},
-};
-
-static const struct field admission_fields[] = {
-    {.key = "queue", .kind = F_UINT, .off = CFG(admission.queue), .max = 1000000},
-    {.key = "deadline", .kind = F_MS, .off = CFG(admission.deadline_ms), .min = 1},
-    {.key = "max_deadline", .kind = F_MS, .off = CFG(admission.max_deadline_ms), .min = 1},
-    {.key = "aging", .kind = F_MS, .off = CFG(admission.aging_ms)},
-    {.key = "tenant_weights", .kind = F_WEIGHTS, .off = CFG(admission.tenant_weights)},
-    {.key = NULL},
-};
-
-static const struct field signals_fields[] = {
-    {.key = "prefill_rate", .kind = F_POSITIVE, .off = CFG(signals.prefill_tps)},
-    {.key = "itl", .kind = F_US, .off = CFG(signals.itl_us), .min = 1},
-    {.key = "recent_half_life", .kind = F_MS, .off = CFG(signals.recent_half_life_ms), .min = 1},
-    {.key = NULL},
-};
-
-static const struct field cluster_fields[] = {
-    {.key = "redis", .kind = F_STR, .off = CFG(cluster.redis), .required = true},
-    {.key = "name", .kind = F_STR, .off = CFG(cluster.name)},
-    {.key = "sync_interval", .kind = F_MS, .off = CFG(cluster.sync_interval_ms), .min = 1},
-    {.key = NULL},
-};
-
-#define LIM(m) offsetof(struct atc_limit_rule, m)
-static const struct field rule_fields[] = {
-    {.key = "requests_per_minute", .kind = F_U64, .off = LIM(requests_per_minute), .max = UINT32_MAX},
-    {.key = "tokens_per_minute", .kind = F_U64, .off = LIM(tokens_per_minute), .max = UINT32_MAX * 1024ull},
-    {.key = NULL},
-};
-static const struct field limits_fields[] = {
-    {.key = "tenants", .kind = F_NODE}, {.key = "default", .kind = F_NODE}, {.key = NULL}};
-
-static const struct field root_fields[] = {
-    {.key = "listen", .kind = F_HOSTPORT, .off = CFG(listen_host), .aux = CFG(listen_port)},
-    {.key = "admin", .kind = F_HOSTPORT, .off = CFG(admin_host), .aux = CFG(admin_port)},
-    {.key = "policy", .kind = F_SECTION, .sub = policy_fields},
-    {.key = "upstream", .kind = F_SECTION, .sub = upstream_fields},
-    {.key = "admission", .kind = F_SECTION, .sub = admission_fields},
-    {.key = "signals", .kind = F_SECTION, .sub = signals_fields},
-    {.key = "max_body", .kind = F_SIZE, .off = CFG(max_body)},
-    {.key = "drain_timeout", .kind = F_MS, .off = CFG(drain_timeout_ms)},
-    {.key = "access_log", .kind = F_STR, .off = CFG(access_log)},
-    {.key = "admin_token", .kind = F_STR, .off = CFG(admin_token)},
-    {.key = "client_timeout", .kind = F_MS, .off = CFG(client_timeout_ms), .min = 1},
-    {.key = "workers", .kind = F_UINT, .off = CFG(workers), .min = 1, .max = ATC_MAX_WORKERS},
-    {.key = "max_connections", .kind = F_UINT, .off = CFG(max_connections), .min = 1, .max = 1u << 24},
-    {.key = "health", .kind = F_NODE},
-    {.key = "models", .kind = F_NODE},
-    {.key = "simulate", .kind = F_NODE},
-    {.key = "record", .kind = F_NODE},
-    {.key = "cluster", .kind = F_NODE},
-    {.key = "limits", .kind = F_NODE},
-    {.key = NULL},
-};
-
-/* engine:, api_key_env:, api_key_file:, forward_authorization: on a model and on an endpoint. */
-#define ACCESS_FIELDS(at)                                                                                    \
-    {.key = "engine", .kind = F_CHOICE, .off = at(access.engine), .choices = atc_engine_names},              \
-        {.key = "api_key_env", .kind = F_NODE}, {.key = "api_key_file", .kind = F_NODE},                     \
-        {.key = "forward_authorization", .kind = F_BOOL, .off = at(access.forward_authorization)},
-static const char *const kv_hashes[] = {"sha256_cbor", "xxhash_cbor", "sglang", NULL};
-#define KV_FIELDS(at)                                                                                        \
-    {.key = "endpoint", .kind = F_STR, .off = at(kv_events.endpoint)},                                       \
-        {.key = "replay_endpoint", .kind = F_STR, .off = at(kv_events.replay_endpoint)},                     \
-        {.key = "topic", .kind = F_STR, .off = at(kv_events.topic)},                                         \
-        {.key = "hash", .kind = F_CHOICE, .off = at(kv_events.hash), .choices = kv_hashes},                  \
-        {.key = "block_size", .kind = F_UINT, .off = at(kv_events.block_size), .min = 1, .max = 65536},      \
-        {.key = "seed", .kind = F_U64, .off = at(kv_events.seed), .max = UINT64_MAX},                        \
-        {.key = "max_blocks", .kind = F_U64, .off = at(kv_events.max_blocks), .min = 1, .max = 1u << 26},    \
-        {.key = "tokenize", .kind = F_BOOL, .off = at(kv_events.tokenize)},                                  \
-        {.key = "tokenize_timeout", .kind = F_MS, .off = at(kv_events.tokenize_timeout_ms), .min = 1},       \
-        {.key = "tokenize_min_bytes", .kind = F_SIZE, .off = at(kv_events.tokenize_min_bytes)},
-#define WINDOW_FIELDS(at)                                                                                    \
-    {.key = "from", .kind = F_MS, .off = at(window.from_ms)},                                                \
-        {.key = "until", .kind = F_MS, .off = at(window.until_ms), .min = 1},
-static const struct field model_kv_fields[] = {KV_FIELDS(MODEL){.key = NULL}};
-static const struct field endpoint_kv_fields[] = {KV_FIELDS(EP){.key = NULL}};
-
-static const struct field discover_fields[] = {
-    {.key = "dns", .kind = F_STR, .off = MODEL(discover.dns)},
-    {.key = "srv", .kind = F_STR, .off = MODEL(discover.srv)},
-    {.key = "port", .kind = F_UINT, .off = MODEL(discover.port), .min = 1, .max = 65535},
-    {.key = "interval", .kind = F_MS, .off = MODEL(discover.interval_ms), .min = 1},
-    {.key = "resolver", .kind = F_HOSTPORT, .off = MODEL(discover.resolver), .aux = MODEL(discover.rport)},
-    {.key = NULL},
-};
-static const struct field model_fields[] = {
-    {.key = "name", .kind = F_STR, .off = MODEL(name), .required = true},
-    {.key = "endpoints", .kind = F_NODE},
-    {.key = "discover", .kind = F_SECTION, .sub = discover_fields},
-    {.key = "health", .kind = F_NODE},
-    ACCESS_FIELDS(MODEL){.key = "kv_events", .kind = F_SECTION, .sub = model_kv_fields},
-    {.key = "disaggregation", .kind = F_CHOICE, .off = MODEL(disaggregation), .choices = atc_disagg_names},
-    {.key = NULL},
-};
-
-static const struct field endpoint_fields[] = {
-    {.key = "id", .kind = F_STR, .off = EP(id), .required = true},
-    {.key = "url", .kind = F_URL, .required = true},
-    {.key = "capacity", .kind = F_UINT, .off = EP(capacity), .min = 1, .max = CAPACITY_MAX},
-    {.key = "weight", .kind = F_UINT, .off = EP(weight), .min = 1, .max = WEIGHT_MAX},
-    {.key = "token_budget", .kind = F_U64, .off = EP(token_budget), .max = UINT64_MAX},
-    {.key = "max_server_queue", .kind = F_UINT, .off = EP(max_server_queue), .max = 1000000},
-    {.key = "kv_tokens", .kind = F_U64, .off = EP(kv_tokens), .max = UINT64_C(1000000000000)},
-    {.key = "version", .kind = F_OPTSTR, .off = EP(version)},
-    {.key = "tags", .kind = F_STRS, .off = EP(tags), .aux = EP(ntags)},
-    {.key = "health", .kind = F_NODE},
-    ACCESS_FIELDS(EP){.key = "kv_events", .kind = F_SECTION, .sub = endpoint_kv_fields},
-    {.key = "role", .kind = F_CHOICE, .off = EP(role), .choices = atc_role_names},
-    {.key = "bootstrap_port", .kind = F_UINT, .off = EP(bootstrap_port), .min = 1, .max = 65535},
-    WINDOW_FIELDS(EP){.key = NULL},
-};
-
-static const struct field simulate_fields[] = {
-    {.key = "model", .kind = F_STR, .off = SIM(params.model), .required = true},
-    {.key = "count", .kind = F_UINT, .off = SIM(count), .min = 1, .max = SIMULATE_COUNT_MAX},
-    {.key = "capacity", .kind = F_UINT, .off = SIM(capacity), .min = 1, .max = CAPACITY_MAX},
-    {.key = "max_seqs", .kind = F_UINT, .off = SIM(params.max_seqs), .min = 1, .max = CAPACITY_MAX},
-    {.key = "prefill_tps", .kind = F_POSITIVE, .off = SIM(params.prefill_tps)},
-    {.key = "decode_ms", .kind = F_NONNEG, .off = SIM(params.decode_ms)},
-    {.key = "kv_blocks", .kind = F_UINT, .off = SIM(params.kv_blocks), .min = 1, .max = UINT_MAX},
-    {.key = "error_rate", .kind = F_SHARE, .off = SIM(params.error_rate)},
-    {.key = "hang_rate", .kind = F_SHARE, .off = SIM(params.hang_rate)},
-    {.key = "not_ready_for", .kind = F_MS, .off = SIM(params.not_ready_for_ms)},
-    {.key = "die_after", .kind = F_UINT, .off = SIM(params.die_after), .max = UINT_MAX},
-    {.key = "seed", .kind = F_U64, .off = SIM(params.seed), .max = UINT64_MAX},
-    {.key = "decode_batch_factor", .kind = F_POSITIVE, .off = SIM(params.decode_batch_factor)},
-    {.key = "decode_batch_sat",
-     .kind = F_UINT,
-     .off = SIM(params.decode_batch_sat),
-     .min = 1,
-     .max = CAPACITY_MAX},
-    {.key = "max_batched_tokens",
-     .kind = F_UINT,
-     .off = SIM(params.max_batched_tokens),
-     .min = 1,
-     .max = UINT_MAX},
-    {.key = "output_min", .kind = F_UINT, .off = SIM(params.output_min), .min = 1, .max = UINT_MAX},
-    {.key = "output_max", .kind = F_UINT, .off = SIM(params.output_max), .min = 1, .max = UINT_MAX},
-    {.key = "engine", .kind = F_CHOICE, .off = SIM(params.engine), .choices = atc_sim_engine_names},
-    {.key = "api_key", .kind = F_STR, .off = SIM(params.api_key)},
-    {.key = "kv_events", .kind = F_STR, .off = SIM(params.kv_events)},
-    {.key = "max_concurrent", .kind = F_UINT, .off = SIM(params.max_concurrent), .min = 1, .max = UINT_MAX},
-    {.key = "role", .kind = F_CHOICE, .off = SIM(params.role), .choices = atc_role_names},
-    {.key = "kv_bytes_per_token", .kind = F_POSITIVE, .off = SIM(params.kv_bytes_per_token)},
-    {.key = "transfer_gbps", .kind = F_POSITIVE, .off = SIM(params.transfer_gbps)},
-    WINDOW_FIELDS(SIM){.key = NULL},
 };
 
 /* ---- walking the document ---- */
@@ -782,7 +498,7 @@ static void parse_health(struct parse *p, yaml_node_t *n, const char *key, struc
               (child(p, child(p, n, "ready"), "path") ? ATC_HEALTH_SET_READY_PATH : 0u) |
               (child(p, n, "startup_grace") ? ATC_HEALTH_SET_STARTUP_GRACE : 0u);
     p->endpoint_level = endpoint_level;
-    if (parse_section(p, n, key, true, health_fields, h, NULL) == 0 &&
+    if (parse_section(p, n, key, true, atc_config_health_fields, h, NULL) == 0 &&
         h->eject.base_time_ms > h->eject.max_time_ms)
         atc_config_report(&p->errs, n->start_mark, key,
                           "eject.base_time (%" PRIu64 "ms) must not exceed eject.max_time (%" PRIu64 "ms)",
@@ -851,19 +567,19 @@ static void parse_endpoint(struct parse *p, yaml_node_t *n, const char *key, str
     ep->kv_events.endpoint = dup_or_null(p, model_kv->endpoint);
     ep->kv_events.replay_endpoint = dup_or_null(p, model_kv->replay_endpoint);
     ep->kv_events.topic = dup_or_null(p, model_kv->topic);
-    if (parse_section(p, n, key, false, endpoint_fields, ep, found) < 0)
+    if (parse_section(p, n, key, false, atc_config_endpoint_fields, ep, found) < 0)
         return;
-    parse_api_key(p, endpoint_fields, found, key, &ep->access);
-    ep->access.engine_set |= lookup(endpoint_fields, found, "engine") != NULL;
-    if (lookup(endpoint_fields, found, "health"))
-        parse_health(p, lookup(endpoint_fields, found, "health"), keyf(k, "%s.health", key), &ep->health,
-                     true);
+    parse_api_key(p, atc_config_endpoint_fields, found, key, &ep->access);
+    ep->access.engine_set |= lookup(atc_config_endpoint_fields, found, "engine") != NULL;
+    if (lookup(atc_config_endpoint_fields, found, "health"))
+        parse_health(p, lookup(atc_config_endpoint_fields, found, "health"), keyf(k, "%s.health", key),
+                     &ep->health, true);
     if (atc_health_config_apply_engine(&ep->health, &p->cfg->health, ep->access.engine) < 0)
         p->errs.oom = true;
     if (ep->id)
-        check_unique(p, &p->ids, ep->id, lookup(endpoint_fields, found, "id"), keyf(k, "%s.id", key),
-                     "endpoint id");
-    check_window(p, lookup(endpoint_fields, found, "until"), key, &ep->window);
+        check_unique(p, &p->ids, ep->id, lookup(atc_config_endpoint_fields, found, "id"),
+                     keyf(k, "%s.id", key), "endpoint id");
+    check_window(p, lookup(atc_config_endpoint_fields, found, "until"), key, &ep->window);
     if (model && !(ep->model = strdup(model)))
         p->errs.oom = true;
 }
@@ -896,24 +612,24 @@ static void parse_model(struct parse *p, yaml_node_t *n, const char *key, struct
         p->errs.oom = true;
     m->kv_events = (struct atc_kv_events_config){
         .block_size = 16, .max_blocks = 65536, .tokenize_timeout_ms = 20, .tokenize_min_bytes = 2048};
-    if (parse_section(p, n, key, false, model_fields, m, found) < 0)
+    if (parse_section(p, n, key, false, atc_config_model_fields, m, found) < 0)
         return;
-    parse_api_key(p, model_fields, found, key, &m->access);
-    m->access.engine_set = lookup(model_fields, found, "engine") != NULL;
-    if ((dis = lookup(model_fields, found, "disaggregation"))) {
+    parse_api_key(p, atc_config_model_fields, found, key, &m->access);
+    m->access.engine_set = lookup(atc_config_model_fields, found, "engine") != NULL;
+    if ((dis = lookup(atc_config_model_fields, found, "disaggregation"))) {
         m->disagg_line = (unsigned)dis->start_mark.line + 1;
         m->disagg_column = (unsigned)dis->start_mark.column + 1;
     }
-    if ((health = lookup(model_fields, found, "health")))
+    if ((health = lookup(atc_config_model_fields, found, "health")))
         parse_health(p, health, keyf(k, "%s.health", key), &m->health, false);
-    if ((dis = lookup(model_fields, found, "discover")) && dis->type == YAML_MAPPING_NODE)
+    if ((dis = lookup(atc_config_model_fields, found, "discover")) && dis->type == YAML_MAPPING_NODE)
         check_discover(p, dis, keyf(k, "%s.discover", key), m->discover.srv);
     if (atc_health_config_apply_engine(&m->health, &p->cfg->health, m->access.engine) < 0)
         p->errs.oom = true;
     if (m->name)
-        check_unique(p, &p->models, m->name, lookup(model_fields, found, "name"), keyf(k, "%s.name", key),
-                     "model");
-    if (!(eps = lookup(model_fields, found, "endpoints")))
+        check_unique(p, &p->models, m->name, lookup(atc_config_model_fields, found, "name"),
+                     keyf(k, "%s.name", key), "model");
+    if (!(eps = lookup(atc_config_model_fields, found, "endpoints")))
         return;
     m->endpoints =
         alloc_items(p, eps, keyf(k, "%s.endpoints", key), sizeof *m->endpoints, &m->nendpoints, &items);
@@ -949,20 +665,20 @@ static void parse_simulate(struct parse *p, yaml_node_t *n, const char *key, str
     free(s->params.model);
     s->params.model = NULL;
     s->count = 1;
-    if (parse_section(p, n, key, false, simulate_fields, s, found) < 0)
+    if (parse_section(p, n, key, false, atc_config_simulate_fields, s, found) < 0)
         return;
     /* capacity follows a max_seqs given here; else it is an endpoint's default (64), not the sim's
      * max_seqs default (vLLM's 1024), so a simulated endpoint is routed to as a configured one is. */
-    if (!lookup(simulate_fields, found, "capacity"))
-        s->capacity = lookup(simulate_fields, found, "max_seqs") ? s->params.max_seqs : 64;
+    if (!lookup(atc_config_simulate_fields, found, "capacity"))
+        s->capacity = lookup(atc_config_simulate_fields, found, "max_seqs") ? s->params.max_seqs : 64;
     struct atc_model_config *m = s->params.model ? atc_config_model(p->cfg, s->params.model) : NULL;
     if (s->params.model && m == NULL)
-        atc_config_report(&p->errs, lookup(simulate_fields, found, "model")->start_mark,
+        atc_config_report(&p->errs, lookup(atc_config_simulate_fields, found, "model")->start_mark,
                           keyf(k, "%s.model", key), "no model named '%s' is declared under 'models'",
                           s->params.model);
-    if (m != NULL && lookup(simulate_fields, found, "engine"))
-        simulate_engine(p, lookup(simulate_fields, found, "engine"), key, m, s);
-    check_window(p, lookup(simulate_fields, found, "until"), key, &s->window);
+    if (m != NULL && lookup(atc_config_simulate_fields, found, "engine"))
+        simulate_engine(p, lookup(atc_config_simulate_fields, found, "engine"), key, m, s);
+    check_window(p, lookup(atc_config_simulate_fields, found, "until"), key, &s->window);
 }
 
 /* record: (trace recording); its file name prefix becomes part of paths, so it is checked here. */
@@ -971,15 +687,15 @@ static void parse_record(struct parse *p, yaml_node_t *n)
     yaml_node_t *found[MAX_FIELDS], *prefix;
 
     p->cfg->record.enabled = true;
-    if (parse_section(p, n, "record", true, record_fields, p->cfg, found) < 0)
+    if (parse_section(p, n, "record", true, atc_config_record_fields, p->cfg, found) < 0)
         return;
-    prefix = lookup(record_fields, found, "prefix");
+    prefix = lookup(atc_config_record_fields, found, "prefix");
     if (prefix && p->cfg->record.prefix &&
         strspn(p->cfg->record.prefix, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") !=
             strlen(p->cfg->record.prefix))
         atc_config_report(&p->errs, prefix->start_mark, "record.prefix",
                           "only letters, digits, '.', '_' and '-' may name files");
-    yaml_node_t *headers = lookup(record_fields, found, "headers");
+    yaml_node_t *headers = lookup(atc_config_record_fields, found, "headers");
     const struct atc_config *c = p->cfg;
     if (headers && c->record.nheaders > ATC_RECORD_HEADERS_MAX) /* each record stays small */
         atc_config_report(&p->errs, headers->start_mark, "record.headers", "at most 16 headers");
@@ -999,9 +715,9 @@ static void parse_cluster(struct parse *p, yaml_node_t *n)
     const char *why;
 
     p->cfg->cluster.enabled = true;
-    if (parse_section(p, n, "cluster", false, cluster_fields, p->cfg, found) < 0)
+    if (parse_section(p, n, "cluster", false, atc_config_cluster_fields, p->cfg, found) < 0)
         return;
-    if ((url = lookup(cluster_fields, found, "redis")) && p->cfg->cluster.redis &&
+    if ((url = lookup(atc_config_cluster_fields, found, "redis")) && p->cfg->cluster.redis &&
         atc_parse_redis_url(p->cfg->cluster.redis, &p->cfg->cluster.host, &p->cfg->cluster.port,
                             &p->cfg->cluster.db, &why) < 0)
         atc_config_report(&p->errs, url->start_mark, "cluster.redis", "%s", why);
@@ -1014,11 +730,11 @@ static void parse_limits(struct parse *p, yaml_node_t *n)
     struct map_iter it = {.prefix = "limits.tenants"};
 
     cfg->limits.enabled = true;
-    if (parse_section(p, n, "limits", true, limits_fields, cfg, found) < 0)
+    if (parse_section(p, n, "limits", true, atc_config_limits_fields, cfg, found) < 0)
         return;
-    if ((t = lookup(limits_fields, found, "default")))
-        parse_section(p, t, "limits.default", false, rule_fields, &cfg->limits.dflt, NULL);
-    if (!(t = lookup(limits_fields, found, "tenants")) || atc_yaml_is_null(t))
+    if ((t = lookup(atc_config_limits_fields, found, "default")))
+        parse_section(p, t, "limits.default", false, atc_config_rule_fields, &cfg->limits.dflt, NULL);
+    if (!(t = lookup(atc_config_limits_fields, found, "tenants")) || atc_yaml_is_null(t))
         return;
     if (t->type != YAML_MAPPING_NODE) {
         atc_config_report(&p->errs, t->start_mark, "limits.tenants", "expected a mapping of tenant names");
@@ -1033,8 +749,8 @@ static void parse_limits(struct parse *p, yaml_node_t *n)
     it.map = t;
     it.pair = t->data.mapping.pairs.start;
     while (map_next(p, &it)) {
-        if (parse_section(p, it.value, it.path, false, rule_fields, &cfg->limits.rules[cfg->limits.ntenants],
-                          NULL) < 0)
+        if (parse_section(p, it.value, it.path, false, atc_config_rule_fields,
+                          &cfg->limits.rules[cfg->limits.ntenants], NULL) < 0)
             continue;
         if (!(cfg->limits.tenants[cfg->limits.ntenants] = strdup(it.key)))
             p->errs.oom = true;
@@ -1060,22 +776,23 @@ static void parse_root(struct parse *p, yaml_node_t *root)
     yaml_node_item_t *items = NULL;
     char k[KEY_MAX];
 
-    if (parse_section(p, root, "", false, root_fields, cfg, found) < 0)
+    if (parse_section(p, root, "", false, atc_config_root_fields, cfg, found) < 0)
         return;
-    cfg->policy.enabled = lookup(root_fields, found, "policy") != NULL;
+    cfg->policy.enabled = lookup(atc_config_root_fields, found, "policy") != NULL;
     if (cfg->policy.enabled)
-        mark_policy_entry(p, lookup(root_fields, found, "policy"));
-    if (lookup(root_fields, found, "record"))
-        parse_record(p, lookup(root_fields, found, "record"));
-    if (lookup(root_fields, found, "cluster"))
-        parse_cluster(p, lookup(root_fields, found, "cluster"));
-    if (lookup(root_fields, found, "limits"))
-        parse_limits(p, lookup(root_fields, found, "limits"));
+        mark_policy_entry(p, lookup(atc_config_root_fields, found, "policy"));
+    if (lookup(atc_config_root_fields, found, "record"))
+        parse_record(p, lookup(atc_config_root_fields, found, "record"));
+    if (lookup(atc_config_root_fields, found, "cluster"))
+        parse_cluster(p, lookup(atc_config_root_fields, found, "cluster"));
+    if (lookup(atc_config_root_fields, found, "limits"))
+        parse_limits(p, lookup(atc_config_root_fields, found, "limits"));
     /* One address for both would only fail at bind time; say so now, at whichever of them the file sets. */
-    admin = lookup(root_fields, found, "admin");
+    admin = lookup(atc_config_root_fields, found, "admin");
     if (cfg->admin_port != 0 && cfg->admin_port == cfg->listen_port &&
         !strcmp(cfg->admin_host, cfg->listen_host))
-        atc_config_report(&p->errs, (admin ? admin : lookup(root_fields, found, "listen"))->start_mark,
+        atc_config_report(&p->errs,
+                          (admin ? admin : lookup(atc_config_root_fields, found, "listen"))->start_mark,
                           admin ? "admin" : "listen", "must differ from '%s'", admin ? "listen" : "admin");
 
     /* Without a token the admin API (drain, reload, config) is safe only where nobody else reaches it. */
@@ -1089,11 +806,11 @@ static void parse_root(struct parse *p, yaml_node_t *root)
                           ah);
 
     /* Models start from the top-level health settings, so those are read first. */
-    if ((health = lookup(root_fields, found, "health")))
+    if ((health = lookup(atc_config_root_fields, found, "health")))
         parse_health(p, health, "health", &cfg->health, false);
 
     /* simulate: names models, so it is read after them whatever their order in the file. */
-    models = lookup(root_fields, found, "models");
+    models = lookup(atc_config_root_fields, found, "models");
     if (!models || atc_yaml_is_null(models) ||
         (models->type == YAML_SEQUENCE_NODE &&
          models->data.sequence.items.top == models->data.sequence.items.start))
@@ -1103,7 +820,7 @@ static void parse_root(struct parse *p, yaml_node_t *root)
         cfg->models = alloc_items(p, models, "models", sizeof *cfg->models, &cfg->nmodels, &items);
     for (size_t i = 0; i < cfg->nmodels; i++)
         parse_model(p, node(p, items[i]), keyf(k, "models[%zu]", i), &cfg->models[i]);
-    if ((simulate = lookup(root_fields, found, "simulate")))
+    if ((simulate = lookup(atc_config_root_fields, found, "simulate")))
         cfg->simulate = alloc_items(p, simulate, "simulate", sizeof *cfg->simulate, &cfg->nsimulate, &items);
     for (size_t i = 0; i < cfg->nsimulate; i++)
         parse_simulate(p, node(p, items[i]), keyf(k, "simulate[%zu]", i), &cfg->simulate[i]);
