@@ -731,9 +731,8 @@ int atc_server_add_endpoint(struct atc_server *srv, struct atc_endpoint_config *
         *why = "out of memory";
         return -1;
     }
-    const struct atc_endpoint_config *added = &m->endpoints[m->nendpoints - 1];
-    atc_info("endpoint %s (%s) added to model %s: it joins once its health checks pass", added->id,
-             added->url, m->name);
+    atc_info("endpoint %s (%s) added to model %s: it joins once its health checks pass", ep->id, ep->url,
+             ep->model);
     return 0;
 }
 

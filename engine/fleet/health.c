@@ -101,10 +101,7 @@ const char *atc_health_state_name(enum atc_health_state state)
     return "unknown";
 }
 
-static const char *verdict_name(enum atc_check_verdict v)
-{
-    return v == ATC_CHECK_OK ? "ok" : v == ATC_CHECK_FAILED ? "failed" : "unknown";
-}
+static const char *const verdict_names[] = {"unknown", "failed", "ok"}; /* by enum atc_check_verdict + 1 */
 
 /* ---- state ---- */
 
@@ -147,6 +144,15 @@ static double ramp_share(const struct hep *e, uint64_t now)
         return 1.0;
     double x = (double)(now - e->ramp_start_ms) / (double)e->cfg->slow_start_ms;
     return x >= 1.0 ? 1.0 : SLOW_START_FLOOR + (1.0 - SLOW_START_FLOOR) * x;
+}
+
+/* Added at run time to a model another endpoint serves (not at start-up, nor a model's only server). */
+static bool joins_serving_model(const struct hep *e)
+{
+    for (size_t i = 0; e->joined_live && i < e->model->neps; i++)
+        if (e->model->eps[i] != e && e->model->eps[i]->state == ATC_HEALTH_HEALTHY)
+            return true;
+    return false;
 }
 
 static void more_capacity(struct atc_health *h)
@@ -274,12 +280,12 @@ static void set_state(struct hep *e, const char *reason)
         atc_warn("endpoint %s: %s -> %s: %s", e->ep->id, atc_health_state_name(old), atc_health_state_name(s),
                  reason);
     if (s == ATC_HEALTH_HEALTHY) {
-        /* Back after a failure (not a first start, not the end of a drain): ramp up. */
-        if (e->ever_healthy && old != ATC_HEALTH_DRAINING && e->cfg->slow_start_ms > 0) {
+        /* Back after a failure (not the end of a drain), or new beside serving peers: ramp up. */
+        if ((e->ever_healthy ? old != ATC_HEALTH_DRAINING : joins_serving_model(e)) &&
+            e->cfg->slow_start_ms) {
             e->ramp_start_ms = now > 0 ? now : 1;
-            bool idle = !evtimer_pending(h->ramp_timer, NULL);
             apply_ramps(h);
-            if (idle) {
+            if (!evtimer_pending(h->ramp_timer, NULL)) {
                 struct timeval tv = atc_timeval_ms(RAMP_TICK_MS);
                 evtimer_add(h->ramp_timer, &tv);
             }
@@ -315,11 +321,6 @@ static uint64_t jittered(struct atc_health *h, uint64_t ms, double jitter)
     return d < 1.0 ? 1 : (uint64_t)d;
 }
 
-static uint64_t min_u64(uint64_t a, uint64_t b)
-{
-    return a < b ? a : b;
-}
-
 /* The wait before the next probe: faster while the verdict is changing, the down interval while it
  * is settled failed, else the check's interval. */
 static uint64_t next_interval(const struct probe *pr)
@@ -331,9 +332,9 @@ static uint64_t next_interval(const struct probe *pr)
     if (pr->verdict == ATC_CHECK_UNKNOWN || (pr->verdict == ATC_CHECK_OK && pr->fails > 0) ||
         (pr->verdict == ATC_CHECK_FAILED && pr->oks > 0) ||
         (pr->kind == PROBE_LIVE && pr->e->ejected && pr->e->down_seen)) /* may lift the ejection */
-        return min_u64(c->fast_interval_ms, every);
+        return c->fast_interval_ms < every ? c->fast_interval_ms : every;
     if (pr->verdict == ATC_CHECK_FAILED)
-        return min_u64(c->down_interval_ms, every);
+        return c->down_interval_ms < every ? c->down_interval_ms : every;
     return every;
 }
 
@@ -452,12 +453,11 @@ static void check_result(struct probe *pr, bool ok, const char *why)
         e->ready = pr->verdict;
     else
         e->deep = pr->verdict;
-
     if (pr->kind == PROBE_READY)
         e->ready_unanswered = !ok && pr->status == 0;
     if (pr->verdict != old)
-        atc_debug("endpoint %s: %s check %s -> %s", e->ep->id, probe_names[pr->kind], verdict_name(old),
-                  verdict_name(pr->verdict));
+        atc_debug("endpoint %s: %s check %s -> %s", e->ep->id, probe_names[pr->kind], verdict_names[old + 1],
+                  verdict_names[pr->verdict + 1]);
     set_state(e, reason[0] != '\0' ? reason : e->last_error);
     /* A sign of life from a server that is out: check the other shallow probe now too, so that it
      * comes back at the pace of the faster one. */
@@ -1114,6 +1114,7 @@ int atc_health_add(struct atc_health *h, struct atc_endpoint *ep, const struct a
     ep->health = &e->pub;
     atomic_store_explicit(&ep->routable, false, memory_order_relaxed);
     atomic_store_explicit(&ep->slow_start_limit, 0, memory_order_relaxed);
+    e->joined_live = true;
     first_state(e, NULL);
     update_model(m);
     start_probes(e);

@@ -80,6 +80,7 @@ struct hep {
     bool drained;
     bool ejected;
     bool ever_healthy;
+    bool joined_live; /* added at run time (atc_health_add), not with the table */
     bool cap_logged; /* the ejection cap stopped an ejection; logged once per streak */
     unsigned passive_fails;
     unsigned ejections; /* the current streak, for the growing ejection time */

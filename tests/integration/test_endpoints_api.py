@@ -44,6 +44,7 @@ class EndpointsApiTest(AtcTestCase):
         self.assertEqual(status, 201, body)
         self.assertEqual((body["id"], body["origin"], body["capacity"], body["state"]), ("b", "api", 8, "starting"))
         wait_for(lambda: atc.endpoints()["b"]["state"] == "healthy", what="b healthy")
+        self.assertIn(f"endpoint b ({b.url}) added to model llama-3-8b", atc.read_log())
         self.assertEqual(atc.endpoints()["b"]["origin"], "api")
         self.assertEqual(atc.endpoints()["a"]["origin"], "config")
         served = {chat(atc.port, max_tokens=1)[1]["x-atc-endpoint"] for _ in range(40)}
@@ -53,6 +54,20 @@ class EndpointsApiTest(AtcTestCase):
         self.assertEqual(out.returncode, 0, out.stderr)
         row = [line.split() for line in out.stdout.splitlines() if line.startswith("b ")]
         self.assertEqual((row[0][1], row[0][2], row[0][-1]), ("llama-3-8b", "healthy", "api"), out.stdout)
+
+    def test_an_endpoint_added_beside_a_serving_one_ramps_up_by_slow_start(self):
+        # A new pod must not take a full share of a busy model's traffic in its first second (its caches are
+        # cold): it ramps up as one coming back does. The endpoint there at start-up does not.
+        a = self.start_sim("a", extra=["--decode-ms", "1"])
+        b = self.start_sim("b", extra=["--decode-ms", "1"])
+        atc = self.start_atc(config([("a", a.url)]).replace("health:\n", "health:\n  slow_start: 2s\n"))
+        wait_for(lambda: atc.endpoints()["a"]["state"] == "healthy", what="a healthy")
+        self.assertEqual(atc.endpoints()["a"]["slow_start"], 1.0)
+        status, body = self.admin(atc, "POST", "/admin/endpoints", {"model": "llama-3-8b", "id": "b", "url": b.url})
+        self.assertEqual(status, 201, body)
+        wait_for(lambda: atc.endpoints()["b"]["state"] == "healthy", what="b healthy")
+        self.assertLess(atc.endpoints()["b"]["slow_start"], 0.9)
+        wait_for(lambda: atc.endpoints()["b"]["slow_start"] == 1.0, timeout=10, what="b's ramp over")
 
     def test_bad_bodies_unknown_models_and_taken_ids_are_refused_with_a_reason(self):
         a = self.start_sim("a", extra=["--decode-ms", "1"])
