@@ -22,27 +22,6 @@ local function key_of(req)
   return (tenant ~= nil and tenant ~= "") and ("s:" .. tenant .. ":" .. req.session) or ("s::" .. req.session)
 end
 
-local function find(pool, id)
-  for i = 1, #pool do
-    if pool[i].id == id then
-      return pool[i]
-    end
-  end
-  return nil
-end
-
--- The endpoints of pool within the slack of the fastest first token (bound in ms).
-local function near(req, pool, bound)
-  local out = {}
-  for i = 1, #pool do
-    local ep = pool[i]
-    if ep.available and ep:predict_ttft(req) <= bound then
-      out[#out + 1] = ep
-    end
-  end
-  return out
-end
-
 -- An endpoint for req's session, or nil without a session (or with nothing available).
 function M.pick(req, pool)
   local session = req.session
@@ -56,9 +35,10 @@ function M.pick(req, pool)
   local bound = best_ttft * SESSION_SLACK + SESSION_SLACK_MS
   local key = key_of(req)
   local id = atc.affinity.get(key)
-  local ep = id ~= nil and find(pool, id) or nil
+  local ep = id ~= nil and atc.find(pool, id) or nil
   if ep == nil or not ep.available or ep:predict_ttft(req) > bound then
-    ep = atc.rendezvous(near(req, pool, bound), key) or best
+    -- among the available endpoints whose predicted first token is within the bound
+    ep = atc.rendezvous(pool, key, { req = req, max_ttft = bound }) or best
   end
   atc.affinity.set(key, ep.id, SESSION_TTL_MS) -- also keeps it from expiring while in use
   return ep

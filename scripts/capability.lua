@@ -110,8 +110,10 @@ local function with_tags(eps, tags)
   return out
 end
 
--- A fleet's endpoint lists do not change while a policy version lives (a config reload loads a new
--- one), so a model's list and its version sides are built once per fleet rather than per request.
+-- A fleet's endpoint lists do not change while its endpoints do not (a config reload or an endpoint added
+-- or removed hands the policy a new fleet), so a model's list (fleet:endpoints: the engine's, the same
+-- table every call) and its version sides (atc.pool: engine lists too, which atc.fastest reads in C) are
+-- built once per fleet rather than per request.
 local cached_fleet, by_model, by_version, single_version = nil, {}, {}, {}
 
 local function endpoints_of(fleet, model)
@@ -157,7 +159,7 @@ local function of_version(eps, version)
   end
   local side = sides[version]
   if side == nil then
-    side = of_version_uncached(eps, version)
+    side = atc.pool(of_version_uncached(eps, version))
     sides[version] = side
   end
   return side

@@ -170,7 +170,7 @@ static void figures_totals(const struct figures *f, unsigned nworkers, struct at
 static void recent_json(const struct atc_endpoint *ep, uint64_t now_ms, struct evbuffer *out)
 {
     struct atc_recent_sum s;
-    atc_recent_sum(&ep->recent, now_ms, &s);
+    atc_recent_sum(ep->recent, now_ms, &s);
     evbuffer_add_printf(out,
                         ",\"recent\":{\"window_s\":%d,\"attempts\":%llu,\"errors\":%llu,\"error_ratio\":",
                         ATC_RECENT_SECONDS, (unsigned long long)s.attempts, (unsigned long long)s.errors);
@@ -183,9 +183,9 @@ static void recent_json(const struct atc_endpoint *ep, uint64_t now_ms, struct e
     else
         evbuffer_add_printf(out, ",\"ttft_ms\":null");
     struct atc_recent_change ch[ATC_RECENT_CHANGES];
-    size_t n = atc_recent_changes(&ep->recent, ch);
+    size_t n = atc_recent_changes(ep->recent, ch);
     evbuffer_add_printf(out, ",\"tracked_ms\":%llu,\"changes\":[",
-                        (unsigned long long)(now_ms - ep->recent.since_ms)); /* how long atc has known it */
+                        (unsigned long long)(now_ms - ep->recent->since_ms)); /* how long atc has known it */
     for (size_t i = 0; i < n; i++)
         evbuffer_add_printf(out, "%s{\"age_ms\":%llu,\"from\":\"%s\",\"to\":\"%s\"}", i ? "," : "",
                             (unsigned long long)(now_ms - ch[i].at_ms),

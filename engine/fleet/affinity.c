@@ -710,31 +710,30 @@ static const struct slot *lookup(const struct atc_prefix_index *idx, uint64_t bl
     return s->block == block ? s : NULL;
 }
 
-/* The endpoints of @p match (nw words) that still hold slot s's block, into @p still. */
+/* The endpoints of @p match (words lo..hi-1; the others are 0) that still hold slot s's block, into
+ * @p still (the same words). One pass over those words, which are one or two once a long prompt is down
+ * to the few endpoints that hold it. */
 static void still_held(const struct atc_prefix_index *idx, const struct generation *g, const struct slot *s,
-                       const uint64_t *match, uint64_t *still, unsigned nw)
+                       const uint64_t *match, uint64_t *still, unsigned lo, unsigned hi)
 {
-    if (s == NULL) {
-        memset(still, 0, nw * sizeof(uint64_t));
-        return;
-    }
-    if (s->wide) {
-        const uint64_t *w = wide_of(g, s);
-        for (unsigned i = 0; i < nw; i++)
-            still[i] = match[i] & w[i];
-    } else {
-        memset(still, 0, nw * sizeof(uint64_t));
-        for (unsigned i = 0; i < s->n; i++)
-            if (s->ep[i] / 64 < nw)
-                still[s->ep[i] / 64] |= match[s->ep[i] / 64] & UINT64_C(1) << (s->ep[i] % 64);
-    }
-    /* Only endpoints whose cache has filled can have evicted it: the rest need no check. */
-    for (unsigned i = 0; i < nw; i++)
-        for (uint64_t m = still[i] & idx->evicting[i]; m != 0; m &= m - 1) {
+    const uint64_t *wide = s != NULL && s->wide ? wide_of(g, s) : NULL;
+    for (unsigned i = lo; i < hi; i++) {
+        uint64_t held = 0;
+        if (wide != NULL)
+            held = wide[i];
+        else if (s != NULL)
+            for (unsigned h = 0; h < s->n; h++)
+                if (s->ep[h] / 64 == i)
+                    held |= UINT64_C(1) << (s->ep[h] % 64);
+        held &= match[i];
+        /* Only endpoints whose cache has filled can have evicted it: the rest need no check. */
+        for (uint64_t m = held & idx->evicting[i]; m != 0; m &= m - 1) {
             unsigned e = i * 64 + (unsigned)__builtin_ctzll(m);
             if (before(held_since(s, e), idx->kv[e].horizon))
-                still[i] &= ~(UINT64_C(1) << (e % 64));
+                held &= ~(UINT64_C(1) << (e % 64));
         }
+        still[i] = held;
+    }
 }
 
 void atc_prefix_index_overlaps(struct atc_prefix_index *idx, const uint64_t *blocks, size_t n, uint16_t *out,
@@ -748,25 +747,29 @@ void atc_prefix_index_overlaps(struct atc_prefix_index *idx, const uint64_t *blo
     uint64_t match[WIDE_WORDS], still[WIDE_WORDS]; /* endpoints that hold every block so far */
     for (unsigned i = 0; i < nw; i++)
         match[i] = i + 1 < nw || known % 64 == 0 ? UINT64_MAX : (UINT64_C(1) << (known % 64)) - 1;
+    /* match's words lo..hi-1 hold every endpoint still matching: a long prompt is soon held by a few
+     * endpoints of one or two words, and the blocks after that look at those words only. */
+    unsigned lo = 0, hi = n > 0 ? nw : 0;
     size_t k = 0;
-    bool any = n > 0;
     pthread_mutex_lock(&idx->mu);
-    for (; k < n && any; k++) {
+    for (; k < n && lo < hi; k++) {
         const struct generation *g;
         const struct slot *s = lookup(idx, blocks[k], &g);
-        still_held(idx, g, s, match, still, nw);
-        any = false;
-        for (unsigned i = 0; i < nw; i++) {
+        still_held(idx, g, s, match, still, lo, hi);
+        for (unsigned i = lo; i < hi; i++) {
             /* Endpoints that stop matching at block k have exactly k leading blocks: out is 0 already
              * for those that never matched. */
             for (uint64_t m = k > 0 ? match[i] & ~still[i] : 0; m != 0; m &= m - 1)
                 out[i * 64 + (unsigned)__builtin_ctzll(m)] = k > UINT16_MAX ? UINT16_MAX : (uint16_t)k;
             match[i] = still[i];
-            any |= still[i] != 0;
         }
+        while (lo < hi && match[lo] == 0)
+            lo++;
+        while (hi > lo && match[hi - 1] == 0)
+            hi--;
     }
     pthread_mutex_unlock(&idx->mu);
-    for (unsigned i = 0; any && i < nw; i++)
+    for (unsigned i = lo; i < hi; i++)
         for (uint64_t m = match[i]; m != 0; m &= m - 1)
             out[i * 64 + (unsigned)__builtin_ctzll(m)] = k > UINT16_MAX ? UINT16_MAX : (uint16_t)k;
 }

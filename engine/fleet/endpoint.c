@@ -16,7 +16,11 @@ static struct atc_endpoint *endpoint_new(const char *model, const char *id, cons
     struct atc_endpoint *ep = calloc(1, sizeof(*ep));
     if (ep == NULL)
         return NULL;
-    ep->recent.since_ms = atc_mono_ms();
+    if ((ep->recent = calloc(1, sizeof(*ep->recent))) == NULL) {
+        free(ep);
+        return NULL;
+    }
+    ep->recent->since_ms = atc_mono_ms();
     ep->id = strdup(id);
     ep->host = strdup(host);
     ep->model = strdup(model);
@@ -27,6 +31,7 @@ static struct atc_endpoint *endpoint_new(const char *model, const char *id, cons
         free(ep->host);
         free(ep->model);
         free(ep->url);
+        free(ep->recent);
         free(ep);
         return NULL;
     }
@@ -59,6 +64,7 @@ static void endpoint_free(struct atc_endpoint *ep)
     for (size_t i = 0; i < ep->ntags; i++)
         free(ep->tags[i]);
     free(ep->tags);
+    free(ep->recent);
     free(ep);
 }
 
@@ -435,7 +441,7 @@ void atc_endpoint_release(struct atc_endpoint *ep, uint64_t tokens)
 
 void atc_endpoint_record(struct atc_endpoint *ep, bool ok, double ttft_ms)
 {
-    atc_recent_record(&ep->recent, atc_mono_ms(), ok, ttft_ms);
+    atc_recent_record(ep->recent, atc_mono_ms(), ok, ttft_ms);
     atomic_fetch_add_explicit(&ep->requests_total, 1, memory_order_relaxed);
     if (!ok) {
         atomic_fetch_add_explicit(&ep->errors_total, 1, memory_order_relaxed);

@@ -271,7 +271,7 @@ static void set_state(struct hep *e, const char *reason)
         return;
     uint64_t now = atc_mono_ms();
     publish_state(e, s);
-    atc_recent_note_change(&e->ep->recent, now, (int)old, (int)s); /* the status page's history */
+    atc_recent_note_change(e->ep->recent, now, (int)old, (int)s); /* the status page's history */
     e->state_changes++;
     h->stats.state_changes_total++;
     if (s == ATC_HEALTH_HEALTHY)

@@ -18,12 +18,6 @@ void atc_signals_init(struct atc_signals *s)
     memset(s, 0, sizeof(*s));
 }
 
-uint64_t atc_signals_uncached(uint64_t prompt_tokens, uint64_t cached_blocks, uint64_t block_tokens)
-{
-    uint64_t cached = cached_blocks * block_tokens;
-    return cached < prompt_tokens ? prompt_tokens - cached : 1;
-}
-
 /* ---- the decaying sum: a float and a 32-bit millisecond stamp in one word ---- */
 
 static uint64_t pack(float v, uint32_t ms)
@@ -60,9 +54,9 @@ void atc_signals_recent_set(struct atc_signals *s, double tokens, uint64_t now_u
     atomic_store_explicit(&s->recent, pack((float)tokens, (uint32_t)(now_us / 1000u)), memory_order_relaxed);
 }
 
-double atc_signals_recent(const struct atc_signals *s, const struct atc_signal_params *p, uint64_t now_us)
+double atc_signals_recent_at(uint64_t recent, const struct atc_signal_params *p, uint64_t now_us)
 {
-    return unpack_at(atomic_load_explicit(&s->recent, memory_order_relaxed), p, (uint32_t)(now_us / 1000u));
+    return unpack_at(recent, p, (uint32_t)(now_us / 1000u));
 }
 
 /* ---- a request's way through ---- */
@@ -201,23 +195,6 @@ void atc_signals_scraped(struct atc_signals *s, double running, double waiting, 
 }
 
 /* ---- reading ---- */
-
-double atc_signals_prefill_tps(const struct atc_signals *s, const struct atc_signal_params *p)
-{
-    double v = atomic_load_explicit(&s->prefill_tps_ewma, memory_order_relaxed);
-    return v > 0 ? v : p->prefill_tps;
-}
-
-double atc_signals_itl_ms(const struct atc_signals *s, const struct atc_signal_params *p)
-{
-    double v = atomic_load_explicit(&s->itl_ms_ewma, memory_order_relaxed);
-    return v > 0 ? v : (double)p->itl_us / 1000.0;
-}
-
-double atc_signals_uncached_mean(const struct atc_signals *s)
-{
-    return atomic_load_explicit(&s->uncached_ewma, memory_order_relaxed);
-}
 
 double atc_signals_predict_ttft_ms(const struct atc_signals *s, const struct atc_signal_params *p,
                                    uint64_t uncached)

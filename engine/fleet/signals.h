@@ -78,8 +78,14 @@ struct atc_signal_ticket {
 void atc_signals_init(struct atc_signals *s);
 
 /** The uncached prompt tokens of a request of @p prompt_tokens whose @p cached_blocks leading blocks of
- * @p block_tokens each the endpoint likely holds. At least 1: the last prompt token is always computed. */
-uint64_t atc_signals_uncached(uint64_t prompt_tokens, uint64_t cached_blocks, uint64_t block_tokens);
+ * @p block_tokens each the endpoint likely holds. At least 1: the last prompt token is always computed.
+ * (Inline, as the readers below: a decision calls them for every endpoint of its pool.) */
+static inline uint64_t atc_signals_uncached(uint64_t prompt_tokens, uint64_t cached_blocks,
+                                            uint64_t block_tokens)
+{
+    uint64_t cached = cached_blocks * block_tokens;
+    return cached < prompt_tokens ? prompt_tokens - cached : 1;
+}
 
 /** A request with @p uncached tokens to prefill was sent to the endpoint of @p s at @p now_us: counts it
  * in prefill_tokens, prefilling and recent_tokens, and starts @p t. Any thread. */
@@ -124,13 +130,31 @@ void atc_signals_scraped(struct atc_signals *s, double running, double waiting, 
 
 /** Sets recent_tokens to @p tokens as of @p now_us (a reset; `atc test` endpoint specs). */
 void atc_signals_recent_set(struct atc_signals *s, double tokens, uint64_t now_us);
-/** recent_tokens as of @p now_us. */
-double atc_signals_recent(const struct atc_signals *s, const struct atc_signal_params *p, uint64_t now_us);
+/** recent_tokens as of @p now_us, from the packed word @p recent (atc_signals_recent's slow part). */
+double atc_signals_recent_at(uint64_t recent, const struct atc_signal_params *p, uint64_t now_us);
+/** recent_tokens as of @p now_us. Inline for the common 0 (a tie-break reads it for a whole pool). */
+static inline double atc_signals_recent(const struct atc_signals *s, const struct atc_signal_params *p,
+                                        uint64_t now_us)
+{
+    uint64_t word = atomic_load_explicit(&s->recent, memory_order_relaxed);
+    return word >> 32 == 0 ? 0.0 : atc_signals_recent_at(word, p, now_us); /* +0.0f: no tokens */
+}
 /** The prefill rate (tokens/s) and ITL (ms): observed, or the priors. */
-double atc_signals_prefill_tps(const struct atc_signals *s, const struct atc_signal_params *p);
-double atc_signals_itl_ms(const struct atc_signals *s, const struct atc_signal_params *p);
+static inline double atc_signals_prefill_tps(const struct atc_signals *s, const struct atc_signal_params *p)
+{
+    double v = atomic_load_explicit(&s->prefill_tps_ewma, memory_order_relaxed);
+    return v > 0 ? v : p->prefill_tps;
+}
+static inline double atc_signals_itl_ms(const struct atc_signals *s, const struct atc_signal_params *p)
+{
+    double v = atomic_load_explicit(&s->itl_ms_ewma, memory_order_relaxed);
+    return v > 0 ? v : (double)p->itl_us / 1000.0;
+}
 /** uncached_mean: tokens per request sent; 0 before the first. */
-double atc_signals_uncached_mean(const struct atc_signals *s);
+static inline double atc_signals_uncached_mean(const struct atc_signals *s)
+{
+    return atomic_load_explicit(&s->uncached_ewma, memory_order_relaxed);
+}
 
 /** Predicted ms to the first token of a request with @p uncached tokens to prefill, sent there now. */
 double atc_signals_predict_ttft_ms(const struct atc_signals *s, const struct atc_signal_params *p,

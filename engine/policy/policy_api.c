@@ -42,17 +42,6 @@ struct atc_endpoint *policy_api_endpoint_at(const struct policy_version *v, unsi
     return t != NULL && index < t->nslots ? t->slots[index] : NULL; /* NULL: a removed endpoint's view */
 }
 
-bool policy_api_available(const struct policy_version *v, const struct atc_endpoint *ep)
-{
-    if (!atc_endpoint_available(ep, v->req != NULL ? v->req->tokens : 0))
-        return false;
-    if (v->req != NULL)
-        for (size_t i = 0; i < v->req->ntried; i++)
-            if (v->req->tried[i] == ep)
-                return false;
-    return true;
-}
-
 /* Views are found by address (LuaJIT never moves a table, and the registry keeps views alive) in a
  * small open-addressing table: no Lua call on the hot path of the C balancers. */
 static size_t view_slot(const void *p, size_t mask)
@@ -91,13 +80,12 @@ struct atc_endpoint *policy_api_to_endpoint(struct policy_version *v, int idx)
     if (lua_type(L, idx) == LUA_TSTRING && v->rt->table != NULL) {
         size_t len;
         const char *id = lua_tolstring(L, idx, &len);
-        return strlen(id) == len ? atc_endpoint_table_find(v->rt->table, id) : NULL; /* "a\0junk" is no id */
+        return policy_fleet_by_id(v, id, len); /* "a\0junk" is no id */
     }
     return NULL;
 }
 
-/* Pushes the view of endpoint @p index (one table per endpoint, so views compare equal). */
-static void push_endpoint(lua_State *L, const struct policy_version *v, unsigned index)
+void policy_api_push_view(lua_State *L, const struct policy_version *v, unsigned index)
 {
     lua_rawgeti(L, LUA_REGISTRYINDEX, v->endpoints_ref);
     lua_rawgeti(L, -1, (int)index + 1);
@@ -153,6 +141,19 @@ unsigned policy_api_overlap(lua_State *L, struct policy_version *v, const struct
         v->overlaps_ready = true;
     }
     return v->overlaps[ep->index];
+}
+
+const uint16_t *policy_api_overlaps(lua_State *L, struct policy_version *v)
+{
+    const struct atc_route_request *req = policy_api_current_req(L, v);
+    const struct atc_features *f = req->features;
+    if (v->rt->prefix == NULL || f == NULL || f->nblocks == 0)
+        return NULL;
+    if (!v->overlaps_ready) {
+        atc_prefix_index_overlaps(v->rt->prefix, f->blocks, f->nblocks, v->overlaps, v->rt->table->nslots);
+        v->overlaps_ready = true;
+    }
+    return v->overlaps;
 }
 
 static int ep_prefix_overlap(lua_State *L)
@@ -564,73 +565,6 @@ static int req_index(lua_State *L)
     return 1;
 }
 
-/* ---- fleet ---- */
-
-static void push_endpoint_list(lua_State *L, struct policy_version *v, struct atc_endpoint *const *eps,
-                               size_t n)
-{
-    lua_createtable(L, (int)n, 0);
-    for (size_t i = 0; i < n; i++) {
-        push_endpoint(L, v, eps[i]->index);
-        lua_rawseti(L, -2, (int)i + 1);
-    }
-}
-
-static int fleet_endpoints(lua_State *L)
-{
-    struct policy_version *v = policy_api_version(L);
-    luaL_checkudata(L, 1, POLICY_MT_FLEET);
-    size_t len;
-    const char *model = luaL_checklstring(L, 2, &len);
-    const struct atc_model *m =
-        v->rt->table != NULL ? atc_endpoint_table_model(v->rt->table, model, len) : NULL;
-    if (m == NULL)
-        lua_newtable(L);
-    else
-        push_endpoint_list(L, v, m->endpoints, m->nendpoints);
-    return 1;
-}
-
-static int fleet_all(lua_State *L)
-{
-    struct policy_version *v = policy_api_version(L);
-    luaL_checkudata(L, 1, POLICY_MT_FLEET);
-    const struct atc_endpoint_table *t = v->rt->table;
-    if (t == NULL)
-        lua_newtable(L);
-    else
-        push_endpoint_list(L, v, t->endpoints, t->nendpoints);
-    return 1;
-}
-
-static int fleet_models(lua_State *L)
-{
-    struct policy_version *v = policy_api_version(L);
-    luaL_checkudata(L, 1, POLICY_MT_FLEET);
-    const struct atc_endpoint_table *t = v->rt->table;
-    lua_createtable(L, t != NULL ? (int)t->nmodels : 0, 0);
-    for (size_t i = 0; t != NULL && i < t->nmodels; i++) {
-        lua_pushstring(L, t->models[i].name);
-        lua_rawseti(L, -2, (int)i + 1);
-    }
-    return 1;
-}
-
-static int fleet_endpoint(lua_State *L)
-{
-    struct policy_version *v = policy_api_version(L);
-    luaL_checkudata(L, 1, POLICY_MT_FLEET);
-    size_t len;
-    const char *id = luaL_checklstring(L, 2, &len);
-    const struct atc_endpoint *ep =
-        v->rt->table != NULL && strlen(id) == len ? atc_endpoint_table_find(v->rt->table, id) : NULL;
-    if (ep == NULL)
-        lua_pushnil(L);
-    else
-        push_endpoint(L, v, ep->index);
-    return 1;
-}
-
 /* ---- verdicts ---- */
 
 static struct policy_verdict *push_verdict(lua_State *L, enum atc_decision_kind kind)
@@ -880,12 +814,7 @@ static int affinity_del(lua_State *L)
 
 /* ---- the tables a policy calls ---- */
 
-static const struct policy_field fleet_methods[] = {
-    {"endpoints", NULL, fleet_endpoints}, {"all", NULL, fleet_all}, {"models", NULL, fleet_models},
-    {"endpoint", NULL, fleet_endpoint},   {NULL, NULL, NULL},
-};
-
-/* atc.fastest is registered beside these (policy_pick_push_fastest: a closure with more upvalues). */
+/* atc.fastest is registered beside these (policy_fastest_push: a closure with more upvalues). */
 static const struct policy_field atc_functions[] = {
     {"queue", NULL, atc_queue},
     {"reject", NULL, atc_reject},
@@ -898,6 +827,8 @@ static const struct policy_field atc_functions[] = {
     {"p2c", NULL, policy_pick_p2c},
     {"rendezvous", NULL, policy_pick_rendezvous},
     {"prefix_pick", NULL, policy_pick_prefix_pick},
+    {"pool", NULL, policy_fleet_pool},
+    {"find", NULL, policy_fleet_find},
     {NULL, NULL, NULL},
 };
 
@@ -934,7 +865,7 @@ static int atc_test_contract(lua_State *L)
     lua_setfield(L, -2, "ep");
     lua_newtable(L);
     n = 0;
-    push_names(L, "", fleet_methods, &n);
+    push_names(L, "", policy_fleet_methods, &n);
     lua_setfield(L, -2, "fleet");
     lua_newtable(L);
     n = 0;
@@ -1036,6 +967,7 @@ static void open_views(struct policy_version *v, bool keep)
     free(v->overlaps);
     v->overlaps = overlaps;
     v->overlaps_ready = false;
+    policy_fleet_reset(v); /* the engine lists hold the old views */
     int old = 0; /* the previous views, kept */
     if (v->endpoints_ref != 0 && v->endpoints_ref != LUA_NOREF) {
         if (keep) {
@@ -1157,7 +1089,7 @@ void policy_api_open(struct policy_version *v)
     /* fleet: methods only */
     luaL_newmetatable(L, POLICY_MT_FLEET);
     lua_newtable(L);
-    register_methods(L, v, fleet_methods);
+    register_methods(L, v, policy_fleet_methods);
     lua_setfield(L, -2, "__index");
     lua_pushboolean(L, 0);
     lua_setfield(L, -2, "__metatable");
@@ -1172,7 +1104,7 @@ void policy_api_open(struct policy_version *v)
     /* the atc table */
     lua_newtable(L);
     register_methods(L, v, atc_functions);
-    policy_pick_push_fastest(L, v);
+    policy_fastest_push(L, v);
     lua_setfield(L, -2, "fastest");
     if (v->rt->test_replay != NULL) /* atc test only: t.replay(...) runs a trace through a policy */
         set_closure(L, v, "replay", v->rt->test_replay);

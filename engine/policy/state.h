@@ -44,6 +44,12 @@ struct policy_version {
         unsigned index;
     } * view_slots; /* view -> endpoint index, open addressing */
     size_t view_mask;
+    /* Engine lists (policy_fleet.c) by table address, open addressing; reset with the views. */
+    struct policy_list **lists;
+    size_t lists_mask, nlists, npools; /* npools: those atc.pool made (bounded) */
+    int lists_ref;                     /* registry table: model name -> its list, all_key -> fleet:all's */
+    unsigned *ids;                     /* endpoint slot + 1 by a hash of its id (0: empty); NULL: not built */
+    size_t ids_mask;
     struct policy_counters c;
     unsigned consecutive_failures;
     uint64_t successes;

@@ -29,6 +29,8 @@ struct policy_version *policy_version_status_copy(const struct policy_version *v
     c->rt = rt;
     c->L = NULL;
     c->view_slots = NULL;
+    c->lists = NULL;
+    c->ids = NULL;
     c->req = NULL;
     c->overlaps = NULL;
     return c;

@@ -14,6 +14,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "fleet/endpoint.h"
+#include "policy/policy_api.h"
 #include "policy/state.h"
 #include "policy/sandbox.h"
 #include "policy/watchdog.h"
@@ -30,6 +31,7 @@ void policy_version_destroy(struct policy_version *v)
         return;
     if (v->L != NULL)
         lua_close(v->L);
+    policy_fleet_free(v);
     free(v->overlaps);
     free(v->view_slots);
     free(v);

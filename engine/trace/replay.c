@@ -55,7 +55,6 @@ struct rp_endpoint {
     struct atc_sim *sim;
     uint64_t requests;
     uint64_t tokens; /* prompt + output tokens of the requests sent to it */
-    size_t heap_pos; /* its place in the heap */
     bool counted;    /* its model is one the trace asks for: it counts in the imbalance figures */
     uint64_t scraped_queries, scraped_hits; /* its prefix cache counters at the previous scrape */
     int kv_slot;      /* its endpoint number in rp->kv: it publishes KV events; -1: it does not */
@@ -84,6 +83,7 @@ struct replay {
     struct rp_endpoint *eps;
     size_t neps;
     struct heap_entry *heap; /* a binary min-heap of the servers on their next event */
+    size_t *heap_pos;        /* server k's place in the heap */
     struct atc_policy_runtime *rt;
     uint64_t budget_ns; /* CPU time a decision may use before it counts as an overrun */
     struct atc_affinity *affinity;
@@ -137,7 +137,8 @@ static int build_fleet(struct replay *rp, const struct atc_config *cfg, char **e
         *err = strdup("the fleet has no endpoints");
         return -1;
     }
-    if ((rp->eps = calloc(total, sizeof(*rp->eps))) == NULL || (rp->heap = calloc(total, sizeof(*rp->heap))) == NULL)
+    if ((rp->eps = calloc(total, sizeof(*rp->eps))) == NULL || (rp->heap = calloc(total, sizeof(*rp->heap))) == NULL ||
+        (rp->heap_pos = calloc(total, sizeof(*rp->heap_pos))) == NULL)
         goto oom;
     uint64_t seed = rp->o->seed ? rp->o->seed : 1;
     /* Endpoints of real servers are simulated with the default server model. */
@@ -193,7 +194,7 @@ static int add_server(struct replay *rp, struct atc_endpoint *ep, const struct a
     if (params->role != ATC_ROLE_BOTH) /* simulate: role: (a listed endpoint has its own role:) */
         ep->role = params->role;
     ep->kv_tokens = atc_sim_params_kv_tokens(&p); /* what vLLM's /metrics would tell */
-    e->heap_pos = rp->neps;
+    rp->heap_pos[rp->neps] = rp->neps;
     rp->heap[rp->neps] = (struct heap_entry){.key = UINT64_MAX, .ep = rp->neps};
     rp->neps++;
     return 0;
@@ -268,40 +269,41 @@ static struct rp_endpoint *endpoint_of(struct replay *rp, const struct atc_endpo
 /* ---- the next event: a heap of the servers by their next event, so that an event costs O(log servers)
  * and not a scan of the fleet ---- */
 
-static void heap_swap(struct replay *rp, size_t a, size_t b)
-{
-    struct heap_entry ea = rp->heap[a];
-    rp->heap[a] = rp->heap[b];
-    rp->heap[b] = ea;
-    rp->eps[rp->heap[a].ep].heap_pos = a;
-    rp->eps[rp->heap[b].ep].heap_pos = b;
-}
-
 static uint64_t heap_key(const struct replay *rp, size_t pos)
 {
     return rp->heap[pos].key;
 }
 
-/* Sets server k's next event to @p key and restores the heap. */
+/* Puts entry @p e at place @p i of the heap. */
+static void heap_put(struct replay *rp, size_t i, struct heap_entry e)
+{
+    rp->heap[i] = e;
+    rp->heap_pos[e.ep] = i;
+}
+
+/* Sets server k's next event to @p key and restores the heap: the entry moves up past every parent with
+ * a later event, or down past every smaller child (the left one on a tie), each passed one moved into the
+ * hole rather than swapped (the same heap as swapping, in half the writes). */
 static void heap_fix(struct replay *rp, size_t k, uint64_t key)
 {
-    size_t i = rp->eps[k].heap_pos;
-    rp->heap[i].key = key;
-    while (i > 0 && heap_key(rp, (i - 1) / 2) > heap_key(rp, i)) {
-        heap_swap(rp, i, (i - 1) / 2);
+    size_t i = rp->heap_pos[k];
+    struct heap_entry e = {.key = key, .ep = k};
+    while (i > 0 && heap_key(rp, (i - 1) / 2) > key) {
+        heap_put(rp, i, rp->heap[(i - 1) / 2]);
         i = (i - 1) / 2;
     }
     for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < rp->neps && heap_key(rp, l) < heap_key(rp, m))
-            m = l;
-        if (r < rp->neps && heap_key(rp, r) < heap_key(rp, m))
-            m = r;
-        if (m == i)
-            return;
-        heap_swap(rp, i, m);
+        size_t l = 2 * i + 1, m = l;
+        if (l >= rp->neps)
+            break;
+        if (l + 1 < rp->neps && heap_key(rp, l + 1) < heap_key(rp, l))
+            m = l + 1;
+        if (!(heap_key(rp, m) < key))
+            break;
+        heap_put(rp, i, rp->heap[m]);
         i = m;
     }
+    heap_put(rp, i, e);
 }
 
 /* What server k's /metrics would say now, as health scraping reads it from a real server: its model
@@ -319,8 +321,10 @@ static void server_changed(struct replay *rp, size_t k)
     } else { /* nothing new looked up: the last rate stands */
         hit_rate = e->ep->sig.scraped_prefix_hit_rate;
     }
-    e->ep->server_queue = st.waiting;
-    e->ep->server_kv_usage = st.kv_usage;
+    /* Relaxed, as health.c publishes them: the replay is single-threaded, and a sequentially consistent
+     * store (a fence each) after every iteration of every server was a tenth of a replay's time. */
+    atomic_store_explicit(&e->ep->server_queue, (unsigned)st.waiting, memory_order_relaxed);
+    atomic_store_explicit(&e->ep->server_kv_usage, st.kv_usage, memory_order_relaxed);
     atc_signals_scraped(&e->ep->sig, st.running, st.waiting, st.kv_usage, hit_rate, rp->now);
     heap_fix(rp, k, atc_sim_next_event_us(e->sim));
 }
@@ -1046,6 +1050,7 @@ static void replay_dispose(struct replay *rp)
         atc_sim_destroy(rp->eps[k].sim);
     free(rp->eps);
     free(rp->heap);
+    free(rp->heap_pos);
     if (rp->table != rp->all)
         atc_endpoint_table_free_shell(rp->table);
     atc_endpoint_table_destroy(rp->all);

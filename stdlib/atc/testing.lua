@@ -324,12 +324,34 @@ function M.fleet(specs)
 
   local fl = {}
 
+  -- As the engine's: the same list on every call (the set of endpoints does not change), shared and
+  -- read-only; a list a policy changed raises here, as the engine's host functions do (policy_fleet.c).
+  local function shared(list, kept, name)
+    if #list ~= #kept then
+      error(name .. ": a list from fleet:endpoints, fleet:all or atc.pool was changed; those lists are shared by every decision and read-only (copy one into a new table to change it)", 3)
+    end
+    for i = 1, #kept do
+      if list[i] ~= kept[i] then
+        error(name .. ": a list from fleet:endpoints, fleet:all or atc.pool was changed; those lists are shared by every decision and read-only (copy one into a new table to change it)", 3)
+      end
+    end
+    return list
+  end
+  local lists, kept = {}, {}
+  for model, list in pairs(by_model) do
+    lists[model], kept[model] = copy(list), list
+  end
+  local all_list = copy(all)
+
   function fl:endpoints(model)
-    return copy(by_model[model] or {})
+    if lists[model] == nil then
+      return {} -- an unknown model: an empty table of its own
+    end
+    return shared(lists[model], kept[model], "fleet:endpoints")
   end
 
   function fl:all()
-    return copy(all)
+    return shared(all_list, all, "fleet:all")
   end
 
   function fl:models()

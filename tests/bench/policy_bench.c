@@ -2,8 +2,10 @@
  * Not a test: prints a markdown table, or with --format json one line "ATC-BENCH {...}" for tests/bench/run
  * (latencies in µs). Reaches the budget functions through policy/watchdog.h. Usage:
  *   policy_bench [--entry scripts/policy.lua] [--endpoints 64] [--prompt-tokens 8192] [--decisions 200000]
- *                [--jit on|off] [--format table|json] [--sessions on|off]
- * --sessions off: every request as tests/bench/run's chat load sends it (no session, priority 0). */
+ *                [--jit on|off] [--format table|json] [--sessions on|off] [--budget-us 1000]
+ * --sessions off: every request as tests/bench/run's chat load sends it (no session, priority 0).
+ * --budget-us: the decision's budget (a larger one lets a profiler such as valgrind run it without
+ * overruns). */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,7 +42,7 @@ int main(int argc, char **argv)
 {
     const char *entry = "scripts/policy.lua";
     bool jit = false, json = false, sessions = true;
-    size_t nendpoints = 64, prompt_tokens = 8192, n = 200000;
+    size_t nendpoints = 64, prompt_tokens = 8192, n = 200000, budget_us = 1000;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--entry") == 0)
             entry = argv[i + 1];
@@ -50,6 +52,8 @@ int main(int argc, char **argv)
             prompt_tokens = strtoul(argv[i + 1], NULL, 10);
         else if (strcmp(argv[i], "--decisions") == 0)
             n = strtoul(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "--budget-us") == 0)
+            budget_us = strtoul(argv[i + 1], NULL, 10);
         else if (strcmp(argv[i], "--jit") == 0)
             jit = strcmp(argv[i + 1], "on") == 0;
         else if (strcmp(argv[i], "--sessions") == 0)
@@ -62,6 +66,7 @@ int main(int argc, char **argv)
     /* A fleet of one model with random load, some of it on a canary version. */
     struct atc_model_config model = {.name = "llama-3-8b"};
     struct atc_config cfg = {.models = &model, .nmodels = 1};
+    atc_signal_params_init(&cfg.signals); /* the priors a config has (0 here made every predicted TTFT inf) */
     struct atc_endpoint_table *table = atc_endpoint_table_create(&cfg);
     uint64_t rng = 42;
     for (size_t i = 0; i < nendpoints; i++) {
@@ -96,7 +101,7 @@ int main(int argc, char **argv)
     struct atc_policy_settings s = {
         .entry = entry,
         .stdlib_dir = atc_policy_stdlib_dir(),
-        .budget_us = 1000,
+        .budget_us = budget_us,
         .memory = 64u << 20,
         .jit = jit,
     };

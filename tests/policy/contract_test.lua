@@ -220,6 +220,35 @@ t.test("fleet: every method", function()
     t.expect(fleet:endpoints("llama")[1]).to_be(fleet:endpoint("a")) -- one view per endpoint
     t.expect(fleet:endpoint("a").id).to_be("a")
     t.expect(function() fleet:endpoint("a").inflight = 0 end).to_raise("read-only")
+    -- engine lists: the same table on every call, shared and read-only
+    local list = fleet:endpoints("llama")
+    t.expect(fleet:endpoints("llama")).to_be(list)
+    t.expect(fleet:all()).to_be(fleet:all())
+    t.expect(fleet:endpoints("unknown")).never.to_be(fleet:endpoints("unknown")) -- {}: a new one
+    local a = list[1]
+    list[1] = list[2]
+    t.expect(function() atc.fastest(list, req) end).to_raise("read-only") -- atc test checks every element
+    list[1] = a
+    t.expect(atc.fastest(list, req)).to_be_endpoint()
+    list[#list + 1] = a
+    t.expect(function() fleet:endpoints("llama") end).to_raise("read-only") -- a length changed: anywhere
+    t.expect(function() atc.least_loaded(list) end).to_raise("read-only")
+    list[#list] = nil
+    t.expect(fleet:endpoints("llama")).to_be(list)
+    return atc.queue()
+  end)
+end)
+
+t.test("fleet: a new set of endpoints is a new fleet, with new lists", function()
+  local before
+  t.route(FULL, function(req, fleet)
+    before = fleet:endpoints("llama")
+    return atc.queue()
+  end)
+  t.route(FULL, function(req, fleet) -- t.route builds a new table: what a config reload does
+    t.expect(fleet:endpoints("llama")).never.to_be(before)
+    t.expect(t.ids(fleet:endpoints("llama"))).to_equal({ "a", "b", "c" })
+    t.expect(function() atc.fastest(before, req) end).to_raise("expected an endpoint") -- its views left
     return atc.queue()
   end)
 end)
@@ -297,7 +326,20 @@ t.test("atc: every host function on the engine's views", function()
       t.expect(ep).never.to_be(fleet:endpoint("c"))
       t.expect(atc.rendezvous(pool, "key-1")).to_be(ep)
       t.expect(atc.rendezvous(pool, "key-1", 1.25)).to_be_endpoint()
+      t.expect(atc.rendezvous(pool, "key-1", { c = 1.25 })).to_be(atc.rendezvous(pool, "key-1", 1.25))
       t.expect(function() atc.rendezvous(pool, "k", 0.5) end).to_raise("c must be >= 1")
+      t.expect(function() atc.rendezvous(pool, "k", { c = 0.5 }) end).to_raise("c must be >= 1")
+      t.expect(function() atc.rendezvous(pool, "k", { max_ttft = 10 }) end).to_raise("needs 'req'")
+      t.expect(function() atc.rendezvous(pool, "k", { req = req, maxttft = 10 }) end).to_raise("unknown option 'maxttft'")
+      -- max_ttft: as if the pool held only the endpoints whose predicted first token is that soon
+      local a, b = fleet:endpoint("a"), fleet:endpoint("b")
+      t.expect(a:predict_ttft(req) > b:predict_ttft(req), "a: 3000 tokens queued").to_be(true)
+      for k = 1, 20 do
+        local key = "key-" .. k
+        t.expect(atc.rendezvous(pool, key, { req = req, max_ttft = b:predict_ttft(req) })).to_be(b)
+        t.expect(atc.rendezvous(pool, key, { req = req, max_ttft = a:predict_ttft(req) })).to_be(atc.rendezvous(pool, key))
+      end
+      t.expect(atc.rendezvous(pool, "k", { req = req, max_ttft = 0 })).to_be_nil()
     end)
     check("prefix_pick", function()
       t.expect(atc.prefix_pick(pool, req, { min_blocks = 2 })).to_be(fleet:endpoint("a"))
@@ -326,6 +368,35 @@ t.test("atc: every host function on the engine's views", function()
       local _, c4 = atc.fastest({ a, b }, req, { pooled = true, skip = b }) -- at the pool's mean rates
       local pooled = (3000 + req.prompt_tokens - SHARED_BLOCKS * 64) * 1000 / 12500 + 16
       t.expect(c4).to_be_between(pooled - 1e-9, pooled + 1e-9)
+    end)
+    check("pool", function()
+      local a, b = fleet:endpoint("a"), fleet:endpoint("b")
+      t.expect(atc.pool(pool)).to_be(pool) -- an engine list already
+      local mine = { b, a }
+      local side = atc.pool(mine)
+      t.expect(side).never.to_be(mine)
+      t.expect(side).to_equal({ b, a })
+      t.expect(atc.pool(side)).to_be(side)
+      t.expect(atc.fastest(side, req)).to_be(b)
+      mine[1] = nil -- the policy's own table stays its own
+      t.expect(#side).to_be(2)
+      t.expect(atc.pool({})).to_equal({})
+      local mock = atc.pool({ { id = "m" } }) -- not a view: a plain copy
+      t.expect(mock[1].id).to_be("m")
+      t.expect(function() atc.pool("a") end).to_raise("table expected")
+    end)
+    check("find", function()
+      local b = fleet:endpoint("b")
+      local ep, at = atc.find(pool, "b")
+      t.expect(ep).to_be(b)
+      t.expect(at).to_be(2)
+      t.expect(atc.find(pool, b)).to_be(b)
+      t.expect(atc.find(pool, "nope")).to_be_nil()
+      t.expect(atc.find({ fleet:endpoint("a") }, "b")).to_be_nil()
+      t.expect(select(2, atc.find({ fleet:endpoint("c"), b }, b))).to_be(2) -- a plain table
+      local m = { id = "m" }
+      t.expect(atc.find({ m }, "m")).to_be(m) -- a mock: by its id
+      t.expect(atc.find({ m }, m)).to_be(m)
     end)
     check("affinity.get", function() t.expect(atc.affinity.get("contract-pin")).to_be_nil() end)
     check("affinity.set", function()

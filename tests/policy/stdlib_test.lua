@@ -211,8 +211,12 @@ return {
     t.eq(f:models(), { "m", "n" })
     t.eq(f:endpoint("nope"), nil)
     local list = f:endpoints("m")
+    t.eq(f:endpoints("m"), list, "the same table each call, as the engine's")
+    t.eq(f:all(), f:all())
     list[1] = nil
-    t.eq(#f:endpoints("m"), 1, "a new table each call")
+    t.raises(function() f:endpoints("m") end, "read-only")
+    list[1] = f:endpoint("a")
+    t.eq(f:endpoints("m"), list)
     f:acquire("a")
     t.falsy(a.available, "full")
     f:release(a)
