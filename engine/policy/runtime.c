@@ -599,8 +599,11 @@ uint64_t atc_policy_update_table(struct atc_policy_runtime *rt, struct atc_endpo
     *err = NULL;
     rt->table = table;
     rt->table_updates++;
-    if (policy_canary_running(rt->canary) != NULL) /* judged against a set that changed under it */
-        atc_policy_canary_end(rt, false, "an endpoint was added or removed");
+    /* A canary goes on: both sides see the same new set from here, so its window still compares like with
+     * like (with DNS discovery an endpoint set may change more often than any window ends). */
+    struct policy_version *cv = policy_canary_running(rt->canary);
+    if (cv != NULL && update_views(cv) < 0)
+        atc_policy_canary_end(rt, false, "out of memory updating its views for a changed endpoint set");
     policy_shadow_update_table(rt, table); /* its views too: its record, kept by slot, goes on */
     if (rt->last_good != NULL && update_views(rt->last_good) < 0) {
         policy_version_destroy(rt->last_good);

@@ -267,6 +267,26 @@ class CanaryTest(SafelyTestCase):
         self.assertEqual({(r[0], r[1]["x-atc-decision"], r[1]["x-atc-policy-version"]) for r in results},
                          {(200, "endpoint", "2")})
 
+    def test_a_canary_goes_on_while_endpoints_come_and_go(self):
+        # With DNS discovery the endpoint set may change more often than any canary window ends: an endpoint
+        # added and removed leaves the canary running (same version, its counts going on), and its side
+        # routes to the new endpoint too.
+        atc = self.start(LEAST_LOADED % "v1")
+        self.assertEqual(self.canary(atc, LEAST_LOADED % "v2", share=0.5, window="1h")[0], 200)
+        self.assertEqual([r for r in load(atc.port, 20) if r[0] != 200], [])
+        extra = self.start_sim("x", model="m", extra=["--decode-ms", "1"])
+        self.assertEqual(self.admin(atc, "POST", "/admin/endpoints", {"model": "m", "id": "x", "url": extra.url})[0], 201)
+        wait_for(lambda: atc.endpoints()["x"]["state"] == "healthy", what="x healthy")
+        results = load(atc.port, 60)
+        self.assertEqual([r for r in results if r[0] != 200], [])
+        canary_side = {h["x-atc-endpoint"] for _, h in results if h.get("x-atc-decision") == "endpoint; canary"}
+        self.assertIn("x", canary_side)
+        self.assertEqual(self.admin(atc, "DELETE", "/admin/endpoints/x")[0], 200)
+        self.assertEqual([r for r in load(atc.port, 20) if r[0] != 200], [])
+        doc = self.policy_status(atc)
+        self.assertEqual((doc["version"], doc["canary"]["version"]), (1, 2), doc)
+        self.assertNotIn("canary ended", atc.read_log())
+
     def test_promote_and_rollback_by_hand(self):
         atc = self.start(LEAST_LOADED % "v1")
         self.assertEqual(self.admin(atc, "POST", "/admin/policy/promote")[0], 409)  # no canary yet
