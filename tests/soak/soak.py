@@ -49,7 +49,18 @@ class Sim:
     def __init__(self, workdir, name, port, extra):
         self.workdir, self.name, self.port, self.extra = workdir, name, port, extra
         self.proc = None
-        self.start()
+        for attempt in range(3):  # another test may take a free_port() port before the sim binds it
+            try:
+                self.start()
+                return
+            except RuntimeError:
+                if attempt == 2 or "in use" not in self.log_tail():
+                    raise RuntimeError(f"{name} did not start: {self.log_tail()}")
+                self.port = free_port()
+
+    def log_tail(self):
+        with open(os.path.join(self.workdir, f"{self.name}.log"), "rb") as f:
+            return f.read()[-2000:].decode(errors="replace")
 
     def start(self):
         ready = os.path.join(self.workdir, f"{self.name}.ready")
