@@ -391,7 +391,10 @@ static inline bool fast_choosable(const struct fast_cols *c, int i, const void *
  * later call uses it only if the pool still holds the same views in the same order (a plain table may
  * have changed; an engine list does not); pools with an element that is not an engine view (a test's
  * mock) are read every time. It lives in a userdata, an upvalue of the atc.fastest closure, so the
- * collector frees it with the state. */
+ * collector frees it with the state. A call takes it out of the upvalue onto its own stack for as long
+ * as it runs and puts it back when it has read the pool: a mock's cached_tokens or prefix_overlap is Lua,
+ * and may call atc.fastest again; that nested call then sees no snapshot and reads into its own columns,
+ * so that it can neither write into the outer call's columns nor let the collector free them. */
 struct fast_snap {
     uint64_t decision; /* v->serial when read: which decision */
     const struct atc_route_request *req;
@@ -408,11 +411,12 @@ struct fast_snap {
 /* The snapshot of this decision for the pool at index 1 (of @p n elements; its engine list @p list, or
  * NULL), or NULL when there is none. On a match its lazily read recent work is reset (read again at this
  * call's clock @p now_us) unless the clock is in the same millisecond (recent work reads the same then). An
- * engine list is compared without reading the table (a policy does not change one). */
-static struct fast_snap *fast_snap_find(lua_State *L, const struct policy_version *v,
+ * engine list is compared without reading the table (a policy does not change one). The snapshot is the
+ * one the call took (fast_snap_take) at stack index @p at. */
+static struct fast_snap *fast_snap_find(lua_State *L, int at, const struct policy_version *v,
                                         const struct policy_list *list, int n, uint64_t now_us)
 {
-    struct fast_snap *s = lua_touserdata(L, lua_upvalueindex(FAST_SNAP_UPVALUE));
+    struct fast_snap *s = lua_touserdata(L, at);
     if (s == NULL || v->req == NULL || s->req != v->req || s->decision != v->serial || s->n != n)
         return NULL;
     if (list != NULL) {
@@ -437,18 +441,39 @@ static struct fast_snap *fast_snap_find(lua_State *L, const struct policy_versio
     return s;
 }
 
+/* Takes the snapshot out of the closure's upvalue and pushes it (nil when there is none): the call's own
+ * until fast_snap_give_back, referenced by its stack, so that a nested call (a mock's function) neither
+ * reuses nor replaces it. Returns its stack index. */
+static int fast_snap_take(lua_State *L)
+{
+    lua_pushvalue(L, lua_upvalueindex(FAST_SNAP_UPVALUE));
+    lua_pushnil(L);
+    lua_replace(L, lua_upvalueindex(FAST_SNAP_UPVALUE));
+    return lua_gettop(L);
+}
+
+/* Puts the snapshot at stack index @p at (fast_snap_take's, or fast_snap_make's) back into the upvalue
+ * for the decision's later calls. (Raises nothing; when a Lua error skips it the snapshot is dropped,
+ * and the next call makes another.) */
+static void fast_snap_give_back(lua_State *L, int at)
+{
+    lua_pushvalue(L, at);
+    lua_replace(L, lua_upvalueindex(FAST_SNAP_UPVALUE));
+}
+
 /* A snapshot with room for @p n elements, not valid until the caller fills it and sets req, or NULL when
- * there can be none (no decision in progress, an empty pool). */
-static struct fast_snap *fast_snap_make(lua_State *L, const struct policy_version *v, int n)
+ * there can be none (no decision in progress, an empty pool): the taken one at stack index @p at, else
+ * one made in its place. */
+static struct fast_snap *fast_snap_make(lua_State *L, int at, const struct policy_version *v, int n)
 {
     if (v->req == NULL || n == 0)
         return NULL;
-    struct fast_snap *s = lua_touserdata(L, lua_upvalueindex(FAST_SNAP_UPVALUE));
+    struct fast_snap *s = lua_touserdata(L, at);
     if (s == NULL || s->cap < n) {
         int cap = n < 64 ? 64 : n;
         s = lua_newuserdata(L, sizeof(*s) + (size_t)(cap + 1) * FAST_COL_BYTES);
         s->cap = cap; /* (lua_newuserdata raises on no memory: nothing changed yet) */
-        lua_replace(L, lua_upvalueindex(FAST_SNAP_UPVALUE));
+        lua_replace(L, at);
     }
     fast_cols_carve(s->block, s->cap, &s->c);
     s->req = NULL; /* invalid until filled */
@@ -609,7 +634,8 @@ static int fastest(lua_State *L)
     double stack[(FAST_STACK + 1) * FAST_COL_BYTES / sizeof(double) + 1];
     struct fast_cols own, *c;
     double pool_tps = 0, pool_itl = 0, pool_queued = 0, pool_uncached = 0;
-    struct fast_snap *snap = fast_snap_find(L, v, list, n, now);
+    int snap_at = fast_snap_take(L);
+    struct fast_snap *snap = fast_snap_find(L, snap_at, v, list, n, now);
     if (snap != NULL) {
         c = &snap->c;
         pool_tps = snap->pool_tps;
@@ -617,7 +643,7 @@ static int fastest(lua_State *L)
         pool_queued = snap->pool_queued;
         pool_uncached = snap->pool_uncached;
     } else {
-        snap = fast_snap_make(L, v, n);
+        snap = fast_snap_make(L, snap_at, v, n);
         if (snap != NULL) {
             c = &snap->c;
         } else {
@@ -678,6 +704,7 @@ static int fastest(lua_State *L)
             snap->recent_ms = (uint32_t)(now / 1000u);
         }
     }
+    fast_snap_give_back(L, snap_at); /* (no Lua is called from here on) */
     if (w_congestion > 0 && pool_uncached > 0) {
         double wc = 1 + w_congestion * pool_queued / pool_uncached;
         wc = wc < CONGESTION_MAX ? wc : CONGESTION_MAX;
