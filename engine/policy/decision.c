@@ -39,7 +39,8 @@ void atc_decision_record_set(struct atc_decision_record *rec, const struct atc_d
     rec->version = d->version;
     rec->kind = atc_decision_kind_name(d->kind);
     rec->endpoint = d->kind == ATC_DECISION_ENDPOINT && d->endpoint != NULL ? d->endpoint->id : NULL;
-    rec->prefill = d->kind == ATC_DECISION_ENDPOINT && d->prefill != NULL ? d->prefill->id : NULL;
+    atc_strlcpy(rec->prefill, sizeof(rec->prefill),
+                d->kind == ATC_DECISION_ENDPOINT && d->prefill != NULL ? d->prefill->id : "");
     const char *reason = d->kind == ATC_DECISION_FALLBACK  ? atc_decision_reason_name(d->reason)
                          : d->kind == ATC_DECISION_ENDPOINT ? ""
                                                             : d->message;
@@ -79,7 +80,7 @@ void atc_decision_record_json(const struct atc_decision_record *rec, struct evbu
     evbuffer_add_printf(out, "{\"version\":%llu", (unsigned long long)rec->version);
     json_string(out, "kind", rec->kind);
     json_string(out, "endpoint", rec->endpoint);
-    if (rec->prefill != NULL)
+    if (rec->prefill[0] != '\0')
         json_string(out, "prefill", rec->prefill);
     json_string(out, "reason", rec->reason[0] != '\0' ? rec->reason : NULL);
     if (rec->canary)
@@ -93,7 +94,7 @@ void atc_decision_record_json(const struct atc_decision_record *rec, struct evbu
     if (rec->shadow_version != 0) {
         evbuffer_add_printf(out, ",\"shadow\":{\"version\":%llu", (unsigned long long)rec->shadow_version);
         json_string(out, "kind", rec->shadow_kind);
-        json_string(out, "endpoint", rec->shadow_endpoint);
+        json_string(out, "endpoint", rec->shadow_endpoint[0] != '\0' ? rec->shadow_endpoint : NULL);
         evbuffer_add(out, "}", 1);
     }
     evbuffer_add(out, "}", 1);
@@ -106,7 +107,7 @@ void atc_explain_add(struct atc_explain *x, const char *endpoint, double score, 
         return;
     }
     struct atc_explain_score *s = &x->s[x->n++];
-    s->endpoint = endpoint;
+    atc_strlcpy(s->endpoint, sizeof(s->endpoint), endpoint);
     s->score = score;
     size_t k = 0;
     for (; note != NULL && note[k] != '\0' && k + 1 < sizeof(s->note); k++)

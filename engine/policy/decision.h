@@ -18,10 +18,16 @@ struct evbuffer;
 
 #define ATC_EXPLAIN_MAX 8 /* scores kept per decision; more are counted in .dropped */
 
+/* Room for an endpoint id in a record, NUL included; a longer id is cut (the affinity table and the
+ * cluster refuse ids longer than 128 bytes: fleet/affinity.h). A record is read when its request ends,
+ * and an endpoint it names but the request does not hold (a candidate scored and not picked, the prefill
+ * server, the shadow's pick) may have been removed and freed by then: ids are copied, never borrowed. */
+#define ATC_DECISION_ID_SIZE 129
+
 struct atc_explain_score {
-    const char *endpoint; /* the endpoint's id (borrowed from the endpoint table) */
     double score;
-    char note[48]; /* printable ASCII, cut */
+    char endpoint[ATC_DECISION_ID_SIZE]; /* the endpoint's id (copied, cut) */
+    char note[48];                       /* printable ASCII, cut */
 };
 
 /* What atc.explain collects during one decision; reset by each decision. */
@@ -33,16 +39,18 @@ struct atc_explain {
 struct atc_decision_record {
     uint64_t version;     /* the version that decided (0: no policy, the C balancer routes) */
     const char *kind;     /* atc_decision_kind_name's, or atc_decision_balancer (no policy) */
-    const char *endpoint; /* where the request went, NULL when it went nowhere */
-    const char *prefill;  /* a disaggregated model: the prefill server the policy chose, else NULL */
-    char reason[128];     /* fallback: why ("error", "overrun", "memory", "invalid_return"); queue or
-                           * reject: the verdict's message; else "" */
-    bool canary;          /* the version deciding was a canary (policy/canary.h) */
+    const char *endpoint; /* where the request went, NULL when it went nowhere (an endpoint the request
+                           * holds: borrowed) */
+    char prefill[ATC_DECISION_ID_SIZE]; /* a disaggregated model: the prefill server the policy chose
+                                         * (copied, cut), else "" */
+    char reason[128]; /* fallback: why ("error", "overrun", "memory", "invalid_return"); queue or
+                       * reject: the verdict's message; else "" */
+    bool canary;      /* the version deciding was a canary (policy/canary.h) */
     const struct atc_explain *scores; /* NULL: none collected */
     /* The shadow's pick on the same request (policy/shadow.h); shadow_version 0: no shadow ran. */
     uint64_t shadow_version;
     const char *shadow_kind;
-    const char *shadow_endpoint;
+    char shadow_endpoint[ATC_DECISION_ID_SIZE]; /* (copied, cut) "": none */
 };
 
 /** A decision kind's one name wherever a decision is printed or handed to Lua (the access log's and the
@@ -58,8 +66,9 @@ extern const char atc_decision_balancer[];
  * ("overrun" for a budget overrun), "error" for NULL. */
 const char *atc_decision_reason_name(const char *fallback_reason);
 
-/** Fills @p rec from decision @p d (its strings are static, copied, or borrowed from the endpoint table
- * and @p scores, which must outlive @p rec's use). Leaves the shadow's fields as they are. */
+/** Fills @p rec from decision @p d (its strings are static or copied, but for endpoint, borrowed from the
+ * endpoint the request holds, and @p scores, which must outlive @p rec's use). Leaves the shadow's fields
+ * as they are. */
 void atc_decision_record_set(struct atc_decision_record *rec, const struct atc_decision *d,
                              const struct atc_explain *scores);
 
@@ -69,7 +78,8 @@ void atc_decision_record_json(const struct atc_decision_record *rec, struct evbu
 /** Appends @p x's scores as a JSON array of {"endpoint", "score", "note"}. */
 void atc_explain_json(const struct atc_explain *x, struct evbuffer *out);
 
-/** Adds a score to @p x (the note is cut and made printable), or counts it as dropped when full. */
+/** Adds a score to @p x (the endpoint's id copied and cut to ATC_DECISION_ID_SIZE, the note cut and made
+ * printable), or counts it as dropped when full. */
 void atc_explain_add(struct atc_explain *x, const char *endpoint, double score, const char *note);
 
 #endif

@@ -9,6 +9,7 @@
 #include <event2/buffer.h>
 
 #include "base/log.h"
+#include "base/strbuf.h"
 #include "fleet/endpoint.h"
 #include "base/json.h"
 #include "policy/decision.h"
@@ -263,7 +264,8 @@ void atc_policy_shadow_route(struct atc_policy_runtime *rt, const struct atc_rou
     if (rec != NULL) {
         rec->shadow_version = d.version;
         rec->shadow_kind = atc_decision_kind_name(d.kind);
-        rec->shadow_endpoint = d.kind == ATC_DECISION_ENDPOINT && d.endpoint != NULL ? d.endpoint->id : NULL;
+        atc_strlcpy(rec->shadow_endpoint, sizeof(rec->shadow_endpoint),
+                    d.kind == ATC_DECISION_ENDPOINT && d.endpoint != NULL ? d.endpoint->id : "");
     }
 }
 

@@ -1179,7 +1179,7 @@ static void record_finished(struct relay *r, bool flushed)
         t.reason = r->rec.reason;
     t.shadow_version = r->rec.shadow_version;
     t.shadow_decision = r->rec.shadow_kind;
-    t.shadow_endpoint = r->rec.shadow_endpoint;
+    t.shadow_endpoint = r->rec.shadow_endpoint[0] != '\0' ? r->rec.shadow_endpoint : NULL;
     struct evbuffer *scores = NULL;
     if (r->rec.scores != NULL && (scores = evbuffer_new()) != NULL) {
         atc_explain_json(r->rec.scores, scores);

@@ -10,7 +10,8 @@ import re
 import subprocess
 import threading
 
-from harness import ATC_BIN, SOURCE_DIR, AtcTestCase, chat, request, run_file, stream_events, wait_for
+from harness import (ATC_BIN, SOURCE_DIR, AtcTestCase, chat, request, run_file, stream_events, wait_access_lines,
+                     wait_for)
 
 HEALTH = """
 health:
@@ -244,6 +245,41 @@ end
         self.assertEqual(self.metric(atc, "atc_worker_parks_total"), parks)
         wait_for(lambda: self.metric(atc, "atc_endpoints_removed_pending") == 0, what="removed endpoints freed")
         self.assertEqual(sorted(atc.endpoints()), ["a", "o"])
+
+    def test_a_scored_endpoint_removed_during_a_stream_keeps_its_id_in_the_access_log(self):
+        # atc.explain names candidates the request does not hold: one removed and freed while the request
+        # streams must still be named (by a copy) when the request ends and the access log prints the
+        # scores, not read from the freed endpoint (an ASan report fails the test).
+        a = self.start_sim("a", extra=["--decode-ms", "20"])
+        b = self.start_sim("b", extra=["--decode-ms", "1"])
+        self.write_policy("""
+return function(req, fleet)
+  for _, ep in ipairs(fleet:endpoints(req.model)) do atc.explain(ep, 1, "x") end
+  return fleet:endpoint("a")
+end
+""")
+        long_id = "b" * 40
+        atc = self.start_atc(config([("a", a.url)]) + "access_log: access.log\npolicy:\n  entry: policy.lua\n")
+        self.assertEqual(self.admin(atc, "POST", "/admin/endpoints",
+                                    {"model": "llama-3-8b", "id": long_id, "url": b.url})[0], 201)
+        wait_for(lambda: atc.endpoints()[long_id]["state"] == "healthy", what="b healthy")
+        wait_for(lambda: atc.endpoints()["a"]["state"] == "healthy", what="a healthy")
+        conn = http.client.HTTPConnection("127.0.0.1", atc.port, timeout=30)
+        conn.request("POST", "/v1/chat/completions", json.dumps(
+            {"model": "llama-3-8b", "stream": True, "max_tokens": 100, "messages": [{"role": "user", "content": "x"}]}),
+            {"content-type": "application/json"})
+        resp = conn.getresponse()
+        self.assertEqual(resp.getheader("x-atc-endpoint"), "a")
+        self.assertEqual(self.admin(atc, "DELETE", f"/admin/endpoints/{long_id}")[0], 200)
+        wait_for(lambda: self.metric(atc, "atc_endpoints_removed_pending") == 0, what="b freed")
+        for _ in range(20):  # reuse the freed memory
+            self.admin(atc, "GET", "/admin/endpoints")
+        stream = resp.read().decode()
+        conn.close()
+        self.assertTrue(stream.rstrip().endswith("data: [DONE]"), stream[-200:])
+        lines = wait_access_lines(os.path.join(self.tmp.name, "access.log"), 1)
+        scores = lines[-1]["explain"]["scores"]
+        self.assertEqual(sorted(s["endpoint"] for s in scores), ["a", long_id])
 
     def test_atc_serve_ignores_a_replays_from_and_until_and_says_so(self):
         # from: / until: place a server in a replay's fleet over time; atc serve serves it from the start.
