@@ -177,12 +177,12 @@ int atc_table_swap_retire(struct atc_table_swap *s, struct atc_endpoint *ep)
     return 0;
 }
 
-void atc_table_swap_collect(struct atc_table_swap *s, bool tables_too)
+void atc_table_swap_collect(struct atc_table_swap *s, bool idle)
 {
     uint64_t taken = all_taken(s);
     size_t kept = 0;
     for (size_t i = 0; i < s->nold; i++) {
-        if (tables_too && s->old[i].until <= taken)
+        if (idle && s->old[i].until <= taken)
             atc_endpoint_table_free_shell(s->old[i].table);
         else
             s->old[kept++] = s->old[i];
@@ -190,13 +190,16 @@ void atc_table_swap_collect(struct atc_table_swap *s, bool tables_too)
     s->nold = kept;
 
     /* An endpoint's tasks are made first (all, or none: it waits for the next call). Worker 0's answer
-     * runs inline: it does not sweep the list while this walks it. */
+     * runs inline: it does not sweep the list while this walks it. None while a policy build runs: it
+     * reads the endpoints (and their health) of the table it began with. Once the tasks are posted, a
+     * build that begins takes a table without the endpoint: freeing it (sweep) no longer waits. */
     unsigned n = s->g->nworkers;
     s->collecting = true;
-    for (size_t i = 0; i < s->nretired; i++) {
+    for (size_t i = 0; idle && i < s->nretired; i++) {
         struct retired *r = &s->retired[i];
         struct swap_task *tasks[ATC_MAX_WORKERS];
-        if (r->freeing || r->until > taken || atomic_load(&r->ep->inflight) > 0)
+        if (r->freeing || r->until > taken || atomic_load(&r->ep->inflight) > 0 ||
+            atomic_load(&r->ep->side_requests) > 0)
             continue;
         unsigned made = 0;
         while (made < n && (tasks[made] = malloc(sizeof(*tasks[made]))) != NULL)
