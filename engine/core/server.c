@@ -746,16 +746,19 @@ int atc_server_remove_endpoint(struct atc_server *srv, const char *id, const cha
     }
     struct atc_endpoint *ep = atc_endpoint_table_find(srv->table, id);
     struct atc_endpoint_table *t = ep != NULL ? atc_endpoint_table_with(srv->table, NULL, ep) : NULL;
-    if (ep != NULL && (t == NULL || atc_table_swap_retire(srv->swap, ep) < 0)) {
-        atc_endpoint_table_free_shell(t);
+    if (ep != NULL && t == NULL) {
         *why = "out of memory";
         return -1;
     }
     atc_config_remove_endpoint(srv->cfg, id);
+    /* Retired once published, not before: its wait for every worker to take a table without it counts
+     * from this publish's generation (a worker still on the one before may yet acquire it). */
     if (ep != NULL) {
         atc_health_remove(srv->health, ep, srv->cfg); /* no longer routable from here on */
         if (publish_table(srv, t) < 0) /* the workers keep the table with it, unroutable, until a reload */
             atc_error("endpoint %s: out of memory: it stays in the table, unroutable", id);
+        else if (atc_table_swap_retire(srv->swap, ep) < 0)
+            atc_error("endpoint %s: out of memory: it is never freed", id);
     }
     atc_info("endpoint %s removed: it drains (%zu endpoint(s) draining)", id,
              atc_table_swap_retired(srv->swap));

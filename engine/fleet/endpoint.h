@@ -54,6 +54,8 @@ struct atc_endpoint {
     /* workers: live counters */
     _Atomic unsigned inflight;        /* requests routed here and not finished */
     _Atomic uint64_t inflight_tokens; /* their prompt estimate + max_tokens */
+    _Atomic unsigned side_requests;   /* atc's own requests on its pools not finished (a /tokenize): the
+                                       * worker that sends one writes; table_swap.c waits for 0 to free it */
     /* health: health.c writes on the main thread (replay, single-threaded, sets them too), workers read */
     _Atomic bool routable;             /* false while drained, unhealthy, ejected or retired by a reload */
     _Atomic unsigned server_queue;     /* server-reported: requests waiting (0 until reported) */

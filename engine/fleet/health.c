@@ -686,8 +686,8 @@ void atc_health_key_refused(struct atc_endpoint *ep, int status)
     char why[sizeof(((struct hep *)0)->last_error)];
     refusal_text(ep, status, why, sizeof(why));
     struct hep *e = atc_health_hep_of(ep);
-    if (e != NULL && strcmp(e->last_error, why) == 0)
-        return; /* said already */
+    if (e != NULL && (e->removed || strcmp(e->last_error, why) == 0))
+        return; /* said already, or it has left */
     atc_warn("endpoint %s: %s", ep->id, why);
     if (e != NULL)
         set_last_error(e, "%s", why);
@@ -696,7 +696,7 @@ void atc_health_key_refused(struct atc_endpoint *ep, int status)
 void atc_health_observe(struct atc_endpoint *ep, bool ok)
 {
     struct hep *e = atc_health_hep_of(ep);
-    if (e == NULL)
+    if (e == NULL || e->removed) /* (a request that ended after it left: its e->cfg is stale) */
         return;
     if (ok) {
         e->passive_fails = 0;
@@ -753,7 +753,7 @@ void atc_health_observe(struct atc_endpoint *ep, bool ok)
 void atc_health_set_drained(struct atc_health *h, struct atc_endpoint *ep, bool drain)
 {
     struct hep *e = atc_health_hep_of(ep);
-    if (e == NULL || e->drained == drain)
+    if (e == NULL || e->removed || e->drained == drain)
         return;
     e->drained = drain;
     set_state(e, drain ? "drained by the admin API" : "enabled by the admin API");
@@ -1128,10 +1128,10 @@ void atc_health_remove(struct atc_health *h, struct atc_endpoint *ep, const stru
     for (size_t i = 0; h != NULL && i < h->neps && e == NULL; i++)
         if (h->eps[i]->ep == ep) {
             e = h->eps[i];
-            memmove(&h->eps[i], &h->eps[i + 1], (h->neps - i - 1) * sizeof(*h->eps));
-            h->neps--;
+            memmove(&h->eps[i], &h->eps[i + 1], (--h->neps - i) * sizeof(*h->eps));
         }
     if (e != NULL) {
+        e->removed = true; /* its cfg points into a config array that moves */
         struct hmodel *m = e->model;
         for (size_t i = 0; m != NULL && i < m->neps; i++)
             if (m->eps[i] == e) {

@@ -77,11 +77,12 @@ struct hep {
     char *deep_body;
     size_t deep_len;
     const char *deep_method;
+    bool removed; /* a husk (atc_health_remove): cfg and model are stale, nothing may change it */
     bool drained;
     bool ejected;
     bool ever_healthy;
     bool joined_live; /* added at run time (atc_health_add), not with the table */
-    bool cap_logged; /* the ejection cap stopped an ejection; logged once per streak */
+    bool cap_logged;  /* the ejection cap stopped an ejection; logged once per streak */
     unsigned passive_fails;
     unsigned ejections; /* the current streak, for the growing ejection time */
     uint64_t eject_ms;  /* length of the current ejection */

@@ -38,6 +38,11 @@ struct atc_table_swap {
     struct retired *retired;
     size_t nretired;
     bool collecting; /* in atc_table_swap_collect's walk of retired[] */
+    /* Out of memory in atc_worker_post (-2): tasks not posted yet (main thread), and answers not posted
+     * back (pushed by any worker, taken by the main thread); atc_table_swap_collect tries again. */
+    struct swap_task *unposted;
+    _Atomic(struct swap_task *) unanswered;
+    uint64_t posted[ATC_MAX_WORKERS]; /* the latest table generation posted to each worker (main thread) */
 };
 
 /* One task in a worker's mailbox, and its answer in worker 0's. */
@@ -47,6 +52,7 @@ struct swap_task {
     struct atc_endpoint_table *table; /* a swap; NULL: free w's pool to ep */
     struct atc_endpoint *ep;
     uint64_t generation;
+    struct swap_task *next; /* in unposted or unanswered */
 };
 
 struct atc_table_swap *atc_table_swap_create(struct atc_worker_group *g,
@@ -104,9 +110,16 @@ static void answered(void *arg)
 
 static void answer(struct swap_task *t)
 {
-    struct atc_worker *main = &t->s->g->workers[0];
-    if (t->w == main || atc_worker_post(main, answered, t) < 0)
-        answered(t); /* (worker 0's own, or its loop has stopped: the process is exiting) */
+    struct atc_table_swap *s = t->s;
+    struct atc_worker *main = &s->g->workers[0];
+    int rc = t->w == main ? -1 : atc_worker_post(main, answered, t);
+    if (rc == -1) {
+        answered(t);       /* (worker 0's own, or its loop has stopped: the process is exiting) */
+    } else if (rc == -2) { /* out of memory: the main thread takes it from the next collect */
+        t->next = atomic_load(&s->unanswered);
+        while (!atomic_compare_exchange_weak(&s->unanswered, &t->next, t))
+            ;
+    }
 }
 
 /* On the worker's own thread, between two callbacks: nothing of the request path runs meanwhile. */
@@ -129,10 +142,28 @@ static void on_task(void *arg)
     answer(t);
 }
 
-/* Posts @p t to its worker; a worker that cannot take it (its loop has stopped) counts as done. */
+/* Posts @p t to its worker; a worker that cannot take it (its loop has stopped) counts as done; out of
+ * memory, it waits in unposted for the next collect (not counted: the worker has not taken it). A table
+ * older than one posted to the worker since is not posted (mailboxes keep their order: never backwards). */
 static void post(struct swap_task *t)
 {
-    if (atc_worker_post(t->w, on_task, t) < 0)
+    struct atc_table_swap *s = t->s;
+    unsigned i = t->w->id;
+    if (t->table != NULL && t->generation <= s->posted[i]) {
+        free(t);
+        return;
+    }
+    bool swap = t->table != NULL;
+    uint64_t generation = t->generation; /* (t is the worker's once posted: it may be freed already) */
+    int rc = atc_worker_post(t->w, on_task, t);
+    if (rc == -2) {
+        t->next = s->unposted;
+        s->unposted = t;
+        return;
+    }
+    if (swap)
+        s->posted[i] = generation;
+    if (rc < 0)
         answered(t);
 }
 
@@ -164,7 +195,25 @@ void atc_table_swap_taken_by_all(struct atc_table_swap *s)
 {
     s->generation++;
     for (unsigned i = 0; i < s->g->nworkers; i++)
-        s->taken[i] = s->generation;
+        s->taken[i] = s->posted[i] = s->generation; /* (a swap not posted yet is older: dropped) */
+}
+
+/* Main thread: what atc_worker_post could not take for want of memory, again. */
+static void retry(struct atc_table_swap *s)
+{
+    struct swap_task *t = atomic_exchange(&s->unanswered, NULL);
+    while (t != NULL) {
+        struct swap_task *next = t->next;
+        answered(t);
+        t = next;
+    }
+    t = s->unposted;
+    s->unposted = NULL;
+    while (t != NULL) { /* (post may put it back) */
+        struct swap_task *next = t->next;
+        post(t);
+        t = next;
+    }
 }
 
 int atc_table_swap_retire(struct atc_table_swap *s, struct atc_endpoint *ep)
@@ -177,12 +226,14 @@ int atc_table_swap_retire(struct atc_table_swap *s, struct atc_endpoint *ep)
     return 0;
 }
 
-void atc_table_swap_collect(struct atc_table_swap *s, bool tables_too)
+void atc_table_swap_collect(struct atc_table_swap *s, bool idle)
 {
+    s->collecting = true; /* (answered does not sweep: this does, below) */
+    retry(s);
     uint64_t taken = all_taken(s);
     size_t kept = 0;
     for (size_t i = 0; i < s->nold; i++) {
-        if (tables_too && s->old[i].until <= taken)
+        if (idle && s->old[i].until <= taken)
             atc_endpoint_table_free_shell(s->old[i].table);
         else
             s->old[kept++] = s->old[i];
@@ -190,13 +241,15 @@ void atc_table_swap_collect(struct atc_table_swap *s, bool tables_too)
     s->nold = kept;
 
     /* An endpoint's tasks are made first (all, or none: it waits for the next call). Worker 0's answer
-     * runs inline: it does not sweep the list while this walks it. */
+     * runs inline: it does not sweep the list while this walks it. None while a policy build runs: it
+     * reads the endpoints (and their health) of the table it began with. Once the tasks are posted, a
+     * build that begins takes a table without the endpoint: freeing it (sweep) no longer waits. */
     unsigned n = s->g->nworkers;
-    s->collecting = true;
-    for (size_t i = 0; i < s->nretired; i++) {
+    for (size_t i = 0; idle && i < s->nretired; i++) {
         struct retired *r = &s->retired[i];
         struct swap_task *tasks[ATC_MAX_WORKERS];
-        if (r->freeing || r->until > taken || atomic_load(&r->ep->inflight) > 0)
+        if (r->freeing || r->until > taken || atomic_load(&r->ep->inflight) > 0 ||
+            atomic_load(&r->ep->side_requests) > 0)
             continue;
         unsigned made = 0;
         while (made < n && (tasks[made] = malloc(sizeof(*tasks[made]))) != NULL)
@@ -230,6 +283,14 @@ void atc_table_swap_destroy(struct atc_table_swap *s)
         atc_endpoint_table_free_shell(s->old[i].table);
     for (size_t i = 0; i < s->nretired; i++)
         s->on_free(s->ctx, s->retired[i].ep); /* (the workers have joined: on_free frees the pools too) */
+    for (struct swap_task *t = s->unposted, *next; t != NULL; t = next) {
+        next = t->next;
+        free(t);
+    }
+    for (struct swap_task *t = atomic_load(&s->unanswered), *next; t != NULL; t = next) {
+        next = t->next;
+        free(t);
+    }
     free(s->old);
     free(s->retired);
     free(s);

@@ -9,7 +9,8 @@
  *
  * - the table it replaced, once every worker has taken this one (or a later one), and nothing else reads
  *   it (the caller says so: a policy build in progress reads the table it began with);
- * - an endpoint removed, once it has nothing in flight and every worker has taken a table without it:
+ * - an endpoint removed, once it has nothing in flight (requests, and side requests such as /tokenize),
+ *   every worker has taken a table without it, and no policy build reads a table with it:
  *   each worker frees its own connection pool to it on its own loop (a task in its mailbox), then
  *   on_free (the server's: its health husk, then the endpoint) runs on the main thread.
  *
@@ -39,7 +40,8 @@ void atc_table_swap_destroy(struct atc_table_swap *s);
 
 /** Hands @p t (owned by the caller from now on, as its current table) to every worker in place of @p old
  * (taken: freed here later). Worker 0 takes it at once, the others from their mailboxes; a worker whose
- * loop has stopped counts as having taken it. 0, or -1 when out of memory (nothing was posted; @p old is
+ * loop has stopped counts as having taken it (one whose mailbox had no memory gets it from a later
+ * atc_table_swap_collect, unless a newer table reached it first). 0, or -1 when out of memory (nothing was posted; @p old is
  * still the caller's and the workers keep it). */
 int atc_table_swap_publish(struct atc_table_swap *s, struct atc_endpoint_table *old,
                            struct atc_endpoint_table *t);
@@ -52,9 +54,10 @@ void atc_table_swap_taken_by_all(struct atc_table_swap *s);
  * flight and no worker can reach it. 0, or -1 when out of memory (then it is never freed). */
 int atc_table_swap_retire(struct atc_table_swap *s, struct atc_endpoint *ep);
 
-/** Frees what no worker can reach any more (call it now and then: endpoints drain); old tables only when
- * @p tables_too (nothing else reads them: no policy build in progress). */
-void atc_table_swap_collect(struct atc_table_swap *s, bool tables_too);
+/** Frees what no worker can reach any more (call it now and then: endpoints drain). Only when @p idle (no
+ * policy build in progress: a build reads the table it began with, its endpoints and their health) does
+ * it free old tables or begin to free retired endpoints; otherwise they wait for a later call. */
+void atc_table_swap_collect(struct atc_table_swap *s, bool idle);
 
 /** Endpoints retired and not freed yet (draining, or their pools being freed). */
 size_t atc_table_swap_retired(const struct atc_table_swap *s);

@@ -22,6 +22,7 @@ struct atc_tokenize {
     struct atc_kv_token_cache *cache;
     uint64_t id[2]; /* the request's cache key */
     struct atc_upstream_req *up;
+    struct atc_endpoint *ep; /* the one asked: its side_requests counts t while up is not NULL */
     struct event *timer;
     struct evbuffer *body; /* the request sent, then the answer read */
     struct evbuffer *answer;
@@ -40,6 +41,13 @@ static struct atc_kv_token_counters *counters(const struct atc_tokenize *t)
 static void count(_Atomic uint64_t *c)
 {
     atomic_fetch_add_explicit(c, 1, memory_order_relaxed);
+}
+
+/* The request to the endpoint has ended and let go of its pool: the endpoint may be freed from now on. */
+static void up_ended(struct atc_tokenize *t)
+{
+    t->up = NULL;
+    atomic_fetch_sub_explicit(&t->ep->side_requests, 1, memory_order_release);
 }
 
 /* The step is over (keys or not): stop everything, then tell the relay, last (it may free t). */
@@ -100,7 +108,7 @@ static void on_body(void *arg, const char *data, size_t len)
 static void on_done(void *arg)
 {
     struct atc_tokenize *t = arg;
-    t->up = NULL; /* gone after this callback */
+    up_ended(t); /* gone after this callback (its connection is back in the pool already) */
     if (t->status != 200 || take_answer(t) < 0) {
         count(&counters(t)->failures);
         atc_debug("tokenize: status %d, or an answer without token ids: the decision guesses", t->status);
@@ -112,7 +120,7 @@ static void on_error(void *arg, enum atc_upstream_error err, bool got_response)
 {
     (void)got_response;
     struct atc_tokenize *t = arg;
-    t->up = NULL;
+    up_ended(t); /* (its connection closed already) */
     count(&counters(t)->failures);
     atc_debug("tokenize: %s: the decision guesses", atc_upstream_strerror(err));
     finish(t);
@@ -195,10 +203,14 @@ int atc_tokenize_start(struct atc_tokenize **out, struct atc_worker *w, const st
         return 0;
     size_t len = evbuffer_get_length(t->body);
     const char *body = (const char *)evbuffer_pullup(t->body, -1);
+    /* Counted while this worker is still on a table with ep: a removal waits for it (proxy/table_swap.h). */
+    t->ep = ep;
+    atomic_fetch_add_explicit(&ep->side_requests, 1, memory_order_relaxed);
     t->up = body != NULL ? atc_upstream_send_as(ep->pools[w->id], "POST", "/tokenize", NULL,
                                                 ep->authorization, body, len, &tokenize_cb, t)
                          : NULL;
     if (t->up == NULL) {
+        atomic_fetch_sub_explicit(&ep->side_requests, 1, memory_order_release);
         atc_tokenize_cancel(t);
         return 0;
     }
@@ -227,9 +239,10 @@ void atc_tokenize_cancel(struct atc_tokenize *t)
 {
     if (t == NULL)
         return;
-    if (t->up != NULL)
-        atc_upstream_cancel(t->up);
-    t->up = NULL;
+    if (t->up != NULL) {
+        atc_upstream_cancel(t->up); /* (not from its own callbacks: it ends here, its connection closed) */
+        up_ended(t);
+    }
     if (t->timer != NULL)
         event_free(t->timer);
     t->timer = NULL;

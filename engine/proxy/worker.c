@@ -199,7 +199,7 @@ int atc_worker_post(struct atc_worker *w, void (*fn)(void *arg), void *arg)
     }
     struct worker_task *t = malloc(sizeof(*t));
     if (t == NULL)
-        return -1;
+        return -2;
     *t = (struct worker_task){.fn = fn, .arg = arg};
     pthread_mutex_lock(&w->mu);
     if (w->closed) {

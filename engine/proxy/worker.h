@@ -165,8 +165,9 @@ void atc_worker_defer(struct atc_worker *w, struct atc_deferred *d, void (*fn)(s
  * made). */
 void atc_worker_free(struct atc_worker *w);
 
-/** Runs @p fn(@p arg) on @p w's thread soon (at once when called on it). Returns -1 when the worker has
- * stopped or memory ran out: @p fn is then not called. Safe from any thread. */
+/** Runs @p fn(@p arg) on @p w's thread soon (at once when called on it). Returns 0; -1 when the worker
+ * has stopped (for good), -2 when memory ran out (a later post may succeed): @p fn is then not called.
+ * Safe from any thread. */
 int atc_worker_post(struct atc_worker *w, void (*fn)(void *arg), void *arg);
 
 /** Parks every running threaded worker between two callbacks and returns once all are parked: the

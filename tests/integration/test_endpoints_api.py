@@ -281,6 +281,105 @@ end
         scores = lines[-1]["explain"]["scores"]
         self.assertEqual(sorted(s["endpoint"] for s in scores), ["a", long_id])
 
+    def test_a_removed_endpoint_is_freed_only_after_the_tokenize_asked_of_it_answers(self):
+        # The /tokenize before a decision goes to a's pool, and is no request routed to a: a removed while
+        # it is asked must outlive the answer (ASan reported a write to its freed pool).
+        sims = {n: self.start_sim(n, extra=("--kv-events", "tcp://127.0.0.1:*", "--kv-events-hash", "sha256_cbor",
+                                            "--tokenize-delay-ms", "800")) for n in ("a", "b")}
+        policy = self.write_policy("return function(req, fleet) return fleet:endpoint('b') end\n")
+        eps = "".join(f"""
+                  - id: {n}
+                    url: {s.url}
+                    kv_events: {{endpoint: "{s.info["kv_events"]}"}}""" for n, s in sims.items())
+        atc = self.start_atc(f"""
+            listen: 127.0.0.1:0
+            admin: 127.0.0.1:0
+            workers: 2
+            health: {{enabled: false}}
+            policy: {{entry: {policy}}}
+            models:
+              - name: llama-3-8b
+                kv_events: {{block_size: 64, hash: sha256_cbor, tokenize: true, tokenize_timeout: 3s,
+                             tokenize_min_bytes: 1KiB}}
+                endpoints:{eps}
+            """)
+        res = {}
+        t = threading.Thread(target=lambda: res.update(r=chat(atc.port, content="tokenize me. " * 200, max_tokens=4)))
+        t.start()
+        wait_for(lambda: self.metric(atc, "atc_kv_tokenize_calls_total") == 1, what="tokenize asked of a")
+        status, body = self.admin(atc, "DELETE", "/admin/endpoints/a")
+        self.assertEqual((status, body), (200, {"id": "a", "removed": True, "draining_inflight": 0}))
+        self.assertEqual(self.metric(atc, "atc_endpoints_removed_pending"), 1)  # waits for the answer
+        t.join(20)
+        self.assertEqual((res["r"][0], res["r"][1]["x-atc-endpoint"]), (200, "b"))
+        wait_for(lambda: self.metric(atc, "atc_endpoints_removed_pending") == 0, what="a freed")
+        self.assertEqual(chat(atc.port, content="tokenize me again. " * 200, max_tokens=4)[0], 200)
+
+    def test_a_policy_build_keeps_the_endpoints_of_the_table_it_began_with(self):
+        # The reload's smoke test reads every endpoint of the table the build began with, b among them,
+        # while b is removed: b is not freed until the build is over (ASan reported a read of b freed).
+        a = self.start_sim("a", extra=["--decode-ms", "1"])
+        b = self.start_sim("b", extra=["--decode-ms", "1"])
+        self.write_policy("""
+return function(req, fleet)
+  if req.id == "atc-reload-check" then
+    atc.log("smoke test begins")
+    local t0 = atc.now()
+    while atc.now() - t0 < 300 do end
+    local s = 0
+    for _, ep in ipairs(fleet:all()) do s = s + (ep.inflight or 0) + #ep.id + (ep.prefill_tokens or 0) end
+    return atc.fastest(fleet:all(), req) or atc.queue("x")
+  end
+  return fleet:endpoint("a")
+end
+""")
+        atc = self.start_atc(config([("a", a.url)]).replace("workers: 2\n", "workers: 2\npolicy: {entry: policy.lua, budget: 5ms}\n"))
+        self.assertEqual(self.admin(atc, "POST", "/admin/endpoints", {"model": "llama-3-8b", "id": "b", "url": b.url})[0],
+                         201)
+        wait_for(lambda: atc.endpoints()["b"]["state"] == "healthy", what="b healthy")
+        begun = atc.read_log().count("smoke test begins")
+        res = {}
+        t = threading.Thread(
+            target=lambda: res.update(r=request("127.0.0.1", atc.admin_port, "POST", "/admin/policy/reload")))
+        t.start()
+        wait_for(lambda: atc.read_log().count("smoke test begins") > begun, what="the reload's smoke test")
+        self.assertEqual(self.admin(atc, "DELETE", "/admin/endpoints/b")[0], 200)
+        for _ in range(20):  # collects, while the build runs
+            self.assertEqual(self.admin(atc, "GET", "/admin/endpoints")[0], 200)
+        t.join(20)
+        self.assertEqual(res["r"][0], 200, res["r"][2])
+        wait_for(lambda: self.metric(atc, "atc_endpoints_removed_pending") == 0, what="b freed after the build")
+        self.assertEqual(sorted(atc.endpoints()), ["a", "o"])
+
+    def test_a_request_that_fails_on_a_removed_endpoint_leaves_its_health_alone(self):
+        # One worker (the main thread observes inline): b's health husk pointed into the config's endpoint
+        # array, which the removal moves and the additions reallocate; b failing after that read it freed.
+        a = self.start_sim("a", extra=["--decode-ms", "1"])
+        b = self.start_sim("b", extra=["--decode-ms", "50"])
+        self.write_policy('return function(req, fleet) return fleet:endpoint("b") or fleet:endpoint("a") end\n')
+        atc = self.start_atc(config([("a", a.url)], workers=1).replace(
+            "workers: 1\n", "workers: 1\npolicy: {entry: policy.lua}\n"))
+        self.assertEqual(self.admin(atc, "POST", "/admin/endpoints", {"model": "llama-3-8b", "id": "b", "url": b.url})[0],
+                         201)
+        wait_for(lambda: atc.endpoints()["b"]["state"] == "healthy", what="b healthy")
+        res = {}
+        t = threading.Thread(target=lambda: res.update(r=chat(atc.port, max_tokens=200)))
+        t.start()
+        wait_for(lambda: atc.endpoints()["b"]["inflight"] == 1, what="a request in flight on b")
+        status, body = self.admin(atc, "DELETE", "/admin/endpoints/b")
+        self.assertEqual((status, body), (200, {"id": "b", "removed": True, "draining_inflight": 1}))
+        for n in ("c", "d", "e"):
+            self.assertEqual(self.admin(atc, "POST", "/admin/endpoints", {"model": "llama-3-8b", "id": n, "url": a.url})[0],
+                             201)
+        b.proc.kill()
+        t.join(20)
+        self.assertEqual(res["r"][0], 200)  # tried again on a (or c, d, e: the same server)
+        self.assertNotEqual(res["r"][1]["x-atc-endpoint"], "b")
+        wait_for(lambda: self.metric(atc, "atc_endpoints_removed_pending") == 0, what="b freed")
+        wait_for(lambda: all(atc.endpoints()[n]["state"] == "healthy" for n in "cde"), what="c, d, e healthy")
+        status, headers, _ = chat(atc.port, max_tokens=1)
+        self.assertEqual(status, 200)
+
     def test_atc_serve_ignores_a_replays_from_and_until_and_says_so(self):
         # from: / until: place a server in a replay's fleet over time; atc serve serves it from the start.
         a = self.start_sim("a", extra=["--decode-ms", "1"])
