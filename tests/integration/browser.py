@@ -35,10 +35,16 @@ class WebDriverError(AssertionError):
 class Browser:
     def __init__(self, workdir, width=1440, height=900):
         self.log_path = os.path.join(workdir, "chromedriver.log")
-        self.proc = subprocess.Popen([CHROMEDRIVER, "--port=0", "--log-path=" + self.log_path],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-        self.base = f"http://127.0.0.1:{self._wait_port()}"
         self.session = None
+        for attempt in range(3):  # on a loaded machine chromedriver has been seen not to start in time
+            self.proc = subprocess.Popen([CHROMEDRIVER, "--port=0", "--log-path=" + self.log_path],
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                self.base = f"http://127.0.0.1:{self._wait_port()}"
+                break
+            except AssertionError:
+                if attempt == 2:
+                    raise
         args = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
                 "--disable-extensions", "--hide-scrollbars", f"--window-size={width},{height}",
                 "--user-data-dir=" + os.path.join(workdir, "chromium-profile")]
