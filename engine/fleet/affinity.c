@@ -371,21 +371,30 @@ struct slot {
     uint16_t ep[INLINE_HOLDERS];
 };
 
-/* What one endpoint has taken into its KV cache since a moment, to tell what it must have evicted:
- * a server's cache holds kv_tokens; once it has taken in that many new prompt tokens since a block was
- * last sent there, the block is gone (LRU, as vLLM and SGLang evict). marks[] holds the clock each time
- * the ingest passed a multiple of cap / KV_STEPS, so "cap tokens ago" is known within 1/KV_STEPS of cap,
- * on the safe side (a block is taken as evicted only when it surely is). */
+/* What one endpoint's KV cache must have evicted, as an LRU cache of kv_tokens (vLLM's and SGLang's
+ * evict least recently used blocks first): a block is gone once more distinct tokens than the cache holds
+ * were sent there after it last was. Counting only the new tokens (the blocks it did not have) is not
+ * enough: a hit moves its blocks to the front too (vLLM, vllm/v1/core/kv_cache_utils.py
+ * FreeKVCacheBlockQueue: a cached block a request uses leaves the free queue and goes back at its end), pushing every block sent since they last were one
+ * place back, and on Mooncake's trace that count took 21% of the uncached tokens for cached ones (the
+ * server computed 21.1M prompt tokens where the index said 17.5M; an exact LRU of what atc sent said
+ * 21.1M). So the endpoint's own clock counts every token sent there (touched), in buckets of cap /
+ * KV_STEPS of them; live[] counts, per bucket, the tokens whose latest send there falls in it (a block
+ * sent again leaves its old bucket for the current one). The distinct tokens sent since a block last was
+ * are the live tokens of the buckets after its own: once the newest buckets hold cap, everything before
+ * them is gone (within a bucket, on the side of "still cached"). The ring keeps KV_BUCKETS buckets, cap x
+ * KV_BUCKETS / KV_STEPS tokens sent; a block older than the ring is taken as gone. */
 #define KV_STEPS 16
-#define KV_MARKS 32 /* a ring of marks: KV_STEPS + 1 are needed */
+#define KV_BUCKETS 128
 
 struct kv_clock {
-    uint64_t cap;    /* tokens; 0 = unknown (nothing is taken as evicted) */
-    uint64_t ingest; /* uncached prompt tokens sent there since cap was set */
-    uint64_t step;   /* cap / KV_STEPS */
-    uint64_t marks_taken;
-    uint32_t marks[KV_MARKS];
-    uint32_t horizon; /* once ingest >= cap: a block last sent before this clock is surely evicted */
+    uint64_t cap;     /* tokens; 0 = unknown (nothing is taken as evicted) */
+    uint64_t step;    /* cap / KV_STEPS */
+    uint64_t touched; /* prompt tokens sent there since cap was set */
+    uint64_t opened;  /* buckets opened: bucket b (opened - KV_BUCKETS <= b < opened) is b % KV_BUCKETS */
+    uint32_t start[KV_BUCKETS]; /* the index's clock when each bucket opened */
+    uint32_t live[KV_BUCKETS];  /* tokens whose latest send there falls in the bucket */
+    uint32_t horizon; /* when evicting: a block last sent there before this clock is gone */
 };
 
 struct generation {
@@ -546,26 +555,81 @@ static inline void touch(struct slot *s, unsigned e, uint32_t now)
     s->stamp = now;
 }
 
-/* Endpoint e took in @p tokens new prompt tokens: its marks and the clock move on. */
-static void ingest(struct atc_prefix_index *idx, unsigned e, uint64_t tokens)
+/* The bucket of endpoint clock @p c that the clock value @p t falls in, -1 when it is older than the ring:
+ * the newest bucket opened at or before t. */
+static int64_t bucket_of(const struct kv_clock *c, uint32_t t)
+{
+    uint64_t lo = c->opened > KV_BUCKETS ? c->opened - KV_BUCKETS : 0, hi = c->opened;
+    if (lo == hi || before(t, c->start[lo % KV_BUCKETS]))
+        return -1;
+    while (hi - lo > 1) { /* start[lo] <= t < start[hi] (hi: not yet opened) */
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (before(t, c->start[mid % KV_BUCKETS]))
+            hi = mid;
+        else
+            lo = mid;
+    }
+    return (int64_t)lo;
+}
+
+/* A block of @p tokens that endpoint e last got at clock @p t is sent there again: it leaves its bucket for
+ * the current one. Returns the tokens it was counted for in the current one already (0 when it was in an
+ * older one), which the current one must not count twice. */
+static uint64_t resent(struct atc_prefix_index *idx, unsigned e, uint32_t t, uint64_t tokens)
+{
+    struct kv_clock *c = &idx->kv[e];
+    if (c->cap == 0)
+        return 0;
+    int64_t b = bucket_of(c, t);
+    if (b < 0)
+        return 0;
+    if ((uint64_t)b == c->opened - 1)
+        return tokens;
+    uint32_t *live = &c->live[b % KV_BUCKETS];
+    *live = *live > tokens ? *live - (uint32_t)tokens : 0;
+    return 0;
+}
+
+/* Endpoint e was sent @p tokens prompt tokens now (all its blocks, cached or not), @p again of them counted
+ * in the current bucket already: the rest join it, the clocks move on, and the horizon follows the newest
+ * buckets that hold the cache. */
+static void sent(struct atc_prefix_index *idx, unsigned e, uint64_t tokens, uint64_t again)
 {
     struct kv_clock *c = &idx->kv[e];
     uint64_t units = (idx->clock_rest + tokens) / KV_CLOCK_TOKENS;
     idx->clock_rest = (idx->clock_rest + tokens) % KV_CLOCK_TOKENS;
     if (c->cap != 0) {
-        c->ingest += tokens;
-        uint64_t due = c->ingest / c->step + 1; /* marks at ingest 0, step, 2 step, ... up to now */
-        if (due - c->marks_taken > KV_MARKS)    /* one huge request: only the ring's worth is kept */
-            c->marks_taken = due - KV_MARKS;
-        while (c->marks_taken < due) /* each mark: the clock as ingest passed it */
-            c->marks[c->marks_taken++ % KV_MARKS] = idx->clock;
-        if (c->ingest >= c->cap) {
-            uint64_t m = (c->ingest - c->cap) / c->step; /* the mark taken at ingest m * step <= ingest - cap */
-            c->horizon = c->marks[m % KV_MARKS];
-            idx->evicting[e / 64] |= UINT64_C(1) << (e % 64);
-        }
+        if (c->opened == 0)
+            c->start[c->opened++] = idx->clock;
+        uint32_t *live = &c->live[(c->opened - 1) % KV_BUCKETS];
+        uint64_t add = tokens - again;
+        *live = add < UINT32_MAX - *live ? *live + (uint32_t)add : UINT32_MAX;
     }
     idx->clock += (uint32_t)units;
+    if (c->cap == 0)
+        return;
+    c->touched += tokens;
+    uint64_t due = c->touched / c->step + 1; /* buckets open at 0, step, 2 step, ... sent */
+    if (due - c->opened > KV_BUCKETS)        /* one huge request: only the ring's worth is kept */
+        c->opened = due - KV_BUCKETS;
+    while (c->opened < due) {
+        c->start[c->opened % KV_BUCKETS] = idx->clock;
+        c->live[c->opened++ % KV_BUCKETS] = 0;
+    }
+    uint64_t sum = 0, oldest = c->opened > KV_BUCKETS ? c->opened - KV_BUCKETS : 0;
+    bool full = false;
+    uint64_t b = c->opened;
+    while (b > oldest && !full) {
+        b--;
+        sum += c->live[b % KV_BUCKETS];
+        full = sum >= c->cap;
+    }
+    if (full || oldest > 0) { /* before bucket b (full) or before the ring (not): gone */
+        c->horizon = c->start[b % KV_BUCKETS];
+        idx->evicting[e / 64] |= UINT64_C(1) << (e % 64);
+    } else {
+        idx->evicting[e / 64] &= ~(UINT64_C(1) << (e % 64));
+    }
 }
 
 /* The KV cache size of endpoint e (0: unknown); a change starts its clock again. */
@@ -666,6 +730,7 @@ size_t atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *blo
     if (e >= ATC_PREFIX_INDEX_ENDPOINTS_MAX)
         return 0;
     size_t had = 0;
+    uint64_t bt = block_tokens ? block_tokens : 1, again = 0;
     bool leading = true; /* every block so far was recorded for this endpoint */
     pthread_mutex_lock(&idx->mu);
     set_capacity(idx, e, kv_tokens);
@@ -686,12 +751,15 @@ size_t atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *blo
             idx->cur.count++;
         }
         prune(idx, &idx->cur, s); /* a refreshed stamp must not revive evicted copies */
-        leading = leading && lists(&idx->cur, s, e);
+        bool held = lists(&idx->cur, s, e);
+        if (held)
+            again += resent(idx, e, held_since(s, e), bt);
+        leading = leading && held;
         had += leading;
         add_holder(idx, &idx->cur, s, e);
         touch(s, e, idx->clock);
     }
-    ingest(idx, e, (uint64_t)(n - had) * (block_tokens ? block_tokens : 1));
+    sent(idx, e, (uint64_t)n * bt, again);
     pthread_mutex_unlock(&idx->mu);
     return had;
 }

@@ -86,7 +86,7 @@ struct atc_prefix_index;
 
 /** Creates an empty index holding at most @p max_blocks (block hash -> endpoints) entries
  * (0: ATC_PREFIX_INDEX_DEFAULT_BLOCKS). All its memory is allocated here and never grows
- * (atc_prefix_index_bytes): 164 KB (the KV clocks of 1,024 endpoints) + 2 x ceil(max_blocks / 2 / 0.7) x
+ * (atc_prefix_index_bytes): 1.1 MB (the KV clocks of 1,024 endpoints) + 2 x ceil(max_blocks / 2 / 0.7) x
  * 32 bytes (the slots: a block and up to 4 endpoints that hold it) + 2 x max_blocks / 16 x 128 bytes (the
  * wide sets: a bitmap of every endpoint, for blocks held by more than 4), about 62 bytes per block; 31 MB
  * at the default, which covers about 125 MB of distinct prompt text in 256-byte blocks: 32M tokens, the KV
@@ -106,11 +106,12 @@ void atc_prefix_index_destroy(struct atc_prefix_index *idx);
  * atc_prefix_index_overlaps waits that long too. A block inserted again at least that often is
  * never dropped, so a hot prefix stays.
  *
- * With kv_tokens known, the index also forgets what that server must have evicted: once it has been sent
- * more new prompt tokens (the blocks it did not have, x block_tokens) than its cache holds since it last
- * got a block, that block no longer counts there (LRU, as vLLM's and SGLang's caches evict; within 1/16
- * of kv_tokens, erring towards "still cached"). A server that has seen a block more recently than the
- * others is timed exactly; the others are timed as of the latest of them. Returns how many of the
+ * With kv_tokens known, the index also forgets what that server must have evicted, as an LRU cache of
+ * that size (vLLM's and SGLang's evict least recently used blocks first): once the distinct tokens sent
+ * there since it last got a block (cached or not: a hit moves its blocks to the front too) fill its cache,
+ * that block no longer counts there (within 1/16 of kv_tokens, erring towards "still cached"; a block
+ * not sent there for 8 x kv_tokens of its traffic counts as gone). A server that has seen a block more
+ * recently than the others is timed exactly; the others are timed as of the latest of them. Returns how many of the
  * leading blocks were recorded for that endpoint already (what it likely has cached). */
 size_t atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *blocks, size_t n,
                                unsigned endpoint_index, uint32_t block_tokens, uint64_t kv_tokens);
