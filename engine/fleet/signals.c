@@ -5,8 +5,8 @@
 #include <math.h>
 #include <string.h>
 
-/* A rate sample needs this much prompt work: below it the time to first byte is mostly one decode step
- * and the network, and the quotient says little about the server's prefill speed. */
+/* The rate is the prior until this much prompt work was measured: a few short prompts' time is mostly
+ * one decode step and the network, and says little about the server's prefill speed. */
 #define MIN_RATE_TOKENS 1024
 /* Samples are kept within this factor of the prior: a stall (a server paused, preempting) must not make
  * one endpoint look ten times slower for the next hundred decisions. */
@@ -61,10 +61,18 @@ double atc_signals_recent_at(uint64_t recent, const struct atc_signal_params *p,
 
 /* ---- a request's way through ---- */
 
-static void ewma_add(_Atomic double *avg, _Atomic uint64_t *n, double sample)
+/* Moves the EWMA @p avg towards @p sample (0: none yet, the sample is taken as it is); returns it. */
+static double ewma_move(_Atomic double *avg, double sample)
 {
     double old = atomic_load_explicit(avg, memory_order_relaxed);
-    atomic_store_explicit(avg, old == 0 ? sample : old + EWMA_ALPHA * (sample - old), memory_order_relaxed);
+    double next = old == 0 ? sample : old + EWMA_ALPHA * (sample - old);
+    atomic_store_explicit(avg, next, memory_order_relaxed);
+    return next;
+}
+
+static void ewma_add(_Atomic double *avg, _Atomic uint64_t *n, double sample)
+{
+    ewma_move(avg, sample);
     atomic_fetch_add_explicit(n, 1, memory_order_relaxed);
 }
 
@@ -89,7 +97,9 @@ void atc_signals_sent(struct atc_signals *s, const struct atc_signal_params *p, 
                       uint64_t uncached, uint64_t now_us)
 {
     t->uncached = uncached;
-    t->ahead = atomic_fetch_add_explicit(&s->prefill_tokens, uncached, memory_order_relaxed);
+    if (atomic_fetch_add_explicit(&s->prefill_tokens, uncached, memory_order_relaxed) == 0)
+        /* nothing queued: this prompt starts now */
+        atomic_store_explicit(&s->head_us, now_us ? now_us : 1, memory_order_relaxed); /* 0: not known */
     t->sent_us = now_us;
     t->first_us = 0;
     t->guessed = UINT64_MAX;
@@ -117,13 +127,23 @@ void atc_signals_first_byte(struct atc_signals *s, const struct atc_signal_param
     atomic_fetch_add_explicit(&s->decoding, 1, memory_order_relaxed);
     t->phase = ATC_SIGNAL_DECODE;
     t->first_us = now_us;
-    double work = (double)(t->ahead + t->uncached);
-    double ms = (double)(now_us - t->sent_us) / 1000.0 - atc_signals_itl_ms(s, p);
-    if (!sample || work < MIN_RATE_TOKENS || ms <= 0)
+    /* the next prompt there starts now; this one started when it was sent or when the one before it was
+     * done, whichever is later */
+    atomic_store_explicit(&s->head_us, now_us ? now_us : 1, memory_order_relaxed); /* 0: not known */
+    uint64_t before = atomic_exchange_explicit(&s->first_byte_us, now_us, memory_order_relaxed);
+    uint64_t start = t->sent_us > before ? t->sent_us : before;
+    if (!sample || now_us < start)
         return;
-    double tps = work / (ms / 1000.0);
+    double tok = ewma_move(&s->busy_tokens_ewma, (double)t->uncached),
+           ms = ewma_move(&s->busy_ms_ewma, (double)(now_us - start) / 1000.0);
+    atomic_fetch_add_explicit(&s->prefill_samples, 1, memory_order_relaxed);
+    if (atomic_fetch_add_explicit(&s->busy_tokens, t->uncached, memory_order_relaxed) + t->uncached <
+            MIN_RATE_TOKENS ||
+        ms <= 0)
+        return;
+    double tps = tok / (ms / 1000.0);
     double lo = p->prefill_tps / RATE_CLAMP, hi = p->prefill_tps * RATE_CLAMP;
-    ewma_add(&s->prefill_tps_ewma, &s->prefill_samples, tps < lo ? lo : tps > hi ? hi : tps);
+    atomic_store_explicit(&s->prefill_tps_ewma, tps < lo ? lo : tps > hi ? hi : tps, memory_order_relaxed);
 }
 
 void atc_signals_done(struct atc_signals *s, struct atc_signal_ticket *t, uint64_t now_us, uint64_t tokens)
@@ -197,8 +217,8 @@ void atc_signals_scraped(struct atc_signals *s, double running, double waiting, 
 /* ---- reading ---- */
 
 double atc_signals_predict_ttft_ms(const struct atc_signals *s, const struct atc_signal_params *p,
-                                   uint64_t uncached)
+                                   uint64_t uncached, uint64_t now_us)
 {
-    double queued = (double)atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed);
-    return (queued + (double)uncached) * 1000.0 / atc_signals_prefill_tps(s, p) + atc_signals_itl_ms(s, p);
+    double tps = atc_signals_prefill_tps(s, p);
+    return (atc_signals_queued(s, tps, now_us) + (double)uncached) * 1000.0 / tps + atc_signals_itl_ms(s, p);
 }

@@ -12,11 +12,16 @@
  *   recent_tokens   the same uncached tokens, summed with exponential decay (half-life recent_half_life):
  *                   traffic that arrives one request at a time reads 0 in flight at every pick, but not 0
  *                   here;
- *   prefill_rate    prompt tokens per second the server gets through, an EWMA of (the backlog ahead of a
- *                   request at send + its own uncached tokens) / (its time to first token - one decode
- *                   step), over streamed answers with at least MIN_RATE_TOKENS of such work; the prior
- *                   until then. Both the backlog and the rate count a prompt being prefilled as wholly
- *                   queued, so the prediction below divides like by like;
+ *   prefill_rate    prompt tokens per second the server gets through: the uncached tokens of streamed
+ *                   answers over the time the server spent on each, EWMAs of both (a ratio of sums, so a
+ *                   long prompt weighs as much as its time). An engine prefills in arrival order (vLLM's
+ *                   scheduler continues running prefills before it admits new ones), so a request's
+ *                   prefill starts when it was sent or when the one before it there gave its first token,
+ *                   whichever is later, and ends at its own first token; the prior until MIN_RATE_TOKENS
+ *                   were measured;
+ *   queued          prefill_tokens less what the server has done of them since the last first token
+ *                   there (or since it was sent when nothing was queued), at prefill_rate: a long prompt
+ *                   half done is half queued (atc_signals_queued);
  *   uncached_mean   uncached prompt tokens per request sent there, an EWMA: the mean prefill a request
  *                   brings, so prefill_tokens / uncached_mean is how many requests' work is queued;
  *   itl             milliseconds per output token, an EWMA of (last byte - first token) / (events - 1) over
@@ -32,7 +37,7 @@
  *   scraped         the server's own running / waiting / KV usage / prefix hit rate from its /metrics,
  *                   with the time of that scrape (never scraped: not known, shown as nil).
  *
- *   predicted TTFT = (prefill_tokens + the request's uncached tokens) / prefill_rate + itl.
+ *   predicted TTFT = (queued + the request's uncached tokens) / prefill_rate + itl.
  *
  * The same functions run live (relay.c, with the monotonic clock) and in replay (replay.c, with virtual
  * time): the clock is always the caller's @p now_us, so a replayed policy sees what it would see live.
@@ -51,6 +56,10 @@
 
 struct atc_signals {
     _Atomic uint64_t prefill_tokens;
+    _Atomic uint64_t head_us;       /* when the queue's first prompt started: 0 = not known (not drained) */
+    _Atomic uint64_t first_byte_us; /* the last first token there */
+    _Atomic double busy_tokens_ewma, busy_ms_ewma; /* prefill_rate's parts */
+    _Atomic uint64_t busy_tokens;                  /* tokens measured so far (MIN_RATE_TOKENS) */
     _Atomic unsigned prefilling, decoding;
     _Atomic uint64_t recent; /* float tokens (high 32 bits) as of a ms timestamp (low 32 bits) */
     _Atomic double prefill_tps_ewma, itl_ms_ewma, uncached_ewma; /* 0 = no sample yet */
@@ -68,7 +77,6 @@ enum atc_signal_phase { ATC_SIGNAL_IDLE, ATC_SIGNAL_PREFILL, ATC_SIGNAL_DECODE }
 
 struct atc_signal_ticket {
     uint64_t uncached; /* its tokens counted in prefill_tokens */
-    uint64_t ahead;    /* prefill_tokens of the endpoint when it was sent */
     uint64_t sent_us, first_us;
     uint64_t guessed; /* prompt tokens the prefix index guessed the endpoint held; UINT64_MAX: no guess */
     enum atc_signal_phase phase;
@@ -150,14 +158,25 @@ static inline double atc_signals_itl_ms(const struct atc_signals *s, const struc
     double v = atomic_load_explicit(&s->itl_ms_ewma, memory_order_relaxed);
     return v > 0 ? v : (double)p->itl_us / 1000.0;
 }
+/** The prompt tokens still to prefill there at @p now_us (queued above), at @p tps tokens/s. */
+static inline double atc_signals_queued(const struct atc_signals *s, double tps, uint64_t now_us)
+{
+    double q = (double)atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed);
+    uint64_t head = atomic_load_explicit(&s->head_us, memory_order_relaxed);
+    if (q <= 0 || head == 0 || now_us <= head)
+        return q;
+    q -= (double)(now_us - head) * tps / 1e6;
+    return q > 0 ? q : 0;
+}
 /** uncached_mean: tokens per request sent; 0 before the first. */
 static inline double atc_signals_uncached_mean(const struct atc_signals *s)
 {
     return atomic_load_explicit(&s->uncached_ewma, memory_order_relaxed);
 }
 
-/** Predicted ms to the first token of a request with @p uncached tokens to prefill, sent there now. */
+/** Predicted ms to the first token of a request with @p uncached tokens to prefill, sent there at
+ * @p now_us. */
 double atc_signals_predict_ttft_ms(const struct atc_signals *s, const struct atc_signal_params *p,
-                                   uint64_t uncached);
+                                   uint64_t uncached, uint64_t now_us);
 
 #endif

@@ -138,6 +138,7 @@ struct fast_req {
     uint64_t tokens;
     struct atc_endpoint *const *tried;
     size_t ntried;
+    uint64_t now_us; /* the decision's clock */
 };
 
 /* Element @p i, an engine endpoint, as atc.fastest reads it for the request being decided (@p r); its
@@ -157,15 +158,15 @@ static inline __attribute__((always_inline)) void read_ep(const struct fast_prio
     c->recent[i] =
         atomic_load_explicit(&s->recent, memory_order_relaxed) >> 32 == 0 ? 0.0 + remote_recent(ep) : -1;
     c->usable[i] = policy_api_available_for(ep, r->tokens, r->tried, r->ntried);
-    c->queued[i] = (double)(int64_t)atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed) +
+    double tps = atomic_load_explicit(&s->prefill_tps_ewma, memory_order_relaxed);
+    c->tps[i] = tps > 0 ? tps : pr->tps;
+    c->queued[i] = atc_signals_queued(s, c->tps[i], r->now_us) +
                    (double)(int64_t)atomic_load_explicit(&ep->remote.prefill_tokens, memory_order_relaxed);
     uint64_t uncached =
         exact ? policy_uncached_of(&r->u, ep)
               : atc_signals_uncached(r->u.prompt_tokens, r->u.overlaps != NULL ? r->u.overlaps[ep->index] : 0,
                                      r->u.block_tokens);
     c->uncached[i] = (double)(int64_t)uncached;
-    double tps = atomic_load_explicit(&s->prefill_tps_ewma, memory_order_relaxed);
-    c->tps[i] = tps > 0 ? tps : pr->tps;
     double itl = atomic_load_explicit(&s->itl_ms_ewma, memory_order_relaxed);
     c->itl[i] = itl > 0 ? itl : pr->itl;
     c->decoding[i] = (double)atomic_load_explicit(&s->decoding, memory_order_relaxed) +
@@ -189,7 +190,8 @@ static void read_element(lua_State *L, struct policy_version *v, int el, struct 
         struct fast_req r = {.u = policy_pick_uncached_req(L, v),
                              .tokens = req->tokens,
                              .tried = req->tried,
-                             .ntried = req->ntried};
+                             .ntried = req->ntried,
+                             .now_us = policy_pick_now_us(v)};
         read_ep(&pr, &r, true, ep, c, i, uncached_mean);
         return;
     }
@@ -658,7 +660,8 @@ static int fastest(lua_State *L)
             struct fast_req r = {.u = policy_pick_uncached_req(L, v),
                                  .tokens = req->tokens,
                                  .tried = req->tried,
-                                 .ntried = req->ntried};
+                                 .ntried = req->ntried,
+                                 .now_us = policy_pick_now_us(v)};
             struct fast_priors pr = fast_priors_of(p);
             struct fast_sums sums;
             c->ep = (const struct atc_endpoint *const *)list->eps; /* the list's own arrays */

@@ -467,7 +467,7 @@ static double remote_recent(const struct atc_endpoint *ep)
 static double view_ttft(lua_State *L, struct policy_version *v, const struct atc_endpoint *ep)
 {
     const struct atc_signal_params *p = policy_pick_params(v);
-    return atc_signals_predict_ttft_ms(&ep->sig, p, uncached_at(L, v, ep)) +
+    return atc_signals_predict_ttft_ms(&ep->sig, p, uncached_at(L, v, ep), policy_pick_now_us(v)) +
            remote_prefill(ep) * 1000.0 / atc_signals_prefill_tps(&ep->sig, p);
 }
 

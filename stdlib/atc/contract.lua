@@ -73,14 +73,14 @@ M.ep = {
   { name = "prefilling", type = "integer", unit = "requests", mock = 0, doc = "engine-observed: requests sent there before their first token (every replica's)" },
   { name = "decoding", type = "integer", unit = "requests", mock = 0, doc = "engine-observed: requests there past their first token, not finished (every replica's)" },
   { name = "recent_tokens", type = "number", unit = "tokens", mock = 0, doc = "engine-observed: the uncached prompt tokens sent there, summed with exponential decay (half-life `signals.recent_half_life`, 2 s): not 0 for traffic that arrives one request at a time" },
-  { name = "prefill_rate", type = "number", unit = "tokens/s", mock = 15000, doc = "engine-observed: prompt tokens a second it prefills (a moving average over streamed answers), the `signals.prefill_rate` prior (15000) until then" },
+  { name = "prefill_rate", type = "number", unit = "tokens/s", mock = 15000, doc = "engine-observed: prompt tokens a second it prefills (uncached tokens over the time each streamed answer's prefill took there, from its send or the previous first token there to its own: moving averages), the `signals.prefill_rate` prior (15000) until then" },
   { name = "uncached_mean", type = "number", unit = "tokens", nil_when = "before its first request", doc = "engine-observed: uncached prompt tokens per request sent there (a moving average): `prefill_tokens / uncached_mean` is how many requests' prefill is queued" },
   { name = "kv_tokens", type = "number", unit = "tokens", nil_when = "not configured and not scraped", doc = "the size of its KV cache: the endpoint's `kv_tokens`, a simulated server's, or scraped (vLLM `vllm:cache_config_info`, SGLang `sglang:max_total_num_tokens`); the prefix index then forgets what the server must have evicted" },
   { name = "itl", type = "number", unit = "ms/token", mock = 12, doc = "engine-observed: time per output token (a moving average over streamed answers), the `signals.itl` prior (12ms) until then" },
   { name = "has_tag", kind = "method", args = "tag", type = "boolean", doc = "tag is one of its `tags`" },
   { name = "prefix_overlap", kind = "method", args = "req", type = "integer", unit = "blocks", doc = "leading blocks of req's prompt recently routed to ep (0 when none): where its KV cache likely is" },
   { name = "cached_tokens", kind = "method", args = "req", type = "integer", unit = "tokens", nil_when = "the endpoint publishes no KV-cache events (kv_events:), or req's block keys are not known", doc = "tokens of req's prompt the endpoint holds in its KV cache now, exact: its leading blocks found in the index its KV-cache events feed, times the block size (0 when none)" },
-  { name = "predict_ttft", kind = "method", args = "req", type = "number", unit = "ms", doc = "req's time to first token there if sent now: (`prefill_tokens` + its uncached prompt tokens there) / `prefill_rate` + `itl`" },
+  { name = "predict_ttft", kind = "method", args = "req", type = "number", unit = "ms", doc = "req's time to first token there if sent now: (the prefill still queued there + its uncached prompt tokens there) / `prefill_rate` + `itl`; the prefill still queued is `prefill_tokens` less what the server did since the last first token there, at `prefill_rate`" },
 }
 
 -- verdict: what atc.queue / atc.reject return (a policy returns it instead of an endpoint).

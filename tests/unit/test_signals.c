@@ -36,9 +36,15 @@ static void test_prefill_tokens_follow_the_first_byte(void **state)
     assert_int_equal(s.prefilling, 1);
     atc_signals_sent(&s, &p, &b, 3000, 1000);
     assert_int_equal(s.prefill_tokens, 11000);
-    assert_int_equal(b.ahead, 8000); /* what b waits behind */
+    /* queued: a started at 0 (nothing was queued): at 15000 tokens/s, 4050 of its tokens done at 0.27 s */
+    assert_true(fabs(atc_signals_queued(&s, 15000, 0) - 11000) < 0.1);
+    assert_true(fabs(atc_signals_queued(&s, 15000, 270000) - 6950) < 0.1);
+    assert_true(atc_signals_queued(&s, 15000, 5000000) == 0); /* slower than thought: never below 0 */
     atc_signals_first_byte(&s, &p, &a, 550000, true);
     assert_int_equal(s.prefill_tokens, 3000);
+    /* b starts when a's first token comes: all of it queued then */
+    assert_true(fabs(atc_signals_queued(&s, 15000, 550000) - 3000) < 1e-6);
+    assert_true(fabs(atc_signals_queued(&s, 15000, 650000) - 1500) < 1e-6);
     assert_int_equal(s.prefilling, 1);
     assert_int_equal(s.decoding, 1);
     /* a decoding request finishing does not touch the prefill queue */
@@ -73,21 +79,35 @@ static void test_rates_are_learned_from_samples(void **state)
     assert_true(atc_signals_prefill_tps(&s, &p) == 15000);
     assert_true(atc_signals_itl_ms(&s, &p) == 12);
     struct atc_signal_ticket a;
-    /* 10000 tokens, first byte after 1 s + one 12 ms decode step: 10000 tokens/s */
+    /* 10000 tokens, first byte after 1 s: 10000 tokens/s */
     atc_signals_sent(&s, &p, &a, 10000, 0);
-    atc_signals_first_byte(&s, &p, &a, 1012000, true);
+    atc_signals_first_byte(&s, &p, &a, 1000000, true);
     assert_true(fabs(atc_signals_prefill_tps(&s, &p) - 10000) < 1);
     /* 101 tokens over 2 s after the first: 20 ms each */
-    atc_signals_done(&s, &a, 3012000, 101);
+    atc_signals_done(&s, &a, 3000000, 101);
     assert_true(fabs(atc_signals_itl_ms(&s, &p) - 20) < 1e-6);
     /* predicted: (queued 0 + 5000) / 10000 tokens/s + 20 ms */
-    assert_true(fabs(atc_signals_predict_ttft_ms(&s, &p, 5000) - 520) < 1e-6);
+    assert_true(fabs(atc_signals_predict_ttft_ms(&s, &p, 5000, 3000000) - 520) < 1e-6);
     /* a non-streamed answer's first byte is its last: no sample */
     struct atc_signal_ticket b;
     atc_signals_sent(&s, &p, &b, 10000, 4000000);
     atc_signals_first_byte(&s, &p, &b, 9000000, false);
     assert_true(fabs(atc_signals_prefill_tps(&s, &p) - 10000) < 1);
     assert_int_equal(s.prefill_samples, 1);
+    /* Two prompts sent together: the second one's prefill starts at the first one's first token, so each
+     * is timed on its own (5000 tokens in 0.5 s, then 3000 in 0.3 s): still 10000 tokens/s. Timed from its
+     * send, the second would read 3000 / 0.8 s. */
+    struct atc_signal_ticket c, d;
+    atc_signals_sent(&s, &p, &c, 5000, 10000000);
+    atc_signals_sent(&s, &p, &d, 3000, 10000000);
+    atc_signals_first_byte(&s, &p, &c, 10500000, true);
+    atc_signals_first_byte(&s, &p, &d, 10800000, true);
+    assert_true(fabs(atc_signals_prefill_tps(&s, &p) - 10000) < 1);
+    /* with d's prefill half done, the prediction counts the other half */
+    struct atc_signal_ticket e, f;
+    atc_signals_sent(&s, &p, &e, 4000, 20000000);
+    atc_signals_sent(&s, &p, &f, 1000, 20000000);
+    assert_true(fabs(atc_signals_predict_ttft_ms(&s, &p, 0, 20200000) - (3000.0 / 10 + 20)) < 1e-6);
 }
 
 static void test_recent_tokens_decay(void **state)
