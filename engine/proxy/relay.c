@@ -100,7 +100,8 @@ struct relay {
     struct atc_queue_item qi;      /* while waiting for capacity */
     uint64_t policy_version;
     struct atc_decision_record rec; /* the decision that routed it (its last one) */
-    struct atc_explain scores;      /* what atc.explain attached, when someone reads it (rreq.explain) */
+    struct atc_explain *scores; /* what atc.explain attached, allocated when someone reads it (1.5 KiB: a
+                                 * held stream nobody explains does without) */
     bool explain_reply;             /* the client asked for the record and policy.explain allows it */
     bool shadowed;                  /* the shadow policy has seen it */
     char *rewritten; /* the body with "model" set to the endpoint's, when a policy mapped an alias */
@@ -284,6 +285,7 @@ static void relay_free(struct atc_deferred *d)
     atc_tokenize_free(r->tk);
     free(r->recorded_headers);
     free(r->up_headers);
+    free(r->scores);
     free(r);
 }
 
@@ -1116,8 +1118,9 @@ static void on_tokenized(void *arg)
     r->rec.kind = atc_decision_balancer;
     const char *ask = client_header(r, "x-atc-explain");
     r->explain_reply = w->cfg->policy.explain && ask != NULL && strcmp(ask, "1") == 0;
-    if (r->explain_reply || w->access_log != NULL || w->recorder != NULL)
-        r->rreq.explain = &r->scores;
+    if ((r->explain_reply || w->access_log != NULL || w->recorder != NULL) && r->scores == NULL)
+        r->scores = calloc(1, sizeof(*r->scores)); /* out of memory: no scores, the record goes on */
+    r->rreq.explain = r->scores;
     struct atc_endpoint *ep = NULL;
     switch (choose(r, &ep)) {
     case CHOSEN:
