@@ -744,6 +744,25 @@ size_t atc_sim_prefix_cached(const struct atc_sim *sim, const uint64_t *blocks, 
     return n;
 }
 
+double atc_sim_prefill_ms(const struct atc_sim *sim, uint64_t tokens)
+{
+    return (double)tokens * 1000.0 / sim->p.prefill_tps;
+}
+
+double atc_sim_backlog_ms(const struct atc_sim *sim, uint64_t now_us)
+{
+    uint64_t tokens = 0;
+    for (const struct seq *s = sim->running.head; s != NULL; s = s->next)
+        tokens += s->prefill_left;
+    for (const struct seq *s = sim->waiting.head; s != NULL; s = s->next) {
+        uint64_t cached = (uint64_t)atc_sim_prefix_cached(sim, s->hashes, s->nblocks) * s->block_tokens;
+        tokens += s->kv_arrives ? 1 : (cached < s->prompt_tokens ? s->prompt_tokens - cached : 1) + s->emitted;
+    }
+    /* a chunk is taken off prefill_left when its iteration starts: the iteration in progress is the rest */
+    double rest = sim->busy && sim->iter_end > now_us ? (double)(sim->iter_end - now_us) / 1000.0 : 0;
+    return rest + atc_sim_prefill_ms(sim, tokens);
+}
+
 void atc_sim_restart(struct atc_sim *sim)
 {
     struct kv_cache *kv = &sim->kv;

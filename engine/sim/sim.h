@@ -133,6 +133,12 @@ void atc_sim_advance(struct atc_sim *sim, uint64_t now_us);
 void atc_sim_stats(const struct atc_sim *sim, struct atc_sim_stats *st);
 /** How many of the leading @p nblocks hashes are cached now (no side effect). */
 size_t atc_sim_prefix_cached(const struct atc_sim *sim, const uint64_t *blocks, size_t nblocks);
+/** How long from @p now_us until the model could start a new prompt's prefill: the rest of the iteration
+ * in progress, then the prefill not yet scheduled at its prefill rate (what running sequences have left
+ * to compute, and the waiting ones' prompts less what the cache holds of them now). No side effect. */
+double atc_sim_backlog_ms(const struct atc_sim *sim, uint64_t now_us);
+/** @p tokens of prefill in ms, at the model's prefill rate. */
+double atc_sim_prefill_ms(const struct atc_sim *sim, uint64_t tokens);
 
 /** An engine restart between iterations: every cached prefix block nobody uses is dropped, and the KV
  * events' listener hears ATC_SIM_KV_CLEARED, then STORED for the blocks the running sequences still pin

@@ -18,6 +18,7 @@
 #include "config/roles.h"
 #include "sim/sim.h"
 #include "sim/sim_disagg.h"
+#include "trace/replay_oracle.h"
 #include "trace/trace.h"
 #include "trace/trace_import.h"
 #include "base/clock.h"
@@ -85,6 +86,7 @@ struct replay {
     struct heap_entry *heap; /* a binary min-heap of the servers on their next event */
     size_t *heap_pos;        /* server k's place in the heap */
     struct atc_policy_runtime *rt;
+    bool oracle; /* the oracle decides (ATC_REPLAY_ORACLE), not a policy */
     uint64_t budget_ns; /* CPU time a decision may use before it counts as an overrun */
     struct atc_affinity *affinity;
     struct atc_prefix_index *prefix;
@@ -585,6 +587,21 @@ static void prepare(struct replay *rp, size_t i)
 enum outcome { DISPATCHED, QUEUED, REJECTED };
 
 /* Decides where request @p i goes now and acts on it. */
+static struct atc_sim *sim_of(void *ctx, const struct atc_endpoint *ep)
+{
+    return endpoint_of(ctx, ep)->sim;
+}
+
+static void oracle_decide(struct replay *rp, size_t i, struct atc_decision *d)
+{
+    const struct atc_model *m = atc_endpoint_table_model(rp->table, rp->f.model, strlen(rp->f.model));
+    memset(d, 0, sizeof(*d));
+    if (m != NULL)
+        d->endpoint = atc_replay_oracle_pick(m, &rp->trace->records[i], rp->rreq.tokens, rp->now, sim_of, rp);
+    d->kind = m == NULL ? ATC_DECISION_REJECT : d->endpoint != NULL ? ATC_DECISION_ENDPOINT : ATC_DECISION_QUEUE;
+    d->status = 404;
+}
+
 static enum outcome decide(struct replay *rp, size_t i)
 {
     struct rp_req *q = &rp->reqs[i];
@@ -594,6 +611,8 @@ static enum outcome decide(struct replay *rp, size_t i)
     uint64_t cpu = atc_thread_cpu_ns();
     if (rp->rt != NULL) {
         atc_policy_route(rp->rt, &rp->rreq, &d);
+    } else if (rp->oracle) {
+        oracle_decide(rp, i, &d);
     } else { /* no policy: the built-in balancer decides, as atc serve without a policy: section */
         memset(&d, 0, sizeof(d));
         d.kind = ATC_DECISION_FALLBACK;
@@ -1130,7 +1149,8 @@ int atc_replay_run(const struct atc_config *cfg, const struct atc_trace *trace, 
         .log_ctx = o->log_ctx,
     };
     char *perr = NULL;
-    if (entry != NULL &&
+    rp.oracle = entry != NULL && strcmp(entry, ATC_REPLAY_ORACLE) == 0;
+    if (entry != NULL && !rp.oracle &&
         (rp.rt = atc_policy_runtime_create(&ps, rp.table, rp.affinity, rp.prefix, &perr)) == NULL) {
         if (asprintf(err, "policy %s: %s", name, perr != NULL ? perr : "cannot load") < 0)
             *err = NULL;

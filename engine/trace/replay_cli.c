@@ -16,6 +16,7 @@
 #include "trace/replay_grid.h"
 #include "trace/replay_ideal.h"
 #include "trace/replay_live.h"
+#include "trace/replay_oracle.h"
 #include "trace/replay_report.h"
 #include "trace/trace.h"
 #include "trace/trace_import.h"
@@ -88,7 +89,9 @@ static const char usage_replay[] =
     "                        a policy: section): a .lua file, the name of one in examples/policies/\n"
     "                        (round_robin, least_loaded, sglang_cache_aware, llmd_weighted, dynamo_kv,\n"
     "                        vllm_loadaware),\n"
-    "                        or builtin (atc's C balancer); NAME=P names its row\n"
+    "                        builtin (atc's C balancer), or oracle (a router that reads the simulated\n"
+    "                        servers' own queues and caches, exactly: what better signals could win);\n"
+    "                        NAME=P names its row\n"
     "      --vs P            another policy to compare, the same way (repeatable)\n"
     "      --seed N          seeds atc.random(), the fallback balancer and drawn output lengths (default 1)\n"
     "      --model NAME      send every request to this model (imported traces name llama-3-8b)\n"
@@ -170,10 +173,11 @@ static int resolve_policy(const char *arg, struct policy_arg *p)
 {
     const char *eq = strchr(arg, '=');
     const char *spec = eq != NULL ? eq + 1 : arg;
-    if (strcmp(spec, "builtin") == 0) {
-        p->path[0] = '\0';
-        snprintf(p->name, sizeof(p->name), "%.*s", eq != NULL ? (int)(eq - arg) : 7,
-                 eq != NULL ? arg : "builtin");
+    if (strcmp(spec, "builtin") == 0 || strcmp(spec, "oracle") == 0) {
+        bool builtin = spec[0] == 'b';
+        snprintf(p->path, sizeof(p->path), "%s", builtin ? "" : ATC_REPLAY_ORACLE);
+        snprintf(p->name, sizeof(p->name), "%.*s", eq != NULL ? (int)(eq - arg) : (int)strlen(spec),
+                 eq != NULL ? arg : spec);
         return 0;
     }
     char source[4096];

@@ -441,6 +441,32 @@ class ReplayTest(AtcTestCase):
         self.assertAlmostEqual(ideals[3]["ttft_p90_ms"], 1798, places=3)
         self.assertAlmostEqual(ideals[3]["cache_hit_rate"], 0.5, places=4)  # 2 of 4 blocks
 
+    def test_oracle_reads_the_simulated_servers(self):
+        # Two servers of 1,000 prompt tokens/s. r1 (blocks 1, 2) at 0 goes to server 1; r2 (4,000 tokens) at
+        # 100 ms to the idle server 2, busy until 4.1 s; r3 (blocks 1, 2, 3) at 2 s to server 1, which holds
+        # 1, 2; r4 (100 tokens) at 2.1 s to server 1 too, whose prefill of r3 ends at 2.5 s, where round
+        # robin sends it behind r2 on server 2 (its TTFT 2.1 s against 0.5).
+        fleet = os.path.join(self.tmp.name, "two.yaml")
+        with open(fleet, "w") as f:
+            f.write("models:\n  - name: llama-3-8b\nsimulate:\n  - model: llama-3-8b\n    count: 2\n"
+                    "    prefill_tps: 1000\n    decode_ms: 10\n")
+        trace = os.path.join(self.tmp.name, "four.jsonl")
+        with open(trace, "w") as f:
+            for at, prompt, blocks in ((0, 1024, [1, 2]), (100, 4000, []), (2000, 1536, [1, 2, 3]), (2100, 100, [])):
+                f.write(json.dumps({"at_ms": at, "model": "llama-3-8b", "prompt_tokens": prompt, "output_tokens": 1,
+                                    "blocks": blocks, "block_tokens": 512}) + "\n")
+        code, out, err = atc("replay", "-c", fleet, "--trace", trace, "--policy", "oracle", "--vs", "round_robin",
+                             "--json")
+        self.assertEqual(code, 0, err)
+        oracle, rr = json.loads(out)["policies"]
+        self.assertEqual(oracle["name"], "oracle")
+        self.assertEqual([e["requests"] for e in oracle["endpoints"]], [3, 1])
+        self.assertEqual([e["requests"] for e in rr["endpoints"]], [2, 2])
+        self.assertAlmostEqual(oracle["cache_hit_rate"], 0.4, places=4)  # 2 of 5 blocks
+        self.assertLess(oracle["ttft_mean_ms"], rr["ttft_mean_ms"] - 300)  # r4: 1.6 s sooner, of four
+        code, out, err = atc("replay", "--help")
+        self.assertIn("oracle (a router that reads the simulated", out + err)
+
     def test_hit_rates_hold_at_128_and_512_servers(self):
         # 1,500 requests over 60 s in 300 prompt families of 4-24 shared 512-token blocks: more servers,
         # more KV room, so the shipped policy's hit rate must not fall as the fleet grows. It did when the
