@@ -25,6 +25,13 @@ local HOLD_MS = 300       -- late binding: wait in atc's queue while every endpo
 -- generators with another seed. Figures are TTFT p90 over the ideal fleet's, geomean over the cells of
 -- offered load <= 1.5, for first half / bursty / conversations (`tests/bench/routing_grid --fit`; a knob
 -- changed in a copy of scripts/ and `--policy COPY/policy.lua` gives the same line for it).
+-- The figures below were taken before the prefix index aged blocks as an LRU cache and the prefill
+-- signals counted a half-done prompt as half queued (issue 28). Since then these knobs give 1.238 / 1.125 /
+-- 1.140, and each one's neighbours stay within 3%: CACHE_WEIGHT 1 / 2: 1.241 / 1.116 / 1.132, 1.246 /
+-- 1.142 / 1.166; CONGESTION 0.5 / 2: 1.257 / 1.122 / 1.135, 1.242 / 1.132 / 1.150; RECENT 0.1 / 1: 1.246
+-- / 1.163 / 1.158, 1.254 / 1.093 / 1.162; DECODE_WEIGHT 0.5 / 2: 1.241 / 1.127 / 1.141, 1.252 / 1.122 /
+-- 1.143; HOLD_MS 150 / 600: 1.269 / 1.125 / 1.137, 1.245 / 1.125 / 1.140. None moved for good, so none
+-- changed.
 --
 -- The cost of an endpoint, in milliseconds of prefill at the pool's mean observed rate:
 --   ep.prefill_tokens                      the prompt tokens queued there (sent, first token not back)
