@@ -626,6 +626,13 @@ static void sent(struct atc_prefix_index *idx, unsigned e, uint64_t tokens, uint
     }
     if (full || oldest > 0) { /* before bucket b (full) or before the ring (not): gone */
         c->horizon = c->start[b % KV_BUCKETS];
+        uint32_t live = c->live[b % KV_BUCKETS];
+        if (full && live > 0) { /* the cache holds the newest (cap - the newer buckets) of bucket b's tokens:
+                                 * taken as spread evenly over its time */
+            uint32_t end = b + 1 < c->opened ? c->start[(b + 1) % KV_BUCKETS] : idx->clock;
+            double keep = (double)(c->cap - (sum - live)) / live;
+            c->horizon += (uint32_t)((1 - keep) * (double)(uint32_t)(end - c->horizon));
+        }
         idx->evicting[e / 64] |= UINT64_C(1) << (e % 64);
     } else {
         idx->evicting[e / 64] &= ~(UINT64_C(1) << (e % 64));

@@ -162,8 +162,10 @@ static inline double atc_signals_itl_ms(const struct atc_signals *s, const struc
 static inline double atc_signals_queued(const struct atc_signals *s, double tps, uint64_t now_us)
 {
     double q = (double)atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed);
+    if (q <= 0) /* (most endpoints of a large pool: nothing more to read) */
+        return q;
     uint64_t head = atomic_load_explicit(&s->head_us, memory_order_relaxed);
-    if (q <= 0 || head == 0 || now_us <= head)
+    if (head == 0 || now_us <= head)
         return q;
     q -= (double)(now_us - head) * tps / 1e6;
     return q > 0 ? q : 0;
