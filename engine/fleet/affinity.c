@@ -363,7 +363,7 @@ size_t atc_affinity_count(struct atc_affinity *t)
 
 struct slot {
     uint64_t block;
-    uint32_t stamp;  /* the ingest clock when endpoint `recent` last got this block */
+    uint32_t stamp;  /* the clock when endpoint `recent` last got this block */
     uint32_t before; /* ... and when any other holder last did, at the latest */
     uint32_t wide;   /* 0: the holders are ep[0..n); else 1 + the number of the generation's wide set */
     uint16_t recent;
@@ -375,15 +375,17 @@ struct slot {
  * evict least recently used blocks first): a block is gone once more distinct tokens than the cache holds
  * were sent there after it last was. Counting only the new tokens (the blocks it did not have) is not
  * enough: a hit moves its blocks to the front too (vLLM, vllm/v1/core/kv_cache_utils.py
- * FreeKVCacheBlockQueue: a cached block a request uses leaves the free queue and goes back at its end), pushing every block sent since they last were one
- * place back, and on Mooncake's trace that count took 21% of the uncached tokens for cached ones (the
+ * FreeKVCacheBlockQueue: a cached block a request uses leaves the free queue and goes back at its end),
+ * pushing every block sent since they last were one place back, and on Mooncake's trace that count took 21% of the uncached tokens for cached ones (the
  * server computed 21.1M prompt tokens where the index said 17.5M; an exact LRU of what atc sent said
  * 21.1M). So the endpoint's own clock counts every token sent there (touched), in buckets of cap /
  * KV_STEPS of them; live[] counts, per bucket, the tokens whose latest send there falls in it (a block
  * sent again leaves its old bucket for the current one). The distinct tokens sent since a block last was
  * are the live tokens of the buckets after its own: once the newest buckets hold cap, everything before
- * them is gone (within a bucket, on the side of "still cached"). The ring keeps KV_BUCKETS buckets, cap x
- * KV_BUCKETS / KV_STEPS tokens sent; a block older than the ring is taken as gone. */
+ * them is gone, and of the bucket where the cache fills, the older share that no longer fits (its tokens
+ * taken as spread evenly over its time). An estimate either way: a request's blocks share one stamp, so
+ * the horizon takes or leaves all of them. The ring keeps KV_BUCKETS buckets, cap x KV_BUCKETS /
+ * KV_STEPS tokens sent; a block older than the ring is taken as gone. */
 #define KV_STEPS 16
 #define KV_BUCKETS 128
 
@@ -411,14 +413,18 @@ struct atc_prefix_index {
     size_t cap;      /* entries per generation before rotating: max_blocks / 2 */
     size_t wide_cap; /* wide sets per generation */
     uint64_t seed;
-    uint32_t clock; /* uncached prompt tokens sent anywhere, in KV_CLOCK_TOKENS units (wraps) */
+    uint32_t clock; /* prompt tokens sent anywhere, in KV_CLOCK_TOKENS units (wraps) */
     uint64_t clock_rest;
     uint64_t dropped; /* holders forgotten because the wide sets ran out */
     uint64_t evicting[WIDE_WORDS]; /* endpoints whose horizon is set: their cache has filled */
     struct kv_clock *kv; /* ATC_PREFIX_INDEX_ENDPOINTS_MAX of them */
 };
 
-#define KV_CLOCK_TOKENS 64 /* the clock's unit: 2^31 units is 137G tokens, far more than the index keeps */
+/* The clock's unit. Stamps compare right within 2^31 units (137G tokens): a block not sent anywhere for
+ * that long has left the index's generations, and an endpoint's ring starts again once its newest
+ * bucket is 2^30 units old (KV_RING_STALE). */
+#define KV_CLOCK_TOKENS 64
+#define KV_RING_STALE (UINT32_C(1) << 30)
 
 static inline bool before(uint32_t a, uint32_t b)
 {
@@ -590,6 +596,17 @@ static uint64_t resent(struct atc_prefix_index *idx, unsigned e, uint32_t t, uin
     return 0;
 }
 
+/* Endpoint e's ring starts again at the clock: everything sent there before is taken as gone. */
+static void ring_restart(struct atc_prefix_index *idx, unsigned e)
+{
+    struct kv_clock *c = &idx->kv[e];
+    memset(c->live, 0, sizeof(c->live));
+    c->touched = 0;
+    c->opened = 1;
+    c->start[0] = c->horizon = idx->clock;
+    idx->evicting[e / 64] |= UINT64_C(1) << (e % 64);
+}
+
 /* Endpoint e was sent @p tokens prompt tokens now (all its blocks, cached or not), @p again of them counted
  * in the current bucket already: the rest join it, the clocks move on, and the horizon follows the newest
  * buckets that hold the cache. */
@@ -599,8 +616,8 @@ static void sent(struct atc_prefix_index *idx, unsigned e, uint64_t tokens, uint
     uint64_t units = (idx->clock_rest + tokens) / KV_CLOCK_TOKENS;
     idx->clock_rest = (idx->clock_rest + tokens) % KV_CLOCK_TOKENS;
     if (c->cap != 0) {
-        if (c->opened == 0)
-            c->start[c->opened++] = idx->clock;
+        if ((uint32_t)(idx->clock - c->start[(c->opened - 1) % KV_BUCKETS]) > KV_RING_STALE)
+            ring_restart(idx, e); /* idle while the clock went on: its stamps would wrap */
         uint32_t *live = &c->live[(c->opened - 1) % KV_BUCKETS];
         uint64_t add = tokens - again;
         *live = add < UINT32_MAX - *live ? *live + (uint32_t)add : UINT32_MAX;
@@ -649,6 +666,10 @@ static void set_capacity(struct atc_prefix_index *idx, unsigned e, uint64_t kv_t
     idx->evicting[e / 64] &= ~(UINT64_C(1) << (e % 64));
     c->cap = kv_tokens;
     c->step = kv_tokens / KV_STEPS > 0 ? kv_tokens / KV_STEPS : 1;
+    if (kv_tokens != 0) {
+        c->opened = 1; /* bucket 0 from now: a block sent twice in the first prompt is found in it */
+        c->start[0] = idx->clock;
+    }
 }
 
 static void index_free(struct atc_prefix_index *idx)

@@ -109,10 +109,10 @@ void atc_prefix_index_destroy(struct atc_prefix_index *idx);
  * With kv_tokens known, the index also forgets what that server must have evicted, as an LRU cache of
  * that size (vLLM's and SGLang's evict least recently used blocks first): once the distinct tokens sent
  * there since it last got a block (cached or not: a hit moves its blocks to the front too) fill its cache,
- * that block no longer counts there (within 1/16 of kv_tokens, erring towards "still cached"; a block
- * not sent there for 8 x kv_tokens of its traffic counts as gone). A server that has seen a block more
- * recently than the others is timed exactly; the others are timed as of the latest of them. Returns how many of the
- * leading blocks were recorded for that endpoint already (what it likely has cached). */
+ * that block no longer counts there (an estimate, in buckets of 1/16 of kv_tokens; a block not sent there
+ * for 8 x kv_tokens of its traffic counts as gone). A server that has seen a block more recently than the
+ * others is timed exactly; the others are timed as of the latest of them. Returns how many of the leading
+ * blocks were recorded for that endpoint already (what it likely has cached). */
 size_t atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *blocks, size_t n,
                                unsigned endpoint_index, uint32_t block_tokens, uint64_t kv_tokens);
 

@@ -97,9 +97,12 @@ void atc_signals_sent(struct atc_signals *s, const struct atc_signal_params *p, 
                       uint64_t uncached, uint64_t now_us)
 {
     t->uncached = uncached;
-    if (atomic_fetch_add_explicit(&s->prefill_tokens, uncached, memory_order_relaxed) == 0)
-        /* nothing queued: this prompt starts now */
+    /* Nothing queued, or all of it done by the estimate though no first token said so (answers that are
+     * not streamed give none, and leave the count only when they end): this prompt starts now at the
+     * latest, and the estimate starts again from here rather than count it done before it was sent. */
+    if (atc_signals_queued(s, atc_signals_prefill_tps(s, p), now_us) <= 0)
         atomic_store_explicit(&s->head_us, now_us ? now_us : 1, memory_order_relaxed); /* 0: not known */
+    atomic_fetch_add_explicit(&s->prefill_tokens, uncached, memory_order_relaxed);
     t->sent_us = now_us;
     t->first_us = 0;
     t->guessed = UINT64_MAX;
@@ -148,9 +151,11 @@ void atc_signals_first_byte(struct atc_signals *s, const struct atc_signal_param
 
 void atc_signals_done(struct atc_signals *s, struct atc_signal_ticket *t, uint64_t now_us, uint64_t tokens)
 {
-    if (t->phase == ATC_SIGNAL_PREFILL) {
+    if (t->phase == ATC_SIGNAL_PREFILL) { /* (failed, cancelled, or an answer not streamed) */
         sub_u64(&s->prefill_tokens, t->uncached);
         dec_unsigned(&s->prefilling);
+        /* what is left of the queue started by now at the latest: never count it done before it began */
+        atomic_store_explicit(&s->head_us, now_us ? now_us : 1, memory_order_relaxed);
     } else if (t->phase == ATC_SIGNAL_DECODE) {
         dec_unsigned(&s->decoding);
         if (tokens >= 2 && now_us > t->first_us)

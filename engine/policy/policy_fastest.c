@@ -335,12 +335,14 @@ static double fast_option(lua_State *L, int which, double dflt)
 }
 
 /* The cost of ep, in ms:
- *   (ep.prefill_tokens + w * the request's uncached tokens there) / rate + itl
+ *   (the prefill queued there + w * the request's uncached tokens there) / rate + itl
+ * (the prefill queued: ep.prefill_tokens less what the server did of it since the last first token there,
+ * atc_signals_queued; a test's mock: its prefill_tokens)
  *   + opts.recent * ep.recent_tokens / rate + opts.decode * ep.decoding * itl
  * with rate = ep.prefill_rate and itl = ep.itl, or with opts.pooled the means of the pool's (the same
  * hardware's estimates compared, not their noise). w = opts.uncached (default 1: the predicted TTFT);
  * above 1 it values the cache a request leaves behind. opts.congestion (0) raises w with the pool's
- * queues: w = max(opts.uncached, 1 + congestion * mean prefill_tokens / mean uncached_mean), at most
+ * queues: w = max(opts.uncached, 1 + congestion * mean queued prefill / mean uncached_mean), at most
  * CONGESTION_MAX. That is the marginal cost of work in a queue (M/M/1: 1 / (1 - utilisation), and the
  * mean queue is utilisation / (1 - utilisation) requests): near saturation every uncached token a
  * request brings delays the requests behind it too, so cache hits are worth more than their own TTFT.

@@ -756,7 +756,8 @@ double atc_sim_backlog_ms(const struct atc_sim *sim, uint64_t now_us)
         tokens += s->prefill_left;
     for (const struct seq *s = sim->waiting.head; s != NULL; s = s->next) {
         uint64_t cached = (uint64_t)atc_sim_prefix_cached(sim, s->hashes, s->nblocks) * s->block_tokens;
-        tokens += s->kv_arrives ? 1 : (cached < s->prompt_tokens ? s->prompt_tokens - cached : 1) + s->emitted;
+        uint64_t prompt = s->kv_arrives ? 1 : cached < s->prompt_tokens ? s->prompt_tokens - cached : 1;
+        tokens += prompt + s->emitted; /* a preempted sequence computes its tokens again, as admit() does */
     }
     /* a chunk is taken off prefill_left when its iteration starts: the iteration in progress is the rest */
     double rest = sim->busy && sim->iter_end > now_us ? (double)(sim->iter_end - now_us) / 1000.0 : 0;

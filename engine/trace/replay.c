@@ -595,11 +595,15 @@ static struct atc_sim *sim_of(void *ctx, const struct atc_endpoint *ep)
 static void oracle_decide(struct replay *rp, size_t i, struct atc_decision *d)
 {
     const struct atc_model *m = atc_endpoint_table_model(rp->table, rp->f.model, strlen(rp->f.model));
-    memset(d, 0, sizeof(*d));
-    if (m != NULL)
-        d->endpoint = atc_replay_oracle_pick(m, &rp->trace->records[i], rp->rreq.tokens, rp->now, sim_of, rp);
-    d->kind = m == NULL ? ATC_DECISION_REJECT : d->endpoint != NULL ? ATC_DECISION_ENDPOINT : ATC_DECISION_QUEUE;
-    d->status = 404;
+    *d = (struct atc_decision){.kind = ATC_DECISION_REJECT, .status = 404};
+    if (m == NULL)
+        return;
+    /* a disaggregated model: the prefill server (the C balancer picks the decode one, as for a policy) */
+    unsigned stage = m->disaggregation != ATC_DISAGG_NONE ? ATC_ROLE_PREFILL : ATC_ROLE_BOTH;
+    struct atc_endpoint *ep =
+        atc_replay_oracle_pick(m, &rp->trace->records[i], rp->rreq.tokens, rp->now, stage, sim_of, rp);
+    *(stage == ATC_ROLE_PREFILL ? &d->prefill : &d->endpoint) = ep;
+    d->kind = ep != NULL ? ATC_DECISION_ENDPOINT : ATC_DECISION_QUEUE;
 }
 
 static enum outcome decide(struct replay *rp, size_t i)

@@ -2,12 +2,13 @@
 
 #include "trace/replay_oracle.h"
 
+#include "config/roles.h"
 #include "fleet/endpoint.h"
 #include "sim/sim.h"
 #include "trace/trace.h"
 
 struct atc_endpoint *atc_replay_oracle_pick(const struct atc_model *m, const struct atc_trace_record *r,
-                                            uint64_t tokens, uint64_t now_us,
+                                            uint64_t tokens, uint64_t now_us, unsigned stage,
                                             struct atc_sim *(*sim_of)(void *ctx, const struct atc_endpoint *ep),
                                             void *ctx)
 {
@@ -17,7 +18,7 @@ struct atc_endpoint *atc_replay_oracle_pick(const struct atc_model *m, const str
     uint64_t bt = r->block_tokens ? r->block_tokens : ATC_SIM_KV_BLOCK_TOKENS;
     for (size_t k = 0; k < m->nendpoints; k++) {
         struct atc_endpoint *ep = m->endpoints[k];
-        if (!atc_endpoint_available(ep, tokens))
+        if (!atc_role_serves(ep->role, m->disaggregation, stage) || !atc_endpoint_available(ep, tokens))
             continue;
         const struct atc_sim *sim = sim_of(ctx, ep);
         uint64_t cached = (uint64_t)atc_sim_prefix_cached(sim, r->blocks, r->nblocks) * bt;

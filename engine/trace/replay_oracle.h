@@ -20,10 +20,11 @@ struct atc_model;
 struct atc_sim;
 struct atc_trace_record;
 
-/** The available endpoint of @p m the oracle sends @p r to at @p now_us (@p tokens: its in-flight
- * estimate), each one's simulated server by @p sim_of; NULL when none is available. */
+/** The available endpoint of @p m taking stage @p stage (config/roles.h: ATC_ROLE_BOTH, or a
+ * disaggregated model's ATC_ROLE_PREFILL) that the oracle sends @p r to at @p now_us (@p tokens: its
+ * in-flight estimate), each one's simulated server by @p sim_of; NULL when none is available. */
 struct atc_endpoint *atc_replay_oracle_pick(const struct atc_model *m, const struct atc_trace_record *r,
-                                            uint64_t tokens, uint64_t now_us,
+                                            uint64_t tokens, uint64_t now_us, unsigned stage,
                                             struct atc_sim *(*sim_of)(void *ctx, const struct atc_endpoint *ep),
                                             void *ctx);
 

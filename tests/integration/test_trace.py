@@ -466,6 +466,15 @@ class ReplayTest(AtcTestCase):
         self.assertLess(oracle["ttft_mean_ms"], rr["ttft_mean_ms"] - 300)  # r4: 1.6 s sooner, of four
         code, out, err = atc("replay", "--help")
         self.assertIn("oracle (a router that reads the simulated", out + err)
+        # A disaggregated fleet: the oracle picks the prefill server, never a decode-only one for it
+        code, out, err = atc("replay", "-c", os.path.join(SOURCE_DIR, "examples", "replay", "disagg-2p2d.yaml"),
+                             "--trace", trace, "--policy", "oracle", "--json")
+        self.assertEqual(code, 0, err)
+        p = json.loads(out)["policies"][0]
+        self.assertEqual(p["completed"], 4)
+        prefill = p["endpoints"][:2]  # the fleet's first entry: its two prefill servers
+        self.assertEqual(sum(e["requests"] for e in prefill), 4, p["endpoints"])  # every prompt prefilled there
+        self.assertGreater(max(e["cache_hit_rate"] for e in prefill), 0, p["endpoints"])  # r3 where r1 was
 
     def test_hit_rates_hold_at_128_and_512_servers(self):
         # 1,500 requests over 60 s in 300 prompt families of 4-24 shared 512-token blocks: more servers,

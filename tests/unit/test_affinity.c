@@ -313,6 +313,35 @@ static void test_index_counts_hits_as_recent_use(void **state)
     atc_prefix_index_destroy(idx);
 }
 
+/* A review's two findings: the first prompt an endpoint gets counts a block it repeats once too; and an
+ * endpoint idle while the index's 32-bit clock moves on past its stamps' range starts its ring again,
+ * where it used to take every block sent there afterwards as evicted at once. */
+static void test_index_first_prompt_and_an_idle_endpoint(void **state)
+{
+    struct atc_prefix_index *idx = atc_prefix_index_create(100000);
+    assert_non_null(idx);
+    uint16_t out[1];
+    const uint64_t again[10] = {51, 52, 51, 52, 51, 52, 51, 52, 51, 52}, fresh[5] = {61, 62, 63, 64, 65};
+    atc_prefix_index_insert(idx, again, 10, 0, 100, 1000);
+    atc_prefix_index_insert(idx, fresh, 5, 0, 100, 1000); /* 700 distinct tokens in all */
+    atc_prefix_index_overlaps(idx, again, 2, out, 1);
+    assert_int_equal(out[0], 2);
+    for (uint64_t r = 0; r < 30; r++) { /* endpoint 0's ring fills past its end */
+        uint64_t b[5];
+        blocks_of(b, 5, 1000 + r);
+        atc_prefix_index_insert(idx, b, 5, 0, 100, 1000);
+    }
+    for (uint64_t r = 0; r < 36; r++) { /* 36 x 2^32 tokens elsewhere: the clock passes 2^31 units */
+        uint64_t b = mix(UINT64_C(7) << 60 | r);
+        atc_prefix_index_insert(idx, &b, 1, 1, UINT32_MAX, 0);
+    }
+    const uint64_t now[3] = {71, 72, 73};
+    atc_prefix_index_insert(idx, now, 3, 0, 100, 1000);
+    atc_prefix_index_overlaps(idx, now, 3, out, 1);
+    assert_int_equal(out[0], 3);
+    atc_prefix_index_destroy(idx);
+}
+
 static void test_overlap_counts_leading_blocks(void **state)
 {
     struct atc_prefix_index *idx = atc_prefix_index_create(1000);
@@ -638,6 +667,7 @@ int main(void)
         cmocka_unit_test(test_overlap_counts_leading_blocks),
         cmocka_unit_test(test_index_forgets_what_a_full_cache_evicted),
         cmocka_unit_test(test_index_counts_hits_as_recent_use),
+        cmocka_unit_test(test_index_first_prompt_and_an_idle_endpoint),
         cmocka_unit_test(test_overlaps_of_several_endpoints_in_one_pass),
         cmocka_unit_test(test_exact_at_512_endpoints),
         cmocka_unit_test(test_eviction_keeps_memory_bounded),

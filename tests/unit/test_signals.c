@@ -110,6 +110,28 @@ static void test_rates_are_learned_from_samples(void **state)
     assert_true(fabs(atc_signals_predict_ttft_ms(&s, &p, 0, 20200000) - (3000.0 / 10 + 20)) < 1e-6);
 }
 
+/* Answers that are not streamed give no first token and leave the queue only when they end: a busy
+ * endpoint's queue then never empties, and a prompt sent there must not read as done before it was sent
+ * (a review found queued() at 0 with 50,000 tokens counted and a 30,000-token prompt just sent). */
+static void test_queue_without_first_tokens(void **state)
+{
+    struct atc_signal_params p = params();
+    struct atc_signals s;
+    atc_signals_init(&s);
+    struct atc_signal_ticket t[10];
+    uint64_t now = 1000000;
+    for (int i = 0; i < 100; i++, now += 200000) { /* 2,000 tokens every 200 ms, each answered 2 s later */
+        if (i >= 10)
+            atc_signals_done(&s, &t[i % 10], now, 0);
+        atc_signals_sent(&s, &p, &t[i % 10], 2000, now);
+    }
+    struct atc_signal_ticket big;
+    atc_signals_sent(&s, &p, &big, 30000, now);
+    assert_true(atc_signals_queued(&s, 15000, now) >= 30000);
+    /* and it drains from its send on */
+    assert_true(fabs(atc_signals_queued(&s, 15000, now + 1000000) - (atc_signals_queued(&s, 15000, now) - 15000)) < 1);
+}
+
 static void test_recent_tokens_decay(void **state)
 {
     struct atc_signal_params p = params(); /* half-life 2 s */
@@ -188,6 +210,7 @@ int main(void)
         cmocka_unit_test(test_uncached),
         cmocka_unit_test(test_prefill_tokens_follow_the_first_byte),
         cmocka_unit_test(test_rates_are_learned_from_samples),
+        cmocka_unit_test(test_queue_without_first_tokens),
         cmocka_unit_test(test_recent_tokens_decay),
         cmocka_unit_test(test_scrape),
         cmocka_unit_test(test_cached_share),
