@@ -376,9 +376,9 @@ struct slot {
  * were sent there after it last was. Counting only the new tokens (the blocks it did not have) is not
  * enough: a hit moves its blocks to the front too (vLLM, vllm/v1/core/kv_cache_utils.py
  * FreeKVCacheBlockQueue: a cached block a request uses leaves the free queue and goes back at its end),
- * pushing every block sent since they last were one place back, and on Mooncake's trace that count took 21% of the uncached tokens for cached ones (the
- * server computed 21.1M prompt tokens where the index said 17.5M; an exact LRU of what atc sent said
- * 21.1M). So the endpoint's own clock counts every token sent there (touched), in buckets of cap /
+ * pushing every block sent since they last were one place back; on Mooncake's trace that count took 21%
+ * of the uncached tokens for cached ones (the server computed 21.1M prompt tokens where the index said
+ * 17.5M; an exact LRU of what atc sent said 21.1M). So the endpoint's own clock counts every token sent there (touched), in buckets of cap /
  * KV_STEPS of them; live[] counts, per bucket, the tokens whose latest send there falls in it (a block
  * sent again leaves its old bucket for the current one). The distinct tokens sent since a block last was
  * are the live tokens of the buckets after its own: once the newest buckets hold cap, everything before
@@ -613,18 +613,19 @@ static void ring_restart(struct atc_prefix_index *idx, unsigned e)
 static void sent(struct atc_prefix_index *idx, unsigned e, uint64_t tokens, uint64_t again)
 {
     struct kv_clock *c = &idx->kv[e];
-    uint64_t units = (idx->clock_rest + tokens) / KV_CLOCK_TOKENS;
+    uint32_t units = (uint32_t)((idx->clock_rest + tokens) / KV_CLOCK_TOKENS);
     idx->clock_rest = (idx->clock_rest + tokens) % KV_CLOCK_TOKENS;
-    if (c->cap != 0) {
-        if ((uint32_t)(idx->clock - c->start[(c->opened - 1) % KV_BUCKETS]) > KV_RING_STALE)
-            ring_restart(idx, e); /* idle while the clock went on: its stamps would wrap */
-        uint32_t *live = &c->live[(c->opened - 1) % KV_BUCKETS];
-        uint64_t add = tokens - again;
-        *live = add < UINT32_MAX - *live ? *live + (uint32_t)add : UINT32_MAX;
-    }
-    idx->clock += (uint32_t)units;
-    if (c->cap == 0)
+    if (c->cap == 0) {
+        idx->clock += units;
         return;
+    }
+    if ((uint32_t)(idx->clock - c->start[(c->opened - 1) % KV_BUCKETS]) > KV_RING_STALE)
+        ring_restart(idx, e); /* idle while the clock went on: its stamps would wrap */
+    /* this request's blocks carry the clock before it moves on: they join the bucket open now */
+    uint32_t *now = &c->live[(c->opened - 1) % KV_BUCKETS];
+    uint64_t add = tokens - again;
+    *now = add < UINT32_MAX - *now ? *now + (uint32_t)add : UINT32_MAX;
+    idx->clock += units;
     c->touched += tokens;
     uint64_t due = c->touched / c->step + 1; /* buckets open at 0, step, 2 step, ... sent */
     if (due - c->opened > KV_BUCKETS)        /* one huge request: only the ring's worth is kept */

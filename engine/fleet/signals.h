@@ -14,8 +14,9 @@
  *                   here;
  *   prefill_rate    prompt tokens per second the server gets through: the uncached tokens of streamed
  *                   answers over the time the server spent on each, EWMAs of both (a ratio of sums, so a
- *                   long prompt weighs as much as its time). An engine prefills in arrival order (vLLM's
- *                   scheduler continues running prefills before it admits new ones), so a request's
+ *                   long prompt weighs as much as its time). An engine prefills in arrival order (vLLM,
+ *                   vllm/v1/core/sched/scheduler.py schedule(): the RUNNING requests, partial prefills
+ *                   included, take the step's token budget before any WAITING one), so a request's
  *                   prefill starts when it was sent or when the one before it there gave its first token,
  *                   whichever is later, and ends at its own first token; the prior until MIN_RATE_TOKENS
  *                   were measured;

@@ -41,8 +41,8 @@ void atc_table_swap_destroy(struct atc_table_swap *s);
 /** Hands @p t (owned by the caller from now on, as its current table) to every worker in place of @p old
  * (taken: freed here later). Worker 0 takes it at once, the others from their mailboxes; a worker whose
  * loop has stopped counts as having taken it (one whose mailbox had no memory gets it from a later
- * atc_table_swap_collect, unless a newer table reached it first). 0, or -1 when out of memory (nothing was posted; @p old is
- * still the caller's and the workers keep it). */
+ * atc_table_swap_collect, unless a newer table reached it first). 0, or -1 when out of memory (nothing was
+ * posted; @p old is still the caller's and the workers keep it). */
 int atc_table_swap_publish(struct atc_table_swap *s, struct atc_endpoint_table *old,
                            struct atc_endpoint_table *t);
 

@@ -224,6 +224,16 @@ def chat(port, model="llama-3-8b", content="hello", stream=False, max_tokens=8, 
     return request("127.0.0.1", port, "POST", "/v1/chat/completions", body, headers)
 
 
+def open_stream(port, max_tokens=40, timeout=10, model="llama-3-8b"):
+    """Starts a streaming chat request and returns (connection, response) with its headers read, the
+    stream still open: for tests that act while a request is in flight."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    conn.request("POST", "/v1/chat/completions", json.dumps(
+        {"model": model, "stream": True, "max_tokens": max_tokens, "messages": [{"role": "user", "content": "x"}]}),
+        {"content-type": "application/json"})
+    return conn, conn.getresponse()
+
+
 def stream_events(port, body, headers=None, timeout=30):
     """POSTs a streaming chat request; returns (status, headers, [(arrival_seconds, event_data)])."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)

@@ -3,15 +3,14 @@
 in atc status and survive a YAML reload unless the file names the same id. atc serve in front of `atc sim`
 processes on free loopback ports, deadlines rather than sleeps."""
 
-import http.client
 import json
 import os
 import re
 import subprocess
 import threading
 
-from harness import (ATC_BIN, SOURCE_DIR, AtcTestCase, chat, request, run_file, stream_events, wait_access_lines,
-                     wait_for)
+from harness import (ATC_BIN, SOURCE_DIR, AtcTestCase, chat, open_stream, request, run_file, stream_events,
+                     wait_access_lines, wait_for)
 
 HEALTH = """
 health:
@@ -99,11 +98,7 @@ class EndpointsApiTest(AtcTestCase):
                          201)
         wait_for(lambda: atc.endpoints()["b"]["state"] == "healthy", what="b healthy")
         self.assertEqual(self.admin(atc, "POST", "/admin/endpoints/a/drain")[0], 200)  # the stream goes to b
-        conn = http.client.HTTPConnection("127.0.0.1", atc.port, timeout=10)
-        conn.request("POST", "/v1/chat/completions", json.dumps(
-            {"model": "llama-3-8b", "stream": True, "max_tokens": 40, "messages": [{"role": "user", "content": "x"}]}),
-            {"content-type": "application/json"})
-        resp = conn.getresponse()
+        conn, resp = open_stream(atc.port, max_tokens=40, timeout=10)
         self.assertEqual(resp.getheader("x-atc-endpoint"), "b")
         self.assertEqual(self.admin(atc, "POST", "/admin/endpoints/a/enable")[0], 200)
         status, body = self.admin(atc, "DELETE", "/admin/endpoints/b")
@@ -264,11 +259,7 @@ end
                                     {"model": "llama-3-8b", "id": long_id, "url": b.url})[0], 201)
         wait_for(lambda: atc.endpoints()[long_id]["state"] == "healthy", what="b healthy")
         wait_for(lambda: atc.endpoints()["a"]["state"] == "healthy", what="a healthy")
-        conn = http.client.HTTPConnection("127.0.0.1", atc.port, timeout=30)
-        conn.request("POST", "/v1/chat/completions", json.dumps(
-            {"model": "llama-3-8b", "stream": True, "max_tokens": 100, "messages": [{"role": "user", "content": "x"}]}),
-            {"content-type": "application/json"})
-        resp = conn.getresponse()
+        conn, resp = open_stream(atc.port, max_tokens=100, timeout=30)
         self.assertEqual(resp.getheader("x-atc-endpoint"), "a")
         self.assertEqual(self.admin(atc, "DELETE", f"/admin/endpoints/{long_id}")[0], 200)
         wait_for(lambda: self.metric(atc, "atc_endpoints_removed_pending") == 0, what="b freed")

@@ -12,7 +12,7 @@ import threading
 import time
 import unittest
 
-from harness import ATC_BIN, SLACK, AtcTestCase, chat, request, stream_events, wait_for
+from harness import ATC_BIN, SLACK, AtcTestCase, chat, open_stream, request, stream_events, wait_for
 
 # Short intervals: a probe every 200 ms, 50 ms while a verdict is changing.
 HEALTH = """
@@ -372,11 +372,7 @@ class HealthTest(AtcTestCase):
         atc = self.start_atc(config([("a", a.url), ("b", b.url)]))
         # A stream on a (b drained meanwhile, so that it can only go to a), then drain a while it runs.
         self.assertEqual(request("127.0.0.1", atc.admin_port, "POST", "/admin/endpoints/b/drain")[0], 200)
-        conn = http.client.HTTPConnection("127.0.0.1", atc.port, timeout=10)
-        conn.request("POST", "/v1/chat/completions", json.dumps(
-            {"model": "llama-3-8b", "stream": True, "max_tokens": 40, "messages": [{"role": "user", "content": "x"}]}),
-            {"content-type": "application/json"})
-        resp = conn.getresponse()
+        conn, resp = open_stream(atc.port, max_tokens=40, timeout=10)
         self.assertEqual(resp.getheader("x-atc-endpoint"), "a")
         self.assertEqual(request("127.0.0.1", atc.admin_port, "POST", "/admin/endpoints/b/enable")[0], 200)
         status, _, body = request("127.0.0.1", atc.admin_port, "POST", "/admin/endpoints/a/drain")

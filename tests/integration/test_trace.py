@@ -413,20 +413,26 @@ class ReplayTest(AtcTestCase):
         self.assertIn("<tr><td>ideal fleet</td><td>400</td>", page)
         self.assertIn("a target, not a strict bound", page)
 
+    def by_hand(self, servers, block_tokens, rows, model="llama-3-8b"):
+        """A fleet of `servers` simulated servers of 1,000 prompt tokens/s and a 10 ms decode step, and a
+        trace of rows (at_ms, prompt_tokens, blocks) of one output token each: (fleet path, trace path)."""
+        fleet = os.path.join(self.tmp.name, f"by-hand-{servers}.yaml")
+        with open(fleet, "w") as f:
+            f.write(f"models:\n  - name: llama-3-8b\nsimulate:\n  - model: llama-3-8b\n    count: {servers}\n"
+                    "    prefill_tps: 1000\n    decode_ms: 10\n")
+        trace = os.path.join(self.tmp.name, f"by-hand-{len(rows)}.jsonl")
+        with open(trace, "w") as f:
+            for at, prompt, blocks in rows:
+                f.write(json.dumps({"at_ms": at, "model": model, "prompt_tokens": prompt, "output_tokens": 1,
+                                    "blocks": blocks, "block_tokens": block_tokens}) + "\n")
+        return fleet, trace
+
     def test_ideal_fleet_by_hand(self):
         # One server of 1,000 prompt tokens/s and a 10 ms decode step. r1 (1,000 tokens) at 0: prefill
         # 0-1000 ms, first token 1010. r2 (500 tokens) at 100: waits for the lane until 1000, prefill to
         # 1500, first token 1510 - 100 = 1410. r3 (2,000 tokens, r1's two 256-token blocks cached: 1,488
         # to compute) at 1200: waits until 1500, prefill to 2988, first token 2998 - 1200 = 1798.
-        fleet = os.path.join(self.tmp.name, "one.yaml")
-        with open(fleet, "w") as f:
-            f.write("models:\n  - name: llama-3-8b\nsimulate:\n  - model: llama-3-8b\n    count: 1\n"
-                    "    prefill_tps: 1000\n    decode_ms: 10\n")
-        trace = os.path.join(self.tmp.name, "three.jsonl")
-        with open(trace, "w") as f:
-            for at, prompt, blocks in ((0, 1000, [1, 2]), (100, 500, []), (1200, 2000, [1, 2])):
-                f.write(json.dumps({"at_ms": at, "model": "llama-3-8b", "prompt_tokens": prompt, "output_tokens": 1,
-                                    "blocks": blocks, "block_tokens": 256}) + "\n")
+        fleet, trace = self.by_hand(1, 256, ((0, 1000, [1, 2]), (100, 500, []), (1200, 2000, [1, 2])))
         ideals = {}
         for limit in (1, 2, 3):
             code, out, err = atc("replay", "-c", fleet, "--trace", trace, "--limit", str(limit), "--json")
@@ -446,15 +452,8 @@ class ReplayTest(AtcTestCase):
         # 100 ms to the idle server 2, busy until 4.1 s; r3 (blocks 1, 2, 3) at 2 s to server 1, which holds
         # 1, 2; r4 (100 tokens) at 2.1 s to server 1 too, whose prefill of r3 ends at 2.5 s, where round
         # robin sends it behind r2 on server 2 (its TTFT 2.1 s against 0.5).
-        fleet = os.path.join(self.tmp.name, "two.yaml")
-        with open(fleet, "w") as f:
-            f.write("models:\n  - name: llama-3-8b\nsimulate:\n  - model: llama-3-8b\n    count: 2\n"
-                    "    prefill_tps: 1000\n    decode_ms: 10\n")
-        trace = os.path.join(self.tmp.name, "four.jsonl")
-        with open(trace, "w") as f:
-            for at, prompt, blocks in ((0, 1024, [1, 2]), (100, 4000, []), (2000, 1536, [1, 2, 3]), (2100, 100, [])):
-                f.write(json.dumps({"at_ms": at, "model": "llama-3-8b", "prompt_tokens": prompt, "output_tokens": 1,
-                                    "blocks": blocks, "block_tokens": 512}) + "\n")
+        fleet, trace = self.by_hand(2, 512, ((0, 1024, [1, 2]), (100, 4000, []), (2000, 1536, [1, 2, 3]),
+                                             (2100, 100, [])))
         code, out, err = atc("replay", "-c", fleet, "--trace", trace, "--policy", "oracle", "--vs", "round_robin",
                              "--json")
         self.assertEqual(code, 0, err)
@@ -466,6 +465,12 @@ class ReplayTest(AtcTestCase):
         self.assertLess(oracle["ttft_mean_ms"], rr["ttft_mean_ms"] - 300)  # r4: 1.6 s sooner, of four
         code, out, err = atc("replay", "--help")
         self.assertIn("oracle (a router that reads the simulated", out + err)
+        # A model the fleet does not serve: 404 for each request, as a policy's
+        _, other = self.by_hand(2, 512, ((0, 100, []), (10, 100, [])), model="nope")
+        code, out, err = atc("replay", "-c", fleet, "--trace", other, "--policy", "oracle", "--json")
+        self.assertEqual(code, 0, err)
+        p = json.loads(out)["policies"][0]
+        self.assertEqual((p["rejected"], p["completed"]), (2, 0))
         # A disaggregated fleet: the oracle picks the prefill server, never a decode-only one for it
         code, out, err = atc("replay", "-c", os.path.join(SOURCE_DIR, "examples", "replay", "disagg-2p2d.yaml"),
                              "--trace", trace, "--policy", "oracle", "--json")
