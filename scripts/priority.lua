@@ -17,6 +17,7 @@ local DECODE_WEIGHT = 1   -- + this x one decode step per request decoding there
 local CONGESTION = 1      -- near saturation the uncached weight rises to 1 + this x requests queued per endpoint
 local RECENT = 0.3        -- + this x the prefill of the uncached tokens sent there lately (ep.recent_tokens)
 local HOLD_MS = 300       -- late binding: wait in atc's queue while every endpoint has more prefill queued
+local STEP_TOKENS = 8192  -- the engines' iteration budget: joining a prefill queue delays the prompt ahead
 ----------------------------------------------------------------------------------------------------------
 -- What each knob does, and the data that fitted it: the first half of Mooncake's synthetic trace
 -- (`--limit 1996`), tests/bench/bursty_trace.py 7 (agents and documents shared by bursts of requests) and
@@ -26,12 +27,14 @@ local HOLD_MS = 300       -- late binding: wait in atc's queue while every endpo
 -- offered load <= 1.5, for first half / bursty / conversations (`tests/bench/routing_grid --fit`; a knob
 -- changed in a copy of scripts/ and `--policy COPY/policy.lua` gives the same line for it).
 -- The figures below were taken before the prefix index aged blocks as an LRU cache and the prefill
--- signals counted a half-done prompt as half queued (issue 28). Since then these knobs give 1.238 / 1.125 /
+-- signals counted a half-done prompt as half queued (issue 28). Since then these knobs gave 1.238 / 1.125 /
 -- 1.140, and each one's neighbours stay within 3%: CACHE_WEIGHT 1 / 2: 1.241 / 1.116 / 1.132, 1.246 /
 -- 1.142 / 1.166; CONGESTION 0.5 / 2: 1.257 / 1.122 / 1.135, 1.242 / 1.132 / 1.150; RECENT 0.1 / 1: 1.246
 -- / 1.163 / 1.158, 1.254 / 1.093 / 1.162; DECODE_WEIGHT 0.5 / 2: 1.241 / 1.127 / 1.141, 1.252 / 1.122 /
 -- 1.143; HOLD_MS 150 / 600: 1.269 / 1.125 / 1.137, 1.245 / 1.125 / 1.140. None moved for good, so none
--- changed.
+-- changed. With a late first token read as a busy server (engine/fleet/signals.h) and STEP_TOKENS
+-- (below) they give 1.228 / 1.115 / 1.134; HOLD_MS 100 / 600 then 1.233 / 1.115 / 1.133, 1.227 / 1.115 /
+-- 1.131 (kept).
 --
 -- The cost of an endpoint, in milliseconds of prefill at the pool's mean observed rate:
 --   ep.prefill_tokens                      the prompt tokens queued there (sent, first token not back)
@@ -62,6 +65,18 @@ local HOLD_MS = 300       -- late binding: wait in atc's queue while every endpo
 -- a slot frees, and answers 503 at the admission deadline), then goes where it costs least among them
 -- all, as the ideal fleet's one FIFO queue binds a request only when a server comes free. 0 / 300 / 600 /
 -- never: 1.243 / 1.117 / 1.180, 1.241 / 1.117 / 1.182, 1.242 / 1.117 / 1.185, 1.276 / 1.117 / 1.186.
+-- STEP_TOKENS: the engines' iteration token budget (vLLM's --max-num-batched-tokens, 8192 on its OpenAI
+-- server on large GPUs; SGLang's --chunked-prefill-size). An engine fills an iteration with the next
+-- waiting prompt once the ones ahead are scheduled (vllm/v1/core/sched/scheduler.py schedule()), so a
+-- request sent where prefill is queued joins the last iteration of the prompt ahead, whose first token
+-- then waits for up to STEP_TOKENS more of prefill, while this request, sent once that one is done,
+-- would start in the next iteration and get its first token no later. The cost counts that delay, and
+-- so does the hold (SOONEST): while every endpoint would make the request wait, or delay the one ahead,
+-- by more than HOLD_MS, it waits in atc's queue, and endpoints work through one prompt at a time as the
+-- ideal fleet's lanes do. It is the engine's setting, not a fit: 4096 / 8192 / 16384 gave 1.227 / 1.116 /
+-- 1.132, 1.228 / 1.115 / 1.134, 1.233 / 1.115 / 1.134; without it 1.238 / 1.125 / 1.140. Where it told
+-- most was data no knob saw: the Azure code trace (no shared prefixes: load balancing alone) went from
+-- 1.07x the ideal (geomean of its grid) to 0.97x, its slowest cell from 1.24x to 1.02x.
 -- Not weighed: the tokens held by requests in flight (ep.inflight_tokens). Counting them as Dynamo does
 -- helped by 3-7% at 0.6-0.8 of capacity, and past saturation gave cache hits away for balance, the
 -- collapse "tokens in flight" caused in the policy this one replaced (docs/replay.md, "The routing grids").
@@ -88,21 +103,22 @@ M.HIGH_PRIORITY, M.CACHE_WEIGHT, M.RECENT, M.HOLD_MS = HIGH_PRIORITY, CACHE_WEIG
 -- explain: atc.fastest puts every candidate's cost (ms) and predicted TTFT in the decision record, the
 -- pick first, when someone reads it (x-atc-explain: 1, the access log, a recording); else it costs nothing.
 M.COST = { pooled = true, uncached = CACHE_WEIGHT, decode = DECODE_WEIGHT, congestion = CONGESTION,
-           recent = RECENT, explain = true }
+           recent = RECENT, step_tokens = STEP_TOKENS, explain = true }
 M.URGENT = { pooled = true, uncached = 1, explain = true } -- the soonest predicted first token alone
 -- While some endpoint has never been sent a request, COST without CONGESTION: the pool's queued requests
 -- per endpoint (mean ep.prefill_tokens / mean ep.uncached_mean) count such an endpoint as holding requests
 -- of no size, so one busy server beside idle new ones read as a congested pool (at most 16x), and its
 -- cache weight kept every request on it while they stayed idle: a hot prefix from a cold start queued on
 -- one server of four (tests/policy/fixtures/hot_prefix.jsonl: TTFT p90 2.1 s, 1.1 s with this).
-M.COLD_POOL = { pooled = true, uncached = CACHE_WEIGHT, decode = DECODE_WEIGHT, recent = RECENT, explain = true }
+M.COLD_POOL = { pooled = true, uncached = CACHE_WEIGHT, decode = DECODE_WEIGHT, recent = RECENT,
+                step_tokens = STEP_TOKENS, explain = true }
 
 function M.cost(req)
   return req.priority > HIGH_PRIORITY and M.URGENT or M.COST
 end
 
 -- The soonest any endpoint starts a new prefill: uncached = 0 leaves the cost at its queue (ms) + itl.
-M.SOONEST = { pooled = true, uncached = 0 }
+M.SOONEST = { pooled = true, uncached = 0, step_tokens = STEP_TOKENS }
 
 function M.pick(req, pool)
   local cost = M.cost(req)

@@ -93,15 +93,43 @@ static void dec_unsigned(_Atomic unsigned *c)
         ;
 }
 
+/* @p t's prompt leaves the prefill queue (its first token came, or it ended without one): the server is
+ * on time again, from now (the callers set head_us). */
+static void prefill_left(struct atc_signals *s, const struct atc_signal_ticket *t)
+{
+    sub_u64(&s->prefill_tokens, t->uncached);
+    dec_unsigned(&s->prefilling);
+    if (t->streamed)
+        dec_unsigned(&s->awaiting);
+    atomic_store_explicit(&s->late_us, 0, memory_order_relaxed);
+    atomic_store_explicit(&s->behind_tokens, 0, memory_order_relaxed);
+}
+
 void atc_signals_sent(struct atc_signals *s, const struct atc_signal_params *p, struct atc_signal_ticket *t,
                       uint64_t uncached, uint64_t now_us)
 {
     t->uncached = uncached;
-    /* Nothing queued, or all of it done by the estimate though no first token said so (answers that are
-     * not streamed give none, and leave the count only when they end): this prompt starts now at the
-     * latest, and the estimate starts again from here rather than count it done before it was sent. */
-    if (atc_signals_queued(s, atc_signals_prefill_tps(s, p), now_us) <= 0)
+    double tps = atc_signals_prefill_tps(s, p);
+    uint64_t queued = atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed),
+             head = atomic_load_explicit(&s->head_us, memory_order_relaxed);
+    if (atomic_load_explicit(&s->late_us, memory_order_relaxed) != 0) {
+        /* the server is late: this prompt waits behind the one it is still on */
+        atomic_fetch_add_explicit(&s->behind_tokens, uncached, memory_order_relaxed);
+    } else if (queued > 0 && head != 0 && now_us > head && (double)(now_us - head) * tps / 1e6 >= (double)queued &&
+               atomic_load_explicit(&s->awaiting, memory_order_relaxed) > 0) {
+        /* all of it was due, and a first token is still awaited: late since it was due */
+        uint64_t due = head + (uint64_t)((double)queued / tps * 1e6);
+        atomic_store_explicit(&s->behind_tokens, uncached, memory_order_relaxed);
+        atomic_store_explicit(&s->late_us, due, memory_order_relaxed);
+    } else if (atc_signals_queued(s, tps, now_us) <= 0) {
+        /* Nothing queued, or all of it done by the estimate though no first token said so (answers that
+         * are not streamed give none, and leave the count only when they end): this prompt starts now at
+         * the latest, and the estimate starts again from here rather than count it done before it was
+         * sent. */
         atomic_store_explicit(&s->head_us, now_us ? now_us : 1, memory_order_relaxed); /* 0: not known */
+    }
+    if (t->streamed)
+        atomic_fetch_add_explicit(&s->awaiting, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->prefill_tokens, uncached, memory_order_relaxed);
     t->sent_us = now_us;
     t->first_us = 0;
@@ -125,8 +153,7 @@ void atc_signals_first_byte(struct atc_signals *s, const struct atc_signal_param
 {
     if (t->phase != ATC_SIGNAL_PREFILL)
         return;
-    sub_u64(&s->prefill_tokens, t->uncached);
-    dec_unsigned(&s->prefilling);
+    prefill_left(s, t);
     atomic_fetch_add_explicit(&s->decoding, 1, memory_order_relaxed);
     t->phase = ATC_SIGNAL_DECODE;
     t->first_us = now_us;
@@ -152,8 +179,7 @@ void atc_signals_first_byte(struct atc_signals *s, const struct atc_signal_param
 void atc_signals_done(struct atc_signals *s, struct atc_signal_ticket *t, uint64_t now_us, uint64_t tokens)
 {
     if (t->phase == ATC_SIGNAL_PREFILL) { /* (failed, cancelled, or an answer not streamed) */
-        sub_u64(&s->prefill_tokens, t->uncached);
-        dec_unsigned(&s->prefilling);
+        prefill_left(s, t);
         /* what is left of the queue started by now at the latest: never count it done before it began */
         atomic_store_explicit(&s->head_us, now_us ? now_us : 1, memory_order_relaxed);
     } else if (t->phase == ATC_SIGNAL_DECODE) {

@@ -22,7 +22,12 @@
  *                   were measured;
  *   queued          prefill_tokens less what the server has done of them since the last first token
  *                   there (or since it was sent when nothing was queued), at prefill_rate: a long prompt
- *                   half done is half queued (atc_signals_queued);
+ *                   half done is half queued (atc_signals_queued). A server behind that estimate (all
+ *                   of it due, and a streamed prompt's first token not come) did more work than atc
+ *                   counted: a prompt the prefix index took for cached was evicted, or evicted while it
+ *                   waited, or the engine preempted. From when it was due, queued is the time it is
+ *                   late, as long again (the longer a prompt overruns, the more it likely has left),
+ *                   plus the prompts sent since, which wait behind it, until a first token comes;
  *   uncached_mean   uncached prompt tokens per request sent there, an EWMA: the mean prefill a request
  *                   brings, so prefill_tokens / uncached_mean is how many requests' work is queued;
  *   itl             milliseconds per output token, an EWMA of (last byte - first token) / (events - 1) over
@@ -58,6 +63,9 @@
 struct atc_signals {
     _Atomic uint64_t prefill_tokens;
     _Atomic uint64_t head_us;       /* when the queue's first prompt started: 0 = not known (not drained) */
+    _Atomic uint64_t late_us;       /* when the queue was due while a first token was awaited: 0 = on time */
+    _Atomic uint64_t behind_tokens; /* uncached tokens sent since late_us: they wait behind the late one */
+    _Atomic unsigned awaiting;      /* streamed prompts sent there whose first token has not come */
     _Atomic uint64_t first_byte_us; /* the last first token there */
     _Atomic double busy_tokens_ewma, busy_ms_ewma; /* prefill_rate's parts */
     _Atomic uint64_t busy_tokens;                  /* tokens measured so far (MIN_RATE_TOKENS) */
@@ -80,6 +88,8 @@ struct atc_signal_ticket {
     uint64_t uncached; /* its tokens counted in prefill_tokens */
     uint64_t sent_us, first_us;
     uint64_t guessed; /* prompt tokens the prefix index guessed the endpoint held; UINT64_MAX: no guess */
+    bool streamed; /* set by the sender: its first token will be seen (an event stream), so its lateness
+                    * tells (an answer sent whole gives none: late, it is only decoding) */
     enum atc_signal_phase phase;
 };
 
@@ -97,7 +107,8 @@ static inline uint64_t atc_signals_uncached(uint64_t prompt_tokens, uint64_t cac
 }
 
 /** A request with @p uncached tokens to prefill was sent to the endpoint of @p s at @p now_us: counts it
- * in prefill_tokens, prefilling and recent_tokens, and starts @p t. Any thread. */
+ * in prefill_tokens, prefilling and recent_tokens (and awaiting when @p t is streamed), and starts @p t.
+ * Any thread. */
 void atc_signals_sent(struct atc_signals *s, const struct atc_signal_params *p, struct atc_signal_ticket *t,
                       uint64_t uncached, uint64_t now_us);
 
@@ -165,11 +176,18 @@ static inline double atc_signals_queued(const struct atc_signals *s, double tps,
     double q = (double)atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed);
     if (q <= 0) /* (most endpoints of a large pool: nothing more to read) */
         return q;
+    uint64_t late = atomic_load_explicit(&s->late_us, memory_order_relaxed);
+    if (late != 0) /* late since then, as long again, and what was sent since waits behind it */
+        return (now_us > late ? (double)(now_us - late) * tps / 1e6 : 0) +
+               (double)atomic_load_explicit(&s->behind_tokens, memory_order_relaxed);
     uint64_t head = atomic_load_explicit(&s->head_us, memory_order_relaxed);
     if (head == 0 || now_us <= head)
         return q;
     q -= (double)(now_us - head) * tps / 1e6;
-    return q > 0 ? q : 0;
+    if (q > 0)
+        return q;
+    /* all of it due: a first token awaited past then is late by -q tokens' time, so as long again */
+    return atomic_load_explicit(&s->awaiting, memory_order_relaxed) > 0 ? -q : 0;
 }
 /** uncached_mean: tokens per request sent; 0 before the first. */
 static inline double atc_signals_uncached_mean(const struct atc_signals *s)

@@ -314,10 +314,11 @@ enum {
     FAST_POOLED,
     FAST_SKIP,
     FAST_EXPLAIN,
+    FAST_STEP,
     FAST_NOPTIONS
 };
-static const char *const fast_options[FAST_NOPTIONS] = {"recent", "decode", "uncached", "congestion",
-                                                        "pooled", "skip",   "explain"};
+static const char *const fast_options[FAST_NOPTIONS] = {"recent", "decode",  "uncached", "congestion",
+                                                        "pooled", "skip",    "explain",  "step_tokens"};
 
 /* Pushes option @p which of the options table (argument 3). */
 static void fast_option_push(lua_State *L, int which)
@@ -347,7 +348,13 @@ static double fast_option(lua_State *L, int which, double dflt)
  * mean queue is utilisation / (1 - utilisation) requests): near saturation every uncached token a
  * request brings delays the requests behind it too, so cache hits are worth more than their own TTFT.
  * opts.recent (0) spreads traffic that arrives one request at a time; opts.decode (0) weighs the decode
- * batch a request joins. opts.skip: an endpoint never chosen. Ties go to less recent work, then the
+ * batch a request joins. opts.step_tokens (0: not weighed) is the engine's iteration token budget (vLLM's
+ * max_num_batched_tokens, SGLang's chunked_prefill_size): an engine fills an iteration's budget with the
+ * next waiting prompt once the prompts ahead are scheduled, so a request sent where prefill is queued
+ * shares the last iteration of the prompt ahead of it, whose first token then waits for up to
+ * min(uncached, step_tokens) more tokens of prefill (that prompt's delay, not this one's: sent once it
+ * is done, the same request starts in the next iteration and gets its first token no later); that delay
+ * counts in the cost. opts.skip: an endpoint never chosen. Ties go to less recent work, then the
  * lower in-flight share, then the first. opts.explain: each usable candidate's cost goes to the decision
  * record (as atc.explain(ep, cost, "ttft .. ms, .. uncached")), the chosen one first, when someone reads
  * the record (else nothing is done: explaining costs one option read). */
@@ -356,7 +363,7 @@ static double fast_option(lua_State *L, int which, double dflt)
 /* The weights and speeds of one call: with opts.pooled every candidate at the pool's mean speeds (tps and
  * itl > 0), else each at its own. */
 struct fast_weights {
-    double uncached, recent, decode;
+    double uncached, recent, decode, step;
     double tps, itl; /* 0: the candidate's own */
 };
 
@@ -377,6 +384,8 @@ static inline __attribute__((always_inline)) double fast_cost(struct fast_cols *
         cost += w.recent * fast_recent(c, i, p, now) * 1000.0 / tps;
     if (w.decode != 0)
         cost += w.decode * c->decoding[i] * itl;
+    if (w.step > 0 && c->queued[i] > 0)
+        cost += fmin(c->uncached[i], w.step) * 1000.0 / tps;
     return cost;
 }
 
@@ -612,6 +621,7 @@ static int fastest(lua_State *L)
         luaL_checktype(L, 3, LUA_TTABLE);
         w.recent = fast_option(L, FAST_RECENT, 0);
         w.decode = fast_option(L, FAST_DECODE, 0);
+        w.step = fast_option(L, FAST_STEP, 0);
         w.uncached = fast_option(L, FAST_UNCACHED, 1);
         w_congestion = fast_option(L, FAST_CONGESTION, 0);
         fast_option_push(L, FAST_POOLED);

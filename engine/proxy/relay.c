@@ -556,8 +556,7 @@ static enum choice choose(struct relay *r, struct atc_endpoint **ep)
     return r->ntried == 0 ? WAIT : NONE;
 }
 
-/* Another endpoint to try, if the request may be tried again: nothing reached the client yet, and
- * tries are left. */
+/* Another endpoint to try, if the request may be tried: nothing reached the client yet, tries are left. */
 static struct atc_endpoint *next_endpoint(struct relay *r)
 {
     struct atc_endpoint *ep = NULL;
@@ -956,6 +955,7 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
     relay_set_state(r, RELAY_ATTEMPT);
     r->ep = ep;
     r->tried[r->ntried++] = ep;
+    r->sig.streamed = r->f->stream; /* (an answer sent whole shows no first token: never late) */
     /* what an earlier attempt's answer left (a stream held until its first event, then failed) */
     free(r->up_headers);
     r->up_headers = NULL;

@@ -444,6 +444,7 @@ static void dispatch(struct replay *rp, size_t i, struct atc_endpoint *ep, struc
     /* the prefix index learns where these blocks went (the server that computes the prompt), and says
      * what that server likely has cached */
     struct atc_endpoint *computes = pf != NULL ? pf : ep;
+    q->sig.streamed = q->psig.streamed = true; /* (the replay sees every first token) */
     size_t cached = rp->rt != NULL ? atc_policy_routed(rp->rt, &rp->rreq, computes) : 0;
     guess_error(rp, endpoint_of(rp, computes), r, cached);
     if (pf != NULL) {

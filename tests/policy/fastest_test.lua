@@ -57,6 +57,9 @@ local function reference(pool, req, o)
       u = math.floor(u + 0.5)
       local cost = (ep.prefill_tokens + u) * 1000 / rate + step + (w - 1) * u * 1000 / rate
         + (o.recent or 0) * recent[i] * 1000 / rate + (o.decode or 0) * ep.decoding * step
+      if (o.step_tokens or 0) > 0 and ep.prefill_tokens > 0 then -- (it shares the last step of the one ahead)
+        cost = cost + math.min(u, o.step_tokens) * 1000 / rate
+      end
       local r, l = recent[i], ep.load
       if best == nil or cost < best_cost or (cost == best_cost and (r < best_recent or (r == best_recent and l < best_load))) then
         best, best_cost, best_recent, best_load = ep, cost, r, l
@@ -94,6 +97,7 @@ t.test("runs of alike endpoints: the pick of a plain loop, on random fleets", fu
         { pooled = true, uncached = 0 }, { pooled = true, uncached = 1.5, decode = 0.1, congestion = 1 },
         { pooled = true, uncached = 1, decode = 0.1 }, {}, { uncached = 2 }, { pooled = true, skip = pool[3] },
         { pooled = true, uncached = 1.5, decode = 1, recent = 0.3, congestion = 1 }, { recent = 0.5 },
+        { pooled = true, uncached = 1.5, congestion = 1, step_tokens = 8192 }, { step_tokens = 512 },
       } do
         -- (recent work decays: weighed, read at another instant, it may pick another; here only where
         -- there is none, and below where it decides alone)
@@ -139,6 +143,34 @@ t.test("recent work weighed: alike endpoints each cost their own", function()
     t.expect(ep.id).to_be("r2")
     local want = ep:predict_ttft(req) + ep.recent_tokens * 1000 / ep.prefill_rate
     t.expect(cost).to_be_between(want * 0.999, want * 1.001)
+    return atc.queue()
+  end)
+end)
+
+-- step_tokens: an engine fills an iteration's token budget with the next waiting prompt, so a request sent
+-- where prefill is queued delays the first token of the prompt ahead by its own uncached tokens (up to the
+-- budget). "warm" holds the first half of the prompt and is prefilling 1,000 tokens; "cold" is idle and
+-- holds none: warm is sooner for this request, cold dearer for nobody else.
+t.test("step_tokens: joining a prefill queue costs the prompt ahead its share of the last step", function()
+  local eps = {
+    { id = "warm", model = "llama", capacity = 8, prefill_tokens = 1000 },
+    { id = "cold", model = "llama", capacity = 8, prefill_tokens = 0 },
+  }
+  local function ask(n)
+    return { model = "llama", messages = { { role = "user", content = string.rep("tell me more. ", n) } } }
+  end
+  t.route({ endpoints = eps, body = ask(2000), routed = { { endpoint = "warm", body = ask(1000) } } }, function(req, fleet)
+    local pool = fleet:endpoints "llama"
+    local warm = pool[1]
+    t.expect(atc.fastest(pool, req, { pooled = true }).id).to_be("warm")
+    t.expect(atc.fastest(pool, req, { pooled = true, step_tokens = 8192 }).id).to_be("cold")
+    -- the delay is min(uncached, step_tokens) tokens at the pool's rate, and only where prefill is queued
+    local _, base = atc.fastest({ warm }, req, { pooled = true })
+    local _, one = atc.fastest({ warm }, req, { pooled = true, step_tokens = 1 })
+    t.expect(one - base).to_be_between(1000 / warm.prefill_rate - 1e-9, 1000 / warm.prefill_rate + 1e-9)
+    local _, idle = atc.fastest({ pool[2] }, req, { pooled = true })
+    local _, idle_step = atc.fastest({ pool[2] }, req, { pooled = true, step_tokens = 8192 })
+    t.expect(idle_step).to_be(idle)
     return atc.queue()
   end)
 end)

@@ -13,17 +13,19 @@ local function cached_vs_idle(queued_at_a)
 end
 
 local REQ = { prompt_tokens = 8000, block_tokens = 64 }
+local SHORT = { prompt_tokens = 1000, block_tokens = 64 } -- joins a queue: delays the prompt ahead 67 ms
 
 return {
   the_shortest_prefill_queue_wins = function()
     local f = t.fleet { { id = "a", prefill_tokens = 30000 }, { id = "b", prefill_tokens = 2000 }, { id = "c", prefill_tokens = 9000 } }
-    t.is_endpoint(priority.pick(t.request(REQ), f:endpoints("m")), "b")
+    t.is_endpoint(priority.pick(t.request(SHORT), f:endpoints("m")), "b")
   end,
 
   a_cached_prefix_wins_until_its_queue_costs_more = function()
-    -- cost in tokens: a = queued + 1.5 x 1,600 uncached; b = 1.5 x 8,000. a wins while queued < 9,600.
-    t.is_endpoint(priority.pick(t.request(REQ), cached_vs_idle(9000):endpoints("m")), "a")
-    t.is_endpoint(priority.pick(t.request(REQ), cached_vs_idle(10000):endpoints("m")), "b")
+    -- cost in tokens: a = queued + 1.5 x 1,600 uncached + the 1,600 its prefill adds to the last step of
+    -- the prompt ahead (STEP_TOKENS); b = 1.5 x 8,000. a wins while queued < 8,000.
+    t.is_endpoint(priority.pick(t.request(REQ), cached_vs_idle(7000):endpoints("m")), "a")
+    t.is_endpoint(priority.pick(t.request(REQ), cached_vs_idle(9000):endpoints("m")), "b")
   end,
 
   urgent_requests_take_the_soonest_first_token = function()
@@ -68,8 +70,10 @@ return {
     -- b is idle and starts it now.
     local f = t.fleet { { id = "a", overlap = 100, prefill_tokens = 30000, uncached_mean = 2000 }, { id = "b" } }
     t.is_endpoint(priority.pick(t.request(REQ), f:endpoints("m")), "b")
-    -- b sent one request (2,000 tokens, 133 ms queued): the pool holds 8 requests per endpoint, weight 9
-    f:set("b", { uncached_mean = 2000, prefill_tokens = 2000 })
+    -- b was sent requests before (2,000 tokens each) and is idle now: the pool holds 7.5 requests per
+    -- endpoint, weight 8.5: a = 30,000 + 8.5 x 1,600 + 1,600 (the step it shares) = 45,200 tokens of
+    -- prefill, b = 8.5 x 8,000 = 68,000
+    f:set("b", { uncached_mean = 2000 })
     t.is_endpoint(priority.pick(t.request(REQ), f:endpoints("m")), "a", "a congested pool: the cache")
   end,
 
@@ -90,9 +94,9 @@ return {
   end,
 
   never_an_unavailable_endpoint = function()
-    -- (c's queue is short enough not to hold the request: late binding has its own tests below)
+    -- (c's queue is short enough not to hold a short request: late binding has its own tests below)
     local f = t.fleet { { id = "a", available = false }, { id = "b", capacity = 2, inflight = 2 }, { id = "c", prefill_tokens = 3000 } }
-    t.is_endpoint(priority.pick(t.request(REQ), f:endpoints("m")), "c")
+    t.is_endpoint(priority.pick(t.request(SHORT), f:endpoints("m")), "c")
   end,
 
   late_binding_waits_while_every_prefill_queue_is_long = function()
@@ -103,6 +107,17 @@ return {
     t.is_endpoint(priority.pick(t.request { priority = 9 }, f:endpoints("m")), "a", "urgent: never held")
     f:set("b", { prefill_tokens = 0 })
     t.is_endpoint(priority.pick(t.request(REQ), f:endpoints("m")), "b", "b's queue drained: bound now")
+  end,
+
+  late_binding_keeps_a_long_prompt_out_of_the_last_step_of_the_one_ahead = function()
+    -- a has 100 ms of prefill queued. The 8,000-token prompt sent there would join the last iteration of
+    -- the prompt ahead and delay its first token by 533 ms (STEP_TOKENS): it waits in atc's queue, and
+    -- gets its own first token no later for it. A short one delays it 67 ms: it goes now.
+    local f = t.fleet { { id = "a", prefill_tokens = 1500 }, { id = "b", prefill_tokens = 3000 } }
+    t.is_queue(priority.pick(t.request(REQ), f:endpoints("m")))
+    t.is_endpoint(priority.pick(t.request(SHORT), f:endpoints("m")), "a")
+    f:set("a", { prefill_tokens = 0 })
+    t.is_endpoint(priority.pick(t.request(REQ), f:endpoints("m")), "a", "a's prompt done: bound now")
   end,
 
   late_binding_then_picks_the_cache_among_them_all = function()

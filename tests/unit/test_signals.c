@@ -30,7 +30,7 @@ static void test_prefill_tokens_follow_the_first_byte(void **state)
     struct atc_signal_params p = params();
     struct atc_signals s;
     atc_signals_init(&s);
-    struct atc_signal_ticket a, b;
+    struct atc_signal_ticket a = {0}, b = {0};
     atc_signals_sent(&s, &p, &a, 8000, 0);
     assert_int_equal(s.prefill_tokens, 8000);
     assert_int_equal(s.prefilling, 1);
@@ -78,7 +78,7 @@ static void test_rates_are_learned_from_samples(void **state)
     atc_signals_init(&s);
     assert_true(atc_signals_prefill_tps(&s, &p) == 15000);
     assert_true(atc_signals_itl_ms(&s, &p) == 12);
-    struct atc_signal_ticket a;
+    struct atc_signal_ticket a = {0};
     /* 10000 tokens, first byte after 1 s: 10000 tokens/s */
     atc_signals_sent(&s, &p, &a, 10000, 0);
     atc_signals_first_byte(&s, &p, &a, 1000000, true);
@@ -89,7 +89,7 @@ static void test_rates_are_learned_from_samples(void **state)
     /* predicted: (queued 0 + 5000) / 10000 tokens/s + 20 ms */
     assert_true(fabs(atc_signals_predict_ttft_ms(&s, &p, 5000, 3000000) - 520) < 1e-6);
     /* a non-streamed answer's first byte is its last: no sample */
-    struct atc_signal_ticket b;
+    struct atc_signal_ticket b = {0};
     atc_signals_sent(&s, &p, &b, 10000, 4000000);
     atc_signals_first_byte(&s, &p, &b, 9000000, false);
     assert_true(fabs(atc_signals_prefill_tps(&s, &p) - 10000) < 1);
@@ -97,14 +97,14 @@ static void test_rates_are_learned_from_samples(void **state)
     /* Two prompts sent together: the second one's prefill starts at the first one's first token, so each
      * is timed on its own (5000 tokens in 0.5 s, then 3000 in 0.3 s): still 10000 tokens/s. Timed from its
      * send, the second would read 3000 / 0.8 s. */
-    struct atc_signal_ticket c, d;
+    struct atc_signal_ticket c = {0}, d = {0};
     atc_signals_sent(&s, &p, &c, 5000, 10000000);
     atc_signals_sent(&s, &p, &d, 3000, 10000000);
     atc_signals_first_byte(&s, &p, &c, 10500000, true);
     atc_signals_first_byte(&s, &p, &d, 10800000, true);
     assert_true(fabs(atc_signals_prefill_tps(&s, &p) - 10000) < 1);
     /* with d's prefill half done, the prediction counts the other half */
-    struct atc_signal_ticket e, f;
+    struct atc_signal_ticket e = {0}, f = {0};
     atc_signals_sent(&s, &p, &e, 4000, 20000000);
     atc_signals_sent(&s, &p, &f, 1000, 20000000);
     assert_true(fabs(atc_signals_predict_ttft_ms(&s, &p, 0, 20200000) - (3000.0 / 10 + 20)) < 1e-6);
@@ -118,18 +118,56 @@ static void test_queue_without_first_tokens(void **state)
     struct atc_signal_params p = params();
     struct atc_signals s;
     atc_signals_init(&s);
-    struct atc_signal_ticket t[10];
+    struct atc_signal_ticket t[10] = {{0}};
     uint64_t now = 1000000;
     for (int i = 0; i < 100; i++, now += 200000) { /* 2,000 tokens every 200 ms, each answered 2 s later */
         if (i >= 10)
             atc_signals_done(&s, &t[i % 10], now, 0);
         atc_signals_sent(&s, &p, &t[i % 10], 2000, now);
     }
-    struct atc_signal_ticket big;
+    struct atc_signal_ticket big = {0};
     atc_signals_sent(&s, &p, &big, 30000, now);
     assert_true(atc_signals_queued(&s, 15000, now) >= 30000);
     /* and it drains from its send on */
     assert_true(fabs(atc_signals_queued(&s, 15000, now + 1000000) - (atc_signals_queued(&s, 15000, now) - 15000)) < 1);
+}
+
+/* A streamed prompt whose first token is overdue: the server did more than atc counted (a prefix the index
+ * took for cached was evicted: Mooncake's 191k-token prompt read as 400 tokens, 12 s of prefill, while
+ * the estimate said the server was free and the policy kept sending there). From when it was due, queued
+ * is the time it is late, as long again, plus what was sent since; a first token puts it on time. */
+static void test_a_late_first_token_reads_as_busy(void **state)
+{
+    struct atc_signal_params p = params();
+    struct atc_signals s;
+    atc_signals_init(&s);
+    struct atc_signal_ticket big = {.streamed = true}, next = {.streamed = true};
+    atc_signals_sent(&s, &p, &big, 3000, 1000000); /* due at 1.2 s, at the prior 15k tokens/s */
+    assert_true(fabs(atc_signals_queued(&s, 15000, 1100000) - 1500) < 1e-6);
+    assert_true(atc_signals_queued(&s, 15000, 1200000) == 0);
+    /* 0.5 s late: as long again */
+    assert_true(fabs(atc_signals_queued(&s, 15000, 1700000) - 7500) < 1e-6);
+    /* a prompt sent now waits behind it, and the lateness keeps growing */
+    atc_signals_sent(&s, &p, &next, 2000, 1700000);
+    assert_true(fabs(atc_signals_queued(&s, 15000, 1700000) - 9500) < 1e-6);
+    assert_true(fabs(atc_signals_queued(&s, 15000, 2200000) - 17000) < 1e-6);
+    assert_true(fabs(atc_signals_predict_ttft_ms(&s, &p, 1000, 2200000) - (18000.0 / 15 + 12)) < 1e-6);
+    /* its first token: on time again, the next one queued from now */
+    atc_signals_first_byte(&s, &p, &big, 3000000, false);
+    assert_true(fabs(atc_signals_queued(&s, 15000, 3000000) - 2000) < 1e-6);
+    assert_true(fabs(atc_signals_queued(&s, 15000, 3100000) - 500) < 1e-6);
+    /* an answer sent whole shows no first token: past due it is decoding, not late */
+    struct atc_signal_ticket whole = {0};
+    atc_signals_first_byte(&s, &p, &next, 3100000, false);
+    atc_signals_sent(&s, &p, &whole, 3000, 4000000);
+    assert_true(atc_signals_queued(&s, 15000, 5000000) == 0);
+    /* and a late one that ends without a first token (failed, cancelled) leaves no lateness behind */
+    struct atc_signal_ticket lost = {.streamed = true};
+    atc_signals_done(&s, &whole, 5000000, 10);
+    atc_signals_sent(&s, &p, &lost, 1500, 5000000);
+    assert_true(atc_signals_queued(&s, 15000, 5300000) > 0);
+    atc_signals_done(&s, &lost, 5300000, 0);
+    assert_true(atc_signals_queued(&s, 15000, 5300000) == 0);
 }
 
 static void test_recent_tokens_decay(void **state)
@@ -137,7 +175,7 @@ static void test_recent_tokens_decay(void **state)
     struct atc_signal_params p = params(); /* half-life 2 s */
     struct atc_signals s;
     atc_signals_init(&s);
-    struct atc_signal_ticket a, b;
+    struct atc_signal_ticket a = {0}, b = {0};
     atc_signals_sent(&s, &p, &a, 1000, 10000000);
     assert_true(fabs(atc_signals_recent(&s, &p, 10000000) - 1000) < 1e-3);
     assert_true(fabs(atc_signals_recent(&s, &p, 12000000) - 500) < 0.5);
@@ -185,7 +223,7 @@ static void test_guess_error(void **state)
     (void)state;
     struct atc_signals s;
     struct atc_signal_params p = {.prefill_tps = 10000, .itl_us = 10000, .recent_half_life_ms = 1000};
-    struct atc_signal_ticket t;
+    struct atc_signal_ticket t = {0};
     struct atc_signals_guess g;
     atc_signals_init(&s);
     atc_signals_sent(&s, &p, &t, 100, 0);
@@ -211,6 +249,7 @@ int main(void)
         cmocka_unit_test(test_prefill_tokens_follow_the_first_byte),
         cmocka_unit_test(test_rates_are_learned_from_samples),
         cmocka_unit_test(test_queue_without_first_tokens),
+        cmocka_unit_test(test_a_late_first_token_reads_as_busy),
         cmocka_unit_test(test_recent_tokens_decay),
         cmocka_unit_test(test_scrape),
         cmocka_unit_test(test_cached_share),

@@ -179,7 +179,9 @@ static void *prefix_hammer(void *p)
     /* Without rotation, the index holds 500,000 blocks: stop before that many are inserted in all. */
     uint64_t max_chains = a->rotating ? UINT64_MAX : 500000 / CHAIN / 2 - 1;
     for (uint64_t i = 0; i < max_chains; i++) {
-        if ((i & 255) == 0 && atc_mono_ns() >= until)
+        /* (MIN_OPS at least, however long: the index's table is large and each new block's first touch
+         * faults a page in, 12 us each on some virtual machines, which left 512 chains in 0.2 s) */
+        if ((i & 255) == 0 && atc_mono_ns() >= until && i > MIN_OPS)
             break;
         /* Chains of this thread only: its blocks never belong to the other endpoint. */
         for (size_t k = 0; k < CHAIN; k++)
@@ -205,7 +207,6 @@ static void test_prefix_index_from_two_threads(void **state)
     struct prefix_arg args[2] = {{idx, 0, false, 0, 0, 0}, {idx, 1, false, 0, 0, 0}};
     run_two(prefix_hammer, args, sizeof(args[0]));
     for (int i = 0; i < 2; i++) {
-        assert_true(args[i].ops > MIN_OPS);
         assert_int_equal(args[i].short_reads, 0);
         assert_int_equal(args[i].crossed, 0);
     }
