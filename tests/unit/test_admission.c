@@ -144,9 +144,9 @@ static void test_several_admissions_summed(void **state)
     struct atc_admission *adms[2] = {admission(base), admission(base)};
     struct atc_queue_item a[3], b[2];
     enqueue(adms[0], &a[0], "m", 1, 200);
-    enqueue(adms[0], &a[1], "m", 5, 0);
-    enqueue(adms[0], &a[2], "x", 0, 0);
-    enqueue(adms[1], &b[0], "y", 2, 0);
+    enqueue(adms[0], &a[1], "m", 5, 20); /* waits well inside their buckets: a slow machine adds ms */
+    enqueue(adms[0], &a[2], "x", 0, 20);
+    enqueue(adms[1], &b[0], "y", 2, 20);
     enqueue(adms[1], &b[1], "m", 5, 700); /* the oldest of m's waits is in the second admission */
     atc_admission_count_direct(adms[0]);
     atc_admission_count_direct(adms[1]);
@@ -154,7 +154,7 @@ static void test_several_admissions_summed(void **state)
 
     struct evbuffer *out = evbuffer_new();
     atc_admission_status_json(adms, 2, out);
-    const uint64_t oldest[] = {0, 700, 0};
+    const uint64_t oldest[] = {20, 700, 20};
     char *json = text_of(out, oldest, 3);
     /* The first admission's queues in its order (x, m), then what only the second has (y); m once. */
     assert_string_equal(
@@ -176,19 +176,20 @@ static void test_several_admissions_summed(void **state)
     json = text_of(out, (const uint64_t[]){0, 0, 0}, 3);
     assert_non_null(strstr(json, "{\"waiting\":0,"));
     assert_non_null(strstr(json, "\"admitted_direct\":3,\"admitted_queued\":5,"));
-    /* Waits of 0, 0, 0, 200 and 700 ms (give or take the test's own run time). */
-    assert_non_null(strstr(json, "\"wait_ms_buckets\":{\"1\":3,\"5\":0,\"10\":0,\"50\":0,\"100\":0,"
+    /* Waits of 20, 20, 20, 200 and 700 ms (give or take the test's own run time). */
+    assert_non_null(strstr(json, "\"wait_ms_buckets\":{\"1\":0,\"5\":0,\"10\":0,\"50\":3,\"100\":0,"
                                  "\"500\":1,\"1000\":1,\"5000\":0,"));
     assert_non_null(strstr(json, "\"+Inf\":0}}"));
     uint64_t sum = strtoull(strstr(json, "\"wait_ms_sum\":") + 14, NULL, 10);
-    assert_in_range(sum, 900, 950);
+    assert_in_range(sum, 960, 1010);
     free(json);
 
     atc_admission_metrics(adms, 2, out);
     json = text_of(out, NULL, 0);
     assert_int_equal(count(json, "atc_queue_waiting_requests{model=\"m\",priority=\"5\"} 0\n"), 1);
     assert_int_equal(count(json, "atc_queue_waiting_requests{"), 30); /* 3 models x 10 priorities */
-    assert_non_null(strstr(json, "atc_queue_wait_seconds_bucket{le=\"0.001\"} 3\n"));
+    assert_non_null(strstr(json, "atc_queue_wait_seconds_bucket{le=\"0.01\"} 0\n"
+                                 "atc_queue_wait_seconds_bucket{le=\"0.05\"} 3\n"));
     assert_non_null(strstr(json, "atc_queue_wait_seconds_bucket{le=\"0.5\"} 4\n"
                                  "atc_queue_wait_seconds_bucket{le=\"1\"} 5\n"));
     assert_non_null(strstr(json, "atc_queue_wait_seconds_bucket{le=\"+Inf\"} 5\n"));
