@@ -103,6 +103,16 @@ class Browser:
         """The element's rendered text, as a user reads it."""
         return self._s(f"/element/{element}/text", "GET")
 
+    def read(self, css, tries=5):
+        """The rendered text of the first element matching @css, found again if the page re-rendered it
+        between the find and the read (a stale element: the status page redraws its tables each refresh)."""
+        for attempt in range(tries):
+            try:
+                return self.text(self.find(css))
+            except WebDriverError as e:
+                if "stale element" not in str(e) or attempt == tries - 1:
+                    raise
+
     def attribute(self, element, name):
         return self._s(f"/element/{element}/attribute/{name}", "GET")
 

@@ -75,7 +75,7 @@ class StatusPageTest(AtcTestCase):
     # ---- what the page shows ----
 
     def cell(self, ep, col):
-        return self.browser.text(self.browser.find(f'tr[data-endpoint="{ep}"] td[data-col="{col}"]'))
+        return self.browser.read(f'tr[data-endpoint="{ep}"] td[data-col="{col}"]')
 
     def wait_cell(self, ep, col, pattern, timeout=10):
         return wait_for(lambda: re.search(pattern, self.cell_or_empty(ep, col)), timeout=timeout, interval=0.05,
@@ -130,7 +130,7 @@ class StatusPageTest(AtcTestCase):
             self.assertRegex(self.cell(ep, "errors"), r"^0\.0 % \(0\)$")
             self.assertRegex(self.cell(ep, "rps"), r"^0\.\d\d$")
         self.wait_cell("c", "age", r"^\d+ ms$")  # its load was scraped a moment ago
-        policy_text = b.text(b.find("#policy"))
+        policy_text = b.read("#policy")
         self.assertRegex(policy_text, r"version\s+v1 ")
         self.assertRegex(policy_text, r"shadow / canary\s+none")
 
@@ -154,7 +154,7 @@ class StatusPageTest(AtcTestCase):
         self.wait_cell("b", "state", r"^unhealthy")
         self.assertIn("out", b.attribute(b.find('tr[data-endpoint="b"]'), "class").split())
         self.assertRegex(self.cell("b", "checks"), "^live \u2717 ready \u2717 deep")
-        heading = b.text(b.find('section[data-model="llama-3-8b"] h2'))
+        heading = b.read('section[data-model="llama-3-8b"] h2')
         self.assertRegex(heading, r"2 of 3 healthy")
         # its history strip now ends in red: the last segment is the unhealthy state
         last = b.execute("const h = document.querySelector('tr[data-endpoint=\"b\"] .history');"
@@ -186,7 +186,7 @@ class StatusPageTest(AtcTestCase):
         # Without the token: an error that says what is missing, and no data.
         b.get(page)
         wait_for(lambda: b.displayed(b.find("#auth-error")), what="the auth error")
-        self.assertIn("admin_token", b.text(b.find("#auth-error")))
+        self.assertIn("admin_token", b.read("#auth-error"))
         self.assertEqual(b.find_all("tr[data-endpoint]"), [])
 
         # With the token in the URL fragment: the rows, and the token gone from the address bar.
@@ -209,7 +209,7 @@ class StatusPageTest(AtcTestCase):
         wait_for(lambda: b.displayed(b.find("#auth-error")), what="the auth error")
         b.type(b.find("#token-input"), "wrong")
         b.click(b.find("#auth-form button"))
-        wait_for(lambda: "refused" in b.text(b.find("#auth-error")), what="the token refused")
+        wait_for(lambda: "refused" in b.read("#auth-error"), what="the token refused")
         self.assertEqual(b.find_all("tr[data-endpoint]"), [])
         b.type(b.find("#token-input"), "s3cret-token")
         b.click(b.find("#auth-form button"))
@@ -225,7 +225,7 @@ class StatusPageTest(AtcTestCase):
         wait_for(lambda: all(e["state"] == "healthy" for e in atc.endpoints().values()), what="healthy")
         b = self.open_browser()
         b.get(f"http://127.0.0.1:{atc.admin_port}/")
-        wait_for(lambda: "nothing waiting" in b.text(b.find("#queues")), what="an empty queue")
+        wait_for(lambda: "nothing waiting" in b.read("#queues"), what="an empty queue")
         # one request holds the only slot for about 4 s; three wait behind it, two at priority 7
         clients = [threading.Thread(target=chat, args=(atc.port,), daemon=True,
                                     kwargs={"model": "m", "max_tokens": 200})]
@@ -235,14 +235,15 @@ class StatusPageTest(AtcTestCase):
             clients.append(threading.Thread(target=chat, args=(atc.port,), daemon=True, kwargs={
                 "model": "m", "max_tokens": 1, "headers": {"x-atc-priority": str(prio)}}))
             clients[-1].start()
-        row = wait_for(lambda: b.find_all('#queues tr[data-queue="m"]'), what="m's queue row")[0]
-        wait_for(lambda: b.text(row).split()[:2] == ["m", "3"], what=f"3 waiting (the row reads {b.text(row)!r})")
-        heads = b.text(b.find("#queues thead")).split()
-        counts = dict(zip(heads[3:], b.text(row).split()[-10:]))
+        row = '#queues tr[data-queue="m"]'
+        wait_for(lambda: b.find_all(row), what="m's queue row")
+        wait_for(lambda: b.read(row).split()[:2] == ["m", "3"], what=f"3 waiting (the row reads {b.read(row)!r})")
+        heads = b.read("#queues thead").split()
+        counts = dict(zip(heads[3:], b.read(row).split()[-10:]))
         self.assertEqual((counts["P7"], counts["P2"], counts["P0"]), ("2", "1", "0"))
         for c in clients:
             c.join(30)
-        wait_for(lambda: "nothing waiting" in b.text(b.find("#queues")), what="the queue empty again")
+        wait_for(lambda: "nothing waiting" in b.read("#queues"), what="the queue empty again")
 
     def test_two_replicas_the_fleet_wide_load_cluster_and_limits_cards(self):
         from test_cluster import REDIS, Redis
@@ -264,15 +265,15 @@ class StatusPageTest(AtcTestCase):
         b.get(f"http://127.0.0.1:{a.admin_port}/")
         # the other replica's 3 requests on the same endpoint, with their age, beside this one's 0
         self.wait_cell("s0", "inflight", r"^0 / 8 \+3 others \(\d+ ms old\)")
-        cluster = b.text(b.find("#cluster"))
+        cluster = b.read("#cluster")
         self.assertRegex(cluster, r"replica\s+r0")
         self.assertRegex(cluster, r"other replica\s+r1, synced \d+ ms ago")
-        limits = b.text(b.find('#limits tr[data-tenant="gold"]'))
+        limits = b.read('#limits tr[data-tenant="gold"]')
         self.assertRegex(limits, r"^gold\s+\d+ of 100\s+no limit\s+0$")
         # the header says which atc, and the rates have a figure well before a second refresh period
-        self.assertRegex(b.text(b.find("#whoami")), r"^atc \d+\.\d+\.\d+ on \S+, up \d+ s$")
-        self.assertRegex(b.text(b.find("#updated")), r"^updated \d{4}-\d\d-\d\d \d\d:\d\d:\d\d$")
-        wait_for(lambda: re.match(r"requests/s\s+\d+\.\d", b.text(b.find("#traffic"))), timeout=1.2,
+        self.assertRegex(b.read("#whoami"), r"^atc \d+\.\d+\.\d+ on \S+, up \d+ s$")
+        self.assertRegex(b.read("#updated"), r"^updated \d{4}-\d\d-\d\d \d\d:\d\d:\d\d$")
+        wait_for(lambda: re.match(r"requests/s\s+\d+\.\d", b.read("#traffic")), timeout=1.2,
                  what="a rate within 1.2 s of the page's load, not after a second 1.5 s period")
         for c in clients:
             c.join(30)
