@@ -3,6 +3,7 @@
 #include "fleet/affinity.h"
 #include "base/clock.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -459,13 +460,13 @@ static inline bool lists(const struct generation *g, const struct slot *s, unsig
 }
 
 /* Drops the holders of slot s that must have evicted its block, so that a refreshed stamp does not
- * revive them. */
-static void prune(const struct atc_prefix_index *idx, struct generation *g, struct slot *s)
+ * revive them; all but @p keep (an endpoint that held it pinned, or UINT_MAX). */
+static void prune(const struct atc_prefix_index *idx, struct generation *g, struct slot *s, unsigned keep)
 {
     if (!s->wide) {
         unsigned k = 0;
         for (unsigned i = 0; i < s->n; i++)
-            if (!gone(idx, s->ep[i], held_since(s, s->ep[i])))
+            if (s->ep[i] == keep || !gone(idx, s->ep[i], held_since(s, s->ep[i])))
                 s->ep[k++] = s->ep[i];
         s->n = (uint16_t)k;
         return;
@@ -474,7 +475,7 @@ static void prune(const struct atc_prefix_index *idx, struct generation *g, stru
     for (unsigned i = 0; i < WIDE_WORDS; i++)
         for (uint64_t m = w[i]; m != 0; m &= m - 1) {
             unsigned b = (unsigned)__builtin_ctzll(m);
-            if (gone(idx, i * 64 + b, held_since(s, i * 64 + b)))
+            if (i * 64 + b != keep && gone(idx, i * 64 + b, held_since(s, i * 64 + b)))
                 w[i] &= ~(UINT64_C(1) << b);
         }
 }
@@ -752,10 +753,11 @@ static void rotate(struct atc_prefix_index *idx)
     idx->cur = dropped;
 }
 
-size_t atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *blocks, size_t n,
-                               unsigned endpoint_index, uint32_t block_tokens, uint64_t kv_tokens)
+/* Endpoint e got blocks[0..n) now: sent there (@p pinned false), or given back by a request that held them
+ * pinned while it ran, with @p extra tokens more (its output). */
+static size_t record(struct atc_prefix_index *idx, const uint64_t *blocks, size_t n, unsigned e,
+                     uint32_t block_tokens, uint64_t kv_tokens, bool pinned, uint64_t extra)
 {
-    unsigned e = endpoint_index;
     if (e >= ATC_PREFIX_INDEX_ENDPOINTS_MAX)
         return 0;
     size_t had = 0;
@@ -763,6 +765,8 @@ size_t atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *blo
     bool leading = true; /* every block so far was recorded for this endpoint */
     pthread_mutex_lock(&idx->mu);
     set_capacity(idx, e, kv_tokens);
+    if (extra > 0) /* freed before the blocks (vLLM frees a request's blocks last one first): older */
+        sent(idx, e, extra, 0);
     for (size_t k = 0; k < n; k++) {
         uint64_t block = stored_block(blocks[k]);
         size_t home = home_slot(idx, block);
@@ -779,7 +783,7 @@ size_t atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *blo
                 *s = (struct slot){.block = block, .recent = (uint16_t)e, .stamp = idx->clock, .before = idx->clock};
             idx->cur.count++;
         }
-        prune(idx, &idx->cur, s); /* a refreshed stamp must not revive evicted copies */
+        prune(idx, &idx->cur, s, pinned ? e : UINT_MAX); /* a refreshed stamp must not revive evicted copies */
         bool held = lists(&idx->cur, s, e);
         if (held)
             again += resent(idx, e, held_since(s, e), bt);
@@ -791,6 +795,19 @@ size_t atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *blo
     sent(idx, e, (uint64_t)n * bt, again);
     pthread_mutex_unlock(&idx->mu);
     return had;
+}
+
+size_t atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *blocks, size_t n,
+                               unsigned endpoint_index, uint32_t block_tokens, uint64_t kv_tokens)
+{
+    return record(idx, blocks, n, endpoint_index, block_tokens, kv_tokens, false, 0);
+}
+
+void atc_prefix_index_released(struct atc_prefix_index *idx, const uint64_t *blocks, size_t n,
+                               unsigned endpoint_index, uint32_t block_tokens, uint64_t kv_tokens,
+                               uint64_t extra_tokens)
+{
+    record(idx, blocks, n, endpoint_index, block_tokens, kv_tokens, true, extra_tokens);
 }
 
 static const struct slot *lookup(const struct atc_prefix_index *idx, uint64_t block,

@@ -116,6 +116,13 @@ void atc_prefix_index_destroy(struct atc_prefix_index *idx);
 size_t atc_prefix_index_insert(struct atc_prefix_index *idx, const uint64_t *blocks, size_t n,
                                unsigned endpoint_index, uint32_t block_tokens, uint64_t kv_tokens);
 
+/** A request that held blocks[0..n) on endpoint @p endpoint_index finished there: its blocks, which no
+ * eviction could take while it ran, are the most recently used there now, and @p extra_tokens more (its
+ * output and its prompt's last partial block) took their place in that cache too. */
+void atc_prefix_index_released(struct atc_prefix_index *idx, const uint64_t *blocks, size_t n,
+                               unsigned endpoint_index, uint32_t block_tokens, uint64_t kv_tokens,
+                               uint64_t extra_tokens);
+
 /** Fills @p out[i], for each endpoint index i < @p nendpoints, with the number of leading blocks of
  * @p blocks[0..n) recorded for endpoint i (counting stops at its first missing block; capped at
  * UINT16_MAX). One pass over the blocks, stopping as soon as no endpoint matches. Never allocates. */

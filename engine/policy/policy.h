@@ -144,6 +144,11 @@ void atc_policy_route(struct atc_policy_runtime *rt, const struct atc_route_requ
 size_t atc_policy_routed(struct atc_policy_runtime *rt, const struct atc_route_request *req,
                          const struct atc_endpoint *ep);
 
+/** Tells the runtime that a request (@p f, @p block_tokens as in its route request) routed to @p ep finished there after @p output_tokens tokens (< 0: unknown): what it
+ * held in that server's KV cache is the most recently used there now (feeds the prefix index). */
+void atc_policy_released(struct atc_policy_runtime *rt, const struct atc_features *f, uint32_t block_tokens,
+                         const struct atc_endpoint *ep, int64_t output_tokens);
+
 /** Compiles a new version in a fresh state, checks the contract, runs it on synthetic requests within
  * budget, and swaps it in. Returns the new version number, or 0 with an owned message in *err (the
  * version serving traffic is unchanged). */

@@ -315,6 +315,19 @@ size_t atc_policy_routed(struct atc_policy_runtime *rt, const struct atc_route_r
                                    atomic_load_explicit(&ep->kv_tokens, memory_order_relaxed));
 }
 
+void atc_policy_released(struct atc_policy_runtime *rt, const struct atc_features *f, uint32_t block_tokens,
+                         const struct atc_endpoint *ep, int64_t output_tokens)
+{
+    if (rt->prefix == NULL || f == NULL || f->nblocks == 0)
+        return;
+    uint32_t bt = block_tokens ? block_tokens : ATC_PREFIX_BLOCK_BYTES / 4;
+    uint64_t full = (uint64_t)f->nblocks * bt;
+    atc_prefix_index_released(rt->prefix, f->blocks, f->nblocks, ep->index, bt,
+                              atomic_load_explicit(&ep->kv_tokens, memory_order_relaxed),
+                              (f->prompt_tokens > full ? f->prompt_tokens - full : 0) +
+                                  (output_tokens > 0 ? (uint64_t)output_tokens : 0));
+}
+
 /* ---- reload ---- */
 
 static const char *no_header(void *ctx, const char *name)

@@ -160,6 +160,8 @@ static void release_prefill(struct atc_disagg *dg, int ok)
         atc_endpoint_record(dg->prefill, ok, -1);
         atc_worker_observe(w, dg->prefill, ok, had_errors);
     }
+    if (dg->rq->rreq != NULL && w->policy != NULL) /* the prompt's KV, sent on: free there now */
+        atc_policy_released(w->policy, dg->rq->rreq->features, dg->rq->rreq->block_tokens, dg->prefill, 0);
     atc_endpoint_release(dg->prefill, dg->rq->tokens);
     dg->prefill = NULL;
     atc_worker_capacity_freed(w);

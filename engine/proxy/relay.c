@@ -1,12 +1,9 @@
 #include "proxy/relay.h"
 
 #include <assert.h>
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <time.h>
 
 #include <event2/buffer.h>
 #include <event2/event.h>
@@ -172,6 +169,9 @@ static void release_endpoint(struct relay *r)
 {
     if (r->ep == NULL)
         return;
+    if (r->w->policy != NULL && r->f != NULL) /* what it held in the KV cache is the newest there now */
+        atc_policy_released(r->w->policy, r->f, r->rreq.block_tokens, r->ep,
+                            atc_record_marks_output_tokens(&r->marks, r->rreq.kind == ATC_KIND_CHAT));
     atc_signals_done(&r->ep->sig, &r->sig, atc_mono_us(), r->data_events); /* (0 unless a stream) */
     atc_endpoint_release(r->ep, r->tokens);
     r->ep = NULL;

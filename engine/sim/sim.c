@@ -25,6 +25,7 @@ struct kv_entry {
     uint32_t units; /* KV blocks it costs */
     uint32_t refs;  /* running sequences pinning it */
     uint32_t prev, next;
+    bool spent;     /* a finished sequence's tail and output: no prefix, never hit, never announced */
 };
 
 struct kv_cache {
@@ -78,6 +79,7 @@ struct atc_sim {
     struct seq_list waiting, running;
     struct kv_cache kv;
     uint64_t held; /* KV blocks held by running sequences outside the prefix cache */
+    uint64_t spent; /* spent entries made: their hashes */
 
     bool busy; /* an iteration is in progress, ending at iter_end */
     bool in_callbacks;
@@ -302,9 +304,10 @@ static int evict_one(struct atc_sim *sim)
 {
     uint32_t e = sim->kv.lru_head;
     uint64_t hash = e != NONE ? sim->kv.entries[e].hash : 0;
+    bool spent = e != NONE && sim->kv.entries[e].spent;
     if (kv_evict_one(&sim->kv) < 0)
         return -1;
-    if (sim->on_kv != NULL)
+    if (sim->on_kv != NULL && !spent)
         sim->on_kv(sim->kv_ctx, ATC_SIM_KV_REMOVED, &hash, 1);
     return 0;
 }
@@ -328,10 +331,21 @@ static struct seq *seq_lookup(const struct atc_sim *sim, uint64_t id)
 /* Gives back what a running @p s holds in the KV cache; its prefix stays cached, unpinned. */
 static void seq_release_kv(struct atc_sim *sim, struct seq *s)
 {
-    /* Deepest block first onto the LRU tail, so a shared head outlives its private tails. */
+    /* What it held past its prefix goes first onto the LRU tail, then its prefix deepest block first, so a
+     * shared head outlives its private tails, as vLLM frees a request's blocks in reverse order to the end
+     * of its free queue (vllm/v1/core/single_type_kv_cache_manager.py free, block_pool.py free_blocks):
+     * its output is evicted before its prompt, but after everything freed before it. */
+    sim->held -= s->held;
+    if (s->held > 0) {
+        uint64_t n = ++sim->spent;
+        uint32_t e = kv_insert_pinned(&sim->kv, atc_sim_rand(&n), s->held);
+        if (e != NONE) {
+            sim->kv.entries[e].spent = true;
+            kv_unpin(&sim->kv, e);
+        }
+    }
     for (size_t i = s->nblocks; i-- > 0;)
         kv_unpin(&sim->kv, s->pins[i]);
-    sim->held -= s->held;
     s->held = 0;
     s->running = false;
 }

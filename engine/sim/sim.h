@@ -28,7 +28,9 @@
  *   tail; when decoding runs out of room, the newest running sequences are preempted, as in vLLM: back
  *   to the head of the queue, their blocks freed, to be prefilled again (prompt and tokens produced so
  *   far) when readmitted. Finished sequences unpin their hashes, which stay cached and are evicted
- *   least recently used first (deepest block of a prompt first) when room is needed. A sequence too
+ *   least recently used first (deepest block of a prompt first) when room is needed; the blocks they
+ *   held for tail and output join the LRU just before their prompt (never hit), as vLLM frees a request's
+ *   blocks to the end of its free queue, last block first. A sequence too
  *   large for the whole cache runs only when nothing else does.
  * - Prefix cache queries and hits are counted in prompt tokens, like vllm:prefix_cache_queries/hits.
  * - Output length is the request's own (max_tokens) or a draw, uniform in [output_min, output_max],

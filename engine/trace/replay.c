@@ -105,6 +105,7 @@ struct replay {
     uint64_t seed_around; /* goes_around's and dispatch_around's draws */
 
     struct atc_features f;
+    struct atc_features released; /* a finished request's blocks, for the prefix index */
     struct atc_route_request rreq;
     char id[40];
 
@@ -470,6 +471,20 @@ static void dispatch(struct replay *rp, size_t i, struct atc_endpoint *ep, struc
     rp->res->endpoint[i] = (int)ep->index;
 }
 
+/* Request @p i, which held its prompt's blocks and @p output_tokens more on @p ep, ended there: the prefix
+ * index takes them for the most recently used there now. */
+static void released(struct replay *rp, size_t i, const struct atc_endpoint *ep, uint64_t output_tokens)
+{
+    if (rp->rt == NULL)
+        return;
+    const struct atc_trace_record *r = &rp->trace->records[i];
+    struct atc_features *f = &rp->released; /* (rp->f may be a decision's, up the stack) */
+    f->prompt_tokens = r->prompt_tokens;
+    f->nblocks = r->nblocks < ATC_PREFIX_BLOCKS_MAX ? r->nblocks : ATC_PREFIX_BLOCKS_MAX;
+    memcpy(f->blocks, r->blocks, f->nblocks * sizeof(uint64_t));
+    atc_policy_released(rp->rt, f, r->block_tokens, ep, output_tokens);
+}
+
 /* Request @p i's prefill server produced its one token at @p at: its slot is freed and the KV moves to the
  * decode server, which starts once it has arrived (kv_bytes_per_token x prompt / transfer_gbps). */
 static void prefilled(struct replay *rp, size_t i, struct rp_endpoint *pf, uint64_t at)
@@ -478,6 +493,7 @@ static void prefilled(struct replay *rp, size_t i, struct rp_endpoint *pf, uint6
     struct rp_endpoint *d = &rp->eps[q->ep];
     atc_signals_first_byte(&pf->ep->sig, &rp->table->signals, &q->psig, at, true);
     atc_signals_done(&pf->ep->sig, &q->psig, at, 1);
+    released(rp, i, pf->ep, 0); /* (disagg.c release_prefill) */
     atc_endpoint_release(pf->ep, q->tokens);
     q->prefill_ep = -1;
     q->state = RS_RUNNING;
@@ -525,6 +541,7 @@ first_done:
     res->completed++;
     rp->reqs[i].state = RS_DONE;
     if (!around) {
+        released(rp, i, e->ep, tok->index + 1); /* (relay.c release_endpoint) */
         atc_signals_done(&e->ep->sig, &rp->reqs[i].sig, tok->at_us, tok->index + 1);
         atc_endpoint_release(e->ep, rp->reqs[i].tokens);
     }
@@ -783,25 +800,6 @@ static void mark_counted(struct replay *rp)
 
 /* ---- the run ---- */
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-void atc_replay_sort(double *v, size_t n)
-{
-    qsort(v, n, sizeof(double), cmp_double);
-}
-
-double atc_replay_percentile(const double *v, size_t n, double p)
-{
-    if (n == 0)
-        return 0;
-    size_t k = (size_t)ceil(p / 100.0 * (double)n);
-    return v[k > 0 ? k - 1 : 0];
-}
-
 static int by_time(const void *a, const void *b)
 {
     const struct outage_event *x = a, *y = b;
@@ -982,40 +980,6 @@ static void loop(struct replay *rp, const char *name)
     take_sample(rp, rp->now);
     if (rp->o->progress && shown != 100)
         progress(rp, name, rp->n, &shown);
-}
-
-void atc_replay_latencies(struct atc_replay_result *r, size_t n)
-{
-    double *v = malloc((n ? n : 1) * sizeof(double));
-    size_t m = 0;
-    double sum = 0;
-    if (v == NULL)
-        return;
-    for (size_t i = 0; i < n; i++)
-        if (!isnan(r->ttft_ms[i])) {
-            v[m++] = r->ttft_ms[i];
-            sum += r->ttft_ms[i];
-        }
-    atc_replay_sort(v, m);
-    r->ttft_p50_ms = atc_replay_percentile(v, m, 50);
-    r->ttft_p90_ms = atc_replay_percentile(v, m, 90);
-    r->ttft_p99_ms = atc_replay_percentile(v, m, 99);
-    r->ttft_mean_ms = m ? sum / (double)m : 0;
-    m = 0;
-    for (size_t i = 0; i < n; i++)
-        if (!isnan(r->e2e_ms[i]))
-            v[m++] = r->e2e_ms[i];
-    atc_replay_sort(v, m);
-    r->e2e_p50_ms = atc_replay_percentile(v, m, 50);
-    r->e2e_p99_ms = atc_replay_percentile(v, m, 99);
-    m = 0;
-    for (size_t i = 0; r->itl_ms != NULL && i < n; i++)
-        if (!isnan(r->itl_ms[i]))
-            v[m++] = r->itl_ms[i];
-    atc_replay_sort(v, m);
-    r->itl_p50_ms = atc_replay_percentile(v, m, 50);
-    r->itl_p90_ms = atc_replay_percentile(v, m, 90);
-    free(v);
 }
 
 static void summarize(struct replay *rp)

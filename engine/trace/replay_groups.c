@@ -1,5 +1,5 @@
-/* TTFT per tenant and per priority of a replay's result (replay.h atc_replay_groups), apart from the
- * event loop of replay.c. */
+/* The latency figures of a replay's result: of all its requests (atc_replay_latencies) and per tenant and
+ * per priority (atc_replay_groups), apart from the event loop of replay.c. */
 
 #include <math.h>
 #include <stdbool.h>
@@ -9,6 +9,59 @@
 
 #include "trace/replay.h"
 #include "trace/trace.h"
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+void atc_replay_sort(double *v, size_t n)
+{
+    qsort(v, n, sizeof(double), cmp_double);
+}
+
+double atc_replay_percentile(const double *v, size_t n, double p)
+{
+    if (n == 0)
+        return 0;
+    size_t k = (size_t)ceil(p / 100.0 * (double)n);
+    return v[k > 0 ? k - 1 : 0];
+}
+
+void atc_replay_latencies(struct atc_replay_result *r, size_t n)
+{
+    double *v = malloc((n ? n : 1) * sizeof(double));
+    size_t m = 0;
+    double sum = 0;
+    if (v == NULL)
+        return;
+    for (size_t i = 0; i < n; i++)
+        if (!isnan(r->ttft_ms[i])) {
+            v[m++] = r->ttft_ms[i];
+            sum += r->ttft_ms[i];
+        }
+    atc_replay_sort(v, m);
+    r->ttft_p50_ms = atc_replay_percentile(v, m, 50);
+    r->ttft_p90_ms = atc_replay_percentile(v, m, 90);
+    r->ttft_p99_ms = atc_replay_percentile(v, m, 99);
+    r->ttft_mean_ms = m ? sum / (double)m : 0;
+    m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isnan(r->e2e_ms[i]))
+            v[m++] = r->e2e_ms[i];
+    atc_replay_sort(v, m);
+    r->e2e_p50_ms = atc_replay_percentile(v, m, 50);
+    r->e2e_p99_ms = atc_replay_percentile(v, m, 99);
+    m = 0;
+    for (size_t i = 0; r->itl_ms != NULL && i < n; i++)
+        if (!isnan(r->itl_ms[i]))
+            v[m++] = r->itl_ms[i];
+    atc_replay_sort(v, m);
+    r->itl_p50_ms = atc_replay_percentile(v, m, 50);
+    r->itl_p90_ms = atc_replay_percentile(v, m, 90);
+    free(v);
+}
 
 static int by_tenant(const void *a, const void *b, void *ctx)
 {

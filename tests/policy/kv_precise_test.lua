@@ -1,6 +1,6 @@
 -- Precise prefix routing in replay: simulated servers that publish their KV-cache events (simulate:
 -- kv_events:) feed the exact index as their caches store and evict blocks, and ep:cached_tokens reads it;
--- under cache pressure the exact figure finds more cached blocks than atc's own guess.
+-- under cache pressure the exact figure is right where atc's own guess is off.
 local t = require "atc.test"
 
 local TRACE = "tests/policy/fixtures/sessions.jsonl"
@@ -23,11 +23,15 @@ t.test("publishing servers feed the exact index: cached_tokens is there, within 
   t.expect(report.completed).to_be(274)
 end)
 
-t.test("under cache pressure the exact figure finds more cached blocks than the guess", function()
+-- (Which finds more cache hits is the routing's trade with load, not the index's: on this small fixture
+-- the guess, which ages blocks as the servers' LRU does, found 54.0% against 52.7%.)
+t.test("under cache pressure the exact figure is right where the guess is off", function()
   local _, precise = t.replay { trace = TRACE, fleet = fleet(true), policy = "tests/bench/kv_precise/precise.lua" }
   local _, guessed = t.replay { trace = TRACE, fleet = fleet(true), policy = "tests/bench/kv_precise/guessed.lua" }
-  t.expect(precise.cache_hit_rate > guessed.cache_hit_rate,
-    ("precise %.3f, guessed %.3f"):format(precise.cache_hit_rate, guessed.cache_hit_rate)).to_be(true)
+  t.expect(precise.exact_samples).to_be(274)
+  t.expect(precise.exact_error_tokens).to_be(0)
+  t.expect(guessed.guess_error_tokens > 1000, ("the guess is off by %d tokens a request"):format(
+    guessed.guess_error_tokens)).to_be(true)
 end)
 
 -- Engine restarts and traffic around atc (issue 29): what the exact index sees and the guess does not.

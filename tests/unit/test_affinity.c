@@ -313,6 +313,41 @@ static void test_index_counts_hits_as_recent_use(void **state)
     atc_prefix_index_destroy(idx);
 }
 
+/* A request pins its blocks while it runs, and the server frees them to the end of its LRU when it ends
+ * (vLLM's free queue): a long answer keeps its prompt, which the index would otherwise take for evicted by
+ * what was sent during it; and what the answer held pushes older blocks out like new prompt tokens. */
+static void test_index_takes_a_finished_request_as_recent_use(void **state)
+{
+    struct atc_prefix_index *idx = atc_prefix_index_create(100000);
+    assert_non_null(idx);
+    uint16_t out[2];
+    const uint64_t a[5] = {81, 82, 83, 84, 85}, b[5] = {91, 92, 93, 94, 95};
+    /* endpoints 0 and 1: 1,000 tokens of KV cache, blocks of 100 tokens; A runs long on both */
+    atc_prefix_index_insert(idx, a, 5, 0, 100, 1000);
+    atc_prefix_index_insert(idx, a, 5, 1, 100, 1000);
+    for (uint64_t r = 0; r < 3; r++) { /* 1,500 new tokens on each while A runs */
+        uint64_t o[5];
+        blocks_of(o, 5, 2000 + r);
+        atc_prefix_index_insert(idx, o, 5, 0, 100, 1000);
+        atc_prefix_index_insert(idx, o, 5, 1, 100, 1000);
+    }
+    atc_prefix_index_released(idx, a, 5, 0, 100, 1000, 0); /* A ends on endpoint 0 only */
+    atc_prefix_index_overlaps(idx, a, 5, out, 2);
+    assert_int_equal(out[0], 5);
+    assert_int_equal(out[1], 0);
+    /* B comes, then A's 600-token answer and its prompt's partial block end on endpoint 0: with B's 500 and
+     * A's 500 that is 1,600 tokens since B, which is gone; A is not */
+    atc_prefix_index_insert(idx, b, 5, 0, 100, 1000);
+    atc_prefix_index_released(idx, a, 5, 0, 100, 1000, 600);
+    atc_prefix_index_overlaps(idx, b, 5, out, 1);
+    assert_int_equal(out[0], 0);
+    atc_prefix_index_overlaps(idx, a, 5, out, 1);
+    assert_int_equal(out[0], 5);
+    /* an endpoint past the index's range is ignored, as by insert */
+    atc_prefix_index_released(idx, a, 5, ATC_PREFIX_INDEX_ENDPOINTS_MAX, 100, 1000, 0);
+    atc_prefix_index_destroy(idx);
+}
+
 /* A review's two findings: the first prompt an endpoint gets counts a block it repeats once too; and an
  * endpoint idle while the index's 32-bit clock moves on past its stamps' range starts its ring again,
  * where it used to take every block sent there afterwards as evicted at once. */
@@ -667,6 +702,7 @@ int main(void)
         cmocka_unit_test(test_overlap_counts_leading_blocks),
         cmocka_unit_test(test_index_forgets_what_a_full_cache_evicted),
         cmocka_unit_test(test_index_counts_hits_as_recent_use),
+        cmocka_unit_test(test_index_takes_a_finished_request_as_recent_use),
         cmocka_unit_test(test_index_first_prompt_and_an_idle_endpoint),
         cmocka_unit_test(test_overlaps_of_several_endpoints_in_one_pass),
         cmocka_unit_test(test_exact_at_512_endpoints),

@@ -149,8 +149,9 @@ static void test_cached_prefix_shortens_ttft(void **state)
     atc_sim_stats(r->sim, &st);
     assert_int_equal(st.prefix_queries, 8000);
     assert_int_equal(st.prefix_hits, 3968);
-    /* 62 blocks of 64 tokens cost 4 KV blocks each; nothing runs, so nothing is in use. */
-    assert_int_equal(st.kv_cached, 62 * 4);
+    /* 62 blocks of 64 tokens cost 4 KV blocks each, and what each request held past them (32 tokens of
+     * tail, 2 of output: 3 blocks) stays in the LRU until evicted; nothing runs, so nothing is in use. */
+    assert_int_equal(st.kv_cached, 62 * 4 + 2 * 3);
     assert_true(st.kv_usage == 0.0);
     run_free(r);
 }
@@ -254,7 +255,7 @@ static void test_lru_eviction_at_capacity(void **state)
     assert_int_equal(atc_sim_prefix_cached(r->sim, a, 2), 1);
     struct atc_sim_stats st;
     atc_sim_stats(r->sim, &st);
-    assert_int_equal(st.kv_cached, 3);
+    assert_int_equal(st.kv_cached, 4); /* b's 2, a's head, b's output block */
     assert_int_equal(st.prefix_hits, 0);
 
     /* a again: one block hit (16 tokens), b's deeper block is now the oldest and goes. */
@@ -264,6 +265,30 @@ static void test_lru_eviction_at_capacity(void **state)
     assert_int_equal(st.prefix_hits, 16);
     assert_int_equal(atc_sim_prefix_cached(r->sim, a, 2), 2);
     assert_int_equal(atc_sim_prefix_cached(r->sim, b, 2), 1);
+    run_free(r);
+}
+
+/* vLLM frees a finished request's blocks to the end of its free queue, its last block first
+ * (vllm/v1/core/single_type_kv_cache_manager.py free): its output blocks take LRU room after everything
+ * freed before, ahead of its own prompt. */
+static void test_finished_output_takes_lru_room(void **state)
+{
+    struct atc_sim_params p;
+    params(&p);
+    p.kv_blocks = 8; /* 128 tokens */
+    struct run *r = run_new(&p);
+    uint64_t a[2] = {1, 2}, c[2] = {3, 4}, d[3] = {5, 6, 7};
+    submit(r, 0, 0, 32, 32, a, 2, 16); /* its output ends on 2 blocks */
+    drain(r);
+    submit(r, 1000000, 1, 32, 16, c, 2, 16); /* 1 block of output; 7 of 8 blocks cached now */
+    drain(r);
+    assert_int_equal(atc_sim_prefix_cached(r->sim, a, 2), 2);
+    /* d needs 4: a's output goes, then a's deeper block; c, freed later, stays whole */
+    submit(r, 2000000, 2, 48, 16, d, 3, 16);
+    drain(r);
+    assert_int_equal(atc_sim_prefix_cached(r->sim, a, 2), 1);
+    assert_int_equal(atc_sim_prefix_cached(r->sim, c, 2), 2);
+    assert_int_equal(atc_sim_prefix_cached(r->sim, d, 3), 3);
     run_free(r);
 }
 
@@ -394,6 +419,7 @@ int main(void)
         cmocka_unit_test(test_decode_slower_at_large_batch),
         cmocka_unit_test(test_cancel_frees_slot),
         cmocka_unit_test(test_lru_eviction_at_capacity),
+        cmocka_unit_test(test_finished_output_takes_lru_room),
         cmocka_unit_test(test_kv_full_makes_requests_wait),
         cmocka_unit_test(test_kv_growth_preempts_newest),
         cmocka_unit_test(test_chunked_prefill_keeps_decoding),
