@@ -475,9 +475,9 @@ static void dispatch(struct replay *rp, size_t i, struct atc_endpoint *ep, struc
  * index takes them for the most recently used there now. */
 static void released(struct replay *rp, size_t i, const struct atc_endpoint *ep, uint64_t output_tokens)
 {
-    if (rp->rt == NULL)
-        return;
     const struct atc_trace_record *r = &rp->trace->records[i];
+    if (rp->rt == NULL || r->nblocks == 0)
+        return;
     struct atc_features *f = &rp->released; /* (rp->f may be a decision's, up the stack) */
     f->prompt_tokens = r->prompt_tokens;
     f->nblocks = r->nblocks < ATC_PREFIX_BLOCKS_MAX ? r->nblocks : ATC_PREFIX_BLOCKS_MAX;
