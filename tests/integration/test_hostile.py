@@ -431,6 +431,11 @@ class DescriptorsTest(AtcTestCase):
         self.idle_flood("max_connections: 1000\n", "not accepting for a while")
 
     def idle_flood(self, extra_config, logged):
+        if os.environ.get("TSAN_OPTIONS"):
+            # Out of descriptors, ThreadSanitizer cannot open the binaries to symbolize a report, so
+            # tests/tsan.supp's rule for libevent's deferred EPOLL_CTL_DEL on a reused fd (race:epoll_ctl)
+            # cannot match it by name; the stage-1 and ASan builds run this test.
+            self.skipTest("descriptor exhaustion leaves ThreadSanitizer's reports unsymbolized")
         def limit():
             resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
         popen = harness.subprocess.Popen
