@@ -267,8 +267,10 @@ class TestSimServer(unittest.TestCase):
         body["messages"][0]["content"] = "word " * 12000
         t_head, t_first, status, events = self.sim.stream(body)
         self.assertEqual(status, 200)
-        self.assertLess(t_head, 0.05 * SLACK)
-        self.assertGreater(t_first - t_head, 0.2)  # a prefill between the headers and the first event
+        # a prefill between the headers and the first event; relative, as a sanitizer build reads the
+        # 60 KB body slower (headers after 0.16 s under TSan in CI)
+        self.assertGreater(t_first - t_head, 0.2)
+        self.assertLess(t_head, (t_first - t_head) / 2)
         self.assertEqual(events[-1], "[DONE]")
 
     def test_include_usage(self):
