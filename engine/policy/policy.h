@@ -107,7 +107,7 @@ struct atc_route_request {
     /* For req:header(name): returns the header's value or NULL. */
     const char *(*header)(void *ctx, const char *name);
     void *header_ctx;
-    uint32_t block_tokens; /* tokens per prefix block; 0: ATC_PREFIX_BLOCK_BYTES / 4 (live requests) */
+    uint32_t block_tokens; /* tokens per prefix block; 0: ATC_PREFIX_BLOCK_TOKENS (live requests) */
     /* ep:cached_tokens: the prompt tokens of this request endpoint @p ep holds, exactly, from its KV-cache
      * events (fleet/kv_index.h); < 0 when that endpoint publishes none or the request's keys are not
      * known. NULL: no endpoint does (every answer nil). Called on the deciding thread. */
@@ -144,8 +144,9 @@ void atc_policy_route(struct atc_policy_runtime *rt, const struct atc_route_requ
 size_t atc_policy_routed(struct atc_policy_runtime *rt, const struct atc_route_request *req,
                          const struct atc_endpoint *ep);
 
-/** Tells the runtime that a request (@p f, @p block_tokens as in its route request) routed to @p ep finished there after @p output_tokens tokens (< 0: unknown): what it
- * held in that server's KV cache is the most recently used there now (feeds the prefix index). */
+/** Tells the runtime that a request (@p f, @p block_tokens as in its route request) routed to @p ep finished
+ * there after @p output_tokens tokens (< 0: unknown): what it held in that server's KV cache, its prompt
+ * and its output, is the most recently used there now (feeds the prefix index). */
 void atc_policy_released(struct atc_policy_runtime *rt, const struct atc_features *f, uint32_t block_tokens,
                          const struct atc_endpoint *ep, int64_t output_tokens);
 

@@ -511,7 +511,7 @@ static void push_req_block_tokens(lua_State *L, struct policy_version *v, const 
 {
     REQ;
     (void)v;
-    lua_pushinteger(L, req->block_tokens ? (lua_Integer)req->block_tokens : ATC_PREFIX_BLOCK_BYTES / 4);
+    lua_pushinteger(L, atc_block_tokens(req->block_tokens));
 }
 static void push_req_tools(lua_State *L, struct policy_version *v, const void *of)
 {

@@ -351,7 +351,7 @@ int policy_pick_prefix_pick(lua_State *L)
         lua_getfield(L, 2, "prompt_tokens");
         lua_getfield(L, 2, "block_tokens");
         prompt = lua_tonumber(L, -2);
-        block_tokens = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : ATC_PREFIX_BLOCK_BYTES / 4;
+        block_tokens = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : ATC_PREFIX_BLOCK_TOKENS;
         lua_pop(L, 2);
     }
     int n = policy_pick_pool_len(L, 1), best = 0;
@@ -437,7 +437,7 @@ struct policy_uncached policy_pick_uncached_req(lua_State *L, struct policy_vers
         .req = req,
         .overlaps = policy_api_overlaps(L, v),
         .prompt_tokens = req->features->prompt_tokens,
-        .block_tokens = req->block_tokens ? req->block_tokens : ATC_PREFIX_BLOCK_BYTES / 4,
+        .block_tokens = atc_block_tokens(req->block_tokens),
     };
 }
 

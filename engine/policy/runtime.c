@@ -310,7 +310,7 @@ size_t atc_policy_routed(struct atc_policy_runtime *rt, const struct atc_route_r
 {
     if (rt->prefix == NULL || req->features == NULL || req->features->nblocks == 0)
         return 0;
-    uint32_t bt = req->block_tokens ? req->block_tokens : ATC_PREFIX_BLOCK_BYTES / 4;
+    uint32_t bt = atc_block_tokens(req->block_tokens);
     return atc_prefix_index_insert(rt->prefix, req->features->blocks, req->features->nblocks, ep->index, bt,
                                    atomic_load_explicit(&ep->kv_tokens, memory_order_relaxed));
 }
@@ -318,9 +318,9 @@ size_t atc_policy_routed(struct atc_policy_runtime *rt, const struct atc_route_r
 void atc_policy_released(struct atc_policy_runtime *rt, const struct atc_features *f, uint32_t block_tokens,
                          const struct atc_endpoint *ep, int64_t output_tokens)
 {
-    if (rt->prefix == NULL || f == NULL || f->nblocks == 0)
+    if (rt->prefix == NULL || f == NULL) /* a prompt of no full block: its output still takes room */
         return;
-    uint32_t bt = block_tokens ? block_tokens : ATC_PREFIX_BLOCK_BYTES / 4;
+    uint32_t bt = atc_block_tokens(block_tokens);
     uint64_t full = (uint64_t)f->nblocks * bt;
     atc_prefix_index_released(rt->prefix, f->blocks, f->nblocks, ep->index, bt,
                               atomic_load_explicit(&ep->kv_tokens, memory_order_relaxed),

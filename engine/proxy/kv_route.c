@@ -18,7 +18,7 @@ int64_t atc_kv_route_cached(void *ctx, const struct atc_endpoint *ep)
     }
     size_t held = atc_kv_index_held_prefix(atc_kv_events_index(k->kv), (unsigned)slot, k->f->blocks,
                                            k->f->nblocks, 1u << ATC_KV_GPU);
-    uint64_t tokens = (uint64_t)held * (ATC_PREFIX_BLOCK_BYTES / 4);
+    uint64_t tokens = (uint64_t)held * ATC_PREFIX_BLOCK_TOKENS;
     return (int64_t)(tokens < k->f->prompt_tokens ? tokens : k->f->prompt_tokens);
 }
 

@@ -965,7 +965,7 @@ static void attempt(struct relay *r, struct atc_endpoint *ep)
     atc_record_marks_init(&r->marks); /* its slot was taken by choose() */
     size_t cached = r->w->policy != NULL ? atc_policy_routed(r->w->policy, &r->rreq, ep) : 0;
     r->t_attempt_us = atc_mono_us();
-    uint32_t bt = r->rreq.block_tokens ? r->rreq.block_tokens : ATC_PREFIX_BLOCK_BYTES / 4;
+    uint32_t bt = atc_block_tokens(r->rreq.block_tokens);
     atc_signals_sent_guessed(&ep->sig, &r->w->table->signals, &r->sig, r->f->prompt_tokens, cached, bt,
                              r->t_attempt_us);
     struct atc_disagg_request *q = &r->dgreq;
@@ -1163,7 +1163,7 @@ static void record_finished(struct relay *r, bool flushed)
     t.stream = f->stream;
     t.blocks = f->blocks;
     t.nblocks = f->nblocks;
-    t.block_tokens = f->nblocks > 0 ? ATC_PREFIX_BLOCK_BYTES / 4 : 0;
+    t.block_tokens = f->nblocks > 0 ? ATC_PREFIX_BLOCK_TOKENS : 0;
     /* The prompt points into the client's body, which is gone once a drain's last bytes are flushed. */
     if (atc_recorder_text(rec) && f->prompt != NULL && !flushed) {
         t.prompt = f->prompt;

@@ -13,6 +13,7 @@
 #define ATC_PREFIX_BLOCK_BYTES 256 /* bytes of prompt per prefix block (about 64 tokens) */
 #define ATC_PREFIX_BLOCKS_MAX 512  /* blocks hashed per request: the first 128 KiB of prompt */
 #define ATC_FEATURES_DEPTH_MAX 64  /* deeper JSON nesting is refused (a hostile-input guard) */
+#define ATC_PREFIX_BLOCK_TOKENS (ATC_PREFIX_BLOCK_BYTES / 4) /* the prompt-token estimate is 4 bytes a token */
 
 /* Output tokens a request that sets no max_tokens is counted for (endpoint token counters, tenants'
  * budgets, policies' req.tokens), in serving, replay and t.route alike. */
@@ -31,6 +32,13 @@ int atc_request_kind_parse(const char *s, size_t len, enum atc_request_kind *kin
 static inline uint64_t atc_request_tokens(uint32_t prompt_tokens, int64_t max_tokens)
 {
     return prompt_tokens + (uint64_t)(max_tokens >= 0 ? max_tokens : ATC_DEFAULT_OUTPUT_TOKENS);
+}
+
+/** Tokens per prefix block: @p block_tokens (a trace's or an engine's), or ATC_PREFIX_BLOCK_TOKENS
+ * when it is 0 (live requests hash prompt text). */
+static inline uint32_t atc_block_tokens(uint32_t block_tokens)
+{
+    return block_tokens ? block_tokens : ATC_PREFIX_BLOCK_TOKENS;
 }
 
 struct atc_features {

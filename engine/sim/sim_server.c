@@ -35,7 +35,6 @@
 #include "sim/sim_kv_publish.h"
 #include "sim/sim_tokenize.h"
 
-#define BLOCK_TOKENS (ATC_PREFIX_BLOCK_BYTES / 4) /* request_features estimates 4 bytes per token */
 #define MAX_BODY (32u << 20)
 #define MAX_PENDING_OUTPUT (4u << 20) /* a client this far behind is dropped rather than buffered for */
 #define EMBEDDING_DIM 8
@@ -94,11 +93,11 @@ struct atc_sim_server {
     struct atc_sim *sim;
     struct atc_sim_kv_pub *kv_pub; /* --kv-events: its KV-cache events over ZMQ; NULL without */
     struct atc_sim_tokenizer *tok; /* POST /tokenize, and --kv-events-hash's keys (sim_tokenize.h) */
-    struct event *timer;  /* the model's next event */
-    struct event *die_ev; /* deferred death: never free the server from inside its own callbacks */
-    uint64_t t0;          /* CLOCK_MONOTONIC at start, us: model time is relative to it */
-    uint64_t rng;         /* fault draws */
-    uint64_t accepted;    /* inference requests accepted, for die_after */
+    struct event *timer;           /* the model's next event */
+    struct event *die_ev;          /* deferred death: never free the server from inside its own callbacks */
+    uint64_t t0;                   /* CLOCK_MONOTONIC at start, us: model time is relative to it */
+    uint64_t rng;                  /* fault draws */
+    uint64_t accepted;             /* inference requests accepted, for die_after */
     uint16_t port;
     bool dying;
     struct sim_req *reqs;
@@ -669,7 +668,8 @@ static void handle_inference(struct atc_sim_server *srv, struct atc_http_req *re
     }
     uint64_t keys[ATC_PREFIX_BLOCKS_MAX];
     if (srv->kv_pub != NULL) /* --kv-events-hash: its blocks go out under the engine-style keys */
-        atc_sim_kv_pub_alias(srv->kv_pub, f.blocks, keys, atc_sim_tokenizer_keys(srv->tok, &f, keys, f.nblocks));
+        atc_sim_kv_pub_alias(srv->kv_pub, f.blocks, keys,
+                             atc_sim_tokenizer_keys(srv->tok, &f, keys, f.nblocks));
     bool stream = f.stream && kind != ATC_KIND_EMBEDDING;
     bool tgi = srv->p.engine == ATC_SIM_TGI;
     /* TGI serves one model and does not read the request's model name. */
@@ -680,8 +680,9 @@ static void handle_inference(struct atc_sim_server *srv, struct atc_http_req *re
         return;
     }
     struct atc_sim_disagg_req dg = {.max_tokens = f.max_tokens, .compute_prompt = true};
-    if (kind != ATC_KIND_EMBEDDING && atc_sim_disagg_check(srv->disagg, body ? body : "", body ? len : 0,
-                                                           f.max_tokens, f.prompt_tokens, stream, &dg, &err) < 0) {
+    if (kind != ATC_KIND_EMBEDDING &&
+        atc_sim_disagg_check(srv->disagg, body ? body : "", body ? len : 0, f.max_tokens, f.prompt_tokens,
+                             stream, &dg, &err) < 0) {
         send_error(srv, req, ERR_INVALID, err);
         return;
     }
@@ -734,7 +735,8 @@ static void handle_inference(struct atc_sim_server *srv, struct atc_http_req *re
         return; /* kept until the client or the server goes away, without a byte */
     /* The prefix cache's hits as the request arrives, in tokens; the last prompt token is always
      * computed (vLLM's num_cached_tokens). */
-    uint64_t cached = (uint64_t)atc_sim_prefix_cached(srv->sim, f.blocks, f.nblocks) * BLOCK_TOKENS;
+    uint64_t cached =
+        (uint64_t)atc_sim_prefix_cached(srv->sim, f.blocks, f.nblocks) * ATC_PREFIX_BLOCK_TOKENS;
     r->cached_tokens = (uint32_t)(cached < r->prompt_tokens ? cached : r->prompt_tokens - 1);
 
     if (!r->stream && !(r->text = evbuffer_new()))
@@ -744,7 +746,7 @@ static void handle_inference(struct atc_sim_server *srv, struct atc_http_req *re
         .max_tokens = dg.max_tokens,
         .blocks = f.blocks,
         .nblocks = f.nblocks,
-        .block_tokens = BLOCK_TOKENS,
+        .block_tokens = ATC_PREFIX_BLOCK_TOKENS,
         .kv_arrives = !dg.compute_prompt, /* a decode server reads the KV: it takes room, not prefill */
     };
     r->seq = atc_sim_submit(srv->sim, now_us(srv) + dg.transfer_us, &mreq, r, &r->output_tokens);
@@ -1099,16 +1101,17 @@ struct atc_sim_server *atc_sim_server_start(struct event_base *base, const struc
     srv->t0 = atc_mono_us();
     if (!srv->p.model || (p->api_key && !(srv->p.api_key = strdup(p->api_key))) ||
         !(srv->sim = atc_sim_create(&srv->p, on_token, srv)) ||
-        !(srv->disagg = atc_sim_disagg_create(&srv->p)) ||
-        !(srv->timer = evtimer_new(base, on_timer, srv)) || !(srv->die_ev = evtimer_new(base, on_die, srv)) ||
+        !(srv->disagg = atc_sim_disagg_create(&srv->p)) || !(srv->timer = evtimer_new(base, on_timer, srv)) ||
+        !(srv->die_ev = evtimer_new(base, on_die, srv)) ||
         !(srv->loaded_ev = evtimer_new(base, on_loaded, srv)) ||
         !(srv->http = atc_http_server_create(base, &http_cfg, on_request, srv)))
         goto error;
-    if (!(srv->tok = atc_sim_tokenizer_create(base, p->kv_events_hash, BLOCK_TOKENS, p->tokenize_delay_ms, err)))
+    if (!(srv->tok = atc_sim_tokenizer_create(base, p->kv_events_hash, ATC_PREFIX_BLOCK_TOKENS,
+                                              p->tokenize_delay_ms, err)))
         goto error;
     if (p->kv_events != NULL) {
-        if (!(srv->kv_pub = atc_sim_kv_pub_create(base, p->kv_events, p->kv_events_replay, BLOCK_TOKENS,
-                                                  p->kv_events_drop, err)))
+        if (!(srv->kv_pub = atc_sim_kv_pub_create(base, p->kv_events, p->kv_events_replay,
+                                                  ATC_PREFIX_BLOCK_TOKENS, p->kv_events_drop, err)))
             goto error; /* *err says why */
         atc_sim_set_kv_listener(srv->sim, atc_sim_kv_pub_on_kv, srv->kv_pub);
     }

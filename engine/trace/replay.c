@@ -476,12 +476,13 @@ static void dispatch(struct replay *rp, size_t i, struct atc_endpoint *ep, struc
 static void released(struct replay *rp, size_t i, const struct atc_endpoint *ep, uint64_t output_tokens)
 {
     const struct atc_trace_record *r = &rp->trace->records[i];
-    if (rp->rt == NULL || r->nblocks == 0)
+    if (rp->rt == NULL)
         return;
     struct atc_features *f = &rp->released; /* (rp->f may be a decision's, up the stack) */
     f->prompt_tokens = r->prompt_tokens;
     f->nblocks = r->nblocks < ATC_PREFIX_BLOCKS_MAX ? r->nblocks : ATC_PREFIX_BLOCKS_MAX;
-    memcpy(f->blocks, r->blocks, f->nblocks * sizeof(uint64_t));
+    if (f->nblocks > 0) /* (r->blocks is NULL without) */
+        memcpy(f->blocks, r->blocks, f->nblocks * sizeof(uint64_t));
     atc_policy_released(rp->rt, f, r->block_tokens, ep, output_tokens);
 }
 

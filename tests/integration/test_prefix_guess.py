@@ -60,6 +60,35 @@ class PrefixGuessTest(AtcTestCase):
         self.assertGreater(m2["cached_tokens_total"], 500)
         self.assertGreater(m2["reported_cached_tokens_total"] - m["reported_cached_tokens_total"], 500)
 
+    def test_a_long_answer_pushes_an_older_prompt_out_of_the_guess(self):
+        # A 1,024-token cache. Prompt A (~400 tokens) is cached; then a short prompt whose 1,000-token answer
+        # takes the room, so the server evicts A's blocks (vLLM frees a request's blocks to the end of its
+        # free queue when it ends, and allocation takes from the front). atc counts an answer's tokens
+        # into the server's LRU clock when the request ends (relay.c release_endpoint): sent again, A is
+        # guessed 0 cached, as the server says. Counting prompts only, the guess would say ~400.
+        sim = self.start_sim("s", extra=["--kv-blocks", "64", "--decode-ms", "0.2"])
+        atc = self.start_atc(f"""
+            listen: 127.0.0.1:0
+            admin: 127.0.0.1:0
+            health: {{enabled: false}}
+            policy: {{entry: {self.write_policy(POLICY)}}}
+            models:
+              - name: llama-3-8b
+                endpoints:
+                  - id: s
+                    url: {sim.url}
+                    kv_tokens: 1024
+            """)
+        a = "an older prompt the long answer pushes out. " * 36
+        for content, max_tokens in [(a, 8), ("write a long story", 1000), (a, 8)]:
+            status, _, body = chat(atc.port, content=content, max_tokens=max_tokens)
+            self.assertEqual(status, 200, body)
+        m = self.metrics(atc)
+        self.assertEqual(m["answers_total"], 3)
+        self.assertEqual(m["reported_cached_tokens_total"], 0)  # the server evicted A
+        self.assertEqual(m["cached_tokens_total"], 0)  # and the guess knows it
+        self.assertEqual(m["error_tokens_total"], 0)
+
 
 if __name__ == "__main__":
     unittest.main()
