@@ -222,6 +222,15 @@ static int framing(struct atc_http_head *h, const char *name, size_t name_len, c
                 h->keep_alive = true;
         }
         break;
+    case 4:
+        if (strcasecmp(name, "host") == 0) {
+            if (h->host) { /* RFC 9112 3.2: two Host lines are a 400 (hops may each read another one) */
+                h->refused = &atc_http_refused_two_hosts;
+                return -400;
+            }
+            h->host = true;
+        }
+        break;
     case 6:
         if (strcasecmp(name, "expect") == 0 && strcasecmp(value, "100-continue") == 0)
             h->expect_continue = true;
@@ -238,6 +247,8 @@ const struct atc_http_refusal atc_http_refused_obs_fold = {
     "obs_fold", "a header line starts with a space or tab (obs-fold); send each header on one line"};
 const struct atc_http_refusal atc_http_refused_missing_host = {"missing_host",
                                                                "an HTTP/1.1 request needs a Host header"};
+const struct atc_http_refusal atc_http_refused_two_hosts = {"two_hosts",
+                                                            "a request has one Host header, not several"};
 
 int atc_http_parse_request(char *buf, size_t len, size_t max_head, struct atc_http_head *h)
 {
@@ -264,7 +275,7 @@ int atc_http_parse_request(char *buf, size_t len, size_t max_head, struct atc_ht
     h->base = buf;
     h->nheaders = 0;
     h->content_length = -1;
-    h->chunked = h->expect_continue = h->conflicting_lengths = false;
+    h->chunked = h->expect_continue = h->conflicting_lengths = h->host = false;
     char *e = line_end(p);
     if (e == NULL)
         return -400;
@@ -305,7 +316,7 @@ int atc_http_parse_request(char *buf, size_t len, size_t max_head, struct atc_ht
     }
     if (h->chunked && h->content_length >= 0)
         return -400;
-    if (h->minor == 1 && atc_http_head_find(h, "host") == NULL) {
+    if (h->minor == 1 && !h->host) {
         h->refused =
             &atc_http_refused_missing_host; /* RFC 9112 3.2: an HTTP/1.1 request without Host is a 400 */
         return -400;

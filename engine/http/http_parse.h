@@ -59,6 +59,7 @@ struct atc_http_head {
     bool keep_alive; /* HTTP/1.1 unless "Connection: close"; HTTP/1.0 only with "keep-alive" */
     bool expect_continue;
     bool conflicting_lengths; /* two Content-Length values that differ */
+    bool host;                /* a Host header line was seen */
     const struct atc_http_refusal *refused; /* after -400: what was refused when it has a code of its own
                                                (one of atc_http_refused_*), else NULL */
 };
@@ -68,7 +69,7 @@ struct atc_http_refusal {
     const char *code, *message;
 };
 extern const struct atc_http_refusal atc_http_refused_empty_lines, atc_http_refused_nul_in_header,
-    atc_http_refused_obs_fold, atc_http_refused_missing_host;
+    atc_http_refused_obs_fold, atc_http_refused_missing_host, atc_http_refused_two_hosts;
 
 /** Parses the request head at the start of @p buf (@p len bytes, at most @p max_head of which may be the
  * head, after at most ATC_HTTP_MAX_EMPTY_LINES empty lines). Returns the head's length in bytes, the empty

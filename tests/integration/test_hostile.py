@@ -217,6 +217,9 @@ class MalformedTest(HostileTestCase):
             answer = exchange(port, b"GET /health HTTP/1.1\r\n\r\n")
             self.assertEqual(status_of(answer), 400)
             self.assertIn(b'"code":"missing_host"', answer)
+            answer = exchange(port, b"GET /health HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n")
+            self.assertEqual(status_of(answer), 400)
+            self.assertIn(b'"code":"two_hosts"', answer)
         self.assert_released()
         self.assert_normal_request_works()
 

@@ -147,7 +147,7 @@ static void test_bare_cr_in_trailer(void **state)
 }
 
 /* Request heads: a few empty lines before the request line are skipped, a stream of them refused;
- * HTTP/1.1 needs a Host. */
+ * HTTP/1.1 needs a Host, and no request has two. */
 static void test_request_heads(void **state)
 {
     (void)state;
@@ -167,6 +167,11 @@ static void test_request_heads(void **state)
     assert_ptr_equal(h.refused, &atc_http_refused_missing_host);
     char f[] = "GET / HTTP/1.0\r\n\r\n"; /* HTTP/1.0 has no such rule */
     assert_int_equal(atc_http_parse_request(f, strlen(f), 1024, &h), (int)strlen(f));
+    char g[] = "GET / HTTP/1.1\r\nHost: a\r\nX: y\r\nhost: b\r\n\r\n"; /* and one only, in any version */
+    assert_int_equal(atc_http_parse_request(g, strlen(g), 1024, &h), -400);
+    assert_ptr_equal(h.refused, &atc_http_refused_two_hosts);
+    char i[] = "GET / HTTP/1.0\r\nHost: a\r\nHost: a\r\n\r\n";
+    assert_int_equal(atc_http_parse_request(i, strlen(i), 1024, &h), -400);
 }
 
 int main(void)
