@@ -202,6 +202,7 @@ struct atc_config {
         uint64_t connect_timeout_ms;    /* upstream.connect_timeout (default 2s) */
         uint64_t first_byte_timeout_ms; /* upstream.first_byte_timeout (default 60s) */
         uint64_t idle_timeout_ms;       /* upstream.idle_timeout: max gap between bytes (default 60s) */
+        uint64_t token_timeout_ms; /* upstream.token_timeout: a whole answer's extra wait per token (100ms) */
         unsigned tries;                 /* upstream.tries: attempts per request incl. the first (default 2) */
         unsigned keepalive; /* upstream.keepalive: idle connections kept per endpoint (default 32) */
     } upstream;

@@ -134,6 +134,7 @@ struct atc_config *atc_config_new(const char *name, const char *dir)
     cfg->upstream.connect_timeout_ms = 2000;
     cfg->upstream.first_byte_timeout_ms = 60000;
     cfg->upstream.idle_timeout_ms = 60000;
+    cfg->upstream.token_timeout_ms = 100;
     cfg->upstream.tries = 2;
     cfg->upstream.keepalive = 32;
     cfg->record.dir = cfg->dir ? atc_config_path(cfg->dir, "traces") : NULL;

@@ -54,6 +54,7 @@ static const struct field upstream_fields[] = {
     {.key = "connect_timeout", .kind = F_MS, .off = CFG(upstream.connect_timeout_ms), .min = 1},
     {.key = "first_byte_timeout", .kind = F_MS, .off = CFG(upstream.first_byte_timeout_ms), .min = 1},
     {.key = "idle_timeout", .kind = F_MS, .off = CFG(upstream.idle_timeout_ms), .min = 1},
+    {.key = "token_timeout", .kind = F_MS, .off = CFG(upstream.token_timeout_ms)},
     {.key = "tries", .kind = F_UINT, .off = CFG(upstream.tries), .min = 1, .max = 100},
     {.key = "keepalive", .kind = F_UINT, .off = CFG(upstream.keepalive), .max = 100000},
     {.key = NULL},

@@ -811,13 +811,14 @@ static void send_config(struct atc_server *srv, struct atc_http_req *req)
         b,
         ",\"workers\":%u,\"max_body\":%zu,\"drain_timeout_ms\":%llu,\"client_timeout_ms\":%llu,"
         "\"upstream\":{\"connect_timeout_ms\":%llu,\"first_byte_timeout_ms\":%llu,"
-        "\"idle_timeout_ms\":%llu,\"tries\":%u,\"keepalive\":%u},"
+        "\"idle_timeout_ms\":%llu,\"token_timeout_ms\":%llu,\"tries\":%u,\"keepalive\":%u},"
         "\"admission\":{\"queue\":%u,\"deadline_ms\":%llu,\"max_deadline_ms\":%llu,\"aging_ms\":%llu},"
         "\"policy\":",
         srv->group.nworkers, c->max_body, (unsigned long long)c->drain_timeout_ms,
         (unsigned long long)c->client_timeout_ms, (unsigned long long)c->upstream.connect_timeout_ms,
         (unsigned long long)c->upstream.first_byte_timeout_ms,
-        (unsigned long long)c->upstream.idle_timeout_ms, c->upstream.tries, c->upstream.keepalive,
+        (unsigned long long)c->upstream.idle_timeout_ms, (unsigned long long)c->upstream.token_timeout_ms,
+        c->upstream.tries, c->upstream.keepalive,
         c->admission.queue, (unsigned long long)c->admission.deadline_ms,
         (unsigned long long)c->admission.max_deadline_ms, (unsigned long long)c->admission.aging_ms);
     if (c->policy.enabled) {

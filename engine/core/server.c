@@ -123,6 +123,7 @@ static struct atc_upstream_settings upstream_settings(const struct atc_config *c
         .connect_timeout_ms = cfg->upstream.connect_timeout_ms,
         .first_byte_timeout_ms = cfg->upstream.first_byte_timeout_ms,
         .idle_timeout_ms = cfg->upstream.idle_timeout_ms,
+        .token_timeout_ms = cfg->upstream.token_timeout_ms,
         .keepalive = cfg->upstream.keepalive,
     };
 }

@@ -92,6 +92,8 @@ struct atc_upstream_req {
     /* an event stream's head came, its first event not yet (atc_upstream_first_event): the first-byte
      * timer still runs, and reads do not re-arm it */
     bool await_event;
+    bool whole; /* its head is waited for within whole_tv, not first_byte_tv (atc_upstream_whole_answer) */
+    struct timeval whole_tv;
     char *fwd; /* the end-to-end headers (resp.headers), malloc'd at the first */
     size_t fwd_len;
     char conn_names[256]; /* the names a Connection header lists, ",name,name," lowercased */
@@ -138,6 +140,12 @@ bool atc_upstream_is_timeout(enum atc_upstream_error err)
 static void arm_timer(struct upstream_conn *c, const struct timeval *tv)
 {
     event_add(c->timer, tv);
+}
+
+/* How long the request's head may take, from the request written. */
+static const struct timeval *head_timeout(const struct atc_upstream_req *req)
+{
+    return req->whole ? &req->whole_tv : &req->pool->first_byte_tv;
 }
 
 /* A libevent common timeout for @p ms: the connections' timers of one duration wait in one list, so that
@@ -335,7 +343,7 @@ static int conn_start(struct atc_upstream_req *req)
         /* On an open connection the request goes out later in this loop turn, without waiting for the
          * socket to be reported writable (two epoll_ctl and a turn of the loop): the requests read in one
          * turn are sent together, which wakes a server once for several of them rather than once each. */
-        arm_timer(c, &pool->first_byte_tv);
+        arm_timer(c, head_timeout(req));
         req->unsent = true;
         event_active(c->wev, EV_WRITE, 1);
     }
@@ -409,6 +417,18 @@ void atc_upstream_pause(struct atc_upstream_req *req)
     req->paused = true;
     event_del(req->conn->rev);
     event_del(req->conn->timer);
+}
+
+void atc_upstream_whole_answer(struct atc_upstream_req *req, int64_t max_tokens)
+{
+    const struct atc_upstream_settings *s = &req->pool->settings;
+    uint64_t tokens = max_tokens >= 0 ? (uint64_t)max_tokens : ATC_UPSTREAM_WHOLE_ANSWER_TOKENS;
+    uint64_t per = s->token_timeout_ms, extra = per != 0 && tokens > UINT32_MAX / per ? UINT32_MAX : tokens * per;
+    uint64_t ms = s->first_byte_timeout_ms + extra; /* (a timer's own timeval: not a common timeout) */
+    req->whole_tv = (struct timeval){.tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000};
+    req->whole = true;
+    if (req->conn != NULL && !req->conn->connecting)
+        arm_timer(req->conn, &req->whole_tv);
 }
 
 void atc_upstream_first_event(struct atc_upstream_req *req)
@@ -910,7 +930,7 @@ static void on_conn_writable(evutil_socket_t fd, short what, void *arg)
             return;
         }
         c->connecting = false;
-        arm_timer(c, &c->pool->first_byte_tv);
+        arm_timer(c, c->req != NULL ? head_timeout(c->req) : &c->pool->first_byte_tv);
         event_add(c->rev, NULL);
     }
     if (c->req != NULL && c->req->unsent) {

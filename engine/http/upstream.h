@@ -22,6 +22,8 @@ struct atc_upstream_settings {
      * (atc_upstream_first_event): vLLM, SGLang and TGI send a stream's head before prefill */
     uint64_t first_byte_timeout_ms;
     uint64_t idle_timeout_ms;       /* longest gap between two reads of the body, after the above */
+    uint64_t token_timeout_ms;      /* a whole answer's head may come this much later per output token
+                                     * (atc_upstream_whole_answer) */
     unsigned keepalive;             /* idle connections kept per endpoint */
 };
 
@@ -88,6 +90,16 @@ struct atc_upstream_req *atc_upstream_send(struct atc_upstream_pool *pool, const
  * event stream's head does not stop, bounds the wait; from then on the idle timeout bounds each gap.
  * Does nothing for an answer that is not an event stream (its head stopped the first-byte timeout). */
 void atc_upstream_first_event(struct atc_upstream_req *req);
+
+/** The answer will come whole once generated (not streamed): the engines send its head when the last of
+ * up to @p max_tokens (< 0: not set, taken as ATC_UPSTREAM_WHOLE_ANSWER_TOKENS) is decoded, so it may
+ * take first_byte_timeout_ms + max_tokens x token_timeout_ms. Called right after the send, before the
+ * loop runs again. */
+void atc_upstream_whole_answer(struct atc_upstream_req *req, int64_t max_tokens);
+
+/* Without max_tokens vLLM may generate to the context's end (max_tokens = max_model_len - prompt,
+ * vllm/entrypoints/openai/serving_engine.py): the wait for such an answer allows this many. */
+#define ATC_UPSTREAM_WHOLE_ANSWER_TOKENS 4096
 
 /** The same, with an "Authorization: @p authorization" header line when @p authorization is not NULL
  * (a value without CR or LF: the caller checked it; it is copied into the request's head). */

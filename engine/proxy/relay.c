@@ -97,8 +97,7 @@ struct relay {
     struct atc_queue_item qi;      /* while waiting for capacity */
     uint64_t policy_version;
     struct atc_decision_record rec; /* the decision that routed it (its last one) */
-    struct atc_explain *scores; /* what atc.explain attached, allocated when someone reads it (1.5 KiB: a
-                                 * held stream nobody explains does without) */
+    struct atc_explain *scores; /* atc.explain's, allocated when someone reads it (1.5 KiB a stream) */
     bool explain_reply;             /* the client asked for the record and policy.explain allows it */
     bool shadowed;                  /* the shadow policy has seen it */
     char *rewritten; /* the body with "model" set to the endpoint's, when a policy mapped an alias */
@@ -128,8 +127,7 @@ struct relay {
     struct evbuffer *buffered;
     uint64_t t_attempt_us;
 
-    /* For the access log and the metrics. Arrival; the first token: a stream's first data event (0: none,
-     * and always for an answer that is not an event stream, whose first token atc cannot see) */
+    /* Arrival; the first token: a stream's first data event (0: none, or not an event stream) */
     uint64_t t_start_us, t_first_us;
     uint64_t bytes, sse_events;
     uint64_t data_events;  /* events with a data field; comments and empty events are not tokens */
@@ -917,6 +915,8 @@ static void send_up(struct relay *r)
     r->up = rc == 0 ? atc_upstream_send_as(ep->pools[r->w->id], "POST", r->path, r->extra_headers, auth, body,
                                            len, &upstream_cb, r)
                     : NULL;
+    if (r->up != NULL && !r->f->stream && r->rreq.kind != ATC_KIND_EMBEDDING) /* its head comes at the end */
+        atc_upstream_whole_answer(r->up, r->f->max_tokens);
     if (r->up == NULL) {
         release_endpoint(r);
         reply_error(r, 500, "server_error", "out_of_memory", "out of memory", 0);

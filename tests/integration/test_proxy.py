@@ -198,6 +198,45 @@ class ProxyTest(AtcTestCase):
         self.assertLess(time.monotonic() - start, 5)
         self.assertEqual(atc.endpoints()["hung"]["inflight"], 0)
 
+    def test_a_whole_answer_may_take_a_token_timeout_per_token_more(self):
+        # vLLM sends a non-streamed answer's head once its last token is decoded: a long answer takes
+        # longer than first_byte_timeout, and gets token_timeout x its max_tokens more. 40 tokens of
+        # 25 ms take about 1 s; first_byte_timeout 300ms alone cut them at 0.3 s, and retried them.
+        sim = self.start_sim(extra=["--decode-ms", "25"])
+        for token_timeout, want in (("100ms", 200), ("0ms", 504)):
+            atc = self.start_atc(f"""
+                listen: 127.0.0.1:0
+                admin: 127.0.0.1:0
+                upstream: {{first_byte_timeout: 300ms, token_timeout: {token_timeout}, tries: 1}}
+                models:
+                  - name: llama-3-8b
+                    endpoints:
+                      - {{id: s, url: "{sim.url}"}}
+            """, name="atc-" + token_timeout)
+            status, _, out = chat(atc.port, max_tokens=40)
+            self.assertEqual(status, want, out)
+            config = json.loads(request("127.0.0.1", atc.admin_port, "GET", "/admin/config")[2])
+            self.assertEqual(config["upstream"]["token_timeout_ms"], int(token_timeout[:-2]))
+            # a stream's wait is for its first event, which comes after prefill: token_timeout is not in it
+            status, _, events = stream_events(atc.port, {"model": "llama-3-8b", "stream": True, "max_tokens": 40,
+                                                         "messages": [{"role": "user", "content": "hi"}]})
+            self.assertEqual((status, events[-1][1]), (200, "[DONE]"))
+        # a hung server still costs a short answer little: 300 ms + 2 x 100 ms
+        hung = self.start_sim("hung", extra=["--hang-rate", "1"])
+        atc = self.start_atc(f"""
+            listen: 127.0.0.1:0
+            admin: 127.0.0.1:0
+            upstream: {{first_byte_timeout: 300ms, tries: 1}}
+            models:
+              - name: llama-3-8b
+                endpoints:
+                  - {{id: hung, url: "{hung.url}"}}
+        """, name="atc-hung")
+        start = time.monotonic()
+        status, _, out = chat(atc.port, max_tokens=2)
+        self.assertEqual((status, error_of(out)["type"]), (504, "timeout"))
+        self.assertGreater(time.monotonic() - start, 0.45)
+
     def test_an_endpoint_id_too_long_for_a_header_leaves_the_answer_whole(self):
         # atc's own headers are built in a fixed buffer; a line that does not fit is left out whole: cut
         # short, it ran into the next header line. Streamed and not, with and without the policy.

@@ -95,6 +95,7 @@ static void test_full_file(void **state)
                        "  connect_timeout: 250ms\n"
                        "  first_byte_timeout: 1.5s\n"
                        "  idle_timeout: 2m\n"
+                       "  token_timeout: 250ms\n"
                        "  tries: 3\n"
                        "  keepalive: 0\n"
                        "max_body: 1GiB\n"
@@ -147,6 +148,7 @@ static void test_full_file(void **state)
     assert_int_equal(cfg->upstream.connect_timeout_ms, 250);
     assert_int_equal(cfg->upstream.first_byte_timeout_ms, 1500);
     assert_int_equal(cfg->upstream.idle_timeout_ms, 120000);
+    assert_int_equal(cfg->upstream.token_timeout_ms, 250);
     assert_int_equal(cfg->upstream.tries, 3);
     assert_int_equal(cfg->upstream.keepalive, 0);
     assert_int_equal(cfg->max_body, (size_t)1 << 30);
@@ -254,6 +256,7 @@ static void test_defaults(void **state)
     assert_int_equal(cfg->upstream.connect_timeout_ms, 2000);
     assert_int_equal(cfg->upstream.first_byte_timeout_ms, 60000);
     assert_int_equal(cfg->upstream.idle_timeout_ms, 60000);
+    assert_int_equal(cfg->upstream.token_timeout_ms, 100);
     assert_int_equal(cfg->upstream.tries, 2);
     assert_int_equal(cfg->upstream.keepalive, 32);
     assert_int_equal(cfg->max_body, 8 << 20);
