@@ -422,9 +422,11 @@ void atc_upstream_pause(struct atc_upstream_req *req)
 void atc_upstream_whole_answer(struct atc_upstream_req *req, int64_t max_tokens)
 {
     const struct atc_upstream_settings *s = &req->pool->settings;
-    uint64_t tokens = max_tokens >= 0 ? (uint64_t)max_tokens : ATC_UPSTREAM_WHOLE_ANSWER_TOKENS;
-    uint64_t per = s->token_timeout_ms, extra = per != 0 && tokens > UINT32_MAX / per ? UINT32_MAX : tokens * per;
-    uint64_t ms = s->first_byte_timeout_ms + extra; /* (a timer's own timeval: not a common timeout) */
+    uint64_t tokens = max_tokens < 0                                   ? ATC_UPSTREAM_WHOLE_ANSWER_TOKENS
+                      : (uint64_t)max_tokens > ATC_UPSTREAM_CONTEXT_MAX ? ATC_UPSTREAM_CONTEXT_MAX
+                                                                        : (uint64_t)max_tokens;
+    uint64_t per = s->token_timeout_ms < 60000 ? s->token_timeout_ms : 60000; /* (no overflow below) */
+    uint64_t ms = s->first_byte_timeout_ms + tokens * per; /* (its own timer: not a common timeout) */
     req->whole_tv = (struct timeval){.tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000};
     req->whole = true;
     if (req->conn != NULL && !req->conn->connecting)

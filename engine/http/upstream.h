@@ -100,6 +100,8 @@ void atc_upstream_whole_answer(struct atc_upstream_req *req, int64_t max_tokens)
 /* Without max_tokens vLLM may generate to the context's end (max_tokens = max_model_len - prompt,
  * vllm/entrypoints/openai/serving_engine.py): the wait for such an answer allows this many. */
 #define ATC_UPSTREAM_WHOLE_ANSWER_TOKENS 4096
+/* More than this is no engine's context (vLLM answers it 400): a larger max_tokens counts as this. */
+#define ATC_UPSTREAM_CONTEXT_MAX 131072
 
 /** The same, with an "Authorization: @p authorization" header line when @p authorization is not NULL
  * (a value without CR or LF: the caller checked it; it is copied into the request's head). */
