@@ -251,6 +251,7 @@ const struct field atc_config_simulate_fields[] = {
      .max = UINT_MAX},
     {.key = "output_min", .kind = F_UINT, .off = SIM(params.output_min), .min = 1, .max = UINT_MAX},
     {.key = "output_max", .kind = F_UINT, .off = SIM(params.output_max), .min = 1, .max = UINT_MAX},
+    {.key = "max_model_len", .kind = F_UINT, .off = SIM(params.max_model_len), .min = 1, .max = UINT_MAX},
     {.key = "engine", .kind = F_CHOICE, .off = SIM(params.engine), .choices = atc_sim_engine_names},
     {.key = "api_key", .kind = F_STR, .off = SIM(params.api_key)},
     {.key = "kv_events", .kind = F_STR, .off = SIM(params.kv_events)},

@@ -16,6 +16,8 @@
 /* max_concurrent of a TGI sim: text-generation-inference's --max-concurrent-requests default
  * (launcher/src/main.rs, router/src/main.rs), past which its router answers 429 "Model is overloaded". */
 #define ATC_SIM_TGI_MAX_CONCURRENT 128
+/* max_model_len: Llama 3.1 8B's context, 128k tokens. */
+#define ATC_SIM_DEFAULT_MAX_MODEL_LEN 131072
 
 /* Which engine's HTTP face the simulated server wears (sim_server.h says what differs). The model of
  * sim.h is the same for all. */
@@ -65,6 +67,7 @@ struct atc_sim_params {
     unsigned max_batched_tokens; /* tokens per iteration, prefill is chunked to fit (8192, as vLLM) */
     unsigned output_min;         /* output length drawn when a request has no max_tokens ... (16) */
     unsigned output_max;         /* ... up to this many tokens (512) */
+    unsigned max_model_len;      /* a prompt plus max_tokens past this is refused, as vLLM does (131072) */
 
     /* Prefill/decode disaggregation (sim/sim_disagg.c); 0 = default. */
     unsigned role;             /* an enum atc_role (config/roles.h): both (default), prefill, decode */

@@ -48,6 +48,7 @@ static const char usage[] =
     "  --kv-blocks N             KV cache size in 16-token blocks (default 25000 = 400k tokens)\n"
     "  --output-min N            output length drawn when a request has no max_tokens: from N ... (16)\n"
     "  --output-max N            ... to N tokens (512)\n"
+    "  --max-model-len N         context length: a prompt plus max_tokens past it gets vLLM's 400 (131072)\n"
     "  --error-rate P            share of requests answered 500 (tgi: 424) (default 0)\n"
     "  --hang-rate P             share of requests accepted and never answered (default 0)\n"
     "  --not-ready-for DURATION  loading for this long after start (250ms, 2s): vllm, sglang and tgi\n"
@@ -104,6 +105,7 @@ static const struct sim_flag {
     {"kv-blocks", FLAG_COUNT, P(kv_blocks), 1},
     {"output-min", FLAG_COUNT, P(output_min), 1},
     {"output-max", FLAG_COUNT, P(output_max), 1},
+    {"max-model-len", FLAG_COUNT, P(max_model_len), 1},
     {"error-rate", FLAG_SHARE, P(error_rate), 0},
     {"hang-rate", FLAG_SHARE, P(hang_rate), 0},
     {"not-ready-for", FLAG_DURATION, P(not_ready_for_ms), 0},

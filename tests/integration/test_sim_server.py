@@ -238,6 +238,12 @@ class TestSimServer(unittest.TestCase):
         self.assertEqual((status, err["code"], err["type"]), (404, 404, "NotFoundError"))
         self.assertIn("gpt-4", err["message"])
         self.assertEqual(self.sim.request("GET", "/nope")[0], 404)
+        # past the context (--max-model-len, 131072 by default): vLLM's 400 before any queueing
+        status, _, out = self.sim.request("POST", "/v1/chat/completions", chat(10**9))
+        err = json.loads(out)["error"]
+        self.assertEqual((status, err["code"], err["type"]), (400, 400, "BadRequestError"))
+        self.assertIn("maximum context length is 131072 tokens", err["message"])
+        self.assertIn("1000000000 in the completion", err["message"])
 
     def test_metrics_names(self):
         status, headers, body = self.sim.request("GET", "/metrics")
@@ -372,6 +378,20 @@ class TestEngines(unittest.TestCase):
         sim = Sim(*flags)
         self.addCleanup(lambda: self.assertEqual(sim.stop(), 0))
         return sim
+
+    def test_max_model_len(self):
+        sim = self.sim("--max-model-len", "40")
+        prompt = json.loads(sim.request("POST", "/v1/chat/completions", chat(1))[2])["usage"]["prompt_tokens"]
+        self.assertEqual(sim.request("POST", "/v1/chat/completions", chat(40 - prompt))[0], 200)  # just fits
+        status, _, out = sim.request("POST", "/v1/chat/completions", chat(41 - prompt))
+        self.assertEqual(status, 400)
+        self.assertIn("maximum context length is 40 tokens. However, you requested 41 tokens",
+                      json.loads(out)["error"]["message"])
+        # without max_tokens the prompt alone must leave room for a token; an embedding's input may fill it
+        long = "word " * 40
+        unset = {"model": MODEL, "messages": [{"role": "user", "content": long}]}
+        self.assertEqual(sim.request("POST", "/v1/chat/completions", unset)[0], 400)
+        self.assertEqual(sim.request("POST", "/v1/embeddings", {"model": MODEL, "input": "hi"})[0], 200)
 
     def test_api_key_vllm(self):
         sim = self.sim("--api-key", "sekrit")
