@@ -29,6 +29,7 @@
 #include "base/json.h"
 #include "base/log.h"
 #include "sim/sim_disagg.h"
+#include "sim/sim_embed.h"
 #include "http/http_server.h"
 #include "request/request_features.h"
 #include "base/clock.h"
@@ -37,8 +38,7 @@
 
 #define MAX_BODY (32u << 20)
 #define MAX_PENDING_OUTPUT (4u << 20) /* a client this far behind is dropped rather than buffered for */
-#define EMBEDDING_DIM 8
-#define SGLANG_HEALTH_MS 1000 /* SGLang's /health: a one-token generation, then asyncio.sleep(1) */
+#define SGLANG_HEALTH_MS 1000         /* SGLang's /health: a one-token generation, then asyncio.sleep(1) */
 
 /* How each engine's HTTP face differs, read from its source (sim_server.h has the citations). */
 struct engine_face {
@@ -566,77 +566,18 @@ static void on_token(void *ctx, const struct atc_sim_token *tok)
 
 /* ---- routes ---- */
 
-/* Appends @p n bytes of @p in as base64 (RFC 4648, padded). */
-static void add_base64(struct evbuffer *b, const unsigned char *in, size_t n)
-{
-    static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    for (size_t i = 0; i < n; i += 3) {
-        unsigned v =
-            (unsigned)in[i] << 16 | (i + 1 < n ? (unsigned)in[i + 1] << 8 : 0) | (i + 2 < n ? in[i + 2] : 0);
-        char q[4] = {tab[v >> 18 & 63], tab[v >> 12 & 63], i + 1 < n ? tab[v >> 6 & 63] : '=',
-                     i + 2 < n ? tab[v & 63] : '='};
-        evbuffer_add(b, q, 4);
-    }
-}
-
-/* The body's encoding_format: 0 "float" (or absent), 1 "base64", -1 anything else. */
-static int encoding_format(const char *body, size_t len)
-{
-    struct atc_json j = {0};
-    char fmt[16];
-    int rc = 0;
-    if (atc_json_parse(&j, body, len, NULL) == 0) {
-        int i = atc_json_get(&j, 0, "encoding_format");
-        if (i >= 0 && !atc_json_is(&j, i, "null"))
-            rc = atc_json_string(&j, i, fmt, sizeof(fmt), NULL) < 0 ? -1
-                 : strcmp(fmt, "base64") == 0                       ? 1
-                 : strcmp(fmt, "float") == 0                        ? 0
-                                                                    : -1;
-    }
-    atc_json_dispose(&j);
-    return rc;
-}
-
-/* A small vector drawn from the prompt's first block: equal prompts get equal vectors. With
- * encoding_format "base64" (what the official OpenAI SDK asks for by default) the same vector goes as
- * base64 of little-endian float32s, as OpenAI and vLLM send it. */
+/* vLLM's /v1/embeddings answer (sim_embed.h). */
 static void send_embedding(struct atc_sim_server *srv, struct atc_http_req *req, const struct atc_features *f,
-                           int base64)
+                           const char *body, size_t len)
 {
     struct evbuffer *b = evbuffer_new();
-    if (!b) {
-        send_error(srv, req, ERR_OOM, "out of memory");
-        return;
-    }
-    evbuffer_add_printf(
-        b, "{\"object\":\"list\",\"data\":[{\"object\":\"embedding\",\"index\":0,\"embedding\":%s",
-        base64 ? "\"" : "[");
-    uint64_t st = srv->p.seed ^ (f->nblocks ? f->blocks[0] : f->prompt_len);
-    unsigned char raw[EMBEDDING_DIM * 4];
-    for (int i = 0; i < EMBEDDING_DIM; i++) {
-        /* rounded as the float list prints it, so both encodings carry the same numbers */
-        float x = (float)(round((2 * draw_from(&st) - 1) * 1e6) / 1e6);
-        if (!base64) {
-            evbuffer_add_printf(b, "%s%.6f", i ? "," : "", (double)x);
-            continue;
-        }
-        uint32_t u;
-        memcpy(&u, &x, 4);
-        for (int k = 0; k < 4; k++)
-            raw[i * 4 + k] = (unsigned char)(u >> (8 * k)); /* little-endian whatever the host */
-    }
-    if (base64) {
-        add_base64(b, raw, sizeof(raw));
-        evbuffer_add(b, "\"", 1);
-    } else {
-        evbuffer_add(b, "]", 1);
-    }
-    evbuffer_add_printf(b, "}],\"model\":");
-    atc_json_write_string(b, srv->p.model);
-    evbuffer_add_printf(b, ",\"usage\":{\"prompt_tokens\":%u,\"total_tokens\":%u}}", f->prompt_tokens,
-                        f->prompt_tokens);
-    reply_buffer(req, 200, "application/json", b);
-    evbuffer_free(b);
+    const char *err = "out of memory";
+    if (b != NULL && atc_sim_embeddings(b, srv->p.seed, srv->p.model, body, len, f->prompt_tokens, &err) == 0)
+        reply_buffer(req, 200, "application/json", b);
+    else
+        send_error(srv, req, b != NULL ? ERR_INVALID : ERR_OOM, err);
+    if (b != NULL)
+        evbuffer_free(b);
 }
 
 /* stream_options.include_usage of the body (vLLM, SGLang, llama.cpp and TGI all read it). */
@@ -737,11 +678,7 @@ static void handle_inference(struct atc_sim_server *srv, struct atc_http_req *re
         return;
     }
     if (kind == ATC_KIND_EMBEDDING && !hang) {
-        int base64 = encoding_format(body ? body : "", body ? len : 0);
-        if (base64 < 0)
-            send_error(srv, req, ERR_INVALID, "encoding_format must be 'float' or 'base64'.");
-        else
-            send_embedding(srv, req, &f, base64);
+        send_embedding(srv, req, &f, body ? body : "", body ? len : 0);
         return;
     }
     struct sim_req *r = req_track(srv, req);

@@ -170,6 +170,15 @@ class TestSimServer(unittest.TestCase):
         self.assertEqual(json.loads(out)["data"][0]["embedding"], floats)
         status, _, out = self.sim.request("POST", "/v1/embeddings", dict(body, encoding_format="utf8"))
         self.assertEqual(status, 400, out)
+        # one embedding per input, in order, as vLLM answers a list; equal inputs, equal vectors
+        status, _, out = self.sim.request("POST", "/v1/embeddings", {"model": MODEL, "input": ["x", "y", "x"]})
+        data = json.loads(out)["data"]
+        self.assertEqual((status, [d["index"] for d in data]), (200, [0, 1, 2]))
+        self.assertEqual(data[0]["embedding"], data[2]["embedding"])
+        self.assertNotEqual(data[0]["embedding"], data[1]["embedding"])
+        for tokens, n in (([1, 2, 3], 1), ([[1, 2], [3]], 2)):  # one token list; a list of them
+            out = self.sim.request("POST", "/v1/embeddings", {"model": MODEL, "input": tokens})[2]
+            self.assertEqual(len(json.loads(out)["data"]), n)
 
     def test_chat_non_stream(self):
         status, headers, body = self.sim.request("POST", "/v1/chat/completions", chat(7))
