@@ -1,6 +1,7 @@
 -- The shipped policy: three layers, each a file beside this one (see README.md here).
 --   capability: which endpoints may serve the request (model, alias, tags, version split)
---   affinity:   a conversation back where its cache is, unless that endpoint is much slower now
+--   affinity:   a conversation back where its cache is when the prefix index cannot tell, unless that
+--               endpoint is much slower now
 --   priority:   otherwise where the first token comes soonest, by the engine's prediction (its prefill
 --               queue, the request's uncached prompt there), weighing the cache a request leaves behind
 -- route returns an endpoint or a verdict (queue / reject).
@@ -8,6 +9,7 @@
 local capability = require "capability"
 local affinity = require "affinity"
 local priority = require "priority"
+local verdicts = require "atc.verdict"
 
 local M = {}
 
@@ -16,7 +18,15 @@ function M.route(req, fleet)
   if pool == nil then
     return verdict
   end
-  return affinity.pick(req, pool) or priority.pick(req, pool)
+  local pick = affinity.pick(req, pool)
+  if pick ~= nil then
+    return pick
+  end
+  pick = priority.pick(req, pool)
+  if verdicts.kind(pick) == "endpoint" then
+    affinity.remember(req, pick) -- the session's next turn finds it here if the index does not
+  end
+  return pick
 end
 
 -- Runs once per load, before any request: says in the log what in this file does not match the fleet.

@@ -18,7 +18,7 @@
 static const char usage_trace[] =
     "usage: atc trace <import|stats|dump> ...\n"
     "\n"
-    "  atc trace import --format mooncake|azure|jsonl IN -o OUT   convert a trace to atc's format\n"
+    "  atc trace import --format mooncake|qwen|azure|jsonl IN -o OUT   convert a trace to atc's format\n"
     "  atc trace stats [--json] FILE                              counts, rates, lengths, prefix sharing\n"
     "  atc trace dump [--limit N] FILE                            records as JSON lines\n"
     "\n"
@@ -33,12 +33,15 @@ static const char usage_import[] =
     "every good line).\n"
     "\n"
     "  -f, --format FORMAT    mooncake (JSON lines: timestamp, input_length, output_length, hash_ids),\n"
-    "                         azure (CSV: TIMESTAMP, ContextTokens, GeneratedTokens), jsonl (atc's\n"
+    "                         qwen (Alibaba's Qwen-Bailian traces: those keys with chat_id and\n"
+    "                         parent_chat_id, timestamp in seconds, 16-token hash ids; a conversation's\n"
+    "                         turns share a session), azure (CSV: TIMESTAMP, ContextTokens,\n"
+    "                         GeneratedTokens), jsonl (atc's\n"
     "                         record keys, as `atc trace dump` prints them), or auto (default: by content\n"
     "                         and file name)\n"
     "  -o, --output OUT       the atc trace to write (required)\n"
     "      --model NAME       model of requests whose trace names none (default llama-3-8b)\n"
-    "      --block-tokens N   tokens per Mooncake hash id (default 512)\n"
+    "      --block-tokens N   tokens per hash id (default: mooncake 512, qwen 16)\n"
     "      --max-errors N     give up after N malformed lines (default 100)\n"
     "  -h, --help             this text\n";
 
@@ -450,7 +453,7 @@ static int cmd_import(int argc, char **argv)
         switch (ch) {
         case 'f':
             if (atc_trace_format_parse(optarg, &o.format) < 0) {
-                fprintf(stderr, "atc trace import: unknown format '%s' (mooncake, azure, jsonl, auto)\n",
+                fprintf(stderr, "atc trace import: unknown format '%s' (mooncake, qwen, azure, jsonl, auto)\n",
                         optarg);
                 return 2;
             }

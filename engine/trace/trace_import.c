@@ -6,6 +6,10 @@
  *  - Azure LLM inference traces (Azure/AzurePublicDataset, Splitwise ISCA'24): CSV with a header
  *    TIMESTAMP,ContextTokens,GeneratedTokens; timestamps "2023-11-16 18:17:03.9799600" (UTC). No prefix
  *    information.
+ *  - Qwen-Bailian (alibaba-edu/qwen-bailian-usagetraces-anon, KVCache@ATC'25): Mooncake's keys, but
+ *    "timestamp" in seconds and one hash id per 16-token block (its files are named blksz_16), and
+ *    "chat_id" / "parent_chat_id" (-1 for a first turn) chaining a conversation's turns: each turn's
+ *    session is its conversation's first chat_id ("chat-N"), as a client would name it to atc.
  *  - jsonl: one record per line with the keys of the atc trace format (what `atc trace dump` prints);
  *    Mooncake's keys are understood there too.
  *
@@ -31,6 +35,7 @@
 
 #define DEFAULT_MODEL "llama-3-8b"
 #define DEFAULT_MOONCAKE_BLOCK_TOKENS 512
+#define DEFAULT_QWEN_BLOCK_TOKENS 16
 #define DEFAULT_MAX_ERRORS 100
 #define SHOWN_ERRORS 20 /* malformed lines reported one by one; the rest are counted */
 
@@ -47,7 +52,49 @@ struct importer {
     char *strings; /* unescaped strings of the current line */
     size_t strings_cap, strings_used;
     struct atc_trace_field headers[ATC_TRACE_HEADERS_MAX]; /* the current line's */
+    struct chat *chats; /* Qwen: chat_id -> its conversation's first chat_id, open addressing */
+    size_t nchats, chats_cap;
 };
+
+struct chat {
+    uint64_t id; /* chat_id + 1: 0 is an empty slot */
+    uint64_t root;
+};
+
+/* The slot of chat @p id (id + 1 stored), or the empty one where it goes. */
+static struct chat *chat_slot(struct importer *im, uint64_t id)
+{
+    size_t i = (size_t)((id + 1) * 0x9e3779b97f4a7c15ULL >> 20) & (im->chats_cap - 1);
+    while (im->chats[i].id != 0 && im->chats[i].id != id + 1)
+        i = (i + 1) & (im->chats_cap - 1);
+    return &im->chats[i];
+}
+
+/* Notes that chat @p id belongs to the conversation that @p parent's does (@p parent < 0: it opens
+ * one); returns that conversation's first chat_id. A parent not in the trace (a sampled file) opens one. */
+static int chat_root(struct importer *im, uint64_t id, int64_t parent, uint64_t *root)
+{
+    if (im->nchats * 2 >= im->chats_cap) { /* at most half full */
+        size_t old_cap = im->chats_cap, cap = old_cap ? old_cap * 2 : 1024;
+        struct chat *old = im->chats;
+        if ((im->chats = calloc(cap, sizeof(*im->chats))) == NULL) {
+            im->chats = old;
+            return -1;
+        }
+        im->chats_cap = cap;
+        for (size_t k = 0; k < old_cap; k++)
+            if (old[k].id != 0)
+                *chat_slot(im, old[k].id - 1) = old[k];
+        free(old);
+    }
+    const struct chat *p = parent >= 0 ? chat_slot(im, (uint64_t)parent) : NULL;
+    *root = p != NULL && p->id != 0 ? p->root : parent >= 0 ? (uint64_t)parent : id;
+    struct chat *c = chat_slot(im, id);
+    if (c->id == 0)
+        im->nchats++;
+    *c = (struct chat){.id = id + 1, .root = *root};
+    return 0;
+}
 
 static int fail_line(struct importer *im, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -106,8 +153,9 @@ static int get_blocks(struct importer *im, int i, const char *key, bool chain, s
     return 0;
 }
 
-static int import_json_line(struct importer *im, const char *js, size_t len, bool mooncake)
+static int import_json_line(struct importer *im, const char *js, size_t len, enum atc_trace_format format)
 {
+    bool mooncake = format == ATC_TRACE_MOONCAKE || format == ATC_TRACE_QWEN, qwen = format == ATC_TRACE_QWEN;
     struct atc_json *j = &im->json;
     const char *why;
     if (atc_json_parse(j, js, len, &why) < 0)
@@ -130,8 +178,9 @@ static int import_json_line(struct importer *im, const char *js, size_t len, boo
     struct atc_trace_record r;
     atc_trace_record_init(&r);
     r.model = im->o->model != NULL ? im->o->model : DEFAULT_MODEL;
-    bool have_time = false, have_in = false, have_out = false, have_hash = false;
-    uint64_t block_tokens = 0;
+    bool have_time = false, have_in = false, have_out = false, have_hash = false, have_chat = false;
+    uint64_t block_tokens = 0, chat_id = 0;
+    int64_t parent = -1;
     for (int i = 1; i < j->n;) {
         int ki = i, vi = i + 1; /* a key and its value (atc_json_parse checked that each key has one) */
         size_t klen;
@@ -142,10 +191,20 @@ static int import_json_line(struct importer *im, const char *js, size_t len, boo
         size_t slen;
         const char *s;
         if (atc_json_is(j, ki, "timestamp") || atc_json_is(j, ki, "at_ms")) {
-            if (!atc_json_number(j, vi, &d) || d < 0 || d > 1e15)
-                return fail_line(im, "'%.*s' must be a number of milliseconds >= 0", (int)klen, key);
-            r.at_us = (uint64_t)llround(d * 1000.0);
+            if (!atc_json_number(j, vi, &d) || d < 0 || d > 1e12)
+                return fail_line(im, "'%.*s' must be a number of %s >= 0", (int)klen, key,
+                                 qwen ? "seconds" : "milliseconds");
+            r.at_us = (uint64_t)llround(d * (qwen ? 1e6 : 1e3));
             have_time = true;
+        } else if (qwen && (atc_json_is(j, ki, "chat_id") || atc_json_is(j, ki, "parent_chat_id"))) {
+            if (!atc_json_number(j, vi, &d) || d != floor(d) || d < -1 || d > 9e15)
+                return fail_line(im, "'%.*s' must be a whole number (-1: none)", (int)klen, key);
+            if (atc_json_is(j, ki, "parent_chat_id"))
+                parent = (int64_t)d;
+            else if (d < 0)
+                return fail_line(im, "'chat_id' must be a whole number >= 0");
+            else
+                chat_id = (uint64_t)d, have_chat = true;
         } else if (atc_json_is(j, ki, "at_us")) {
             if (!atc_json_uint(j, vi, UINT64_MAX, &r.at_us))
                 return fail_line(im, "'at_us' must be a whole number >= 0");
@@ -170,7 +229,9 @@ static int import_json_line(struct importer *im, const char *js, size_t len, boo
                 return -1;
             have_hash = true;
             if (block_tokens == 0)
-                block_tokens = im->o->block_tokens ? im->o->block_tokens : DEFAULT_MOONCAKE_BLOCK_TOKENS;
+                block_tokens = im->o->block_tokens ? im->o->block_tokens
+                               : qwen              ? DEFAULT_QWEN_BLOCK_TOKENS
+                                                   : DEFAULT_MOONCAKE_BLOCK_TOKENS;
         } else if (atc_json_is(j, ki, "blocks")) {
             if (get_blocks(im, vi, "blocks", false, &r.nblocks) < 0)
                 return -1;
@@ -247,11 +308,22 @@ static int import_json_line(struct importer *im, const char *js, size_t len, boo
                               : !have_out  ? "output_length"
                               : !have_hash ? "hash_ids"
                                            : NULL;
+        if (missing == NULL && qwen && !have_chat)
+            missing = "chat_id";
         if (missing != NULL)
-            return fail_line(im,
-                             "missing '%s' (a Mooncake line has timestamp, input_length, output_length "
-                             "and hash_ids)",
-                             missing);
+            return fail_line(
+                im, "missing '%s' (a %s line has %stimestamp, input_length, output_length and hash_ids)",
+                missing, qwen ? "Qwen" : "Mooncake", qwen ? "chat_id, parent_chat_id, " : "");
+        uint64_t root;
+        if (qwen) { /* its conversation, named as its session */
+            char *s = im->strings + im->strings_used;
+            if (chat_root(im, chat_id, parent, &root) < 0)
+                return fail_line(im, "out of memory");
+            im->strings_used += (size_t)snprintf(s, im->strings_cap - im->strings_used, "chat-%llu",
+                                                 (unsigned long long)root) +
+                                1;
+            r.session = s;
+        }
     } else if (!have_time) {
         return fail_line(im, "missing 'at_us' (or 'timestamp' / 'at_ms' in milliseconds)");
     }
@@ -408,9 +480,12 @@ int atc_trace_import_text(const char *path, const struct atc_trace_import_option
             line[--len] = '\0';
         size_t lead = strspn(line, " \t");
         if ((size_t)len == lead)
-            continue;                 /* blank lines are not records */
-        if (format == ATC_TRACE_AUTO) /* decided by the first line: Mooncake's has input_length */
-            format = strstr(line, "\"input_length\"") != NULL ? ATC_TRACE_MOONCAKE : ATC_TRACE_JSONL;
+            continue; /* blank lines are not records */
+        if (format ==
+            ATC_TRACE_AUTO) /* by the first line: Mooncake's has input_length, Qwen's a chat_id too */
+            format = strstr(line, "\"input_length\"") == NULL     ? ATC_TRACE_JSONL
+                     : strstr(line, "\"parent_chat_id\"") != NULL ? ATC_TRACE_QWEN
+                                                                  : ATC_TRACE_MOONCAKE;
         int ok;
         if (format == ATC_TRACE_AZURE) {
             if (!have_header) {
@@ -428,7 +503,7 @@ int atc_trace_import_text(const char *path, const struct atc_trace_import_option
             }
             ok = import_csv_line(&im, line, &cols);
         } else {
-            ok = import_json_line(&im, line + lead, (size_t)len - lead, format == ATC_TRACE_MOONCAKE);
+            ok = import_json_line(&im, line + lead, (size_t)len - lead, format);
         }
         if (ok < 0) {
             im.bad++;
@@ -468,9 +543,11 @@ int atc_trace_import_text(const char *path, const struct atc_trace_import_option
     atc_json_dispose(&im.json);
     free(im.blocks);
     free(im.strings);
+    free(im.chats);
     snprintf(t->header.source, sizeof(t->header.source), "%s",
              format == ATC_TRACE_AZURE      ? "azure"
              : format == ATC_TRACE_MOONCAKE ? "mooncake"
+             : format == ATC_TRACE_QWEN     ? "qwen"
                                             : "jsonl");
     *bad_lines = im.bad;
     return rc;
@@ -482,7 +559,8 @@ int atc_trace_format_parse(const char *name, enum atc_trace_format *out)
         const char *name;
         enum atc_trace_format f;
     } names[] = {{"auto", ATC_TRACE_AUTO},         {"atc", ATC_TRACE_NATIVE},  {"native", ATC_TRACE_NATIVE},
-                 {"mooncake", ATC_TRACE_MOONCAKE}, {"azure", ATC_TRACE_AZURE}, {"jsonl", ATC_TRACE_JSONL}};
+                 {"mooncake", ATC_TRACE_MOONCAKE}, {"azure", ATC_TRACE_AZURE}, {"jsonl", ATC_TRACE_JSONL},
+                 {"qwen", ATC_TRACE_QWEN}};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (strcmp(name, names[i].name) == 0) {
             *out = names[i].f;

@@ -17,17 +17,19 @@ enum atc_trace_format {
     ATC_TRACE_MOONCAKE, /* JSON lines: timestamp (ms), input_length, output_length, hash_ids */
     ATC_TRACE_AZURE,    /* CSV: TIMESTAMP, ContextTokens, GeneratedTokens */
     ATC_TRACE_JSONL,    /* JSON lines with this format's record keys (what `atc trace dump` prints) */
+    ATC_TRACE_QWEN,     /* JSON lines: chat_id, parent_chat_id, timestamp (s), input_length, output_length,
+                         * hash_ids (16 tokens each): Alibaba's qwen-bailian-usagetraces-anon */
 };
 
 struct atc_trace_import_options {
     enum atc_trace_format format;
     const char *model;     /* model of records that name none (default "llama-3-8b") */
-    uint32_t block_tokens; /* tokens per Mooncake hash id (default 512) */
+    uint32_t block_tokens; /* tokens per hash id (default: Mooncake's 512, Qwen's 16) */
     size_t max_errors;     /* give up after this many malformed lines (default 100; 0 = default) */
     FILE *errors;          /* where malformed lines are reported as PATH:LINE: reason (NULL: not shown) */
 };
 
-/** Parses "mooncake", "azure", "jsonl", "atc" / "native", "auto"; -1 when unknown. */
+/** Parses "mooncake", "qwen", "azure", "jsonl", "atc" / "native", "auto"; -1 when unknown. */
 int atc_trace_format_parse(const char *name, enum atc_trace_format *out);
 
 /** Loads @p path whole. Malformed lines of text formats are reported (see options), counted in

@@ -79,6 +79,30 @@ return {
     t.is_endpoint(pick(f, { session = "same", tenant = "t1" }), a, "t1 keeps its own pin")
   end,
 
+  the_index_decides_where_it_knows_the_cache = function()
+    -- the pinned endpoint holds the prompt's prefix by the index: priority.pick weighs it (no opinion)
+    local f = three()
+    local first = t.is_endpoint(pick(f, { session = "known-1", prompt_tokens = 1000 })).id
+    f:set(first, { overlap = 2 })
+    t.eq(pick(f, { session = "known-1", prompt_tokens = 1000 }), nil)
+    -- a new session whose prefix some endpoint holds: the same
+    t.eq(pick(f, { session = "known-2", prompt_tokens = 1000 }), nil)
+    -- the index knows nothing of the prompt (another replica routed it): the pin holds
+    f:set(first, { overlap = 0 })
+    t.is_endpoint(pick(f, { session = "known-1", prompt_tokens = 1000 }), first)
+  end,
+
+  the_policy_pins_where_priority_sent_a_session = function()
+    local policy = require "policy"
+    for i = 1, 12 do -- (without the pin, consistent hashing would spread them over a, b and c)
+      local f = t.fleet { { id = "a", model = "m" }, { id = "b", model = "m", overlap = 3 }, { id = "c", model = "m" } }
+      local spec = { model = "m", session = "remember-" .. i, prompt_tokens = 1000, block_tokens = 64 }
+      t.is_endpoint(policy.route(t.request(spec), f), "b", "where its cache is, by the index")
+      f:set("b", { overlap = 0 }) -- then the index forgets: the pin sends the next turn back
+      t.is_endpoint(policy.route(t.request(spec), f), "b", "session " .. i)
+    end
+  end,
+
   nothing_available_no_opinion = function()
     local f = t.fleet { { id = "a", available = false }, { id = "b", available = false } }
     t.eq(pick(f, { session = "none-1" }), nil)

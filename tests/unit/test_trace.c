@@ -258,6 +258,40 @@ static void test_mooncake(void **state)
     atc_trace_free(t);
 }
 
+/* Alibaba's Qwen-Bailian traces: seconds, 16-token ids, a conversation's turns chained by parent_chat_id
+ * into one session; found by content (AUTO), a missing chat_id refused. */
+static void test_qwen(void **state)
+{
+    write_text(path_of("qwen.jsonl"),
+               "{\"chat_id\": 3, \"parent_chat_id\": -1, \"timestamp\": 1.5, \"input_length\": 40, "
+               "\"output_length\": 5, \"type\": \"text\", \"turn\": 1, \"hash_ids\": [1, 2]}\n"
+               "{\"chat_id\": 8, \"parent_chat_id\": 3, \"timestamp\": 4.0, \"input_length\": 70, "
+               "\"output_length\": 4, \"type\": \"text\", \"turn\": 2, \"hash_ids\": [1, 2, 3, 4]}\n"
+               "{\"chat_id\": 9, \"parent_chat_id\": 8, \"timestamp\": 6.25, \"input_length\": 90, "
+               "\"output_length\": 4, \"type\": \"text\", \"turn\": 3, \"hash_ids\": [1, 2, 3, 4, 5]}\n"
+               "{\"chat_id\": 12, \"parent_chat_id\": 11, \"timestamp\": 7, \"input_length\": 30, "
+               "\"output_length\": 2, \"type\": \"file\", \"turn\": 2, \"hash_ids\": [20]}\n"
+               "{\"parent_chat_id\": -1, \"timestamp\": 8, \"input_length\": 30, \"output_length\": 2, "
+               "\"hash_ids\": [20]}\n");
+    struct atc_trace *t;
+    char *err = NULL;
+    size_t bad = 0;
+    struct atc_trace_import_options o = {.format = ATC_TRACE_AUTO};
+    assert_int_equal(atc_trace_load(path_of("qwen.jsonl"), &o, &t, &bad, &err), 0);
+    assert_int_equal(bad, 1); /* the line without a chat_id */
+    assert_string_equal(t->header.source, "qwen");
+    assert_int_equal(t->n, 4);
+    assert_int_equal(t->records[1].at_us, 2500000); /* seconds, the first at 0 */
+    assert_int_equal(t->records[2].at_us, 4750000);
+    assert_int_equal(t->records[0].block_tokens, 16);
+    assert_string_equal(t->records[0].session, "chat-3");
+    assert_string_equal(t->records[1].session, "chat-3");
+    assert_string_equal(t->records[2].session, "chat-3"); /* a turn of a turn: still the first's */
+    assert_string_equal(t->records[3].session, "chat-11"); /* a parent the file does not hold */
+    assert_true(t->records[2].blocks[3] == t->records[1].blocks[3]);
+    atc_trace_free(t);
+}
+
 static void test_mooncake_malformed_lines(void **state)
 {
     write_text(path_of("bad.jsonl"),
@@ -434,6 +468,7 @@ int main(void)
         cmocka_unit_test(test_chain),
         cmocka_unit_test(test_mooncake),
         cmocka_unit_test(test_mooncake_malformed_lines),
+        cmocka_unit_test(test_qwen),
         cmocka_unit_test(test_azure),
         cmocka_unit_test(test_jsonl_round_trip_and_order),
         cmocka_unit_test(test_replay_deterministic),
