@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """A synthetic conversation trace in Mooncake's format, for checking a policy on traffic unlike the
-traces it was fitted on: `examples/replay/conversations.py [SEED] > conversations.jsonl`, then
-`atc replay -c examples/replay/mooncake.yaml --trace conversations.jsonl --format mooncake ...`.
+traces it was fitted on: `examples/replay/conversations.py [SEED] [--sessions] > conversations.jsonl`,
+then `atc replay -c examples/replay/mooncake.yaml --trace conversations.jsonl --format mooncake ...`.
+With --sessions each chat's turns carry its session ("session": "chat-N", which atc's import reads as
+a client's x-atc-session); the requests are the same.
 
 900 multi-turn chats over about 20 minutes, each opening with one of 24 shared system prompts (1-8
 blocks of 512 tokens); every turn resends the conversation so far plus the user's new 1-5 blocks, and
@@ -16,7 +18,9 @@ BLOCK_TOKENS = 512  # Mooncake's hash_ids: one id per 512-token block
 
 
 def main():
-    rng = random.Random(int(sys.argv[1]) if len(sys.argv) > 1 else 11)
+    args = [a for a in sys.argv[1:] if a != "--sessions"]
+    sessions = "--sessions" in sys.argv[1:]
+    rng = random.Random(int(args[0]) if args else 11)
     next_id = [10**6]
 
     def fresh(n):
@@ -26,7 +30,7 @@ def main():
 
     systems = [fresh(rng.randint(1, 8)) for _ in range(24)]
     events = []
-    for _ in range(900):
+    for chat in range(900):
         ids = list(rng.choice(systems))
         t = rng.uniform(0, 1200) * 1000
         for _ in range(rng.randint(1, 14)):
@@ -34,6 +38,8 @@ def main():
             out = int(rng.lognormvariate(4.6, 0.8)) + 5
             events.append({"timestamp": int(t), "input_length": len(ids) * BLOCK_TOKENS + rng.randint(0, BLOCK_TOKENS - 1),
                            "output_length": out, "hash_ids": ids})
+            if sessions:
+                events[-1]["session"] = "chat-%d" % chat
             ids = ids + fresh(out // BLOCK_TOKENS)
             t += rng.expovariate(1 / 25000.0) + out * 15
     for _ in range(1500):
