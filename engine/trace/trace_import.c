@@ -314,9 +314,9 @@ static int import_json_line(struct importer *im, const char *js, size_t len, enu
             return fail_line(
                 im, "missing '%s' (a %s line has %stimestamp, input_length, output_length and hash_ids)",
                 missing, qwen ? "Qwen" : "Mooncake", qwen ? "chat_id, parent_chat_id, " : "");
-        uint64_t root;
-        if (qwen) { /* its conversation, named as its session */
+        if (qwen) { /* its conversation, named as its session (the buffer holds 3x the line: room) */
             char *s = im->strings + im->strings_used;
+            uint64_t root;
             if (chat_root(im, chat_id, parent, &root) < 0)
                 return fail_line(im, "out of memory");
             im->strings_used += (size_t)snprintf(s, im->strings_cap - im->strings_used, "chat-%llu",
@@ -481,8 +481,8 @@ int atc_trace_import_text(const char *path, const struct atc_trace_import_option
         size_t lead = strspn(line, " \t");
         if ((size_t)len == lead)
             continue; /* blank lines are not records */
-        if (format ==
-            ATC_TRACE_AUTO) /* by the first line: Mooncake's has input_length, Qwen's a chat_id too */
+        /* By the first line: Mooncake's has input_length, Qwen's a parent_chat_id too. */
+        if (format == ATC_TRACE_AUTO)
             format = strstr(line, "\"input_length\"") == NULL     ? ATC_TRACE_JSONL
                      : strstr(line, "\"parent_chat_id\"") != NULL ? ATC_TRACE_QWEN
                                                                   : ATC_TRACE_MOONCAKE;
