@@ -216,19 +216,25 @@ static struct atc_queue_item *best_item(struct atc_admission *adm, struct model_
     return best;
 }
 
-static void unlink_item(struct atc_admission *adm, struct atc_queue_item *it)
+/* Takes @p it out of this worker's queue; its place in the process-wide count is still held. */
+static void unlink_local(struct atc_admission *adm, struct atc_queue_item *it)
 {
     struct model_queue *q = queue_of(adm, it->model, false);
     if (q != NULL) {
         TAILQ_REMOVE(&q->items, it, link);
         q->n--;
     }
-    shared_release(adm, it->model);
     struct tenant *t = tenant_of(adm, it->tenant, false);
     if (t != NULL && t->waiting > 0)
         t->waiting--;
     it->queued = false;
     adm->waiting--;
+}
+
+static void unlink_item(struct atc_admission *adm, struct atc_queue_item *it)
+{
+    unlink_local(adm, it);
+    shared_release(adm, it->model);
 }
 
 static void count_wait(struct atc_admission *adm, uint64_t waited)
@@ -427,8 +433,12 @@ void atc_admission_kick(struct atc_admission *adm)
             struct atc_queue_item *it;
             while ((it = best_item(adm, q, now)) != NULL) {
                 struct tenant *t = tenant_of(adm, it->tenant, false);
-                unlink_item(adm, it);
+                /* Its process-wide place is kept until it is placed: released before, another worker
+                 * could queue one more meanwhile (4 waiting under queue: 3, under TSan). */
+                unlink_local(adm, it);
                 uint64_t waited = now - it->enqueued_ms;
+                char model[sizeof(it->model)]; /* (a placed request may end, and its item with it) */
+                memcpy(model, it->model, sizeof(model));
                 if (!adm->cb.try_place(it->owner)) {
                     /* No room yet: back in line, keeping its place (arrival time and deadline). */
                     it->queued = true;
@@ -439,6 +449,7 @@ void atc_admission_kick(struct atc_admission *adm)
                         t->waiting++;
                     break;
                 }
+                shared_release(adm, model);
                 adm->admitted_queued++;
                 count_wait(adm, waited);
                 if (t != NULL)

@@ -210,11 +210,42 @@ static void test_several_admissions_summed(void **state)
     event_base_free(base);
 }
 
+/* The process-wide limit holds while a worker tries to place its head and fails: the head keeps its
+ * place (it used to give it up during the try, so another worker queued one past the limit). */
+static void test_a_failed_placement_keeps_the_shared_place(void **state)
+{
+    struct event_base *base = event_base_new();
+    struct atc_admission_shared *sh = atc_admission_shared_create();
+    struct atc_admission_settings s = {.max_queue = 1, .shared = sh, .deadline_ms = 60000,
+                                       .max_deadline_ms = 60000};
+    struct atc_admission *a = atc_admission_create(base, &s, &callbacks),
+                         *b = atc_admission_create(base, &s, &callbacks);
+    assert_true(a != NULL && b != NULL && sh != NULL);
+    struct atc_queue_item first, second, third;
+    enqueue(a, &first, "m", 0, 0);
+    memset(&second, 0, sizeof(second));
+    snprintf(second.model, sizeof(second.model), "m");
+    assert_int_equal(atc_admission_enqueue(b, &second, 0), -1); /* the one place is a's */
+    place = false;
+    atc_admission_kick(a); /* no room: first goes back in line */
+    assert_int_equal(atc_admission_waiting(a), 1);
+    assert_int_equal(atc_admission_enqueue(b, &second, 0), -1); /* and still holds the place */
+    place = true;
+    atc_admission_kick(a); /* placed: the place is free */
+    assert_int_equal(atc_admission_waiting(a), 0);
+    enqueue(b, &third, "m", 0, 0);
+    atc_admission_destroy(a);
+    atc_admission_destroy(b);
+    atc_admission_shared_destroy(sh);
+    event_base_free(base);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_admission_as_it_is),
         cmocka_unit_test(test_several_admissions_summed),
+        cmocka_unit_test(test_a_failed_placement_keeps_the_shared_place),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
