@@ -229,14 +229,15 @@ end
             for i in range(10):
                 status, body = self.admin(atc, "POST", "/admin/endpoints", {"model": "llama-3-8b", "id": f"n{i}", "url": b.url})
                 self.assertEqual(status, 201, body)
-                wait_for(lambda: f"n{i}" in served, what=f"n{i} serving")
+                flowed = count[0]  # requests flow while it serves, however slow the build (TSan)
+                wait_for(lambda: f"n{i}" in served and count[0] >= flowed + 5, what=f"n{i} serving")
                 self.assertEqual(self.admin(atc, "DELETE", f"/admin/endpoints/n{i}")[0], 200)
         finally:
             stop.set()
             for t in threads:
                 t.join()
         self.assertEqual(failures, [])
-        self.assertGreater(count[0], 50)
+        self.assertGreaterEqual(count[0], 50)
         self.assertEqual(self.metric(atc, "atc_worker_parks_total"), parks)
         wait_for(lambda: self.metric(atc, "atc_endpoints_removed_pending") == 0, what="removed endpoints freed")
         self.assertEqual(sorted(atc.endpoints()), ["a", "o"])
