@@ -25,7 +25,7 @@ struct kv_entry {
     uint32_t units; /* KV blocks it costs */
     uint32_t refs;  /* running sequences pinning it */
     uint32_t prev, next;
-    bool spent;     /* a finished sequence's tail and output: no prefix, never hit, never announced */
+    bool spent; /* a finished sequence's tail and output: no prefix, never hit, never announced */
 };
 
 struct kv_cache {
@@ -52,8 +52,8 @@ struct seq {
     uint32_t held; /* KV blocks held for the tail and the output while running */
     bool running;
     bool kv_arrives; /* atc_sim_request's: its prompt's KV was computed elsewhere */
-    bool emits; /* emits a token at the end of the current iteration */
-    bool dead;  /* finished or cancelled during callbacks; freed after them */
+    bool emits;      /* emits a token at the end of the current iteration */
+    bool dead;       /* finished or cancelled during callbacks; freed after them */
     size_t nblocks;
     uint32_t *pins;   /* entries pinned while running, nblocks of them */
     uint64_t *hashes; /* nblocks; the two arrays live in the same allocation */
@@ -78,7 +78,7 @@ struct atc_sim {
 
     struct seq_list waiting, running;
     struct kv_cache kv;
-    uint64_t held; /* KV blocks held by running sequences outside the prefix cache */
+    uint64_t held;  /* KV blocks held by running sequences outside the prefix cache */
     uint64_t spent; /* spent entries made: their hashes */
 
     bool busy; /* an iteration is in progress, ending at iter_end */
@@ -97,6 +97,11 @@ uint64_t atc_sim_rand(uint64_t *state)
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
+}
+
+double atc_sim_uniform(uint64_t *state)
+{
+    return (double)(atc_sim_rand(state) >> 11) / 9007199254740992.0;
 }
 
 static uint32_t div_up(uint64_t a, uint64_t b)

@@ -149,5 +149,7 @@ void atc_sim_restart(struct atc_sim *sim);
 
 /** splitmix64: advances *state and returns the next value; the model's and the server's PRNG. */
 uint64_t atc_sim_rand(uint64_t *state);
+/** A uniform draw in [0, 1) from atc_sim_rand's next value (its top 53 bits). */
+double atc_sim_uniform(uint64_t *state);
 
 #endif

@@ -51,8 +51,7 @@ static void add_embedding(struct evbuffer *b, uint64_t seed, const char *text, s
     unsigned char raw[EMBEDDING_DIM * 4];
     for (int i = 0; i < EMBEDDING_DIM; i++) {
         /* a uniform draw in (-1, 1), rounded as the float list prints it */
-        float x =
-            (float)(round((2 * ((double)(atc_sim_rand(&st) >> 11) / 9007199254740992.0) - 1) * 1e6) / 1e6);
+        float x = (float)(round((2 * atc_sim_uniform(&st) - 1) * 1e6) / 1e6);
         if (!base64) {
             evbuffer_add_printf(b, "%s%.6f", i ? "," : "", (double)x);
             continue;

@@ -130,12 +130,6 @@ static bool is_ready(const struct atc_sim_server *srv)
     return srv->face->refuse_loading || now_us(srv) >= srv->p.not_ready_for_ms * 1000u;
 }
 
-/* A uniform draw in [0, 1). */
-static double draw_from(uint64_t *state)
-{
-    return (double)(atc_sim_rand(state) >> 11) / 9007199254740992.0;
-}
-
 static const char *word(const struct atc_sim_server *srv, uint64_t num, uint32_t index)
 {
     uint64_t st = srv->p.seed ^ (num * 0x9e3779b97f4a7c15ULL) ^ ((uint64_t)index << 32);
@@ -666,7 +660,8 @@ static void handle_inference(struct atc_sim_server *srv, struct atc_http_req *re
     /* Accepted. Both fault draws are made for every request so that one outcome does not shift the
      * next request's draws. */
     uint64_t num = ++srv->accepted;
-    bool fail = draw_from(&srv->rng) < srv->p.error_rate, hang = draw_from(&srv->rng) < srv->p.hang_rate;
+    bool fail = atc_sim_uniform(&srv->rng) < srv->p.error_rate,
+         hang = atc_sim_uniform(&srv->rng) < srv->p.hang_rate;
     bool cut = srv->p.die_after && num == (uint64_t)srv->p.die_after + 1;
     if (srv->dying || (cut && !stream))
         hang = true; /* the last request of a dying server, or one arriving while it dies */
