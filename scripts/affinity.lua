@@ -3,7 +3,7 @@
 -- or whose prefix the index knows anywhere, gets no opinion here: priority.pick weighs that cache
 -- against the queues, and policy.lua pins its pick (remember). Where the index knows nothing of the
 -- prompt (another replica routed the turns before, traffic reached the servers around atc, the index
--- forgot), the pin is what is known: the session returns to its endpoint while that one is available
+-- forgot, or all it hashes of a longer prompt is a prefix every session shares), the pin is what is known: the session returns to its endpoint while that one is available
 -- and its predicted time to first token is at most SESSION_SLACK x the best one + SESSION_SLACK_MS;
 -- otherwise, or the first time, it is pinned by consistent hashing among the endpoints within that
 -- slack (so replicas of atc agree without talking, and nothing is pinned behind a queue). Pins live in
@@ -40,8 +40,15 @@ function M.pick(req, pool)
   local key = key_of(req)
   local id = atc.affinity.get(key)
   local ep = id ~= nil and atc.find(pool, id) or nil
-  if ep ~= nil and ep.available and ep:prefix_overlap(req) > 0 then
-    return nil -- the index places its cache there
+  if ep ~= nil and ep.available then
+    local overlap = ep:prefix_overlap(req)
+    -- the index sees the prompt's first req.blocks blocks (128 KiB live): where the pinned endpoint
+    -- holds all of them and the prompt runs on past them (an agent's long shared system prompt), it
+    -- cannot tell this session from the others, and the pin decides
+    local blind = overlap >= req.blocks and req.prompt_tokens > (req.blocks + 1) * req.block_tokens
+    if overlap > 0 and not blind then
+      return nil -- the index places its cache there
+    end
   end
   if ep == nil and atc.prefix_pick(pool, req) ~= nil then
     return nil -- a new session whose prefix the index knows somewhere

@@ -1,5 +1,6 @@
 /* Replay in virtual time (replay.h): the event loop, the simulated fleet, the policy's decisions and
- * what they cost; `atc replay` is in replay_cli.c, reports in replay_report.c, wall-time replay in replay_live.c. */
+ * what they cost; `atc replay` is in replay_cli.c, reports in replay_report.c, wall-time replay in
+ * replay_live.c. */
 
 #include "trace/replay.h"
 
@@ -35,7 +36,7 @@ enum req_state { RS_PENDING, RS_QUEUED, RS_PREFILL, RS_RUNNING, RS_DONE, RS_REJE
 
 struct rp_req {
     uint64_t queued_at;
-    uint64_t tokens; /* counted in its endpoint's inflight_tokens while running */
+    uint64_t tokens;                    /* counted in its endpoint's inflight_tokens while running */
     struct atc_signal_ticket sig, psig; /* psig: on its prefill server */
     int ep;
     int prefill_ep; /* a disaggregated model's prefill server while RS_PREFILL */
@@ -86,7 +87,7 @@ struct replay {
     struct heap_entry *heap; /* a binary min-heap of the servers on their next event */
     size_t *heap_pos;        /* server k's place in the heap */
     struct atc_policy_runtime *rt;
-    bool oracle; /* the oracle decides (ATC_REPLAY_ORACLE), not a policy */
+    bool oracle;        /* the oracle decides (ATC_REPLAY_ORACLE), not a policy */
     uint64_t budget_ns; /* CPU time a decision may use before it counts as an overrun */
     struct atc_affinity *affinity;
     struct atc_prefix_index *prefix;
@@ -140,7 +141,8 @@ static int build_fleet(struct replay *rp, const struct atc_config *cfg, char **e
         *err = strdup("the fleet has no endpoints");
         return -1;
     }
-    if ((rp->eps = calloc(total, sizeof(*rp->eps))) == NULL || (rp->heap = calloc(total, sizeof(*rp->heap))) == NULL ||
+    if ((rp->eps = calloc(total, sizeof(*rp->eps))) == NULL ||
+        (rp->heap = calloc(total, sizeof(*rp->heap))) == NULL ||
         (rp->heap_pos = calloc(total, sizeof(*rp->heap_pos))) == NULL)
         goto oom;
     uint64_t seed = rp->o->seed ? rp->o->seed : 1;
@@ -258,7 +260,8 @@ static int64_t replay_cached(void *ctx, const struct atc_endpoint *ep)
     if (e->kv_slot < 0)
         return -1;
     const struct atc_features *f = rp->rreq.features;
-    size_t held = atc_kv_index_held_prefix(rp->kv, (unsigned)e->kv_slot, f->blocks, f->nblocks, 1u << ATC_KV_GPU);
+    size_t held =
+        atc_kv_index_held_prefix(rp->kv, (unsigned)e->kv_slot, f->blocks, f->nblocks, 1u << ATC_KV_GPU);
     uint32_t bt = rp->rreq.block_tokens ? rp->rreq.block_tokens : ATC_SIM_KV_BLOCK_TOKENS;
     uint64_t tokens = (uint64_t)held * bt;
     return (int64_t)(tokens < f->prompt_tokens ? tokens : f->prompt_tokens);
@@ -354,7 +357,7 @@ static void guess_error(struct replay *rp, const struct rp_endpoint *e, const st
     struct atc_replay_result *res = rp->res;
     uint64_t bt = r->block_tokens ? r->block_tokens : ATC_SIM_KV_BLOCK_TOKENS;
     uint64_t actual = (uint64_t)atc_sim_prefix_cached(e->sim, r->blocks, r->nblocks) * bt;
-    uint64_t guessed = (uint64_t)cached * bt;
+    uint64_t guessed = (uint64_t)cached * rp->rreq.block_tokens; /* (policy_blocks') */
     res->guess_samples++;
     res->guessed_cached_tokens += guessed;
     res->actual_cached_tokens += actual;
@@ -386,7 +389,7 @@ static bool submit(struct replay *rp, size_t i, struct rp_endpoint *e, uint64_t 
     if (atc_sim_submit(e->sim, at, &sr, (void *)(uintptr_t)(i + 1), NULL) == 0)
         return false;
     e->requests++;
-    e->tokens += stage == ATC_ROLE_PREFILL ? r->prompt_tokens
+    e->tokens += stage == ATC_ROLE_PREFILL  ? r->prompt_tokens
                  : stage == ATC_ROLE_DECODE ? (uint64_t)(out >= 0 ? out : 0)
                                             : r->prompt_tokens + (uint64_t)(out >= 0 ? out : 0);
     server_changed(rp, (size_t)(e - rp->eps));
@@ -451,10 +454,10 @@ static void dispatch(struct replay *rp, size_t i, struct atc_endpoint *ep, struc
     if (pf != NULL) {
         atc_signals_sent(&ep->sig, &rp->table->signals, &q->sig, 0, rp->now);
         atc_signals_sent_guessed(&pf->sig, &rp->table->signals, &q->psig, r->prompt_tokens, cached,
-                                 r->block_tokens, rp->now);
+                                 rp->rreq.block_tokens, rp->now);
     } else {
         atc_signals_sent_guessed(&ep->sig, &rp->table->signals, &q->sig, r->prompt_tokens, cached,
-                                 r->block_tokens, rp->now);
+                                 rp->rreq.block_tokens, rp->now);
     }
     if (!submit(rp, i, endpoint_of(rp, computes), rp->now, pf != NULL ? ATC_ROLE_PREFILL : ATC_ROLE_BOTH)) {
         /* out of memory in the model: the request is lost, not the replay */
@@ -473,6 +476,21 @@ static void dispatch(struct replay *rp, size_t i, struct atc_endpoint *ep, struc
 
 /* Request @p i, which held its prompt's blocks and @p output_tokens more on @p ep, ended there: the prefix
  * index takes them for the most recently used there now. */
+/* The blocks of @p r the policy and the prefix index see, into @p f; returns the tokens each covers. Live
+ * requests hash blocks of ATC_PREFIX_BLOCK_TOKENS, at most ATC_PREFIX_BLOCKS_MAX of them (32k tokens); a
+ * trace of smaller blocks (Qwen's 16 tokens) is seen every k-th block to span as much: a chained hash
+ * names the whole prefix up to its block, so every k-th one is a chain too. */
+static uint32_t policy_blocks(const struct atc_trace_record *r, struct atc_features *f)
+{
+    uint32_t bt = r->block_tokens,
+             k = bt > 0 && bt < ATC_PREFIX_BLOCK_TOKENS ? ATC_PREFIX_BLOCK_TOKENS / bt : 1;
+    size_t n = r->nblocks / k < ATC_PREFIX_BLOCKS_MAX ? r->nblocks / k : ATC_PREFIX_BLOCKS_MAX;
+    for (size_t j = 0; j < n; j++)
+        f->blocks[j] = r->blocks[(j + 1) * k - 1];
+    f->nblocks = n;
+    return bt * k;
+}
+
 static void released(struct replay *rp, size_t i, const struct atc_endpoint *ep, uint64_t output_tokens)
 {
     const struct atc_trace_record *r = &rp->trace->records[i];
@@ -480,10 +498,7 @@ static void released(struct replay *rp, size_t i, const struct atc_endpoint *ep,
         return;
     struct atc_features *f = &rp->released; /* (rp->f may be a decision's, up the stack) */
     f->prompt_tokens = r->prompt_tokens;
-    f->nblocks = r->nblocks < ATC_PREFIX_BLOCKS_MAX ? r->nblocks : ATC_PREFIX_BLOCKS_MAX;
-    if (f->nblocks > 0) /* (r->blocks is NULL without) */
-        memcpy(f->blocks, r->blocks, f->nblocks * sizeof(uint64_t));
-    atc_policy_released(rp->rt, f, r->block_tokens, ep, output_tokens);
+    atc_policy_released(rp->rt, f, policy_blocks(r, f), ep, output_tokens);
 }
 
 /* Request @p i's prefill server produced its one token at @p at: its slot is freed and the KV moves to the
@@ -578,9 +593,7 @@ static void prepare(struct replay *rp, size_t i)
     f->prompt = NULL;
     f->prompt_len = 0;
     f->prompt_tokens = r->prompt_tokens;
-    f->nblocks = r->nblocks < ATC_PREFIX_BLOCKS_MAX ? r->nblocks : ATC_PREFIX_BLOCKS_MAX;
-    if (f->nblocks > 0)
-        memcpy(f->blocks, r->blocks, f->nblocks * sizeof(uint64_t));
+    uint32_t block_tokens = policy_blocks(r, f);
     if (r->id != NULL)
         snprintf(rp->id, sizeof(rp->id), "%s", r->id);
     else
@@ -596,7 +609,7 @@ static void prepare(struct replay *rp, size_t i)
         .attempt = 1,
         .header = trace_header,
         .header_ctx = (void *)r,
-        .block_tokens = r->block_tokens,
+        .block_tokens = block_tokens,
         .tokens = atc_request_tokens(r->prompt_tokens, r->max_tokens),
         .cached_tokens = rp->kv != NULL ? replay_cached : NULL,
         .cached_ctx = rp,
@@ -1077,9 +1090,8 @@ int atc_replay_run(const struct atc_config *cfg, const struct atc_trace *trace, 
     rp.affinity = atc_affinity_create(0);
     rp.prefix = atc_prefix_index_create(0);
     if (out->name == NULL || out->entry == NULL || out->ttft_ms == NULL || out->e2e_ms == NULL ||
-        out->itl_ms == NULL ||
-        out->endpoint == NULL || rp.reqs == NULL || rp.queue == NULL || rp.waits == NULL ||
-        rp.affinity == NULL || rp.prefix == NULL) {
+        out->itl_ms == NULL || out->endpoint == NULL || rp.reqs == NULL || rp.queue == NULL ||
+        rp.waits == NULL || rp.affinity == NULL || rp.prefix == NULL) {
         *err = strdup("out of memory");
         goto error;
     }

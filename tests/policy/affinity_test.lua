@@ -92,6 +92,22 @@ return {
     t.is_endpoint(pick(f, { session = "known-1", prompt_tokens = 1000 }), first)
   end,
 
+  the_pin_decides_past_what_the_index_sees = function()
+    -- an agent's 100k-token prompts share their first 512 blocks (all the index hashes): the pinned
+    -- endpoint holds them, so do the others, and only the pin knows where this session's context is
+    local f = three()
+    local long = { session = "agent-1", prompt_tokens = 100000, blocks = 512, block_tokens = 64 }
+    local first = t.is_endpoint(pick(f, long)).id
+    for _, id in ipairs { "a", "b", "c" } do
+      f:set(id, { overlap = 512 })
+    end
+    for i = 1, 5 do
+      t.is_endpoint(pick(f, long), first, "call " .. i)
+    end
+    -- a prompt the hashed blocks cover whole: the index tells, priority decides
+    t.eq(pick(f, { session = "agent-1", prompt_tokens = 30000, blocks = 468, block_tokens = 64 }), nil)
+  end,
+
   the_policy_pins_where_priority_sent_a_session = function()
     local policy = require "policy"
     for i = 1, 12 do -- (without the pin, consistent hashing would spread them over a, b and c)
