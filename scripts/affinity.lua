@@ -1,13 +1,14 @@
 -- Affinity: a conversation goes back where its KV cache is, when atc's prefix index cannot tell. A
 -- session (x-atc-session, else the body's `user`) whose prompt the index places on its pinned endpoint,
 -- or whose prefix the index knows anywhere, gets no opinion here: priority.pick weighs that cache
--- against the queues, and policy.lua pins its pick (remember). Where the index knows nothing of the
--- prompt (another replica routed the turns before, traffic reached the servers around atc, the index
--- forgot, or all it hashes of a longer prompt is a prefix every session shares), the pin is what is known: the session returns to its endpoint while that one is available
--- and its predicted time to first token is at most SESSION_SLACK x the best one + SESSION_SLACK_MS;
--- otherwise, or the first time, it is pinned by consistent hashing among the endpoints within that
--- slack (so replicas of atc agree without talking, and nothing is pinned behind a queue). Pins live in
--- the engine (atc.affinity) across reloads, shared by replicas with cluster:.
+-- against the queues, and policy.lua pins its pick (remember). Where the index cannot tell (another
+-- replica routed the turns before, traffic reached the servers around atc, the index forgot, or all it
+-- hashes of a longer prompt is a prefix every session shares), the pin decides: the session returns to
+-- its endpoint while that one is available and its predicted time to first token is at most
+-- SESSION_SLACK x the best one + SESSION_SLACK_MS; otherwise, or the first time, it is pinned by
+-- consistent hashing among the endpoints within that slack (so replicas of atc agree without talking,
+-- and nothing is pinned behind a queue). Pins live in the engine (atc.affinity) across reloads, shared
+-- by replicas with cluster:.
 -- Sticking to the pin whatever the index said cost multi-turn chats: on
 -- examples/replay/conversations.py's chats with their sessions, TTFT p90 1.43x the ideal fleet at 4
 -- servers (1x) against 1.25x without sessions; deferring to the index gives 1.28x (seed 11; seed 2024,
