@@ -82,7 +82,8 @@ class OpenAISdkTest(AtcTestCase):
                          ("NotFoundError", 404, "model_not_found"))
         self.assertEqual((out["bad_request"]["error"], out["bad_request"]["status"]), ("BadRequestError", 400))
         self.assertIn("maximum context length", out["bad_request"]["message"])
-        # a stream the client abandons: atc cancels it upstream and frees the slot
+        # a stream the client abandons (2,000 tokens: 24 s to run out by itself): atc cancels it upstream
+        # and frees the slot
         self.assertGreaterEqual(out["aborted"]["chunks"], 3)
         wait_for(lambda: all(e["inflight"] == 0 for e in atc.endpoints().values()), timeout=5,
                  what="the aborted stream's slot freed")

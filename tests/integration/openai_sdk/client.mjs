@@ -51,7 +51,7 @@ await step("unknown_model", () => client.chat.completions.create({ model: "no-su
 await step("bad_request", () => client.chat.completions.create({ model: "llama-3-8b", messages, max_tokens: 1e9 }));
 await step("aborted", async () => {
   const controller = new AbortController();
-  const s = await client.chat.completions.create({ model: "llama-3-8b", messages, max_tokens: 400, stream: true },
+  const s = await client.chat.completions.create({ model: "llama-3-8b", messages, max_tokens: 2000, stream: true },
                                                  { signal: controller.signal });
   let chunks = 0;
   try {
