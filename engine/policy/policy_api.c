@@ -589,8 +589,8 @@ static int atc_reject(lua_State *L)
 {
     lua_Integer status = luaL_checkinteger(L, 1);
     const char *message = luaL_optstring(L, 2, "rejected by policy");
-    if (status < 400 || status > 599)
-        return luaL_argerror(L, 1, "status must be 400-599");
+    if (status < 400 || status > 599) /* (named: `return atc.reject(...)` is a tail call, which has none) */
+        return luaL_error(L, "atc.reject: status must be 400-599, got %d", (int)status);
     struct policy_verdict *vd = push_verdict(L, ATC_DECISION_REJECT);
     vd->status = (int)status;
     snprintf(vd->message, sizeof(vd->message), "%s", message);

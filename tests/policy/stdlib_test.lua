@@ -192,6 +192,7 @@ return {
     t.raises(function() t.is_endpoint(verdict.queue()) end)
     t.raises(function() t.is_endpoint({ id = "a" }, "b") end, "expected endpoint b")
     t.raises(function() t.is_reject(verdict.reject(503, "x"), 429) end)
+    t.raises(function() return atc.reject(999, "x") end, "atc.reject: status must be 400-599, got 999")
   end,
 
   mock_fleet_behaves_like_the_real_one = function()
