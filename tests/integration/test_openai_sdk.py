@@ -18,6 +18,7 @@ def sdk_dir():
     """openai_sdk/ copied beside the atc under test, with its node_modules installed from the lockfile
     (again when the lockfile changed)."""
     dest = os.path.join(os.path.dirname(os.path.abspath(ATC_BIN)), "openai_sdk")
+
     def read(path):
         with open(path) as f:
             return f.read()
@@ -37,7 +38,8 @@ def sdk_dir():
 def running(sim):
     """vllm:num_requests_running of a simulated server's /metrics."""
     body = request("127.0.0.1", sim.port, "GET", "/metrics")[2].decode()
-    return sum(float(line.split()[-1]) for line in body.splitlines() if line.startswith("vllm:num_requests_running{"))
+    return sum(float(line.split()[-1]) for line in body.splitlines()
+               if line.startswith("vllm:num_requests_running{"))
 
 
 class OpenAISdkTest(AtcTestCase):
@@ -78,7 +80,8 @@ class OpenAISdkTest(AtcTestCase):
         self.assertEqual(emb[0]["embedding"], emb[2]["embedding"])  # decoded from base64, the same input
         self.assertNotEqual(emb[0]["embedding"], emb[1]["embedding"])
         # errors as the SDK's typed exceptions: atc's own 404, the server's 400 passed on
-        self.assertEqual((out["unknown_model"]["error"], out["unknown_model"]["status"], out["unknown_model"]["code"]),
+        unknown = out["unknown_model"]
+        self.assertEqual((unknown["error"], unknown["status"], unknown["code"]),
                          ("NotFoundError", 404, "model_not_found"))
         self.assertEqual((out["bad_request"]["error"], out["bad_request"]["status"]), ("BadRequestError", 400))
         self.assertIn("maximum context length", out["bad_request"]["message"])
