@@ -91,10 +91,11 @@ struct atc_upstream_req *atc_upstream_send(struct atc_upstream_pool *pool, const
  * Does nothing for an answer that is not an event stream (its head stopped the first-byte timeout). */
 void atc_upstream_first_event(struct atc_upstream_req *req);
 
-/** The answer will come whole once generated (not streamed): the engines send its head when the last of
- * up to @p max_tokens (< 0: not set, taken as ATC_UPSTREAM_WHOLE_ANSWER_TOKENS) is decoded, so it may
- * take first_byte_timeout_ms + max_tokens x token_timeout_ms. Called right after the send, before the
- * loop runs again. */
+/** The answer will come whole once generated (not streamed): the engines send its head once the last
+ * of up to @p max_tokens is decoded (vLLM's chat_completion_full_generator,
+ * vllm/entrypoints/openai/serving_chat.py, returns after the whole generation), so it may take
+ * first_byte_timeout_ms + max_tokens x token_timeout_ms (@p max_tokens < 0: not set, taken as
+ * ATC_UPSTREAM_WHOLE_ANSWER_TOKENS). Called right after the send, before the loop runs again. */
 void atc_upstream_whole_answer(struct atc_upstream_req *req, int64_t max_tokens);
 
 /* Without max_tokens vLLM may generate to the context's end (max_tokens = max_model_len - prompt,

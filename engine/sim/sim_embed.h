@@ -1,7 +1,8 @@
 #ifndef ATC_SIM_EMBED_H
 #define ATC_SIM_EMBED_H
 
-/* atc sim's /v1/embeddings answer: vLLM's shape, one small vector per input, drawn from the input's text
+/* atc sim's /v1/embeddings answer: vLLM's shape, one small vector per input (vllm/entrypoints/openai/
+ * serving_embedding.py _build_response: an item per prompt, index in order), drawn from the input's text
  * so that equal inputs get equal vectors. */
 
 #include <stddef.h>

@@ -592,23 +592,33 @@ static bool wants_usage(const char *body, size_t len)
 }
 
 /* vLLM refuses a prompt plus max_tokens (unset: the prompt alone, which must leave a token) past its
- * max_model_len, before the request is queued (vllm/entrypoints/openai/serving_engine.py,
- * _validate_prompt_and_tokenize); an embedding's input alone counts. True when it answered so. */
+ * max_model_len before the request is queued, in three wordings (vllm/entrypoints/openai/
+ * serving_engine.py _validate_input; an embedding's input alone: serving_embedding.py _validate_input).
+ * True when it answered so. */
 static bool too_long(struct atc_sim_server *srv, struct atc_http_req *req, enum atc_request_kind kind,
                      const struct atc_features *f)
 {
-    uint64_t ctx = srv->p.max_model_len ? srv->p.max_model_len : ATC_SIM_DEFAULT_MAX_MODEL_LEN;
-    uint64_t prompt = f->prompt_tokens,
-             out = kind == ATC_KIND_EMBEDDING || f->max_tokens < 0 ? 0 : (uint64_t)f->max_tokens;
+    unsigned long long ctx = srv->p.max_model_len ? srv->p.max_model_len : ATC_SIM_DEFAULT_MAX_MODEL_LEN;
+    unsigned long long prompt = f->prompt_tokens,
+                       out = f->max_tokens < 0 ? 0 : (unsigned long long)f->max_tokens;
     if (kind == ATC_KIND_EMBEDDING ? prompt <= ctx : f->max_tokens < 0 ? prompt < ctx : prompt + out <= ctx)
         return false;
     char msg[256];
-    snprintf(
-        msg, sizeof(msg),
-        "This model's maximum context length is %llu tokens. However, you requested %llu tokens (%llu in "
-        "the messages, %llu in the completion). Please reduce the length of the messages or completion.",
-        (unsigned long long)ctx, (unsigned long long)(prompt + out), (unsigned long long)prompt,
-        (unsigned long long)out);
+    int n = snprintf(msg, sizeof(msg),
+                     "This model's maximum context length is %llu tokens. However, you requested ", ctx);
+    if (kind == ATC_KIND_EMBEDDING)
+        snprintf(msg + n, sizeof(msg) - (size_t)n,
+                 "%llu tokens in the input for embedding generation. Please reduce the length of the input.",
+                 prompt);
+    else if (f->max_tokens < 0)
+        snprintf(msg + n, sizeof(msg) - (size_t)n,
+                 "%llu tokens in the messages, Please reduce the length of the messages.", prompt);
+    else
+        snprintf(
+            msg + n, sizeof(msg) - (size_t)n,
+            "%llu tokens (%llu in the messages, %llu in the completion). Please reduce the length of the "
+            "messages or completion.",
+            prompt + out, prompt, out);
     (srv->p.engine == ATC_SIM_TGI && f->stream ? send_stream_error : send_error)(srv, req, ERR_INVALID, msg);
     return true;
 }

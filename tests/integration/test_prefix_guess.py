@@ -24,9 +24,9 @@ class PrefixGuessTest(AtcTestCase):
                 out[line.split("{")[0][len("atc_prefix_guess_"):]] = int(line.split()[-1])
         return out
 
-    def test_traffic_around_atc_shows_as_the_guess_error(self):
-        sim = self.start_sim("s")
-        atc = self.start_atc(f"""
+    def atc_in_front(self, sim, extra=""):
+        """atc with the one endpoint s (and @p extra keys on it), always routed there."""
+        return self.start_atc(f"""
             listen: 127.0.0.1:0
             admin: 127.0.0.1:0
             health: {{enabled: false}}
@@ -36,7 +36,12 @@ class PrefixGuessTest(AtcTestCase):
                 endpoints:
                   - id: s
                     url: {sim.url}
+                    {extra}
             """)
+
+    def test_traffic_around_atc_shows_as_the_guess_error(self):
+        sim = self.start_sim("s")
+        atc = self.atc_in_front(sim)
         self.assertEqual(self.metrics(atc), {"answers_total": 0, "cached_tokens_total": 0,
                                              "reported_cached_tokens_total": 0, "error_tokens_total": 0})
         around = "a prompt another client sent straight to the server. " * 60
@@ -67,18 +72,7 @@ class PrefixGuessTest(AtcTestCase):
         # into the server's LRU clock when the request ends (relay.c release_endpoint): sent again, A is
         # guessed 0 cached, as the server says. Counting prompts only, the guess would say ~400.
         sim = self.start_sim("s", extra=["--kv-blocks", "64", "--decode-ms", "0.2"])
-        atc = self.start_atc(f"""
-            listen: 127.0.0.1:0
-            admin: 127.0.0.1:0
-            health: {{enabled: false}}
-            policy: {{entry: {self.write_policy(POLICY)}}}
-            models:
-              - name: llama-3-8b
-                endpoints:
-                  - id: s
-                    url: {sim.url}
-                    kv_tokens: 1024
-            """)
+        atc = self.atc_in_front(sim, "kv_tokens: 1024")
         a = "an older prompt the long answer pushes out. " * 36
         for content, max_tokens in [(a, 8), ("write a long story", 1000), (a, 8)]:
             status, _, body = chat(atc.port, content=content, max_tokens=max_tokens)

@@ -399,8 +399,13 @@ class TestEngines(unittest.TestCase):
         # without max_tokens the prompt alone must leave room for a token; an embedding's input may fill it
         long = "word " * 40
         unset = {"model": MODEL, "messages": [{"role": "user", "content": long}]}
-        self.assertEqual(sim.request("POST", "/v1/chat/completions", unset)[0], 400)
+        status, _, out = sim.request("POST", "/v1/chat/completions", unset)
+        self.assertEqual(status, 400)
+        self.assertRegex(json.loads(out)["error"]["message"], r"requested \d+ tokens in the messages, Please")
         self.assertEqual(sim.request("POST", "/v1/embeddings", {"model": MODEL, "input": "hi"})[0], 200)
+        status, _, out = sim.request("POST", "/v1/embeddings", {"model": MODEL, "input": long})
+        self.assertEqual(status, 400)
+        self.assertIn("tokens in the input for embedding generation", json.loads(out)["error"]["message"])
 
     def test_api_key_vllm(self):
         sim = self.sim("--api-key", "sekrit")

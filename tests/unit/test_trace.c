@@ -272,13 +272,15 @@ static void test_qwen(void **state)
                "{\"chat_id\": 12, \"parent_chat_id\": 11, \"timestamp\": 7, \"input_length\": 30, "
                "\"output_length\": 2, \"type\": \"file\", \"turn\": 2, \"hash_ids\": [20]}\n"
                "{\"parent_chat_id\": -1, \"timestamp\": 8, \"input_length\": 30, \"output_length\": 2, "
-               "\"hash_ids\": [20]}\n");
+               "\"hash_ids\": [20]}\n"
+               "{\"chat_id\": \"x\", \"parent_chat_id\": -1, \"timestamp\": 9, \"input_length\": 30, "
+               "\"output_length\": 2, \"hash_ids\": [21]}\n");
     struct atc_trace *t;
     char *err = NULL;
     size_t bad = 0;
     struct atc_trace_import_options o = {.format = ATC_TRACE_AUTO};
     assert_int_equal(atc_trace_load(path_of("qwen.jsonl"), &o, &t, &bad, &err), 0);
-    assert_int_equal(bad, 1); /* the line without a chat_id */
+    assert_int_equal(bad, 2); /* the lines without a chat_id, and with one that is not a number */
     assert_string_equal(t->header.source, "qwen");
     assert_int_equal(t->n, 4);
     assert_int_equal(t->records[1].at_us, 2500000); /* seconds, the first at 0 */
