@@ -78,8 +78,11 @@ class StatusPageTest(AtcTestCase):
         return self.browser.read(f'tr[data-endpoint="{ep}"] td[data-col="{col}"]')
 
     def wait_cell(self, ep, col, pattern, timeout=10):
-        return wait_for(lambda: re.search(pattern, self.cell_or_empty(ep, col)), timeout=timeout, interval=0.05,
-                        what=f"{ep}'s {col} to match {pattern!r} (it reads {self.cell_or_empty(ep, col)!r})")
+        try:
+            return wait_for(lambda: re.search(pattern, self.cell_or_empty(ep, col)), timeout=timeout,
+                            interval=0.05, what=f"{ep}'s {col} to match {pattern!r}")
+        except AssertionError as e:  # what it reads when the wait ended, not when it began
+            raise AssertionError(f"{e} (it reads {self.cell_or_empty(ep, col)!r})") from None
 
     def cell_or_empty(self, ep, col):
         try:
@@ -257,12 +260,17 @@ class StatusPageTest(AtcTestCase):
             "limits:\n  tenants:\n    gold: {requests_per_minute: 100}\n")), name=f"atc{i}") for i in range(2)]
         a, other = atcs
         wait_for(lambda: a.endpoints()["s0"]["state"] == "healthy", what="s0 healthy")
-        clients = [threading.Thread(target=lambda: chat(other.port, model="m", max_tokens=60), daemon=True)
+        b = self.open_browser()
+        b.get(f"http://127.0.0.1:{a.admin_port}/")
+        # the rates have a figure well before a second refresh period
+        wait_for(lambda: re.match(r"requests/s\s+\d+\.\d", b.read("#traffic")), timeout=1.2,
+                 what="a rate within 1.2 s of the page's load, not after a second 1.5 s period")
+        # the page is up before the requests start (a browser under TSan takes seconds to start), and
+        # they last about 10 s, so their count is on the page for several refreshes
+        clients = [threading.Thread(target=lambda: chat(other.port, model="m", max_tokens=100), daemon=True)
                    for _ in range(3)]
         for c in clients:
             c.start()
-        b = self.open_browser()
-        b.get(f"http://127.0.0.1:{a.admin_port}/")
         # the other replica's 3 requests on the same endpoint, with their age, beside this one's 0
         self.wait_cell("s0", "inflight", r"^0 / 8 \+3 others \(\d+ ms old\)")
         cluster = b.read("#cluster")
@@ -270,11 +278,9 @@ class StatusPageTest(AtcTestCase):
         self.assertRegex(cluster, r"other replica\s+r1, synced \d+ ms ago")
         limits = b.read('#limits tr[data-tenant="gold"]')
         self.assertRegex(limits, r"^gold\s+\d+ of 100\s+no limit\s+0$")
-        # the header says which atc, and the rates have a figure well before a second refresh period
+        # the header says which atc
         self.assertRegex(b.read("#whoami"), r"^atc \d+\.\d+\.\d+ on \S+, up \d+ s$")
         self.assertRegex(b.read("#updated"), r"^updated \d{4}-\d\d-\d\d \d\d:\d\d:\d\d$")
-        wait_for(lambda: re.match(r"requests/s\s+\d+\.\d", b.read("#traffic")), timeout=1.2,
-                 what="a rate within 1.2 s of the page's load, not after a second 1.5 s period")
         for c in clients:
             c.join(30)
 
