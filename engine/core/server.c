@@ -283,6 +283,7 @@ size_t atc_server_policies(const struct atc_server *srv, struct atc_policy_runti
 static void on_sigusr1(evutil_socket_t sig, short what, void *arg)
 {
     struct atc_server *srv = arg;
+    atc_info("SIGUSR1: reopening the access log");
     atc_workers_pause(&srv->group);
     for (unsigned i = 0; i < srv->group.nworkers; i++)
         if (srv->group.workers[i].access_log != NULL)

@@ -296,7 +296,7 @@ class CliTest(AtcTestCase):
         self.assertEqual(policy_version(), 2)
         # a broken YAML on SIGHUP: atc logs it, with the position, and nothing changes
         write(good + "bogus: 1\n")
-        atc.proc.send_signal(signal.SIGHUP)
+        atc.signal(signal.SIGHUP, "SIGHUP: reloading")
         wait = __import__("harness").wait_for
         wait(lambda: "config reload failed" in atc.read_log(), timeout=5, what="the failure logged")
         self.assertRegex(atc.read_log(), re.escape(cfg) + r":\d+:\d+: unknown key 'bogus'")

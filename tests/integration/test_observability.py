@@ -137,7 +137,7 @@ class ObservabilityTest(AtcTestCase):
         chat(atc.port, max_tokens=1)
         wait_for(lambda: len(self.access_lines(atc)) == 1, what="first line")
         os.rename(os.path.join(self.tmp.name, "access.log"), os.path.join(self.tmp.name, "access.log.1"))
-        atc.proc.send_signal(signal.SIGUSR1)
+        atc.signal(signal.SIGUSR1, "SIGUSR1: reopening")
         wait_for(lambda: os.path.exists(os.path.join(self.tmp.name, "access.log")), what="new file")
         chat(atc.port, max_tokens=1)
         lines = wait_for(lambda: self.access_lines(atc), what="a line in the new file")
@@ -290,7 +290,7 @@ models:
             t.start()
         wait_for(lambda: len(results) > 30, what="traffic")
         self.write(cfg, [("b", b), ("c", c)])  # a leaves, c joins
-        atc.proc.send_signal(signal.SIGHUP)
+        atc.signal(signal.SIGHUP, "SIGHUP: reloading")
         wait_for(lambda: set(atc.endpoints()) == {"b", "c"}, what="reloaded endpoints")
         wait_for(lambda: atc.endpoints()["c"]["state"] == "healthy", what="c healthy")
         reloaded_at = time_now()

@@ -340,7 +340,7 @@ class ReloadTest(PolicyTestCase):
         self.assertIn("policy.lua:", self.policy_status(atc)["last_error"])
         self.write_policy(self.GOOD % 2)
         wait_for(lambda: self.policy_status(atc)["version"] == 3, timeout=5, what="reload after a fix")
-        atc.proc.send_signal(signal.SIGHUP)
+        atc.signal(signal.SIGHUP, "SIGHUP: reloading")
         wait_for(lambda: self.policy_status(atc)["version"] == 4, timeout=5, what="reload on SIGHUP")
         status, headers, _ = chat(atc.port, model="m", max_tokens=1)
         self.assertEqual((status, headers["x-atc-policy-version"]), (200, "4"))

@@ -253,7 +253,7 @@ class SpinUnderLoadTest(StallTestCase):
 
         # SIGTERM while the spinners keep going: atc drains and exits well before drain_timeout (10 s).
         start = time.monotonic()
-        atc.proc.send_signal(signal.SIGTERM)
+        atc.signal(signal.SIGTERM, "signal 15: draining")
         try:
             code = atc.proc.wait(timeout=8)
         finally:

@@ -1,6 +1,7 @@
 """The request path end to end: atc serve in front of simulated servers on loopback."""
 
 import json
+import signal
 import socket
 import time
 import unittest
@@ -343,7 +344,7 @@ class ProxyTest(AtcTestCase):
         sock = post_raw(atc.port, {"model": "llama-3-8b", "stream": True, "max_tokens": 30,
                            "messages": [{"role": "user", "content": "x"}]})
         got = sock.recv(65536)
-        atc.proc.terminate()
+        atc.signal(signal.SIGTERM, "signal 15: draining")
         sock.settimeout(10)
         while not got.endswith(b"0\r\n\r\n"):
             chunk = sock.recv(65536)

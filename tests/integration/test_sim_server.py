@@ -12,6 +12,8 @@ import tempfile
 import time
 import unittest
 
+from harness import signal_until
+
 SLACK = float(os.environ.get("ATC_TEST_SLACK", "1"))  # as harness.SLACK: upper time bounds only
 
 ATC = os.environ.get("ATC_BIN", os.path.join(os.path.dirname(__file__), "..", "..", "build", "atc"))
@@ -24,13 +26,15 @@ class Sim:
     def __init__(self, *flags, deadline=10.0):
         self.dir = tempfile.TemporaryDirectory()
         ready = os.path.join(self.dir.name, "ready.json")
-        self.proc = subprocess.Popen(
-            [ATC, "sim", "--listen", "127.0.0.1:0", "--ready-file", ready, *flags],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.log_path = os.path.join(self.dir.name, "sim.log")
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [ATC, "sim", "--listen", "127.0.0.1:0", "--ready-file", ready, *flags],
+                stdout=log, stderr=subprocess.STDOUT)
         end = time.monotonic() + deadline
         while not os.path.exists(ready):
             if self.proc.poll() is not None:
-                raise RuntimeError("atc sim exited: %s" % self.proc.stderr.read().decode())
+                raise RuntimeError("atc sim exited: %s" % self.log())
             if time.monotonic() > end:
                 self.stop()
                 raise RuntimeError("atc sim not ready in time")
@@ -39,20 +43,27 @@ class Sim:
             host, port = json.load(f)["listen"].rsplit(":", 1)
         self.host, self.port = host, int(port)
 
+    def log(self):
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def signal(self, sig):
+        """Sends sig until the sim says it has it ("sim: signal N, exiting") or is gone."""
+        signal_until(self.proc, sig, timeout=15, what=f"signal {int(sig)} received",
+                     received=lambda: self.proc.poll() is not None or f"signal {int(sig)}" in self.log())
+
     def stop(self):
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
             try:
+                self.signal(signal.SIGTERM)
                 self.proc.wait(15)  # a TSan build's exit can take seconds on a loaded machine
-            except subprocess.TimeoutExpired:
+            except (AssertionError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait()
-        err = self.proc.stderr.read()
-        self.proc.stdout.close()
-        self.proc.stderr.close()
+        err = self.log()
         self.dir.cleanup()
-        if b"Sanitizer" in err:  # a sanitizer build reports leaks and memory errors at exit
-            raise AssertionError(err.decode(errors="replace"))
+        if "Sanitizer" in err:  # a sanitizer build reports leaks and memory errors at exit
+            raise AssertionError(err)
         return self.proc.returncode
 
     def conn(self, timeout=10):
@@ -534,7 +545,7 @@ class TestCli(unittest.TestCase):
 
     def test_sigint_exits_zero(self):
         sim = Sim()
-        sim.proc.send_signal(signal.SIGINT)
+        sim.signal(signal.SIGINT)
         self.assertEqual(sim.proc.wait(5), 0)
         sim.stop()
 

@@ -408,7 +408,7 @@ simulate:
         wait_for(lambda: admin_json(atc, "/admin/endpoints")["active"] == 16, what="16 streams open")
         doc = admin_json(atc, "/admin/endpoints")
         self.assertTrue(all(w["active"] > 0 for w in doc["workers"]), doc["workers"])
-        atc.proc.send_signal(signal.SIGTERM)
+        atc.signal(signal.SIGTERM, "signal 15: draining")
         t.join(30)
         results = threads_done[0]
         for status, _, events in results:

@@ -27,7 +27,6 @@ import json
 import os
 import random
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -223,7 +222,7 @@ models:
     soak.one_request(port, random.Random(1), final)
     if "ok" not in final.c:
         problems.append(f"atc did not answer after the floods: {final.c}")
-    atc.send_signal(signal.SIGTERM)
+    soak.sigterm(atc, os.path.join(work, "flood-atc.log"))
     try:
         atc.wait(15)
     except subprocess.TimeoutExpired:
@@ -332,7 +331,7 @@ models:
     soak.one_request(port, random.Random(1), final)
 
     start = time.monotonic()
-    atc.send_signal(signal.SIGTERM)
+    soak.sigterm(atc, os.path.join(work, "atc.log"))
     try:
         exit_code = atc.wait(15)
     except subprocess.TimeoutExpired:

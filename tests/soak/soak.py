@@ -27,6 +27,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.abspath(os.path.join(HERE, "..", ".."))
 ATC = os.environ.get("ATC_BIN", os.path.join(SOURCE, "build", "atc"))
 DEADLINE_S = 20.0  # a client gives up after this: an outcome later than that counts as lost
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+from harness import signal_until  # noqa: E402
+
+
+def sigterm(proc, log_path):
+    """SIGTERM, sent again while @p log_path shows no "signal 15" and the process lives (signal_until)."""
+    def received():
+        with open(log_path, "rb") as f:
+            return proc.poll() is not None or b"signal 15" in f.read()
+    try:
+        signal_until(proc, signal.SIGTERM, received, what="SIGTERM received", timeout=10)
+    except AssertionError:
+        pass  # the caller's wait for the exit says what happened
 
 
 def free_port():
@@ -79,7 +92,7 @@ class Sim:
     def stop(self):
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
+            sigterm(self.proc, os.path.join(self.workdir, f"{self.name}.log"))
             try:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:
@@ -256,7 +269,7 @@ models:
     final = Counts()
     time.sleep(1)
     one_request(port, random.Random(1), final)
-    atc.terminate()
+    sigterm(atc, os.path.join(work, "atc.log"))
     exit_code = atc.wait(30)
     for s in sims:
         s.stop()
