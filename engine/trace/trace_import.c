@@ -54,6 +54,7 @@ struct importer {
     struct atc_trace_field headers[ATC_TRACE_HEADERS_MAX]; /* the current line's */
     struct chat *chats; /* Qwen: chat_id -> its conversation's first chat_id, open addressing */
     size_t nchats, chats_cap;
+    size_t failed; /* BurstGPT: failed requests left out */
 };
 
 struct chat {
@@ -336,10 +337,17 @@ static int import_json_line(struct importer *im, const char *js, size_t len, enu
     return 0;
 }
 
-/* ---- Azure CSV ---- */
+/* ---- CSV: Azure's LLM inference traces, and BurstGPT ----
+ *
+ * Azure (2023, 2024): TIMESTAMP (a UTC date and time), ContextTokens, GeneratedTokens.
+ * BurstGPT (HPMLL/BurstGPT, Azure OpenAI GPT use at a university): Timestamp (seconds from the trace's
+ * start), Model, Request tokens, Response tokens, Total tokens, Log Type. Its rows with 0 response
+ * tokens are failed requests (the repository's README); they are left out and counted, as its
+ * BurstGPT_without_fails files do. Neither has prompt contents: every prompt is its own. */
 
 struct csv_columns {
     int time, context, generated, n;
+    bool seconds; /* BurstGPT: the time is seconds from the start, not a date */
 };
 
 /* Splits @p line at commas into at most @p max fields (no quoting: these files have none). */
@@ -407,19 +415,34 @@ static int azure_header(struct importer *im, char *line, struct csv_columns *c)
 {
     char *fields[16];
     int n = split_csv(line, fields, 16);
-    *c = (struct csv_columns){-1, -1, -1, n};
+    *c = (struct csv_columns){-1, -1, -1, n, false};
     for (int i = 0; i < n && i < 16; i++) {
         const char *f = trim(fields[i]);
-        if (strcasecmp(f, "TIMESTAMP") == 0)
+        if (strcasecmp(f, "TIMESTAMP") == 0) {
             c->time = i;
-        else if (strcasecmp(f, "ContextTokens") == 0)
+        } else if (strcasecmp(f, "ContextTokens") == 0 || strcasecmp(f, "Request tokens") == 0) {
+            c->seconds = f[0] == 'R' || f[0] == 'r';
             c->context = i;
-        else if (strcasecmp(f, "GeneratedTokens") == 0)
+        } else if (strcasecmp(f, "GeneratedTokens") == 0 || strcasecmp(f, "Response tokens") == 0) {
             c->generated = i;
+        }
     }
     if (c->time < 0 || c->context < 0 || c->generated < 0)
         return fail_line(im, "expected a header line with the columns TIMESTAMP, ContextTokens and "
-                             "GeneratedTokens");
+                             "GeneratedTokens (Azure) or Timestamp, Request tokens and Response tokens "
+                             "(BurstGPT)");
+    return 0;
+}
+
+/* BurstGPT's "5" or "12.25": seconds from the start -> microseconds. */
+static int parse_seconds(const char *s, uint64_t *us)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (!isdigit((unsigned char)*s) || *end != '\0' || errno != 0 || !(v >= 0) || v > 1e12)
+        return -1;
+    *us = (uint64_t)(v * 1e6 + 0.5);
     return 0;
 }
 
@@ -434,19 +457,26 @@ static int import_csv_line(struct importer *im, char *line, const struct csv_col
     r.model = im->o->model != NULL ? im->o->model : DEFAULT_MODEL;
     uint64_t us, u;
     char *end;
-    if (parse_timestamp(trim(fields[c->time]), &us) < 0)
-        return fail_line(im, "TIMESTAMP: expected YYYY-MM-DD HH:MM:SS[.fraction], got '%.40s'",
+    if (c->seconds ? parse_seconds(trim(fields[c->time]), &us) < 0 : parse_timestamp(trim(fields[c->time]), &us) < 0)
+        return fail_line(im, c->seconds ? "Timestamp: expected seconds, got '%.40s'"
+                                        : "TIMESTAMP: expected YYYY-MM-DD HH:MM:SS[.fraction], got '%.40s'",
                          fields[c->time]);
     const char *ctx = trim(fields[c->context]), *gen = trim(fields[c->generated]);
     errno = 0;
     u = strtoull(ctx, &end, 10);
     if (!isdigit((unsigned char)*ctx) || *end != '\0' || errno != 0 || u > UINT32_MAX)
-        return fail_line(im, "ContextTokens: expected a whole number, got '%.40s'", ctx);
+        return fail_line(im, "%s: expected a whole number, got '%.40s'",
+                         c->seconds ? "Request tokens" : "ContextTokens", ctx);
     r.prompt_tokens = (uint32_t)u;
     errno = 0;
     u = strtoull(gen, &end, 10);
     if (!isdigit((unsigned char)*gen) || *end != '\0' || errno != 0 || u > INT64_MAX)
-        return fail_line(im, "GeneratedTokens: expected a whole number, got '%.40s'", gen);
+        return fail_line(im, "%s: expected a whole number, got '%.40s'",
+                         c->seconds ? "Response tokens" : "GeneratedTokens", gen);
+    if (c->seconds && u == 0) {
+        im->failed++; /* a failed request: left out (see above) */
+        return 0;
+    }
     r.output_tokens = r.max_tokens = (int64_t)u;
     r.at_us = us; /* wall clock for now: made relative once every line is read */
     if (atc_trace_append(im->t, &r) < 0)
@@ -524,8 +554,10 @@ int atc_trace_import_text(const char *path, const struct atc_trace_import_option
             first = t->records[i].at_us < first ? t->records[i].at_us : first;
         for (size_t i = 0; i < t->n; i++)
             t->records[i].at_us -= first;
-        t->header.start_unix_us = first;
+        t->header.start_unix_us = cols.seconds ? 0 : first; /* BurstGPT's times are not dates */
     }
+    if (o->errors != NULL && im.failed > 0)
+        fprintf(o->errors, "%s: %zu failed requests (Response tokens 0) left out\n", path, im.failed);
     if (o->errors != NULL && im.bad > SHOWN_ERRORS)
         fprintf(o->errors, "%s: %zu more malformed lines not shown\n", path, im.bad - SHOWN_ERRORS);
     if (rc == 0 && ferror(f)) {
@@ -545,7 +577,7 @@ int atc_trace_import_text(const char *path, const struct atc_trace_import_option
     free(im.strings);
     free(im.chats);
     snprintf(t->header.source, sizeof(t->header.source), "%s",
-             format == ATC_TRACE_AZURE      ? "azure"
+             format == ATC_TRACE_AZURE      ? (cols.seconds ? "burstgpt" : "azure")
              : format == ATC_TRACE_MOONCAKE ? "mooncake"
              : format == ATC_TRACE_QWEN     ? "qwen"
                                             : "jsonl");

@@ -15,7 +15,8 @@ enum atc_trace_format {
     ATC_TRACE_AUTO,     /* by content: an atc trace, else by the file name (.csv: azure, else jsonl) */
     ATC_TRACE_NATIVE,   /* the format above */
     ATC_TRACE_MOONCAKE, /* JSON lines: timestamp (ms), input_length, output_length, hash_ids */
-    ATC_TRACE_AZURE,    /* CSV: TIMESTAMP, ContextTokens, GeneratedTokens */
+    ATC_TRACE_AZURE,    /* CSV: TIMESTAMP, ContextTokens, GeneratedTokens; or BurstGPT's Timestamp (s),
+                         * Request tokens, Response tokens (the header says which) */
     ATC_TRACE_JSONL,    /* JSON lines with this format's record keys (what `atc trace dump` prints) */
     ATC_TRACE_QWEN,     /* JSON lines: chat_id, parent_chat_id, timestamp (s), input_length, output_length,
                          * hash_ids (16 tokens each): Alibaba's qwen-bailian-usagetraces-anon */

@@ -377,6 +377,39 @@ static void test_azure(void **state)
     free(err);
 }
 
+/* BurstGPT's CSV: seconds from the start, "Request tokens" / "Response tokens"; failed rows (0 response
+ * tokens) left out and counted, not malformed. */
+static void test_burstgpt(void **state)
+{
+    write_text(path_of("burst.csv"), "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                                     "45,ChatGPT,1087,230,1317,Conversation log\n"
+                                     "5,ChatGPT,472,18,490,Conversation log\n"
+                                     "46.25,GPT-4,300,0,300,API log\n"
+                                     "soon,GPT-4,1,1,2,API log\n"
+                                     "118.5,GPT-4,417,276,693,Conversation log\n");
+    struct captured c;
+    capture(&c);
+    struct atc_trace *t;
+    char *err = NULL;
+    size_t bad = 0;
+    struct atc_trace_import_options o = {.format = ATC_TRACE_AUTO, .errors = c.f};
+    assert_int_equal(atc_trace_load(path_of("burst.csv"), &o, &t, &bad, &err), 0);
+    captured_done(&c);
+    assert_string_equal(t->header.source, "burstgpt");
+    assert_int_equal(bad, 1);
+    assert_int_equal(t->n, 3);
+    assert_int_equal(t->records[0].at_us, 0); /* sorted, and relative to the first */
+    assert_int_equal(t->records[0].prompt_tokens, 472);
+    assert_int_equal(t->records[1].at_us, 40000000);
+    assert_int_equal(t->records[1].output_tokens, 230);
+    assert_int_equal(t->records[2].at_us, 113500000);
+    assert_true(t->header.start_unix_us == 0); /* seconds from the start are not a date */
+    assert_contains(c.text, "burst.csv:5: Timestamp: expected seconds, got 'soon'");
+    assert_contains(c.text, "burst.csv: 1 failed requests (Response tokens 0) left out");
+    free(c.text);
+    atc_trace_free(t);
+}
+
 static void test_jsonl_round_trip_and_order(void **state)
 {
     /* what `atc trace dump` prints reads back; out-of-order lines are sorted, ties kept in file order */
@@ -472,6 +505,7 @@ int main(void)
         cmocka_unit_test(test_mooncake_malformed_lines),
         cmocka_unit_test(test_qwen),
         cmocka_unit_test(test_azure),
+        cmocka_unit_test(test_burstgpt),
         cmocka_unit_test(test_jsonl_round_trip_and_order),
         cmocka_unit_test(test_replay_deterministic),
     };
