@@ -39,7 +39,7 @@ def wait_for(predicate, timeout=10.0, interval=0.01, what="condition"):
 def signal_until(proc, sig, received, what, timeout=10.0, every=2.0):
     """Sends @p sig to @p proc, and again every @p every seconds until @p received() is true; fails after
     @p timeout. Once is enough but under ThreadSanitizer: GCC 12's runtime now and then loses a signal
-    that lands while the thread runs between two of its intercepted calls (seen: 7 idle `atc sim`s in 400,
+    that lands while the thread runs between two of its intercepted calls (seen: 7 idle `atc sim`s of 200,
     on a loaded machine, never logged a SIGINT, parked in epoll_wait with nothing pending; a second SIGINT
     stopped each). @p received must turn true on the signal's receipt (its log line, the process gone),
     not on its whole effect, so that only a lost signal is sent again: a second SIGTERM would cut a drain
