@@ -202,6 +202,9 @@ void atc_http_front_handle(struct atc_http_req *req, void *arg)
         static const char ok[] = "{\"status\":\"ok\"}\n";
         atc_http_reply(req, 200, "application/json", NULL, ok, sizeof(ok) - 1);
     } else {
-        atc_http_reply_error(req, 404, "invalid_request_error", "not_found", "no such route", 0, NULL);
+        atc_http_reply_error(req, 404, "invalid_request_error", "not_found",
+                             "no such route; atc serves POST /v1/chat/completions, /v1/completions and "
+                             "/v1/embeddings, GET /v1/models and /health",
+                             0, NULL);
     }
 }

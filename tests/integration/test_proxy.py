@@ -112,9 +112,13 @@ class ProxyTest(AtcTestCase):
                 if name == "unknown model":
                     self.assertEqual(err["message"],
                                      "The model 'gpt-9' does not exist; GET /v1/models lists the models served")
-        status, _, out = request("127.0.0.1", atc.port, "GET", "/v1/nope")
+        # a route atc does not serve (the Responses API, say) is told which ones it does
+        status, _, out = request("127.0.0.1", atc.port, "POST", "/v1/responses", json.dumps({"model": "m"}),
+                                 headers={"content-type": "application/json"})
         self.assertEqual(status, 404)
-        error_of(out)
+        self.assertEqual(error_of(out)["code"], "not_found")
+        self.assertIn("atc serves POST /v1/chat/completions, /v1/completions and /v1/embeddings",
+                      error_of(out)["message"])
         status, _, out = request("127.0.0.1", atc.port, "GET", "/v1/chat/completions")
         self.assertEqual(status, 405)
         error_of(out)
