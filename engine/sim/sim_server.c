@@ -68,23 +68,32 @@ enum err_kind {
     ERR_UNAUTHORIZED, /* api_key (401) */
 };
 
+/* One of a request's n choices, a sequence of its own in the model: vLLM V1 fans a request with n > 1
+ * out into n child requests (vllm/v1/engine/parallel_sampling.py, ParentRequest), each scheduled, and
+ * holding KV, as any request; the children after the first find the prompt's blocks cached. */
+struct sim_choice {
+    uint64_t seq; /* sequence in the model; 0 = none (hanging, finished or cancelled) */
+    uint32_t output_tokens;
+    bool role_sent;        /* stream: the chat's role chunk for this choice is out */
+    struct evbuffer *text; /* non-streaming: the answer so far */
+};
+
 struct sim_req {
     struct sim_req *prev, *next;
     struct atc_sim_server *srv;
     struct atc_http_req *req;
-    uint64_t seq; /* sequence in the model; 0 = none (hanging) */
     uint64_t num; /* accept order: seeds the id and the words */
     enum atc_request_kind kind;
     bool stream;
     bool started;           /* stream: the headers are out */
-    bool role_sent;         /* stream: the chat's role chunk is out */
     bool include_usage;     /* stream: stream_options.include_usage, a usage chunk after the last token */
     uint32_t cached_tokens; /* prompt tokens found in the prefix cache as it arrived */
     bool length;            /* finish_reason "length": the output length was max_tokens */
-    uint32_t prompt_tokens, output_tokens;
-    uint32_t cut_at; /* die after sending this many tokens; 0 = never */
+    uint32_t prompt_tokens;
+    uint32_t cut_at; /* die after sending this many tokens of a choice; 0 = never */
     int64_t created;
-    struct evbuffer *text; /* non-streaming: the answer so far */
+    uint32_t n, finished;        /* choices, and those whose last token is out */
+    struct sim_choice choices[]; /* n of them */
 };
 
 struct atc_sim_server {
@@ -264,9 +273,20 @@ static void req_unlink(struct sim_req *r)
     if (r->next)
         r->next->prev = r->prev;
     srv->nreqs--;
-    if (r->text)
-        evbuffer_free(r->text);
+    for (uint32_t i = 0; i < r->n; i++)
+        if (r->choices[i].text)
+            evbuffer_free(r->choices[i].text);
     free(r);
+}
+
+/* Stops every choice's sequence in the model. */
+static void cancel_all(struct sim_req *r)
+{
+    for (uint32_t i = 0; i < r->n; i++) {
+        if (r->choices[i].seq)
+            atc_sim_cancel(r->srv->sim, r->choices[i].seq);
+        r->choices[i].seq = 0;
+    }
 }
 
 /* Stops hearing of @p r's connection: the request is the HTTP server's again. */
@@ -279,8 +299,7 @@ static void on_client_gone(void *arg)
 {
     struct sim_req *r = arg;
     struct atc_sim_server *srv = r->srv;
-    if (r->seq)
-        atc_sim_cancel(srv->sim, r->seq);
+    cancel_all(r);
     atc_sim_disagg_gone(srv->disagg);
     req_unlink(r);
     schedule(srv);
@@ -288,11 +307,12 @@ static void on_client_gone(void *arg)
 
 static const struct atc_http_req_callbacks client_cb = {.on_gone = on_client_gone};
 
-static struct sim_req *req_track(struct atc_sim_server *srv, struct atc_http_req *req)
+static struct sim_req *req_track(struct atc_sim_server *srv, struct atc_http_req *req, uint32_t n)
 {
-    struct sim_req *r = calloc(1, sizeof(*r));
+    struct sim_req *r = calloc(1, sizeof(*r) + n * sizeof(r->choices[0]));
     if (!r)
         return NULL;
+    r->n = n;
     r->srv = srv;
     r->req = req;
     r->created = (int64_t)time(NULL);
@@ -313,8 +333,7 @@ static void drop_all(struct atc_sim_server *srv)
     while (srv->reqs) {
         struct sim_req *r = srv->reqs;
         req_release(r);
-        if (r->seq)
-            atc_sim_cancel(srv->sim, r->seq);
+        cancel_all(r);
         req_unlink(r);
     }
 }
@@ -439,20 +458,24 @@ static void add_head(struct evbuffer *b, const struct sim_req *r, bool chunk)
  * atc can read the prefix cache's hits per request. */
 static void add_usage(struct evbuffer *b, const struct sim_req *r)
 {
+    uint32_t out = 0; /* every choice's tokens (serving_chat.py sums them) */
+    for (uint32_t i = 0; i < r->n; i++)
+        out += r->choices[i].output_tokens;
     evbuffer_add_printf(b, ",\"usage\":{\"prompt_tokens\":%u,\"completion_tokens\":%u,\"total_tokens\":%u",
-                        r->prompt_tokens, r->output_tokens, r->prompt_tokens + r->output_tokens);
+                        r->prompt_tokens, out, r->prompt_tokens + out);
     if (r->srv->face->usage_details)
         evbuffer_add_printf(b, ",\"prompt_tokens_details\":{\"cached_tokens\":%u}", r->cached_tokens);
     evbuffer_add(b, "}", 1);
 }
 
-/* One SSE event: a chunk carrying @p text (NULL = an empty delta) and @p finish (NULL = null). */
-static void add_event(struct evbuffer *b, const struct sim_req *r, const char *role, const char *text,
-                      const char *finish)
+/* One SSE event: choice @p index's chunk carrying @p text (NULL = an empty delta) and @p finish (NULL =
+ * null). */
+static void add_event(struct evbuffer *b, const struct sim_req *r, uint32_t index, const char *role,
+                      const char *text, const char *finish)
 {
     evbuffer_add(b, "data: ", 6);
     add_head(b, r, true);
-    evbuffer_add_printf(b, ",\"choices\":[{\"index\":0,");
+    evbuffer_add_printf(b, ",\"choices\":[{\"index\":%u,", index);
     if (r->kind == ATC_KIND_CHAT) {
         evbuffer_add_printf(b, "\"delta\":{");
         if (role)
@@ -488,14 +511,18 @@ static void send_whole(struct sim_req *r)
         return;
     const char *finish = r->length ? "length" : "stop";
     add_head(b, r, false);
-    if (r->kind == ATC_KIND_CHAT)
-        evbuffer_add_printf(b,
-                            ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"");
-    else
-        evbuffer_add_printf(b, ",\"choices\":[{\"index\":0,\"text\":\"");
-    evbuffer_add_buffer(b, r->text);
-    evbuffer_add_printf(b, "\"%s,\"logprobs\":null,\"finish_reason\":\"%s\"}]",
-                        r->kind == ATC_KIND_CHAT ? "}" : "", finish);
+    evbuffer_add_printf(b, ",\"choices\":[");
+    for (uint32_t i = 0; i < r->n; i++) {
+        if (r->kind == ATC_KIND_CHAT)
+            evbuffer_add_printf(b, "%s{\"index\":%u,\"message\":{\"role\":\"assistant\",\"content\":\"",
+                                i ? "," : "", i);
+        else
+            evbuffer_add_printf(b, "%s{\"index\":%u,\"text\":\"", i ? "," : "", i);
+        evbuffer_add_buffer(b, r->choices[i].text);
+        evbuffer_add_printf(b, "\"%s,\"logprobs\":null,\"finish_reason\":\"%s\"}",
+                            r->kind == ATC_KIND_CHAT ? "}" : "", finish);
+    }
+    evbuffer_add(b, "]", 1);
     add_usage(b, r);
     atc_sim_disagg_answer(r->srv->disagg, b, r->srv->port, r->num, r->prompt_tokens);
     evbuffer_add(b, "}", 1);
@@ -507,12 +534,21 @@ static void on_token(void *ctx, const struct atc_sim_token *tok)
 {
     struct atc_sim_server *srv = ctx;
     struct sim_req *r = tok->user;
+    uint32_t i = 0;
+    while (i + 1 < r->n && r->choices[i].seq != tok->id)
+        i++;
+    struct sim_choice *c = &r->choices[i];
     char text[64];
-    snprintf(text, sizeof(text), "%s ", word(srv, r->num, tok->index));
+    snprintf(text, sizeof(text), "%s ", word(srv, r->num + ((uint64_t)i << 40), tok->index));
+    if (tok->last) {
+        c->seq = 0; /* forgotten by the model after this call */
+        r->finished++;
+    }
+    bool done = r->finished == r->n;
 
     if (!r->stream) {
-        evbuffer_add(r->text, text, strlen(text));
-        if (tok->last) {
+        evbuffer_add(c->text, text, strlen(text));
+        if (done) {
             req_release(r);
             send_whole(r);
             req_unlink(r);
@@ -528,31 +564,29 @@ static void on_token(void *ctx, const struct atc_sim_token *tok)
         atc_http_reply_start(r->req, 200, "text/event-stream; charset=utf-8", "Cache-Control: no-cache\r\n");
         r->started = true;
     }
-    if (!r->role_sent && r->kind == ATC_KIND_CHAT)
-        add_event(b, r, "assistant", "", NULL); /* vLLM's first chunk: the role, on the first output */
-    r->role_sent = true;
+    if (!c->role_sent && r->kind == ATC_KIND_CHAT)
+        add_event(b, r, i, "assistant", "", NULL); /* vLLM's first chunk: the role, on the first output */
+    c->role_sent = true;
     /* The finish_reason rides on the last content chunk, as vLLM's. */
-    add_event(b, r, NULL, text, tok->last ? (r->length ? "length" : "stop") : NULL);
-    if (tok->last) {
+    add_event(b, r, i, NULL, text, tok->last ? (r->length ? "length" : "stop") : NULL);
+    if (done) {
         if (r->include_usage)
             add_usage_event(b, r);
         evbuffer_add_printf(b, "data: [DONE]\n\n");
-    }
-    if (tok->last)
         req_release(r); /* before the last bytes: the request is the server's once they are out */
+    }
     atc_http_reply_chunk_buffer(r->req, b);
     evbuffer_free(b);
-    if (tok->last) {
+    if (done) {
         atc_http_reply_end(r->req);
         req_unlink(r);
     } else if (r->cut_at && tok->index + 1 >= r->cut_at) {
-        atc_sim_cancel(srv->sim, r->seq);
-        r->seq = 0;
+        cancel_all(r);
         die_soon(srv);
     } else if (atc_http_req_backlog(r->req) > MAX_PENDING_OUTPUT) {
         /* The client does not read: drop it instead of buffering the rest of its answer. */
         struct atc_http_req *req = r->req;
-        atc_sim_cancel(srv->sim, r->seq);
+        cancel_all(r);
         req_release(r);
         req_unlink(r);
         atc_http_req_abort(req);
@@ -590,6 +624,44 @@ static bool wants_usage(const char *body, size_t len)
     }
     atc_json_dispose(&j);
     return yes;
+}
+
+#define MAX_CHOICES 1024 /* the sim's own bound on n (vLLM has none) */
+
+/* The body's n: how many choices (1 when absent or null). vLLM refuses n < 1 ("n must be at least 1,
+ * got 0.": vllm/sampling_params.py _verify_args); llama.cpp's chat any n but 1 (tools/server/utils.hpp,
+ * oaicompat_chat_params_parse). Returns 0, or -1 with the 400's message in @p msg. */
+static int choices_of(const struct atc_sim_server *srv, enum atc_request_kind kind, const char *body,
+                      size_t len, uint32_t *n, char *msg, size_t cap)
+{
+    struct atc_json j = {0};
+    double d = 1;
+    int rc = 0;
+    if (atc_json_parse(&j, body, len, NULL) == 0) {
+        int t = atc_json_get(&j, 0, "n");
+        size_t raw_len;
+        const char *raw = t >= 0 ? atc_json_raw(&j, t, &raw_len) : NULL;
+        bool null = raw != NULL && atc_json_type(&j, t) == ATC_JSON_PRIMITIVE && raw_len == 4 &&
+                    memcmp(raw, "null", 4) == 0;
+        if (t >= 0 && !null && (!atc_json_number(&j, t, &d) || d != floor(d) || fabs(d) > 1e15)) {
+            snprintf(msg, cap, "n must be an integer.");
+            rc = -1;
+        }
+    }
+    atc_json_dispose(&j);
+    long long v = (long long)d;
+    if (rc == 0 && v < 1) {
+        snprintf(msg, cap, "n must be at least 1, got %lld.", v);
+        rc = -1;
+    } else if (rc == 0 && v != 1 && srv->p.engine == ATC_SIM_LLAMACPP && kind == ATC_KIND_CHAT) {
+        snprintf(msg, cap, "Only one completion choice is allowed");
+        rc = -1;
+    } else if (rc == 0 && v > MAX_CHOICES) {
+        snprintf(msg, cap, "atc sim answers at most %d choices, got n = %lld.", MAX_CHOICES, v);
+        rc = -1;
+    }
+    *n = rc == 0 && kind != ATC_KIND_EMBEDDING ? (uint32_t)v : 1;
+    return rc;
 }
 
 /* vLLM refuses a prompt plus max_tokens (unset: the prompt alone, which must leave a token) past its
@@ -659,6 +731,12 @@ static void handle_inference(struct atc_sim_server *srv, struct atc_http_req *re
         (tgi && stream ? send_stream_error : send_error)(srv, req, ERR_INVALID, msg);
         return;
     }
+    uint32_t n;
+    char msg[128];
+    if (choices_of(srv, kind, body ? body : "", body ? len : 0, &n, msg, sizeof(msg)) < 0) {
+        (tgi && stream ? send_stream_error : send_error)(srv, req, ERR_INVALID, msg);
+        return;
+    }
     if (too_long(srv, req, kind, &f))
         return;
     unsigned limit = srv->p.max_concurrent ? srv->p.max_concurrent : tgi ? ATC_SIM_TGI_MAX_CONCURRENT : 0;
@@ -687,7 +765,7 @@ static void handle_inference(struct atc_sim_server *srv, struct atc_http_req *re
         send_embedding(srv, req, &f, body ? body : "", body ? len : 0);
         return;
     }
-    struct sim_req *r = req_track(srv, req);
+    struct sim_req *r = req_track(srv, req, n);
     if (!r) {
         send_error(srv, req, ERR_OOM, "out of memory");
         return;
@@ -706,8 +784,6 @@ static void handle_inference(struct atc_sim_server *srv, struct atc_http_req *re
         (uint64_t)atc_sim_prefix_cached(srv->sim, f.blocks, f.nblocks) * ATC_PREFIX_BLOCK_TOKENS;
     r->cached_tokens = (uint32_t)(cached < r->prompt_tokens ? cached : r->prompt_tokens - 1);
 
-    if (!r->stream && !(r->text = evbuffer_new()))
-        goto oom;
     struct atc_sim_request mreq = {
         .prompt_tokens = r->prompt_tokens,
         .max_tokens = dg.max_tokens,
@@ -716,11 +792,16 @@ static void handle_inference(struct atc_sim_server *srv, struct atc_http_req *re
         .block_tokens = ATC_PREFIX_BLOCK_TOKENS,
         .kv_arrives = !dg.compute_prompt, /* a decode server reads the KV: it takes room, not prefill */
     };
-    r->seq = atc_sim_submit(srv->sim, now_us(srv) + dg.transfer_us, &mreq, r, &r->output_tokens);
-    if (!r->seq)
-        goto oom;
+    for (uint32_t i = 0; i < n; i++) {
+        struct sim_choice *c = &r->choices[i];
+        if (!r->stream && !(c->text = evbuffer_new()))
+            goto oom;
+        c->seq = atc_sim_submit(srv->sim, now_us(srv) + dg.transfer_us, &mreq, r, &c->output_tokens);
+        if (!c->seq)
+            goto oom;
+    }
     if (cut)
-        r->cut_at = r->output_tokens / 2 > 0 ? r->output_tokens / 2 : 1;
+        r->cut_at = r->choices[0].output_tokens / 2 > 0 ? r->choices[0].output_tokens / 2 : 1;
     if (stream && srv->face->headers_first) {
         /* vLLM, SGLang and TGI answer with a streaming response at once (FastAPI's StreamingResponse,
          * axum's Sse) and its first event comes with the first token, after prefill. */
@@ -730,6 +811,7 @@ static void handle_inference(struct atc_sim_server *srv, struct atc_http_req *re
     schedule(srv);
     return;
 oom:
+    cancel_all(r);
     req_release(r);
     req_unlink(r);
     send_error(srv, req, ERR_OOM, "out of memory");

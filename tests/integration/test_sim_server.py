@@ -316,6 +316,43 @@ class TestSimServer(unittest.TestCase):
                                            "stream_options": {"include_usage": True}}, path="/v1/completions")
         self.assertEqual((events[-2]["choices"], events[-2]["usage"]["completion_tokens"]), ([], 2))
 
+    def test_n_choices_are_sequences_of_their_own(self):
+        # vLLM V1 runs a request with n > 1 as n child requests (parallel_sampling.py): n choices, their
+        # tokens summed in usage, n sequences running (and taking n of --max-seqs 4).
+        status, _, body = self.sim.request("POST", "/v1/chat/completions", dict(chat(3), n=3))
+        self.assertEqual(status, 200, body)
+        doc = json.loads(body)
+        self.assertEqual([c["index"] for c in doc["choices"]], [0, 1, 2])
+        self.assertEqual([c["finish_reason"] for c in doc["choices"]], ["length"] * 3)
+        texts = [c["message"]["content"] for c in doc["choices"]]
+        self.assertEqual(len(set(texts)), 3, texts)  # each choice its own sample
+        self.assertEqual(doc["usage"]["completion_tokens"], 9)
+        status, _, body = self.sim.request("POST", "/v1/completions",
+                                           {"model": MODEL, "prompt": "hi", "max_tokens": 2, "n": 2})
+        self.assertEqual([c["index"] for c in json.loads(body)["choices"]], [0, 1])
+        # streamed: each choice's chunks carry its index, a role first and a finish_reason last; then
+        # the usage of all of them and [DONE]
+        body = dict(chat(4, stream=True, stream_options={"include_usage": True}), n=2)
+        _, _, _, events = self.sim.stream(body)
+        self.assertEqual(events[-1], "[DONE]")
+        self.assertEqual(events[-2]["usage"]["completion_tokens"], 8)
+        for i in (0, 1):
+            mine = [e["choices"][0] for e in events[:-2] if e["choices"][0]["index"] == i]
+            self.assertEqual(len(mine), 5)  # the role, four tokens
+            self.assertEqual(mine[0]["delta"], {"role": "assistant", "content": ""})
+            self.assertEqual([c["finish_reason"] for c in mine], [None] * 4 + ["length"])
+        # n sequences run: a long n=3 takes three of the four slots
+        sock = self.sim.raw(dict(chat(100000, stream=True), n=3))
+        self.assertEqual(self.sim.wait_metric("vllm:num_requests_running", 3), 3)
+        sock.close()
+        self.assertEqual(self.sim.wait_metric("vllm:num_requests_running", 0), 0)
+        # vLLM's 400s (sampling_params.py _verify_args); null is the default
+        for n, message in ((0, "n must be at least 1, got 0."), (-2, "n must be at least 1, got -2."),
+                           (1.5, "n must be an integer."), ("2", "n must be an integer.")):
+            status, _, body = self.sim.request("POST", "/v1/chat/completions", dict(chat(2), n=n))
+            self.assertEqual((status, json.loads(body)["error"]["message"]), (400, message))
+        self.assertEqual(self.sim.request("POST", "/v1/chat/completions", dict(chat(2), n=None))[0], 200)
+
     def test_queue_and_client_disconnect_cancels(self):
         # max-seqs 4: four long streams run, a fifth waits; dropping them frees every slot.
         socks = [self.sim.raw(chat(100000, stream=True)) for _ in range(4)]
@@ -481,6 +518,14 @@ class TestEngines(unittest.TestCase):
             self.assertIn("\n%s " % name, text)
         self.assertNotIn("kv_cache_usage_ratio", text)
         self.assertNotIn("vllm:", text)
+
+    def test_llamacpp_chat_answers_one_choice_only(self):
+        # tools/server/utils.hpp, oaicompat_chat_params_parse: any n but 1 is refused
+        sim = self.sim("--engine", "llamacpp")
+        status, _, body = sim.request("POST", "/v1/chat/completions", dict(chat(2), n=2))
+        self.assertEqual(status, 400, body)
+        self.assertIn("Only one completion choice is allowed", body.decode())
+        self.assertEqual(sim.request("POST", "/v1/chat/completions", dict(chat(2), n=1))[0], 200)
 
     def test_sglang_health_takes_a_second_and_its_metrics(self):
         sim = self.sim("--engine", "sglang")
