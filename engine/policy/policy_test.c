@@ -638,7 +638,7 @@ static int test_route(lua_State *L)
         .tenant = tenant,
         .session = session,
         .attempt = (unsigned)spec_number(L, 1, "attempt", (double)ntried + 1),
-        .tokens = atc_request_tokens(x->f->prompt_tokens, x->f->max_tokens),
+        .tokens = atc_request_tokens(x->f->prompt_tokens, x->f->max_tokens, x->f->choices),
         .tried = x->tried,
         .ntried = ntried,
         .header = route_header,

@@ -1082,7 +1082,7 @@ void atc_relay_start(struct atc_worker *w, struct atc_http_req *client, const st
         r->f = kept;
     struct atc_strbuf xh = atc_strbuf_init(r->extra_headers, sizeof(r->extra_headers));
     atc_strbuf_header(&xh, "x-request-id", r->id, "");
-    r->tokens = atc_request_tokens(r->f->prompt_tokens, r->f->max_tokens);
+    r->tokens = atc_request_tokens(r->f->prompt_tokens, r->f->max_tokens, r->f->choices);
     if (w->recorder != NULL) /* now: the client's request may be gone when the record is made */
         r->recorded_headers = atc_recorder_capture(w->recorder, client_header, r, &r->nrecorded_headers);
 

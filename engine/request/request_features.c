@@ -238,7 +238,7 @@ static bool string_ok(const char *js, const jsmntok_t *t)
 /* Top-level fields: the index of the value token of the last occurrence of each key, or -1. */
 struct fields {
     const char *prompt_key;
-    int model, stream, max_tokens, max_completion_tokens, user, prompt, tools;
+    int model, stream, max_tokens, max_completion_tokens, user, prompt, tools, choices;
 };
 
 struct walk {
@@ -282,6 +282,8 @@ static int *field_slot(struct fields *top, const char *js, const jsmntok_t *k)
         return &top->user;
     if (key_is(s, n, "tools"))
         return &top->tools;
+    if (key_is(s, n, "n"))
+        return &top->choices;
     if (key_is(s, n, top->prompt_key))
         return &top->prompt;
     return NULL;
@@ -516,6 +518,15 @@ static int get_fields(enum atc_request_kind kind, const char *js, const jsmntok_
     }
     if (mct >= 0)
         f->max_tokens = mct;
+    /* n: how many completions; an engine runs one sequence for each (vLLM V1: n child requests). One that
+     * is not a count, or 0, counts as 1: the engine refuses it in its own words (as the sim does); a huge
+     * n counts as ATC_FEATURES_CHOICES_MAX. */
+    int64_t choices = 1;
+    if (get_count(js, toks, top->choices, &choices) < 0)
+        choices = 1;
+    f->choices = choices < 1                          ? 1
+                 : choices > ATC_FEATURES_CHOICES_MAX ? ATC_FEATURES_CHOICES_MAX
+                                                      : (uint32_t)choices;
 
     static const char *const missing[] = {
         [ATC_KIND_CHAT] = "'messages' is required",
@@ -554,6 +565,7 @@ int atc_features_scan(enum atc_request_kind kind, const char *body, size_t len, 
     f->has_tools = false;
     f->stream = false;
     f->max_tokens = -1;
+    f->choices = 1;
     f->user[0] = '\0';
     f->prompt = NULL;
     f->prompt_len = 0;
@@ -598,7 +610,7 @@ int atc_features_scan(enum atc_request_kind kind, const char *body, size_t len, 
         goto out;
     }
 
-    struct fields top = {.prompt_key = prompt_keys[kind], -1, -1, -1, -1, -1, -1, -1};
+    struct fields top = {.prompt_key = prompt_keys[kind], -1, -1, -1, -1, -1, -1, -1, -1};
     struct walk w = {.js = body, .t = scratch, .n = n, .i = 1, .top = &top};
     /* the object must be the whole body: jsmn happily tokenizes "{} {}" */
     if (!check_container(&w, &scratch[0]) || w.i != n || !gap_ok(body, scratch[0].end, (int)len, 0)) {

@@ -27,11 +27,17 @@ const char *atc_request_kind_name(enum atc_request_kind kind);
 /** Sets *@p kind from its name (@p len bytes, not NUL-terminated); returns 0, or -1 when @p s names none. */
 int atc_request_kind_parse(const char *s, size_t len, enum atc_request_kind *kind);
 
+/* The most choices ("n") a request counts for: far above any sampling use, and a bound on the product
+ * below. */
+#define ATC_FEATURES_CHOICES_MAX 4096
+
 /** The tokens a request may hold on a server: its prompt-token estimate plus @p max_tokens, or plus
- * ATC_DEFAULT_OUTPUT_TOKENS when it sets none (@p max_tokens < 0). */
-static inline uint64_t atc_request_tokens(uint32_t prompt_tokens, int64_t max_tokens)
+ * ATC_DEFAULT_OUTPUT_TOKENS when it sets none (@p max_tokens < 0), for each of its @p choices (n: the
+ * engine runs one sequence per choice, the prompt's blocks shared). */
+static inline uint64_t atc_request_tokens(uint32_t prompt_tokens, int64_t max_tokens, uint32_t choices)
 {
-    return prompt_tokens + (uint64_t)(max_tokens >= 0 ? max_tokens : ATC_DEFAULT_OUTPUT_TOKENS);
+    return prompt_tokens +
+           (uint64_t)choices * (uint64_t)(max_tokens >= 0 ? max_tokens : ATC_DEFAULT_OUTPUT_TOKENS);
 }
 
 /** Tokens per prefix block: @p block_tokens (a trace's or an engine's), or ATC_PREFIX_BLOCK_TOKENS
@@ -48,6 +54,7 @@ struct atc_features {
     bool stream;                      /* "stream": true */
     bool has_tools;                   /* a non-empty "tools" array: the request may call functions */
     int64_t max_tokens;               /* max_tokens or max_completion_tokens; -1 if absent */
+    uint32_t choices;                 /* "n", 1 if absent, at most ATC_FEATURES_CHOICES_MAX */
     char user[ATC_FEATURES_NAME_MAX]; /* the body's "user", unescaped; "" if absent */
     const char *prompt;               /* raw JSON bytes of "messages" (chat) / "prompt" / "input" */
     size_t prompt_len;

@@ -438,7 +438,7 @@ static void dispatch(struct replay *rp, size_t i, struct atc_endpoint *ep, struc
 {
     const struct atc_trace_record *r = &rp->trace->records[i];
     struct rp_req *q = &rp->reqs[i];
-    q->tokens = atc_request_tokens(r->prompt_tokens, r->max_tokens);
+    q->tokens = atc_request_tokens(r->prompt_tokens, r->max_tokens, 1);
     q->ep = (int)ep->index;
     q->prefill_ep = pf != NULL ? (int)pf->index : -1;
     q->state = pf != NULL ? RS_PREFILL : RS_RUNNING;
@@ -610,7 +610,7 @@ static void prepare(struct replay *rp, size_t i)
         .header = trace_header,
         .header_ctx = (void *)r,
         .block_tokens = block_tokens,
-        .tokens = atc_request_tokens(r->prompt_tokens, r->max_tokens),
+        .tokens = atc_request_tokens(r->prompt_tokens, r->max_tokens, 1),
         .cached_tokens = rp->kv != NULL ? replay_cached : NULL,
         .cached_ctx = rp,
     };

@@ -343,6 +343,30 @@ class ProxyTest(AtcTestCase):
         sock.close()
         wait_for(lambda: atc.endpoints()["hung"]["inflight"] == 0, timeout=3, what="slot freed")
 
+    def test_a_request_with_n_choices_counts_n_outputs_and_gets_them(self):
+        # The engine runs a sequence per choice (vLLM V1's n child requests): the endpoint's in-flight
+        # tokens (token_budget, tenants' token limits) count max_tokens once per choice, the prompt once.
+        atc = self.start_atc(SIMULATED.format(decode_ms=20))
+        held = {}
+        for n in (1, 3):
+            sock = post_raw(atc.port, {"model": "small", "stream": True, "max_tokens": 1000, "n": n,
+                                       "messages": [{"role": "user", "content": "x" * 400}]})
+            try:
+                def in_flight():
+                    ep = atc.endpoints()["small-sim-1"]
+                    return ep if ep["inflight"] else None
+                held[n] = wait_for(in_flight, what="the request in flight")["inflight_tokens"]
+            finally:
+                sock.close()
+            wait_for(lambda: atc.endpoints()["small-sim-1"]["inflight"] == 0, what="the request gone")
+        self.assertEqual(held[3] - held[1], 2000, held)
+        status, _, body = chat(atc.port, model="small", max_tokens=2, n=2)
+        self.assertEqual(status, 200, body)
+        self.assertEqual([c["index"] for c in json.loads(body)["choices"]], [0, 1])
+        # a wrong n is the engine's to refuse, in its own words (vLLM's, here)
+        status, _, body = chat(atc.port, model="small", n=0)
+        self.assertEqual((status, error_of(body)["message"]), (400, "n must be at least 1, got 0."))
+
     def test_sigterm_lets_a_stream_finish_then_exits_0(self):
         atc = self.start_atc(SIMULATED.format(decode_ms=20))
         sock = post_raw(atc.port, {"model": "llama-3-8b", "stream": True, "max_tokens": 30,

@@ -81,6 +81,7 @@ static void test_chat_defaults(void **state)
     assert_string_equal(f.model, "");
     assert_false(f.stream);
     assert_int_equal(f.max_tokens, -1);
+    assert_int_equal(f.choices, 1);
     assert_string_equal(f.user, "");
     assert_prompt("[]");
     assert_int_equal(f.prompt_tokens, 1);
@@ -317,6 +318,38 @@ static void test_max_tokens(void **state)
     }
 }
 
+/* n: the choices an engine runs a sequence for each; absent, null, 0 or not a count, it counts as 1 (the
+ * engine refuses what is wrong), a huge n as ATC_FEATURES_CHOICES_MAX; a nested "n" is not the request's. */
+static void test_choices(void **state)
+{
+    static const struct {
+        const char *json;
+        uint32_t want;
+    } ok[] = {
+        {"{\"messages\":[]}", 1},
+        {"{\"messages\":[],\"n\":4}", 4},
+        {"{\"n\":null,\"messages\":[]}", 1},
+        {"{\"messages\":[],\"n\":0}", 1},
+        {"{\"messages\":[],\"n\":100000000}", ATC_FEATURES_CHOICES_MAX},
+        {"{\"messages\":[{\"n\":9}],\"n\":2}", 2},
+        {"{\"messages\":[],\"\\u006e\":3}", 3}, /* "\u006e" is "n" to the engine */
+    };
+    const char *err;
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        assert_int_equal(scan(ATC_KIND_CHAT, ok[i].json, &err), 0);
+        assert_int_equal(f.choices, ok[i].want);
+    }
+    assert_int_equal(scan(ATC_KIND_COMPLETION, "{\"prompt\":\"x\",\"n\":3}", &err), 0);
+    assert_int_equal(f.choices, 3);
+    static const char *const bad[] = {"-1", "1.5", "\"2\"", "true", "[2]"};
+    char body[128];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) { /* the engine's to refuse */
+        snprintf(body, sizeof body, "{\"messages\":[],\"n\":%s}", bad[i]);
+        assert_int_equal(scan(ATC_KIND_CHAT, body, &err), 0);
+        assert_int_equal(f.choices, 1);
+    }
+}
+
 /* ---- malformed bodies ------------------------------------------------------------------------------ */
 
 static void test_not_an_object(void **state)
@@ -412,7 +445,7 @@ static void test_valid_syntax_variety(void **state)
 {
     /* all legal JSON: must not be refused by the stricter checks */
     const char *body = "{ \"messages\" : [ { \"role\" : \"user\" , \"content\" : [ ] } , { } , [ [ ] ] ] ,\n"
-                       "  \"n\" : [ -0 , 0.5 , -1.25e+10 , 3E-2 , 1e5 , true , false , null , \"\" ] ,\n"
+                       "  \"x\" : [ -0 , 0.5 , -1.25e+10 , 3E-2 , 1e5 , true , false , null , \"\" ] ,\n"
                        "  \"s\" : \"\\\"\\\\\\/\\b\\f\\n\\r\\t\\u00FF\\\\\" , \"\" : { \"\" : \"\" } }";
     const char *err;
     assert_int_equal(scan(ATC_KIND_CHAT, body, &err), 0);
@@ -636,9 +669,10 @@ static void test_scan_prefix_sharing(void **state)
 static void test_tokens_and_kind_names(void **state)
 {
     (void)state;
-    assert_int_equal(atc_request_tokens(100, 20), 120);
-    assert_int_equal(atc_request_tokens(100, 0), 100);
-    assert_int_equal(atc_request_tokens(100, -1), 100 + ATC_DEFAULT_OUTPUT_TOKENS);
+    assert_int_equal(atc_request_tokens(100, 20, 1), 120);
+    assert_int_equal(atc_request_tokens(100, 0, 1), 100);
+    assert_int_equal(atc_request_tokens(100, -1, 1), 100 + ATC_DEFAULT_OUTPUT_TOKENS);
+    assert_int_equal(atc_request_tokens(100, 20, 4), 180); /* n = 4: four outputs, one prompt */
     enum atc_request_kind k = ATC_KIND_CHAT;
     for (enum atc_request_kind want = ATC_KIND_CHAT; want <= ATC_KIND_EMBEDDING; want++) {
         const char *name = atc_request_kind_name(want);
@@ -668,6 +702,7 @@ int main(void)
         cmocka_unit_test(test_messages_required),
         cmocka_unit_test(test_stream),
         cmocka_unit_test(test_max_tokens),
+        cmocka_unit_test(test_choices),
         cmocka_unit_test(test_not_an_object),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_valid_syntax_variety),
