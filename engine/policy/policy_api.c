@@ -471,6 +471,12 @@ static void push_req_max_tokens(lua_State *L, struct policy_version *v, const vo
     else
         lua_pushnil(L);
 }
+static void push_req_n(lua_State *L, struct policy_version *v, const void *of)
+{
+    REQ;
+    (void)v;
+    lua_pushinteger(L, (lua_Integer)req->features->choices);
+}
 static void push_req_stream(lua_State *L, struct policy_version *v, const void *of)
 {
     REQ;
@@ -532,6 +538,7 @@ static const struct policy_field req_fields[] = {
     {"stream", push_req_stream, NULL},
     {"prompt_tokens", push_req_prompt_tokens, NULL},
     {"max_tokens", push_req_max_tokens, NULL},
+    {"n", push_req_n, NULL},
     {"attempt", push_req_attempt, NULL},
     {"blocks", push_req_blocks, NULL},
     {"block_tokens", push_req_block_tokens, NULL},

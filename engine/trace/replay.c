@@ -589,6 +589,7 @@ static void prepare(struct replay *rp, size_t i)
     f->stream = r->stream;
     f->has_tools = false;
     f->max_tokens = r->max_tokens;
+    f->choices = 1; /* traces record no n */
     snprintf(f->user, sizeof(f->user), "%s", r->session);
     f->prompt = NULL;
     f->prompt_len = 0;

@@ -413,7 +413,7 @@ function M.fleet(specs)
       v = by_id[v] or v
     end
     if verdict.kind(v) == "endpoint" then
-      self:acquire(v, (req.prompt_tokens or 0) + (req.max_tokens or 0))
+      self:acquire(v, (req.prompt_tokens or 0) + (req.n or 1) * (req.max_tokens or 0))
     end
     return v
   end

@@ -27,7 +27,7 @@ end
 local SHARED = string.rep("abcdefgh", 128) -- 1,024 bytes every request below starts with
 local EARLIER = chat(SHARED .. "Xfirst question, sent to endpoint a before")
 local ASKED = chat(SHARED .. "Ysecond question" .. string.rep(" and more", 40),
-  { stream = true, max_tokens = 300, tools = { { type = "function", ["function"] = { name = "f" } } } })
+  { stream = true, max_tokens = 300, n = 3, tools = { { type = "function", ["function"] = { name = "f" } } } })
 local ASKED_PROMPT = prompt_of(ASKED)
 -- Full 256-byte blocks the two prompts share: '[{"content":"' (13 bytes) + SHARED, then they differ.
 local SHARED_BLOCKS = math.floor((13 + #SHARED) / 256)
@@ -89,7 +89,7 @@ t.test("req: every field as the engine parsed it, headers and body all set", fun
     check_section("req", req, {
       id = "req-42", model = "llama", kind = "chat", path = "/v1/chat/completions", priority = 7,
       tenant = "acme", session = "s-1", stream = true,
-      prompt_tokens = math.floor((n + 3) / 4), max_tokens = 300, attempt = 2,
+      prompt_tokens = math.floor((n + 3) / 4), max_tokens = 300, n = 3, attempt = 2,
       blocks = math.floor(n / 256), block_tokens = 64, tools = true,
       header = { call = function(r) return r:header("x-custom") end, value = "yes" },
     }, "req")
@@ -102,7 +102,7 @@ t.test("req: what is not known is nil, and kind follows the path", function()
     function(req)
       check_section("req", req, {
         id = "t-route", model = "m", kind = "completion", path = "/v1/completions", priority = 0,
-        tenant = NIL, session = NIL, stream = false, prompt_tokens = 1, max_tokens = NIL, attempt = 1,
+        tenant = NIL, session = NIL, stream = false, prompt_tokens = 1, max_tokens = NIL, n = 1, attempt = 1,
         blocks = 0, block_tokens = 64, tools = false,
         header = { call = function(r) return r:header("x-atc-tenant") end, value = NIL },
       }, "req")
