@@ -522,8 +522,7 @@ static int get_fields(enum atc_request_kind kind, const char *js, const jsmntok_
      * is not a count, or 0, counts as 1: the engine refuses it in its own words (as the sim does); a huge
      * n counts as ATC_FEATURES_CHOICES_MAX. */
     int64_t choices = 1;
-    if (get_count(js, toks, top->choices, &choices) < 0)
-        choices = 1;
+    (void)get_count(js, toks, top->choices, &choices); /* sets choices only when n is a count */
     f->choices = choices < 1                          ? 1
                  : choices > ATC_FEATURES_CHOICES_MAX ? ATC_FEATURES_CHOICES_MAX
                                                       : (uint32_t)choices;

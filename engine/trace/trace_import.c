@@ -421,7 +421,7 @@ static int azure_header(struct importer *im, char *line, struct csv_columns *c)
         if (strcasecmp(f, "TIMESTAMP") == 0) {
             c->time = i;
         } else if (strcasecmp(f, "ContextTokens") == 0 || strcasecmp(f, "Request tokens") == 0) {
-            c->seconds = f[0] == 'R' || f[0] == 'r';
+            c->seconds = strcasecmp(f, "Request tokens") == 0;
             c->context = i;
         } else if (strcasecmp(f, "GeneratedTokens") == 0 || strcasecmp(f, "Response tokens") == 0) {
             c->generated = i;

@@ -386,6 +386,7 @@ static void test_burstgpt(void **state)
                                      "5,ChatGPT,472,18,490,Conversation log\n"
                                      "46.25,GPT-4,300,0,300,API log\n"
                                      "soon,GPT-4,1,1,2,API log\n"
+                                     "60,GPT-4,many,1,2,API log\n"
                                      "118.5,GPT-4,417,276,693,Conversation log\n");
     struct captured c;
     capture(&c);
@@ -396,7 +397,7 @@ static void test_burstgpt(void **state)
     assert_int_equal(atc_trace_load(path_of("burst.csv"), &o, &t, &bad, &err), 0);
     captured_done(&c);
     assert_string_equal(t->header.source, "burstgpt");
-    assert_int_equal(bad, 1);
+    assert_int_equal(bad, 2);
     assert_int_equal(t->n, 3);
     assert_int_equal(t->records[0].at_us, 0); /* sorted, and relative to the first */
     assert_int_equal(t->records[0].prompt_tokens, 472);
@@ -405,6 +406,7 @@ static void test_burstgpt(void **state)
     assert_int_equal(t->records[2].at_us, 113500000);
     assert_true(t->header.start_unix_us == 0); /* seconds from the start are not a date */
     assert_contains(c.text, "burst.csv:5: Timestamp: expected seconds, got 'soon'");
+    assert_contains(c.text, "burst.csv:6: Request tokens: expected a whole number, got 'many'");
     assert_contains(c.text, "burst.csv: 1 failed requests (Response tokens 0) left out");
     free(c.text);
     atc_trace_free(t);
